@@ -1,0 +1,48 @@
+"""Plugin discovery through entry points: the built-ins register exactly like third parties.
+
+Names are listed without importing the plugin modules, so validating a recipe
+stays cheap; a class is imported only when it is used.
+"""
+
+from __future__ import annotations
+
+import difflib
+from functools import lru_cache
+from importlib.metadata import EntryPoint, entry_points
+from typing import Any
+
+from dabuild.errors import UsageError
+
+TRACERS = "dabuild.tracers"
+TARGETS = "dabuild.targets"
+STRATEGIES = "dabuild.strategies"
+
+_WHAT = {TRACERS: "framework", TARGETS: "target kind", STRATEGIES: "strategy"}
+
+
+@lru_cache(maxsize=None)
+def _entry_points(group: str) -> dict[str, EntryPoint]:
+    return {ep.name: ep for ep in entry_points(group=group)}
+
+
+def available(group: str) -> list[str]:
+    """Sorted names registered in an entry-point group."""
+    return sorted(_entry_points(group))
+
+
+def unknown_name_message(group: str, name: str) -> str:
+    """`unknown strategy 'basc' (did you mean 'basic'?); available: basic, ...`."""
+    names = available(group)
+    message = f"unknown {_WHAT.get(group, group)} {name!r}"
+    close = difflib.get_close_matches(name, names, n=1)
+    if close:
+        message += f" (did you mean {close[0]!r}?)"
+    return message + "; available: " + (", ".join(names) or "none installed")
+
+
+def load(group: str, name: str) -> Any:
+    """The object registered as `name` in `group`; UsageError listing the alternatives."""
+    eps = _entry_points(group)
+    if name not in eps:
+        raise UsageError(unknown_name_message(group, name))
+    return eps[name].load()
