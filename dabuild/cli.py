@@ -1,0 +1,292 @@
+"""The `dabuild` command: like make, `dabuild` alone builds ./recipe.yaml.
+
+Exit codes: 0 ok, 1 a build or check failed, 2 a usage or validation error.
+Heavy modules are imported inside the commands, so `dabuild --help` and a
+no-op build stay fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+from dabuild import __version__
+from dabuild.errors import DabuildError, UsageError
+from dabuild.progress import Progress
+
+COMMANDS = ("build", "validate", "list", "graph", "clean", "capabilities", "init", "cache")
+DEFAULT_RECIPE = Path("recipe.yaml")
+
+
+def _parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    loudness = common.add_mutually_exclusive_group()
+    loudness.add_argument("-q", "--quiet", action="store_true", help="print only errors and the summary")
+    loudness.add_argument("-v", "--verbose", action="store_true", help="print every stage and step")
+
+    def recipes(sub: argparse.ArgumentParser, many: bool = True) -> None:
+        sub.add_argument(
+            "recipes",
+            nargs="*" if many else "?",
+            type=Path,
+            metavar="RECIPE",
+            help="recipe file or folder holding recipe.yaml (default: ./recipe.yaml)",
+        )
+        sub.add_argument("--build-dir", type=Path, default=Path("build"), help="build root (default: ./build)")
+
+    parser = argparse.ArgumentParser(
+        prog="dabuild",
+        description="Build quantized neural-network artifacts from recipe.yaml and prove them in their runtimes.",
+    )
+    parser.add_argument("--version", action="version", version=f"dabuild {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    build = commands.add_parser("build", parents=[common], help="build recipes (the default command)")
+    recipes(build)
+    build.add_argument("--target", action="append", metavar="NAME", help="build only this target (repeatable)")
+    build.add_argument("-j", "--jobs", type=int, default=1, metavar="N", help="run N independent stages at once")
+    build.add_argument("--no-cache", action="store_true", help="neither read nor write the run cache")
+
+    validate = commands.add_parser("validate", parents=[common], help="check recipes and report every problem")
+    recipes(validate)
+    listing = commands.add_parser("list", parents=[common], help="each stage: up to date, cached or stale, and why")
+    recipes(listing)
+    graph = commands.add_parser("graph", parents=[common], help="print the stage graph as DOT or Mermaid")
+    recipes(graph)
+    graph.add_argument("--format", choices=("dot", "mermaid"), default="dot")
+    clean = commands.add_parser("clean", parents=[common], help="remove the recipes' build folders")
+    recipes(clean)
+    capabilities = commands.add_parser("capabilities", parents=[common], help="list the capability YAMLs found")
+    recipes(capabilities)
+    init = commands.add_parser("init", parents=[common], help="write a commented starter recipe")
+    init.add_argument("path", nargs="?", type=Path, default=DEFAULT_RECIPE)
+    init.add_argument("--force", action="store_true", help="overwrite an existing file")
+    cache = commands.add_parser("cache", parents=[common], help="inspect or prune the run cache")
+    cache_commands = cache.add_subparsers(dest="cache_command", metavar="ACTION", required=True)
+    cache_commands.add_parser("info", parents=[common], help="where the cache is and how big")
+    prune = cache_commands.add_parser("prune", parents=[common], help="drop least recently used entries")
+    prune.add_argument("--max-size", required=True, metavar="SIZE", help="e.g. 500M, 2G, 0")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or (argv[0] not in COMMANDS and argv[0] not in ("-h", "--help", "--version")):
+        argv.insert(0, "build")
+    parser = _parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exit_:
+        return 2 if exit_.code not in (0, None) else 0
+    progress = Progress(level=0 if args.quiet else 2 if args.verbose else 1)
+    try:
+        return HANDLERS[args.command](args, progress)
+    except DabuildError as error:
+        print(f"dabuild: error: {error}" if "\n" not in str(error) else str(error), file=sys.stderr)
+        return error.exit_code
+    except KeyboardInterrupt:
+        print("dabuild: interrupted", file=sys.stderr)
+        return 130
+
+
+def _recipe_paths(args: argparse.Namespace) -> list[Path]:
+    paths = args.recipes if isinstance(args.recipes, list) else [args.recipes] if args.recipes else []
+    resolved = []
+    for path in paths or [DEFAULT_RECIPE]:
+        path = path / "recipe.yaml" if path.is_dir() else path
+        if not path.is_file():
+            raise UsageError(f"{path}: no such recipe file (write one with `dabuild init`)")
+        resolved.append(path)
+    return resolved
+
+
+def _load_recipes(args: argparse.Namespace) -> list:
+    """Every named recipe, validated; all problems of all files are reported together."""
+    from dabuild.errors import ValidationError
+    from dabuild.recipe import load_recipe
+
+    loaded, problems = [], []
+    for path in _recipe_paths(args):
+        try:
+            loaded.append(load_recipe(path))
+        except ValidationError as error:
+            problems.extend(error.diagnostics)
+    if problems:
+        raise ValidationError(problems)
+    return loaded
+
+
+def _build(args: argparse.Namespace, progress: Progress) -> int:
+    from dabuild.pipeline.build import BuildOptions, build
+
+    options = BuildOptions(
+        build_root=args.build_dir,
+        targets=tuple(args.target) if args.target else None,
+        jobs=max(1, args.jobs),
+        use_cache=not args.no_cache,
+    )
+    for recipe in _load_recipes(args):
+        start = time.monotonic()
+        summary = build(recipe, options, progress)
+        _print_summary(summary, time.monotonic() - start)
+    return 0
+
+
+def _print_summary(summary, elapsed: float) -> None:  # noqa: ANN001 - BuildSummary
+    counts = summary.counts
+    print(
+        f"{summary.recipe}: {sum(counts.values())} stages: {counts['executed']} executed, "
+        f"{counts['restored from cache']} restored from cache, {counts['up to date']} up to date "
+        f"({elapsed:.2f}s)"
+    )
+    for stage, metrics in summary.metrics.items():
+        name = metrics.get("metric", "metric")
+        print(
+            f"  {stage}: {name} fp32 {metrics['fp32']:.4f} -> quantized {metrics['quantized']:.4f}"
+            f" ({metrics.get('precision', 'int8')}, goal {'met' if metrics.get('goal_met') else 'MISSED'})"
+        )
+    for target, report in summary.checks.items():
+        verdict = "passed" if report.get("ok") else "FAILED"
+        print(
+            f"  check:{target}: {report.get('tolerance')} {verdict} on {report.get('samples')} samples;"
+            f" artifact {report['artifact']}"
+        )
+
+
+def _validate(args: argparse.Namespace, progress: Progress) -> int:
+    for recipe in _load_recipes(args):
+        progress.info(f"{recipe.path}: ok ({len(recipe.targets)} target(s))")
+    return 0
+
+
+def _list(args: argparse.Namespace, progress: Progress) -> int:
+    from dabuild.pipeline.build import stages_for, workspace_for
+    from dabuild.pipeline.status import statuses
+    from dabuild.pipeline.store import Store
+
+    for recipe in _load_recipes(args):
+        stages, _ = stages_for(recipe, None)
+        print(f"{recipe.name} ({workspace_for(recipe, args.build_dir).build_dir}):")
+        for status in statuses(stages, workspace_for(recipe, args.build_dir), Store()):
+            reason = f" ({status.reason})" if status.reason else ""
+            print(f"  {status.name:<24} {status.state}{reason}")
+    return 0
+
+
+def _graph(args: argparse.Namespace, progress: Progress) -> int:
+    from dabuild.pipeline.build import stages_for
+
+    for recipe in _load_recipes(args):
+        stages, _ = stages_for(recipe, None)
+        edges = [(up, stage.name) for stage in stages for up in dict.fromkeys(stage.inputs.values())]
+        if args.format == "dot":
+            print(f'digraph "{recipe.name}" {{\n  rankdir=LR;')
+            print("\n".join(f'  "{s.name}" [shape=box];' for s in stages))
+            print("\n".join(f'  "{a}" -> "{b}";' for a, b in edges))
+            print("}")
+        else:
+            print("graph LR")
+            print("\n".join(f'  {s.dirname}["{s.name}"]' for s in stages))
+            ids = {s.name: s.dirname for s in stages}
+            print("\n".join(f"  {ids[a]} --> {ids[b]}" for a, b in edges))
+    return 0
+
+
+def _clean(args: argparse.Namespace, progress: Progress) -> int:
+    from dabuild.pipeline.build import workspace_for
+    from dabuild.pipeline.lock import BuildLock
+
+    for recipe in _load_recipes(args):
+        folder = workspace_for(recipe, args.build_dir).build_dir
+        if folder.exists():
+            with BuildLock(folder, progress):
+                for child in folder.iterdir():
+                    if child.name != ".lock":
+                        shutil.rmtree(child) if child.is_dir() else child.unlink()
+            progress.info(f"removed {folder}")
+    return 0
+
+
+def _capabilities(args: argparse.Namespace, progress: Progress) -> int:
+    from dabuild.capability import discover_capabilities
+
+    extra = [p for recipe in _load_recipes(args) for p in recipe.capabilities] if args.recipes else []
+    for name, spec in sorted(discover_capabilities(extra).items()):
+        print(f"{name:<12} {spec.backend} {spec.version:<8} precisions: {', '.join(spec.precisions):<16} {spec.path}")
+    return 0
+
+
+STARTER = '''\
+# dabuild recipe: one file says what to build; run `dabuild` in this folder.
+# Paths are relative to this file. Reference: schemas/recipe.schema.json.
+name: my-model                      # names the build folder: build/my-model/
+model:
+  framework: numpy                  # tracer plugin; `dabuild capabilities` and the docs list the rest
+  source: model.py:build            # file.py:function (runs your code, like a Makefile) or package.module:attr
+  weights: weights.npz              # optional: source is then a factory called with the arrays
+  inputs: {x: [1, 64]}              # input names and shapes when the model cannot tell
+data:
+  calibration: {source: data.npz, x: x_train, samples: 256}
+  evaluation: {source: data.npz, x: x_test, y: y_test}
+  metric: accuracy                  # accuracy | mse
+tuning:
+  strategy: basic
+  accuracy: {criterion: relative, tolerable_loss: 0.01}
+targets:
+  - name: mcu                       # names export:mcu and check:mcu
+    kind: c                         # C99 sources with integer-only kernels
+    options: {cflags: [-O2]}
+    check_io: {tolerance: exact}    # the compiled program must match dabuild's integer reference bit for bit
+'''
+
+
+def _init(args: argparse.Namespace, progress: Progress) -> int:
+    path: Path = args.path / "recipe.yaml" if args.path.is_dir() else args.path
+    if path.exists() and not args.force:
+        raise UsageError(f"{path} exists; pass --force to overwrite it")
+    path.write_text(STARTER)
+    progress.info(f"wrote {path}; edit it, then run `dabuild validate {path}`")
+    return 0
+
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str) -> int:
+    """`500M`, `2G`, `1.5GiB`, `0` -> bytes (powers of 1024)."""
+    match = _SIZE.match(text)
+    if not match:
+        raise UsageError(f"--max-size: {text!r} is not a size such as 500M or 2G")
+    number, unit = match.groups()
+    return int(float(number) * 1024 ** "_kmgt".index(unit.lower() or "_"))
+
+
+def _cache(args: argparse.Namespace, progress: Progress) -> int:
+    from dabuild.pipeline.store import Store
+
+    store = Store()
+    if args.cache_command == "info":
+        info = store.info()
+        print(json.dumps({"root": str(info.root), "entries": info.entries, "bytes": info.size}, indent=2))
+    else:
+        removed, freed = store.prune(parse_size(args.max_size))
+        progress.info(f"pruned {removed} entries, freed {freed} bytes")
+    return 0
+
+
+HANDLERS: dict[str, Callable[[argparse.Namespace, Progress], int]] = {
+    "build": _build,
+    "validate": _validate,
+    "list": _list,
+    "graph": _graph,
+    "clean": _clean,
+    "capabilities": _capabilities,
+    "init": _init,
+    "cache": _cache,
+}

@@ -1,0 +1,130 @@
+"""One build of one recipe: plan, lock the build folder, run the stages, summarise."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dabuild.errors import BuildError, DabuildError, UsageError
+from dabuild.pipeline.doit_tasks import RunResult, run_stages
+from dabuild.pipeline.execute import Outcome, Session, Workspace
+from dabuild.pipeline.lock import BuildLock
+from dabuild.pipeline.plan import Stage, plan
+from dabuild.pipeline.stages import stage_functions
+from dabuild.pipeline.store import Store
+from dabuild.progress import Progress
+from dabuild.recipe import Recipe
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    build_root: Path = Path("build")
+    targets: tuple[str, ...] | None = None
+    jobs: int = 1
+    use_cache: bool = True
+
+
+@dataclass(frozen=True)
+class BuildSummary:
+    recipe: str
+    build_dir: Path
+    outcomes: dict[str, str]
+    counts: dict[str, int]
+    metrics: dict[str, Any]
+    checks: dict[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "recipe": self.recipe,
+            "build_dir": str(self.build_dir),
+            "outcomes": self.outcomes,
+            "counts": self.counts,
+            "metrics": self.metrics,
+            "checks": self.checks,
+        }
+
+
+def workspace_for(recipe: Recipe, build_root: Path) -> Workspace:
+    return Workspace((build_root / recipe.name).resolve())
+
+
+def stages_for(recipe: Recipe, targets: tuple[str, ...] | None) -> tuple[list[Stage], dict]:
+    from dabuild.capability import discover_capabilities
+
+    if targets:
+        known = {t.name for t in recipe.targets}
+        unknown = [name for name in targets if name not in known]
+        if unknown:
+            raise UsageError(
+                f"{recipe.path}: no target named {', '.join(map(repr, unknown))}; "
+                f"targets: {', '.join(sorted(known))}"
+            )
+    capabilities = discover_capabilities(list(recipe.capabilities))
+    return plan(recipe, capabilities, list(targets) if targets else None), capabilities
+
+
+def build(recipe: Recipe, options: BuildOptions, progress: Progress) -> BuildSummary:
+    """Build the recipe; raises the first stage's DabuildError (exit 1 or 2) when a stage fails."""
+    stages, capabilities = stages_for(recipe, options.targets)
+    workspace = workspace_for(recipe, options.build_root)
+    with BuildLock(workspace.build_dir, progress):
+        workspace.clear_leftovers()
+        _drop_unreadable_doit_db(workspace, progress)
+        session = Session(
+            workspace,
+            Store() if options.use_cache else None,
+            stage_functions(recipe, capabilities),
+            progress,
+        )
+        result = run_stages(stages, session, options.jobs)
+        _raise_first_failure(result)
+        summary = _summarise(recipe, workspace, stages, session)
+        (workspace.build_dir / "build.json").write_text(json.dumps(summary.to_json(), indent=2) + "\n")
+    return summary
+
+
+def _drop_unreadable_doit_db(workspace: Workspace, progress: Progress) -> None:
+    """doit's database is only a fast path; a damaged one is removed, the manifests stay the truth."""
+    db = workspace.build_dir / ".doit.db"
+    if not db.exists():
+        return
+    try:
+        with sqlite3.connect(db) as connection:
+            connection.execute("select count(*) from doit").fetchone()
+    except sqlite3.DatabaseError as error:
+        progress.info(f"dabuild: {db} is unreadable ({error}); it will be rebuilt")
+        db.unlink()
+
+
+def _raise_first_failure(result: RunResult) -> None:
+    if not result.failures:
+        return
+    failure = result.failures[0]
+    if failure.error is not None:
+        raise failure.error
+    raise BuildError(f"stage {failure.stage} failed:\n{failure.message}")
+
+
+def _summarise(recipe: Recipe, workspace: Workspace, stages: list[Stage], session: Session) -> BuildSummary:
+    outcomes = {s.name: session.outcomes.get(s.name, (Outcome.UP_TO_DATE, 0.0))[0].value for s in stages}
+    counts = {o.value: sum(1 for v in outcomes.values() if v == o.value) for o in Outcome}
+    metrics = {}
+    checks = {}
+    for stage in stages:
+        folder = workspace.stage_dir(stage.name)
+        if stage.kind == "tune":
+            metrics[stage.name] = _read_json(folder / "metrics.json")
+        elif stage.kind == "check":
+            checks[stage.target] = _read_json(folder / "report.json")
+            checks[stage.target]["artifact"] = str(workspace.stage_dir(f"export:{stage.target}"))
+    return BuildSummary(recipe.name, workspace.build_dir, outcomes, counts, metrics, checks)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        raise DabuildError(f"{path}: unreadable stage output ({error})") from error

@@ -1,0 +1,144 @@
+"""Running one stage under the run cache, atomically.
+
+For a stage: compute its key from the manifests of its inputs; if the folder in
+place already carries that key, nothing to do; if the store has it, restore it;
+otherwise run the stage function into a temporary folder, record a manifest,
+store it, and rename the folder into place. The outputs a later build accepts
+are therefore always complete: an interrupted stage leaves only a temporary
+folder, which the next build removes.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import shutil
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from dabuild.errors import BuildError
+from dabuild.pipeline.manifest import Manifest
+from dabuild.pipeline.plan import Stage, cache_key, key_parts
+from dabuild.pipeline.store import Store
+from dabuild.progress import Progress
+
+
+class Outcome(enum.Enum):
+    EXECUTED = "executed"
+    RESTORED = "restored from cache"
+    UP_TO_DATE = "up to date"
+
+
+@dataclass(frozen=True)
+class StageRun:
+    """What a stage function gets: where to write, where its inputs are, how to report."""
+
+    stage: Stage
+    out_dir: Path
+    inputs: dict[str, Path]
+    build_dir: Path
+    progress: Progress
+
+
+StageFunction = Callable[[StageRun], None]
+
+
+@dataclass
+class Workspace:
+    """The build folder of one recipe and the rules for publishing into it."""
+
+    build_dir: Path
+
+    @property
+    def tmp_root(self) -> Path:
+        return self.build_dir / ".tmp"
+
+    def stage_dir(self, name: str) -> Path:
+        return self.build_dir / name.replace(":", "-")
+
+    def clear_leftovers(self) -> None:
+        """Remove temporary folders of interrupted builds (called while holding the lock)."""
+        shutil.rmtree(self.tmp_root, ignore_errors=True)
+
+    def new_tmp(self, stage: Stage) -> Path:
+        self.tmp_root.mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(prefix=stage.dirname + "-", dir=self.tmp_root))
+
+    def publish(self, tmp: Path, stage: Stage) -> None:
+        """Swap the finished folder into place; the old one is moved aside first, then removed."""
+        final = self.stage_dir(stage.name)
+        if final.exists():
+            retired = self.tmp_root / f"{stage.dirname}-retired-{os.getpid()}-{time.monotonic_ns()}"
+            os.rename(final, retired)
+            shutil.rmtree(retired, ignore_errors=True)
+        os.rename(tmp, final)
+
+
+@dataclass
+class Session:
+    """Executes stages of one build and records what happened to each."""
+
+    workspace: Workspace
+    store: Store | None
+    functions: dict[str, StageFunction]
+    progress: Progress
+    outcomes: dict[str, tuple[Outcome, float]] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def input_manifests(self, stage: Stage) -> dict[str, Manifest]:
+        manifests = {}
+        for role, upstream in stage.inputs.items():
+            manifest = Manifest.read(self.workspace.stage_dir(upstream))
+            if manifest is None:
+                raise BuildError(f"{stage.name}: input {upstream!r} has no complete outputs")
+            manifests[role] = manifest
+        return manifests
+
+    def run(self, stage: Stage) -> Outcome:
+        start = time.monotonic()
+        outcome = self._run(stage)
+        elapsed = time.monotonic() - start
+        with self._lock:
+            self.outcomes[stage.name] = (outcome, elapsed)
+        self.progress.info(f"{stage.name:<24} {outcome.value} ({elapsed:.2f}s)")
+        return outcome
+
+    def _run(self, stage: Stage) -> Outcome:
+        inputs = self.input_manifests(stage)
+        parts = key_parts(stage, {role: m.digest for role, m in inputs.items()})
+        key = cache_key(parts)
+        final = self.workspace.stage_dir(stage.name)
+        current = Manifest.read(final)
+        if current is not None and current.key == key and current.matches(final, deep=False):
+            return Outcome.UP_TO_DATE
+        tmp = self.workspace.new_tmp(stage)
+        try:
+            if self.store is not None:
+                restored = self.store.restore(key, tmp)
+                if restored is not None:
+                    restored.write(tmp)
+                    self.workspace.publish(tmp, stage)
+                    return Outcome.RESTORED
+                shutil.rmtree(tmp)
+                tmp.mkdir()
+            self.functions[stage.kind](
+                StageRun(
+                    stage,
+                    tmp,
+                    {role: self.workspace.stage_dir(stage.inputs[role]) for role in inputs},
+                    self.workspace.build_dir,
+                    self.progress,
+                )
+            )
+            manifest = Manifest.of_folder(tmp, stage.kind, key, parts)
+            manifest.write(tmp)
+            if self.store is not None:
+                self.store.save(tmp, manifest)
+            self.workspace.publish(tmp, stage)
+            return Outcome.EXECUTED
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)

@@ -1,0 +1,205 @@
+"""A recipe becomes a list of stages: plain data saying what each stage reads.
+
+A `Stage` names its kind, the part of the recipe it reads (`config`), the stages
+whose outputs it consumes (`inputs`, by role), the user files it reads, and the
+external packages and tools whose versions matter. That is exactly what goes
+into its cache key (see `key_parts`), and nothing else may influence its outputs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+from dabuild import __version__
+from dabuild.pipeline.hashing import hash_file, hash_value
+
+if TYPE_CHECKING:
+    from dabuild.capability import CapabilitySpec
+    from dabuild.recipe import Recipe, TargetSpec
+
+# Bump a stage's version when its implementation changes what it writes.
+STAGE_VERSIONS = {"trace": 1, "calibrate": 1, "tune": 1, "export": 1, "check": 1}
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str                              # task name: trace, calibrate, tune:<capability>, export:<target>, check:<target>
+    kind: str                              # key of STAGE_VERSIONS
+    config: dict[str, Any]                 # the recipe part it reads, canonical JSON-able
+    inputs: dict[str, str] = field(default_factory=dict)   # role -> upstream stage name
+    files: dict[str, Path] = field(default_factory=dict)   # role -> user file read by the stage
+    packages: tuple[str, ...] = ()         # external packages whose versions enter the key
+    tools: Callable[[], dict[str, str]] | None = None      # versions of external programs (compilers, simulators)
+    target: str | None = None              # the recipe target an export/check stage belongs to
+
+    @property
+    def dirname(self) -> str:
+        return self.name.replace(":", "-")
+
+    @property
+    def static_parts(self) -> dict[str, Any]:
+        """The key parts known without touching any file: what doit's `config_changed` watches."""
+        return {
+            "stage": self.kind,
+            "stage_version": STAGE_VERSIONS[self.kind],
+            "dabuild": __version__,
+            "config": self.config,
+        }
+
+
+def key_parts(stage: Stage, input_digests: dict[str, str]) -> dict[str, Any]:
+    """Everything the stage's outputs depend on; the cache key is its hash."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    def package_version(name: str) -> str:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return "absent"
+
+    return {
+        **stage.static_parts,
+        "inputs": dict(sorted(input_digests.items())),
+        "files": {role: hash_file(path) for role, path in sorted(stage.files.items())},
+        "packages": {name: package_version(name) for name in stage.packages},
+        "tools": stage.tools() if stage.tools else {},
+    }
+
+
+def cache_key(parts: dict[str, Any]) -> str:
+    return hash_value(parts)
+
+
+def plan(recipe: "Recipe", capabilities: dict[str, "CapabilitySpec"], targets: list[str] | None = None) -> list[Stage]:
+    """The stages that build `targets` (all recipe targets when None), in dependency order."""
+    model = recipe.model
+    model_files = {"source": _source_file(recipe)} if _source_file(recipe) else {}
+    if model.weights:
+        model_files["weights"] = model.weights
+    for index, extra in enumerate(model.depends):
+        model_files[f"depends{index}"] = extra
+    stages = [
+        Stage(
+            "trace",
+            "trace",
+            {
+                "framework": model.framework,
+                "entry": _source_entry(recipe),
+                "inputs": model.inputs,
+            },
+            files=model_files,
+            packages=_framework_packages(model.framework),
+        ),
+        Stage(
+            "calibrate",
+            "calibrate",
+            _data_config(recipe.data.calibration),
+            inputs={"graph": "trace"},
+            files={"data": recipe.data.calibration.source},
+            packages=("numpy",),
+        ),
+    ]
+    chosen = [t for t in recipe.targets if targets is None or t.name in targets]
+    tuned: set[str] = set()
+    for target in chosen:
+        capability = _capability_name(target)
+        if capability not in tuned:
+            tuned.add(capability)
+            stages.append(_tune_stage(recipe, capabilities[capability]))
+        stages.extend(_target_stages(recipe, target, capability))
+    return stages
+
+
+def _tune_stage(recipe: "Recipe", capability: "CapabilitySpec") -> Stage:
+    evaluation = recipe.data.evaluation
+    return Stage(
+        f"tune:{capability.name}",
+        "tune",
+        {
+            "tuning": recipe.tuning.model_dump(mode="json"),
+            "capability": capability.model_dump(mode="json", exclude={"description"}),
+            "metric": recipe.data.metric,
+            "evaluation": _data_config(evaluation),
+        },
+        inputs={"graph": "trace", "stats": "calibrate"},
+        files={"evaluation": evaluation.source},
+        packages=("numpy",),
+    )
+
+
+def _target_stages(recipe: "Recipe", target: "TargetSpec", capability: str) -> list[Stage]:
+    from dabuild.plugins import TARGETS, load
+
+    target_class = load(TARGETS, target.kind)
+    options = target.options
+    evaluation = recipe.data.evaluation
+    tolerance = target.check_io.tolerance or target_class.default_tolerance
+
+    def tools() -> dict[str, str]:
+        return target_class(target_class.Options.model_validate(options)).runtime_version()
+
+    export = Stage(
+        f"export:{target.name}",
+        "export",
+        {"kind": target.kind, "options": options},
+        inputs={"qgraph": f"tune:{capability}"},
+        target=target.name,
+    )
+    check = Stage(
+        f"check:{target.name}",
+        "check",
+        {
+            "kind": target.kind,
+            "options": options,
+            "tolerance": tolerance,
+            "samples": target.check_io.samples,
+            "evaluation": _data_config(evaluation),
+        },
+        inputs={"qgraph": f"tune:{capability}", "artifact": export.name},
+        files={"evaluation": evaluation.source},
+        tools=tools,
+        target=target.name,
+    )
+    return [export, check]
+
+
+def _capability_name(target: "TargetSpec") -> str:
+    if target.capability:
+        return target.capability
+    from dabuild.plugins import TARGETS, load
+
+    return load(TARGETS, target.kind).capability
+
+
+def _data_config(spec: Any) -> dict[str, Any]:
+    """The data part of a key: which arrays and how many, never where the file lives."""
+    return spec.model_dump(mode="json", exclude={"source"})
+
+
+def _split_source(recipe: "Recipe") -> tuple[str, str | None]:
+    source = recipe.model.source
+    path, _, attr = source.rpartition(":") if ":" in source else (source, "", None)
+    return path, attr
+
+
+def _source_file(recipe: "Recipe") -> Path | None:
+    """The user file holding the model, when the source names one (not an importable package)."""
+    path, _ = _split_source(recipe)
+    candidate = recipe.base_dir / path
+    return candidate if candidate.is_file() else None
+
+
+def _source_entry(recipe: "Recipe") -> str:
+    """What is called inside the source: the attribute, or the module path for package sources.
+
+    Files are keyed by content, not by path, so two recipes sharing a model share `trace`.
+    """
+    if _source_file(recipe) is None:
+        return recipe.model.source
+    return _split_source(recipe)[1] or ""
+
+
+def _framework_packages(framework: str | None) -> tuple[str, ...]:
+    return {"onnx": ("onnx",), "torch": ("torch",)}.get(framework or "", ())

@@ -1,0 +1,84 @@
+"""Adapters from a `StageRun` to the stage functions of trace/, quant/, tune/ and targets/.
+
+Each adapter reads its inputs' folders, calls the library function, and writes
+into `run.out_dir`. They see the recipe only through the build's `Recipe` object;
+everything they read is also declared in the stage's plan (see plan.py), which is
+what keeps the cache sound.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from dabuild.pipeline.execute import StageFunction, StageRun
+
+if TYPE_CHECKING:
+    from dabuild.capability import CapabilitySpec
+    from dabuild.recipe import Recipe
+
+
+def stage_functions(recipe: "Recipe", capabilities: dict[str, "CapabilitySpec"]) -> dict[str, StageFunction]:
+    """The function run for each stage kind of this recipe's build."""
+
+    def trace(run: StageRun) -> None:
+        from dabuild.trace.base import trace_stage
+
+        trace_stage(recipe.model, recipe.base_dir, run.out_dir, run.progress)
+
+    def calibrate(run: StageRun) -> None:
+        from dabuild.data import batches, load_inputs
+        from dabuild.ir.graph import Graph
+        from dabuild.quant.calibrate import calibrate as calibrate_graph
+
+        graph = Graph.load(run.inputs["graph"])
+        spec = recipe.data.calibration
+        arrays = load_inputs(spec, recipe.base_dir, [t.name for t in graph.inputs])
+        stats = calibrate_graph(graph, batches(arrays, spec.batch_size), run.progress)
+        stats.save(run.out_dir)
+
+    def tune(run: StageRun) -> None:
+        from dabuild.tune.stage import tune_stage
+
+        capability = capabilities[run.stage.name.split(":", 1)[1]]
+        tune_stage(recipe, capability, run.inputs["graph"], run.inputs["stats"], run.out_dir, run.progress)
+
+    def export(run: StageRun) -> None:
+        from dabuild.quant.qgraph import QGraph
+
+        target = _target(recipe, run.stage.target)
+        target.export(QGraph.load(run.inputs["qgraph"] / "qgraph"), run.out_dir)
+        target.post_export(run.out_dir)
+
+    def check(run: StageRun) -> None:
+        from dabuild.data import load_inputs
+        from dabuild.quant.qgraph import QGraph
+        from dabuild.targets.check import check_stage
+
+        target = _target(recipe, run.stage.target)
+        qgraph = QGraph.load(run.inputs["qgraph"] / "qgraph")
+        spec = recipe.data.evaluation
+        samples = run.stage.config["samples"]
+        arrays = load_inputs(spec, recipe.base_dir, qgraph.input_names)
+        x = next(iter(arrays.values()))
+        if samples is not None:
+            x = x[:samples]
+        check_stage(
+            target,
+            qgraph,
+            run.inputs["artifact"],
+            x,
+            run.stage.config["tolerance"],
+            run.out_dir,
+            run.build_dir / "debug" / run.stage.dirname,
+            run.progress,
+        )
+
+    return {"trace": trace, "calibrate": calibrate, "tune": tune, "export": export, "check": check}
+
+
+def _target(recipe: "Recipe", name: str | None):  # noqa: ANN202 - returns the plugin's Target subclass
+    from dabuild.plugins import TARGETS, load
+
+    spec = next(t for t in recipe.targets if t.name == name)
+    target_class = load(TARGETS, spec.kind)
+    return target_class(target_class.Options.model_validate(spec.options))
