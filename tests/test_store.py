@@ -1,0 +1,116 @@
+"""The run cache on its own: entries, verification, corruption and pruning."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from dabuild.pipeline.manifest import Manifest
+from dabuild.pipeline.store import Store
+
+
+def _stage_folder(root: Path, content: bytes = b"weights") -> Path:
+    folder = root / "out"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "graph.json").write_text('{"nodes": []}')
+    (folder / "sub" / "weights.bin").write_bytes(content)
+    return folder
+
+
+def _stored(tmp_path: Path, key: str = "ab" * 32, content: bytes = b"weights") -> tuple[Store, Manifest]:
+    store = Store(tmp_path / "cache")
+    folder = _stage_folder(tmp_path / key[:4], content)
+    manifest = Manifest.of_folder(folder, "trace", key, {"config": 1})
+    store.save(folder, manifest)
+    return store, manifest
+
+
+def test_restore_reproduces_files_and_manifest(tmp_path: Path) -> None:
+    store, manifest = _stored(tmp_path)
+    dest = tmp_path / "restored"
+    dest.mkdir()
+    restored = store.restore(manifest.key, dest)
+    assert restored == manifest
+    assert (dest / "sub" / "weights.bin").read_bytes() == b"weights"
+    assert Manifest.of_folder(dest, "trace", manifest.key, manifest.parts).files == manifest.files
+
+
+def test_stored_files_are_read_only(tmp_path: Path) -> None:
+    store, manifest = _stored(tmp_path)
+    entry = store.root / "entries" / manifest.key[:2] / manifest.key
+    assert (entry / "graph.json").stat().st_mode & 0o222 == 0
+
+
+def test_corrupted_entry_is_detected_and_dropped(tmp_path: Path) -> None:
+    store, manifest = _stored(tmp_path)
+    stored_file = store.root / "entries" / manifest.key[:2] / manifest.key / "sub" / "weights.bin"
+    stored_file.chmod(0o644)
+    stored_file.write_bytes(b"weightz")  # same size, other content
+    dest = tmp_path / "restored"
+    dest.mkdir()
+    assert store.restore(manifest.key, dest) is None
+    assert store.lookup(manifest.key) is None
+    assert store.info().entries == 0
+
+
+def test_partial_entry_without_manifest_is_ignored_and_replaced(tmp_path: Path) -> None:
+    store = Store(tmp_path / "cache")
+    key = "cd" * 32
+    partial = store.root / "entries" / key[:2] / key
+    partial.mkdir(parents=True)
+    (partial / "graph.json").write_text("half")
+    assert store.lookup(key) is None
+    folder = _stage_folder(tmp_path / "src")
+    manifest = Manifest.of_folder(folder, "trace", key, {})
+    store.save(folder, manifest)
+    assert store.lookup(key) == manifest
+    assert (partial / "graph.json").read_text() == '{"nodes": []}'
+
+
+def test_missing_file_in_entry_fails_verification(tmp_path: Path) -> None:
+    store, manifest = _stored(tmp_path)
+    (store.root / "entries" / manifest.key[:2] / manifest.key / "graph.json").unlink()
+    dest = tmp_path / "restored"
+    dest.mkdir()
+    assert store.restore(manifest.key, dest) is None
+
+
+def test_prune_drops_least_recently_used_first(tmp_path: Path) -> None:
+    keys = ["11" * 32, "22" * 32, "33" * 32]
+    store = Store(tmp_path / "cache")
+    for age, key in enumerate(keys):
+        _, manifest = _stored(tmp_path, key, content=b"x" * 1000)
+        entry_manifest = store.root / "entries" / key[:2] / key / ".manifest.json"
+        os.utime(entry_manifest, (1_000_000 + age, 1_000_000 + age))
+    # using the oldest entry makes it the most recently used
+    dest = tmp_path / "use"
+    dest.mkdir()
+    assert store.restore(keys[0], dest) is not None
+    one_entry = store.info().size // 3
+    removed, freed = store.prune(max_size=one_entry)
+    assert removed == 2 and freed > 0
+    assert store.lookup(keys[0]) is not None
+    assert store.lookup(keys[1]) is None and store.lookup(keys[2]) is None
+
+
+def test_prune_to_zero_empties_the_store(tmp_path: Path) -> None:
+    store, _ = _stored(tmp_path)
+    store.prune(0)
+    assert store.info().entries == 0
+
+
+@pytest.mark.parametrize("text, expected", [("0", 0), ("10k", 10240), ("500M", 500 * 1024**2), ("1.5GiB", int(1.5 * 1024**3))])
+def test_parse_size(text: str, expected: int) -> None:
+    from dabuild.cli import parse_size
+
+    assert parse_size(text) == expected
+
+
+def test_parse_size_rejects_garbage() -> None:
+    from dabuild.cli import parse_size
+    from dabuild.errors import UsageError
+
+    with pytest.raises(UsageError, match="not a size"):
+        parse_size("lots")
