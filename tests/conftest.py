@@ -1,0 +1,27 @@
+"""Fixtures shared by the end-to-end tests: a private copy of the digits example and a private cache."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+DIGITS = REPO / "recipes" / "digits"
+
+
+@pytest.fixture
+def cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A run cache of the test's own, so tests neither see nor fill the user's."""
+    folder = tmp_path / "cache"
+    monkeypatch.setenv("DABUILD_CACHE", str(folder))
+    return folder
+
+
+@pytest.fixture
+def digits(tmp_path: Path) -> Path:
+    """A copy of the bundled digits recipe folder that a test may edit."""
+    folder = tmp_path / "digits"
+    shutil.copytree(DIGITS, folder, ignore=shutil.ignore_patterns("build", "__pycache__"))
+    return folder

@@ -1,0 +1,192 @@
+"""The build graph end to end on the digits example: cache, no-op, revert, sharing, partial rebuilds."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from dabuild.cli import main
+
+ALL_STAGES = {"trace", "calibrate", "tune:c", "export:mcu", "check:mcu"}
+
+
+def build(recipe_dir: Path, build_root: Path, *extra: str) -> dict:
+    code = main(["build", str(recipe_dir), "--build-dir", str(build_root), "-q", *extra])
+    assert code == 0
+    name = _recipe_name(recipe_dir)
+    return json.loads((build_root / name / "build.json").read_text())
+
+
+def _recipe_name(recipe_dir: Path) -> str:
+    for line in (recipe_dir / "recipe.yaml").read_text().splitlines():
+        if line.startswith("name:"):
+            return line.split(":", 1)[1].strip()
+    raise AssertionError("recipe has no name")
+
+
+def executed(summary: dict) -> set[str]:
+    return {stage for stage, outcome in summary["outcomes"].items() if outcome == "executed"}
+
+
+def restored(summary: dict) -> set[str]:
+    return {stage for stage, outcome in summary["outcomes"].items() if outcome == "restored from cache"}
+
+
+def edit(recipe_dir: Path, old: str, new: str) -> None:
+    path = recipe_dir / "recipe.yaml"
+    text = path.read_text()
+    assert old in text
+    path.write_text(text.replace(old, new))
+
+
+def test_cold_build_then_noop(digits: Path, tmp_path: Path, cache_dir: Path) -> None:
+    first = build(digits, tmp_path / "build")
+    assert executed(first) == ALL_STAGES
+    check = first["checks"]["mcu"]
+    assert check["ok"] and check["tolerance"] == "exact"
+    metrics = first["metrics"]["tune:c"]
+    assert metrics["fp32"] > 0.9 and metrics["quantized"] > 0.9
+    second = build(digits, tmp_path / "build")
+    assert executed(second) == set() and restored(second) == set()
+    assert set(second["outcomes"].values()) == {"up to date"}
+
+
+def test_reverted_change_restores_from_cache(digits: Path, tmp_path: Path, cache_dir: Path) -> None:
+    build(digits, tmp_path / "build")
+    edit(digits, "cflags: [-O2]", "cflags: [-O1]")
+    changed = build(digits, tmp_path / "build")
+    assert executed(changed) == {"export:mcu", "check:mcu"}
+    edit(digits, "cflags: [-O1]", "cflags: [-O2]")
+    reverted = build(digits, tmp_path / "build")
+    assert executed(reverted) == set()
+    assert restored(reverted) == {"export:mcu", "check:mcu"}
+
+
+def test_changing_one_target_rebuilds_only_that_target(digits: Path, tmp_path: Path, cache_dir: Path) -> None:
+    text = (digits / "recipe.yaml").read_text()
+    text += "  - name: mcu2\n    kind: c\n    options: {cflags: [-O2]}\n"
+    (digits / "recipe.yaml").write_text(text)
+    first = build(digits, tmp_path / "build")
+    assert executed(first) == ALL_STAGES
+    assert restored(first) == {"export:mcu2", "check:mcu2"}  # same settings as mcu: same keys
+    edit(digits, "  - name: mcu2\n    kind: c\n    options: {cflags: [-O2]}", "  - name: mcu2\n    kind: c\n    options: {cflags: [-O3]}")
+    second = build(digits, tmp_path / "build", "-j", "2")
+    assert executed(second) == {"export:mcu2", "check:mcu2"}
+
+
+def test_recipes_sharing_model_and_data_share_trace_and_calibrate(
+    digits: Path, tmp_path: Path, cache_dir: Path
+) -> None:
+    build(digits, tmp_path / "build")
+    other = tmp_path / "other"
+    shutil.copytree(digits, other)
+    edit(other, "name: digits-mlp", "name: digits-other")
+    edit(other, "tolerable_loss: 0.01", "tolerable_loss: 0.02")
+    summary = build(other, tmp_path / "build")
+    assert restored(summary) >= {"trace", "calibrate"}
+    assert "tune:c" in executed(summary)
+
+
+def test_no_cache_executes_everything_and_stores_nothing(digits: Path, tmp_path: Path, cache_dir: Path) -> None:
+    summary = build(digits, tmp_path / "build", "--no-cache")
+    assert executed(summary) == ALL_STAGES
+    assert not (cache_dir / "v1" / "entries").exists()
+
+
+def test_corrupt_cache_entry_is_rebuilt(digits: Path, tmp_path: Path, cache_dir: Path) -> None:
+    build(digits, tmp_path / "build")
+    for stored in (cache_dir / "v1" / "entries").rglob("weights.npz"):
+        stored.chmod(0o644)
+        stored.write_bytes(stored.read_bytes()[:-3] + b"xyz")
+    shutil.rmtree(tmp_path / "build")
+    summary = build(digits, tmp_path / "build")
+    assert "trace" in executed(summary)
+    assert "calibrate" in restored(summary)
+
+
+def test_lost_doit_database_costs_no_stage_execution(digits: Path, tmp_path: Path, cache_dir: Path) -> None:
+    build(digits, tmp_path / "build")
+    (tmp_path / "build" / "digits-mlp" / ".doit.db").unlink()
+    summary = build(digits, tmp_path / "build")
+    assert executed(summary) == set() and restored(summary) == set()
+
+
+def test_damaged_doit_database_is_replaced(digits: Path, tmp_path: Path, cache_dir: Path) -> None:
+    build(digits, tmp_path / "build")
+    (tmp_path / "build" / "digits-mlp" / ".doit.db").write_bytes(b"not a database at all" * 100)
+    summary = build(digits, tmp_path / "build")
+    assert executed(summary) == set()
+
+
+def test_removed_output_file_is_rebuilt(digits: Path, tmp_path: Path, cache_dir: Path) -> None:
+    build(digits, tmp_path / "build")
+    export_dir = tmp_path / "build" / "digits-mlp" / "export-mcu"
+    (export_dir / "model.c").unlink()
+    summary = build(digits, tmp_path / "build")
+    assert restored(summary) == {"export:mcu"} and executed(summary) == set()
+    assert (export_dir / "model.c").exists()
+
+
+def test_target_selection_builds_only_that_target(digits: Path, tmp_path: Path, cache_dir: Path) -> None:
+    summary = build(digits, tmp_path / "build", "--target", "mcu")
+    assert executed(summary) == ALL_STAGES
+    code = main(["build", str(digits), "--build-dir", str(tmp_path / "build"), "--target", "nope", "-q"])
+    assert code == 2
+
+
+def test_list_explains_each_stage(digits: Path, tmp_path: Path, cache_dir: Path, capsys: pytest.CaptureFixture) -> None:
+    root = str(tmp_path / "build")
+    assert main(["list", str(digits), "--build-dir", root]) == 0
+    assert "trace" in capsys.readouterr().out
+    build(digits, tmp_path / "build")
+    edit(digits, "cflags: [-O2]", "cflags: [-O1]")
+    assert main(["list", str(digits), "--build-dir", root]) == 0
+    lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[1:]}
+    assert "up to date" in lines["trace"] and "up to date" in lines["tune:c"]
+    assert "stale (recipe settings changed)" in lines["export:mcu"]
+    assert "stale (input export:mcu will be rebuilt)" in lines["check:mcu"]
+    build(digits, tmp_path / "build")
+    edit(digits, "cflags: [-O1]", "cflags: [-O2]")
+    assert main(["list", str(digits), "--build-dir", root]) == 0
+    lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[1:]}
+    assert "cached" in lines["export:mcu"]
+
+
+def test_graph_formats(digits: Path, capsys: pytest.CaptureFixture) -> None:
+    assert main(["graph", str(digits)]) == 0
+    dot = capsys.readouterr().out
+    assert '"trace" -> "calibrate";' in dot and '"tune:c" -> "export:mcu";' in dot
+    assert main(["graph", str(digits), "--format", "mermaid"]) == 0
+    mermaid = capsys.readouterr().out
+    assert mermaid.startswith("graph LR") and "export-mcu --> check-mcu" in mermaid
+
+
+def test_clean_removes_the_build_folder(digits: Path, tmp_path: Path, cache_dir: Path) -> None:
+    build(digits, tmp_path / "build")
+    assert main(["clean", str(digits), "--build-dir", str(tmp_path / "build"), "-q"]) == 0
+    assert not (tmp_path / "build" / "digits-mlp" / "trace").exists()
+    summary = build(digits, tmp_path / "build")
+    assert restored(summary) == ALL_STAGES
+
+
+def test_init_writes_a_recipe_that_validates_once_its_files_exist(tmp_path: Path) -> None:
+    from conftest import DIGITS
+
+    assert main(["init", str(tmp_path), "-q"]) == 0
+    assert main(["init", str(tmp_path), "-q"]) == 2  # refuses to overwrite
+    assert main(["validate", str(tmp_path), "-q"]) == 2  # model.py, data.npz... do not exist yet
+    for name in ("model.py", "weights.npz", "data.npz"):
+        shutil.copy(DIGITS / name, tmp_path / name)
+    assert main(["validate", str(tmp_path), "-q"]) == 0
+
+
+def test_capabilities_lists_the_bundled_c_backend(capsys: pytest.CaptureFixture) -> None:
+    assert main(["capabilities"]) == 0
+    assert capsys.readouterr().out.split()[0] == "c"
+
+
+def test_missing_recipe_is_a_usage_error(tmp_path: Path) -> None:
+    assert main(["build", str(tmp_path / "nowhere.yaml")]) == 2
