@@ -1,0 +1,127 @@
+"""Calibration and evaluation data from .npz files, checked before any stage trusts it.
+
+A recipe's data spec names an .npz, the array(s) feeding the graph inputs (`x`:
+one key for a single-input graph, or a mapping input name -> key), optionally
+the labels (`y`) and how many samples to use. Every problem a user can cause
+(missing key, empty or non-finite array, x/y length mismatch) is reported with
+the file and the key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dabuild.errors import UsageError
+
+
+def _path(spec: Any, base_dir: Path) -> Path:
+    return Path(base_dir, spec.source)
+
+
+def _read(path: Path, key: str) -> np.ndarray:
+    """One array of an .npz, checked to exist, be numeric, non-empty and finite."""
+    if not path.is_file():
+        raise UsageError(f"data file {path} does not exist")
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            if key not in archive.files:
+                raise UsageError(f"{path}: no array {key!r}; arrays in the file: {', '.join(archive.files) or 'none'}")
+            array = archive[key]
+    except (OSError, ValueError) as error:
+        raise UsageError(f"{path}: not a readable .npz file ({error})") from None
+    if array.size == 0:
+        raise UsageError(f"{path}: array {key!r} is empty (shape {array.shape})")
+    if array.dtype.kind not in "biuf":
+        raise UsageError(f"{path}: array {key!r} has dtype {array.dtype}; expected numbers")
+    if array.dtype.kind == "f" and not np.isfinite(array).all():
+        bad = int(np.size(array) - np.isfinite(array).sum())
+        raise UsageError(f"{path}: array {key!r} has {bad} NaN or infinite values")
+    return array
+
+
+def _input_keys(spec: Any, input_names: list[str]) -> dict[str, str]:
+    """Graph input name -> npz key, from `spec.x`."""
+    if isinstance(spec.x, str):
+        if len(input_names) != 1:
+            raise UsageError(
+                f"data x {spec.x!r} names one array but the graph has inputs {', '.join(input_names)}; "
+                "map each input to a key, e.g. x: {input_name: key}"
+            )
+        return {input_names[0]: spec.x}
+    keys = dict(spec.x)
+    if set(keys) != set(input_names):
+        raise UsageError(
+            f"data x maps inputs {', '.join(sorted(keys))} but the graph has inputs {', '.join(input_names)}"
+        )
+    return {name: keys[name] for name in input_names}
+
+
+def _samples(array: np.ndarray, spec: Any) -> np.ndarray:
+    return array if spec.samples is None else array[: spec.samples]
+
+
+def load_inputs(spec: Any, base_dir: Path, input_names: list[str]) -> dict[str, np.ndarray]:
+    """Graph input name -> float32 array (first `spec.samples` rows), all with one length."""
+    path = _path(spec, base_dir)
+    keys = _input_keys(spec, input_names)
+    arrays = {name: _samples(_read(path, key), spec).astype(np.float32) for name, key in keys.items()}
+    lengths = {keys[name]: len(array) for name, array in arrays.items()}
+    if len(set(lengths.values())) > 1:
+        listed = ", ".join(f"{key} has {n}" for key, n in lengths.items())
+        raise UsageError(f"{path}: input arrays differ in their first dimension ({listed})")
+    return arrays
+
+
+def load_labels(spec: Any, base_dir: Path) -> np.ndarray | None:
+    """The labels `spec.y` (first `spec.samples` rows), or None; must match x in length."""
+    if spec.y is None:
+        return None
+    path = _path(spec, base_dir)
+    labels = _samples(_read(path, spec.y), spec)
+    x_key = spec.x if isinstance(spec.x, str) else next(iter(dict(spec.x).values()))
+    x_length = len(_samples(_read(path, x_key), spec))
+    if len(labels) != x_length:
+        raise UsageError(
+            f"{path}: labels {spec.y!r} have {len(labels)} rows but inputs {x_key!r} have {x_length} "
+            "(first dimensions must match)"
+        )
+    return labels
+
+
+def batches(arrays: dict[str, np.ndarray], batch_size: int) -> Iterator[dict[str, np.ndarray]]:
+    """Consecutive slices of `batch_size` rows (the last may be shorter) across all arrays."""
+    if batch_size <= 0:
+        raise UsageError(f"batch size must be positive, got {batch_size}")
+    length = len(next(iter(arrays.values())))
+    for start in range(0, length, batch_size):
+        yield {name: array[start : start + batch_size] for name, array in arrays.items()}
+
+
+def accuracy(outputs: np.ndarray, labels: np.ndarray) -> float:
+    """Share of rows whose largest output (over the last axis) is at the integer label."""
+    if outputs.shape[:-1] != labels.shape:
+        raise UsageError(
+            f"accuracy needs labels of shape {outputs.shape[:-1]} for outputs {outputs.shape}, got {labels.shape}"
+        )
+    return float(np.mean(outputs.argmax(axis=-1) == labels))
+
+
+def mse(outputs: np.ndarray, labels: np.ndarray) -> float:
+    """Mean squared error between outputs and targets of the same shape."""
+    if outputs.shape != labels.shape:
+        raise UsageError(f"mse needs targets of the outputs' shape {outputs.shape}, got {labels.shape}")
+    return float(np.mean((outputs.astype(np.float64) - labels) ** 2))
+
+
+METRICS: dict[str, Callable[[np.ndarray, np.ndarray], float]] = {"accuracy": accuracy, "mse": mse}
+
+
+def evaluate_metric(metric: str, outputs: np.ndarray, labels: np.ndarray) -> float:
+    """The named metric of model outputs against labels."""
+    if metric not in METRICS:
+        raise UsageError(f"unknown metric {metric!r}; available: {', '.join(sorted(METRICS))}")
+    return METRICS[metric](np.asarray(outputs), np.asarray(labels))

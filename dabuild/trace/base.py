@@ -1,0 +1,210 @@
+"""Frontend plumbing: the tracer plugin base, framework choice, model loading, the trace stage.
+
+A frontend (tracer plugin) turns one framework's model into a dabuild Graph.
+Plugins register in the `dabuild.tracers` entry-point group, built-ins included.
+Which plugin traces a model:
+
+1. the framework the recipe names, if any;
+2. for a file (str or Path), the plugin that lists the file's suffix in `suffixes`;
+3. the plugin named like the top-level package of the model's type
+   (`type(model).__module__.split('.')[0]`, e.g. "torch");
+4. "numpy" for any other callable: a plain function or callable object whose
+   type does not come from a known ML framework is taken to compute with numpy.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib
+import importlib.util
+import sys
+import traceback
+from abc import ABC, abstractmethod
+from itertools import count
+from pathlib import Path
+from typing import Any, ClassVar
+
+from dabuild import plugins
+from dabuild.errors import BuildError, UsageError
+from dabuild.ir.graph import Graph
+from dabuild.ir.npz import read_npz
+from dabuild.ir.passes import optimize
+from dabuild.progress import Progress
+
+Shape = tuple["int | None", ...]
+
+# Packages whose models need their own tracer: without one installed, tracing them
+# as numpy would only fail later and more confusingly.
+KNOWN_FRAMEWORKS = frozenset(
+    {"torch", "tensorflow", "keras", "jax", "flax", "onnx", "onnxruntime", "qkeras", "hls4ml", "brevitas", "sklearn"}
+)
+_PACKAGE_DIR = Path(__file__).resolve().parent.parent
+
+
+class TracerPlugin(ABC):
+    """Base of every frontend, in the spirit of da4ml's DAIS tracer plugins.
+
+    `inputs` are the declared example shapes by input name. The leading axis of
+    every input is the batch: graphs keep it dynamic (None), whatever size the
+    recipe declared for the example.
+    """
+
+    suffixes: ClassVar[tuple[str, ...]] = ()  # model file suffixes this plugin reads, e.g. (".onnx",)
+
+    def __init__(self, model: Any, inputs: dict[str, Shape] | None = None):
+        self.model = model
+        self.inputs = None if inputs is None else {name: tuple(shape) for name, shape in inputs.items()}
+
+    def get_input_shapes(self) -> dict[str, Shape]:
+        """Input shapes by name with a dynamic batch axis; UsageError if the model does not say them."""
+        if not self.inputs:
+            raise UsageError(
+                f"the {type(self).__name__} frontend needs the input shapes: set model.inputs in the recipe, "
+                "e.g. inputs: {x: [1, 64]}"
+            )
+        return {name: (None, *shape[1:]) if shape else () for name, shape in self.inputs.items()}
+
+    @abstractmethod
+    def apply_model(self, inputs: dict[str, Any]) -> Any:
+        """Run the model on this frontend's symbolic tensors and return its symbolic outputs."""
+
+    @abstractmethod
+    def trace(self) -> Graph:
+        """The model as a (not yet optimised) Graph."""
+
+
+def _tracer_classes() -> dict[str, type[TracerPlugin]]:
+    return {name: plugins.load(plugins.TRACERS, name) for name in plugins.available(plugins.TRACERS)}
+
+
+def choose_framework(model: Any) -> str:
+    """The tracer name for `model` when the recipe names none (rules in the module docstring)."""
+    installed = plugins.available(plugins.TRACERS)
+    if isinstance(model, (str, Path)):
+        suffix = Path(model).suffix
+        for name, cls in _tracer_classes().items():
+            if suffix in cls.suffixes:
+                return name
+        raise UsageError(
+            f"{model}: no installed frontend reads {suffix or 'suffix-less'} files; "
+            f"installed frameworks: {', '.join(installed) or 'none'}"
+        )
+    root = type(model).__module__.split(".")[0]
+    if root in installed:
+        return root
+    if callable(model) and root not in KNOWN_FRAMEWORKS:
+        return "numpy"
+    raise UsageError(plugins.unknown_name_message(plugins.TRACERS, root))
+
+
+def trace_model(model: Any, framework: str | None = None, inputs: dict[str, Shape] | None = None) -> Graph:
+    """Trace `model` with the named frontend (or the one `choose_framework` picks); the raw Graph."""
+    name = framework or choose_framework(model)
+    tracer_class = plugins.load(plugins.TRACERS, name)
+    return tracer_class(model, inputs).trace()
+
+
+def user_location(tb: traceback.StackSummary) -> str:
+    """`file:line` of the innermost frame in user code (not dabuild, numpy or the stdlib)."""
+    skipped = (str(_PACKAGE_DIR), str(Path(functools.__file__).parent))
+    for frame in reversed(tb):
+        installed = "site-packages" in frame.filename or "dist-packages" in frame.filename
+        if not frame.filename.startswith(skipped) and not installed and not frame.filename.startswith("<"):
+            return f"{frame.filename}:{frame.lineno}"
+    return "<model>"
+
+
+# ---------------------------------------------------------------- loading
+
+
+_module_numbers = count()
+
+
+def _import_file(path: Path) -> Any:
+    """Import a .py file under a fresh module name, its folder on sys.path only meanwhile."""
+    digest = hashlib.sha256(str(path).encode()).hexdigest()[:12]
+    module_name = f"_dabuild_model_{path.stem}_{digest}_{next(_module_numbers)}"
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise UsageError(f"{path}: cannot be imported as a Python module")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module  # dataclasses and pickling look modules up here
+    sys.path.insert(0, str(path.parent))
+    try:
+        spec.loader.exec_module(module)
+    except Exception as error:
+        del sys.modules[module_name]
+        where = user_location(traceback.extract_tb(error.__traceback__))
+        raise BuildError(f"{where}: importing {path} failed: {type(error).__name__}: {error}") from error
+    finally:
+        sys.path.remove(str(path.parent))
+    return module
+
+
+def _resolve_attr(owner: Any, dotted: str, where: str) -> Any:
+    value = owner
+    for part in dotted.split("."):
+        if not hasattr(value, part):
+            raise UsageError(f"{where} has no attribute {dotted!r}")
+        value = getattr(value, part)
+    return value
+
+
+def load_model(source: str, base_dir: Path, weights: Path | None) -> Any:
+    """The model object a recipe's `model.source` names.
+
+    `file.py:attr` (file relative to `base_dir`) or `package.module:attr`; a source
+    without `:` naming an existing file is returned as a Path, for frontends that
+    read model files. With `weights` (an .npz), `attr` is a factory called with
+    the dict of arrays, and its result is the model.
+    """
+    if ":" not in source:
+        path = Path(base_dir, source)
+        if path.is_file():
+            return path
+        raise UsageError(f"model source {source!r} must be 'file.py:attr', 'package.module:attr' or a model file")
+    location, attr = source.rsplit(":", 1)
+    if location.endswith(".py"):
+        path = Path(base_dir, location).resolve()
+        if not path.is_file():
+            raise UsageError(f"model file {path} does not exist (model source {source!r})")
+        module, where = _import_file(path), str(path)
+    else:
+        try:
+            module = importlib.import_module(location)
+        except ImportError as error:
+            raise UsageError(f"cannot import model module {location!r}: {error}") from None
+        where = f"module {location!r}"
+    model = _resolve_attr(module, attr, where)
+    if weights is None:
+        return model
+    weights_path = Path(base_dir, weights)
+    if not weights_path.is_file():
+        raise UsageError(f"model weights file {weights_path} does not exist")
+    try:
+        arrays = read_npz(weights_path)
+    except (OSError, ValueError) as error:
+        raise UsageError(f"{weights_path}: not a readable .npz file: {error}") from None
+    if not callable(model):
+        raise UsageError(f"{where}: {attr!r} must be a factory taking the weights dict, got {type(model).__name__}")
+    try:
+        return model(arrays)
+    except Exception as error:
+        location = user_location(traceback.extract_tb(error.__traceback__))
+        raise BuildError(
+            f"{location}: {attr}(weights from {weights_path.name}) raised {type(error).__name__}: {error}"
+        ) from error
+
+
+def trace_stage(model_spec: Any, base_dir: Path, out_dir: Path, progress: Progress) -> None:
+    """Load, trace and canonicalise the recipe's model; write graph.json + weights.npz to `out_dir`.
+
+    `model_spec` needs attributes framework, source, weights and inputs (the
+    recipe's ModelSpec has them).
+    """
+    model = load_model(model_spec.source, base_dir, model_spec.weights)
+    inputs = None if model_spec.inputs is None else {k: tuple(v) for k, v in model_spec.inputs.items()}
+    graph = optimize(trace_model(model, model_spec.framework, inputs))
+    graph.save(Path(out_dir))
+    progress.info(f"traced {model_spec.source}: {graph.summary()}")
