@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -18,6 +19,14 @@ def readme_commands() -> list[str]:
     text = (REPO / "README.md").read_text()
     section = text.split("## The two commands", 1)[1].split("\n## ", 1)[0]
     return re.findall(r"```sh\n(.*?)\n```", section, re.DOTALL)
+
+
+def _clean_env(tmp_path: Path) -> dict[str, str]:
+    """The caller's environment without any active virtual environment, and a private cache."""
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME")}
+    env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep) if "venv" not in p)
+    env["DABUILD_CACHE"] = str(tmp_path / "cache")
+    return env
 
 
 def fresh_clone(tmp_path: Path) -> Path:
@@ -43,7 +52,7 @@ def test_readme_main_command_builds_the_example_from_a_fresh_clone(tmp_path: Pat
         cwd=clone,
         capture_output=True,
         text=True,
-        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "DABUILD_CACHE": str(tmp_path / "cache")},
+        env=_clean_env(tmp_path),
         timeout=900,
     )
     assert result.returncode == 0, result.stdout + result.stderr
