@@ -9,6 +9,7 @@ numpy's broadcasting semantics and compute in float32.
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
@@ -24,17 +25,19 @@ class ShapeError(ValueError):
     """An op's inputs do not fit its shape rule; the graph adds which node it was."""
 
 
-class Op:
+class Op(ABC):
     """Base of every op: `infer` maps input specs to output specs, `run` maps arrays to arrays."""
 
     name: ClassVar[str]
     arity: ClassVar[tuple[int, int]] = (1, 1)  # fewest and most inputs accepted
 
+    @abstractmethod
     def infer(self, inputs: list[TensorSpec], attrs: dict[str, Any]) -> list[OutputSpec]:
-        raise NotImplementedError
+        """(shape, dtype) of each output; ShapeError if the inputs do not fit."""
 
+    @abstractmethod
     def run(self, arrays: list[np.ndarray], attrs: dict[str, Any]) -> list[np.ndarray]:
-        raise NotImplementedError
+        """The outputs computed from the input arrays."""
 
     def check_arity(self, count: int) -> None:
         low, high = self.arity
