@@ -1,0 +1,1 @@
+"""Quantization: calibration statistics, per-node configs, integer lowering and its numpy reference."""

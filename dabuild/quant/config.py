@@ -1,0 +1,119 @@
+"""QuantConfig: the quantization choice made for every node, the output of tuning.
+
+A choice is one pick from each list of a capability entry (dtype, scheme,
+granularity, algorithm). The config is what the tuner searches over and what
+the cache keys the quantize stage on, so it saves as canonical JSON and has a
+stable content hash.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from dabuild.errors import BuildError
+from dabuild.ir.graph import Graph
+
+CONFIG_FILE = "quant_config.json"
+
+# Which tensors of each op type quantization touches; ops missing here have no integer lowering yet.
+QUANTIZABLE_OPS: dict[str, tuple[str, ...]] = {
+    "dense": ("weight", "activation"),
+    "relu": ("activation",),
+}
+LOWERED_DTYPES = ("int8",)
+
+
+@dataclass(frozen=True)
+class QuantChoice:
+    """How one tensor (a weight or an activation) is quantized."""
+
+    dtype: str
+    scheme: str
+    granularity: str
+    algorithm: str
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    """The choices for a node's weight (None for weightless ops) and its output activation."""
+
+    weight: QuantChoice | None
+    activation: QuantChoice | None
+
+
+@dataclass
+class QuantConfig:
+    nodes: dict[str, NodeConfig] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"nodes": {name: asdict(cfg) for name, cfg in sorted(self.nodes.items())}}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "QuantConfig":
+        def choice(value: dict[str, str] | None) -> QuantChoice | None:
+            return None if value is None else QuantChoice(**value)
+
+        return cls({name: NodeConfig(choice(cfg["weight"]), choice(cfg["activation"]))
+                    for name, cfg in data["nodes"].items()})
+
+    def canonical_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+
+    def content_hash(self) -> str:
+        return hashlib.sha256(self.canonical_json().encode()).hexdigest()
+
+    def save(self, directory: Path) -> None:
+        (Path(directory) / CONFIG_FILE).write_text(json.dumps(self.to_dict(), sort_keys=True, indent=2) + "\n")
+
+    @classmethod
+    def load(cls, directory: Path) -> "QuantConfig":
+        return cls.from_dict(json.loads((Path(directory) / CONFIG_FILE).read_text()))
+
+
+class _Choices(Protocol):
+    dtype: list[str]
+    scheme: list[str]
+    granularity: list[str]
+    algorithm: list[str]
+
+
+class _OpCapability(Protocol):
+    weight: _Choices | None
+    activation: _Choices | None
+
+
+class _Capability(Protocol):
+    name: str
+
+    def for_op(self, op_type: str) -> _OpCapability: ...
+
+
+def _first_choice(choices: _Choices | None, node: str, op: str, role: str, capability: str) -> QuantChoice:
+    """The default pick: the first entry of each list, with a dtype integer lowering supports."""
+    if choices is None:
+        raise BuildError(f"node {node!r}: capability {capability!r} does not allow {role} quantization "
+                         f"of op {op!r}")
+    dtypes = [d for d in choices.dtype if d in LOWERED_DTYPES]
+    if not dtypes:
+        raise BuildError(f"node {node!r}: capability {capability!r} offers {role} dtypes {choices.dtype} "
+                         f"for op {op!r}; dabuild lowers only {list(LOWERED_DTYPES)}")
+    return QuantChoice(dtypes[0], choices.scheme[0], choices.granularity[0], choices.algorithm[0])
+
+
+def default_config(graph: Graph, capability: _Capability) -> QuantConfig:
+    """Every node quantized with the first choice its capability entry lists."""
+    nodes: dict[str, NodeConfig] = {}
+    for node in graph.nodes:
+        roles = QUANTIZABLE_OPS.get(node.op)
+        if roles is None:
+            raise BuildError(f"node {node.name!r}: op {node.op!r} has no integer lowering yet "
+                             f"(quantizable ops: {', '.join(sorted(QUANTIZABLE_OPS))})")
+        op_capability = capability.for_op(node.op)
+        picks = {role: _first_choice(getattr(op_capability, role), node.name, node.op, role, capability.name)
+                 for role in roles}
+        nodes[node.name] = NodeConfig(picks.get("weight"), picks.get("activation"))
+    return QuantConfig(nodes)
