@@ -1,0 +1,97 @@
+"""The C target: a C99 int8 library plus a test driver, proven by compiling and running it.
+
+The artifact is plain source (model.h/.c, one kernel per op, one header per
+layer, main.c, Makefile, CMakeLists.txt) and a model.json manifest that `run`
+reads. The generated code uses no malloc and, on the integer path, no libm;
+activations live in one static arena planned by tensor liveness.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+from typing import ClassVar
+
+import numpy as np
+from pydantic import Field
+
+from dabuild.errors import BuildError
+from dabuild.quant.qgraph import QGraph
+from dabuild.targets.base import Target
+from dabuild.targets.c.codegen import PROGRAM, render
+
+MANIFEST = "model.json"
+
+
+class CTarget(Target):
+    kind: ClassVar[str] = "c"
+    capability: ClassVar[str] = "c"
+    default_tolerance: ClassVar[str] = "exact"
+
+    class Options(Target.Options):
+        compiler: str = "cc"
+        cflags: list[str] = Field(default_factory=lambda: ["-O2"])
+
+    options: Options
+
+    def _compiler_path(self) -> str:
+        path = shutil.which(self.options.compiler)
+        if path is None:
+            raise BuildError(f"C compiler {self.options.compiler!r} was not found on PATH; install gcc or "
+                             "clang, or set options.compiler of this target to a compiler that exists")
+        return path
+
+    def runtime_version(self) -> dict[str, str]:
+        result = subprocess.run([self._compiler_path(), "--version"], capture_output=True, text=True)
+        first_line = (result.stdout or result.stderr).strip().splitlines()
+        return {self.options.compiler: first_line[0] if first_line else "unknown"}
+
+    def export(self, qgraph: QGraph, out_dir: Path) -> None:
+        rendered = render(qgraph)
+        out_dir = Path(out_dir)
+        for name, text in rendered.files.items():
+            (out_dir / name).write_text(text)
+        manifest = {
+            "program": PROGRAM,
+            "sources": ["main.c", *rendered.library_sources],
+            "input_size": qgraph.tensors[qgraph.input].size,
+            "output_size": qgraph.tensors[qgraph.output].size,
+            "arena_bytes": rendered.arena.peak_bytes,
+        }
+        (out_dir / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+
+    def _build_command(self, compiler: str, artifact_dir: Path, prefix: str, program: str) -> list[str]:
+        """The compile line of the test program; sources are named `prefix/<file>`."""
+        manifest = json.loads((artifact_dir / MANIFEST).read_text())
+        return [compiler, "-std=c99", *self.options.cflags, "-o", program,
+                *(f"{prefix}/{name}" for name in manifest["sources"])]
+
+    def run(self, artifact_dir: Path, inputs: np.ndarray, work_dir: Path) -> np.ndarray:
+        artifact_dir, work_dir = Path(artifact_dir), Path(work_dir)
+        manifest = json.loads((artifact_dir / MANIFEST).read_text())
+        program = work_dir / PROGRAM
+        command = self._build_command(self._compiler_path(), artifact_dir, str(artifact_dir), str(program))
+        build = subprocess.run(command, capture_output=True, text=True)
+        if build.returncode != 0:
+            raise BuildError(f"compiling the C artifact {artifact_dir} with {self.options.compiler!r} failed:\n"
+                             f"{build.stderr.strip()}")
+        samples = np.ascontiguousarray(inputs, dtype=np.int8).reshape(len(inputs), -1)
+        if samples.shape[1] != manifest["input_size"]:
+            raise BuildError(f"C artifact {artifact_dir} takes {manifest['input_size']} values per sample, "
+                             f"got {samples.shape[1]}")
+        inputs_file, outputs_file = work_dir / "inputs.bin", work_dir / "outputs.bin"
+        samples.tofile(inputs_file)
+        result = subprocess.run([str(program), str(inputs_file), str(outputs_file)], capture_output=True, text=True)
+        if result.returncode != 0:
+            raise BuildError(f"the C test program of {artifact_dir} failed (exit {result.returncode}): "
+                             f"{result.stderr.strip()}")
+        return np.fromfile(outputs_file, dtype=np.int8).reshape(len(samples), manifest["output_size"])
+
+    def rerun_script(self, artifact_dir: Path, inputs_file: str, outputs_file: str) -> str:
+        name = Path(artifact_dir).name
+        program = f"{name}/{PROGRAM}"
+        return (shlex.join(self._build_command(self.options.compiler, Path(artifact_dir), name, program)) + "\n"
+                + shlex.join([f"./{program}", inputs_file, outputs_file]) + "\n")

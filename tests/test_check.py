@@ -1,0 +1,95 @@
+"""Tolerance levels and check_stage reports, against the real C target."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_c_target import STRICT, export, random_mlp
+
+from dabuild.errors import CheckError
+from dabuild.progress import Progress
+from dabuild.targets.c import CTarget
+from dabuild.targets.check import check_stage
+from dabuild.targets.tolerance import LEVELS, compare
+
+
+def test_levels_follow_the_design_table() -> None:
+    assert list(LEVELS) == ["exact", "close", "approximate", "very", "super", "ultra"]
+    assert (LEVELS["very"].atol, LEVELS["very"].rtol, LEVELS["very"].outliers) == (5e-2, 1e-2, 0.0)
+    assert (LEVELS["ultra"].atol, LEVELS["ultra"].rtol, LEVELS["ultra"].outliers) == (0.2, 0.1, 5e-4)
+
+
+def test_compare_reports_errors_and_the_first_mismatch() -> None:
+    expected = np.zeros((3, 4))
+    actual = expected.copy()
+    actual[1, 2], actual[2, 0] = 0.5, -2.0
+    result = compare(expected, actual, "exact")
+    assert not result.ok and result.mismatches == 2 and result.first_mismatch == (1, 2)
+    assert result.max_abs_err == 2.0 and result.outlier_fraction == pytest.approx(2 / 12)
+    assert compare(expected, expected, "exact").ok
+    assert compare(expected, expected + 1e-8, "close").ok and not compare(expected, expected + 1e-6, "close").ok
+
+
+def test_approximate_allows_one_quantization_step() -> None:
+    expected = np.linspace(-1, 1, 50)
+    step = 0.01
+    assert compare(expected, expected + step, "approximate", scale=step).ok
+    assert not compare(expected, expected + 2.5 * step, "approximate", scale=step).ok
+    assert not compare(expected, expected + step, "approximate").ok  # float outputs: atol 1e-4
+
+
+def test_super_tolerates_a_fraction_of_outliers() -> None:
+    expected = np.zeros(20000)
+    actual = expected.copy()
+    actual[:2] = 1.0  # 1e-4 of the elements
+    assert compare(expected, actual, "super").ok
+    actual[:3] = 1.0
+    assert not compare(expected, actual, "super").ok
+    nan = np.array([np.nan, 1.0])
+    assert compare(nan, nan, "exact").ok and not compare(nan, np.array([0.0, 1.0]), "exact").ok
+
+
+def test_check_stage_writes_a_passing_report(tmp_path: Path) -> None:
+    qgraph = random_mlp()
+    target = CTarget(CTarget.Options(cflags=STRICT))
+    artifact = export(qgraph, tmp_path / "artifact", target)
+    x = np.random.default_rng(21).normal(size=(120, 20)).astype(np.float32)
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    report = check_stage(target, qgraph, artifact, x, None, out_dir, tmp_path / "debug", Progress.silent())
+    assert report == json.loads((out_dir / "report.json").read_text())
+    assert report["ok"] and report["tolerance"] == "exact" and report["samples"] == 120
+    assert report["max_abs_err"] == 0.0 and report["mismatches"] == 0
+    assert report["runtime"]["cc"] == target.runtime_version()["cc"]
+    assert not (tmp_path / "debug").exists()
+
+
+def test_off_by_one_step_fails_exact_but_passes_approximate(tmp_path: Path) -> None:
+    qgraph = random_mlp()
+    target = CTarget()
+    artifact = export(qgraph, tmp_path / "artifact", target)
+    # Raise fc3's first bias by floor(1 / multiplier) accumulator units: its output moves by 0 or 1 step.
+    last = qgraph.layers[-1]
+    real = last.multiplier[0] / 2.0 ** int(last.shift[0])
+    header = artifact / "layer_fc3.h"
+    text = header.read_text()
+    match = re.search(r"_bias\[[^\]]*\] = \{\n\s*(-?\d+)", text)
+    header.write_text(text[:match.start(1)] + str(int(match.group(1)) + int(1 / real)) + text[match.end(1):])
+    x = np.random.default_rng(22).normal(size=(200, 20)).astype(np.float32)
+    for name in ("exact", "approx"):
+        (tmp_path / name).mkdir()
+    with pytest.raises(CheckError, match="outside tolerance 'exact'"):
+        check_stage(target, qgraph, artifact, x, "exact", tmp_path / "exact", tmp_path / "debug", Progress.silent())
+    report = check_stage(target, qgraph, artifact, x, "approximate", tmp_path / "approx", tmp_path / "debug",
+                         Progress.silent())
+    assert report["ok"] and 0 < report["max_abs_err"] <= qgraph.output_params.scale * (1 + 1e-6)
+
+
+def test_unknown_tolerance_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(CheckError, match="unknown tolerance 'exactly'"):
+        check_stage(CTarget(), random_mlp(), tmp_path, np.zeros((1, 20), np.float32), "exactly", tmp_path,
+                    tmp_path, Progress.silent())
