@@ -142,12 +142,12 @@ def test_stats_config_and_qgraph_round_trip_through_files_byte_stably(tmp_path: 
     for folder in (first, second):
         folder.mkdir()
         stats.save(folder)
-        config.save(folder)
+        config.save(folder / "quant_config.json")
         qgraph.save(folder)
     for name in ("stats.npz", "quant_config.json", "qgraph.json", "qweights.npz"):
         assert (first / name).read_bytes() == (second / name).read_bytes(), name
     assert Stats.load(first) == stats
-    assert QuantConfig.load(first) == config
+    assert QuantConfig.load(first / "quant_config.json") == config
     x_q = qgraph.input_params.quantize(x)
     assert np.array_equal(run_integer(QGraph.load(first), x_q), run_integer(qgraph, x_q))
 
@@ -205,3 +205,21 @@ def test_int8_digits_mlp_is_within_two_percent_of_float() -> None:
     int8_accuracy = np.mean(run_quantized(qgraph, data["x_test"]).argmax(1) == labels)
     assert float_accuracy > 0.9
     assert int8_accuracy >= float_accuracy - 0.02
+
+
+def test_basic_strategy_evaluates_the_default_config_once() -> None:
+    from dabuild.tune.basic import BasicStrategy
+
+    graph = mlp_graph([6, 5, 3], ["relu", "none"])
+    x = np.random.default_rng(9).normal(size=(64, 6)).astype(np.float32)
+    stats = calibrate(graph, [{"x": x}], Progress.silent())
+    seen: list[QGraph] = []
+
+    def evaluate(qgraph: QGraph) -> float:
+        seen.append(qgraph)
+        return float(np.abs(run_quantized(qgraph, x) - run(graph, {"x": x})["h2"]).mean())
+
+    config, trials = BasicStrategy().tune(graph, stats, C_CAPABILITY, evaluate)
+    assert config == default_config(graph, C_CAPABILITY)
+    assert len(seen) == 1 and [t["trial"] for t in trials] == [0]
+    assert trials[0]["config_hash"] == config.content_hash() and 0 < trials[0]["metric"] < 0.1

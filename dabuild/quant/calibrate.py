@@ -44,6 +44,7 @@ class Stats:
         self.ranges[name] = (lo, hi)
 
     def save(self, directory: Path) -> None:
+        Path(directory).mkdir(parents=True, exist_ok=True)
         write_npz(Path(directory) / STATS_FILE,
                  {_RANGE + name: np.array(r, dtype=np.float64) for name, r in self.ranges.items()})
 

@@ -17,8 +17,6 @@ from typing import Any, Protocol
 from dabuild.errors import BuildError
 from dabuild.ir.graph import Graph
 
-CONFIG_FILE = "quant_config.json"
-
 # Which tensors of each op type quantization touches; ops missing here have no integer lowering yet.
 QUANTIZABLE_OPS: dict[str, tuple[str, ...]] = {
     "dense": ("weight", "activation"),
@@ -66,12 +64,13 @@ class QuantConfig:
     def content_hash(self) -> str:
         return hashlib.sha256(self.canonical_json().encode()).hexdigest()
 
-    def save(self, directory: Path) -> None:
-        (Path(directory) / CONFIG_FILE).write_text(json.dumps(self.to_dict(), sort_keys=True, indent=2) + "\n")
+    def save(self, path: Path) -> None:
+        """Write the config as JSON to the file `path` (sorted keys: equal configs, equal bytes)."""
+        Path(path).write_text(json.dumps(self.to_dict(), sort_keys=True, indent=2) + "\n")
 
     @classmethod
-    def load(cls, directory: Path) -> "QuantConfig":
-        return cls.from_dict(json.loads((Path(directory) / CONFIG_FILE).read_text()))
+    def load(cls, path: Path) -> "QuantConfig":
+        return cls.from_dict(json.loads(Path(path).read_text()))
 
 
 class _Choices(Protocol):

@@ -155,6 +155,7 @@ class QGraph:
 
     def save(self, directory: Path) -> None:
         directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
         doc = {
             "format": FORMAT_VERSION,
             "input": self.input,

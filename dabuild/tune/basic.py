@@ -14,15 +14,17 @@ from typing import Any
 from dabuild.ir.graph import Graph
 from dabuild.quant.calibrate import Stats
 from dabuild.quant.config import QuantConfig, default_config
+from dabuild.quant.qgraph import QGraph
+from dabuild.quant.quantize import quantize
 
 
 class BasicStrategy:
     name = "basic"
 
     def tune(self, graph: Graph, stats: Stats, capability: Any,
-             evaluate: Callable[[QuantConfig], float]) -> tuple[QuantConfig, list[dict[str, Any]]]:
-        """Return the default config and its trial record; `evaluate` scores a config (the recipe's metric)."""
+             evaluate: Callable[[QGraph], float]) -> tuple[QuantConfig, list[dict[str, Any]]]:
+        """The default config and its trial record; `evaluate` scores a quantized graph on the recipe's metric."""
         config = default_config(graph, capability)
         trial = {"trial": 0, "config_hash": config.content_hash(), "config": config.to_dict(),
-                 "metric": evaluate(config)}
+                 "metric": evaluate(quantize(graph, stats, config))}
         return config, [trial]
