@@ -1,0 +1,195 @@
+"""What a backend can run quantized, read from capability YAML files.
+
+A capability file names a backend and, per op type, the weight and activation
+choices it supports (dtype, scheme, granularity, calibration algorithm); the
+first entry of every list is the default choice, and `default` covers every op
+type not listed. Adding a backend whose ops dabuild already knows is one file.
+
+Discovery order: the bundled `capabilities/` folder, then each entry of
+$DABUILD_CAPABILITY_PATH (os.pathsep-separated; a folder means every *.yaml in
+it), then the files a recipe lists under `capabilities:`. Two definitions of
+one name are an error naming both files, except that a recipe's own file may
+replace a bundled or $DABUILD_CAPABILITY_PATH one: the recipe is the most
+specific statement of what the user wants, while two installed definitions of
+one name can only be a mistake.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from pathlib import Path
+from typing import Annotated, Iterable, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, field_validator
+from pydantic import ValidationError as PydanticValidationError
+
+from dabuild.errors import Diagnostic, ValidationError
+from dabuild.resources import data_dir
+from dabuild.yamlpos import YamlDocument, load_yaml, pydantic_diagnostics, require_mapping, user_error
+
+ENV_PATH = "DABUILD_CAPABILITY_PATH"
+
+SLUG_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+_SLUG = re.compile(SLUG_PATTERN)
+
+
+def _check_slug(value: str) -> str:
+    if not _SLUG.match(value):
+        raise user_error(
+            f"invalid name {value!r}: use letters, digits, '.', '_' and '-', starting with a letter or digit"
+            " (names become file names inside the build directory)"
+        )
+    return value
+
+
+# A name that is safe as a single path component: build outputs can never escape the build directory.
+Slug = Annotated[str, AfterValidator(_check_slug), Field(json_schema_extra={"pattern": SLUG_PATTERN})]
+
+
+class QuantChoices(BaseModel):
+    """The quantization choices a backend offers for one tensor role; the first of each list is the default."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    dtype: list[str] = Field(min_length=1, description="Integer types it can store, e.g. [int8, int4].")
+    scheme: list[Literal["sym", "asym"]] = Field(
+        default=["sym"], min_length=1, description="sym: zero point 0; asym: a zero point per tensor."
+    )
+    granularity: list[Literal["per_tensor", "per_channel"]] = Field(
+        default=["per_tensor"], min_length=1, description="One scale per tensor, or one per output channel."
+    )
+    algorithm: list[Literal["minmax", "percentile", "entropy", "mse"]] = Field(
+        default=["minmax"], min_length=1, description="Calibration algorithms that pick the ranges."
+    )
+
+
+class OpCapability(BaseModel):
+    """What an op type may use for its weights and its activations (None: that role stays float)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    weight: QuantChoices | None = Field(default=None, description="Choices for the op's constant weights.")
+    activation: QuantChoices | None = Field(default=None, description="Choices for the op's output tensor.")
+
+
+class CapabilitySpec(BaseModel):
+    """One backend's quantization capability, as read from a capability YAML file."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: Slug = Field(description="Name recipes use in a target's `capability:`.")
+    backend: str = Field(description="The runtime or toolchain this describes, e.g. c, onnxruntime.")
+    version: str = Field(description="Version of the backend the capability was written for.")
+    description: str = Field(default="", description="Free text for people.")
+    precisions: list[str] = Field(min_length=1, description="Precisions the backend can run, e.g. [int8].")
+    fp32_fallback: bool = Field(default=False, description="Whether an op may stay in float32.")
+    ops: dict[str, OpCapability] = Field(
+        description="Per op type (e.g. dense, relu) the allowed choices; `default` covers every other op."
+    )
+
+    _path: Path | None = PrivateAttr(default=None)
+
+    @field_validator("ops")
+    @classmethod
+    def _has_default(cls, ops: dict[str, OpCapability]) -> dict[str, OpCapability]:
+        if "default" not in ops:
+            raise user_error("ops must contain a 'default' entry (it covers every op not listed)", at_key=True)
+        return ops
+
+    @property
+    def path(self) -> Path | None:
+        """The file this capability was read from (None when built in code)."""
+        return self._path
+
+    def for_op(self, op_type: str) -> OpCapability:
+        """The choices for `op_type`: its own entry, else `default`."""
+        return self.ops.get(op_type, self.ops["default"])
+
+
+def load_capability(path: Path | str) -> CapabilitySpec:
+    """Read and validate one capability file; ValidationError listing every problem as file:line:col."""
+    spec, _, diagnostics = _read(Path(path))
+    if diagnostics:
+        raise ValidationError(diagnostics)
+    assert spec is not None
+    return spec
+
+
+def discover_capabilities(extra: Iterable[Path] = ()) -> dict[str, CapabilitySpec]:
+    """Every known capability by name: bundled, then $DABUILD_CAPABILITY_PATH, then `extra` (see module doc)."""
+    specs, diagnostics = collect_capabilities(extra)
+    if diagnostics:
+        raise ValidationError(diagnostics)
+    return specs
+
+
+def collect_capabilities(extra: Iterable[Path] = ()) -> tuple[dict[str, CapabilitySpec], list[Diagnostic]]:
+    """Like `discover_capabilities`, but returns the valid ones together with the problems found.
+
+    The recipe loader uses this to report capability-file problems next to its
+    own instead of stopping at the first broken file.
+    """
+    diagnostics: list[Diagnostic] = []
+    installed = [data_dir("capabilities")]
+    for entry in os.environ.get(ENV_PATH, "").split(os.pathsep):
+        if entry and not Path(entry).exists():
+            diagnostics.append(Diagnostic(entry, None, None, f"${ENV_PATH} names a path that does not exist"))
+        elif entry:
+            installed.append(Path(entry))
+    specs: dict[str, CapabilitySpec] = {}
+    from_recipe: set[str] = set()  # names whose current definition came from `extra`
+    sources = [(path, False) for path in _yaml_files(installed)] + [(path, True) for path in _yaml_files(extra)]
+    for path, is_recipe_file in sources:
+        spec, document, problems = _read(path)
+        diagnostics += problems
+        if spec is None or document is None:
+            continue
+        earlier = specs.get(spec.name)
+        if earlier is not None and earlier.path == spec.path:
+            continue  # one file reached twice, e.g. listed in both places
+        if earlier is not None and (not is_recipe_file or spec.name in from_recipe):
+            diagnostics.append(
+                document.diagnostic(("name",), f"capability {spec.name!r} is already defined in {earlier.path}")
+            )
+            continue
+        specs[spec.name] = spec
+        if is_recipe_file:
+            from_recipe.add(spec.name)
+    return specs, diagnostics
+
+
+def unknown_capability_message(name: str, available: Iterable[str]) -> str:
+    """`unknown capability 'cc' (did you mean 'c'?); available: c, ...`."""
+    names = sorted(available)
+    message = f"unknown capability {name!r}"
+    close = difflib.get_close_matches(name, names, n=1)
+    if close:
+        message += f" (did you mean {close[0]!r}?)"
+    return message + "; available: " + (", ".join(names) or "none")
+
+
+def _yaml_files(entries: Iterable[Path]) -> list[Path]:
+    files: list[Path] = []
+    for entry in entries:
+        entry = Path(entry)
+        files += sorted(entry.glob("*.yaml")) if entry.is_dir() else [entry]
+    return [file.resolve() for file in files]
+
+
+def _read(path: Path) -> tuple[CapabilitySpec | None, YamlDocument | None, list[Diagnostic]]:
+    try:
+        document = load_yaml(path)
+        data = require_mapping(document, "a capability file")
+    except ValidationError as exc:
+        return None, None, exc.diagnostics
+    diagnostics = list(document.problems)
+    try:
+        spec = CapabilitySpec.model_validate(data)
+    except PydanticValidationError as exc:
+        return None, None, diagnostics + pydantic_diagnostics(document, exc, CapabilitySpec)
+    if diagnostics:
+        return None, None, diagnostics
+    spec._path = path.resolve()
+    return spec, document, []

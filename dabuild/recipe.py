@@ -1,0 +1,417 @@
+"""The recipe: one YAML file saying which model, which data, how to tune and which targets.
+
+`load_recipe` is the user-facing boundary of dabuild, so it reports every
+problem of a recipe at once, each as `recipe.yaml:LINE:COL: message` pointing at
+the key or value to edit. Pydantic checks each node (types, ranges, names,
+files, the arrays inside .npz files); the loader then checks what spans nodes or
+needs plugins: duplicate target names, each target's options (validated by the
+target class's own `Options` model) and its capability.
+
+After loading, every path is absolute, and each target's `options`,
+`capability` and `check_io.tolerance` are filled in with the target class's
+defaults, so later stages (and their cache keys) see the settings in full.
+
+It runs on every build, even one with nothing to do, so it stays cheap: no
+numpy (the .npz check reads only the .npy headers), plugin classes are loaded
+only for the target kinds the recipe uses.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import re
+import zipfile
+from functools import lru_cache
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationInfo,
+    field_validator,
+)
+from pydantic import ValidationError as PydanticValidationError
+
+from dabuild import plugins
+from dabuild.capability import CapabilitySpec, Slug, collect_capabilities, unknown_capability_message
+from dabuild.errors import Diagnostic, ValidationError
+from dabuild.yamlpos import YamlDocument, load_yaml, pydantic_diagnostics, require_mapping, user_error
+
+Tolerance = Literal["exact", "close", "approximate", "very", "super", "ultra"]
+PositiveInt = Annotated[int, Field(gt=0)]
+
+
+def _base_dir(info: ValidationInfo) -> Path:
+    """The folder relative paths start from: the recipe's, passed as validation context."""
+    context = info.context or {}
+    return Path(context.get("base_dir") or Path.cwd())
+
+
+def _resolve(base_dir: Path, value: Path | str) -> Path:
+    return (base_dir / Path(value).expanduser()).resolve()
+
+
+def _existing_path(value: Path, info: ValidationInfo) -> Path:
+    resolved = _resolve(_base_dir(info), value)
+    if not resolved.exists():
+        raise user_error(f"file not found: {value}")
+    return resolved
+
+
+# A path written relative to the recipe's folder; absolute and known to exist after validation.
+ExistingPath = Annotated[Path, AfterValidator(_existing_path)]
+
+
+def _plugin_name(group: str):
+    """A validator accepting only names registered in the entry-point `group`."""
+
+    def check(name: str | None) -> str | None:
+        if name is not None and name not in plugins.available(group):
+            raise user_error(plugins.unknown_name_message(group, name))
+        return name
+
+    return check
+
+
+# ---------------------------------------------------------------- model
+
+
+_PYTHON_NAME = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+
+
+class ModelSpec(BaseModel):
+    """Where the model comes from and how to call it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    framework: str | None = Field(
+        default=None,
+        description="Tracer to use (an entry point of dabuild.tracers, e.g. numpy). "
+        "Default: chosen from the model object's package, or a model file's suffix.",
+    )
+    source: str = Field(
+        description="'file.py:name' (file relative to the recipe), 'package.module:name', "
+        "or a model file such as model.onnx."
+    )
+    weights: ExistingPath | None = Field(
+        default=None,
+        description="An .npz of arrays; when given, `name` in `source` is a factory called with them.",
+    )
+    inputs: dict[str, list[PositiveInt | None]] | None = Field(
+        default=None, description="Input name -> shape; null marks a dynamic (batch) dimension."
+    )
+    depends: list[ExistingPath] = Field(
+        default=[], description="Further files the model reads; a change to any of them re-traces."
+    )
+
+    _check_framework = field_validator("framework")(_plugin_name(plugins.TRACERS))
+
+    @field_validator("source")
+    @classmethod
+    def _check_source(cls, source: str, info: ValidationInfo) -> str:
+        """Checks the form and the file, but imports nothing: validation must not run user code."""
+        base = _base_dir(info)
+        target, colon, name = source.rpartition(":")
+        is_file = target.endswith(".py") or "/" in target or "\\" in target
+        if colon and (is_file or _PYTHON_NAME.match(target)) and not (base / source).is_file():
+            if not _PYTHON_NAME.match(name):
+                raise user_error(f"model source {source!r}: {name!r} is not a Python name")
+            if is_file and not (base / target).is_file():
+                raise user_error(f"file not found: {target}")
+            return source
+        path = base / source
+        if path.suffix == ".py":
+            raise user_error(f"model source {source!r} names a Python file but not the object in it: write '{source}:<name>'")
+        if not path.suffix:
+            raise user_error(
+                f"model source {source!r}: expected 'file.py:name', 'package.module:name' "
+                "or a model file with a suffix such as model.onnx"
+            )
+        if not path.is_file():
+            raise user_error(f"file not found: {source}")
+        return source
+
+
+# ---------------------------------------------------------------- data
+
+
+class DataSpec(BaseModel):
+    """Arrays from one .npz file."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    source: ExistingPath = Field(description="An .npz file, relative to the recipe.")
+    x: str | dict[str, str] = Field(
+        default="x",
+        validate_default=True,
+        description="Key of the input array, or input name -> key for models with several inputs.",
+    )
+    y: str | None = Field(default=None, description="Key of the labels (needed for evaluation).")
+    samples: PositiveInt | None = Field(default=None, description="Use only the first N rows (default: all).")
+    batch_size: PositiveInt = Field(default=64, description="Rows per batch when running the model.")
+
+    @field_validator("source")
+    @classmethod
+    def _readable_archive(cls, source: Path) -> Path:
+        _npz_shapes(source)
+        return source
+
+    @field_validator("x")
+    @classmethod
+    def _inputs_present(cls, x: str | dict[str, str], info: ValidationInfo) -> str | dict[str, str]:
+        source = info.data.get("source")
+        if source is not None:
+            for key in [x] if isinstance(x, str) else x.values():
+                _array_rows(source, key)
+        return x
+
+    @field_validator("y")
+    @classmethod
+    def _labels_present(cls, y: str | None, info: ValidationInfo) -> str | None:
+        source, x = info.data.get("source"), info.data.get("x")
+        if source is None or y is None:
+            return y
+        rows = _array_rows(source, y)
+        shapes = _npz_shapes(source)
+        for key in [x] if isinstance(x, str) else x.values() if isinstance(x, dict) else []:
+            if shapes.get(key, (rows,))[:1] != (rows,):
+                raise user_error(f"labels {y!r} have {rows} rows but inputs {key!r} have {shapes[key][0]}")
+        return y
+
+
+class DataSection(BaseModel):
+    """Data for calibration (ranges) and for evaluation (the accuracy the tuner protects)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    metric: Literal["accuracy", "mse"] = Field(
+        default="accuracy", description="accuracy: argmax against integer labels; mse: mean squared error."
+    )
+    calibration: DataSpec = Field(description="Representative inputs used to measure tensor ranges.")
+    evaluation: DataSpec = Field(description="Held-out inputs and labels used to score each candidate.")
+
+    @field_validator("evaluation")
+    @classmethod
+    def _has_labels(cls, evaluation: DataSpec, info: ValidationInfo) -> DataSpec:
+        if evaluation.y is None:
+            metric = info.data.get("metric", "accuracy")
+            raise user_error(f"evaluation data needs labels for metric {metric!r}: add `y: <key>`", at_key=True)
+        return evaluation
+
+
+# ---------------------------------------------------------------- tuning and targets
+
+
+class AccuracyGoal(BaseModel):
+    """How much accuracy quantization may cost."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    criterion: Literal["relative", "absolute"] = Field(
+        default="relative", description="relative: a fraction of the float score; absolute: score points."
+    )
+    tolerable_loss: float = Field(default=0.01, ge=0, description="The largest accepted loss (0.01 = 1% relative).")
+
+
+class TuningSpec(BaseModel):
+    """The search for the cheapest quantization that meets the accuracy goal."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    strategy: str = Field(default="basic", description="An entry point of dabuild.strategies, e.g. basic.")
+    accuracy: AccuracyGoal = Field(default_factory=AccuracyGoal, description="The goal every result must meet.")
+    max_trials: PositiveInt = Field(default=100, description="Most candidate configurations to evaluate.")
+    timeout: float = Field(default=0, ge=0, description="Seconds before the search stops (0 = no limit).")
+
+    _check_strategy = field_validator("strategy")(_plugin_name(plugins.STRATEGIES))
+
+
+class CheckIO(BaseModel):
+    """How an artifact's outputs are compared with dabuild's reference."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tolerance: Tolerance | None = Field(
+        default=None, description="Tolerance level as tract defines them (default: the target's own)."
+    )
+    samples: PositiveInt | None = Field(default=None, description="Evaluation rows to check (default: all).")
+
+
+class TargetSpec(BaseModel):
+    """One artifact to export and prove."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: Slug = Field(description="Names the target's build outputs and tasks (export:<name>, check:<name>).")
+    kind: str = Field(description="An entry point of dabuild.targets, e.g. c.")
+    capability: str | None = Field(
+        default=None, description="Capability to tune for (default: the target kind's own)."
+    )
+    options: dict[str, Any] = Field(default={}, description="Settings of the target kind (its Options model).")
+    check_io: CheckIO = Field(default_factory=CheckIO, description="How the artifact is checked.")
+
+    _check_kind = field_validator("kind")(_plugin_name(plugins.TARGETS))
+
+
+class Recipe(BaseModel):
+    """A dabuild recipe (recipe.yaml)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: Slug = Field(description="Name of the build.")
+    description: str = Field(default="", description="Free text for people.")
+    model: ModelSpec = Field(description="The model to trace.")
+    data: DataSection = Field(description="Calibration and evaluation data.")
+    tuning: TuningSpec = Field(default_factory=TuningSpec, description="The quantization search.")
+    capabilities: list[ExistingPath] = Field(
+        default=[], description="Extra capability YAML files (or folders of them), relative to the recipe."
+    )
+    targets: list[TargetSpec] = Field(min_length=1, description="Artifacts to build; at least one.")
+
+    _path: Path | None = PrivateAttr(default=None)
+    _base_dir: Path | None = PrivateAttr(default=None)
+
+    @property
+    def path(self) -> Path | None:
+        """The recipe file (absolute), set by `load_recipe`."""
+        return self._path
+
+    @property
+    def base_dir(self) -> Path | None:
+        """The recipe's folder: where its relative paths start."""
+        return self._base_dir
+
+
+# ---------------------------------------------------------------- loading
+
+
+def load_recipe(path: Path | str) -> Recipe:
+    """Read and validate a recipe; ValidationError listing every problem as file:line:col."""
+    path = Path(path)
+    document = load_yaml(path)
+    data = require_mapping(document, "a recipe")
+    base_dir = path.resolve().parent
+    diagnostics = list(document.problems)
+    recipe: Recipe | None = None
+    try:
+        recipe = Recipe.model_validate(data, context={"base_dir": base_dir})
+    except PydanticValidationError as exc:
+        diagnostics += pydantic_diagnostics(document, exc, Recipe)
+    listed = data.get("capabilities")
+    extra = [_resolve(base_dir, p) for p in listed if isinstance(p, str)] if isinstance(listed, list) else []
+    capabilities, problems = collect_capabilities([p for p in extra if p.exists()])
+    diagnostics += problems
+    resolved, problems = _check_targets(document, data.get("targets"), base_dir, None if problems else capabilities)
+    diagnostics += problems
+    if diagnostics:
+        raise ValidationError(diagnostics)
+    assert recipe is not None
+    for target, (options, capability, tolerance) in zip(recipe.targets, resolved):
+        target.options, target.capability, target.check_io.tolerance = options, capability, tolerance
+    recipe._path, recipe._base_dir = path.resolve(), base_dir
+    return recipe
+
+
+def _check_targets(
+    document: YamlDocument, targets: Any, base_dir: Path, capabilities: dict[str, CapabilitySpec] | None
+) -> tuple[list[tuple[dict, str, str]], list[Diagnostic]]:
+    """What needs the target classes or spans targets, checked on the raw data so it runs even when
+    other parts of the recipe are wrong. Returns each target's (options, capability, tolerance) in full."""
+    resolved: list[tuple[dict, str, str]] = []
+    diagnostics: list[Diagnostic] = []
+    first_line: dict[str, int] = {}
+    for i, raw in enumerate(targets if isinstance(targets, list) else []):
+        if not isinstance(raw, dict):
+            continue
+        loc = ("targets", i)
+        name = raw.get("name")
+        if isinstance(name, str) and name in first_line:
+            message = f"duplicate target name {name!r} (first used at line {first_line[name]})"
+            diagnostics.append(document.diagnostic(loc + ("name",), message))
+        elif isinstance(name, str):
+            first_line[name] = document.position(loc + ("name",))[0]
+        kind = raw.get("kind")
+        if not isinstance(kind, str) or kind not in plugins.available(plugins.TARGETS):
+            continue  # reported by pydantic
+        try:
+            target_class = plugins.load(plugins.TARGETS, kind)
+        except Exception as exc:  # a broken plugin is the user's environment, not a dabuild crash
+            message = f"target kind {kind!r} cannot be loaded: {type(exc).__name__}: {exc}"
+            diagnostics.append(document.diagnostic(loc + ("kind",), message))
+            continue
+        options = raw.get("options", {})
+        if isinstance(options, dict):
+            try:
+                validated = target_class.Options.model_validate(options, context={"base_dir": base_dir})
+                options = validated.model_dump(mode="json")
+            except PydanticValidationError as exc:
+                diagnostics += pydantic_diagnostics(document, exc, target_class.Options, loc + ("options",))
+        capability = raw.get("capability") or target_class.capability
+        if capabilities is not None and isinstance(capability, str) and capability not in capabilities:
+            if raw.get("capability"):
+                where, message = "capability", unknown_capability_message(capability, capabilities)
+            else:
+                where = "kind"
+                message = (
+                    f"target kind {kind!r} needs capability {capability!r}, which no capability file defines;"
+                    f" available: {', '.join(sorted(capabilities)) or 'none'}"
+                )
+            diagnostics.append(document.diagnostic(loc + (where,), message))
+        check_io = raw.get("check_io")
+        tolerance = check_io.get("tolerance") if isinstance(check_io, dict) else None
+        resolved.append((options, capability, tolerance or target_class.default_tolerance))
+    return resolved, diagnostics
+
+
+# ---------------------------------------------------------------- .npz headers
+
+
+def _array_rows(source: Path, key: str) -> int:
+    """Rows of array `key` in the .npz `source`; a user error if it is missing, scalar or empty."""
+    shapes = _npz_shapes(source)
+    if key not in shapes:
+        close = difflib.get_close_matches(key, list(shapes), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise user_error(f"{source.name} has no array {key!r}{hint}; arrays: {', '.join(sorted(shapes)) or 'none'}")
+    shape = shapes[key]
+    if not shape:
+        raise user_error(f"array {key!r} in {source.name} is a scalar; expected one sample per row")
+    if shape[0] == 0:
+        raise user_error(f"array {key!r} in {source.name} is empty (shape {shape})")
+    return shape[0]
+
+
+def _npz_shapes(source: Path) -> dict[str, tuple[int, ...]]:
+    stat = source.stat()
+    return _read_npz_shapes(source, stat.st_mtime_ns, stat.st_size)
+
+
+@lru_cache(maxsize=16)
+def _read_npz_shapes(source: Path, mtime_ns: int, size: int) -> dict[str, tuple[int, ...]]:
+    """Array name -> shape from the headers alone: no array is loaded and numpy is not imported."""
+    try:
+        with zipfile.ZipFile(source) as archive:
+            return {
+                member[: -len(".npy")]: _npy_shape(archive, member)
+                for member in archive.namelist()
+                if member.endswith(".npy")
+            }
+    except (OSError, zipfile.BadZipFile, ValueError, SyntaxError, KeyError) as exc:
+        raise user_error(f"cannot read {source.name} as an .npz archive: {exc}") from None
+
+
+def _npy_shape(archive: zipfile.ZipFile, member: str) -> tuple[int, ...]:
+    """The shape in a .npy header: magic, version, header length, then a Python dict literal."""
+    with archive.open(member) as stream:
+        magic = stream.read(8)
+        if magic[:6] != b"\x93NUMPY":
+            raise ValueError(f"{member} is not a .npy array")
+        length_bytes = 2 if magic[6] == 1 else 4
+        length = int.from_bytes(stream.read(length_bytes), "little")
+        header = ast.literal_eval(stream.read(length).decode("latin1"))
+    return tuple(int(d) for d in header["shape"])
