@@ -146,7 +146,7 @@ class DataSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     source: ExistingPath = Field(description="An .npz file, relative to the recipe.")
-    x: str | dict[str, str] = Field(
+    x: str | Annotated[dict[str, str], Field(min_length=1)] = Field(
         default="x",
         validate_default=True,
         description="Key of the input array, or input name -> key for models with several inputs.",

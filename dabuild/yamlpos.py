@@ -314,16 +314,19 @@ _PLAIN_MESSAGES = {
 }
 
 
-def _item_message(item: dict) -> str:
+def _item_message(item: dict, alone: bool) -> str:
     if item["type"] == "too_short" and item.get("ctx", {}).get("min_length") == 1:
         return "Must not be empty"
-    if item["type"] == "string_type" and isinstance(item.get("input"), (int, float)):
+    if alone and item["type"] == "string_type" and isinstance(item.get("input"), (int, float)):
         return "Input should be a string, so quote it"
     return _PLAIN_MESSAGES.get(item["type"], item["msg"])
 
 
 def _value_message(loc: Loc, items: list[dict]) -> str:
-    messages = [_item_message(item) for item in items]
+    # For a union, a member whose type matched but whose constraint failed says what is wrong;
+    # the other members' "should be a <type>" only add noise.
+    items = [item for item in items if not item["type"].endswith("_type")] or items
+    messages = [_item_message(item, len(items) == 1) for item in items]
     lead = "Input should be "
     if len(messages) > 1 and all(m.startswith(lead) for m in messages):
         text = lead + " or ".join(dict.fromkeys(m[len(lead) :] for m in messages))

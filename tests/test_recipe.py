@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -210,3 +211,35 @@ def test_alias_explosion_is_refused() -> None:
 def test_python_tags_are_refused_even_on_keys() -> None:
     with pytest.raises(ValidationError, match="1:3: invalid YAML: unsupported tag .!!python/name:os.system."):
         parse("? !!python/name:os.system\n: 1\n")
+
+
+def test_implicit_capability_must_exist(folder: Path, tmp_path_factory: pytest.TempPathFactory,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    empty = tmp_path_factory.mktemp("no-capabilities")
+    monkeypatch.setattr("dabuild.capability.data_dir", lambda name: empty)
+    with pytest.raises(ValidationError) as caught:
+        load_recipe(write(folder, MINIMAL))
+    assert [str(d) for d in caught.value.diagnostics] == [
+        f"{folder / 'recipe.yaml'}:7:23: target kind 'c' needs capability 'c', which no capability file defines;"
+        " available: none"
+    ]
+
+
+def test_broken_capability_file_is_reported_with_the_recipe_problems(folder: Path) -> None:
+    (folder / "mine.yaml").write_text("name: mine\nbackend: c\nversion: '1'\nprecisions: [int8]\nops: {dense: {}}\n")
+    text = MINIMAL.replace("kind: c}", "kind: c, capability: mine}") + "capabilities: [mine.yaml]\ntunning: {}\n"
+    with pytest.raises(ValidationError) as caught:
+        load_recipe(write(folder, text))
+    assert sorted((Path(d.file).name, d.line) for d in caught.value.diagnostics) == [
+        ("mine.yaml", 5), ("recipe.yaml", 9),
+    ]
+
+
+def test_reloading_a_recipe_is_cheap(folder: Path) -> None:
+    """load_recipe runs on every build, even a no-op one; the bound is loose, the typical cost ~2 ms."""
+    path = write(folder, MINIMAL)
+    load_recipe(path)  # imports and the target class
+    start = time.perf_counter()
+    for _ in range(10):
+        load_recipe(path)
+    assert (time.perf_counter() - start) / 10 < 0.1

@@ -48,7 +48,7 @@ def test_corpus_file_reports_exactly_its_expected_diagnostics(path: Path) -> Non
     reported = reported_lines(path)
     assert len(reported) == len(expected), reported
     for want, got in zip(expected, reported):
-        assert got.startswith(want[:-3]) if want.endswith("...") else got == want
+        assert got.startswith(want[:-3]) if want.endswith("...") else got == want, f"got {got!r}"
 
 
 def test_one_file_reports_all_of_its_problems_at_once() -> None:
