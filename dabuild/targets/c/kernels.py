@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from dabuild.errors import BuildError
 from dabuild.quant.qgraph import QDense, QGraph, QLayer, QRelu
 
 
@@ -41,5 +42,6 @@ LAYER_CONTEXT: dict[str, Callable[[Any, QGraph], dict[str, Any]]] = {"dense": _d
 
 def layer_context(layer: QLayer, qgraph: QGraph) -> dict[str, Any]:
     if layer.op not in LAYER_CONTEXT:
-        raise NotImplementedError(f"layer {layer.name!r}: the C target has no kernel for op {layer.op!r}")
+        raise BuildError(f"layer {layer.name!r}: the C target has no kernel for op {layer.op!r} "
+                         f"(kernels: {', '.join(sorted(LAYER_CONTEXT))})")
     return LAYER_CONTEXT[layer.op](layer, qgraph)
