@@ -123,35 +123,50 @@ def _load_recipes(args: argparse.Namespace) -> list:
 
 
 def _build(args: argparse.Namespace, progress: Progress) -> int:
+    start = time.monotonic()
+    targets = tuple(args.target) if args.target else None
+    if _nothing_to_do(args, targets, start):
+        return 0
     from dabuild.pipeline.build import BuildOptions, build
 
     options = BuildOptions(
-        build_root=args.build_dir,
-        targets=tuple(args.target) if args.target else None,
-        jobs=max(1, args.jobs),
-        use_cache=not args.no_cache,
+        build_root=args.build_dir, targets=targets, jobs=max(1, args.jobs), use_cache=not args.no_cache
     )
     for recipe in _load_recipes(args):
         start = time.monotonic()
         summary = build(recipe, options, progress)
-        _print_summary(summary, time.monotonic() - start)
+        _print_summary(summary.to_json(), time.monotonic() - start)
     return 0
 
 
-def _print_summary(summary, elapsed: float) -> None:  # noqa: ANN001 - BuildSummary
-    counts = summary.counts
+def _nothing_to_do(args: argparse.Namespace, targets: tuple[str, ...] | None, start: float) -> bool:
+    """The no-op fast path: every recipe's last build is still valid (see pipeline/stamp.py)."""
+    from dabuild.pipeline import stamp
+
+    paths = _recipe_paths(args)
+    if len(paths) != 1:
+        return False
+    summary = stamp.noop(stamp.stamp_path(paths[0], args.build_dir, targets))
+    if summary is None:
+        return False
+    _print_summary(summary, time.monotonic() - start)
+    return True
+
+
+def _print_summary(summary: dict, elapsed: float) -> None:
+    counts = summary["counts"]
     print(
-        f"{summary.recipe}: {sum(counts.values())} stages: {counts['executed']} executed, "
+        f"{summary['recipe']}: {sum(counts.values())} stages: {counts['executed']} executed, "
         f"{counts['restored from cache']} restored from cache, {counts['up to date']} up to date "
         f"({elapsed:.2f}s)"
     )
-    for stage, metrics in summary.metrics.items():
+    for stage, metrics in summary["metrics"].items():
         name = metrics.get("metric", "metric")
         print(
             f"  {stage}: {name} fp32 {metrics['fp32']:.4f} -> quantized {metrics['quantized']:.4f}"
             f" ({metrics.get('precision', 'int8')}, goal {'met' if metrics.get('goal_met') else 'MISSED'})"
         )
-    for target, report in summary.checks.items():
+    for target, report in summary["checks"].items():
         verdict = "passed" if report.get("ok") else "FAILED"
         print(
             f"  check:{target}: {report.get('tolerance')} {verdict} on {report.get('samples')} samples;"

@@ -190,3 +190,42 @@ def test_capabilities_lists_the_bundled_c_backend(capsys: pytest.CaptureFixture)
 
 def test_missing_recipe_is_a_usage_error(tmp_path: Path) -> None:
     assert main(["build", str(tmp_path / "nowhere.yaml")]) == 2
+
+
+def test_noop_build_skips_heavy_imports(digits: Path, tmp_path: Path, cache_dir: Path) -> None:
+    import subprocess
+    import sys
+
+    build(digits, tmp_path / "build")
+    probe = (
+        "import sys; from dabuild.cli import main; "
+        f"code = main(['build', {str(digits)!r}, '--build-dir', {str(tmp_path / 'build')!r}, '-q']); "
+        "print(code, sorted(m for m in ('numpy', 'pydantic', 'doit') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert out.splitlines()[-1] == "0 []"
+
+
+def test_touched_input_takes_the_full_path_and_still_executes_nothing(
+    digits: Path, tmp_path: Path, cache_dir: Path
+) -> None:
+    import os
+
+    build(digits, tmp_path / "build")
+    data = digits / "data.npz"
+    os.utime(data, ns=(data.stat().st_atime_ns, data.stat().st_mtime_ns + 10**9))
+    summary = build(digits, tmp_path / "build")
+    assert executed(summary) == set() and restored(summary) == set()
+
+
+def test_capability_path_change_alone_is_noticed(
+    digits: Path, tmp_path: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    build(digits, tmp_path / "build")
+    extra = tmp_path / "caps"
+    extra.mkdir()
+    (extra / "broken.yaml").write_text("name: broken\nbackend: x\n")
+    monkeypatch.setenv("DABUILD_CAPABILITY_PATH", str(extra))
+    assert main(["build", str(digits), "--build-dir", str(tmp_path / "build"), "-q"]) == 2
+    (extra / "broken.yaml").unlink()
+    assert main(["build", str(digits), "--build-dir", str(tmp_path / "build"), "-q"]) == 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,6 +12,7 @@ from typing import Any
 from dabuild.errors import BuildError, DabuildError, UsageError
 from dabuild.pipeline.doit_tasks import RunResult, run_stages
 from dabuild.pipeline.execute import Outcome, Session, Workspace
+from dabuild.pipeline import stamp
 from dabuild.pipeline.lock import BuildLock
 from dabuild.pipeline.plan import Stage, plan
 from dabuild.pipeline.stages import stage_functions
@@ -70,7 +72,9 @@ def build(recipe: Recipe, options: BuildOptions, progress: Progress) -> BuildSum
     """Build the recipe; raises the first stage's DabuildError (exit 1 or 2) when a stage fails."""
     stages, capabilities = stages_for(recipe, options.targets)
     workspace = workspace_for(recipe, options.build_root)
+    stamp_file = stamp.stamp_path(recipe.path, options.build_root, options.targets)
     with BuildLock(workspace.build_dir, progress):
+        stamp.remove(stamp_file)
         workspace.clear_leftovers()
         _drop_unreadable_doit_db(workspace, progress)
         session = Session(
@@ -83,7 +87,27 @@ def build(recipe: Recipe, options: BuildOptions, progress: Progress) -> BuildSum
         _raise_first_failure(result)
         summary = _summarise(recipe, workspace, stages, session)
         (workspace.build_dir / "build.json").write_text(json.dumps(summary.to_json(), indent=2) + "\n")
+        stamp.write(stamp_file, _files_read(recipe, stages, capabilities), _files_written(workspace, stages), summary.to_json())
     return summary
+
+
+def _files_read(recipe: Recipe, stages: list[Stage], capabilities: dict) -> list[Path]:
+    """Everything whose change could change the build: what the no-op fast path watches."""
+    from dabuild.capability import ENV_PATH
+    from dabuild.resources import data_dir
+
+    read = [recipe.path, data_dir("capabilities"), *recipe.capabilities]
+    read += [Path(entry) for entry in os.environ.get(ENV_PATH, "").split(os.pathsep) if entry]
+    read += [spec.path for spec in capabilities.values() if spec.path is not None]
+    read += [path for stage in stages for path in stage.files.values()]
+    return sorted(set(read))
+
+
+def _files_written(workspace: Workspace, stages: list[Stage]) -> list[Path]:
+    written = [workspace.build_dir / "build.json"]
+    for stage in stages:
+        written += [p for p in workspace.stage_dir(stage.name).rglob("*") if p.is_file()]
+    return written
 
 
 def _drop_unreadable_doit_db(workspace: Workspace, progress: Progress) -> None:
