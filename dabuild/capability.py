@@ -16,7 +16,6 @@ one name can only be a mistake.
 
 from __future__ import annotations
 
-import difflib
 import os
 import re
 from pathlib import Path
@@ -158,16 +157,6 @@ def collect_capabilities(extra: Iterable[Path] = ()) -> tuple[dict[str, Capabili
         if is_recipe_file:
             from_recipe.add(spec.name)
     return specs, diagnostics
-
-
-def unknown_capability_message(name: str, available: Iterable[str]) -> str:
-    """`unknown capability 'cc' (did you mean 'c'?); available: c, ...`."""
-    names = sorted(available)
-    message = f"unknown capability {name!r}"
-    close = difflib.get_close_matches(name, names, n=1)
-    if close:
-        message += f" (did you mean {close[0]!r}?)"
-    return message + "; available: " + (", ".join(names) or "none")
 
 
 def _yaml_files(entries: Iterable[Path]) -> list[Path]:

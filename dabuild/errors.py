@@ -6,6 +6,8 @@ asked for something invalid (bad recipe, bad flags, unknown names).
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,3 +60,13 @@ class ValidationError(UsageError):
             diagnostics, key=lambda d: (str(d.file), d.line or 0, d.col or 0)
         )
         super().__init__("\n".join(str(d) for d in self.diagnostics))
+
+
+def unknown_name_message(what: str, name: str, available: Iterable[str]) -> str:
+    """`unknown strategy 'basc' (did you mean 'basic'?); available: basic, ...`."""
+    names = sorted(available)
+    message = f"unknown {what} {name!r}"
+    close = difflib.get_close_matches(name, names, n=1)
+    if close:
+        message += f" (did you mean {close[0]!r}?)"
+    return message + "; available: " + (", ".join(names) or "none")

@@ -6,11 +6,11 @@ stays cheap; a class is imported only when it is used.
 
 from __future__ import annotations
 
-import difflib
 from functools import lru_cache
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
+from dabuild import errors
 from dabuild.errors import UsageError
 
 TRACERS = "dabuild.tracers"
@@ -32,12 +32,7 @@ def available(group: str) -> list[str]:
 
 def unknown_name_message(group: str, name: str) -> str:
     """`unknown strategy 'basc' (did you mean 'basic'?); available: basic, ...`."""
-    names = available(group)
-    message = f"unknown {_WHAT.get(group, group)} {name!r}"
-    close = difflib.get_close_matches(name, names, n=1)
-    if close:
-        message += f" (did you mean {close[0]!r}?)"
-    return message + "; available: " + (", ".join(names) or "none installed")
+    return errors.unknown_name_message(_WHAT.get(group, group), name, available(group))
 
 
 def load(group: str, name: str) -> Any:

@@ -38,8 +38,8 @@ from pydantic import (
 from pydantic import ValidationError as PydanticValidationError
 
 from dabuild import plugins
-from dabuild.capability import CapabilitySpec, Slug, collect_capabilities, unknown_capability_message
-from dabuild.errors import Diagnostic, ValidationError
+from dabuild.capability import CapabilitySpec, Slug, collect_capabilities
+from dabuild.errors import Diagnostic, ValidationError, unknown_name_message
 from dabuild.yamlpos import YamlDocument, load_yaml, pydantic_diagnostics, require_mapping, user_error
 
 Tolerance = Literal["exact", "close", "approximate", "very", "super", "ultra"]
@@ -354,7 +354,7 @@ def _check_targets(
         capability = raw.get("capability") or target_class.capability
         if capabilities is not None and isinstance(capability, str) and capability not in capabilities:
             if raw.get("capability"):
-                where, message = "capability", unknown_capability_message(capability, capabilities)
+                where, message = "capability", unknown_name_message("capability", capability, capabilities)
             else:
                 where = "kind"
                 message = (
