@@ -62,10 +62,10 @@ def test_shape_inference_covers_every_tensor_with_dynamic_batch() -> None:
     [
         (Node("bad", "matmul", ["x", "w1"], ["o"], {}), "inner dimensions differ"),
         (Node("bad", "add", ["x", "w0"], ["o"], {}), "do not broadcast"),
-        (Node("bad", "conv", ["x"], ["o"], {}), "unknown op"),
+        (Node("bad", "lstm", ["x"], ["o"], {}), "unknown op"),
         (Node("bad", "relu", ["nowhere"], ["o"], {}), "'nowhere' before anything writes it"),
         (Node("bad", "reshape", ["w0"], ["o"], {"shape": [3, -1]}), "cannot reshape"),
-        (Node("bad", "dense", ["x", "w0"], ["o"], {"activation": "gelu"}), "activation 'gelu'"),
+        (Node("bad", "dense", ["x", "w0"], ["o"], {"activation": "softmax"}), "activation 'softmax'"),
     ],
 )
 def test_shape_inference_names_the_failing_node(node: Node, message: str) -> None:

@@ -1,0 +1,203 @@
+"""Activations: elementwise ops that conv and dense can also apply to their own output.
+
+An `Activation` computes `apply(x, attrs, out)`: with `out=None` it leaves x
+alone, with `out=x` it may overwrite x. Conv and dense pass their freshly
+computed result as `out`, so a fused activation costs no extra allocation.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import abstractmethod
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from dabuild.ir.ops.base import OPS, Op, OutputSpec, ShapeError, normalize_axis, register
+
+if TYPE_CHECKING:
+    from dabuild.ir.graph import TensorSpec
+
+
+class Activation(Op):
+    """An elementwise op of one input that conv/dense may fuse (their `activation` attribute)."""
+
+    def shape_rule(self, inputs: list[TensorSpec], attrs: dict[str, Any]) -> list[OutputSpec]:
+        self.validate(attrs)
+        return [(tuple(inputs[0].shape), inputs[0].dtype)]
+
+    def kernel(self, arrays: list[np.ndarray], attrs: dict[str, Any]) -> list[np.ndarray]:
+        return [self.apply(arrays[0], attrs, None)]
+
+    def validate(self, attrs: dict[str, Any]) -> None:
+        """ShapeError if an attribute value is out of its domain (attrs have every key)."""
+
+    @abstractmethod
+    def apply(self, x: np.ndarray, attrs: dict[str, Any], out: np.ndarray | None) -> np.ndarray:
+        """The activation of x, written into `out` when given (which may be x itself)."""
+
+
+def activation_names() -> list[str]:
+    """Every op a conv or dense may name in its `activation` attribute, besides "none"."""
+    return sorted(name for name, op in OPS.items() if isinstance(op, Activation))
+
+
+def check_activation(op_name: str, attrs: dict[str, Any]) -> None:
+    """ShapeError unless `attrs` names "none" or a known activation with valid `activation_attrs`."""
+    name, extra = attrs["activation"], attrs["activation_attrs"]
+    if name == "none":
+        if extra:
+            raise ShapeError(f"{op_name} has activation_attrs {extra} but no activation")
+        return
+    if not isinstance(OPS.get(name), Activation):
+        raise ShapeError(f"{op_name} activation {name!r} is not one of none, {', '.join(activation_names())}")
+    activation = OPS[name]
+    assert isinstance(activation, Activation)
+    activation.validate(activation.resolve(extra))
+
+
+def apply_activation(y: np.ndarray, attrs: dict[str, Any]) -> np.ndarray:
+    """y after the activation named in a conv/dense's attrs, computed in place (y is the op's own result)."""
+    name = attrs["activation"]
+    if name == "none":
+        return y
+    op = OPS[name]
+    assert isinstance(op, Activation)
+    return op.apply(y, op.resolve(attrs["activation_attrs"]), y)
+
+
+@register
+class Relu(Activation):
+    name = "relu"
+
+    def apply(self, x: np.ndarray, attrs: dict[str, Any], out: np.ndarray | None) -> np.ndarray:
+        return np.maximum(x, 0, out=out)
+
+
+@register
+class Relu6(Activation):
+    name = "relu6"
+    rule = "same shape as x; min(max(x, 0), 6)"
+
+    def apply(self, x: np.ndarray, attrs: dict[str, Any], out: np.ndarray | None) -> np.ndarray:
+        return np.clip(x, 0, 6, out=out)
+
+
+@register
+class LeakyRelu(Activation):
+    name = "leaky_relu"
+    defaults = {"alpha": 0.01}
+    rule = "same shape as x; x if x >= 0 else alpha * x"
+
+    def apply(self, x: np.ndarray, attrs: dict[str, Any], out: np.ndarray | None) -> np.ndarray:
+        y = x.copy() if out is None else out
+        return np.multiply(y, np.float32(attrs["alpha"]), out=y, where=x < 0)
+
+
+@register
+class Sigmoid(Activation):
+    name = "sigmoid"
+
+    def apply(self, x: np.ndarray, attrs: dict[str, Any], out: np.ndarray | None) -> np.ndarray:
+        # 1 / (1 + exp(-x)) overflows exp for large -x; the tanh form is the same function without that.
+        y = np.multiply(x, 0.5, out=out)
+        np.tanh(y, out=y)
+        y *= 0.5
+        y += 0.5
+        return y
+
+
+@register
+class Tanh(Activation):
+    name = "tanh"
+
+    def apply(self, x: np.ndarray, attrs: dict[str, Any], out: np.ndarray | None) -> np.ndarray:
+        return np.tanh(x, out=out)
+
+
+@register
+class HardSigmoid(Activation):
+    """ONNX's HardSigmoid; torch's nn.Hardsigmoid is alpha=1/6, beta=0.5."""
+
+    name = "hard_sigmoid"
+    defaults = {"alpha": 0.2, "beta": 0.5}
+    rule = "same shape as x; max(0, min(1, alpha * x + beta))"
+
+    def apply(self, x: np.ndarray, attrs: dict[str, Any], out: np.ndarray | None) -> np.ndarray:
+        y = np.multiply(x, np.float32(attrs["alpha"]), out=out)
+        y += np.float32(attrs["beta"])
+        return np.clip(y, 0, 1, out=y)
+
+
+@register
+class HardSwish(Activation):
+    name = "hard_swish"
+    rule = "same shape as x; x * relu6(x + 3) / 6"
+
+    def apply(self, x: np.ndarray, attrs: dict[str, Any], out: np.ndarray | None) -> np.ndarray:
+        gate = np.add(x, 3)
+        np.clip(gate, 0, 6, out=gate)
+        gate *= 1 / 6
+        return np.multiply(x, gate, out=out)
+
+
+def _erf(z: np.ndarray) -> np.ndarray:
+    """erf elementwise (numpy has none): Abramowitz & Stegun 7.1.26, |error| < 1.5e-7, below float32's step at 1."""
+    t = 1 / (1 + 0.3275911 * np.abs(z))
+    poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
+    return np.copysign(1 - poly * np.exp(-z * z), z)
+
+
+@register
+class Gelu(Activation):
+    """GELU, exact (x * Phi(x)) or with the tanh approximation ("tanh"), as ONNX and torch define both."""
+
+    name = "gelu"
+    defaults = {"approximate": "none"}
+    rule = 'same shape as x; approximate "none" or "tanh"'
+
+    def apply(self, x: np.ndarray, attrs: dict[str, Any], out: np.ndarray | None) -> np.ndarray:
+        if attrs["approximate"] == "tanh":
+            inner = np.tanh(np.float32(math.sqrt(2 / math.pi)) * (x + np.float32(0.044715) * x * x * x))
+        else:
+            inner = _erf(x * np.float32(1 / math.sqrt(2)))
+        inner += 1
+        inner *= 0.5
+        return np.multiply(x, inner, out=out)
+
+    def validate(self, attrs: dict[str, Any]) -> None:
+        if attrs["approximate"] not in ("none", "tanh"):
+            raise ShapeError(f"gelu approximate must be 'none' or 'tanh', got {attrs['approximate']!r}")
+
+
+@register
+class Clip(Activation):
+    """Clamp to [min, max]; a missing (None) bound does not clamp."""
+
+    name = "clip"
+    defaults = {"min": None, "max": None}
+    rule = "same shape as x; min(max(x, min), max)"
+
+    def apply(self, x: np.ndarray, attrs: dict[str, Any], out: np.ndarray | None) -> np.ndarray:
+        low = -np.inf if attrs["min"] is None else attrs["min"]
+        high = np.inf if attrs["max"] is None else attrs["max"]
+        return np.clip(x, np.float32(low), np.float32(high), out=out)
+
+
+@register
+class Softmax(Op):
+    """Softmax along `axis`, shifted by the max for stability (not fusable: it is not elementwise)."""
+
+    name = "softmax"
+    defaults = {"axis": -1}
+    rule = "same shape as x"
+
+    def shape_rule(self, inputs: list[TensorSpec], attrs: dict[str, Any]) -> list[OutputSpec]:
+        normalize_axis(attrs["axis"], len(inputs[0].shape), "softmax")
+        return [(tuple(inputs[0].shape), inputs[0].dtype)]
+
+    def kernel(self, arrays: list[np.ndarray], attrs: dict[str, Any]) -> list[np.ndarray]:
+        axis = attrs["axis"]
+        shifted = np.exp(arrays[0] - arrays[0].max(axis=axis, keepdims=True))
+        shifted /= shifted.sum(axis=axis, keepdims=True)
+        return [shifted]

@@ -1,0 +1,62 @@
+"""Identity and the broadcasting binary arithmetic ops."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+
+from dabuild.ir.ops.base import Op, OutputSpec, broadcast_shapes, register
+
+if TYPE_CHECKING:
+    from dabuild.ir.graph import TensorSpec
+
+
+@register
+class Identity(Op):
+    name = "identity"
+
+    def shape_rule(self, inputs: list[TensorSpec], attrs: dict[str, Any]) -> list[OutputSpec]:
+        return [(tuple(inputs[0].shape), inputs[0].dtype)]
+
+    def kernel(self, arrays: list[np.ndarray], attrs: dict[str, Any]) -> list[np.ndarray]:
+        return [arrays[0]]
+
+
+class Binary(Op):
+    """Two inputs broadcast against each other, as numpy does."""
+
+    arity = (2, 2)
+    signature = "a, b"
+    rule = "numpy broadcast of a and b"
+    ufunc: ClassVar[np.ufunc]
+
+    def shape_rule(self, inputs: list[TensorSpec], attrs: dict[str, Any]) -> list[OutputSpec]:
+        return [(broadcast_shapes(inputs[0].shape, inputs[1].shape), inputs[0].dtype)]
+
+    def kernel(self, arrays: list[np.ndarray], attrs: dict[str, Any]) -> list[np.ndarray]:
+        return [self.ufunc(arrays[0], arrays[1])]
+
+
+@register
+class Add(Binary):
+    name = "add"
+    ufunc = np.add
+
+
+@register
+class Sub(Binary):
+    name = "sub"
+    ufunc = np.subtract
+
+
+@register
+class Mul(Binary):
+    name = "mul"
+    ufunc = np.multiply
+
+
+@register
+class Div(Binary):
+    name = "div"
+    ufunc = np.true_divide

@@ -1,0 +1,107 @@
+"""Pooling: max, average and global average over the spatial axes of (N, C, *spatial).
+
+Max and average pooling combine the strided views of their kernel taps
+elementwise (a loop over the few taps, never over pixels).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from dabuild.ir.ops.base import REQUIRED, Op, OutputSpec, ShapeError, register
+from dabuild.ir.ops.window import output_sizes, pad_for_windows, window_attrs, windows
+
+if TYPE_CHECKING:
+    from dabuild.ir.graph import TensorSpec
+
+
+class Pool(Op):
+    """Shared geometry: kernel, strides (default = kernel), pads, dilations, ceil_mode."""
+
+    defaults = {"kernel": REQUIRED, "strides": None, "pads": None, "ceil_mode": False}
+    rule = "(N, C, *in) -> (N, C, *out), out = (in + pads - dilation*(kernel-1) - 1) / stride + 1, floor or ceil"
+
+    def geometry(self, attrs: dict[str, Any]) -> tuple[list[int], list[int], list[int], list[int]]:
+        """kernel, strides, pads, dilations with defaults filled in."""
+        kernel = list(attrs["kernel"])
+        return (
+            kernel,
+            list(attrs["strides"] or kernel),
+            list(attrs["pads"] or [0] * (2 * len(kernel))),
+            list(attrs.get("dilations") or [1] * len(kernel)),
+        )
+
+    def shape_rule(self, inputs: list[TensorSpec], attrs: dict[str, Any]) -> list[OutputSpec]:
+        x = tuple(inputs[0].shape)
+        window_attrs(self.name, x, list(attrs["kernel"]), attrs)
+        out = output_sizes(x, *self.geometry(attrs), attrs["ceil_mode"])
+        return [((*x[:2], *out), inputs[0].dtype)]
+
+    def tap_views(self, x: np.ndarray, attrs: dict[str, Any], fill: float) -> tuple[list[np.ndarray], list[int]]:
+        """One strided (N, C, *out) view per kernel tap of x padded with `fill`, and the output sizes."""
+        kernel, strides, pads, dilations = self.geometry(attrs)
+        out = output_sizes(x.shape, kernel, strides, pads, dilations, attrs["ceil_mode"])
+        padded = pad_for_windows(x, kernel, strides, pads, dilations, out, fill)  # type: ignore[arg-type]
+        view = windows(padded, kernel, strides, dilations, out)  # type: ignore[arg-type]
+        return [view[(slice(None), slice(None), *tap)] for tap in np.ndindex(*kernel)], out  # type: ignore[return-value]
+
+
+@register
+class MaxPool(Pool):
+    name = "max_pool"
+    defaults = {**Pool.defaults, "dilations": None}
+    rule = Pool.rule + "; padding never wins"
+
+    def kernel(self, arrays: list[np.ndarray], attrs: dict[str, Any]) -> list[np.ndarray]:
+        taps, _ = self.tap_views(arrays[0], attrs, -np.inf)
+        y = taps[0].copy()
+        for tap in taps[1:]:
+            np.maximum(y, tap, out=y)
+        return [y]
+
+
+@register
+class AvgPool(Pool):
+    """Average pooling; with count_include_pad the explicit pads count, the ceil-mode overhang never does."""
+
+    name = "avg_pool"
+    defaults = {**Pool.defaults, "count_include_pad": False}
+
+    def kernel(self, arrays: list[np.ndarray], attrs: dict[str, Any]) -> list[np.ndarray]:
+        x = arrays[0]
+        taps, out = self.tap_views(x, attrs, 0.0)
+        y = taps[0].copy()
+        for tap in taps[1:]:
+            y += tap
+        y /= self.divisors(x.shape, attrs)
+        return [y]
+
+    def divisors(self, shape: tuple[int, ...], attrs: dict[str, Any]) -> np.ndarray:
+        """How many elements each window averages: pool a mask of the counted region with the same geometry."""
+        kernel, _, pads, _ = self.geometry(attrs)
+        spatial = len(kernel)
+        if attrs["count_include_pad"]:
+            counted = np.pad(np.ones(shape[2:], np.float32), [(pads[a], pads[a + spatial]) for a in range(spatial)])
+            mask_attrs = {**attrs, "pads": None}
+        else:
+            counted, mask_attrs = np.ones(shape[2:], np.float32), attrs
+        taps, _ = self.tap_views(counted[None, None], mask_attrs, 0.0)
+        return np.sum(taps, axis=0)[0, 0]
+
+
+@register
+class GlobalAvgPool(Op):
+    name = "global_avg_pool"
+    rule = "(N, C, *spatial) -> (N, C, 1, ...)"
+
+    def shape_rule(self, inputs: list[TensorSpec], attrs: dict[str, Any]) -> list[OutputSpec]:
+        x = tuple(inputs[0].shape)
+        if len(x) < 3:
+            raise ShapeError(f"global_avg_pool needs an (N, C, spatial...) input, got {x}")
+        return [((*x[:2], *[1] * (len(x) - 2)), inputs[0].dtype)]
+
+    def kernel(self, arrays: list[np.ndarray], attrs: dict[str, Any]) -> list[np.ndarray]:
+        x = arrays[0]
+        return [x.mean(axis=tuple(range(2, x.ndim)), keepdims=True, dtype=x.dtype)]

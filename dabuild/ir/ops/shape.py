@@ -1,0 +1,265 @@
+"""Ops that move data without arithmetic: reshape, flatten, transpose, concat, split, slice, pad, squeeze, unsqueeze."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from dabuild.ir.ops.base import (
+    REQUIRED,
+    Op,
+    OutputSpec,
+    ShapeError,
+    dims_agree,
+    normalize_axes,
+    normalize_axis,
+    product,
+    register,
+)
+
+if TYPE_CHECKING:
+    from dabuild.ir.graph import TensorSpec
+
+
+@register
+class Reshape(Op):
+    """Reshape to `shape`: -1 is inferred, 0 copies the input's size at that axis.
+
+    0 lets a traced reshape keep the dynamic batch axis instead of baking in the
+    batch size seen while tracing.
+    """
+
+    name = "reshape"
+    defaults = {"shape": REQUIRED}
+    rule = "shape, with 0 = the input's size at that axis and one -1 inferred"
+
+    def shape_rule(self, inputs: list[TensorSpec], attrs: dict[str, Any]) -> list[OutputSpec]:
+        source = tuple(inputs[0].shape)
+        target = list(attrs["shape"])
+        if target.count(-1) > 1:
+            raise ShapeError(f"reshape target {target} has more than one -1")
+        for axis, size in enumerate(target):
+            if size == 0:
+                if axis >= len(source):
+                    raise ShapeError(f"reshape copies axis {axis} that input {source} lacks")
+                target[axis] = source[axis]
+            elif size < -1:
+                raise ShapeError(f"reshape target {attrs['shape']} has a negative size")
+        copied = [source[a] for a, s in enumerate(attrs["shape"]) if s == 0]
+        # Dynamic axes copied through cancel out; any other dynamic axis makes the total unknown.
+        remaining = [d for d in source if d is not None]
+        if source.count(None) != copied.count(None):
+            remaining = [None]
+        total = product(remaining)
+        known = product([d for d, s in zip(target, attrs["shape"]) if s != -1 and d is not None])
+        if total is not None and (
+            (-1 in attrs["shape"] and (not known or total % known))
+            or (-1 not in attrs["shape"] and known != total)
+        ):
+            raise ShapeError(f"cannot reshape {source} into {attrs['shape']}")
+        if -1 in attrs["shape"]:
+            target[attrs["shape"].index(-1)] = None if total is None else total // known
+        return [(tuple(target), inputs[0].dtype)]
+
+    def kernel(self, arrays: list[np.ndarray], attrs: dict[str, Any]) -> list[np.ndarray]:
+        shape = [arrays[0].shape[a] if s == 0 else s for a, s in enumerate(attrs["shape"])]
+        return [arrays[0].reshape(shape)]
+
+
+@register
+class Flatten(Op):
+    """ONNX Flatten: 2-D around `axis`, (prod(shape[:axis]), prod(shape[axis:]))."""
+
+    name = "flatten"
+    defaults = {"axis": 1}
+    rule = "(prod(shape[:axis]), prod(shape[axis:]))"
+
+    def shape_rule(self, inputs: list[TensorSpec], attrs: dict[str, Any]) -> list[OutputSpec]:
+        shape = tuple(inputs[0].shape)
+        axis = normalize_axis(attrs["axis"], len(shape) + 1, "flatten")
+        return [((product(shape[:axis]), product(shape[axis:])), inputs[0].dtype)]
+
+    def kernel(self, arrays: list[np.ndarray], attrs: dict[str, Any]) -> list[np.ndarray]:
+        shape = arrays[0].shape
+        axis = attrs["axis"] % (len(shape) + 1)
+        return [arrays[0].reshape(math.prod(shape[:axis]), math.prod(shape[axis:]))]
+
+
+@register
+class Transpose(Op):
+    name = "transpose"
+    defaults = {"perm": None}
+    rule = "shape[perm]; perm None = reversed axes"
+
+    def shape_rule(self, inputs: list[TensorSpec], attrs: dict[str, Any]) -> list[OutputSpec]:
+        shape = tuple(inputs[0].shape)
+        perm = attrs["perm"]
+        if perm is None:
+            return [(shape[::-1], inputs[0].dtype)]
+        if sorted(perm) != list(range(len(shape))):
+            raise ShapeError(f"transpose perm {perm} is not a permutation of the {len(shape)} axes of {shape}")
+        return [(tuple(shape[a] for a in perm), inputs[0].dtype)]
+
+    def kernel(self, arrays: list[np.ndarray], attrs: dict[str, Any]) -> list[np.ndarray]:
+        return [np.transpose(arrays[0], attrs["perm"])]
+
+
+@register
+class Concat(Op):
+    name = "concat"
+    arity = (1, 1 << 16)
+    defaults = {"axis": REQUIRED}
+    signature = "x1, ..., xn"
+    rule = "inputs joined along axis; other axes equal"
+
+    def shape_rule(self, inputs: list[TensorSpec], attrs: dict[str, Any]) -> list[OutputSpec]:
+        shapes = [tuple(spec.shape) for spec in inputs]
+        rank = len(shapes[0])
+        axis = normalize_axis(attrs["axis"], rank, "concat")
+        result = list(shapes[0])
+        for shape in shapes[1:]:
+            if len(shape) != rank or not all(dims_agree(a, b) for i, (a, b) in enumerate(zip(result, shape)) if i != axis):
+                raise ShapeError(f"concat inputs {', '.join(map(str, shapes))} differ off axis {axis}")
+            result = [a if a is not None else b for a, b in zip(result, shape)]
+        sizes = [shape[axis] for shape in shapes]
+        result[axis] = None if None in sizes else sum(sizes)  # type: ignore[arg-type]
+        return [(tuple(result), inputs[0].dtype)]
+
+    def kernel(self, arrays: list[np.ndarray], attrs: dict[str, Any]) -> list[np.ndarray]:
+        return [np.concatenate(arrays, axis=attrs["axis"])]
+
+
+@register
+class Split(Op):
+    name = "split"
+    defaults = {"axis": 0, "sizes": REQUIRED}
+    rule = "one output per entry of sizes, each that long along axis"
+
+    def shape_rule(self, inputs: list[TensorSpec], attrs: dict[str, Any]) -> list[OutputSpec]:
+        shape = tuple(inputs[0].shape)
+        axis = normalize_axis(attrs["axis"], len(shape), "split")
+        sizes = attrs["sizes"]
+        if not sizes or any(size < 0 for size in sizes) or not dims_agree(shape[axis], sum(sizes)):
+            raise ShapeError(f"split sizes {sizes} do not add up to axis {axis} of {shape}")
+        return [((*shape[:axis], size, *shape[axis + 1:]), inputs[0].dtype) for size in sizes]
+
+    def kernel(self, arrays: list[np.ndarray], attrs: dict[str, Any]) -> list[np.ndarray]:
+        bounds = np.cumsum(attrs["sizes"])[:-1]
+        return np.split(arrays[0], bounds, axis=attrs["axis"])
+
+
+def _slice_bounds(size: int, start: int, end: int, step: int) -> tuple[int, int, int]:
+    """ONNX Slice: negative indices count from the end, then clamp; (start, end, length)."""
+    start = start + size if start < 0 else start
+    end = end + size if end < 0 else end
+    if step > 0:
+        start, end = min(max(start, 0), size), min(max(end, 0), size)
+        return start, end, max(0, -(-(end - start) // step))
+    start, end = min(max(start, 0), size - 1), min(max(end, -1), size - 1)
+    return start, end, max(0, -(-(start - end) // -step))
+
+
+@register
+class Slice(Op):
+    """ONNX Slice: starts/ends per listed axis (default the first len(starts) axes), clamped to the axis."""
+
+    name = "slice"
+    defaults = {"starts": REQUIRED, "ends": REQUIRED, "axes": None, "steps": None}
+    rule = "per axis: len(range(start, end, step)) after ONNX clamping"
+
+    def plan(self, rank: int, attrs: dict[str, Any]) -> list[tuple[int, int, int, int]]:
+        """(axis, start, end, step) per sliced axis."""
+        starts, ends = attrs["starts"], attrs["ends"]
+        axes = attrs["axes"] if attrs["axes"] is not None else list(range(len(starts)))
+        steps = attrs["steps"] if attrs["steps"] is not None else [1] * len(starts)
+        if not len(starts) == len(ends) == len(axes) == len(steps):
+            raise ShapeError(f"slice starts {starts}, ends {ends}, axes {axes}, steps {steps} differ in length")
+        if 0 in steps:
+            raise ShapeError("slice steps must not be 0")
+        return list(zip(normalize_axes(axes, rank, "slice"), starts, ends, steps))
+
+    def shape_rule(self, inputs: list[TensorSpec], attrs: dict[str, Any]) -> list[OutputSpec]:
+        shape = list(inputs[0].shape)
+        for axis, start, end, step in self.plan(len(shape), attrs):
+            if shape[axis] is not None:
+                shape[axis] = _slice_bounds(shape[axis], start, end, step)[2]
+        return [(tuple(shape), inputs[0].dtype)]
+
+    def kernel(self, arrays: list[np.ndarray], attrs: dict[str, Any]) -> list[np.ndarray]:
+        x = arrays[0]
+        index = [slice(None)] * x.ndim
+        for axis, start, end, step in self.plan(x.ndim, attrs):
+            begin, stop, _ = _slice_bounds(x.shape[axis], start, end, step)
+            index[axis] = slice(begin, None if stop < 0 else stop, step)
+        return [x[tuple(index)]]
+
+
+@register
+class Pad(Op):
+    name = "pad"
+    defaults = {"pads": REQUIRED, "mode": "constant", "value": 0.0}
+    rule = "each axis grows by its begin and end pads; mode constant, reflect or edge"
+    modes = ("constant", "reflect", "edge")
+
+    def shape_rule(self, inputs: list[TensorSpec], attrs: dict[str, Any]) -> list[OutputSpec]:
+        shape, pads = tuple(inputs[0].shape), attrs["pads"]
+        rank = len(shape)
+        if attrs["mode"] not in self.modes:
+            raise ShapeError(f"pad mode {attrs['mode']!r} is not one of {', '.join(self.modes)}")
+        if len(pads) != 2 * rank or any(p < 0 for p in pads):
+            raise ShapeError(f"pad pads {pads} must be {2 * rank} non-negative numbers for {shape}")
+        if attrs["mode"] == "reflect" and any(
+            d is not None and max(pads[a], pads[a + rank]) >= d for a, d in enumerate(shape)
+        ):
+            raise ShapeError(f"reflect pads {pads} must be smaller than the axes of {shape}")
+        out = tuple(None if d is None else d + pads[a] + pads[a + rank] for a, d in enumerate(shape))
+        return [(out, inputs[0].dtype)]
+
+    def kernel(self, arrays: list[np.ndarray], attrs: dict[str, Any]) -> list[np.ndarray]:
+        x, pads = arrays[0], attrs["pads"]
+        widths = [(pads[a], pads[a + x.ndim]) for a in range(x.ndim)]
+        if attrs["mode"] == "constant":
+            return [np.pad(x, widths, constant_values=np.asarray(attrs["value"], x.dtype))]
+        return [np.pad(x, widths, mode=attrs["mode"])]
+
+
+@register
+class Squeeze(Op):
+    name = "squeeze"
+    defaults = {"axes": None}
+    rule = "shape without the listed size-1 axes (None = every size-1 axis)"
+
+    def axes(self, shape: tuple[int | None, ...], attrs: dict[str, Any]) -> tuple[int, ...]:
+        if attrs["axes"] is None:
+            return tuple(a for a, d in enumerate(shape) if d == 1)
+        axes = normalize_axes(attrs["axes"], len(shape), "squeeze")
+        if any(shape[a] != 1 for a in axes):
+            raise ShapeError(f"squeeze axes {attrs['axes']} of {shape} are not all of size 1")
+        return tuple(axes)
+
+    def shape_rule(self, inputs: list[TensorSpec], attrs: dict[str, Any]) -> list[OutputSpec]:
+        shape = tuple(inputs[0].shape)
+        axes = self.axes(shape, attrs)
+        return [(tuple(d for a, d in enumerate(shape) if a not in axes), inputs[0].dtype)]
+
+    def kernel(self, arrays: list[np.ndarray], attrs: dict[str, Any]) -> list[np.ndarray]:
+        return [np.squeeze(arrays[0], self.axes(arrays[0].shape, attrs))]
+
+
+@register
+class Unsqueeze(Op):
+    name = "unsqueeze"
+    defaults = {"axes": REQUIRED}
+    rule = "size-1 axes inserted at the listed positions of the output"
+
+    def shape_rule(self, inputs: list[TensorSpec], attrs: dict[str, Any]) -> list[OutputSpec]:
+        shape = list(inputs[0].shape)
+        axes = sorted(normalize_axes(attrs["axes"], len(shape) + len(attrs["axes"]), "unsqueeze"))
+        for axis in axes:
+            shape.insert(axis, 1)
+        return [(tuple(shape), inputs[0].dtype)]
+
+    def kernel(self, arrays: list[np.ndarray], attrs: dict[str, Any]) -> list[np.ndarray]:
+        return [np.expand_dims(arrays[0], tuple(attrs["axes"]))]
