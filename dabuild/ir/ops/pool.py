@@ -83,7 +83,7 @@ class AvgPool(Pool):
         kernel, _, pads, _ = self.geometry(attrs)
         spatial = len(kernel)
         if attrs["count_include_pad"]:
-            counted = np.pad(np.ones(shape[2:], np.float32), [(pads[a], pads[a + spatial]) for a in range(spatial)])
+            counted = np.ones([shape[2 + a] + pads[a] + pads[a + spatial] for a in range(spatial)], np.float32)
             mask_attrs = {**attrs, "pads": None}
         else:
             counted, mask_attrs = np.ones(shape[2:], np.float32), attrs

@@ -40,16 +40,16 @@ class Reduce(Op):
 @register
 class ReduceMean(Reduce):
     name = "reduce_mean"
-    reducer = np.mean
+    reducer = staticmethod(np.mean)
 
 
 @register
 class ReduceSum(Reduce):
     name = "reduce_sum"
-    reducer = np.sum
+    reducer = staticmethod(np.sum)
 
 
 @register
 class ReduceMax(Reduce):
     name = "reduce_max"
-    reducer = np.max
+    reducer = staticmethod(np.max)

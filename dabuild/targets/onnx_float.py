@@ -1,0 +1,261 @@
+"""A dabuild float Graph as an ONNX model (opset 17): the same computation in another runtime.
+
+It lets onnxruntime check dabuild's kernels and serves as the baseline of the
+interpreter benchmark; the quantized ONNX (QDQ) target builds on it. One small
+function per op emits the ONNX nodes; fused activations become a separate
+activation node, and ops ONNX 17 lacks (gelu, relu6) are spelled with the
+nodes it has.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from dabuild.errors import BuildError
+from dabuild.ir.graph import Graph, Node
+from dabuild.ir.ops import OPS
+
+OPSET = 17
+IR_VERSION = 8
+BATCH = "N"  # the name of the dynamic batch dimension
+
+
+class Emitter:
+    """Collects the ONNX nodes and initializers of one export, with names no graph tensor uses."""
+
+    def __init__(self, graph: Graph):
+        self.nodes: list[onnx.NodeProto] = []
+        self.initializers: list[onnx.TensorProto] = [
+            numpy_helper.from_array(np.asarray(array), name) for name, array in graph.constants.items()
+        ]
+        self._taken = {spec.name for spec in graph.inputs} | set(graph.constants)
+        self._taken |= {name for node in graph.nodes for name in node.outputs}
+
+    def fresh(self, base: str) -> str:
+        name, index = base, 0
+        while name in self._taken:
+            index += 1
+            name = f"{base}_{index}"
+        self._taken.add(name)
+        return name
+
+    def constant(self, values: Any, dtype: type, base: str) -> str:
+        """Name of a new initializer holding `values` (int64 for shapes and axes, float32 for numbers)."""
+        name = self.fresh(base)
+        self.initializers.append(numpy_helper.from_array(np.asarray(values, dtype), name))
+        return name
+
+    def add(self, op_type: str, inputs: list[str], outputs: list[str], name: str, **attrs: Any) -> None:
+        attrs = {key: value for key, value in attrs.items() if value is not None}
+        self.nodes.append(helper.make_node(op_type, inputs, outputs, name=self.fresh(name), **attrs))
+
+
+NodeExporter = Callable[[Emitter, Node, dict[str, Any]], None]
+EXPORTERS: dict[str, NodeExporter] = {}
+
+
+def exports(*names: str) -> Callable[[NodeExporter], NodeExporter]:
+    def decorate(function: NodeExporter) -> NodeExporter:
+        for name in names:
+            EXPORTERS[name] = function
+        return function
+
+    return decorate
+
+
+_DIRECT = {
+    "identity": "Identity", "add": "Add", "sub": "Sub", "mul": "Mul", "div": "Div", "matmul": "MatMul",
+    "relu": "Relu", "sigmoid": "Sigmoid", "tanh": "Tanh", "hard_swish": "HardSwish",
+    "global_avg_pool": "GlobalAveragePool",
+}
+
+
+@exports(*_DIRECT)
+def _direct(e: Emitter, node: Node, attrs: dict[str, Any]) -> None:
+    e.add(_DIRECT[node.op], node.inputs, node.outputs, node.name)
+
+
+@exports("leaky_relu")
+def _leaky_relu(e: Emitter, node: Node, attrs: dict[str, Any]) -> None:
+    e.add("LeakyRelu", node.inputs, node.outputs, node.name, alpha=float(attrs["alpha"]))
+
+
+@exports("hard_sigmoid")
+def _hard_sigmoid(e: Emitter, node: Node, attrs: dict[str, Any]) -> None:
+    e.add("HardSigmoid", node.inputs, node.outputs, node.name, alpha=float(attrs["alpha"]), beta=float(attrs["beta"]))
+
+
+@exports("clip", "relu6")
+def _clip(e: Emitter, node: Node, attrs: dict[str, Any]) -> None:
+    low, high = (0.0, 6.0) if node.op == "relu6" else (attrs["min"], attrs["max"])
+    bounds = ["" if v is None else e.constant(v, np.float32, f"{node.name}_bound") for v in (low, high)]
+    while bounds and not bounds[-1]:
+        bounds.pop()
+    e.add("Clip", [node.inputs[0], *bounds], node.outputs, node.name)
+
+
+@exports("gelu")
+def _gelu(e: Emitter, node: Node, attrs: dict[str, Any]) -> None:
+    """Gelu joined ONNX in opset 20: 0.5 x (1 + erf(x / sqrt 2)), or its tanh approximation."""
+    x, name = node.inputs[0], node.name
+    inner = e.fresh(f"{name}_inner")
+    if attrs["approximate"] == "tanh":
+        square, cube, term, total, argument = (
+            e.fresh(f"{name}_{part}") for part in ("square", "cube", "term", "total", "argument")
+        )
+        e.add("Mul", [x, x], [square], name)
+        e.add("Mul", [square, x], [cube], name)
+        e.add("Mul", [cube, e.constant(0.044715, np.float32, f"{name}_c")], [term], name)
+        e.add("Add", [x, term], [total], name)
+        e.add("Mul", [total, e.constant(math.sqrt(2 / math.pi), np.float32, f"{name}_k")], [argument], name)
+        e.add("Tanh", [argument], [inner], name)
+    else:
+        argument = e.fresh(f"{name}_argument")
+        e.add("Mul", [x, e.constant(1 / math.sqrt(2), np.float32, f"{name}_k")], [argument], name)
+        e.add("Erf", [argument], [inner], name)
+    one_plus, half = e.fresh(f"{name}_one_plus"), e.fresh(f"{name}_half")
+    e.add("Add", [inner, e.constant(1.0, np.float32, f"{name}_one")], [one_plus], name)
+    e.add("Mul", [one_plus, e.constant(0.5, np.float32, f"{name}_half")], [half], name)
+    e.add("Mul", [x, half], node.outputs, name)
+
+
+def _fused(e: Emitter, node: Node, attrs: dict[str, Any], emit: Callable[[list[str]], None]) -> None:
+    """Emit a conv/dense into a fresh tensor, then its fused activation as its own node."""
+    if attrs["activation"] == "none":
+        emit(node.outputs)
+        return
+    raw = e.fresh(f"{node.outputs[0]}_linear")
+    emit([raw])
+    activation = Node(f"{node.name}_{attrs['activation']}", attrs["activation"], [raw], node.outputs,
+                      attrs["activation_attrs"])
+    EXPORTERS[activation.op](e, activation, OPS[activation.op].resolve(activation.attrs))
+
+
+@exports("dense")
+def _dense(e: Emitter, node: Node, attrs: dict[str, Any]) -> None:
+    def emit(outputs: list[str]) -> None:
+        if len(node.inputs) == 2:
+            e.add("MatMul", node.inputs, outputs, node.name)
+            return
+        product = e.fresh(f"{node.name}_product")
+        e.add("MatMul", node.inputs[:2], [product], node.name)
+        e.add("Add", [product, node.inputs[2]], outputs, node.name)
+
+    _fused(e, node, attrs, emit)
+
+
+@exports("conv")
+def _conv(e: Emitter, node: Node, attrs: dict[str, Any]) -> None:
+    def emit(outputs: list[str]) -> None:
+        e.add("Conv", node.inputs, outputs, node.name, strides=attrs["strides"], pads=attrs["pads"],
+              dilations=attrs["dilations"], group=attrs["groups"])
+
+    _fused(e, node, attrs, emit)
+
+
+@exports("max_pool", "avg_pool")
+def _pool(e: Emitter, node: Node, attrs: dict[str, Any]) -> None:
+    common = {"kernel_shape": attrs["kernel"], "strides": attrs["strides"] or attrs["kernel"], "pads": attrs["pads"],
+              "ceil_mode": int(attrs["ceil_mode"])}
+    if node.op == "max_pool":
+        e.add("MaxPool", node.inputs, node.outputs, node.name, dilations=attrs["dilations"], **common)
+    else:
+        e.add("AveragePool", node.inputs, node.outputs, node.name,
+              count_include_pad=int(attrs["count_include_pad"]), **common)
+
+
+@exports("softmax", "flatten", "concat")
+def _axis(e: Emitter, node: Node, attrs: dict[str, Any]) -> None:
+    op_type = {"softmax": "Softmax", "flatten": "Flatten", "concat": "Concat"}[node.op]
+    e.add(op_type, node.inputs, node.outputs, node.name, axis=attrs["axis"])
+
+
+@exports("batch_norm")
+def _batch_norm(e: Emitter, node: Node, attrs: dict[str, Any]) -> None:
+    e.add("BatchNormalization", node.inputs, node.outputs, node.name, epsilon=float(attrs["epsilon"]))
+
+
+@exports("reshape")
+def _reshape(e: Emitter, node: Node, attrs: dict[str, Any]) -> None:
+    shape = e.constant(attrs["shape"], np.int64, f"{node.name}_shape")
+    e.add("Reshape", [node.inputs[0], shape], node.outputs, node.name)
+
+
+@exports("transpose")
+def _transpose(e: Emitter, node: Node, attrs: dict[str, Any]) -> None:
+    e.add("Transpose", node.inputs, node.outputs, node.name, perm=attrs["perm"])
+
+
+@exports("split")
+def _split(e: Emitter, node: Node, attrs: dict[str, Any]) -> None:
+    sizes = e.constant(attrs["sizes"], np.int64, f"{node.name}_sizes")
+    e.add("Split", [node.inputs[0], sizes], node.outputs, node.name, axis=attrs["axis"])
+
+
+@exports("slice")
+def _slice(e: Emitter, node: Node, attrs: dict[str, Any]) -> None:
+    parts = [e.constant(attrs[key], np.int64, f"{node.name}_{key}") for key in ("starts", "ends")]
+    parts += [e.constant(attrs[key], np.int64, f"{node.name}_{key}") for key in ("axes", "steps") if attrs[key]]
+    if attrs["steps"] and not attrs["axes"]:
+        parts.insert(2, e.constant(range(len(attrs["starts"])), np.int64, f"{node.name}_axes"))
+    e.add("Slice", [node.inputs[0], *parts], node.outputs, node.name)
+
+
+@exports("pad")
+def _pad(e: Emitter, node: Node, attrs: dict[str, Any]) -> None:
+    inputs = [node.inputs[0], e.constant(attrs["pads"], np.int64, f"{node.name}_pads")]
+    if attrs["mode"] == "constant":
+        inputs.append(e.constant(attrs["value"], np.float32, f"{node.name}_value"))
+    e.add("Pad", inputs, node.outputs, node.name, mode=attrs["mode"])
+
+
+@exports("squeeze", "unsqueeze")
+def _squeeze(e: Emitter, node: Node, attrs: dict[str, Any]) -> None:
+    axes = [] if attrs["axes"] is None else [e.constant(attrs["axes"], np.int64, f"{node.name}_axes")]
+    e.add(node.op.capitalize(), [node.inputs[0], *axes], node.outputs, node.name)
+
+
+@exports("reduce_mean", "reduce_sum", "reduce_max")
+def _reduce(e: Emitter, node: Node, attrs: dict[str, Any]) -> None:
+    """In opset 17 ReduceSum reads its axes from an input, ReduceMean and ReduceMax from an attribute."""
+    op_type = {"reduce_mean": "ReduceMean", "reduce_sum": "ReduceSum", "reduce_max": "ReduceMax"}[node.op]
+    axes = attrs["axes"] or None
+    keepdims = int(attrs["keepdims"])
+    if op_type == "ReduceSum":
+        inputs = node.inputs if axes is None else [*node.inputs, e.constant(axes, np.int64, f"{node.name}_axes")]
+        e.add(op_type, inputs, node.outputs, node.name, keepdims=keepdims)
+    else:
+        e.add(op_type, node.inputs, node.outputs, node.name, axes=axes, keepdims=keepdims)
+
+
+def _value_info(name: str, shape: tuple[int | None, ...]) -> onnx.ValueInfoProto:
+    dims = [BATCH if d is None else d for d in shape]
+    return helper.make_tensor_value_info(name, TensorProto.FLOAT, dims)
+
+
+def to_onnx(graph: Graph, name: str = "dabuild") -> onnx.ModelProto:
+    """The float graph as a checked ONNX model; BuildError naming a node whose op has no ONNX spelling."""
+    specs = graph.tensor_shapes()
+    missing = [f"{node.name} ({node.op})" for node in graph.nodes if node.op not in EXPORTERS]
+    if missing:
+        raise BuildError(f"onnx export: no ONNX spelling for {', '.join(missing)}")
+    emitter = Emitter(graph)
+    for node in graph.nodes:
+        EXPORTERS[node.op](emitter, node, OPS[node.op].resolve(node.attrs))
+    onnx_graph = helper.make_graph(
+        emitter.nodes,
+        name,
+        inputs=[_value_info(spec.name, spec.shape) for spec in graph.inputs],
+        outputs=[_value_info(output, specs[output].shape) for output in graph.outputs],
+        initializer=emitter.initializers,
+    )
+    model = helper.make_model(onnx_graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="dabuild")
+    model.ir_version = IR_VERSION
+    onnx.checker.check_model(model)
+    return model
