@@ -1,0 +1,65 @@
+"""Evaluating nodes whose inputs are all known while loading: constants and shape arithmetic.
+
+Exporters compute reshape targets, pads and split sizes with small subgraphs
+(`Shape -> Gather -> Unsqueeze -> Concat -> Reshape`). dabuild's graphs are
+static, so such subgraphs are run once at load time with onnx's own reference
+evaluator, whatever ops they use, and their results become attributes.
+
+A shape may hold the dynamic batch size, which is unknown while loading. Such a
+value is an object array with None in the unknown places. To evaluate a node
+over it, the unknowns are replaced by a stand-in size and the node runs twice
+with two different stand-ins: an output element equal to the stand-in in both
+runs is the batch size passed through (None again); one that differs in any
+other way was computed from it, which a static graph cannot express.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from onnx.reference import ReferenceEvaluator
+
+from dabuild.trace.onnx_frontend.conversion import is_partial
+from dabuild.trace.onnx_frontend.model_file import OnnxNode
+
+# Two sizes no real tensor has, so an element equal to one of them is the batch passing through.
+_STAND_INS = (1_000_003, 2_000_029)
+
+
+class DependsOnBatch(ValueError):
+    """A load-time value is computed from the dynamic batch size, not just copied from it."""
+
+
+def _substitute(value: np.ndarray, stand_in: int) -> np.ndarray:
+    if not is_partial(value):
+        return value
+    return np.array([stand_in if item is None else item for item in value.ravel()], dtype=np.int64).reshape(
+        value.shape
+    )
+
+
+def _run(node: OnnxNode, inputs: list[np.ndarray | None], opset: int) -> list[np.ndarray]:
+    feeds: dict[str, Any] = {name: value for name, value in zip(node.inputs, inputs) if name}
+    evaluator = ReferenceEvaluator(node.proto, opsets={"": opset})
+    return [np.asarray(result) for result in evaluator.run(None, feeds)]
+
+
+def evaluate(node: OnnxNode, inputs: list[np.ndarray | None], opset: int) -> list[np.ndarray]:
+    """The node's outputs from known inputs (None for an omitted optional input)."""
+    if not any(value is not None and is_partial(value) for value in inputs):
+        return _run(node, inputs, opset)
+    first, second = (
+        _run(node, [None if value is None else _substitute(value, stand_in) for value in inputs], opset)
+        for stand_in in _STAND_INS
+    )
+    results = []
+    for a, b in zip(first, second):
+        if np.array_equal(a, b):
+            results.append(a)
+            continue
+        passed_through = (a == _STAND_INS[0]) & (b == _STAND_INS[1])
+        if not np.all(passed_through | (a == b)):
+            raise DependsOnBatch(f"{node.op_type} computes with the dynamic batch size")
+        results.append(np.where(passed_through, None, a.astype(object)))
+    return results

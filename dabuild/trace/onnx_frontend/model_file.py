@@ -1,0 +1,148 @@
+"""Reading an .onnx file into plain Python: nodes with decoded attributes, initializers as arrays.
+
+Everything that touches protobuf lives here, so the converters see only
+dataclasses, numpy arrays and Python scalars. A file that cannot be read,
+parsed or validated fails here with a UsageError naming it: whatever is wrong
+with the file is the user's to fix, and no later stage should see half a model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+from google.protobuf.message import DecodeError
+from onnx import numpy_helper
+
+from dabuild.errors import UsageError
+
+OLDEST_OPSET = 9
+_DEFAULT_DOMAINS = ("", "ai.onnx")
+
+
+@dataclass
+class OnnxNode:
+    """One ONNX node; `label` names it in messages (ONNX node names are optional)."""
+
+    label: str
+    op_type: str
+    domain: str
+    inputs: list[str]  # "" marks an omitted optional input
+    outputs: list[str]
+    attrs: dict[str, Any]
+    proto: onnx.NodeProto = field(repr=False)
+
+    @property
+    def kind(self) -> str:
+        """`Conv`, or `com.microsoft.FusedConv` outside the default domain."""
+        return self.op_type if self.domain in _DEFAULT_DOMAINS else f"{self.domain}.{self.op_type}"
+
+
+@dataclass
+class GraphInput:
+    name: str
+    dims: tuple[int | str | None, ...] | None  # int fixed, str a dim_param, None unnamed unknown; None = unknown rank
+    dtype: np.dtype | None
+
+
+@dataclass
+class OnnxModel:
+    where: str  # the file, or a description of an in-memory model, for messages
+    opset: int
+    inputs: list[GraphInput]  # run-time inputs only (initializers removed)
+    outputs: list[str]
+    initializers: dict[str, np.ndarray]
+    nodes: list[OnnxNode]
+
+
+def read_model_file(path: Path) -> onnx.ModelProto:
+    """Parse and validate `path`; UsageError naming the file when it is missing, corrupt or not ONNX."""
+    if not path.is_file():
+        raise UsageError(f"{path}: ONNX model file does not exist")
+    try:
+        model = onnx.load(str(path))
+    except (DecodeError, ValueError, RuntimeError, OSError) as error:
+        raise UsageError(f"{path}: not a readable ONNX model (corrupt, truncated or another format): {error}") from None
+    check_model(model, str(path))
+    return model
+
+
+def check_model(model: onnx.ModelProto, where: str) -> None:
+    """Reject what protobuf parses but ONNX does not accept (e.g. a text file that happens to decode)."""
+    if not model.HasField("graph") or not model.graph.output:
+        raise UsageError(f"{where}: not an ONNX model (no graph with outputs; corrupt, truncated or another format)")
+    try:
+        onnx.checker.check_model(model)
+    except onnx.checker.ValidationError as error:
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise UsageError(f"{where}: invalid ONNX model: {first}") from None
+
+
+def default_opset(model: onnx.ModelProto, where: str) -> int:
+    """The model's ai.onnx opset, which must lie between OLDEST_OPSET and what the installed onnx knows."""
+    versions = [entry.version for entry in model.opset_import if entry.domain in _DEFAULT_DOMAINS]
+    if not versions:
+        raise UsageError(f"{where}: the model imports no ai.onnx opset")
+    opset, newest = max(versions), onnx.defs.onnx_opset_version()
+    if not OLDEST_OPSET <= opset <= newest:
+        raise UsageError(
+            f"{where}: opset {opset} is outside what dabuild reads ({OLDEST_OPSET} to {newest}, "
+            f"the newest the installed onnx {onnx.__version__} knows)"
+        )
+    return opset
+
+
+def _attribute(attr: onnx.AttributeProto) -> Any:
+    value = onnx.helper.get_attribute_value(attr)
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    if isinstance(value, onnx.TensorProto):
+        return numpy_helper.to_array(value)
+    if isinstance(value, list):
+        return [item.decode("utf-8", errors="replace") if isinstance(item, bytes) else item for item in value]
+    return value
+
+
+def _dims(value_info: onnx.ValueInfoProto) -> tuple[int | str | None, ...] | None:
+    tensor_type = value_info.type.tensor_type
+    if not tensor_type.HasField("shape"):
+        return None
+    dims: list[int | str | None] = []
+    for dim in tensor_type.shape.dim:
+        if dim.HasField("dim_value") and dim.dim_value > 0:
+            dims.append(dim.dim_value)
+        else:  # dim_param, 0 or nothing: a size only known when running
+            dims.append(dim.dim_param or None)
+    return tuple(dims)
+
+
+def _dtype(value_info: onnx.ValueInfoProto) -> np.dtype | None:
+    elem_type = value_info.type.tensor_type.elem_type
+    if not elem_type:
+        return None
+    return onnx.helper.tensor_dtype_to_np_dtype(elem_type)
+
+
+def decode(model: onnx.ModelProto, where: str) -> OnnxModel:
+    """The model as plain data; each initializer is converted to numpy exactly once."""
+    opset = default_opset(model, where)
+    graph = model.graph
+    initializers = {tensor.name: numpy_helper.to_array(tensor) for tensor in graph.initializer}
+    labels: set[str] = set()
+    nodes = []
+    for index, proto in enumerate(graph.node):
+        label = proto.name or f"{proto.op_type}_{index}"
+        while label in labels:
+            label = f"{label}_{index}"
+        labels.add(label)
+        attrs = {attr.name: _attribute(attr) for attr in proto.attribute}
+        nodes.append(
+            OnnxNode(label, proto.op_type, proto.domain, list(proto.input), list(proto.output), attrs, proto)
+        )
+    inputs = [
+        GraphInput(info.name, _dims(info), _dtype(info)) for info in graph.input if info.name not in initializers
+    ]
+    return OnnxModel(where, opset, inputs, [info.name for info in graph.output], initializers, nodes)
