@@ -11,7 +11,7 @@ import pytest
 from dabuild.errors import BuildError, UsageError
 from dabuild.ir import Graph, Node, TensorSpec
 from dabuild.ir.interpreter import run
-from dabuild.ir.passes import canonicalize_dense, fuse_dense_relu, optimize, remove_dead_code
+from dabuild.ir.passes import canonicalize_dense, fuse_activations, fuse_bias, optimize, remove_dead_code
 
 RNG = np.random.default_rng(7)
 
@@ -144,10 +144,10 @@ def test_dead_code_removal_drops_unused_nodes_and_constants() -> None:
 
 def test_passes_canonicalise_to_fused_dense_and_keep_results() -> None:
     graph = mlp_graph()
-    dense = canonicalize_dense(graph)
+    dense = fuse_bias(canonicalize_dense(graph))
     assert [n.op for n in dense.nodes] == ["dense", "relu", "dense"]
     assert dense.constants[dense.nodes[2].inputs[2]].shape == (3,)  # (1, 3) bias stored as (3,)
-    fused = fuse_dense_relu(dense)
+    fused = fuse_activations(dense)
     assert [(n.op, n.attrs["activation"]) for n in fused.nodes] == [("dense", "relu"), ("dense", "none")]
     assert optimize(graph).content_hash() == fused.content_hash()
     x = constant(5, 4)

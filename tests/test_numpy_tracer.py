@@ -93,8 +93,8 @@ def test_model_from_a_known_framework_without_tracer_is_not_guessed() -> None:
         def __call__(self, x: np.ndarray) -> np.ndarray:
             return x
 
-    Module.__module__ = "torch.nn.modules.module"
-    with pytest.raises(UsageError, match="unknown framework 'torch'.*available: .*numpy"):
+    Module.__module__ = "tensorflow.python.module.module"
+    with pytest.raises(UsageError, match="unknown framework 'tensorflow'.*available: .*numpy"):
         trace_model(Module(), inputs={"x": (1, 2)})
 
 

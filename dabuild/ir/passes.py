@@ -1,16 +1,26 @@
 """Graph-to-graph rewrites that bring a freshly traced graph into canonical form.
 
-Frontends spell a fully connected layer many ways (matmul + add, add with the
-bias first, a separate relu). Later stages handle one spelling only: a `dense`
-node whose activation is fused. Every pass returns a new Graph and leaves its
-argument untouched.
+Frontends spell one layer many ways (matmul + add, conv + batch_norm + relu,
+identity nodes, weights transposed at run time). Later stages handle one
+spelling only: constants folded, and a `conv` or `dense` node carrying its bias,
+its folded batch norm and its activation. Every pass returns a new Graph,
+leaves its argument untouched, and keeps the graph's output names: a fused node
+writes the tensor the last node it absorbs wrote.
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from dataclasses import replace
 
+import numpy as np
+
 from dabuild.ir.graph import Graph, Node, TensorSpec
+from dabuild.ir.ops import OPS, Activation
+from dabuild.ir.ops.linear import batch_norm_affine
+
+WEIGHTED = ("conv", "dense")  # the ops that take a bias, a folded batch norm and an activation
 
 
 def check_shapes(graph: Graph) -> dict[str, TensorSpec]:
@@ -30,81 +40,214 @@ def remove_dead_code(graph: Graph) -> Graph:
     return replace(graph, nodes=kept[::-1], constants=constants)
 
 
-def _sole_reader(graph: Graph, tensor: str) -> Node | None:
-    """The one node reading `tensor`, if exactly one does and it is not also a graph output."""
-    readers = graph.consumers().get(tensor, [])
-    if len(readers) == 1 and tensor not in graph.outputs:
-        return readers[0]
-    return None
-
-
-def _bias_of(graph: Graph, add: Node, product: str, product_rank: int, out_features: int) -> str | None:
-    """The constant that `add` adds to `product`, if it is a bias of `out_features` values.
-
-    A bias of shape (1, ..., out) counts only if it does not raise the rank of the
-    product, so storing it as (out,) keeps the result's shape.
-    """
-    if add.op != "add" or add.inputs.count(product) != 1:
-        return None
-    other = add.inputs[1 - add.inputs.index(product)]
-    array = graph.constants.get(other)
-    if array is None or array.size != out_features or array.shape[-1:] != (out_features,):
-        return None
-    return other if array.ndim <= product_rank else None
-
-
-def canonicalize_dense(graph: Graph) -> Graph:
-    """Rewrite `matmul(x, W)` (+ `add` of a bias constant) into one `dense` node.
-
-    W must be a 2-D constant (in, out); a bias of shape (out,) or (1, out) is
-    absorbed and stored as (out,). The add is absorbed only when the matmul
-    result feeds nothing else, so no tensor a graph output needs disappears.
-    """
-    shapes = graph.tensor_shapes()
+def fold_constants(graph: Graph) -> Graph:
+    """Run every node whose inputs are all constants now, and keep its outputs as constants."""
     constants = dict(graph.constants)
     nodes: list[Node] = []
-    absorbed: set[str] = set()
     for node in graph.nodes:
-        if node.name in absorbed:
-            continue
-        weight = node.inputs[1] if node.op == "matmul" else None
-        if weight is None or weight not in constants or constants[weight].ndim != 2:
+        if node.inputs and all(name in constants for name in node.inputs):
+            results = OPS[node.op].run([constants[name] for name in node.inputs], node.attrs)
+            constants.update((name, np.ascontiguousarray(array)) for name, array in zip(node.outputs, results))
+        else:
             nodes.append(node)
-            continue
-        inputs, outputs = [node.inputs[0], weight], node.outputs
-        product = node.outputs[0]
-        reader = _sole_reader(graph, product)
-        bias = None
-        if reader is not None:
-            bias = _bias_of(graph, reader, product, len(shapes[product].shape), constants[weight].shape[1])
-        if reader is not None and bias is not None:
-            bias_name = bias if constants[bias].ndim == 1 else f"{bias}.flat"
-            constants[bias_name] = constants[bias].reshape(-1)
-            inputs, outputs = [*inputs, bias_name], reader.outputs
-            absorbed.add(reader.name)
-        nodes.append(Node(node.name, "dense", inputs, list(outputs), {"activation": "none"}))
     return remove_dead_code(replace(graph, nodes=nodes, constants=constants))
 
 
-def fuse_dense_relu(graph: Graph) -> Graph:
-    """Fold a `relu` that alone reads a `dense` output into that dense's `activation`."""
-    nodes: list[Node] = []
+def _renamed(nodes: list[Node], old: str, new: str) -> list[Node]:
+    """The nodes with tensor `old` called `new` wherever it is read or written."""
+    def swap(names: list[str]) -> list[str]:
+        return [new if name == old else name for name in names]
+
+    return [replace(node, inputs=swap(node.inputs), outputs=swap(node.outputs)) for node in nodes]
+
+
+def remove_identities(graph: Graph) -> Graph:
+    """Drop identity nodes, letting readers read the source tensor directly.
+
+    When the identity's output is a graph output, the source is renamed to it
+    instead; an identity from a graph input straight to a graph output stays,
+    since both names are the graph's interface.
+    """
+    interface = {spec.name for spec in graph.inputs} | set(graph.outputs)
+    kept: set[str] = set()  # identities between two interface names
+    while True:
+        node = next((n for n in graph.nodes if n.op == "identity" and n.name not in kept), None)
+        if node is None:
+            return graph
+        source, target = node.inputs[0], node.outputs[0]
+        others = [n for n in graph.nodes if n is not node]
+        if target not in graph.outputs:
+            graph = replace(graph, nodes=_renamed(others, target, source))
+        elif source not in interface:
+            constants = {target if k == source else k: v for k, v in graph.constants.items()}
+            graph = replace(graph, nodes=_renamed(others, source, target), constants=constants)
+        else:
+            kept.add(node.name)
+
+
+def _sole_reader(graph: Graph, readers: dict[str, list[Node]], tensor: str) -> Node | None:
+    """The one node reading `tensor`, if exactly one does (once) and the tensor is not a graph output."""
+    found = readers.get(tensor, [])
+    if len(found) == 1 and tensor not in graph.outputs and found[0].inputs.count(tensor) == 1:
+        return found[0]
+    return None
+
+
+def _fresh(graph: Graph, constants: dict[str, np.ndarray], base: str) -> str:
+    """A constant name no tensor of the graph (or of `constants`) has."""
+    taken = set(constants) | {spec.name for spec in graph.inputs}
+    taken |= {name for node in graph.nodes for name in node.outputs}
+    name, index = base, 0
+    while name in taken:
+        index += 1
+        name = f"{base}_{index}"
+    return name
+
+
+def _fuse_into(graph: Graph, rewrite: Callable[[Node, Node, dict[str, np.ndarray]], Node | None]) -> Graph:
+    """Merge each node with the sole reader of its output where `rewrite(node, reader, constants)` says how.
+
+    `rewrite` returns the merged node (writing the reader's outputs), adding any
+    new constants to the dict it is given, or None to leave the pair alone.
+    """
+    readers = graph.consumers()
+    constants = dict(graph.constants)
+    merged: dict[str, Node] = {}  # reader name -> node replacing the pair, emitted where the reader was
     absorbed: set[str] = set()
     for node in graph.nodes:
-        if node.name in absorbed:
+        reader = _sole_reader(graph, readers, node.outputs[0]) if len(node.outputs) == 1 else None
+        if reader is None or node.name in merged or reader.name in merged:
             continue
-        reader = _sole_reader(graph, node.outputs[0]) if node.op == "dense" else None
-        if reader is not None and reader.op == "relu" and node.attrs.get("activation", "none") == "none":
-            node = Node(node.name, "dense", node.inputs, list(reader.outputs), {**node.attrs, "activation": "relu"})
-            absorbed.add(reader.name)
-        nodes.append(node)
+        fused = rewrite(node, reader, constants)
+        if fused is not None:
+            merged[reader.name] = fused
+            absorbed.add(node.name)
+    nodes = [merged.get(node.name, node) for node in graph.nodes if node.name not in absorbed]
+    return remove_dead_code(replace(graph, nodes=nodes, constants=constants))
+
+
+def canonicalize_dense(graph: Graph) -> Graph:
+    """Rewrite `matmul(x, W)` with a 2-D constant W (in, out) into a `dense` node (fuse_bias adds the bias)."""
+    nodes = [
+        Node(node.name, "dense", list(node.inputs), list(node.outputs), {"activation": "none"})
+        if node.op == "matmul" and node.inputs[1] in graph.constants and graph.constants[node.inputs[1]].ndim == 2
+        else node
+        for node in graph.nodes
+    ]
     return replace(graph, nodes=nodes)
 
 
+def _channel_vector(array: np.ndarray, rank: int, axis: int, channels: int) -> np.ndarray | None:
+    """`array` as a (channels,) vector if broadcasting it against a rank-`rank` tensor varies it only along `axis`."""
+    if array.ndim > rank:
+        return None
+    padded = (1,) * (rank - array.ndim) + array.shape
+    if any(size != 1 for a, size in enumerate(padded) if a != axis) or padded[axis] not in (1, channels):
+        return None
+    return np.broadcast_to(array.reshape(-1), (channels,))
+
+
+def _bias_and_axis(node: Node, constants: dict[str, np.ndarray]) -> tuple[np.ndarray, int] | None:
+    """(current bias, channel axis) of a conv/dense without activation and with constant weights."""
+    if node.op not in WEIGHTED or node.attrs.get("activation", "none") != "none":
+        return None
+    if any(name not in constants for name in node.inputs[1:]):
+        return None
+    weight = constants[node.inputs[1]]
+    channels = weight.shape[0] if node.op == "conv" else weight.shape[1]
+    bias = constants[node.inputs[2]] if len(node.inputs) == 3 else np.zeros(channels, np.float32)
+    return bias, (1 if node.op == "conv" else -1)
+
+
+def fuse_bias(graph: Graph) -> Graph:
+    """Fold `y + c` / `c + y` / `y - c` into the bias of the conv/dense writing y, when c is per-channel.
+
+    A dense's output rank is not known from its weight, so its bias must vary
+    along the last axis only and may not raise the rank of y.
+    """
+    shapes = graph.tensor_shapes()
+
+    def rewrite(node: Node, reader: Node, constants: dict[str, np.ndarray]) -> Node | None:
+        found = _bias_and_axis(node, constants)
+        if found is None or reader.op not in ("add", "sub"):
+            return None
+        bias, axis = found
+        position = reader.inputs.index(node.outputs[0])
+        other = reader.inputs[1 - position]
+        if other not in constants or (reader.op == "sub" and position != 0):
+            return None
+        rank = len(shapes[node.outputs[0]].shape)
+        vector = _channel_vector(constants[other], rank, axis % rank, bias.shape[0])
+        if vector is None:
+            return None
+        name = _fresh(graph, constants, f"{node.name}.bias")
+        constants[name] = (bias + vector if reader.op == "add" else bias - vector).astype(np.float32)
+        return replace(node, inputs=[*node.inputs[:2], name], outputs=list(reader.outputs))
+
+    return _fuse_into(graph, rewrite)
+
+
+def fold_batch_norm(graph: Graph) -> Graph:
+    """Fold a batch_norm into the conv/dense it alone follows: scale the weights, shift the bias.
+
+    For a dense, batch_norm's channel axis 1 must be the dense's feature axis,
+    so only a 2-D dense output qualifies. A batch_norm anywhere else stays.
+    """
+    shapes = graph.tensor_shapes()
+
+    def rewrite(node: Node, reader: Node, constants: dict[str, np.ndarray]) -> Node | None:
+        found = _bias_and_axis(node, constants)
+        if found is None or reader.op != "batch_norm" or any(name not in constants for name in reader.inputs[1:]):
+            return None
+        if node.op == "dense" and len(shapes[node.outputs[0]].shape) != 2:
+            return None
+        bias = found[0]
+        epsilon = OPS["batch_norm"].resolve(reader.attrs)["epsilon"]
+        multiplier, offset = batch_norm_affine(*(constants[name] for name in reader.inputs[1:]), epsilon)
+        weight = constants[node.inputs[1]]
+        scale = multiplier.reshape(-1, *[1] * (weight.ndim - 1)) if node.op == "conv" else multiplier
+        weight_name = _fresh(graph, constants, f"{node.name}.weight")
+        constants[weight_name] = (weight * scale).astype(np.float32)
+        bias_name = _fresh(graph, constants, f"{node.name}.bias")
+        constants[bias_name] = (bias * multiplier + offset).astype(np.float32)
+        return replace(node, inputs=[node.inputs[0], weight_name, bias_name], outputs=list(reader.outputs))
+
+    return _fuse_into(graph, rewrite)
+
+
+def fuse_activations(graph: Graph) -> Graph:
+    """Fold an activation op that alone reads a conv/dense output into that node's `activation`."""
+
+    def rewrite(node: Node, reader: Node, constants: dict[str, np.ndarray]) -> Node | None:
+        if node.op not in WEIGHTED or node.attrs.get("activation", "none") != "none":
+            return None
+        if not isinstance(OPS[reader.op], Activation):
+            return None
+        attrs = {**node.attrs, "activation": reader.op, "activation_attrs": dict(reader.attrs)}
+        return replace(node, outputs=list(reader.outputs), attrs=attrs)
+
+    return _fuse_into(graph, rewrite)
+
+
+PASSES: tuple[Callable[[Graph], Graph], ...] = (
+    fold_constants,
+    remove_identities,
+    canonicalize_dense,
+    fuse_bias,
+    fold_batch_norm,
+    fuse_activations,
+    remove_dead_code,
+)
+
+
 def optimize(graph: Graph) -> Graph:
-    """The canonical pipeline run after tracing: check, prune, canonicalise dense, fuse, check."""
+    """The canonical pipeline run after tracing: check, then every pass in turn until none changes anything."""
     check_shapes(graph)
-    graph = fuse_dense_relu(canonicalize_dense(remove_dead_code(graph)))
+    while True:
+        before = json.dumps(graph.to_json(), sort_keys=True)
+        for rewrite in PASSES:
+            graph = rewrite(graph)
+        if json.dumps(graph.to_json(), sort_keys=True) == before:
+            break
     check_shapes(graph)
     return graph
-
