@@ -1,9 +1,11 @@
-"""Calibration: stream data through the float graph and record each tensor's range.
+"""Calibration: one streaming pass of the data through the float graph, kept as histograms.
 
-Only running statistics are kept (a min and a max per tensor), so memory is
-bounded by the number of tensors, not by the amount of calibration data.
-Observers that need more (histograms for percentile / entropy, per-channel
-ranges) add arrays to `Stats` under their own key prefix.
+For the graph inputs and every node output, `Stats` keeps the exact min/max
+and a fixed-size histogram, once for the whole tensor and once per channel.
+Every calibration algorithm (minmax, percentile, entropy, mse; see
+`algorithms`) derives its range from these, so trying another algorithm never
+re-runs the model, and memory is bounded by the histograms: no activation
+outlives its batch.
 """
 
 from __future__ import annotations
@@ -18,45 +20,158 @@ import numpy as np
 from dabuild.errors import BuildError
 from dabuild.ir.graph import Graph
 from dabuild.ir.interpreter import run
-from dabuild.progress import Progress
 from dabuild.ir.npz import read_npz, write_npz
+from dabuild.progress import Progress
+from dabuild.quant.algorithms import ALGORITHMS, Levels, Range
+from dabuild.quant.histogram import Bins, Histogram
+from dabuild.quant.qgraph import INT_RANGES
 
 STATS_FILE = "stats.npz"
-_RANGE = "range/"
+_RANGE = "range"
+_AXIS = "axis"
+_HISTOGRAM_FIELDS = ("counts", "width", "offset", "low", "high")
+# Ops whose output features lie on the last axis, (batch, ..., features); others use axis 1 (NCHW).
+LAST_AXIS_OPS = frozenset({"dense", "matmul"})
+
+
+@dataclass(eq=False)
+class TensorStats:
+    """One tensor's histograms: of all its values, and of each slice along its channel axis."""
+
+    axis: int | None
+    whole: Histogram
+    channels: Histogram
+
+    @classmethod
+    def start(cls, values: np.ndarray, axis: int | None) -> TensorStats:
+        count = 1 if axis is None else values.shape[axis]
+        return cls(axis, Histogram.empty(1), Histogram.empty(count))
+
+    def observe(self, values: np.ndarray) -> None:
+        self.whole.add(values.reshape(1, -1))
+        by_channel = values.reshape(1, -1) if self.axis is None else np.moveaxis(values, self.axis, 0)
+        self.channels.add(by_channel.reshape(self.channels.channels, -1))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, TensorStats):
+            return NotImplemented
+        return (self.axis, self.whole, self.channels) == (other.axis, other.whole, other.channels)
+
+
+def _levels(scheme: str, dtype: str) -> Levels:
+    if dtype not in INT_RANGES:
+        raise BuildError(f"calibration: no integer range for dtype {dtype!r} (known: {', '.join(INT_RANGES)})")
+    if scheme not in ("sym", "asym"):
+        raise BuildError(f"calibration: unknown scheme {scheme!r} (known: sym, asym)")
+    return Levels(*INT_RANGES[dtype], scheme)
+
+
+def _derive(bins: Bins, algorithm: str, levels: Levels, tensor: str, params: dict[str, Any]) -> Range:
+    if algorithm not in ALGORITHMS:
+        raise BuildError(f"tensor {tensor!r}: unknown calibration algorithm {algorithm!r} "
+                         f"(known: {', '.join(ALGORITHMS)})")
+    try:
+        low, high = ALGORITHMS[algorithm](bins, levels, **params)
+    except (TypeError, ValueError) as error:
+        raise BuildError(f"tensor {tensor!r}: calibration algorithm {algorithm!r}: {error}") from None
+    return float(low), float(high)
 
 
 @dataclass
 class Stats:
-    """Per-tensor (min, max) of the graph inputs and of every node output."""
+    """Calibration statistics: `ranges` holds each tensor's exact (min, max); `tensors` its histograms.
+
+    Stats built from ranges alone (hand-picked, or saved before histograms
+    existed) serve minmax only.
+    """
 
     ranges: dict[str, tuple[float, float]] = field(default_factory=dict)
+    tensors: dict[str, TensorStats] = field(default_factory=dict)
+    _derived: dict[tuple, Any] = field(default_factory=dict, compare=False, repr=False)
 
-    def observe(self, name: str, values: np.ndarray) -> None:
-        """Widen the range of `name` to cover `values`."""
+    def observe(self, name: str, values: np.ndarray, axis: int | None = None, where: str | None = None) -> None:
+        """Add one batch of tensor `name`; `axis` is its channel axis (fixed by the first batch)."""
+        values = np.asarray(values)
         if values.size == 0:
             return
-        lo, hi = float(np.min(values)), float(np.max(values))
-        if not (np.isfinite(lo) and np.isfinite(hi)):
-            raise BuildError(f"calibration: tensor {name!r} holds NaN or infinite values")
-        if name in self.ranges:
-            old_lo, old_hi = self.ranges[name]
-            lo, hi = min(lo, old_lo), max(hi, old_hi)
-        self.ranges[name] = (lo, hi)
+        finite = np.isfinite(values)
+        if not finite.all():
+            raise BuildError(f"calibration: {where or f'tensor {name!r}'} holds {int(finite.size - finite.sum())} "
+                             "NaN or infinite values")
+        if name not in self.tensors:
+            self.tensors[name] = TensorStats.start(values, axis)
+        self.tensors[name].observe(values)
+        whole = self.tensors[name].whole
+        self.ranges[name] = (float(whole.low[0]), float(whole.high[0]))
+        self._derived.clear()
+
+    def channel_axis(self, tensor: str) -> int | None:
+        return self._tensor(tensor).axis
+
+    def range(self, tensor: str, algorithm: str = "minmax", scheme: str = "asym", dtype: str = "int8",
+              **params: Any) -> Range:
+        """The (low, high) that `algorithm` picks for the whole tensor; (-t, t) for the sym scheme."""
+        key = ("tensor", tensor, algorithm, scheme, dtype, tuple(sorted(params.items())))
+        if key not in self._derived:
+            levels = _levels(scheme, dtype)
+            if tensor not in self.tensors and algorithm == "minmax" and tensor in self.ranges:
+                low, high = self.ranges[tensor]
+                bins = Bins(np.ones(1, dtype=np.int64), 0, 0.0, low, high)
+            else:
+                bins = self._tensor(tensor).whole.bins(0)
+            self._derived[key] = _derive(bins, algorithm, levels, tensor, params)
+        return self._derived[key]
+
+    def channel_ranges(self, tensor: str, algorithm: str = "minmax", scheme: str = "asym", dtype: str = "int8",
+                       **params: Any) -> tuple[np.ndarray, np.ndarray]:
+        """Per-channel (lows, highs) along `channel_axis(tensor)`, each channel calibrated on its own."""
+        key = ("channel", tensor, algorithm, scheme, dtype, tuple(sorted(params.items())))
+        if key not in self._derived:
+            levels = _levels(scheme, dtype)
+            histogram = self._tensor(tensor).channels
+            pairs = [_derive(histogram.bins(c), algorithm, levels, tensor, params) for c in range(histogram.channels)]
+            self._derived[key] = (np.array([p[0] for p in pairs]), np.array([p[1] for p in pairs]))
+        lows, highs = self._derived[key]
+        return lows.copy(), highs.copy()
+
+    def _tensor(self, tensor: str) -> TensorStats:
+        if tensor not in self.tensors:
+            if tensor in self.ranges:
+                raise BuildError(f"tensor {tensor!r}: the calibration statistics hold only its min/max, no "
+                                 "histogram; recalibrate")
+            raise BuildError(f"no calibration statistics for tensor {tensor!r}; recalibrate with this graph")
+        return self.tensors[tensor]
 
     def save(self, directory: Path) -> None:
+        """Write stats.npz: fixed-size arrays only, so its size does not depend on the number of samples."""
+        arrays = {f"{_RANGE}/{name}": np.array(r, dtype=np.float64) for name, r in self.ranges.items()}
+        for name, stats in self.tensors.items():
+            arrays[f"{_AXIS}/{name}"] = np.array([-1 if stats.axis is None else stats.axis], dtype=np.int64)
+            for part in ("whole", "channels"):
+                histogram = getattr(stats, part)
+                for key in _HISTOGRAM_FIELDS:
+                    arrays[f"{part}.{key}/{name}"] = getattr(histogram, key)
         Path(directory).mkdir(parents=True, exist_ok=True)
-        write_npz(Path(directory) / STATS_FILE,
-                 {_RANGE + name: np.array(r, dtype=np.float64) for name, r in self.ranges.items()})
+        write_npz(Path(directory) / STATS_FILE, arrays)
 
     @classmethod
-    def load(cls, directory: Path) -> "Stats":
-        arrays = read_npz(Path(directory) / STATS_FILE)
-        return cls({key[len(_RANGE):]: (float(a[0]), float(a[1]))
-                    for key, a in sorted(arrays.items()) if key.startswith(_RANGE)})
+    def load(cls, directory: Path) -> Stats:
+        grouped: dict[str, dict[str, np.ndarray]] = {}
+        for key, array in read_npz(Path(directory) / STATS_FILE).items():
+            kind, _, name = key.partition("/")
+            grouped.setdefault(kind, {})[name] = array
+        ranges = {name: (float(a[0]), float(a[1])) for name, a in sorted(grouped.get(_RANGE, {}).items())}
+        tensors = {}
+        for name, axis in sorted(grouped.get(_AXIS, {}).items()):
+            parts = [Histogram(*(grouped[f"{part}.{key}"][name] for key in _HISTOGRAM_FIELDS))
+                     for part in ("whole", "channels")]
+            tensors[name] = TensorStats(None if axis[0] < 0 else int(axis[0]), *parts)
+        return cls(ranges, tensors)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able view for reports."""
-        return {"ranges": {name: [lo, hi] for name, (lo, hi) in sorted(self.ranges.items())}}
+        return {"ranges": {name: [lo, hi] for name, (lo, hi) in sorted(self.ranges.items())},
+                "channel_axes": {name: stats.axis for name, stats in sorted(self.tensors.items())}}
 
 
 def observed_tensors(graph: Graph) -> list[str]:
@@ -64,15 +179,59 @@ def observed_tensors(graph: Graph) -> list[str]:
     return [spec.name for spec in graph.inputs] + [out for node in graph.nodes for out in node.outputs]
 
 
+def channel_axes(graph: Graph, shapes: dict[str, tuple[int, ...]]) -> dict[str, int | None]:
+    """Each observed tensor's channel axis, from its producer and its shape.
+
+    dense/matmul outputs: the last axis (features). A shape-preserving op (relu,
+    add, ...) keeps its input's axis. Anything else of rank >= 2: axis 1
+    (NCHW). A graph input feeding a dense/matmul first: the last axis. Rank < 2:
+    no channels.
+    """
+    consumers = graph.consumers()
+    axes: dict[str, int | None] = {}
+
+    def default(rank: int) -> int | None:
+        return None if rank < 2 else 1
+
+    for spec in graph.inputs:
+        rank = len(shapes[spec.name])
+        first = consumers.get(spec.name, [])
+        axes[spec.name] = rank - 1 if rank >= 2 and first and first[0].op in LAST_AXIS_OPS else default(rank)
+    for node in graph.nodes:
+        source = next((name for name in node.inputs if name in axes), None)
+        for out in node.outputs:
+            rank = len(shapes[out])
+            if node.op in LAST_AXIS_OPS:
+                axes[out] = rank - 1 if rank >= 2 else None
+            elif source is not None and shapes[source][1:] == shapes[out][1:]:
+                axes[out] = axes[source]
+            else:
+                axes[out] = default(rank)
+    return axes
+
+
+def _describe(graph: Graph) -> dict[str, str]:
+    """How error messages name each observed tensor."""
+    names = {spec.name: f"graph input {spec.name!r}" for spec in graph.inputs}
+    for node in graph.nodes:
+        for out in node.outputs:
+            names[out] = f"tensor {out!r} (output of node {node.name!r}, op {node.op})"
+    return names
+
+
 def calibrate(graph: Graph, batches: Iterable[dict[str, np.ndarray]], progress: Progress) -> Stats:
-    """Run every batch through the float interpreter and merge the observed ranges."""
+    """Run every batch through the float interpreter and fold its tensors into the histograms."""
     stats = Stats()
     names = observed_tensors(graph)
+    where = _describe(graph)
+    axes: dict[str, int | None] | None = None
     with progress.track("calibrate", None) as advance:
         for batch in batches:
             values = run(graph, batch, keep_intermediates=True)
+            if axes is None:
+                axes = channel_axes(graph, {name: values[name].shape for name in names})
             for name in names:
-                stats.observe(name, np.asarray(values[name]))
+                stats.observe(name, values[name], axes[name], where[name])
             advance(len(next(iter(batch.values()))))
     if not stats.ranges:
         raise BuildError("calibration: no calibration samples were given")

@@ -2,7 +2,9 @@
 
 One lowering function per op type (a registry, like the interpreter's ops).
 Activation tensors get their quantization from the node that produces them;
-the graph input takes the activation choice of its first consumer.
+the graph input takes the activation choice of its first consumer. Each
+choice's calibration algorithm picks the range from the stored statistics;
+weights, known exactly, get theirs from a histogram of the weight itself.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import numpy as np
 
 from dabuild.errors import BuildError
 from dabuild.ir.graph import Graph, Node
+from dabuild.quant.algorithms import ALGORITHMS
 from dabuild.quant.calibrate import Stats
 from dabuild.quant.config import NodeConfig, QuantChoice, QuantConfig
 from dabuild.quant.qgraph import INT_RANGES, QDense, QGraph, QLayer, QRelu, QTensor, QuantParams, round_half_away
@@ -30,7 +33,7 @@ def _require(choice: QuantChoice, where: str, *, scheme: tuple[str, ...], granul
         problems.append(f"scheme {choice.scheme!r}")
     if choice.granularity not in granularity:
         problems.append(f"granularity {choice.granularity!r}")
-    if choice.algorithm != "minmax":
+    if choice.algorithm not in ALGORITHMS:
         problems.append(f"calibration algorithm {choice.algorithm!r}")
     if problems:
         raise BuildError(f"{where}: integer lowering does not support {', '.join(problems)} yet")
@@ -51,12 +54,26 @@ def activation_params(low: float, high: float, choice: QuantChoice, where: str) 
     return QuantParams(float(scale), zero_point, choice.dtype)
 
 
+def weight_peaks(weight: np.ndarray, choice: QuantChoice) -> np.ndarray:
+    """The clipping magnitude of (in, out) dense weights: shape (1,) per tensor, (out,) per channel.
+
+    minmax takes the exact largest magnitude; other algorithms read a histogram of the weight.
+    """
+    per_tensor = choice.granularity == "per_tensor"
+    if choice.algorithm == "minmax":
+        return np.atleast_1d(np.max(np.abs(weight.astype(np.float64)), axis=None if per_tensor else 0))
+    stats = Stats()
+    stats.observe("weight", weight, axis=1)
+    if per_tensor:
+        return np.array([stats.range("weight", choice.algorithm, "sym", choice.dtype)[1]])
+    return stats.channel_ranges("weight", choice.algorithm, "sym", choice.dtype)[1]
+
+
 def quantize_weight(weight: np.ndarray, choice: QuantChoice, where: str) -> tuple[np.ndarray, np.ndarray]:
     """Symmetric int8 weights and their scales: shape (1,) per tensor, (out_features,) per channel."""
     _require(choice, where, scheme=("sym",), granularity=("per_tensor", "per_channel"))
     qmax = INT_RANGES[choice.dtype][1]
-    axis = None if choice.granularity == "per_tensor" else 0
-    peak = np.atleast_1d(np.max(np.abs(weight.astype(np.float64)), axis=axis))
+    peak = weight_peaks(weight, choice)
     scales = np.where(peak > 0, peak / qmax, 1.0)
     q = np.clip(round_half_away(weight / scales), -qmax, qmax).astype(choice.dtype)
     return q, scales
@@ -78,10 +95,12 @@ def quantize_multiplier(real: np.ndarray, where: str) -> tuple[np.ndarray, np.nd
     return multiplier.astype(np.int32), np.minimum(shift, MAX_SHIFT).astype(np.int32)
 
 
-def _range(stats: Stats, tensor: str, where: str) -> tuple[float, float]:
+def _range(stats: Stats, tensor: str, choice: QuantChoice, where: str) -> tuple[float, float]:
+    """The activation range the choice's calibration algorithm derives from the stored statistics."""
     if tensor not in stats.ranges:
         raise BuildError(f"{where}: no calibration range for tensor {tensor!r}; recalibrate with this graph")
-    return stats.ranges[tensor]
+    _require(choice, where, scheme=("asym", "sym"), granularity=("per_tensor",))
+    return stats.range(tensor, choice.algorithm, choice.scheme, choice.dtype)
 
 
 def _constant(graph: Graph, name: str, where: str) -> np.ndarray:
@@ -95,7 +114,7 @@ def _lower_dense(node: Node, graph: Graph, tensors: dict[str, QTensor], stats: S
     source = tensors[node.inputs[0]]
     weight = _constant(graph, node.inputs[1], where)
     bias = _constant(graph, node.inputs[2], where) if len(node.inputs) > 2 else np.zeros(weight.shape[1])
-    out_params = activation_params(*_range(stats, node.outputs[0], where), cfg.activation, where)
+    out_params = activation_params(*_range(stats, node.outputs[0], cfg.activation, where), cfg.activation, where)
     tensors[node.outputs[0]] = QTensor((weight.shape[1],), out_params)
 
     weight_q, weight_scale = quantize_weight(weight, cfg.weight, where)
@@ -142,8 +161,9 @@ def quantize(graph: Graph, stats: Stats, config: QuantConfig) -> QGraph:
     if first_consumer is None or config.nodes[first_consumer.name].activation is None:
         raise BuildError(f"graph input {spec.name!r}: no consuming node with an activation choice")
     where = f"graph input {spec.name!r}"
+    input_choice = config.nodes[first_consumer.name].activation
     tensors = {spec.name: QTensor(tuple(int(d) for d in spec.shape[1:]),
-                                  activation_params(*_range(stats, spec.name, where),
-                                                    config.nodes[first_consumer.name].activation, where))}
+                                  activation_params(*_range(stats, spec.name, input_choice, where),
+                                                    input_choice, where))}
     layers = [LOWERINGS[node.op](node, graph, tensors, stats, config.nodes[node.name]) for node in graph.nodes]
     return QGraph(spec.name, graph.outputs[0], tensors, layers)

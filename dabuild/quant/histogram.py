@@ -1,0 +1,179 @@
+"""Streaming per-channel histograms whose bins sit on a grid anchored at zero.
+
+Every channel counts its values in BINS bins of one width w, a power of two;
+bin edges are the multiples k * w, and the window of BINS bins slides and
+widens as batches arrive. When a batch falls outside the window, the width
+doubles until the whole range fits, and each pair of old bins merges into one
+new bin. Because floor(x / 2w) == floor(floor(x / w) / 2) holds exactly in
+binary floating point, re-binning loses no count and never smears a count
+across two bins. And since w is always the narrowest power of two whose grid
+fits the range seen so far, the final histogram depends only on the values,
+not on how they were split into batches. The zero anchor also makes |x|
+foldable without approximation (bin k of |x| is bins k and -k-1 of x), which
+symmetric schemes need.
+
+Memory is BINS counts per channel whatever the number of samples.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+BINS = 2048
+# A width finer than this fraction of the magnitude would make grid indices overflow int64.
+_FINEST_RELATIVE_WIDTH = 2.0**-40
+
+
+def _fits(low: float, high: float, width: float) -> bool:
+    return np.floor(high / width) - np.floor(low / width) < BINS
+
+
+def _narrowest_width(low: float, high: float) -> float:
+    """The smallest power of two whose grid puts [low, high] (low < high) within BINS bins."""
+    width = 2.0 ** (np.floor(np.log2((high - low) / BINS)) - 1)
+    width = max(width, 2.0 ** np.floor(np.log2(max(abs(low), abs(high)) * _FINEST_RELATIVE_WIDTH)))
+    while not _fits(low, high, width):
+        width *= 2
+    return float(width)
+
+
+@dataclass(frozen=True)
+class Bins:
+    """One channel's occupied bins: counts[i] counts values in [(start + i) * width, (start + i + 1) * width).
+
+    `low` and `high` are the exact extremes, so the outer edges can be tightened to them.
+    """
+
+    counts: np.ndarray  # int64, first and last entries non-zero
+    start: int
+    width: float
+    low: float
+    high: float
+
+    @property
+    def total(self) -> int:
+        return int(self.counts.sum())
+
+    def edges(self) -> np.ndarray:
+        """len(counts) + 1 bin edges, the outermost replaced by the exact extremes."""
+        edges = (self.start + np.arange(len(self.counts) + 1, dtype=np.float64)) * self.width
+        edges[0], edges[-1] = self.low, self.high
+        return edges
+
+    def centres(self) -> np.ndarray:
+        edges = self.edges()
+        return (edges[:-1] + edges[1:]) / 2
+
+    def fold(self) -> Bins:
+        """The histogram of |x|: exact, since bin k of |x| gathers bins k and -k-1 of x."""
+        grid = self.start + np.arange(len(self.counts))
+        folded = np.where(grid >= 0, grid, -grid - 1)
+        counts = np.bincount(folded, weights=self.counts, minlength=int(folded.max()) + 1).astype(np.int64)
+        first = int(np.flatnonzero(counts)[0])
+        low = 0.0 if self.low <= 0.0 <= self.high else min(abs(self.low), abs(self.high))
+        return Bins(counts[first:], first, self.width, low, max(abs(self.low), abs(self.high)))
+
+    def from_zero(self) -> Bins:
+        """The same counts with the window extended down to the bin at zero (for |x| threshold searches)."""
+        if self.start <= 0:
+            return self
+        counts = np.concatenate([np.zeros(self.start, dtype=np.int64), self.counts])
+        return Bins(counts, 0, self.width, 0.0, self.high)
+
+    def coarsen(self, max_bins: int) -> Bins:
+        """Merge groups of k neighbouring grid bins (still multiples of k * width) until at most max_bins remain."""
+        factor = 1
+        while (self.start + len(self.counts) - 1) // factor - self.start // factor + 1 > max_bins:
+            factor *= 2
+        if factor == 1:
+            return self
+        grid = (self.start + np.arange(len(self.counts))) // factor
+        start = int(grid[0])
+        counts = np.bincount(grid - start, weights=self.counts).astype(np.int64)
+        return Bins(counts, start, self.width * factor, self.low, self.high)
+
+
+@dataclass(eq=False)
+class Histogram:
+    """Per-channel counts, exact minimum and maximum of a stream of values.
+
+    A channel whose values have all been equal so far has width 0 and keeps
+    its count in bin 0; it gets a grid as soon as a second value appears.
+    """
+
+    counts: np.ndarray  # int64 (channels, BINS)
+    width: np.ndarray   # float64 (channels,)
+    offset: np.ndarray  # int64 (channels,): grid index of counts[:, 0]
+    low: np.ndarray     # float64 (channels,), +inf before any value
+    high: np.ndarray    # float64 (channels,), -inf before any value
+
+    @classmethod
+    def empty(cls, channels: int) -> Histogram:
+        return cls(np.zeros((channels, BINS), dtype=np.int64), np.zeros(channels), np.zeros(channels, dtype=np.int64),
+                   np.full(channels, np.inf), np.full(channels, -np.inf))
+
+    @property
+    def channels(self) -> int:
+        return len(self.width)
+
+    def add(self, values: np.ndarray) -> None:
+        """Count finite values of shape (channels, n), widening each channel's window as needed."""
+        values = np.asarray(values, dtype=np.float64)
+        if values.shape[0] != self.channels:
+            raise ValueError(f"histogram has {self.channels} channels, got values for {values.shape[0]}")
+        if values.shape[1] == 0:
+            return
+        low = np.minimum(self.low, values.min(axis=1))
+        high = np.maximum(self.high, values.max(axis=1))
+        for channel in np.flatnonzero((low < self.low) | (high > self.high)):
+            self._fit(int(channel), float(low[channel]), float(high[channel]))
+        self.low, self.high = low, high
+        gridded = self.width > 0
+        safe_width = np.where(gridded, self.width, 1.0)[:, None]
+        index = np.where(gridded[:, None], np.floor(values / safe_width).astype(np.int64) - self.offset[:, None], 0)
+        flat = index + (np.arange(self.channels) * BINS)[:, None]
+        self.counts += np.bincount(flat.ravel(), minlength=self.channels * BINS).reshape(self.channels, BINS)
+
+    def _fit(self, channel: int, low: float, high: float) -> None:
+        """Re-bin one channel so that its window covers [low, high] (which contains every value seen)."""
+        if low == high:
+            return  # still a single value: its count stays in bin 0
+        width = float(self.width[channel])
+        counts = self.counts[channel]
+        if width == 0:
+            width = _narrowest_width(low, high)
+            seen = counts[0]
+            offset = int(np.floor(low / width))
+            counts[:] = 0
+            if seen:
+                counts[int(np.floor(self.low[channel] / width)) - offset] = seen
+        else:
+            doublings = 0
+            while not _fits(low, high, width):  # fitting is monotone in the width: this stops at the narrowest
+                width *= 2
+                doublings += 1
+            offset = int(np.floor(low / width))
+            occupied = np.flatnonzero(counts)
+            grid = (int(self.offset[channel]) + occupied) >> doublings  # floor division by 2**doublings
+            moved = np.zeros(BINS, dtype=np.int64)
+            np.add.at(moved, grid - offset, counts[occupied])
+            counts[:] = moved
+        self.width[channel], self.offset[channel] = width, offset
+
+    def bins(self, channel: int) -> Bins:
+        """The occupied bins of one channel (a single bin of width 0 when all its values are equal)."""
+        counts = self.counts[channel]
+        occupied = np.flatnonzero(counts)
+        if len(occupied) == 0:
+            raise ValueError("histogram channel has no values")
+        first, last = int(occupied[0]), int(occupied[-1])
+        return Bins(counts[first:last + 1].copy(), int(self.offset[channel]) + first, float(self.width[channel]),
+                    float(self.low[channel]), float(self.high[channel]))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Histogram):
+            return NotImplemented
+        return all(np.array_equal(getattr(self, f), getattr(other, f))
+                   for f in ("counts", "width", "offset", "low", "high"))
