@@ -90,7 +90,7 @@ def plan(recipe: "Recipe", capabilities: dict[str, "CapabilitySpec"], targets: l
                 "inputs": model.inputs,
             },
             files=model_files,
-            packages=_framework_packages(model.framework),
+            packages=_framework_packages(recipe),
         ),
         Stage(
             "calibrate",
@@ -201,5 +201,20 @@ def _source_entry(recipe: "Recipe") -> str:
     return _split_source(recipe)[1] or ""
 
 
-def _framework_packages(framework: str | None) -> tuple[str, ...]:
+def _framework_packages(recipe: "Recipe") -> tuple[str, ...]:
+    """The packages of the framework that traces the model, whose versions enter the trace key.
+
+    Without `model.framework`, a model file's suffix chooses the framework, exactly
+    as tracing will (so `source: model.onnx` still keys on the onnx version).
+    """
+    framework = recipe.model.framework
+    model_file = _source_file(recipe)
+    if framework is None and model_file is not None and ":" not in recipe.model.source:
+        from dabuild.errors import UsageError
+        from dabuild.trace.base import choose_framework
+
+        try:
+            framework = choose_framework(model_file)
+        except UsageError:  # no frontend reads it: tracing reports that
+            framework = None
     return {"onnx": ("onnx",), "torch": ("torch",)}.get(framework or "", ())
