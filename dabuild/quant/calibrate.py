@@ -44,8 +44,11 @@ class TensorStats:
 
     @classmethod
     def start(cls, values: np.ndarray, axis: int | None) -> TensorStats:
-        count = 1 if axis is None else values.shape[axis]
-        return cls(axis, Histogram.empty(1), Histogram.empty(count))
+        """Empty histograms sized for `values`; a negative axis counts from the end, as in numpy."""
+        if axis is None:
+            return cls(None, Histogram.empty(1), Histogram.empty(1))
+        axis %= values.ndim
+        return cls(axis, Histogram.empty(1), Histogram.empty(values.shape[axis]))
 
     def observe(self, values: np.ndarray) -> None:
         self.whole.add(values.reshape(1, -1))
