@@ -137,16 +137,20 @@ def test_per_channel_ranges_follow_each_channel() -> None:
 
 
 def test_channel_axes_are_features_for_dense_and_axis_1_for_nchw() -> None:
+    rng = np.random.default_rng(6)
     graph = Graph([TensorSpec("x", (None, 3, 4, 4))], ["y"], [
-        Node("act", "relu", ["x"], ["r"], {}),
+        Node("conv", "conv", ["x", "k"], ["c"], {"pads": [1, 1, 1, 1]}),
+        Node("act", "relu", ["c"], ["r"], {}),
         Node("flat", "flatten", ["r"], ["f"], {}),
         Node("fc", "dense", ["f", "w"], ["y"], {}),
-    ], {"w": np.random.default_rng(6).normal(size=(48, 5)).astype(np.float32)})
-    x = (np.random.default_rng(7).normal(size=(64, 3, 4, 4)) * np.array([1, 5, 9])[:, None, None]).astype(np.float32)
+    ], {"k": rng.normal(size=(6, 3, 3, 3)).astype(np.float32), "w": rng.normal(size=(96, 5)).astype(np.float32)})
+    x = (rng.normal(size=(64, 3, 4, 4)) * np.array([1, 5, 9])[:, None, None]).astype(np.float32)
     stats = calibrate(graph, [{"x": x[:40]}, {"x": x[40:]}], Progress.silent())
-    assert {name: stats.channel_axis(name) for name in ("x", "r", "f", "y")} == {"x": 1, "r": 1, "f": 1, "y": 1}
+    assert {name: stats.channel_axis(name) for name in ("x", "c", "r", "f", "y")} == dict.fromkeys("xcrfy", 1)
     lows, highs = stats.channel_ranges("x")
     assert np.array_equal(highs, x.max(axis=(0, 2, 3))) and np.array_equal(lows, x.min(axis=(0, 2, 3)))
+    conv_out = run(graph, {"x": x}, keep_intermediates=True)["c"]
+    assert np.array_equal(stats.channel_ranges("c")[1], conv_out.max(axis=(0, 2, 3)))
     sequence = channel_axes(Graph([TensorSpec("s", (None, 7, 8))], ["d"], [Node("fc", "dense", ["s", "w"], ["d"], {})],
                                   {"w": np.zeros((8, 2), dtype=np.float32)}),
                             {"s": (1, 7, 8), "d": (1, 7, 2)})
