@@ -1,0 +1,310 @@
+"""The ONNX frontend on models built here with onnx.helper, checked against onnxruntime, and its errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+from dabuild.cli import main  # noqa: E402
+from dabuild.errors import UsageError  # noqa: E402
+from dabuild.ir import Graph  # noqa: E402
+from dabuild.ir.interpreter import run  # noqa: E402
+from dabuild.ir.passes import optimize  # noqa: E402
+from dabuild.trace import trace_model  # noqa: E402
+
+NEWEST = onnx.defs.onnx_opset_version()
+ORT_NEWEST = 21  # opsets above this are compared with onnx's reference evaluator instead
+OPSETS = (9, 13, 17, NEWEST)
+
+
+class Net:
+    """A tiny ONNX graph builder that spells opset-dependent ops the way the chosen opset wants."""
+
+    def __init__(self, opset: int, seed: int = 0):
+        self.opset = opset
+        self.nodes: list[Any] = []
+        self.initializers: list[Any] = []
+        self.rng = np.random.default_rng(seed)
+
+    def _name(self, base: str) -> str:
+        return f"{base}{len(self.nodes) + len(self.initializers)}"
+
+    def const(self, value: Any, dtype: Any = np.float32) -> str:
+        name = self._name("c")
+        self.initializers.append(numpy_helper.from_array(np.asarray(value, dtype=dtype), name))
+        return name
+
+    def weight(self, *shape: int, scale: float = 0.3) -> str:
+        return self.const(self.rng.normal(scale=scale, size=shape))
+
+    def op(self, op_type: str, *inputs: str, outputs: int = 1, **attrs: Any) -> Any:
+        names = [self._name(op_type.lower()) + (f"_{i}" if outputs > 1 else "") for i in range(outputs)]
+        self.nodes.append(helper.make_node(op_type, list(inputs), names, name=names[0], **attrs))
+        return names if outputs > 1 else names[0]
+
+    def ints(self, op_type: str, x: str, name: str, values: list[int], since: int, *rest: str, **attrs: Any) -> str:
+        """An op whose int list `name` was an attribute before opset `since` and an input after."""
+        if self.opset >= since:
+            return self.op(op_type, x, *rest, self.const(values, np.int64), **attrs)
+        return self.op(op_type, x, *rest, **{name: values}, **attrs)
+
+    def conv_bn_relu(self, x: str, c_in: int, c_out: int, kernel: int = 3, group: int = 1, **attrs: Any) -> str:
+        y = self.op("Conv", x, self.weight(c_out, c_in // group, kernel, kernel), self.weight(c_out), group=group, **attrs)
+        scale, bias = self.const(self.rng.uniform(0.5, 1.5, c_out)), self.weight(c_out)
+        mean, var = self.weight(c_out), self.const(self.rng.uniform(0.5, 2.0, c_out))
+        return self.op("Relu", self.op("BatchNormalization", y, scale, bias, mean, var, epsilon=1e-3))
+
+    def model(self, inputs: dict[str, list[Any]], output: str, output_dims: list[Any] | None = None) -> Any:
+        graph = helper.make_graph(
+            self.nodes,
+            "test",
+            [helper.make_tensor_value_info(name, TensorProto.FLOAT, dims) for name, dims in inputs.items()],
+            [helper.make_tensor_value_info(output, TensorProto.FLOAT, output_dims)],
+            self.initializers,
+        )
+        opsets = [helper.make_operatorsetid("", self.opset)]
+        ir_version = max(helper.find_min_ir_version_for(opsets), 8)  # 8: outputs may leave their shape open
+        model = onnx.shape_inference.infer_shapes(
+            helper.make_model(graph, opset_imports=opsets, ir_version=ir_version), strict_mode=True
+        )  # also types the output, which the checker wants
+        onnx.checker.check_model(model)
+        return model
+
+
+def expected(model: Any, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    opset = model.opset_import[0].version
+    if opset <= ORT_NEWEST:
+        session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        return session.run(None, feeds)
+    from onnx.reference import ReferenceEvaluator
+
+    return ReferenceEvaluator(model).run(None, feeds)
+
+
+def assert_matches(model: Any, *batches: dict[str, np.ndarray], tmp_path: Path | None = None) -> Graph:
+    """Trace (from a file when `tmp_path` is given), optimise, and compare every batch within 1e-4."""
+    source: Any = model
+    if tmp_path is not None:
+        source = tmp_path / "model.onnx"
+        onnx.save(model, source)
+    graph = optimize(trace_model(source))
+    for feeds in batches:
+        (want,) = expected(model, feeds)
+        got = run(graph, feeds)[graph.outputs[0]]
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    return graph
+
+
+def images(rng: np.random.Generator, *shape: int) -> dict[str, np.ndarray]:
+    return {"x": rng.normal(size=shape).astype(np.float32)}
+
+
+# ---------------------------------------------------------------- models vs onnxruntime
+
+
+@pytest.mark.parametrize("opset", OPSETS)
+def test_mlp_of_gemms(opset: int, tmp_path: Path) -> None:
+    net = Net(opset)
+    h = net.op("Relu", net.op("Gemm", "x", net.weight(32, 20), net.weight(32), transB=1))
+    h = net.op("Gemm", h, net.weight(32, 16), net.weight(1, 16), alpha=0.5, beta=2.0)
+    y = net.op("Gemm", net.op("Sigmoid", h), net.weight(10, 16), net.weight(10), transB=1)
+    rng = np.random.default_rng(1)
+    graph = assert_matches(net.model({"x": ["batch", 20]}, y), images(rng, 1, 20), images(rng, 7, 20), tmp_path=tmp_path)
+    assert graph.inputs[0].shape == (None, 20)
+    assert [node.op for node in graph.nodes].count("dense") == 3
+
+
+@pytest.mark.parametrize("opset", OPSETS)
+def test_small_cnn(opset: int) -> None:
+    net = Net(opset)
+    h = net.conv_bn_relu("x", 3, 8, pads=[1, 1, 1, 1])
+    h = net.op("MaxPool", h, kernel_shape=[2, 2], strides=[2, 2])
+    h = net.conv_bn_relu(h, 8, 16, strides=[2, 2], auto_pad="SAME_UPPER")
+    h = net.op("Flatten", net.op("GlobalAveragePool", h))
+    y = net.op("Gemm", h, net.weight(10, 16), net.weight(10), transB=1)
+    rng = np.random.default_rng(2)
+    graph = assert_matches(net.model({"x": ["N", 3, 15, 15]}, y), images(rng, 2, 3, 15, 15), images(rng, 5, 3, 15, 15))
+    assert "batch_norm" not in [node.op for node in graph.nodes]  # folded into the convs
+
+
+def test_residual_block_and_depthwise_conv() -> None:
+    net = Net(17)
+    stem = net.conv_bn_relu("x", 4, 8, pads=[1, 1, 1, 1])
+    depthwise = net.conv_bn_relu(stem, 8, 8, group=8, pads=[1, 1, 1, 1])
+    pointwise = net.op("Conv", depthwise, net.weight(8, 8, 1, 1))
+    y = net.op("Relu", net.op("Add", pointwise, stem))
+    rng = np.random.default_rng(3)
+    graph = assert_matches(net.model({"x": ["N", 4, 9, 9]}, y), images(rng, 3, 4, 9, 9))
+    assert any(node.op == "conv" and node.attrs["groups"] == 8 for node in graph.nodes)
+
+
+def test_shape_subgraph_keeps_the_batch_dynamic() -> None:
+    """x.view(x.size(0), -1) as exporters write it: Shape -> Gather -> Unsqueeze -> Concat -> Reshape."""
+    net = Net(13)
+    h = net.op("Relu", "x")
+    batch = net.op("Gather", net.op("Shape", h), net.const(0, np.int64), axis=0)
+    target = net.op("Concat", net.ints("Unsqueeze", batch, "axes", [0], 13), net.const([-1], np.int64), axis=0)
+    y = net.op("MatMul", net.op("Reshape", h, target), net.weight(24, 5))
+    rng = np.random.default_rng(4)
+    graph = assert_matches(net.model({"x": ["N", 2, 3, 4]}, y, ["N", 5]), images(rng, 1, 2, 3, 4), images(rng, 6, 2, 3, 4))
+    reshape = next(node for node in graph.nodes if node.op == "reshape")
+    assert reshape.attrs["shape"] == [0, -1]
+
+
+def test_constant_of_shape_and_constants_fold_to_constants() -> None:
+    net = Net(17)
+    ones = net.op("ConstantOfShape", net.op("Constant", value=numpy_helper.from_array(np.array([1, 6], np.int64))),
+                  value=numpy_helper.from_array(np.array([0.5], np.float32)))
+    y = net.op("Add", "x", ones)
+    graph = assert_matches(net.model({"x": ["N", 6]}, y), images(np.random.default_rng(5), 4, 6))
+    assert [node.op for node in graph.nodes] == ["add"]
+
+
+@pytest.mark.parametrize("opset", OPSETS)
+def test_ops_whose_spelling_changed_between_opsets(opset: int) -> None:
+    """Softmax (2-D coercion before 13), Clip, Pad, Slice, Split, Squeeze/Unsqueeze, ReduceMean across opsets."""
+    net = Net(opset)
+    h = net.op("Softmax", "x", axis=1)  # before 13: over all of C*H*W; from 13: over C only
+    if opset >= 11:
+        h = net.op("Clip", h, net.const(0.01), net.const(0.2))
+    else:
+        h = net.op("Clip", h, min=0.01, max=0.2)
+    if opset >= 11:
+        h = net.op("Pad", h, net.const([0, 0, 1, 2, 0, 0, 1, 0], np.int64), net.const(0.25), mode="constant")
+    else:
+        h = net.op("Pad", h, pads=[0, 0, 1, 2, 0, 0, 1, 0], value=0.25)
+    if opset >= 10:
+        h = net.op("Slice", h, *(net.const(v, np.int64) for v in ([1, -5], [100, -1], [2, 3], [1, 2])))
+    else:
+        h = net.op("Slice", h, starts=[1, 1], ends=[100, 5], axes=[2, 3])
+    if opset >= 13:
+        left, right = net.op("Split", h, net.const([2, 1], np.int64), axis=1, outputs=2)
+    else:
+        left, right = net.op("Split", h, axis=1, split=[2, 1], outputs=2)
+    mean = net.ints("ReduceMean", left, "axes", [1], 18, keepdims=0)
+    squeezed = net.ints("Squeeze", net.ints("Unsqueeze", mean, "axes", [1], 13), "axes", [1], 13)
+    y = net.op("Concat", net.ints("Unsqueeze", squeezed, "axes", [1], 13), right, axis=1)
+    y = net.op("Transpose", y, perm=[0, 2, 3, 1])
+    rng = np.random.default_rng(6)
+    assert_matches(net.model({"x": ["N", 3, 4, 6]}, y), images(rng, 2, 3, 4, 6))
+
+
+def test_activations_pooling_and_arithmetic() -> None:
+    net = Net(NEWEST)
+    h = net.op("LeakyRelu", "x", alpha=0.2)
+    h = net.op("Add", net.op("HardSigmoid", h, alpha=0.3, beta=0.4), net.op("HardSwish", h))
+    h = net.op("Sub", net.op("Gelu", h, approximate="tanh"), net.op("Tanh", h))
+    h = net.op("Div", h, net.const(np.full((1, 1, 1, 7), 1.5)))
+    h = net.op("AveragePool", h, kernel_shape=[3, 3], pads=[1, 1, 1, 1], strides=[2, 2], count_include_pad=1)
+    h = net.op("MaxPool", net.op("Identity", h), kernel_shape=[2, 2], ceil_mode=1, strides=[2, 2])
+    h = net.op("Dropout", net.op("Mul", h, net.const(3.0)))
+    h = net.op("Gelu", net.op("ReduceSum", h, net.const([2, 3], np.int64), keepdims=1))
+    y = net.op("ReduceMax", net.op("Softmax", net.op("Flatten", h), axis=-1), net.const([1], np.int64), keepdims=1)
+    assert_matches(net.model({"x": ["N", 2, 6, 7]}, y), images(np.random.default_rng(7), 3, 2, 6, 7))
+
+
+def test_recipe_inputs_fill_dynamic_sizes() -> None:
+    net = Net(17)
+    model = net.model({"x": ["N", 3, "H", "W"]}, net.op("GlobalAveragePool", "x"))
+    graph = trace_model(model, inputs={"x": (8, 3, 5, 4)})
+    assert graph.inputs[0].shape == (None, 3, 5, 4)  # the leading axis stays the dynamic batch
+
+
+# ---------------------------------------------------------------- errors
+
+
+def cnn_model() -> Any:
+    net = Net(17)
+    return net.model({"x": ["N", 3, 8, 8]}, net.op("Relu", net.conv_bn_relu("x", 3, 4)))
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        pytest.param(lambda: np.random.default_rng(0).bytes(3000), id="corrupt"),
+        pytest.param(lambda: cnn_model().SerializeToString()[:700], id="truncated"),
+        pytest.param(lambda: b"name: digits\nmodel: {source: model.py:build}\n", id="text"),
+        pytest.param(lambda: b"", id="empty"),
+    ],
+)
+def test_unreadable_files_name_the_file(content: Any, tmp_path: Path) -> None:
+    path = tmp_path / "broken.onnx"
+    path.write_bytes(content())
+    with pytest.raises(UsageError) as error:
+        trace_model(path)
+    assert str(path) in str(error.value)
+    assert "ONNX" in str(error.value)
+
+
+def test_unsupported_ops_are_listed_at_once_with_node_names() -> None:
+    net = Net(17)
+    h = net.op("Erf", "x")  # named erf0
+    h = net.op("Relu", h)  # supported, but fed by an unsupported node: not listed
+    h = net.op("LRN", h, size=3)  # named lrn...
+    model = net.model({"x": ["N", 3, 4, 4]}, net.op("Sigmoid", h))
+    with pytest.raises(UsageError) as error:
+        trace_model(model)
+    message = str(error.value)
+    assert "2 node(s) cannot be converted" in message
+    assert "'erf0' (Erf)" in message and f"'{net.nodes[2].name}' (LRN)" in message
+    assert "Relu" not in message.split("supported ops")[0]
+
+
+def test_input_shape_contradicting_the_recipe_names_the_input() -> None:
+    net = Net(17)
+    model = net.model({"pixels": ["N", 64]}, net.op("Relu", "pixels"))
+    with pytest.raises(UsageError, match=r"input 'pixels' has shape \[N, 64\] in the model, but model.inputs gives \[1, 32\]"):
+        trace_model(model, inputs={"pixels": (1, 32)})
+    with pytest.raises(UsageError, match="model.inputs names 'x', which the model does not take"):
+        trace_model(model, inputs={"x": (1, 64)})
+
+
+def test_opset_older_than_9_is_refused() -> None:
+    net = Net(8)
+    with pytest.raises(UsageError, match="opset 8 is outside what dabuild reads"):
+        trace_model(net.model({"x": [1, 4]}, net.op("Relu", "x")))
+
+
+def write_recipe(folder: Path, model_bytes: bytes, inputs: str = "") -> Path:
+    folder.mkdir()
+    (folder / "model.onnx").write_bytes(model_bytes)
+    rng = np.random.default_rng(0)
+    np.savez(folder / "data.npz", x=rng.normal(size=(16, 3, 8, 8)).astype(np.float32), y=np.zeros(16, np.int64))
+    (folder / "recipe.yaml").write_text(
+        "name: broken-onnx\n"
+        f"model: {{source: model.onnx{inputs}}}\n"
+        "data:\n"
+        "  calibration: {source: data.npz, x: x}\n"
+        "  evaluation: {source: data.npz, x: x, y: y}\n"
+        "  metric: accuracy\n"
+        "targets:\n"
+        "  - {name: mcu, kind: c}\n"
+    )
+    return folder
+
+
+@pytest.mark.parametrize(
+    "model_bytes, inputs, message",
+    [
+        pytest.param(lambda: cnn_model().SerializeToString()[:700], "", "not a readable ONNX model", id="truncated"),
+        pytest.param(lambda: b"hello, I am text\n", "", "model.onnx", id="text"),
+        pytest.param(lambda: cnn_model().SerializeToString(), ", inputs: {x: [1, 3, 9, 9]}", "input 'x'", id="shape"),
+    ],
+)
+def test_cli_exits_2_and_leaves_no_trace_output(
+    model_bytes: Any, inputs: str, message: str, tmp_path: Path, cache_dir: Path, capsys: pytest.CaptureFixture
+) -> None:
+    recipe = write_recipe(tmp_path / "recipe", model_bytes(), inputs)
+    build_root = tmp_path / "build"
+    assert main(["build", str(recipe), "--build-dir", str(build_root), "-q"]) == 2
+    assert message in capsys.readouterr().err
+    assert not (build_root / "broken-onnx" / "trace").exists()
+    assert not list(cache_dir.rglob("graph.json"))  # nothing cached either
