@@ -139,41 +139,42 @@ def matmul(ctx: Conversion, node: OnnxNode) -> None:
 
 @converts("Gemm")
 def gemm(ctx: Conversion, node: OnnxNode) -> None:
-    """alpha * A' @ B' + beta * C: one `dense` when B and C are known (scales folded into them)."""
+    """alpha * A' @ B' + beta * C: one `dense` when B and C are known parameters, else matmul/mul/add."""
     alpha, beta = float(node.attrs.get("alpha", 1.0)), float(node.attrs.get("beta", 1.0))
-    a, b = node.inputs[0], node.inputs[1]
+    a = node.inputs[0]
     if node.attrs.get("transA", 0):
         (a,) = ctx.emit(node, "transpose", [a], {"perm": [1, 0]})
-    weight = ctx.known.get(b)
-    bias = ctx.known.get(node.inputs[2]) if ctx.has(node, 2) else None
-    if weight is not None and weight.dtype.kind == "f" and (bias is not None or not ctx.has(node, 2)):
-        weight = weight.T if node.attrs.get("transB", 0) else weight
-        out_features = weight.shape[1]
-        if bias is None or (bias.size in (1, out_features) and all(d == 1 for d in bias.shape[:-1])):
-            folded_weight = ctx.fresh(f"{node.label}/weight")
-            ctx.bind(folded_weight, np.ascontiguousarray(weight * np.float32(alpha), dtype=np.float32))
-            inputs = [a, folded_weight]
-            if bias is not None:
-                folded_bias = ctx.fresh(f"{node.label}/bias")
-                vector = np.broadcast_to(bias.reshape(-1) * np.float32(beta), (out_features,))
-                ctx.bind(folded_bias, np.ascontiguousarray(vector, dtype=np.float32))
-                inputs.append(folded_bias)
-            ctx.emit(node, "dense", inputs, {"activation": "none"}, node.outputs)
-            return
+    parameters = _dense_parameters(ctx, node, alpha, beta)
+    if parameters is not None:
+        ctx.emit(node, "dense", [a, *parameters], {"activation": "none"}, node.outputs)
+        return
+    b = node.inputs[1]
     if node.attrs.get("transB", 0):
         (b,) = ctx.emit(node, "transpose", [b], {"perm": [1, 0]})
-    if not ctx.has(node, 2):
-        product = ctx.emit(node, "matmul", [a, b], outputs=None if alpha != 1.0 else node.outputs)[0]
-        if alpha != 1.0:
-            ctx.emit(node, "mul", [product, _scalar(ctx, node, alpha)], outputs=node.outputs)
-        return
-    (product,) = ctx.emit(node, "matmul", [a, b])
-    if alpha != 1.0:
-        (product,) = ctx.emit(node, "mul", [product, _scalar(ctx, node, alpha)])
-    c = node.inputs[2]
-    if beta != 1.0:
-        (c,) = ctx.emit(node, "mul", [c, _scalar(ctx, node, beta)])
-    ctx.emit(node, "add", [product, c], outputs=node.outputs)
+    terms = [(ctx.emit(node, "matmul", [a, b])[0], alpha)]
+    if ctx.has(node, 2):
+        terms.append((node.inputs[2], beta))
+    scaled = [name if scale == 1.0 else ctx.emit(node, "mul", [name, _scalar(ctx, node, scale)])[0] for name, scale in terms]
+    ctx.emit(node, "add" if len(scaled) == 2 else "identity", scaled, outputs=node.outputs)
+
+
+def _dense_parameters(ctx: Conversion, node: OnnxNode, alpha: float, beta: float) -> list[str] | None:
+    """Names of dense's (in, out) weight and (out,) bias with alpha and beta folded in, if B and C allow it."""
+    weight = ctx.known.get(node.inputs[1])
+    bias = ctx.known.get(node.inputs[2]) if ctx.has(node, 2) else None
+    if weight is None or weight.dtype.kind != "f" or (ctx.has(node, 2) and bias is None):
+        return None
+    weight = weight.T if node.attrs.get("transB", 0) else weight
+    out_features = weight.shape[1]
+    if bias is not None and (bias.size not in (1, out_features) or any(d != 1 for d in bias.shape[:-1])):
+        return None  # a C that varies along the rows is no bias
+    names = [ctx.fresh(f"{node.label}/weight")]
+    ctx.bind(names[0], np.ascontiguousarray(weight * np.float32(alpha), dtype=np.float32))
+    if bias is not None:
+        names.append(ctx.fresh(f"{node.label}/bias"))
+        vector = np.broadcast_to(bias.reshape(-1) * np.float32(beta), (out_features,))
+        ctx.bind(names[1], np.ascontiguousarray(vector, dtype=np.float32))
+    return names
 
 
 def _scalar(ctx: Conversion, node: OnnxNode, value: float) -> str:
