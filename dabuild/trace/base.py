@@ -51,6 +51,8 @@ class TracerPlugin(ABC):
     """
 
     suffixes: ClassVar[tuple[str, ...]] = ()  # model file suffixes this plugin reads, e.g. (".onnx",)
+    weights_suffixes: ClassVar[tuple[str, ...]] = ()  # weight files it loads into a factory's model, e.g. (".pt",)
+    progress: Progress = Progress.silent()  # trace_model sets the caller's; plugins report through it
 
     def __init__(self, model: Any, inputs: dict[str, Shape] | None = None):
         self.model = model
@@ -64,6 +66,11 @@ class TracerPlugin(ABC):
                 "e.g. inputs: {x: [1, 64]}"
             )
         return {name: (None, *shape[1:]) if shape else () for name, shape in self.inputs.items()}
+
+    @classmethod
+    def build_with_weights(cls, factory: Any, path: Path, where: str) -> Any:
+        """The model `factory` (named `where`) builds with the weights file `path` (a `weights_suffixes` file)."""
+        raise NotImplementedError(f"{cls.__name__} lists weights_suffixes but does not override build_with_weights")
 
     @abstractmethod
     def apply_model(self, inputs: dict[str, Any]) -> Any:
@@ -91,6 +98,9 @@ def choose_framework(model: Any) -> str:
             f"installed frameworks: {', '.join(installed) or 'none'}"
         )
     root = type(model).__module__.split(".")[0]
+    torch = sys.modules.get("torch")  # a torch model means torch is imported already
+    if torch is not None and isinstance(model, torch.nn.Module):
+        root = "torch"  # also user subclasses, whose module is the user's
     if root in installed:
         return root
     if callable(model) and root not in KNOWN_FRAMEWORKS:
@@ -98,11 +108,18 @@ def choose_framework(model: Any) -> str:
     raise UsageError(plugins.unknown_name_message(plugins.TRACERS, root))
 
 
-def trace_model(model: Any, framework: str | None = None, inputs: dict[str, Shape] | None = None) -> Graph:
+def trace_model(
+    model: Any,
+    framework: str | None = None,
+    inputs: dict[str, Shape] | None = None,
+    progress: Progress | None = None,
+) -> Graph:
     """Trace `model` with the named frontend (or the one `choose_framework` picks); the raw Graph."""
     name = framework or choose_framework(model)
-    tracer_class = plugins.load(plugins.TRACERS, name)
-    return tracer_class(model, inputs).trace()
+    tracer = plugins.load(plugins.TRACERS, name)(model, inputs)
+    if progress is not None:
+        tracer.progress = progress
+    return tracer.trace()
 
 
 def user_location(tb: traceback.StackSummary) -> str:
@@ -156,8 +173,10 @@ def load_model(source: str, base_dir: Path, weights: Path | None) -> Any:
 
     `file.py:attr` (file relative to `base_dir`) or `package.module:attr`; a source
     without `:` naming an existing file is returned as a Path, for frontends that
-    read model files. With `weights` (an .npz), `attr` is a factory called with
-    the dict of arrays, and its result is the model.
+    read model files. With `weights`, `attr` is a factory: for an .npz it is
+    called with the dict of arrays; a file a frontend lists in its
+    `weights_suffixes` (torch's .pt) goes to that frontend's `build_with_weights`.
+    Either way the result is the model.
     """
     if ":" not in source:
         path = Path(base_dir, source)
@@ -182,6 +201,10 @@ def load_model(source: str, base_dir: Path, weights: Path | None) -> Any:
     weights_path = Path(base_dir, weights)
     if not weights_path.is_file():
         raise UsageError(f"model weights file {weights_path} does not exist")
+    if weights_path.suffix != ".npz":
+        loader = _weights_loader(weights_path.suffix)
+        if loader is not None:
+            return loader.build_with_weights(model, weights_path, f"{where}:{attr}")
     try:
         arrays = read_npz(weights_path)
     except (OSError, ValueError) as error:
@@ -197,6 +220,11 @@ def load_model(source: str, base_dir: Path, weights: Path | None) -> Any:
         ) from error
 
 
+def _weights_loader(suffix: str) -> type[TracerPlugin] | None:
+    """The frontend that loads weight files of this suffix, if one does."""
+    return next((cls for cls in _tracer_classes().values() if suffix in cls.weights_suffixes), None)
+
+
 def trace_stage(model_spec: Any, base_dir: Path, out_dir: Path, progress: Progress) -> None:
     """Load, trace and canonicalise the recipe's model; write graph.json + weights.npz to `out_dir`.
 
@@ -205,6 +233,6 @@ def trace_stage(model_spec: Any, base_dir: Path, out_dir: Path, progress: Progre
     """
     model = load_model(model_spec.source, base_dir, model_spec.weights)
     inputs = None if model_spec.inputs is None else {k: tuple(v) for k, v in model_spec.inputs.items()}
-    graph = optimize(trace_model(model, model_spec.framework, inputs))
+    graph = optimize(trace_model(model, model_spec.framework, inputs, progress))
     graph.save(Path(out_dir))
     progress.info(f"traced {model_spec.source}: {graph.summary()}")

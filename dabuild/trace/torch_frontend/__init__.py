@@ -1,0 +1,67 @@
+"""The torch frontend (`pip install dabuild[torch]`): nn.Modules and torch.export archives to dabuild Graphs.
+
+This module imports torch only when a model is traced, so listing or choosing
+frontends stays cheap. The work is split by job: `capture` turns a model into
+an ATen graph (torch.export, else torch.fx), `convert` walks that graph,
+`aten` holds one converter per ATen op, `weights` loads state dicts.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any, ClassVar
+
+from dabuild.ir.graph import Graph
+from dabuild.trace.base import Shape, TracerPlugin
+
+
+class TorchTracer(TracerPlugin):
+    """Traces a `torch.nn.Module` (or a function of tensors) in eval mode, or a `.pt2` export archive."""
+
+    suffixes: ClassVar[tuple[str, ...]] = (".pt2",)
+    weights_suffixes: ClassVar[tuple[str, ...]] = (".pt", ".pth")
+
+    @classmethod
+    def build_with_weights(cls, factory: Any, path: Path, where: str) -> Any:
+        from dabuild.trace.torch_frontend.weights import build_with_state_dict
+
+        return build_with_state_dict(factory, path, where)
+
+    @functools.cached_property
+    def program(self) -> Any:
+        """The torch.export archive the model path names (archives only)."""
+        from dabuild.trace.torch_frontend.capture import load_archive
+
+        return load_archive(Path(self.model))
+
+    def get_input_shapes(self) -> dict[str, Shape]:
+        """model.inputs; for an archive without them, the shapes its user inputs were exported with."""
+        if self.inputs or not isinstance(self.model, (str, Path)):
+            return super().get_input_shapes()
+        from dabuild.trace.torch_frontend.capture import capture_program
+        from dabuild.trace.torch_frontend.convert import Builder
+
+        capture = capture_program(self.program)
+        return {node.name: Builder(capture, []).dims(node.meta["val"]) for node in capture.inputs}
+
+    def apply_model(self, inputs: dict[str, Any]) -> Any:
+        """Capture the model on example inputs of these shapes: the ATen graph (a `Capture`) it computes."""
+        from dabuild.trace.torch_frontend.capture import as_module, capture_module, capture_program, eval_mode
+        from dabuild.trace.torch_frontend.aten import known
+
+        if isinstance(self.model, (str, Path)):
+            return capture_program(self.program, known)
+        module = as_module(self.model)
+        with eval_mode(module):
+            return capture_module(module, inputs, known, self.progress)
+
+    def trace(self) -> Graph:
+        from dabuild.trace.torch_frontend.capture import describe
+        from dabuild.trace.torch_frontend.convert import convert
+
+        shapes = self.get_input_shapes()
+        capture = self.apply_model(shapes)
+        origin = str(self.model) if isinstance(self.model, (str, Path)) else describe(self.model)
+        self.progress.debug(f"captured {origin} with {capture.how}")
+        return convert(capture, shapes, origin)

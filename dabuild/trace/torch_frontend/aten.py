@@ -1,0 +1,490 @@
+"""ATen op -> dabuild op converters, one small function per op family.
+
+Each converter reads a `Call` (the node and its arguments by schema name),
+emits dabuild nodes through the `Builder`, and returns the output tensor name
+(or one name per output). It raises `Unsupported` with a reason for argument
+combinations dabuild cannot express, such as transposed convolution.
+Names follow ATen's overload packets, so `conv2d.default` and
+`conv2d.padding` share one converter.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from dabuild.trace.torch_frontend.convert import (
+    CONVERTERS,
+    INT64_MAX,
+    Builder,
+    Call,
+    Unsupported,
+    aten,
+    expand,
+    normalize,
+    op_name,
+)
+
+def known(target: Any) -> bool:
+    """Whether a converter here maps this ATen op (capture decomposes only the others)."""
+    return getattr(target, "namespace", None) == "aten" and op_name(target) in CONVERTERS
+
+
+# ---------------------------------------------------------------- pass-through
+
+
+@aten("clone", "detach", "alias", "contiguous", "lift_fresh_copy")
+def passthrough(builder: Builder, call: Call) -> str:
+    return builder.tensor(call["self"])
+
+
+@aten("dropout", "feature_dropout", "alpha_dropout", "feature_alpha_dropout")
+def dropout(builder: Builder, call: Call) -> str:
+    if call["train"]:
+        raise Unsupported("dropout in training mode")
+    return builder.tensor(call["input"])
+
+
+@aten("_to_copy", "to")
+def to_float32(builder: Builder, call: Call) -> str:
+    """A copy or conversion that keeps float32 (dabuild computes in float32 only)."""
+    source, result = call.node.all_input_nodes[0].meta["val"], call.node.meta["val"]
+    if str(source.dtype) != "torch.float32" or str(result.dtype) != "torch.float32":
+        raise Unsupported(f"conversion from {source.dtype} to {result.dtype} (dabuild computes in float32)")
+    return builder.tensor(call["self"])
+
+
+# ---------------------------------------------------------------- elementwise
+
+
+def _scaled(builder: Builder, arg: Any, alpha: Any) -> str:
+    """`alpha * arg` (add/sub's alpha), folded when arg is a constant."""
+    if alpha == 1:
+        return builder.tensor(arg)
+    array = builder.constant(arg)
+    if array is not None:
+        return builder.add_constant(array * np.float32(alpha), builder.hint(arg))
+    return builder.emit1("mul", [builder.tensor(arg), builder.add_constant(np.float32(alpha), "alpha")])
+
+
+@aten("add")
+def add(builder: Builder, call: Call) -> str:
+    return builder.emit1("add", [builder.tensor(call["self"]), _scaled(builder, call["other"], call["alpha"])])
+
+
+@aten("sub")
+def sub(builder: Builder, call: Call) -> str:
+    return builder.emit1("sub", [builder.tensor(call["self"]), _scaled(builder, call["other"], call["alpha"])])
+
+
+@aten("rsub")
+def rsub(builder: Builder, call: Call) -> str:
+    return builder.emit1("sub", [builder.tensor(call["other"]), _scaled(builder, call["self"], call["alpha"])])
+
+
+@aten("mul")
+def mul(builder: Builder, call: Call) -> str:
+    return builder.emit1("mul", [builder.tensor(call["self"]), builder.tensor(call["other"])])
+
+
+@aten("div")
+def div(builder: Builder, call: Call) -> str:
+    if call.args.get("rounding_mode") is not None:
+        raise Unsupported(f"division with rounding_mode={call['rounding_mode']!r}")
+    return builder.emit1("div", [builder.tensor(call["self"]), builder.tensor(call["other"])])
+
+
+@aten("neg")
+def neg(builder: Builder, call: Call) -> str:
+    return builder.emit1("mul", [builder.tensor(call["self"]), builder.add_constant(np.float32(-1), "minus_one")])
+
+
+# ---------------------------------------------------------------- activations
+
+
+def _unary(op: str, **attrs: Any) -> Any:
+    def converter(builder: Builder, call: Call) -> str:
+        return builder.emit1(op, [builder.tensor(call["self"])], dict(attrs))
+
+    return converter
+
+
+aten("relu")(_unary("relu"))
+aten("relu6")(_unary("relu6"))
+aten("sigmoid")(_unary("sigmoid"))
+aten("tanh")(_unary("tanh"))
+aten("hardswish")(_unary("hard_swish"))
+aten("hardsigmoid")(_unary("hard_sigmoid", alpha=1 / 6, beta=0.5))
+
+
+@aten("leaky_relu")
+def leaky_relu(builder: Builder, call: Call) -> str:
+    return builder.emit1("leaky_relu", [builder.tensor(call["self"])], {"alpha": float(call["negative_slope"])})
+
+
+@aten("gelu")
+def gelu(builder: Builder, call: Call) -> str:
+    return builder.emit1("gelu", [builder.tensor(call["self"])], {"approximate": call["approximate"]})
+
+
+def _bounds(builder: Builder, low: Any, high: Any) -> tuple[float | None, float | None]:
+    """Clamp bounds as floats; tensor bounds only when they are known scalars."""
+    result = []
+    for bound in (low, high):
+        array = None if bound is None else builder.constant(bound)
+        if array is not None and array.size != 1:
+            raise Unsupported("clamp with per-element bounds")
+        result.append(None if array is None else float(array.reshape(())))
+    return result[0], result[1]
+
+
+def _clip(builder: Builder, x: Any, low: Any, high: Any) -> str:
+    """clamp/hardtanh as the most specific dabuild op: relu, relu6 or clip."""
+    low_value, high_value = _bounds(builder, low, high)
+    if low_value == 0 and high_value is None:
+        return builder.emit1("relu", [builder.tensor(x)])
+    if low_value == 0 and high_value == 6:
+        return builder.emit1("relu6", [builder.tensor(x)])
+    attrs = {key: value for key, value in (("min", low_value), ("max", high_value)) if value is not None}
+    return builder.emit1("clip", [builder.tensor(x)], attrs)
+
+
+@aten("clamp")
+def clamp(builder: Builder, call: Call) -> str:
+    return _clip(builder, call["self"], call["min"], call["max"])
+
+
+@aten("clamp_min")
+def clamp_min(builder: Builder, call: Call) -> str:
+    return _clip(builder, call["self"], call["min"], None)
+
+
+@aten("clamp_max")
+def clamp_max(builder: Builder, call: Call) -> str:
+    return _clip(builder, call["self"], None, call["max"])
+
+
+@aten("hardtanh")
+def hardtanh(builder: Builder, call: Call) -> str:
+    return _clip(builder, call["self"], call["min_val"], call["max_val"])
+
+
+@aten("softmax", "_softmax")
+def softmax(builder: Builder, call: Call) -> str:
+    return builder.emit1("softmax", [builder.tensor(call["self"])], {"axis": int(call["dim"])})
+
+
+# ---------------------------------------------------------------- linear algebra
+
+
+def _dense(builder: Builder, call: Call, x: Any, weight: tuple[np.ndarray, Any], bias: tuple[np.ndarray, Any] | None) -> str:
+    """A dense node; `weight` and `bias` are (array in dabuild's layout, the torch argument it came from)."""
+    inputs = [builder.tensor(x), builder.add_constant(weight[0], builder.hint(weight[1]))]
+    if bias is not None:
+        inputs.append(builder.add_constant(bias[0].reshape(-1), builder.hint(bias[1])))
+    return builder.emit1("dense", inputs, {"activation": "none"}, hint=call.node.name)  # as canonicalize_dense spells it
+
+
+def _matmul_add(builder: Builder, x: Any, weight: Any, bias: Any) -> str:
+    """x @ weight (+ bias) for a weight computed from the inputs."""
+    product = builder.emit1("matmul", [builder.tensor(x), builder.tensor(weight)])
+    return product if bias is None else builder.emit1("add", [product, builder.tensor(bias)])
+
+
+@aten("linear")
+def linear(builder: Builder, call: Call) -> str:
+    weight = builder.constant(call["weight"])
+    bias = None if call["bias"] is None else builder.constant(call["bias"])
+    if weight is not None and (call["bias"] is None or bias is not None):
+        return _dense(builder, call, call["input"], (weight.T, call["weight"]),
+                      None if bias is None else (bias, call["bias"]))
+    transposed = builder.emit1("transpose", [builder.tensor(call["weight"])], {"perm": [1, 0]})
+    product = builder.emit1("matmul", [builder.tensor(call["input"]), transposed])
+    return product if call["bias"] is None else builder.emit1("add", [product, builder.tensor(call["bias"])])
+
+
+@aten("addmm")
+def addmm(builder: Builder, call: Call) -> str:
+    if call["beta"] != 1 or call["alpha"] != 1:
+        raise Unsupported(f"addmm with beta={call['beta']}, alpha={call['alpha']}")
+    weight, bias = builder.constant(call["mat2"]), builder.constant(call["self"])
+    if weight is not None and bias is not None and bias.size == weight.shape[1]:
+        return _dense(builder, call, call["mat1"], (weight, call["mat2"]), (bias, call["self"]))
+    return _matmul_add(builder, call["mat1"], call["mat2"], call["self"])
+
+
+@aten("mm", "bmm", "matmul")
+def matmul(builder: Builder, call: Call) -> str:
+    other = call["mat2"] if "mat2" in call.args else call["other"]
+    weight = builder.constant(other)
+    if weight is not None and weight.ndim == 2:
+        return _dense(builder, call, call["self"], (weight, other), None)
+    return _matmul_add(builder, call["self"], other, None)
+
+
+def _pads(padding: Any, weight_shape: tuple[int, ...], dilations: list[int]) -> list[int]:
+    """torch's symmetric padding (ints, 'same' or 'valid') as ONNX pads [begin..., end...]."""
+    spatial = len(weight_shape) - 2
+    if padding == "valid":
+        return [0] * (2 * spatial)
+    if padding == "same":
+        totals = [d * (k - 1) for d, k in zip(dilations, weight_shape[2:])]
+        return [t // 2 for t in totals] + [t - t // 2 for t in totals]
+    values = expand(padding, spatial)
+    return values + values
+
+
+@aten("conv1d", "conv2d", "convolution")
+def conv(builder: Builder, call: Call) -> str:
+    if call.args.get("transposed"):
+        raise Unsupported("transposed convolution")
+    if any(call.args.get("output_padding") or []):
+        raise Unsupported("convolution with output_padding")
+    weight = builder.tensor(call["weight"])
+    weight_shape = builder.shape(weight)
+    spatial = len(weight_shape) - 2
+    dilations = expand(call["dilation"], spatial)
+    attrs = {
+        "strides": expand(call["stride"], spatial),
+        "pads": _pads(call["padding"], weight_shape, dilations),  # type: ignore[arg-type]
+        "dilations": dilations,
+        "groups": int(call["groups"]),
+    }
+    inputs = [builder.tensor(call["input"]), weight]
+    if call["bias"] is not None:
+        inputs.append(builder.tensor(call["bias"]))
+    return builder.emit1("conv", inputs, attrs)
+
+
+@aten("batch_norm", "_native_batch_norm_legit_no_training", "native_batch_norm")
+def batch_norm(builder: Builder, call: Call) -> Any:
+    """Inference batch norm over axis 1 with the running statistics."""
+    if call.args.get("training"):
+        raise Unsupported("batch norm with batch statistics (call model.eval(), or track_running_stats=True)")
+    mean, var = builder.constant(call["running_mean"]), builder.constant(call["running_var"])
+    if mean is None or var is None:
+        raise Unsupported("batch norm without constant running statistics")
+    scale = np.ones_like(mean) if call["weight"] is None else builder.constant(call["weight"])
+    shift = np.zeros_like(mean) if call["bias"] is None else builder.constant(call["bias"])
+    if scale is None or shift is None:
+        raise Unsupported("batch norm with a computed weight or bias")
+    parts = ((scale, "weight"), (shift, "bias"), (mean, "running_mean"), (var, "running_var"))
+    names = [builder.add_constant(array, builder.hint(call[part]) if call[part] is not None else f"{call.node.name}.{part}")
+             for array, part in parts]
+    y = builder.emit1("batch_norm", [builder.tensor(call["input"]), *names], {"epsilon": float(call["eps"])})
+    return y if call.name == "batch_norm" else [y, None, None]  # the others also return batch statistics
+
+
+# ---------------------------------------------------------------- pooling
+
+
+def _pool_geometry(call: Call, spatial: int) -> dict[str, Any]:
+    kernel = expand(call["kernel_size"], spatial)
+    padding = expand(call["padding"], spatial)
+    return {
+        "kernel": kernel,
+        "strides": expand(call["stride"], spatial) if call["stride"] else kernel,
+        "pads": padding + padding,
+        "ceil_mode": bool(call["ceil_mode"]),
+    }
+
+
+@aten("max_pool1d", "max_pool2d", "max_pool2d_with_indices")
+def max_pool(builder: Builder, call: Call) -> Any:
+    x = builder.tensor(call["self"])
+    spatial = len(builder.shape(x)) - 2
+    attrs = {**_pool_geometry(call, spatial), "dilations": expand(call["dilation"], spatial)}
+    y = builder.emit1("max_pool", [x], attrs)
+    return [y, None] if call.name == "max_pool2d_with_indices" else y
+
+
+@aten("avg_pool1d", "avg_pool2d")
+def avg_pool(builder: Builder, call: Call) -> str:
+    if call.args.get("divisor_override") is not None:
+        raise Unsupported("average pooling with divisor_override")
+    x = builder.tensor(call["self"])
+    attrs = {**_pool_geometry(call, len(builder.shape(x)) - 2), "count_include_pad": bool(call["count_include_pad"])}
+    return builder.emit1("avg_pool", [x], attrs)
+
+
+@aten("adaptive_avg_pool1d", "adaptive_avg_pool2d", "_adaptive_avg_pool2d")
+def adaptive_avg_pool(builder: Builder, call: Call) -> str:
+    """Output size 1 is a global average; other sizes that divide the input are a plain average pool."""
+    x = builder.tensor(call["self"])
+    sizes = builder.shape(x)[2:]
+    wanted = [size if out is None else int(out) for out, size in zip(expand(call["output_size"], len(sizes)), sizes)]
+    if all(out == 1 for out in wanted):
+        return builder.emit1("global_avg_pool", [x])
+    if any(size is None or out is None or size % out for size, out in zip(sizes, wanted)):
+        raise Unsupported(f"adaptive average pooling from {list(sizes)} to {wanted} (sizes must divide evenly)")
+    kernel = [size // out for size, out in zip(sizes, wanted)]  # type: ignore[operator]
+    return builder.emit1("avg_pool", [x], {"kernel": kernel, "strides": kernel})
+
+
+# ---------------------------------------------------------------- shape ops
+
+
+@aten("view", "reshape", "_unsafe_view", "view_copy", "unflatten")
+def reshape(builder: Builder, call: Call) -> str:
+    """A reshape to the shape torch recorded: sizes that follow the batch become 0 (copy) or -1 (infer)."""
+    x = builder.tensor(call["self"])
+    source = call.node.all_input_nodes[0].meta["val"].shape
+    target: list[int] = []
+    for axis, size in enumerate(call.node.meta["val"].shape):
+        if builder.dim(size) is not None:
+            target.append(int(builder.dim(size)))  # type: ignore[arg-type]
+        elif axis < len(source) and str(source[axis]) == str(size):
+            target.append(0)
+        else:
+            target.append(-1)
+    if target.count(-1) > 1:
+        raise Unsupported(f"reshape to {list(call.node.meta['val'].shape)} has several batch-dependent sizes")
+    return builder.emit1("reshape", [x], {"shape": target})
+
+
+@aten("flatten")
+def flatten(builder: Builder, call: Call) -> str:
+    x = builder.tensor(call["self"])
+    rank = len(builder.shape(x))
+    if rank >= 2 and normalize(call["start_dim"], rank) == 1 and normalize(call["end_dim"], rank) == rank - 1:
+        return builder.emit1("flatten", [x], {"axis": 1})
+    return reshape(builder, call)
+
+
+@aten("permute")
+def permute(builder: Builder, call: Call) -> str:
+    x = builder.tensor(call["self"])
+    rank = len(builder.shape(x))
+    return builder.emit1("transpose", [x], {"perm": [normalize(d, rank) for d in call["dims"]]})
+
+
+@aten("transpose", "t")
+def transpose(builder: Builder, call: Call) -> str:
+    x = builder.tensor(call["self"])
+    rank = len(builder.shape(x))
+    if rank < 2:
+        return x
+    first, second = (0, 1) if call.name == "t" else (normalize(call["dim0"], rank), normalize(call["dim1"], rank))
+    perm = list(range(rank))
+    perm[first], perm[second] = perm[second], perm[first]
+    return builder.emit1("transpose", [x], {"perm": perm})
+
+
+@aten("cat", "concat")
+def cat(builder: Builder, call: Call) -> str:
+    inputs = [builder.tensor(t) for t in call["tensors"]]
+    rank = len(builder.shape(inputs[0]))
+    return builder.emit1("concat", inputs, {"axis": normalize(call["dim"], rank)})
+
+
+@aten("split", "split_with_sizes", "chunk", "tensor_split")
+def split(builder: Builder, call: Call) -> list[str | None]:
+    """Every flavour of split, by the piece sizes torch recorded."""
+    x = builder.tensor(call["self"])
+    axis = normalize(call["dim"], len(builder.shape(x)))
+    if builder.shape(x)[axis] is None:
+        raise Unsupported("splitting the batch axis")
+    sizes = [int(piece.shape[axis]) for piece in call.node.meta["val"]]
+    return list(builder.emit("split", [x], {"axis": axis, "sizes": sizes}, outputs=len(sizes)))
+
+
+def _bound(value: Any, axis_size: Any) -> int:
+    """A slice bound as an int; a symbolic bound equal to the axis size means 'to the end'."""
+    if value is None:
+        return INT64_MAX
+    if hasattr(value, "meta"):  # an fx node holding a SymInt
+        if str(value.meta["val"]) == str(axis_size):
+            return INT64_MAX
+        raise Unsupported(f"slice bound {value.meta['val']} depends on the batch size")
+    return int(value)
+
+
+@aten("slice")
+def slice_(builder: Builder, call: Call) -> str:
+    x = builder.tensor(call["self"])
+    shape = builder.shape(x)
+    axis = normalize(call["dim"], len(shape))
+    axis_size = call.node.all_input_nodes[0].meta["val"].shape[axis]
+    start = 0 if call["start"] is None else _bound(call["start"], axis_size)
+    end, step = _bound(call["end"], axis_size), int(call["step"])
+    if shape[axis] is not None:
+        end = min(end, shape[axis])  # type: ignore[type-var]
+    if start == 0 and step == 1 and (end == INT64_MAX or end == shape[axis]):
+        return x
+    return builder.emit1("slice", [x], {"starts": [start], "ends": [end], "axes": [axis], "steps": [step]})
+
+
+@aten("select")
+def select(builder: Builder, call: Call) -> str:
+    x = builder.tensor(call["self"])
+    shape = builder.shape(x)
+    axis, index = normalize(call["dim"], len(shape)), int(call["index"])
+    if index < 0:
+        if shape[axis] is None:
+            raise Unsupported("selecting from the end of the batch axis")
+        index += shape[axis]  # type: ignore[operator]
+    piece = builder.emit1("slice", [x], {"starts": [index], "ends": [index + 1], "axes": [axis], "steps": [1]})
+    return builder.emit1("squeeze", [piece], {"axes": [axis]})
+
+
+@aten("squeeze")
+def squeeze(builder: Builder, call: Call) -> str:
+    """torch ignores axes whose size is not 1; so do we."""
+    x = builder.tensor(call["self"])
+    shape = builder.shape(x)
+    dims = call.args.get("dim")
+    listed = range(len(shape)) if dims is None else [dims] if isinstance(dims, int) else dims
+    axes = sorted({normalize(axis, len(shape)) for axis in listed if shape[normalize(axis, len(shape))] == 1})
+    return builder.emit1("squeeze", [x], {"axes": axes}) if axes else x
+
+
+@aten("unsqueeze")
+def unsqueeze(builder: Builder, call: Call) -> str:
+    x = builder.tensor(call["self"])
+    return builder.emit1("unsqueeze", [x], {"axes": [normalize(call["dim"], len(builder.shape(x)) + 1)]})
+
+
+@aten("constant_pad_nd")
+def constant_pad(builder: Builder, call: Call) -> str:
+    return _pad(builder, builder.tensor(call["self"]), call["pad"], "constant", float(call["value"]))
+
+
+@aten("reflection_pad1d", "reflection_pad2d", "replication_pad1d", "replication_pad2d")
+def mode_pad(builder: Builder, call: Call) -> str:
+    mode = "reflect" if call.name.startswith("reflection") else "edge"
+    return _pad(builder, builder.tensor(call["self"]), call["padding"], mode, 0.0)
+
+
+def _pad(builder: Builder, x: str, pad: list[int], mode: str, value: float) -> str:
+    """torch's pad list (last axis first, begin/end pairs) as ONNX pads [begin..., end...]."""
+    rank = len(builder.shape(x))
+    begins, ends = [0] * rank, [0] * rank
+    for pair in range(len(pad) // 2):
+        axis = rank - 1 - pair
+        begins[axis], ends[axis] = int(pad[2 * pair]), int(pad[2 * pair + 1])
+    if min(begins + ends) < 0:
+        raise Unsupported("negative padding (cropping)")
+    return builder.emit1("pad", [x], {"pads": begins + ends, "mode": mode, "value": value})
+
+
+# ---------------------------------------------------------------- reductions
+
+
+def _reduce(op: str) -> Any:
+    def converter(builder: Builder, call: Call) -> str:
+        x = builder.tensor(call["self"])
+        rank = len(builder.shape(x))
+        dims = call.args.get("dim")
+        if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
+            axes = None
+        else:
+            axes = sorted(normalize(d, rank) for d in ([dims] if isinstance(dims, int) else dims))
+        return builder.emit1(op, [x], {"axes": axes, "keepdims": bool(call.args.get("keepdim", False))})
+
+    return converter
+
+
+aten("mean")(_reduce("reduce_mean"))
+aten("sum")(_reduce("reduce_sum"))
+aten("amax")(_reduce("reduce_max"))
