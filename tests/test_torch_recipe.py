@@ -1,0 +1,77 @@
+"""The digits-torch example recipe end to end: trace (torch.export), calibrate, tune, export:c, check:c."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from dabuild.cli import main  # noqa: E402
+from dabuild.ir import Graph  # noqa: E402
+from dabuild.progress import Progress  # noqa: E402
+from dabuild.trace import trace_stage  # noqa: E402
+
+RECIPES = Path(__file__).resolve().parent.parent / "recipes"
+ALL_STAGES = {"trace", "calibrate", "tune:c", "export:mcu", "check:mcu"}
+
+
+@pytest.fixture
+def recipes(tmp_path: Path) -> Path:
+    """Private copies of digits-torch and of digits, whose data it reads (../digits/data.npz)."""
+    folder = tmp_path / "recipes"
+    for name in ("digits-torch", "digits"):
+        shutil.copytree(RECIPES / name, folder / name, ignore=shutil.ignore_patterns("build", "__pycache__"))
+    return folder
+
+
+def build(recipe_dir: Path, build_root: Path) -> dict:
+    assert main(["build", str(recipe_dir), "--build-dir", str(build_root), "-q"]) == 0
+    return json.loads((build_root / "digits-torch" / "build.json").read_text())
+
+
+def outcomes(summary: dict, outcome: str) -> set[str]:
+    return {stage for stage, result in summary["outcomes"].items() if result == outcome}
+
+
+def test_digits_torch_builds_and_checks_bit_exact(recipes: Path, tmp_path: Path, cache_dir: Path) -> None:
+    summary = build(recipes / "digits-torch", tmp_path / "build")
+    assert outcomes(summary, "executed") == ALL_STAGES
+    check = summary["checks"]["mcu"]
+    assert check["ok"] and check["tolerance"] == "exact"
+    metrics = summary["metrics"]["tune:c"]
+    assert metrics["fp32"] > 0.9 and metrics["quantized"] > 0.9
+    traced = Graph.load(tmp_path / "build" / "digits-torch" / "trace")
+    assert [node.op for node in traced.nodes] == ["dense", "dense", "dense"]
+
+
+def test_torch_and_numpy_digits_trace_to_the_same_graph(tmp_path: Path) -> None:
+    """state.pt holds the numpy example's weights, so the two frontends must agree to the last bit."""
+    graphs = []
+    for name, source, weights, framework in (
+        ("digits-torch", "model.py:build", "state.pt", "torch"),
+        ("digits", "model.py:build", "weights.npz", "numpy"),
+    ):
+        spec = SimpleNamespace(framework=framework, source=source, weights=Path(weights), inputs={"x": [None, 64]})
+        trace_stage(spec, RECIPES / name, tmp_path / name, Progress.silent())
+        graphs.append(Graph.load(tmp_path / name))
+    assert graphs[0].content_hash() == graphs[1].content_hash()
+
+
+def test_trace_key_includes_the_torch_version(
+    recipes: Path, tmp_path: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    build(recipes / "digits-torch", tmp_path / "first")
+    again = build(recipes / "digits-torch", tmp_path / "second")  # a new build dir: only the cache remembers
+    assert outcomes(again, "restored from cache") == ALL_STAGES
+
+    real_version = importlib.metadata.version
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.0.0" if name == "torch" else real_version(name))
+    upgraded = build(recipes / "digits-torch", tmp_path / "third")
+    assert "trace" in outcomes(upgraded, "executed")
+    assert "calibrate" in outcomes(upgraded, "restored from cache")  # the retraced graph is the same graph
