@@ -25,10 +25,10 @@ def _fits(spec: TensorSpec, shape: tuple[int, ...]) -> bool:
 
 def validate_feeds(graph: Graph, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Feeds as arrays of each input's dtype; UsageError naming any wrong, missing or misshaped input."""
-    expected = ", ".join(f"{spec.name} {_shape_text(spec.shape)}" for spec in graph.inputs)
     names = {spec.name for spec in graph.inputs}
     unknown = sorted(set(feeds) - names)
     if unknown:
+        expected = ", ".join(f"{spec.name} {_shape_text(spec.shape)}" for spec in graph.inputs)
         raise UsageError(f"unknown graph input {', '.join(map(repr, unknown))}; the graph takes {expected}")
     arrays: dict[str, np.ndarray] = {}
     for spec in graph.inputs:
@@ -44,13 +44,41 @@ def validate_feeds(graph: Graph, feeds: dict[str, np.ndarray]) -> dict[str, np.n
     return arrays
 
 
+def _last_reads(graph: Graph) -> list[list[str]]:
+    """For each node, the tensors nothing after it reads (graph outputs and constants excluded)."""
+    last: dict[str, int] = {}
+    for index, node in enumerate(graph.nodes):
+        for name in node.inputs:
+            last[name] = index
+    keep = set(graph.outputs) | set(graph.constants)
+    done: list[list[str]] = [[] for _ in graph.nodes]
+    for name, index in last.items():
+        if name not in keep:
+            done[index].append(name)
+    return done
+
+
 def run(graph: Graph, feeds: dict[str, np.ndarray], keep_intermediates: bool = False) -> dict[str, np.ndarray]:
-    """The graph outputs by name; with `keep_intermediates`, every input and node output as well."""
+    """The graph outputs by name; with `keep_intermediates`, every input and node output as well.
+
+    Without it, each intermediate is dropped after its last reader, so a large
+    batch holds only the tensors still needed.
+    """
     values: dict[str, np.ndarray] = dict(graph.constants)
     values.update(validate_feeds(graph, feeds))
-    for node in graph.nodes:
+    finished = None if keep_intermediates else _last_reads(graph)
+    for index, node in enumerate(graph.nodes):
         results = OPS[node.op].run([values[name] for name in node.inputs], node.attrs)
         values.update(zip(node.outputs, results))
+        if finished is not None:
+            for name in finished[index]:
+                del values[name]
     if keep_intermediates:
         return {name: array for name, array in values.items() if name not in graph.constants}
     return {name: values[name] for name in graph.outputs}
+
+
+def trace_layers(graph: Graph, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The per-layer trace for debug bundles: every node output by tensor name, in graph order."""
+    values = run(graph, feeds, keep_intermediates=True)
+    return {name: values[name] for node in graph.nodes for name in node.outputs}

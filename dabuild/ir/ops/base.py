@@ -44,6 +44,7 @@ class Op(ABC):
     defaults: ClassVar[dict[str, Any]] = {}  # every attribute the op reads, with its default (or REQUIRED)
     signature: ClassVar[str] = "x"  # the inputs, for docs/ops.md; `?` marks an optional one
     rule: ClassVar[str] = "same shape as x"  # the shape rule in one line, for docs/ops.md
+    required: ClassVar[frozenset[str]] = frozenset()  # the attributes without default, derived from `defaults`
 
     def infer(self, inputs: list[TensorSpec], attrs: dict[str, Any]) -> list[OutputSpec]:
         """(shape, dtype) of each output; ShapeError if the inputs or attributes do not fit."""
@@ -62,16 +63,23 @@ class Op(ABC):
         """`run` with every attribute present."""
 
     def resolve(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        """`attrs` over the defaults; ShapeError naming unknown or missing attributes."""
-        unknown = sorted(set(attrs) - set(self.defaults))
-        if unknown:
+        """`attrs` over the defaults; ShapeError naming unknown or missing attributes.
+
+        The interpreter calls this for every node of every batch, so the common
+        case is two set comparisons and one dict merge.
+        """
+        if not attrs.keys() <= self.defaults.keys():
+            unknown = sorted(set(attrs) - set(self.defaults))
             known = ", ".join(sorted(self.defaults)) or "none"
             raise ShapeError(f"{self.name} has no attribute {', '.join(map(repr, unknown))} (attributes: {known})")
-        merged = {**self.defaults, **attrs}
-        missing = [key for key, value in merged.items() if value is REQUIRED]
-        if missing:
-            raise ShapeError(f"{self.name} needs attribute {', '.join(map(repr, missing))}")
-        return merged
+        if not self.required <= attrs.keys():
+            missing = ", ".join(map(repr, sorted(self.required - attrs.keys())))
+            raise ShapeError(f"{self.name} needs attribute {missing}")
+        return {**self.defaults, **attrs}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.required = frozenset(key for key, value in cls.defaults.items() if value is REQUIRED)
 
     def check_arity(self, count: int) -> None:
         low, high = self.arity

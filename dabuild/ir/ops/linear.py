@@ -10,13 +10,14 @@ never builds the mostly-zero block-diagonal weight a single matmul would need.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from dabuild.ir.ops.activation import apply_activation, check_activation
 from dabuild.ir.ops.base import Op, OutputSpec, ShapeError, broadcast_shapes, dims_agree, register
-from dabuild.ir.ops.window import output_sizes, pad_for_windows, window_attrs, windows
+from dabuild.ir.ops.window import Padder, output_sizes, pad_widths, window_attrs, windows
 
 if TYPE_CHECKING:
     from dabuild.ir.graph import TensorSpec
@@ -120,33 +121,71 @@ class Conv(Op):
 
     def kernel(self, arrays: list[np.ndarray], attrs: dict[str, Any]) -> list[np.ndarray]:
         x, weight = arrays[0], arrays[1]
-        kernel = list(weight.shape[2:])
-        strides, pads, dilations = conv_geometry(attrs, len(kernel))
-        out = output_sizes(x.shape, kernel, strides, pads, dilations)
-        padded = pad_for_windows(x, kernel, strides, pads, dilations, out, 0.0)  # type: ignore[arg-type]
-        view = windows(padded, kernel, strides, dilations, out)  # type: ignore[arg-type]
-        batch, channels, groups = x.shape[0], x.shape[1], attrs["groups"]
-        if groups == channels and weight.shape[1] == 1:
-            y = _depthwise(view, weight)
+        geometry = Geometry(list(weight.shape[2:]), *conv_geometry(attrs, weight.ndim - 2))
+        out = output_sizes(x.shape, geometry.kernel, geometry.strides, geometry.pads, geometry.dilations)
+        if attrs["groups"] == x.shape[1] and weight.shape[1] == 1:
+            y = _depthwise(x, weight, geometry, out)  # type: ignore[arg-type]
         else:
-            columns = view.reshape(batch, groups, -1, math.prod(out))  # type: ignore[arg-type]  # the im2col copy
-            y = np.matmul(weight.reshape(groups, weight.shape[0] // groups, -1), columns)
-        y = y.reshape(batch, weight.shape[0], *out)
+            y = _im2col_matmul(x, weight, attrs["groups"], geometry, out)  # type: ignore[arg-type]
+        y = y.reshape(x.shape[0], weight.shape[0], *out)
         if len(arrays) == 3:
-            y += arrays[2].reshape(-1, *[1] * len(kernel))
+            y += arrays[2].reshape(-1, *[1] * len(out))
         return [apply_activation(y, attrs)]
 
 
-def _depthwise(view: np.ndarray, weight: np.ndarray) -> np.ndarray:
-    """Depthwise conv from the window view (N, C, *kernel, *out): y[n, c*m + j] = sum_k w[c*m + j, k] x_k[n, c]."""
-    batch, channels = view.shape[:2]
-    kernel = weight.shape[2:]
-    out = view.shape[2 + len(kernel):]
+@dataclass
+class Geometry:
+    kernel: list[int]
+    strides: list[int]
+    pads: list[int]
+    dilations: list[int]
+
+    def padder(self, x: np.ndarray, block: int, out: list[int]) -> Padder:
+        widths = pad_widths(x.shape, self.kernel, self.strides, self.pads, self.dilations, out)
+        return Padder(x.shape, block, widths, 0.0, x.dtype)
+
+    def windows(self, padded: np.ndarray, out: list[int]) -> np.ndarray:
+        """The (N, C, *kernel, *out) window view of an already padded x."""
+        return windows(padded, self.kernel, self.strides, self.dilations, out)
+
+
+COLUMN_BYTES = 1 << 20  # im2col works on blocks of images whose columns fit a core's L2 cache
+
+
+def _im2col_matmul(x: np.ndarray, weight: np.ndarray, groups: int, geometry: Geometry, out: list[int]) -> np.ndarray:
+    """(N, groups, O/groups, prod(out)): per block of images, copy the windows into columns, then one matmul."""
+    batch, channels = x.shape[:2]
+    length = math.prod(out)
+    weights = weight.reshape(groups, weight.shape[0] // groups, -1)
+    dtype = np.result_type(x, weight)
+    block = min(batch, max(1, COLUMN_BYTES // (channels * math.prod(geometry.kernel) * length * dtype.itemsize)))
+    pad = geometry.padder(x, block, out)
+    # One window view serves every block: of x itself, or of the padding buffer that each block is copied into.
+    view = geometry.windows(x if pad.buffer is None else pad.buffer, out)
+    columns = np.empty((block, channels, *geometry.kernel, *out), dtype)
+    y = np.empty((batch, groups, weights.shape[1], length), dtype)
+    for start in range(0, batch, block):
+        count = min(block, batch - start)
+        if pad.buffer is None:
+            windows_of_block = view[start:start + count]
+        else:
+            pad(x[start:start + count])
+            windows_of_block = view[:count]
+        part = columns[:count]
+        np.copyto(part, windows_of_block)
+        np.matmul(weights, part.reshape(count, groups, -1, length), out=y[start:start + count])
+    return y
+
+
+def _depthwise(x: np.ndarray, weight: np.ndarray, geometry: Geometry, out: list[int]) -> np.ndarray:
+    """Depthwise conv (O = C * m): y[n, c*m + j] = sum over taps k of w[c*m + j, k] * window_k(x)[n, c]."""
+    batch, channels = x.shape[:2]
+    view = geometry.windows(geometry.padder(x, batch, out)(x), out)
     multiplier = weight.shape[0] // channels
     taps = weight.reshape(channels, multiplier, -1, *[1] * len(out))
-    y = np.zeros((batch, channels, multiplier, *out), np.result_type(view, weight))
+    y = np.zeros((batch, channels, multiplier, *out), np.result_type(x, weight))
     term = np.empty_like(y)
-    for index, tap in enumerate(np.ndindex(*kernel)):
+    for index, tap in enumerate(np.ndindex(*geometry.kernel)):
         np.multiply(view[(slice(None), slice(None), *tap)][:, :, None], taps[:, :, index], out=term)
         y += term
     return y

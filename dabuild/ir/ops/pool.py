@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from dabuild.ir.ops.base import REQUIRED, Op, OutputSpec, ShapeError, register
-from dabuild.ir.ops.window import output_sizes, pad_for_windows, window_attrs, windows
+from dabuild.ir.ops.window import Padder, output_sizes, pad_widths, window_attrs, windows
 
 if TYPE_CHECKING:
     from dabuild.ir.graph import TensorSpec
@@ -43,7 +43,8 @@ class Pool(Op):
         """One strided (N, C, *out) view per kernel tap of x padded with `fill`, and the output sizes."""
         kernel, strides, pads, dilations = self.geometry(attrs)
         out = output_sizes(x.shape, kernel, strides, pads, dilations, attrs["ceil_mode"])
-        padded = pad_for_windows(x, kernel, strides, pads, dilations, out, fill)  # type: ignore[arg-type]
+        widths = pad_widths(x.shape, kernel, strides, pads, dilations, out)  # type: ignore[arg-type]
+        padded = Padder(x.shape, len(x), widths, fill, x.dtype)(x)
         view = windows(padded, kernel, strides, dilations, out)  # type: ignore[arg-type]
         return [view[(slice(None), slice(None), *tap)] for tap in np.ndindex(*kernel)], out  # type: ignore[return-value]
 

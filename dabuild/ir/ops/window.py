@@ -60,20 +60,36 @@ def output_sizes(
     ]
 
 
-def pad_for_windows(
-    x: np.ndarray, kernel: list[int], strides: list[int], pads: list[int], dilations: list[int],
-    out: list[int], value: float,
-) -> np.ndarray:
-    """x padded by `pads`, and at the end by whatever more the last (ceil-mode) window reaches."""
+def pad_widths(
+    shape: tuple[int, ...], kernel: list[int], strides: list[int], pads: list[int], dilations: list[int], out: list[int]
+) -> list[tuple[int, int]]:
+    """(begin, end) padding per spatial axis: `pads`, plus at the end whatever the last (ceil-mode) window reaches."""
     spatial = len(kernel)
-    widths = [(0, 0), (0, 0)]
+    widths = []
     for a in range(spatial):
         reach = (out[a] - 1) * strides[a] + dilations[a] * (kernel[a] - 1) + 1
-        end = max(pads[a + spatial], reach - x.shape[2 + a] - pads[a])
-        widths.append((pads[a], end))
-    if not any(begin or end for begin, end in widths):
-        return x
-    return np.pad(x, widths, constant_values=value)
+        widths.append((pads[a], max(pads[a + spatial], reach - shape[2 + a] - pads[a])))
+    return widths
+
+
+class Padder:
+    """Pads blocks of up to `block` images into one reused buffer whose border keeps `fill`.
+
+    np.pad allocates and fills a new array per call; conv pads block after
+    block, so writing only the interior of a prepared buffer saves that work.
+    """
+
+    def __init__(self, shape: tuple[int, ...], block: int, widths: list[tuple[int, int]], fill: float, dtype: np.dtype):
+        padded = (block, shape[1], *(size + begin + end for size, (begin, end) in zip(shape[2:], widths)))
+        self.buffer = np.full(padded, fill, dtype) if any(begin or end for begin, end in widths) else None
+        self.interior = (slice(None), slice(None), *(slice(b, b + size) for size, (b, _) in zip(shape[2:], widths)))
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        if self.buffer is None:
+            return x
+        padded = self.buffer[: len(x)]
+        padded[self.interior] = x
+        return padded
 
 
 def windows(padded: np.ndarray, kernel: list[int], strides: list[int], dilations: list[int], out: list[int]) -> np.ndarray:
