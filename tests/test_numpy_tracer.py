@@ -100,9 +100,9 @@ def test_model_from_a_known_framework_without_tracer_is_not_guessed() -> None:
 
 def test_unsupported_op_names_the_function_and_the_line(tmp_path: Path) -> None:
     with pytest.raises(UnsupportedOperation) as error:
-        trace_source(tmp_path, "def forward(x):\n    h = x * 2.0\n    return np.tanh(h)\n")
+        trace_source(tmp_path, "def forward(x):\n    h = x * 2.0\n    return np.exp(h)\n")
     message = str(error.value)
-    assert message.startswith(f"{tmp_path / 'net.py'}:5: numpy.tanh is not supported")
+    assert message.startswith(f"{tmp_path / 'net.py'}:5: numpy.exp is not supported")
     assert "supported: " in message
 
 
@@ -153,3 +153,45 @@ def test_load_model_reports_import_failures_with_location(tmp_path: Path) -> Non
 def test_missing_input_shapes_are_asked_for() -> None:
     with pytest.raises(UsageError, match="set model.inputs"):
         trace_model(lambda x: x)
+
+
+W = np.random.default_rng(5).standard_normal((4, 3)).astype(np.float32)
+
+
+def every_spelling(x: np.ndarray) -> np.ndarray:
+    """Each numpy spelling the tracer records, so the traced graph can be compared with plain numpy."""
+    h = np.einsum("bi,ij->bj", x, W) / 2.0 + np.einsum("...i,ij->...j", x, W) - np.einsum("ij,jk->ik", x, W)
+    h = np.concatenate([np.tanh(h), x[:, 1:3], 1.0 / x[:, :1]], axis=1)  # (batch, 6)
+    h = np.transpose(h.T).transpose(0, 1)
+    centred = h - h.mean(axis=1, keepdims=True) + np.sum(h, axis=-1, keepdims=True) * 0.1
+    peak = np.max(centred, axis=1, keepdims=True) + centred.max(axis=-1, keepdims=True)
+    return np.clip(centred - peak, -1.5, 0.0)[..., ::-2] + x[:, 0][..., None] * x[None, :, -1].T + x[1:2, None, 0]
+
+
+def test_numpy_spellings_trace_to_the_same_computation() -> None:
+    graph = trace_model(every_spelling, inputs={"x": (1, 4)})
+    ops = {node.op for node in graph.nodes}
+    assert {"div", "concat", "tanh", "transpose", "slice", "squeeze", "reduce_mean", "reduce_sum", "reduce_max",
+            "clip", "matmul", "unsqueeze"} <= ops
+    x = np.random.default_rng(6).uniform(0.5, 2.0, (5, 4)).astype(np.float32)
+    expected = every_spelling(x)
+    for candidate in (graph, optimize(graph)):
+        np.testing.assert_allclose(run(candidate, {"x": x})[candidate.outputs[0]], expected, rtol=1e-5, atol=1e-5)
+    assert [n.op for n in optimize(trace_model(lambda x: np.einsum("bi,ij->bj", x, W), inputs={"x": (1, 4)})).nodes] \
+        == ["dense"]
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ("return np.einsum('ij,kj->ik', x, np.ones((3, 4)))", "numpy.einsum('ij,kj->ik', ...) other than a matrix"),
+        ("return x[[0, 1]]", "indexing a traced array with [0, 1]"),
+        ("return np.clip(x, np.zeros(4), 1.0)", "numpy.clip other than with scalar bounds"),
+        ("return np.mean(x, axis=1, dtype=np.float64)", "numpy.mean with arguments axis, dtype"),
+    ],
+)
+def test_unsupported_spellings_name_the_line(tmp_path: Path, body: str, message: str) -> None:
+    with pytest.raises(UnsupportedOperation) as error:
+        trace_source(tmp_path, f"def forward(x):\n    {body}\n")
+    assert str(error.value).startswith(f"{tmp_path / 'net.py'}:4: ")
+    assert message in str(error.value)

@@ -22,7 +22,12 @@ from dabuild.ir.graph import Graph, Node, TensorSpec
 from dabuild.ir.ops import OPS, ShapeError
 from dabuild.trace.base import Shape, TracerPlugin, user_location
 
-SUPPORTED = "@ (matmul, dot), +, -, *, unary -, np.maximum(x, 0) (relu), reshape, flatten"
+SUPPORTED = (
+    "@ (matmul, dot), +, -, *, /, unary -, np.maximum(x, 0) (relu), np.tanh, np.clip, reshape, flatten, "
+    "transpose / .T, indexing with slices, integers and None, np.concatenate, mean/sum/max over axes, "
+    "np.einsum matrix products ('ij,jk->ik', 'bi,ij->bj', '...i,ij->...j')"
+)
+ENDLESS = 2**63 - 1  # a slice end past any axis (ONNX clamps it)
 
 
 class UnsupportedOperation(BuildError):
@@ -81,7 +86,66 @@ class Recorder:
         return SymbolicArray(self, name, tuple(shape))
 
 
-_UFUNC_OPS: dict[Any, str] = {np.add: "add", np.subtract: "sub", np.multiply: "mul", np.matmul: "matmul"}
+_UFUNC_OPS: dict[Any, str] = {
+    np.add: "add", np.subtract: "sub", np.multiply: "mul", np.true_divide: "div", np.matmul: "matmul", np.tanh: "tanh",
+}
+_REDUCTIONS: dict[Any, str] = {np.mean: "reduce_mean", np.sum: "reduce_sum", np.max: "reduce_max", np.amax: "reduce_max"}
+
+
+def _index_plan(index: Any, rank: int) -> tuple[dict[str, list[int]], list[int], list[int]] | None:
+    """For `x[index]` with slices, integers, None and one Ellipsis: slice attrs, axes to squeeze (integers),
+    output positions to unsqueeze (None); None for any other index."""
+    items = list(index) if isinstance(index, tuple) else [index]
+    if sum(item is Ellipsis for item in items) > 1:
+        return None
+    if Ellipsis in items:
+        at = items.index(Ellipsis)
+        items[at:at + 1] = [slice(None)] * (rank - sum(item is not None for item in items) + 1)
+    if sum(item is not None for item in items) > rank:
+        return None
+    plan: dict[str, list[int]] = {"starts": [], "ends": [], "axes": [], "steps": []}
+    squeeze: list[int] = []
+    unsqueeze: list[int] = []
+    axis = position = 0  # the input axis and the output position the next item refers to
+    for item in items:
+        if item is None:
+            unsqueeze.append(position)
+            position += 1
+            continue
+        if isinstance(item, (int, np.integer)) and not isinstance(item, bool):
+            start, end, step = int(item), int(item) + 1 if item != -1 else ENDLESS, 1
+            squeeze.append(axis)
+        elif isinstance(item, slice) and all(
+            v is None or isinstance(v, (int, np.integer)) for v in (item.start, item.stop, item.step)
+        ):
+            position += 1
+            if item == slice(None):
+                axis += 1
+                continue
+            step = 1 if item.step is None else int(item.step)
+            default_start, default_end = (0, ENDLESS) if step > 0 else (-1, -ENDLESS - 1)
+            start = default_start if item.start is None else int(item.start)
+            end = default_end if item.stop is None else int(item.stop)
+        else:
+            return None
+        for key, value in zip(("starts", "ends", "axes", "steps"), (start, end, axis, step)):
+            plan[key].append(value)
+        axis += 1
+    return plan, squeeze, unsqueeze
+
+
+def _matmul_subscripts(subscripts: str) -> bool:
+    """Whether an einsum is a matrix product x @ W over x's last axis: '<a>k,kn-><a>n' ('...' allowed in <a>)."""
+    spec = subscripts.replace(" ", "")
+    if spec.count("->") != 1 or spec.count(",") != 1:
+        return False
+    inputs, output = spec.split("->")
+    left, right = inputs.split(",")
+    return (
+        len(right) == 2 and right[0] != right[1] and len(left) >= 1 and left[-1] == right[0]
+        and output == left[:-1] + right[1] and right[1] not in left and len(set(left.replace(".", ""))) ==
+        len(left.replace(".", ""))
+    )
 
 
 class SymbolicArray:
@@ -133,6 +197,43 @@ class SymbolicArray:
     def __neg__(self) -> SymbolicArray:
         return self.recorder.emit("mul", [self, -1.0])
 
+    def __truediv__(self, other: Any) -> SymbolicArray:
+        return self.recorder.emit("div", [self, other])
+
+    def __rtruediv__(self, other: Any) -> SymbolicArray:
+        return self.recorder.emit("div", [other, self])
+
+    def __getitem__(self, index: Any) -> SymbolicArray:
+        """Basic indexing: slices (any step), integers (the axis is dropped), None (np.newaxis), one Ellipsis."""
+        found = _index_plan(index, self.ndim)
+        if found is None:
+            raise _unsupported(f"indexing a traced array with {index!r}")
+        plan, squeeze, unsqueeze = found
+        result = self.recorder.emit("slice", [self], plan) if plan["axes"] else self
+        result = self.recorder.emit("squeeze", [result], {"axes": squeeze}) if squeeze else result
+        return self.recorder.emit("unsqueeze", [result], {"axes": unsqueeze}) if unsqueeze else result
+
+    @property
+    def T(self) -> SymbolicArray:  # noqa: N802 (numpy's name)
+        return self.transpose()
+
+    def transpose(self, *axes: Any) -> SymbolicArray:
+        perm = axes[0] if len(axes) == 1 and isinstance(axes[0], (tuple, list)) or axes == (None,) else axes
+        return self.recorder.emit("transpose", [self], {"perm": [int(a) for a in perm] if perm else None})
+
+    def mean(self, axis: Any = None, keepdims: bool = False) -> SymbolicArray:
+        return self._reduce("reduce_mean", axis, keepdims)
+
+    def sum(self, axis: Any = None, keepdims: bool = False) -> SymbolicArray:
+        return self._reduce("reduce_sum", axis, keepdims)
+
+    def max(self, axis: Any = None, keepdims: bool = False) -> SymbolicArray:
+        return self._reduce("reduce_max", axis, keepdims)
+
+    def _reduce(self, op: str, axis: Any, keepdims: bool) -> SymbolicArray:
+        axes = None if axis is None else [int(a) for a in (axis if isinstance(axis, (tuple, list)) else [axis])]
+        return self.recorder.emit(op, [self], {"axes": axes, "keepdims": bool(keepdims)})
+
     # methods
     def reshape(self, *shape: Any) -> SymbolicArray:
         """numpy's reshape; a None size (from the dynamic `x.shape[0]`) keeps that axis dynamic."""
@@ -172,6 +273,12 @@ class SymbolicArray:
         return self.recorder.emit("relu", symbolic)
 
     def __array_function__(self, func: Callable, types: Any, args: Any, kwargs: Any) -> SymbolicArray:
+        handler = _ARRAY_FUNCTIONS.get(func)
+        if handler is not None:
+            try:
+                return handler(self.recorder, *args, **kwargs)
+            except TypeError:  # an argument the handler does not take
+                raise _unsupported(f"numpy.{func.__name__} with arguments {', '.join(kwargs) or 'given'}") from None
         if func is np.reshape:
             array, shape = (list(args) + [kwargs.pop("shape", kwargs.pop("newshape", None))])[:2]
             if kwargs or not isinstance(array, SymbolicArray):
@@ -195,17 +302,47 @@ class SymbolicArray:
     def __iter__(self) -> Any:
         raise _unsupported("iterating over a traced array")
 
-    def __getitem__(self, index: Any) -> SymbolicArray:
-        raise _unsupported("indexing a traced array")
-
-    def __truediv__(self, other: Any) -> SymbolicArray:
-        raise _unsupported("division")
-
-    def __rtruediv__(self, other: Any) -> SymbolicArray:
-        raise _unsupported("division")
-
     def __pow__(self, other: Any) -> SymbolicArray:
         raise _unsupported("power")
+
+
+def _transpose(recorder: Recorder, array: Any, axes: Any = None) -> SymbolicArray:
+    return array.transpose(axes)
+
+
+def _concatenate(recorder: Recorder, arrays: Any, axis: int = 0) -> SymbolicArray:
+    return recorder.emit("concat", list(arrays), {"axis": int(axis)})
+
+
+def _clip(recorder: Recorder, array: Any, a_min: Any = None, a_max: Any = None, **bounds: Any) -> SymbolicArray:
+    """np.clip with scalar bounds (numpy 2 also spells them min= / max=)."""
+    low, high = bounds.pop("min", a_min), bounds.pop("max", a_max)
+    if bounds or any(v is not None and np.size(v) != 1 for v in (low, high)):
+        raise _unsupported("numpy.clip other than with scalar bounds")
+    attrs = {key: float(np.asarray(v).item()) for key, v in (("min", low), ("max", high)) if v is not None}
+    return recorder.emit("clip", [array], attrs)
+
+
+def _einsum(recorder: Recorder, subscripts: Any, *operands: Any) -> SymbolicArray:
+    if not isinstance(subscripts, str) or len(operands) != 2 or not _matmul_subscripts(subscripts):
+        raise _unsupported(f"numpy.einsum({subscripts!r}, ...) other than a matrix product like 'bi,ij->bj'")
+    return recorder.emit("matmul", list(operands))
+
+
+def _reduction(op: str) -> Callable[..., SymbolicArray]:
+    def reduce(recorder: Recorder, array: Any, axis: Any = None, keepdims: bool = False) -> SymbolicArray:
+        return array._reduce(op, axis, keepdims)
+
+    return reduce
+
+
+_ARRAY_FUNCTIONS: dict[Any, Callable[..., SymbolicArray]] = {
+    np.transpose: _transpose,
+    np.concatenate: _concatenate,
+    np.clip: _clip,
+    np.einsum: _einsum,
+    **{func: _reduction(op) for func, op in _REDUCTIONS.items()},
+}
 
 
 class NumpyTracer(TracerPlugin):
