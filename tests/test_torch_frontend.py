@@ -155,6 +155,21 @@ class Pools(nn.Module):
         return torch.cat([a, b, c, d], dim=1).unsqueeze(2).squeeze(2) * 2 + 1
 
 
+class Attention(nn.Module):
+    """Products of two computed tensors, indexing, padding modes and scalar arithmetic on either side."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.query, self.key = nn.Linear(6, 6), nn.Linear(6, 6)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (N, 5, 6)
+        scores = torch.softmax(self.query(x) @ self.key(x).transpose(-1, -2) / 2.0, dim=1)  # (N, 5, 5)
+        mixed = torch.bmm(scores, x)  # (N, 5, 6)
+        first = -mixed[:, 0] + (1 - mixed[:, -1])  # select, neg, rsub
+        padded = F.pad(mixed.unsqueeze(1), (1, 2, 2, 1), mode="reflect") + F.pad(mixed.unsqueeze(1), (1, 2, 2, 1), mode="replicate")
+        return first.unsqueeze(1) * torch.clamp(padded.mean(dim=(1, 2)), 0.0, 6.0)[:, None, :6]
+
+
 class TwoInputs(nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -241,6 +256,11 @@ def test_pooling_variants_and_padding() -> None:
     assert_matches_torch(Pools().eval(), {"x": [1, 2, 8, 8]})
 
 
+def test_attention_like_products_select_and_padding_modes() -> None:
+    graph = assert_matches_torch(randomize(Attention()), {"x": [1, 5, 6]})
+    assert {"matmul", "pad", "slice", "squeeze", "relu6"} <= ops(graph)
+
+
 def test_two_inputs_and_two_outputs_keep_their_names() -> None:
     graph = assert_matches_torch(randomize(TwoInputs()), {"image": [1, 4], "meta": [1, 3]})
     assert [spec.name for spec in graph.inputs] == ["image", "meta"]
@@ -254,6 +274,13 @@ def test_a_plain_function_of_tensors_is_traced_too() -> None:
     graph = trace_model(function, framework="torch", inputs={"x": [1, 5]})
     x = np.linspace(-2, 2, 10, dtype=np.float32).reshape(2, 5)
     np.testing.assert_allclose(run(graph, {"x": x})[graph.outputs[0]], function(torch.from_numpy(x)).numpy(), atol=ATOL)
+
+
+def test_a_factory_taking_no_arguments_is_called() -> None:
+    graph = trace_model(ConvNet, framework="torch", inputs={"x": [1, 3, 8, 8]})
+    assert "conv" in ops(graph)
+    with pytest.raises(UsageError, match=r"returned a int, not a torch.nn.Module"):
+        trace_model(lambda: 3, framework="torch", inputs={"x": [1, 3]})
 
 
 def test_fx_fallback_when_export_rejects_the_dynamic_batch() -> None:
@@ -290,6 +317,22 @@ def test_export_archive(tmp_path: Path) -> None:
     with torch.no_grad():
         expected = model(torch.from_numpy(x)).numpy()
     np.testing.assert_allclose(run(graph, {"x": x})[graph.outputs[0]], expected, atol=ATOL, rtol=0)
+
+
+def test_archive_inputs_must_match_model_inputs(tmp_path: Path) -> None:
+    program = torch.export.export(nn.Linear(4, 2), (torch.zeros(2, 4),), dynamic_shapes=({0: torch.export.Dim("b")},))
+    torch.export.save(program, str(tmp_path / "linear.pt2"))
+    graph = trace_model(tmp_path / "linear.pt2", inputs={"features": [None, 4]})  # names come from the recipe
+    assert [spec.name for spec in graph.inputs] == ["features"]
+    with pytest.raises(UsageError, match=r"linear.pt2: input x has shape \[\?, 4\]; model.inputs declares \[\?, 5\]"):
+        trace_model(tmp_path / "linear.pt2", inputs={"x": [1, 5]})
+
+
+def test_unreadable_archive_names_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "broken.pt2"
+    path.write_bytes(b"PK\x03\x04 truncated")
+    with pytest.raises(UsageError, match=r"broken.pt2: not a readable torch.export archive"):
+        trace_model(path)
 
 
 # ---------------------------------------------------------------- choosing and loading

@@ -75,3 +75,57 @@ def test_trace_key_includes_the_torch_version(
     upgraded = build(recipes / "digits-torch", tmp_path / "third")
     assert "trace" in outcomes(upgraded, "executed")
     assert "calibrate" in outcomes(upgraded, "restored from cache")  # the retraced graph is the same graph
+
+
+BROKEN_MODELS = '''
+
+import torch
+
+
+class Branchy(nn.Module):
+    """torch.export cannot guard on the data; fx cannot branch on a proxy."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(64, 10)
+
+    def forward(self, x):
+        if x.sum() > 0:
+            return self.fc(x)
+        return -self.fc(x)
+
+
+class Erf(nn.Module):
+    def forward(self, x):
+        return torch.special.erf(x)
+
+
+def branchy():
+    return Branchy()
+
+
+def erf():
+    return Erf()
+'''
+
+
+@pytest.mark.parametrize(
+    ("factory", "exit_code", "expected"),
+    [
+        ("branchy", 1, "Branchy (defined in {model}) with inputs x[?, 64] cannot be captured: torch.export failed"),
+        ("erf", 2, "aten.erf (node erf, module <root> (Erf), at {model}:"),
+    ],
+)
+def test_a_model_dabuild_cannot_trace_fails_the_build_and_leaves_nothing(
+    recipes: Path, tmp_path: Path, cache_dir: Path, capsys: pytest.CaptureFixture,
+    factory: str, exit_code: int, expected: str,
+) -> None:
+    folder = recipes / "digits-torch"
+    model = folder / "model.py"
+    model.write_text(model.read_text() + BROKEN_MODELS)
+    recipe = (folder / "recipe.yaml").read_text()
+    (folder / "recipe.yaml").write_text(recipe.replace("model.py:build", f"model.py:{factory}").replace("  weights: state.pt\n", ""))
+    code = main(["build", str(folder), "--build-dir", str(tmp_path / "build"), "-q"])
+    assert code == exit_code
+    assert expected.format(model=model.resolve()) in capsys.readouterr().err
+    assert not (tmp_path / "build" / "digits-torch" / "trace").exists()

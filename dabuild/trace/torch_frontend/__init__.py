@@ -17,7 +17,11 @@ from dabuild.trace.base import Shape, TracerPlugin
 
 
 class TorchTracer(TracerPlugin):
-    """Traces a `torch.nn.Module` (or a function of tensors) in eval mode, or a `.pt2` export archive."""
+    """Traces a `torch.nn.Module` in eval mode, or a `.pt2` export archive.
+
+    The model may also be a factory taking no arguments (a class or function
+    returning the module), or a plain function of tensors.
+    """
 
     suffixes: ClassVar[tuple[str, ...]] = (".pt2",)
     weights_suffixes: ClassVar[tuple[str, ...]] = (".pt", ".pth")
@@ -45,16 +49,22 @@ class TorchTracer(TracerPlugin):
         capture = capture_program(self.program)
         return {node.name: Builder(capture, []).dims(node.meta["val"]) for node in capture.inputs}
 
+    @functools.cached_property
+    def module(self) -> Any:
+        """The nn.Module to capture (see capture.as_module: modules, factories, functions of tensors)."""
+        from dabuild.trace.torch_frontend.capture import as_module
+
+        return as_module(self.model)
+
     def apply_model(self, inputs: dict[str, Any]) -> Any:
         """Capture the model on example inputs of these shapes: the ATen graph (a `Capture`) it computes."""
-        from dabuild.trace.torch_frontend.capture import as_module, capture_module, capture_program, eval_mode
         from dabuild.trace.torch_frontend.aten import known
+        from dabuild.trace.torch_frontend.capture import capture_module, capture_program, eval_mode
 
         if isinstance(self.model, (str, Path)):
             return capture_program(self.program, known)
-        module = as_module(self.model)
-        with eval_mode(module):
-            return capture_module(module, inputs, known, self.progress)
+        with eval_mode(self.module):
+            return capture_module(self.module, inputs, known, self.progress)
 
     def trace(self) -> Graph:
         from dabuild.trace.torch_frontend.capture import describe
@@ -62,6 +72,6 @@ class TorchTracer(TracerPlugin):
 
         shapes = self.get_input_shapes()
         capture = self.apply_model(shapes)
-        origin = str(self.model) if isinstance(self.model, (str, Path)) else describe(self.model)
+        origin = str(self.model) if isinstance(self.model, (str, Path)) else describe(self.module)
         self.progress.debug(f"captured {origin} with {capture.how}")
         return convert(capture, shapes, origin)

@@ -48,16 +48,22 @@ def first_line(error: BaseException) -> str:
     return f"{type(error).__name__}: {lines[0] if lines else '(no message)'}"
 
 
+def shape_text(shape: Shape) -> str:
+    """`[?, 3, 32, 32]`: a shape as the user reads it, ? marking the dynamic batch."""
+    return "[" + ", ".join("?" if size is None else str(size) for size in shape) + "]"
+
+
 def describe(model: Any) -> str:
-    """`Net (defined in /path/model.py)` or `torch.nn.Sequential`: what to call the model in errors."""
-    cls = type(model)
+    """`Net (defined in /path/model.py)` or `torch.nn.modules.container.Sequential`: the model in errors."""
+    target = model.function if isinstance(model, FunctionModule) else model
+    subject = target if inspect.isfunction(target) or inspect.isclass(target) else type(target)
     try:
-        source = inspect.getsourcefile(cls)
+        source = inspect.getsourcefile(subject)
     except TypeError:
         source = None
-    if cls.__module__.split(".")[0] == "torch" or source is None:
-        return f"{cls.__module__}.{cls.__qualname__}"
-    return f"{cls.__qualname__} (defined in {source})"
+    if subject.__module__.split(".")[0] == "torch" or source is None:
+        return f"{subject.__module__}.{subject.__qualname__}"
+    return f"{subject.__qualname__} (defined in {source})"
 
 
 class FunctionModule(torch.nn.Module):
@@ -72,11 +78,30 @@ class FunctionModule(torch.nn.Module):
 
 
 def as_module(model: Any) -> torch.nn.Module:
+    """The module to capture: `model` itself, what a factory taking no arguments builds, or a function wrapped."""
     if isinstance(model, torch.nn.Module):
         return model
     if not callable(model):
         raise UsageError(f"the torch frontend traces nn.Modules and functions of tensors; got a {type(model).__name__}")
+    if not _takes_arguments(model):
+        try:
+            built = model()
+        except Exception as error:
+            raise BuildError(f"{describe(model)}() raised {first_line(error)}") from error
+        if not isinstance(built, torch.nn.Module):
+            raise UsageError(f"{describe(model)}() returned a {type(built).__name__}, not a torch.nn.Module")
+        return built
     return FunctionModule(model)
+
+
+def _takes_arguments(function: Callable[..., Any]) -> bool:
+    """Whether calling `function()` would miss a required argument: a factory takes none, a model its inputs."""
+    try:
+        parameters = inspect.signature(function).parameters.values()
+    except (TypeError, ValueError):
+        return True
+    required = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return any(p.default is inspect.Parameter.empty and p.kind in required for p in parameters)
 
 
 @contextlib.contextmanager
@@ -144,8 +169,7 @@ def capture_module(
             with quiet_torch():
                 return _capture_with_fx(model, examples)
         except Exception as fx_error:
-            inputs = ", ".join(f"{name}[{', '.join('?' if d is None else str(d) for d in shape)}]"
-                               for name, shape in shapes.items())
+            inputs = ", ".join(f"{name}{shape_text(shape)}" for name, shape in shapes.items())
             raise BuildError(
                 f"{describe(model)} with inputs {inputs} cannot be captured: "
                 f"torch.export failed with {first_line(export_error)}; "

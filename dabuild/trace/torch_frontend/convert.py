@@ -26,7 +26,7 @@ from torch import fx
 from dabuild.errors import BuildError, UsageError
 from dabuild.ir.graph import Graph, Node, TensorSpec
 from dabuild.ir.ops import OPS, ShapeError
-from dabuild.trace.torch_frontend.capture import Capture
+from dabuild.trace.torch_frontend.capture import Capture, first_line, shape_text
 
 Shape = tuple["int | None", ...]
 Result = "str | list[str | None]"  # a converter's output: one tensor name, or one per output (None: unused)
@@ -121,6 +121,8 @@ class Builder:
             return int(size)
         if size.node.expr.free_symbols & self.batch:
             return None
+        if size.node.hint is None:
+            raise Unsupported(f"its size {size} depends on the data")
         return int(size.node.hint)
 
     def meta(self, node: fx.Node) -> Any:
@@ -238,7 +240,8 @@ def convert(capture: Capture, inputs: dict[str, Shape], origin: str) -> Graph:
     for (name, declared), node in zip(inputs.items(), capture.inputs):
         shape = builder.dims(builder.meta(node))
         if tuple(declared[1:]) != shape[1:] or len(declared) != len(shape):
-            raise UsageError(f"{origin}: input {name} has shape {list(shape)}; model.inputs declares {list(declared)}")
+            raise UsageError(f"{origin}: input {name} has shape {shape_text(shape)}; "
+                             f"model.inputs declares {shape_text(declared)}")
         builder.values[node] = name
         builder.shapes[name] = shape
         specs.append(TensorSpec(name, shape))
@@ -277,10 +280,10 @@ def _convert_call(builder: Builder, node: fx.Node) -> None:
             raise Unsupported("")
         else:
             result = CONVERTERS[op_name(node.target)](builder, bind(node))
+        _check_shapes(builder, node, result)
     except Unsupported as reason:
         builder.failed[node] = str(reason)
         return
-    _check_shapes(builder, node, result)
     builder.values[node] = result
 
 
@@ -297,8 +300,11 @@ def _fold(builder: Builder, node: fx.Node) -> Any:
     named = {builder.names[arg] for arg in node.all_input_nodes if arg in builder.names}
     if len(named) == 1:
         builder.names[node] = named.pop()  # t(fc.weight) is still fc.weight to a reader
-    with torch.no_grad():
-        return node.target(*args, **kwargs)  # type: ignore[operator]
+    try:
+        with torch.no_grad():
+            return node.target(*args, **kwargs)  # type: ignore[operator]
+    except Exception as error:  # whatever the op raises on these constants
+        raise Unsupported(f"computing it from constants failed: {first_line(error)}") from None
 
 
 def _getitem(builder: Builder, node: fx.Node) -> str:
@@ -328,8 +334,8 @@ def _output(builder: Builder, node: Any) -> str:
     """A graph output name; outputs that are inputs or constants get an identity node of their own."""
     if isinstance(node, fx.Node) and (node in builder.failed or node in builder.skipped):
         return ""
-    if not isinstance(node, fx.Node) or not builder.is_tensor(node):
-        raise UsageError(f"model output {node} does not depend on the model inputs; dabuild needs tensor outputs")
+    if not isinstance(node, fx.Node) or not builder.is_tensor(node) or not isinstance(builder.values[node], str):
+        raise UsageError(f"model output {node} is not a tensor computed from the model inputs")
     name = builder.tensor(node)
     if name in builder.constants or name in builder.input_names:
         return builder.emit1("identity", [name])
