@@ -22,6 +22,7 @@ from dabuild.ir.graph import Graph
 from dabuild.ir.interpreter import run
 from dabuild.ir.npz import read_npz, write_npz
 from dabuild.progress import Progress
+from dabuild.quant.activations import with_table_activations_split
 from dabuild.quant.algorithms import ALGORITHMS, Levels, Range
 from dabuild.quant.histogram import Bins, Histogram
 from dabuild.quant.qgraph import INT_RANGES
@@ -223,7 +224,12 @@ def _describe(graph: Graph) -> dict[str, str]:
 
 
 def calibrate(graph: Graph, batches: Iterable[dict[str, np.ndarray]], progress: Progress) -> Stats:
-    """Run every batch through the float interpreter and fold its tensors into the histograms."""
+    """Run every batch through the float interpreter and fold its tensors into the histograms.
+
+    Table activations fused into conv/dense are split off first, so their
+    inputs are observed too (as `activations.pre_activation(output)`).
+    """
+    graph = with_table_activations_split(graph)
     stats = Stats()
     names = observed_tensors(graph)
     where = _describe(graph)

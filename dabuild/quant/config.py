@@ -17,10 +17,20 @@ from typing import Any, Protocol
 from dabuild.errors import BuildError
 from dabuild.ir.graph import Graph
 
-# Which tensors of each op type quantization touches; ops missing here have no integer lowering yet.
+# Which tensors of each op type quantization touches; ops missing here have no integer lowering
+# (they can only run in fp32). Every quantized node has an activation choice, even where its output
+# keeps its input's params (layout ops, max_pool, relu/relu6/clip) or has fixed ones (softmax:
+# 1/256, -128): the choice's dtype still applies, and only NodeConfig(None, None) means fp32.
+_WEIGHTED = ("dense", "conv")
+_ACTIVATION_ONLY = (
+    "identity", "relu", "relu6", "clip", "leaky_relu", "sigmoid", "tanh", "hard_sigmoid", "hard_swish", "gelu",
+    "softmax", "add", "sub", "mul", "concat", "max_pool", "avg_pool", "global_avg_pool", "batch_norm",
+    "reduce_mean", "reduce_sum", "reduce_max",
+    "reshape", "flatten", "transpose", "squeeze", "unsqueeze", "slice", "split", "pad",
+)
 QUANTIZABLE_OPS: dict[str, tuple[str, ...]] = {
-    "dense": ("weight", "activation"),
-    "relu": ("activation",),
+    **{op: ("weight", "activation") for op in _WEIGHTED},
+    **{op: ("activation",) for op in _ACTIVATION_ONLY},
 }
 LOWERED_DTYPES = ("int8",)
 
@@ -37,10 +47,20 @@ class QuantChoice:
 
 @dataclass(frozen=True)
 class NodeConfig:
-    """The choices for a node's weight (None for weightless ops) and its output activation."""
+    """The choices for a node's weight (None for weightless ops) and its output activation.
+
+    `NodeConfig(weight=None, activation=None)` means fp32 fallback: the node
+    runs its float kernel between dequantized inputs and an output quantized
+    with its calibrated minmax range. Only targets whose capability has
+    `fp32_fallback: true` can run it; `default_config` never emits it.
+    """
 
     weight: QuantChoice | None
     activation: QuantChoice | None
+
+    @property
+    def fp32(self) -> bool:
+        return self.weight is None and self.activation is None
 
 
 @dataclass

@@ -1,41 +1,45 @@
 """QGraph: the integer-lowered graph that integer targets execute bit-exactly.
 
-Everything a kernel needs is an integer here (int8 weights, int32 biases,
-Q31 multipliers with right shifts); the float scales stay only to quantize
-inputs and dequantize outputs at the edges, and for reports.
+A QGraph is a DAG: named int8 tensors, each with its per-tensor QuantParams,
+and layers in schedule order, each reading one or more tensors and writing one
+or more. Tensor names are the float graph's, so a per-layer trace of the
+integer reference lines up with the float interpreter's; the few tensors
+lowering adds (the input of an activation table split off a conv) carry a
+`:` suffix. Graph-level `constants` hold int8 constants a layer reads (an
+addend, a concat piece) and the float constants of fp32 fallback layers.
 
-Per-channel readiness: requantization multipliers, shifts and weight scales
-are arrays of length 1 (per tensor) or out_features (per channel); kernels
-index them with `channel if len > 1 else 0`.
+Everything a kernel needs is an integer here (int8 weights, int32 biases, Q31
+multipliers with right shifts, lookup tables); the float scales stay to
+quantize inputs and dequantize outputs at the edges, and for reports. The
+arithmetic rules (rounding half away from zero, Q31 requantization) are in
+`fixed_point`; each layer class holds its fields and its numpy reference
+kernel `run`, which computes the bits the C kernels must reproduce.
 
-Rounding, used everywhere a real number becomes an integer (input
-quantization, weights, biases, requantization): round half away from zero.
-It is symmetric, and in C it needs only shifts of non-negative numbers, whose
-result the standard defines (right shifts of negative values are
-implementation-defined in C99).
+Per-channel weights: requantization multipliers, shifts and weight scales are
+arrays of length 1 (per tensor) or one per output channel.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import dataclass
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
 
 from dabuild.ir.npz import read_npz, write_npz
+from dabuild.quant.fixed_point import round_half_away
 
 QGRAPH_FILE = "qgraph.json"
 QWEIGHTS_FILE = "qweights.npz"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 INT_RANGES: dict[str, tuple[int, int]] = {"int8": (-128, 127)}
+_CONSTANT_KEY = ":constant:"  # npz member prefix of graph constants (layer arrays are "<layer>/<field>")
 
-
-def round_half_away(x: np.ndarray) -> np.ndarray:
-    """Round to nearest, ties away from zero (numpy's own rounding sends ties to even)."""
-    return np.sign(x) * np.floor(np.abs(x) + 0.5)
+Trace = dict[str, np.ndarray]
 
 
 @dataclass(frozen=True)
@@ -68,6 +72,18 @@ class QuantParams:
         centred = (np.asarray(q).astype(np.int32) - np.int32(self.zero_point)).astype(np.float32)
         return centred * np.float32(self.scale)
 
+    def centred(self, q: np.ndarray) -> np.ndarray:
+        """q - zero_point in int64: the integer a kernel multiplies or adds."""
+        return np.asarray(q).astype(np.int64) - self.zero_point
+
+    def saturate(self, values: np.ndarray) -> np.ndarray:
+        """Integer values clamped to this dtype's range and stored in it."""
+        return np.clip(values, self.qmin, self.qmax).astype(self.dtype)
+
+    def all_values(self) -> np.ndarray:
+        """Every integer of the dtype, ascending (the index set of a lookup table)."""
+        return np.arange(self.qmin, self.qmax + 1, dtype=np.int64)
+
 
 @dataclass
 class QTensor:
@@ -82,8 +98,12 @@ class QTensor:
 
 
 @dataclass
-class QLayer:
-    """Base of integer layers; array fields go to the npz file, the rest to JSON attrs."""
+class QLayer(ABC):
+    """Base of integer layers; array fields go to the npz file, the rest to JSON attrs.
+
+    `run` is the layer's numpy reference: the int8 (or int32 for nothing but
+    traces) arrays of its inputs, batch axis first, to those of its outputs.
+    """
 
     op: ClassVar[str]
     name: str
@@ -101,36 +121,25 @@ class QLayer:
         return {f.name: getattr(self, f.name) for f in self._payload()
                 if isinstance(getattr(self, f.name), np.ndarray)}
 
+    def params(self, graph: QGraph, index: int = 0) -> QuantParams:
+        """Quantization of input `index`."""
+        return graph.tensors[self.inputs[index]].params
 
-@dataclass
-class QDense(QLayer):
-    """y = requantize(x_centred @ weight + bias) + out_zp, clamped (at out_zp when relu is fused)."""
+    def output_params(self, graph: QGraph, index: int = 0) -> QuantParams:
+        return graph.tensors[self.outputs[index]].params
 
-    op: ClassVar[str] = "dense"
-    weight: np.ndarray        # int8 (in_features, out_features), symmetric
-    bias: np.ndarray          # int32 (out_features,), in units of s_in * s_w
-    multiplier: np.ndarray    # int32 (1 or out_features,), Q31 mantissa of s_in * s_w / s_out
-    shift: np.ndarray         # int32 (1 or out_features,), total right shift (31 - exponent)
-    weight_scale: np.ndarray  # float64 (1 or out_features,), kept for reports and dequantization
-    relu: bool
-
-    @property
-    def in_features(self) -> int:
-        return int(self.weight.shape[0])
-
-    @property
-    def out_features(self) -> int:
-        return int(self.weight.shape[1])
+    @abstractmethod
+    def run(self, inputs: list[np.ndarray], graph: QGraph, trace: Trace | None) -> list[np.ndarray]:
+        """The output arrays; layers with an accumulator add it to `trace` as `<layer>:accumulator`."""
 
 
-@dataclass
-class QRelu(QLayer):
-    """max(x, zero_point): a relu is exact in its input's quantized domain, so it keeps its params."""
-
-    op: ClassVar[str] = "relu"
+LAYER_TYPES: dict[str, type[QLayer]] = {}
 
 
-LAYER_TYPES: dict[str, type[QLayer]] = {cls.op: cls for cls in (QDense, QRelu)}
+def layer_type(cls: type[QLayer]) -> type[QLayer]:
+    """Class decorator registering a layer class under its `op`, so QGraph.load can rebuild it."""
+    LAYER_TYPES[cls.op] = cls
+    return cls
 
 
 @dataclass
@@ -139,6 +148,7 @@ class QGraph:
     output: str
     tensors: dict[str, QTensor]
     layers: list[QLayer]
+    constants: dict[str, np.ndarray] = field(default_factory=dict)  # int8 ones also have an entry in tensors
 
     @property
     def input_names(self) -> list[str]:
@@ -162,30 +172,34 @@ class QGraph:
             "output": self.output,
             "tensors": {name: {"shape": list(t.shape), **dataclasses.asdict(t.params)}
                         for name, t in self.tensors.items()},
+            "constants": sorted(self.constants),
             "layers": [{"name": layer.name, "op": layer.op, "inputs": layer.inputs,
                         "outputs": layer.outputs, "attrs": layer.attrs()} for layer in self.layers],
         }
         (directory / QGRAPH_FILE).write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
-        write_npz(directory / QWEIGHTS_FILE, {f"{layer.name}/{key}": value for layer in self.layers
-                                             for key, value in layer.arrays().items()})
+        arrays = {f"{layer.name}/{key}": value for layer in self.layers for key, value in layer.arrays().items()}
+        arrays.update({_CONSTANT_KEY + name: value for name, value in self.constants.items()})
+        write_npz(directory / QWEIGHTS_FILE, arrays)
 
     @classmethod
-    def load(cls, directory: Path) -> "QGraph":
+    def load(cls, directory: Path) -> QGraph:
+        from dabuild.quant import layers  # noqa: F401  (registers every layer type)
+
         directory = Path(directory)
         doc = json.loads((directory / QGRAPH_FILE).read_text())
         if doc.get("format") != FORMAT_VERSION:
             raise ValueError(f"{directory / QGRAPH_FILE}: unsupported format {doc.get('format')!r}")
-        arrays = read_npz(directory / QWEIGHTS_FILE)
         tensors = {name: QTensor(tuple(t["shape"]), QuantParams(t["scale"], t["zero_point"], t["dtype"]))
                    for name, t in doc["tensors"].items()}
-        layers = []
+        constants: dict[str, np.ndarray] = {}
         per_layer: dict[str, dict[str, np.ndarray]] = {}
-        for key, value in arrays.items():
+        for key, value in read_npz(directory / QWEIGHTS_FILE).items():
+            if key.startswith(_CONSTANT_KEY):
+                constants[key[len(_CONSTANT_KEY):]] = value
+                continue
             layer_name, _, field_name = key.rpartition("/")
             per_layer.setdefault(layer_name, {})[field_name] = value
-        for entry in doc["layers"]:
-            layer_type = LAYER_TYPES[entry["op"]]
-            own = per_layer.get(entry["name"], {})
-            layers.append(layer_type(name=entry["name"], inputs=entry["inputs"], outputs=entry["outputs"],
-                                     **entry["attrs"], **own))
-        return cls(doc["input"], doc["output"], tensors, layers)
+        layers = [LAYER_TYPES[entry["op"]](name=entry["name"], inputs=entry["inputs"], outputs=entry["outputs"],
+                                           **entry["attrs"], **per_layer.get(entry["name"], {}))
+                  for entry in doc["layers"]]
+        return cls(doc["input"], doc["output"], tensors, layers, {name: constants[name] for name in doc["constants"]})

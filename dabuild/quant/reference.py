@@ -1,64 +1,42 @@
-"""dabuild's integer reference: numpy kernels that compute the same bits as the C kernels.
+"""dabuild's integer reference: run a QGraph with the numpy kernels of its layers (`QLayer.run`).
 
-Intermediates are int64 so numpy never wraps where C would not; the lowering
-guarantees the int32 accumulator of C cannot overflow, so both agree exactly.
-`check:<target>` demands equality with this module for integer targets.
+They compute the same bits as the C kernels; intermediates are int64 (or
+exact float64 sums) so numpy never wraps where C would not, and the lowering
+guarantees the int32 accumulators of C cannot overflow. `check:<target>`
+demands equality with this module for integer targets.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import numpy as np
 
-from dabuild.quant.qgraph import QDense, QGraph, QLayer, QRelu
+from dabuild.quant import layers  # noqa: F401  (registers every layer type)
+from dabuild.quant.fixed_point import requantize
+from dabuild.quant.qgraph import QGraph
 
-
-def requantize(accumulator: np.ndarray, multiplier: np.ndarray, shift: np.ndarray) -> np.ndarray:
-    """round(acc * multiplier / 2**shift), ties away from zero, as the C `requantize` does.
-
-    The magnitude is shifted and the sign put back, so C never right-shifts a
-    negative number (implementation-defined in C99).
-    """
-    product = accumulator.astype(np.int64) * multiplier.astype(np.int64)
-    shift = shift.astype(np.int64)
-    rounded = (np.abs(product) + np.left_shift(np.int64(1), shift - 1)) >> shift
-    return np.where(product < 0, -rounded, rounded)
-
-
-def _dense(layer: QDense, x: np.ndarray, graph: QGraph, trace: dict[str, np.ndarray] | None) -> np.ndarray:
-    source = graph.tensors[layer.inputs[0]].params
-    target = graph.tensors[layer.outputs[0]].params
-    centred = x.astype(np.int64) - source.zero_point
-    accumulator = centred @ layer.weight.astype(np.int64) + layer.bias.astype(np.int64)
-    if trace is not None:
-        trace[f"{layer.name}:accumulator"] = accumulator.astype(np.int32)
-    y = requantize(accumulator, layer.multiplier, layer.shift) + target.zero_point
-    low = target.zero_point if layer.relu else target.qmin
-    return np.clip(y, low, target.qmax).astype(target.dtype)
-
-
-def _relu(layer: QRelu, x: np.ndarray, graph: QGraph, trace: dict[str, np.ndarray] | None) -> np.ndarray:
-    return np.maximum(x, graph.tensors[layer.inputs[0]].params.zero_point).astype(x.dtype)
-
-
-KERNELS: dict[str, Callable[..., np.ndarray]] = {"dense": _dense, "relu": _relu}
+__all__ = ["dequantize_output", "quantize_input", "requantize", "run_integer", "run_quantized"]
 
 
 def run_integer(qgraph: QGraph, x_q: np.ndarray, keep_intermediates: bool = False) -> np.ndarray | dict[str, np.ndarray]:
-    """int8 inputs (batch, *input shape) -> int8 outputs; with keep_intermediates, every tensor
-    by name plus each dense layer's int32 accumulator as `<layer>:accumulator`."""
+    """int8 inputs (batch, *input shape) -> int8 outputs, layer by layer in schedule order.
+
+    With keep_intermediates, every tensor by its name (the float graph's
+    names, so traces line up with the float interpreter's) plus each
+    accumulating layer's int32 accumulator as `<layer>:accumulator`.
+    """
     expected = qgraph.tensors[qgraph.input]
     x_q = np.asarray(x_q)
     if x_q.dtype != np.dtype(expected.params.dtype) or x_q.shape[1:] != expected.shape:
         raise ValueError(f"run_integer: expected {expected.params.dtype} inputs of shape (batch, "
                          f"{', '.join(map(str, expected.shape))}), got {x_q.dtype} {x_q.shape}")
-    values: dict[str, np.ndarray] = {qgraph.input: x_q}
-    trace = values if keep_intermediates else None
-    layer: QLayer
+    values: dict[str, np.ndarray] = {**qgraph.constants, qgraph.input: x_q}
+    trace: dict[str, np.ndarray] | None = {} if keep_intermediates else None
     for layer in qgraph.layers:
-        values[layer.outputs[0]] = KERNELS[layer.op](layer, values[layer.inputs[0]], qgraph, trace)
-    return values if keep_intermediates else values[qgraph.output]
+        results = layer.run([values[name] for name in layer.inputs], qgraph, trace)
+        values.update(zip(layer.outputs, results))
+    if trace is None:
+        return values[qgraph.output]
+    return {**{name: value for name, value in values.items() if name not in qgraph.constants}, **trace}
 
 
 def quantize_input(qgraph: QGraph, x: np.ndarray) -> np.ndarray:

@@ -18,12 +18,27 @@ from typing import ClassVar
 import numpy as np
 from pydantic import Field
 
+from dabuild.capability import load_capability
 from dabuild.errors import BuildError
+from dabuild.quant.layers.fallback import QFloat
 from dabuild.quant.qgraph import QGraph
+from dabuild.resources import data_dir
 from dabuild.targets.base import Target
 from dabuild.targets.c.codegen import PROGRAM, render
 
 MANIFEST = "model.json"
+
+
+def refuse_float_layers(qgraph: QGraph, capability_name: str) -> None:
+    """BuildError naming the first fp32-fallback layer when the capability cannot run float."""
+    capability = load_capability(data_dir("capabilities") / f"{capability_name}.yaml")
+    if capability.fp32_fallback:
+        return
+    for layer in qgraph.layers:
+        if isinstance(layer, QFloat):
+            raise BuildError(f"node {layer.name!r} ({layer.float_op}) is configured to run in fp32, but target "
+                             f"capability {capability.name!r} cannot run float (fp32_fallback: false); quantize "
+                             "this node or build it for a target with fp32 fallback")
 
 
 class CTarget(Target):
@@ -50,6 +65,7 @@ class CTarget(Target):
         return {self.options.compiler: first_line[0] if first_line else "unknown"}
 
     def export(self, qgraph: QGraph, out_dir: Path) -> None:
+        refuse_float_layers(qgraph, self.capability)
         rendered = render(qgraph)
         out_dir = Path(out_dir)
         for name, text in rendered.files.items():

@@ -13,18 +13,26 @@ from typing import Any
 import numpy as np
 
 from dabuild.errors import BuildError
-from dabuild.quant.qgraph import QDense, QGraph, QLayer, QRelu
+from dabuild.quant.layers.elementwise import QRelu
+from dabuild.quant.layers.linear import QDense
+from dabuild.quant.qgraph import QGraph, QLayer
 
 
 def _dense(layer: QDense, qgraph: QGraph) -> dict[str, Any]:
     output = qgraph.tensors[layer.outputs[0]].params
+    source = qgraph.tensors[layer.inputs[0]]
+    if len(source.shape) != 1 or layer.output_max != output.qmax:
+        raise BuildError(f"layer {layer.name!r}: the C dense kernel takes one feature vector per sample and "
+                         f"clamps only from below (relu); this layer has input shape {source.shape} and output "
+                         f"bounds [{layer.output_min}, {layer.output_max}]")
     return {
         "in_features": layer.in_features,
         "out_features": layer.out_features,
         "channels": len(layer.multiplier),
         "input_zero_point": qgraph.tensors[layer.inputs[0]].params.zero_point,
         "output_zero_point": output.zero_point,
-        "output_min": output.zero_point if layer.relu else output.qmin,
+        "output_min": layer.output_min,
+        "fused_relu": layer.output_min > output.qmin,
         "weight": np.ascontiguousarray(layer.weight.T),  # [out][in]: contiguous dot products
         "bias": layer.bias,
         "multiplier": layer.multiplier,

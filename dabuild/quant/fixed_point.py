@@ -1,0 +1,63 @@
+"""The integer arithmetic every lowered layer shares: rounding, Q31 multipliers, requantization.
+
+Rounding, used everywhere a real number becomes an integer (input
+quantization, weights, biases, tables, requantization): round half away from
+zero. It is symmetric, and in C it needs only shifts of non-negative numbers,
+whose result the standard defines (right shifts of negative values are
+implementation-defined in C99).
+
+A real factor r becomes a Q31 `multiplier` in [2**30, 2**31) and a right
+`shift`, r ≈ multiplier * 2**-shift; `requantize(acc, multiplier, shift)` is
+round(acc * r) computed in int64 the way the C kernels compute it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from dabuild.errors import BuildError
+
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+MAX_SHIFT = 62  # keeps |acc * multiplier| + rounding term inside int64
+
+
+def round_half_away(x: np.ndarray) -> np.ndarray:
+    """Round to nearest, ties away from zero (numpy's own rounding sends ties to even)."""
+    return np.sign(x) * np.floor(np.abs(x) + 0.5)
+
+
+def quantize_multiplier(real: np.ndarray, where: str) -> tuple[np.ndarray, np.ndarray]:
+    """Positive `real` ≈ multiplier * 2**-shift with a Q31 multiplier in [2**30, 2**31)."""
+    real = np.atleast_1d(np.asarray(real, dtype=np.float64))
+    if np.any(~(real > 0)):
+        raise BuildError(f"{where}: requantization factor {real.min():g} is not positive")
+    mantissa, exponent = np.frexp(real)
+    multiplier = round_half_away(mantissa * 2.0**31).astype(np.int64)
+    carry = multiplier == 2**31
+    multiplier[carry] //= 2
+    exponent = exponent + carry
+    shift = 31 - exponent.astype(np.int64)
+    if np.any(shift < 1):
+        raise BuildError(f"{where}: requantization multiplier {real.max():g} is too large (>= 2**30)")
+    # Tiny multipliers: drop mantissa bits rather than shift past int64 (the result rounds to 0 anyway).
+    excess = np.maximum(shift - MAX_SHIFT, 0)
+    multiplier = round_half_away(multiplier / 2.0**excess).astype(np.int64)
+    return multiplier.astype(np.int32), np.minimum(shift, MAX_SHIFT).astype(np.int32)
+
+
+def requantize(accumulator: np.ndarray, multiplier: np.ndarray, shift: np.ndarray) -> np.ndarray:
+    """round(acc * multiplier / 2**shift), ties away from zero, in int64, as the C `requantize` does.
+
+    The magnitude is shifted and the sign put back, so C never right-shifts a
+    negative number (implementation-defined in C99). `multiplier` and `shift`
+    broadcast against `accumulator` (per-channel arrays come shaped to fit).
+    """
+    product = np.asarray(accumulator).astype(np.int64) * np.asarray(multiplier).astype(np.int64)
+    shift = np.asarray(shift).astype(np.int64)
+    rounded = (np.abs(product) + np.left_shift(np.int64(1), shift - 1)) >> shift
+    return np.where(product < 0, -rounded, rounded)
+
+
+def saturate(values: np.ndarray, low: int, high: int, dtype: str) -> np.ndarray:
+    """Clamp integer values to [low, high] and store them as `dtype`."""
+    return np.clip(values, low, high).astype(dtype)

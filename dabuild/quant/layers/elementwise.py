@@ -1,0 +1,163 @@
+"""Elementwise layers: clamps, lookup tables, and add/sub/mul of two int8 tensors.
+
+relu keeps its input's params and clamps at the zero point; relu6 and clip
+keep them too and clamp at their quantized bounds (exact up to the rounding
+of the bounds). Every other activation is a 256-entry table (see
+`dabuild.quant.activations`).
+
+add/sub follow TFLite: both inputs, centred, are shifted left by LEFT_SHIFT
+bits and each scaled to the common scale 2 * max(s_a, s_b) / 2**LEFT_SHIFT
+(multipliers <= 1/2, so no bit is lost at int8), added in int32, and the sum
+requantized to the output. mul requantizes the int32 product of the centred
+inputs by s_a * s_b / s_y. A constant operand is quantized with its own exact
+min/max into an int8 graph constant. Inputs broadcast as numpy does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+from dabuild.quant.activations import clamp_bounds, is_table_activation, lookup_table
+from dabuild.quant.fixed_point import quantize_multiplier, requantize
+from dabuild.quant.lowering import Lowering, lowers
+from dabuild.ir.ops import OPS
+from dabuild.quant.qgraph import QGraph, QLayer, Trace, layer_type
+
+LEFT_SHIFT = 20  # |x - zp| <= 255 < 2**8, so the shifted inputs stay below 2**28 and their sum below 2**29
+
+
+@layer_type
+@dataclass
+class QClamp(QLayer):
+    """min(max(x, low), high) in the input's own quantized domain; the output keeps the input's params."""
+
+    op: ClassVar[str] = "clamp"
+    low: int
+    high: int
+
+    def run(self, inputs: list[np.ndarray], graph: QGraph, trace: Trace | None) -> list[np.ndarray]:
+        return [np.clip(inputs[0], self.low, self.high).astype(inputs[0].dtype)]
+
+
+@layer_type
+@dataclass
+class QRelu(QClamp):
+    """A clamp at [zero point, qmax]: its own op so targets can give it the cheapest kernel."""
+
+    op: ClassVar[str] = "relu"
+
+
+@layer_type
+@dataclass
+class QLookup(QLayer):
+    """y = table[x - qmin]: any function of one int8 value."""
+
+    op: ClassVar[str] = "lookup"
+    function: str       # the float op the table was computed from, for reports
+    table: np.ndarray   # int8 (256,)
+
+    def run(self, inputs: list[np.ndarray], graph: QGraph, trace: Trace | None) -> list[np.ndarray]:
+        return [self.table[inputs[0].astype(np.int64) - self.params(graph).qmin]]
+
+
+def lookup_layer(ctx: Lowering, name: str, source: str, output: str, op: str, attrs: dict[str, Any]) -> QLookup:
+    """The table of float op `op` from `source`'s params to `output`'s calibrated ones (declared here)."""
+    target = ctx.calibrated(output)
+    ctx.output(output, target)
+    table = lookup_table(op, OPS[op].resolve(attrs), ctx.params(source), target)
+    return QLookup(name=name, inputs=[source], outputs=[output], function=op, table=table)
+
+
+@lowers("relu", "relu6", "clip")
+def lower_clamp(ctx: Lowering) -> list[QLayer]:
+    node = ctx.node
+    source = ctx.params(node.inputs[0])
+    ctx.output(node.outputs[0], source)
+    low, high = clamp_bounds(node.op, OPS[node.op].resolve(node.attrs), source)
+    layer_class = QRelu if node.op == "relu" else QClamp
+    return [layer_class(name=node.name, inputs=list(node.inputs), outputs=list(node.outputs), low=low, high=high)]
+
+
+@lowers(*(op for op in OPS if is_table_activation(op)))
+def lower_table(ctx: Lowering) -> list[QLayer]:
+    node = ctx.node
+    return [lookup_layer(ctx, node.name, node.inputs[0], node.outputs[0], node.op, node.attrs)]
+
+
+@layer_type
+@dataclass
+class QAdd(QLayer):
+    """a + b rescaled to a common scale (TFLite), requantized to the output."""
+
+    op: ClassVar[str] = "add"
+    sign: ClassVar[int] = 1
+    left_shift: int
+    input_multiplier: np.ndarray  # int32 (2,): s_a / (2 max(s_a, s_b)), s_b / (2 max(s_a, s_b))
+    input_shift: np.ndarray       # int32 (2,)
+    multiplier: np.ndarray        # int32 (1,): 2 max(s_a, s_b) / (2**left_shift * s_y)
+    shift: np.ndarray             # int32 (1,)
+
+    def run(self, inputs: list[np.ndarray], graph: QGraph, trace: Trace | None) -> list[np.ndarray]:
+        a, b = (requantize(self.params(graph, i).centred(x) << self.left_shift,
+                           self.input_multiplier[i], self.input_shift[i]) for i, x in enumerate(inputs))
+        total = a + self.sign * b
+        if trace is not None:
+            trace[f"{self.name}:accumulator"] = total.astype(np.int32)
+        target = self.output_params(graph)
+        return [target.saturate(requantize(total, self.multiplier, self.shift) + target.zero_point)]
+
+
+@layer_type
+@dataclass
+class QSub(QAdd):
+    """a - b, as add with the second term negated."""
+
+    op: ClassVar[str] = "sub"
+    sign: ClassVar[int] = -1
+
+
+@lowers("add", "sub")
+def lower_add(ctx: Lowering) -> list[QLayer]:
+    node = ctx.node
+    inputs = [ctx.int8_input(name) for name in node.inputs]
+    scales = np.array([ctx.params(name).scale for name in inputs])
+    target = ctx.calibrated(node.outputs[0])
+    ctx.output(node.outputs[0], target)
+    twice_max = 2 * scales.max()
+    input_multiplier, input_shift = quantize_multiplier(scales / twice_max, ctx.where)
+    multiplier, shift = quantize_multiplier(twice_max / (2**LEFT_SHIFT * target.scale), ctx.where)
+    layer_class = QAdd if node.op == "add" else QSub
+    return [layer_class(name=node.name, inputs=inputs, outputs=list(node.outputs), left_shift=LEFT_SHIFT,
+                        input_multiplier=input_multiplier, input_shift=input_shift, multiplier=multiplier,
+                        shift=shift)]
+
+
+@layer_type
+@dataclass
+class QMul(QLayer):
+    """(a - za) * (b - zb) in int32, requantized by s_a * s_b / s_y."""
+
+    op: ClassVar[str] = "mul"
+    multiplier: np.ndarray  # int32 (1,)
+    shift: np.ndarray       # int32 (1,)
+
+    def run(self, inputs: list[np.ndarray], graph: QGraph, trace: Trace | None) -> list[np.ndarray]:
+        product = self.params(graph, 0).centred(inputs[0]) * self.params(graph, 1).centred(inputs[1])
+        if trace is not None:
+            trace[f"{self.name}:accumulator"] = product.astype(np.int32)
+        target = self.output_params(graph)
+        return [target.saturate(requantize(product, self.multiplier, self.shift) + target.zero_point)]
+
+
+@lowers("mul")
+def lower_mul(ctx: Lowering) -> list[QLayer]:
+    node = ctx.node
+    inputs = [ctx.int8_input(name) for name in node.inputs]
+    target = ctx.calibrated(node.outputs[0])
+    ctx.output(node.outputs[0], target)
+    real = ctx.params(inputs[0]).scale * ctx.params(inputs[1]).scale / target.scale
+    multiplier, shift = quantize_multiplier(real, ctx.where)
+    return [QMul(name=node.name, inputs=inputs, outputs=list(node.outputs), multiplier=multiplier, shift=shift)]

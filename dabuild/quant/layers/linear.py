@@ -1,0 +1,184 @@
+"""dense and conv (and batch_norm, a depthwise 1x1 conv): int8 x int8 -> int32, requantized.
+
+acc = sum (x - x_zero_point) * w + bias, with symmetric int8 weights (per
+tensor or per output channel) and the bias in int32 units of s_x * s_w; then
+y = requantize(acc, s_x * s_w / s_y) + y_zero_point, clamped to the fused
+activation's bounds (relu, relu6, clip) or the int8 range. A fused table
+activation (sigmoid, gelu, ...) becomes a lookup layer after the clamp-free
+layer. Conv pads with the input zero point (0 after centring), so padding is
+exactly a real 0.
+
+The reference computes the sums as float64 matrix products of the integer
+values: the lowering proves |acc| < 2**31 for every int8 input, so every
+partial sum is an integer far below 2**53 and float64 holds it exactly; the
+result equals int32 arithmetic bit for bit, at BLAS speed.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+from dabuild.errors import BuildError
+from dabuild.ir.ops import OPS
+from dabuild.ir.ops.linear import batch_norm_affine
+from dabuild.quant.activations import clamp_bounds, is_table_activation, pre_activation
+from dabuild.quant.config import QuantChoice
+from dabuild.quant.fixed_point import INT32_MAX, quantize_multiplier, requantize, round_half_away
+from dabuild.quant.layers.elementwise import lookup_layer
+from dabuild.quant.lowering import Lowering, lowers, quantize_weight
+from dabuild.quant.qgraph import QGraph, QLayer, Trace, layer_type
+
+PER_CHANNEL_MINMAX = QuantChoice("int8", "sym", "per_channel", "minmax")
+
+
+@dataclass
+class QWeighted(QLayer):
+    """Fields shared by dense and conv."""
+
+    weight: np.ndarray        # int8, symmetric
+    bias: np.ndarray          # int32 (out_channels,), in units of s_in * s_w
+    multiplier: np.ndarray    # int32 (1 or out_channels,), Q31 mantissa of s_in * s_w / s_out
+    shift: np.ndarray         # int32 (1 or out_channels,), total right shift (31 - exponent)
+    weight_scale: np.ndarray  # float64 (1 or out_channels,), kept for reports and dequantization
+    output_min: int           # the fused activation's bounds in the output's quantized domain
+    output_max: int
+
+    channel_axis: ClassVar[int]  # axis of the output channels in the (batch-first) output
+
+    @abstractmethod
+    def accumulate(self, centred: np.ndarray) -> np.ndarray:
+        """sum (x - zp) * w without bias, as exact integers in float64."""
+
+    def run(self, inputs: list[np.ndarray], graph: QGraph, trace: Trace | None) -> list[np.ndarray]:
+        centred = self.params(graph).centred(inputs[0]).astype(np.float64)
+        accumulator = self.accumulate(centred).astype(np.int64)
+        channel = [1] * accumulator.ndim
+        channel[self.channel_axis] = -1
+        accumulator += self.bias.astype(np.int64).reshape(channel)
+        if trace is not None:
+            trace[f"{self.name}:accumulator"] = accumulator.astype(np.int32)
+        target = self.output_params(graph)
+        shape = channel if len(self.multiplier) > 1 else [1]
+        y = requantize(accumulator, self.multiplier.reshape(shape), self.shift.reshape(shape)) + target.zero_point
+        return [np.clip(y, self.output_min, self.output_max).astype(target.dtype)]
+
+
+@layer_type
+@dataclass
+class QDense(QWeighted):
+    """Fully connected over the last axis; weight (in_features, out_features)."""
+
+    op: ClassVar[str] = "dense"
+    channel_axis: ClassVar[int] = -1
+
+    @property
+    def in_features(self) -> int:
+        return int(self.weight.shape[0])
+
+    @property
+    def out_features(self) -> int:
+        return int(self.weight.shape[1])
+
+    def accumulate(self, centred: np.ndarray) -> np.ndarray:
+        return centred @ self.weight.astype(np.float64)
+
+
+@layer_type
+@dataclass
+class QConv(QWeighted):
+    """Convolution over (N, C, *spatial); weight (O, C/groups, *kernel), ONNX geometry."""
+
+    op: ClassVar[str] = "conv"
+    channel_axis: ClassVar[int] = 1
+    strides: list[int]
+    pads: list[int]
+    dilations: list[int]
+    groups: int
+
+    def accumulate(self, centred: np.ndarray) -> np.ndarray:
+        attrs = {"strides": self.strides, "pads": self.pads, "dilations": self.dilations, "groups": self.groups}
+        return OPS["conv"].run([centred, self.weight.astype(np.float64)], attrs)[0]
+
+
+def _weighted_layers(ctx: Lowering, layer_class: type[QWeighted], weight: np.ndarray, bias: np.ndarray,
+                     weight_choice: QuantChoice, channel_axis: int, geometry: dict[str, Any]) -> list[QLayer]:
+    """The weighted layer, and a lookup layer after it when the node fuses a table activation."""
+    node = ctx.node
+    source = ctx.params(node.inputs[0])
+    activation = node.attrs.get("activation", "none")
+    activation_attrs = dict(node.attrs.get("activation_attrs", {}))
+    output = node.outputs[0]
+    table = is_table_activation(activation)
+    written = pre_activation(output) if table else output
+    target = ctx.calibrated(written)
+    ctx.output(written, target, like=output)
+
+    weight_q, weight_scale = quantize_weight(weight, weight_choice, ctx.where, channel_axis)
+    accumulator_scale = source.scale * weight_scale
+    bias_q = round_half_away(bias.astype(np.float64) / accumulator_scale)
+    # Worst |accumulator| over every int8 input: |bias| + sum |w| * 255; int32 overflow in C is undefined.
+    others = tuple(a for a in range(weight.ndim) if a != channel_axis)
+    worst = np.abs(bias_q) + np.abs(weight_q.astype(np.int64)).sum(axis=others) * (source.qmax - source.qmin)
+    if np.any(worst > INT32_MAX):
+        raise BuildError(f"{ctx.where}: the int32 accumulator could overflow (worst case {int(worst.max())}); "
+                         "the bias or the number of input features is too large for int8 x int8 -> int32")
+    multiplier, shift = quantize_multiplier(accumulator_scale / target.scale, ctx.where)
+    low, high = clamp_bounds("none" if table else activation, activation_attrs, target)
+    layers: list[QLayer] = [layer_class(
+        name=node.name, inputs=[node.inputs[0]], outputs=[written], weight=weight_q, bias=bias_q.astype(np.int32),
+        multiplier=multiplier, shift=shift, weight_scale=weight_scale, output_min=low, output_max=high, **geometry)]
+    if table:
+        layers.append(lookup_layer(ctx, f"{node.name}:{activation}", written, output, activation, activation_attrs))
+    return layers
+
+
+def _weight_choice(ctx: Lowering) -> QuantChoice:
+    if ctx.config.weight is None:
+        raise BuildError(f"{ctx.where}: the quantization config gives no weight choice (weight and activation "
+                         "both None would mean fp32 fallback)")
+    return ctx.config.weight
+
+
+@lowers("dense")
+def lower_dense(ctx: Lowering) -> list[QLayer]:
+    inputs = ctx.node.inputs
+    weight = ctx.constant(inputs[1])
+    bias = ctx.constant(inputs[2]) if len(inputs) > 2 else np.zeros(weight.shape[1])
+    return _weighted_layers(ctx, QDense, weight, bias, _weight_choice(ctx), 1, {})
+
+
+@lowers("conv")
+def lower_conv(ctx: Lowering) -> list[QLayer]:
+    inputs = ctx.node.inputs
+    weight = ctx.constant(inputs[1])
+    bias = ctx.constant(inputs[2]) if len(inputs) > 2 else np.zeros(weight.shape[0])
+    attrs = OPS["conv"].resolve(ctx.node.attrs)
+    spatial = weight.ndim - 2
+    geometry = {"strides": [int(s) for s in attrs["strides"] or [1] * spatial],
+                "pads": [int(p) for p in attrs["pads"] or [0] * (2 * spatial)],
+                "dilations": [int(d) for d in attrs["dilations"] or [1] * spatial],
+                "groups": int(attrs["groups"])}
+    return _weighted_layers(ctx, QConv, weight, bias, _weight_choice(ctx), 0, geometry)
+
+
+@lowers("batch_norm")
+def lower_batch_norm(ctx: Lowering) -> list[QLayer]:
+    """A standalone batch_norm is x * m + b per channel: a depthwise 1x1 conv whose weight m is
+    quantized per channel (always: one value per channel, so each lands on +-127 exactly) and whose
+    bias b goes to int32 like any conv bias, i.e. a per-channel affine requantization."""
+    node = ctx.node
+    rank = ctx.rank(node.inputs[0])
+    if rank < 3:
+        raise BuildError(f"{ctx.where}: a standalone batch_norm needs an (N, C, spatial...) input for integer "
+                         "lowering; fold it into the dense before it or run it in fp32")
+    scale, bias, mean, var = (ctx.constant(name) for name in node.inputs[1:])
+    multiplier, offset = batch_norm_affine(scale, bias, mean, var, OPS["batch_norm"].resolve(node.attrs)["epsilon"])
+    spatial = rank - 2
+    weight = multiplier.reshape(-1, 1, *[1] * spatial)
+    geometry = {"strides": [1] * spatial, "pads": [0] * (2 * spatial), "dilations": [1] * spatial,
+                "groups": int(len(multiplier))}
+    return _weighted_layers(ctx, QConv, weight, offset, PER_CHANNEL_MINMAX, 0, geometry)

@@ -1,0 +1,106 @@
+"""Averages and sums: avg_pool, global_avg_pool, reduce_mean, reduce_sum.
+
+Each sums the centred int8 inputs of a window (or of the reduced axes) in
+int32, then requantizes with a Q31 multiplier that includes 1/count:
+y = round(sum * s_x / (count * s_y)) + y_zero_point, one rounding, half away
+from zero (`fixed_point.requantize`). avg_pool's count varies near the border
+when padding does not count, so it keeps one multiplier per possible count
+(1..kernel size) and each window picks its own; padding adds a centred 0.
+max_pool and reduce_max are exact selections (see `shape`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+from dabuild.errors import BuildError
+from dabuild.ir.ops import OPS
+from dabuild.quant.fixed_point import INT32_MAX, quantize_multiplier, requantize
+from dabuild.quant.lowering import Lowering, lowers
+from dabuild.quant.qgraph import QGraph, QLayer, QuantParams, Trace, layer_type
+
+
+@layer_type
+@dataclass
+class QAvgPool(QLayer):
+    """Window sums requantized by the multiplier of each window's element count."""
+
+    op: ClassVar[str] = "avg_pool"
+    op_attrs: dict[str, Any]  # the IR avg_pool's resolved attributes
+    multiplier: np.ndarray    # int32 (kernel size,): entry k-1 is s_x / (k * s_y)
+    shift: np.ndarray         # int32 (kernel size,)
+
+    def run(self, inputs: list[np.ndarray], graph: QGraph, trace: Trace | None) -> list[np.ndarray]:
+        pool = OPS["avg_pool"]
+        x = inputs[0]
+        taps, _ = pool.tap_views(self.params(graph).centred(x), self.op_attrs, 0)
+        total = np.sum(taps, axis=0)
+        counts = pool.divisors(x.shape, self.op_attrs).astype(np.int64) - 1
+        if trace is not None:
+            trace[f"{self.name}:accumulator"] = total.astype(np.int32)
+        target = self.output_params(graph)
+        return [target.saturate(requantize(total, self.multiplier[counts], self.shift[counts]) + target.zero_point)]
+
+
+@lowers("avg_pool")
+def lower_avg_pool(ctx: Lowering) -> list[QLayer]:
+    node = ctx.node
+    attrs = OPS["avg_pool"].resolve(node.attrs)
+    size = math.prod(attrs["kernel"])
+    real = ctx.params(node.inputs[0]).scale / (np.arange(1, size + 1) * _output(ctx, size).scale)
+    multiplier, shift = quantize_multiplier(real, ctx.where)
+    return [QAvgPool(name=node.name, inputs=list(node.inputs), outputs=list(node.outputs), op_attrs=attrs,
+                     multiplier=multiplier, shift=shift)]
+
+
+@layer_type
+@dataclass
+class QMean(QLayer):
+    """The sum over `axes` (batch-first numbering) requantized by s_x / (count * s_y); count 1 for a sum."""
+
+    op: ClassVar[str] = "mean"
+    axes: list[int]
+    keepdims: bool
+    multiplier: np.ndarray  # int32 (1,)
+    shift: np.ndarray       # int32 (1,)
+
+    def run(self, inputs: list[np.ndarray], graph: QGraph, trace: Trace | None) -> list[np.ndarray]:
+        total = self.params(graph).centred(inputs[0]).sum(axis=tuple(self.axes), keepdims=self.keepdims)
+        if trace is not None:
+            trace[f"{self.name}:accumulator"] = total.astype(np.int32)
+        target = self.output_params(graph)
+        return [target.saturate(requantize(total, self.multiplier, self.shift) + target.zero_point)]
+
+
+@lowers("global_avg_pool", "reduce_mean", "reduce_sum")
+def lower_mean(ctx: Lowering) -> list[QLayer]:
+    node = ctx.node
+    rank = ctx.rank(node.inputs[0])
+    if node.op == "global_avg_pool":
+        axes, keepdims = list(range(2, rank)), True
+    else:
+        attrs = OPS[node.op].resolve(node.attrs)
+        axes, keepdims = list(OPS[node.op].axes(rank, attrs)), bool(attrs["keepdims"])
+    if 0 in axes:
+        raise BuildError(f"{ctx.where}: integer lowering does not reduce over the batch axis 0")
+    shape = ctx.shapes[node.inputs[0]].shape
+    count = math.prod(int(shape[a]) for a in axes)  # type: ignore[arg-type]
+    divisor = 1 if node.op == "reduce_sum" else count
+    real = ctx.params(node.inputs[0]).scale / (divisor * _output(ctx, count).scale)
+    multiplier, shift = quantize_multiplier(real, ctx.where)
+    return [QMean(name=node.name, inputs=list(node.inputs), outputs=list(node.outputs), axes=axes,
+                  keepdims=keepdims, multiplier=multiplier, shift=shift)]
+
+
+def _output(ctx: Lowering, count: int) -> QuantParams:
+    """Declare the calibrated output; refuse sums of `count` int8 values that could overflow int32."""
+    source = ctx.params(ctx.node.inputs[0])
+    if count * (source.qmax - source.qmin) > INT32_MAX:
+        raise BuildError(f"{ctx.where}: a sum of {count} int8 values could overflow the int32 accumulator")
+    target = ctx.calibrated(ctx.node.outputs[0])
+    ctx.output(ctx.node.outputs[0], target)
+    return target

@@ -1,0 +1,61 @@
+"""Softmax in fixed point: int8 in, probabilities in steps of 1/256 out.
+
+Along `axis`, d = max(x) - x is an integer in [0, 255] whatever the zero
+point. A 256-entry table holds e[d] = round(exp(-s_x * d) * 2**EXP_BITS) (a
+Q16 int32; e[0] = 2**16 is exactly 1.0), the sum of the e over the axis is
+an int32, and each output is the integer division
+y = (e * 256 + sum / 2) / sum - 128 (rounded to nearest, halves up; all
+operands non-negative, so C's division gives the same), saturated to int8.
+The output params are fixed to scale 1/256, zero point -128: [0, 1) in 256
+steps, whatever calibration saw (1.0 itself saturates to 255/256).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from dabuild.errors import BuildError
+from dabuild.ir.ops import OPS
+from dabuild.quant.fixed_point import INT32_MAX, round_half_away
+from dabuild.quant.lowering import Lowering, lowers
+from dabuild.quant.qgraph import QGraph, QLayer, QuantParams, Trace, layer_type
+
+EXP_BITS = 16
+OUTPUT_PARAMS = QuantParams(1 / 256, -128)
+
+
+@layer_type
+@dataclass
+class QSoftmax(QLayer):
+    op: ClassVar[str] = "softmax"
+    axis: int               # batch-first numbering
+    exp_table: np.ndarray   # int32 (256,): round(exp(-s_x * d) * 2**EXP_BITS) for d = 0..255
+
+    def run(self, inputs: list[np.ndarray], graph: QGraph, trace: Trace | None) -> list[np.ndarray]:
+        x = inputs[0].astype(np.int64)
+        e = self.exp_table.astype(np.int64)[x.max(axis=self.axis, keepdims=True) - x]
+        total = e.sum(axis=self.axis, keepdims=True)
+        if trace is not None:
+            trace[f"{self.name}:accumulator"] = total.astype(np.int32)
+        target = self.output_params(graph)
+        return [target.saturate((e * 256 + total // 2) // total + target.zero_point)]
+
+
+@lowers("softmax")
+def lower_softmax(ctx: Lowering) -> list[QLayer]:
+    node = ctx.node
+    source = ctx.params(node.inputs[0])
+    rank = ctx.rank(node.inputs[0])
+    axis = int(OPS["softmax"].resolve(node.attrs)["axis"]) % rank
+    length = ctx.shapes[node.inputs[0]].shape[axis]
+    if axis == 0 or length is None or length * 2**EXP_BITS > INT32_MAX:
+        raise BuildError(f"{ctx.where}: fixed-point softmax needs a known non-batch axis of fewer than "
+                         f"{INT32_MAX // 2**EXP_BITS + 1} elements (axis {axis} has {length})")
+    ctx.output(node.outputs[0], OUTPUT_PARAMS)
+    steps = np.arange(source.qmax - source.qmin + 1, dtype=np.float64)
+    table = round_half_away(np.exp(-source.scale * steps) * 2**EXP_BITS).astype(np.int32)
+    return [QSoftmax(name=node.name, inputs=list(node.inputs), outputs=list(node.outputs), axis=axis,
+                     exp_table=table)]

@@ -1,0 +1,175 @@
+"""The lowering registry and what every op's lowering shares.
+
+A lowering turns one float node into integer layers. It is a function
+registered with `@lowers("op", ...)` next to the layer class it emits (in
+`dabuild.quant.layers`), so adding an op touches one module. Each gets a
+`Lowering` context: the float graph, the calibration statistics, the node's
+config, and the tensors lowered so far, with helpers for the recurring
+steps (output params from a calibrated range, constants, shapes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from dabuild.errors import BuildError
+from dabuild.ir.graph import Graph, Node, TensorSpec
+from dabuild.quant.algorithms import ALGORITHMS
+from dabuild.quant.calibrate import Stats
+from dabuild.quant.config import NodeConfig, QuantChoice
+from dabuild.quant.fixed_point import round_half_away
+from dabuild.quant.qgraph import INT_RANGES, QLayer, QTensor, QuantParams
+
+# A range the fp32 fallback and graph inputs without a quantized consumer use.
+MINMAX_INT8 = QuantChoice("int8", "asym", "per_tensor", "minmax")
+
+
+def require(choice: QuantChoice, where: str, *, scheme: tuple[str, ...], granularity: tuple[str, ...]) -> None:
+    """Fail clearly on a choice the integer lowering cannot honour yet."""
+    problems = []
+    if choice.dtype not in INT_RANGES:
+        problems.append(f"dtype {choice.dtype!r}")
+    if choice.scheme not in scheme:
+        problems.append(f"scheme {choice.scheme!r}")
+    if choice.granularity not in granularity:
+        problems.append(f"granularity {choice.granularity!r}")
+    if choice.algorithm not in ALGORITHMS:
+        problems.append(f"calibration algorithm {choice.algorithm!r}")
+    if problems:
+        raise BuildError(f"{where}: integer lowering does not support {', '.join(problems)} yet")
+
+
+def activation_params(low: float, high: float, choice: QuantChoice, where: str) -> QuantParams:
+    """Scale and zero point covering [low, high] and always 0 (so zero padding and relu are exact)."""
+    require(choice, where, scheme=("asym", "sym"), granularity=("per_tensor",))
+    qmin, qmax = INT_RANGES[choice.dtype]
+    low, high = min(low, 0.0), max(high, 0.0)
+    if choice.scheme == "sym":
+        scale = max(-low, high) / qmax
+        return QuantParams(scale if scale > 0 else 1.0, 0, choice.dtype)
+    scale = (high - low) / (qmax - qmin)
+    if scale == 0:
+        return QuantParams(1.0, 0, choice.dtype)
+    zero_point = int(np.clip(qmin - round_half_away(np.float64(low / scale)), qmin, qmax))
+    return QuantParams(float(scale), zero_point, choice.dtype)
+
+
+def weight_peaks(weight: np.ndarray, choice: QuantChoice, channel_axis: int) -> np.ndarray:
+    """The clipping magnitude of weights: shape (1,) per tensor, one per slice of `channel_axis` per channel.
+
+    minmax takes the exact largest magnitude; other algorithms read a histogram of the weight.
+    """
+    per_tensor = choice.granularity == "per_tensor"
+    if choice.algorithm == "minmax":
+        others = tuple(a for a in range(weight.ndim) if a != channel_axis)
+        return np.atleast_1d(np.max(np.abs(weight.astype(np.float64)), axis=None if per_tensor else others))
+    stats = Stats()
+    stats.observe("weight", weight, axis=channel_axis)
+    if per_tensor:
+        return np.array([stats.range("weight", choice.algorithm, "sym", choice.dtype)[1]])
+    return stats.channel_ranges("weight", choice.algorithm, "sym", choice.dtype)[1]
+
+
+def quantize_weight(weight: np.ndarray, choice: QuantChoice, where: str,
+                    channel_axis: int = -1) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric int weights and their scales: shape (1,) per tensor, one per output channel per channel."""
+    require(choice, where, scheme=("sym",), granularity=("per_tensor", "per_channel"))
+    qmax = INT_RANGES[choice.dtype][1]
+    channel_axis %= weight.ndim
+    peak = weight_peaks(weight, choice, channel_axis)
+    scales = np.where(peak > 0, peak / qmax, 1.0)
+    shape = [1] * weight.ndim
+    shape[channel_axis] = -1
+    q = np.clip(round_half_away(weight / scales.reshape(shape)), -qmax, qmax).astype(choice.dtype)
+    return q, scales
+
+
+@dataclass
+class Lowering:
+    """What a lowering reads (graph, stats, node, config) and the tensors it adds to."""
+
+    graph: Graph
+    stats: Stats
+    shapes: dict[str, TensorSpec]
+    tensors: dict[str, QTensor]
+    constants: dict[str, np.ndarray] = field(default_factory=dict)
+    node: Node = field(default=None)  # type: ignore[assignment]  # the node being lowered (None: the graph input)
+    config: NodeConfig = field(default=None)  # type: ignore[assignment]
+
+    @property
+    def where(self) -> str:
+        if self.node is None:
+            return f"graph input {self.graph.inputs[0].name!r}"
+        return f"node {self.node.name!r} ({self.node.op})"
+
+    def sample_shape(self, tensor: str) -> tuple[int, ...]:
+        """A tensor's shape without its batch axis; every other axis must be known."""
+        shape = self.shapes[tensor].shape[1:]
+        if any(d is None for d in shape):
+            raise BuildError(f"{self.where}: tensor {tensor!r} has dynamic axes {list(shape)} besides the batch")
+        return tuple(int(d) for d in shape)
+
+    def rank(self, tensor: str) -> int:
+        """Rank with the batch axis, as the float op sees it."""
+        return len(self.shapes[tensor].shape)
+
+    def params(self, tensor: str) -> QuantParams:
+        """The params of an already lowered (activation or int8 constant) tensor."""
+        if tensor not in self.tensors:
+            raise BuildError(f"{self.where}: input {tensor!r} is a constant where integer lowering needs an "
+                             "activation; fold constants first (dabuild.ir.passes.optimize) or run it in fp32")
+        return self.tensors[tensor].params
+
+    def is_constant(self, tensor: str) -> bool:
+        return tensor in self.graph.constants
+
+    def constant(self, tensor: str) -> np.ndarray:
+        if tensor not in self.graph.constants:
+            raise BuildError(f"{self.where}: input {tensor!r} must be a constant for integer lowering")
+        return np.asarray(self.graph.constants[tensor])
+
+    def calibrated(self, tensor: str, choice: QuantChoice | None = None) -> QuantParams:
+        """Params of `tensor` from the range the choice's calibration algorithm derives (default: the node's)."""
+        choice = choice or self.config.activation
+        if tensor not in self.stats.ranges:
+            raise BuildError(f"{self.where}: no calibration range for tensor {tensor!r}; recalibrate with this graph")
+        require(choice, self.where, scheme=("asym", "sym"), granularity=("per_tensor",))
+        low, high = self.stats.range(tensor, choice.algorithm, choice.scheme, choice.dtype)
+        return activation_params(low, high, choice, self.where)
+
+    def output(self, tensor: str, params: QuantParams, like: str | None = None) -> None:
+        """Declare a lowered output tensor (shaped like the float tensor `like`, by default itself)."""
+        self.tensors[tensor] = QTensor(self.sample_shape(like or tensor), params)
+
+    def int8_input(self, tensor: str) -> str:
+        """The name a layer reads `tensor` by: itself, or for a constant an int8 copy quantized with its
+        own exact min/max (under the node's activation dtype and scheme), owned by this node."""
+        if not self.is_constant(tensor):
+            return tensor
+        values = self.constant(tensor).astype(np.float32)
+        choice = self.config.activation
+        low, high = float(values.min(initial=0.0)), float(values.max(initial=0.0))
+        if choice.scheme == "sym":
+            low, high = -max(-low, high), max(-low, high)
+        params = activation_params(low, high, QuantChoice(choice.dtype, choice.scheme, "per_tensor", "minmax"),
+                                   self.where)
+        name = f"{self.node.name}:{tensor}"
+        self.constants[name] = params.quantize(values)
+        self.tensors[name] = QTensor(tuple(values.shape), params)
+        return name
+
+
+LowerFunction = Callable[[Lowering], list[QLayer]]
+LOWERINGS: dict[str, LowerFunction] = {}
+
+
+def lowers(*ops: str) -> Callable[[LowerFunction], LowerFunction]:
+    """Register a function as the integer lowering of the float ops `ops`."""
+    def register(function: LowerFunction) -> LowerFunction:
+        for op in ops:
+            LOWERINGS[op] = function
+        return function
+    return register
