@@ -20,10 +20,10 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from dabuild.ir.ops import OPS
 from dabuild.quant.activations import clamp_bounds, is_table_activation, lookup_table
 from dabuild.quant.fixed_point import quantize_multiplier, requantize
 from dabuild.quant.lowering import Lowering, lowers
-from dabuild.ir.ops import OPS
 from dabuild.quant.qgraph import QGraph, QLayer, Trace, layer_type
 
 LEFT_SHIFT = 20  # |x - zp| <= 255 < 2**8, so the shifted inputs stay below 2**28 and their sum below 2**29
