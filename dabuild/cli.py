@@ -20,7 +20,7 @@ from dabuild import __version__
 from dabuild.errors import DabuildError, UsageError
 from dabuild.progress import Progress
 
-COMMANDS = ("build", "validate", "list", "graph", "clean", "capabilities", "init", "cache")
+COMMANDS = ("build", "validate", "list", "graph", "clean", "capabilities", "init", "cache", "report")
 DEFAULT_RECIPE = Path("recipe.yaml")
 
 
@@ -67,6 +67,9 @@ def _parser() -> argparse.ArgumentParser:
     init = commands.add_parser("init", parents=[common], help="write a commented starter recipe")
     init.add_argument("path", nargs="?", type=Path, default=DEFAULT_RECIPE)
     init.add_argument("--force", action="store_true", help="overwrite an existing file")
+    report = commands.add_parser("report", parents=[common], help="print the tuning report (or open it as HTML)")
+    recipes(report, many=False)
+    report.add_argument("--open", action="store_true", help="open report.html in the web browser instead")
     cache = commands.add_parser("cache", parents=[common], help="inspect or prune the run cache")
     cache_commands = cache.add_subparsers(dest="cache_command", metavar="ACTION", required=True)
     cache_commands.add_parser("info", parents=[common], help="where the cache is and how big")
@@ -295,6 +298,30 @@ def _cache(args: argparse.Namespace, progress: Progress) -> int:
     return 0
 
 
+def _report(args: argparse.Namespace, progress: Progress) -> int:
+    """The tune stages' reports of the last build, found through its build.json."""
+    import webbrowser
+
+    from dabuild.pipeline.build import workspace_for
+
+    [recipe] = _load_recipes(args)
+    workspace = workspace_for(recipe, args.build_dir)
+    summary_file = workspace.build_dir / "build.json"
+    if not summary_file.is_file():
+        raise UsageError(f"{recipe.path}: not built yet in {args.build_dir} (run `dabuild build` first)")
+    stages = [stage for stage in json.loads(summary_file.read_text())["metrics"]]
+    reports = [workspace.stage_dir(stage) / "report" for stage in stages]
+    missing = [str(folder) for folder in reports if not (folder / "report.md").is_file()]
+    if not reports or missing:
+        raise UsageError(f"{recipe.name}: no tuning report in {', '.join(missing) or workspace.build_dir}; rebuild")
+    for folder in reports:
+        if args.open:
+            webbrowser.open((folder / "report.html").resolve().as_uri())
+        else:
+            print((folder / "report.md").read_text(), end="")
+    return 0
+
+
 HANDLERS: dict[str, Callable[[argparse.Namespace, Progress], int]] = {
     "build": _build,
     "validate": _validate,
@@ -304,4 +331,5 @@ HANDLERS: dict[str, Callable[[argparse.Namespace, Progress], int]] = {
     "capabilities": _capabilities,
     "init": _init,
     "cache": _cache,
+    "report": _report,
 }

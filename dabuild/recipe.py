@@ -139,6 +139,8 @@ class ModelSpec(BaseModel):
 
 # ---------------------------------------------------------------- data
 
+BUILTIN_METRICS = ("accuracy", "mse")  # dabuild.data.METRICS, named here so validation imports no numpy
+
 
 class DataSpec(BaseModel):
     """Arrays from one .npz file."""
@@ -189,11 +191,29 @@ class DataSection(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    metric: Literal["accuracy", "mse"] = Field(
-        default="accuracy", description="accuracy: argmax against integer labels; mse: mean squared error."
+    metric: str = Field(
+        default="accuracy",
+        description="accuracy: argmax against integer labels; mse: mean squared error; or your own "
+        "'file.py:function' (file relative to the recipe) or 'package.module:function', called as "
+        "function(outputs, labels) -> float, higher is better unless the function has `higher_is_better = False`.",
     )
     calibration: DataSpec = Field(description="Representative inputs used to measure tensor ranges.")
     evaluation: DataSpec = Field(description="Held-out inputs and labels used to score each candidate.")
+
+    @field_validator("metric")
+    @classmethod
+    def _known_metric(cls, metric: str, info: ValidationInfo) -> str:
+        """A built-in name, or a function whose file exists; nothing is imported (validation runs no user code)."""
+        if metric in BUILTIN_METRICS:
+            return metric
+        target, colon, name = metric.rpartition(":")
+        if not colon:  # only a built-in name can be meant
+            raise user_error(f"data.metric: input should be {' or '.join(map(repr, BUILTIN_METRICS))} (got {metric!r})")
+        if not _PYTHON_NAME.match(name) or not (target.endswith(".py") or _PYTHON_NAME.match(target)):
+            raise user_error(f"data.metric: {metric!r} is neither 'file.py:function' nor 'package.module:function'")
+        if target.endswith(".py") and not (_base_dir(info) / target).is_file():
+            raise user_error(f"metric {metric!r}: file not found: {target}")
+        return metric
 
     @field_validator("evaluation")
     @classmethod
@@ -205,6 +225,41 @@ class DataSection(BaseModel):
 
 
 # ---------------------------------------------------------------- tuning and targets
+
+
+class ChoiceNarrowing(BaseModel):
+    """The values one role may use: each list keeps only those entries of the capability's list."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    dtype: list[str] | None = Field(
+        default=None, min_length=1, description="e.g. [int8]; include fp32 to keep fp32 fallback, [fp32] forces it."
+    )
+    scheme: list[Literal["sym", "asym"]] | None = Field(default=None, min_length=1, description="sym and/or asym.")
+    granularity: list[Literal["per_tensor", "per_channel"]] | None = Field(
+        default=None, min_length=1, description="per_tensor and/or per_channel."
+    )
+    algorithm: list[Literal["minmax", "percentile", "entropy", "mse"]] | None = Field(
+        default=None, min_length=1, description="Calibration algorithms to try."
+    )
+
+
+class RoleNarrowing(BaseModel):
+    """Narrowings of an op's weight and activation choices."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    weight: ChoiceNarrowing | None = Field(default=None, description="For the op's constant weight.")
+    activation: ChoiceNarrowing | None = Field(default=None, description="For the op's output activation.")
+
+
+class SpaceNarrowing(BaseModel):
+    """INC's op_type_dict and op_name_dict: op_name wins over op_type, field by field."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    op_type: dict[str, RoleNarrowing] = Field(default={}, description="Op type (e.g. dense) -> narrowing.")
+    op_name: dict[str, RoleNarrowing] = Field(default={}, description="Node name -> narrowing.")
 
 
 class AccuracyGoal(BaseModel):
@@ -227,6 +282,20 @@ class TuningSpec(BaseModel):
     accuracy: AccuracyGoal = Field(default_factory=AccuracyGoal, description="The goal every result must meet.")
     max_trials: PositiveInt = Field(default=100, description="Most candidate configurations to evaluate.")
     timeout: float = Field(default=0, ge=0, description="Seconds before the search stops (0 = no limit).")
+    objective: Literal["size", "bops"] = Field(
+        default="size",
+        description="What 'cheapest' means among configs meeting the goal: size (total weight bits) or bops "
+        "(bit operations: multiply-accumulates x weight bits x activation bits).",
+    )
+    seed: int = Field(default=0, description="Seed of the random and bayesian strategies.")
+    allow_miss: bool = Field(
+        default=False, description="Accept the best-found config when none meets the goal (else the build fails)."
+    )
+    space: SpaceNarrowing = Field(
+        default_factory=SpaceNarrowing,
+        description="Narrow the capability's choices per op type or per node name (INC's op_type_dict / "
+        "op_name_dict); anything the capability does not offer is an error.",
+    )
 
     _check_strategy = field_validator("strategy")(_plugin_name(plugins.STRATEGIES))
 

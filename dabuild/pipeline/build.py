@@ -77,10 +77,11 @@ def build(recipe: Recipe, options: BuildOptions, progress: Progress) -> BuildSum
         stamp.remove(stamp_file)
         workspace.clear_leftovers()
         _drop_unreadable_doit_db(workspace, progress)
+        store = Store() if options.use_cache else None
         session = Session(
             workspace,
-            Store() if options.use_cache else None,
-            stage_functions(recipe, capabilities),
+            store,
+            stage_functions(recipe, capabilities, options.jobs, store.root / "trials" if store else None),
             progress,
         )
         result = run_stages(stages, session, options.jobs)

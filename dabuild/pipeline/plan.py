@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from dabuild.recipe import Recipe, TargetSpec
 
 # Bump a stage's version when its implementation changes what it writes.
-STAGE_VERSIONS = {"trace": 1, "calibrate": 1, "tune": 1, "export": 1, "check": 1}
+STAGE_VERSIONS = {"trace": 2, "calibrate": 2, "tune": 2, "export": 2, "check": 2}
 
 
 @dataclass(frozen=True)
@@ -114,6 +114,11 @@ def plan(recipe: "Recipe", capabilities: dict[str, "CapabilitySpec"], targets: l
 
 def _tune_stage(recipe: "Recipe", capability: "CapabilitySpec") -> Stage:
     evaluation = recipe.data.evaluation
+    files = {"evaluation": evaluation.source}
+    metric_source = recipe.data.metric.rpartition(":")[0]
+    if metric_source.endswith(".py"):
+        files["metric"] = recipe.base_dir / metric_source
+    plotting = ("matplotlib",)  # the report's plots exist only when it is installed
     return Stage(
         f"tune:{capability.name}",
         "tune",
@@ -124,8 +129,8 @@ def _tune_stage(recipe: "Recipe", capability: "CapabilitySpec") -> Stage:
             "evaluation": _data_config(evaluation),
         },
         inputs={"graph": "trace", "stats": "calibrate"},
-        files={"evaluation": evaluation.source},
-        packages=("numpy",),
+        files=files,
+        packages=("numpy", *plotting, *(("optuna",) if recipe.tuning.strategy == "bayesian" else ())),
     )
 
 
@@ -145,6 +150,7 @@ def _target_stages(recipe: "Recipe", target: "TargetSpec", capability: str) -> l
         "export",
         {"kind": target.kind, "options": options},
         inputs={"qgraph": f"tune:{capability}"},
+        packages=target_class.packages,
         target=target.name,
     )
     check = Stage(
@@ -159,6 +165,7 @@ def _target_stages(recipe: "Recipe", target: "TargetSpec", capability: str) -> l
         },
         inputs={"qgraph": f"tune:{capability}", "artifact": export.name},
         files={"evaluation": evaluation.source},
+        packages=("numpy", *target_class.packages),
         tools=tools,
         target=target.name,
     )

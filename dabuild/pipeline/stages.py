@@ -8,6 +8,7 @@ what keeps the cache sound.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dabuild.pipeline.execute import StageFunction, StageRun
@@ -17,8 +18,13 @@ if TYPE_CHECKING:
     from dabuild.recipe import Recipe
 
 
-def stage_functions(recipe: "Recipe", capabilities: dict[str, "CapabilitySpec"]) -> dict[str, StageFunction]:
-    """The function run for each stage kind of this recipe's build."""
+def stage_functions(recipe: "Recipe", capabilities: dict[str, "CapabilitySpec"], jobs: int = 1,
+                    trials_root: Path | None = None) -> dict[str, StageFunction]:
+    """The function run for each stage kind of this recipe's build.
+
+    `jobs` processes score tuning trials; `trials_root` is the run cache's trial
+    store (None with --no-cache: tuning then remembers nothing between runs).
+    """
 
     def trace(run: StageRun) -> None:
         from dabuild.trace.base import trace_stage
@@ -40,7 +46,8 @@ def stage_functions(recipe: "Recipe", capabilities: dict[str, "CapabilitySpec"])
         from dabuild.tune.stage import tune_stage
 
         capability = capabilities[run.stage.name.split(":", 1)[1]]
-        tune_stage(recipe, capability, run.inputs["graph"], run.inputs["stats"], run.out_dir, run.progress)
+        tune_stage(recipe, capability, run.inputs["graph"], run.inputs["stats"], run.out_dir, run.progress,
+                   trials_root=trials_root, jobs=jobs, keep_dir=run.build_dir / "debug" / run.stage.dirname)
 
     def export(run: StageRun) -> None:
         from dabuild.quant.qgraph import QGraph

@@ -1,30 +1,68 @@
-"""The `basic` strategy: try the capability's default config.
+"""The `basic` strategy: Intel Neural Compressor's basic order, with the op-wise phase ranked by sensitivity.
 
-Intel Neural Compressor's basic strategy starts from the default config and,
-while the accuracy goal is missed, falls back op by op; that fallback search
-lands with the tuning issue. Today this strategy evaluates the default config
-only and reports that one trial, so the pipeline around it is real.
+1. the default config;
+2. op-type-wise: each alternative choice applied to every node of an op type
+   (the best one, if it beats the default, becomes the base);
+3. op-wise: each node's fp32 fallback, then each of its other candidates, one
+   node at a time on the base; nodes in order of their measured impact (per-node
+   output MSE), not graph order, so the node that matters is tried first;
+4. accumulate: every node's best single-node change, applied cumulatively,
+   best-scoring first, until the goal is met.
+Configs that cannot be cheaper than the best passing one are never evaluated.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, ClassVar
 
-from dabuild.ir.graph import Graph
-from dabuild.quant.calibrate import Stats
-from dabuild.quant.config import QuantConfig, default_config
-from dabuild.quant.qgraph import QGraph
-from dabuild.quant.quantize import quantize
+from dabuild.quant.config import QuantConfig
+from dabuild.tune.space import FP32
+from dabuild.tune.strategy import ranked_nodes
+
+if TYPE_CHECKING:
+    from dabuild.tune.search import Search
+    from dabuild.tune.trials import Trial
+
+
+def op_type_configs(search: "Search", base: QuantConfig) -> list[QuantConfig]:
+    """Each non-default integer choice of an op type, set on all its nodes (those that offer it)."""
+    space = search.space
+    configs = []
+    op_types = list(dict.fromkeys(node.op for node in space.nodes.values()))
+    for op in op_types:
+        members = [node for node in space.nodes.values() if node.op == op]
+        choices = dict.fromkeys(c for node in members for c in node.candidates if c != FP32)
+        for choice in choices:
+            config = QuantConfig({**base.nodes, **{n.name: choice for n in members if choice in n.candidates}})
+            if config != base:
+                configs.append(config)
+    return configs
 
 
 class BasicStrategy:
-    name = "basic"
+    name: ClassVar[str] = "basic"
 
-    def tune(self, graph: Graph, stats: Stats, capability: Any,
-             evaluate: Callable[[QGraph], float]) -> tuple[QuantConfig, list[dict[str, Any]]]:
-        """The default config and its trial record; `evaluate` scores a quantized graph on the recipe's metric."""
-        config = default_config(graph, capability)
-        trial = {"trial": 0, "config_hash": config.content_hash(), "config": config.to_dict(),
-                 "metric": evaluate(quantize(graph, stats, config))}
-        return config, [trial]
+    def search(self, search: "Search") -> None:
+        space = search.space
+        [base] = search.evaluate([space.default()], "default")
+        better = search.metric.better
+        for trial in search.evaluate_each(op_type_configs(search, base.config), "op-type-wise"):
+            if better(trial.metric, base.metric):
+                base = trial
+        ranked = ranked_nodes(search)
+        moves = [(name, FP32) for name in ranked if FP32 in space.nodes[name].candidates]
+        moves += [(name, c) for name in ranked for c in space.nodes[name].candidates if c != FP32]
+        moves = [(name, c) for name, c in moves if c != base.config.nodes[name]]
+        configs = [space.with_node(base.config, name, choice) for name, choice in moves]
+        search.evaluate_each(configs, "op-wise")
+        changes: dict[str, Trial] = {}
+        for (name, _), config in zip(moves, configs):
+            trial = search.seen(config)
+            if trial is not None and (name not in changes or better(trial.metric, changes[name].metric)):
+                changes[name] = trial
+        order = sorted(changes, key=lambda name: changes[name].metric, reverse=search.metric.higher_is_better)
+        config, prefixes = base.config, []
+        for name in order:
+            config = space.with_node(config, name, changes[name].config.nodes[name])
+            prefixes.append(config)
+        search.evaluate_each(prefixes, "accumulate")

@@ -1,34 +1,27 @@
-"""The `tune` stage: pick a quantization config for one capability and prove its accuracy.
+"""The `tune` stage: search the capability's space for the cheapest config that meets the accuracy goal.
 
-It evaluates the float graph once, lets the recipe's strategy search configs
-(each evaluated on the evaluation data through dabuild's integer reference),
-then writes the chosen config, the quantized graph, the trial history and the
-metrics that the build summary prints.
+It scores the float graph once, builds the tuning space, lets the recipe's
+strategy propose configs (each scored through dabuild's integer reference,
+remembered in the trial store), then writes the chosen config, its quantized
+graph, the trial history, the metrics the build summary prints, and the
+report. When no config meets the goal, the build fails (exit 1) after keeping
+the best-found config, its history and report in `keep_dir`, unless
+`tuning.allow_miss` accepts it.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import numpy as np
-
+from dabuild.errors import BuildError
 from dabuild.progress import Progress
 
 if TYPE_CHECKING:
     from dabuild.capability import CapabilitySpec
-    from dabuild.recipe import AccuracyGoal, Recipe
-
-LOWER_IS_BETTER = frozenset({"mse"})
-
-
-def meets_goal(metric: str, baseline: float, value: float, goal: "AccuracyGoal") -> bool:
-    """Is `value` within the tolerable loss of the float `baseline`?"""
-    allowed = goal.tolerable_loss * (abs(baseline) if goal.criterion == "relative" else 1.0)
-    if metric in LOWER_IS_BETTER:
-        return value <= baseline + allowed
-    return value >= baseline - allowed
+    from dabuild.recipe import Recipe
 
 
 def tune_stage(
@@ -38,53 +31,80 @@ def tune_stage(
     stats_dir: Path,
     out_dir: Path,
     progress: Progress,
+    trials_root: Path | None = None,
+    jobs: int = 1,
+    keep_dir: Path | None = None,
 ) -> None:
-    from dabuild.data import batches, evaluate_metric, load_inputs, load_labels
-    from dabuild.ir import interpreter
+    """Tune for one capability into `out_dir`; `trials_root` holds the trial store (None: remember nothing)."""
+    from dabuild.data import load_inputs, load_labels
     from dabuild.ir.graph import Graph
     from dabuild.plugins import STRATEGIES, load
-    from dabuild.quant.calibrate import Stats
+    from dabuild.quant.calibrate import STATS_FILE
     from dabuild.quant.quantize import quantize
-    from dabuild.quant.reference import dequantize_output, quantize_input, run_integer
+    from dabuild.tune.evaluate import Evaluator, EvalSetup, Scorer
+    from dabuild.tune.report import REPORT_DIR, write_report
+    from dabuild.tune.search import Budget, Goal, Search
+    from dabuild.tune.space import build_space
+    from dabuild.tune.trials import TrialStore, context_hash
 
-    graph = Graph.load(graph_dir)
-    stats = Stats.load(stats_dir)
+    tuning = recipe.tuning
     spec = recipe.data.evaluation
-    arrays = load_inputs(spec, recipe.base_dir, [t.name for t in graph.inputs])
+    graph_dir, stats_dir, out_dir = Path(graph_dir), Path(stats_dir), Path(out_dir)
+    graph = Graph.load(graph_dir)
+    x = next(iter(load_inputs(spec, recipe.base_dir, [t.name for t in graph.inputs]).values()))
     labels = load_labels(spec, recipe.base_dir)
-    metric = recipe.data.metric
-    output = graph.outputs[0]
-
-    def float_outputs() -> np.ndarray:
-        parts = [interpreter.run(graph, batch)[output] for batch in batches(arrays, spec.batch_size)]
-        return np.concatenate(parts)
-
-    def evaluate(qgraph) -> float:  # noqa: ANN001 - a QGraph
-        x = next(iter(arrays.values()))
-        return evaluate_metric(metric, dequantize_output(qgraph, run_integer(qgraph, quantize_input(qgraph, x))), labels)
-
-    baseline = evaluate_metric(metric, float_outputs(), labels)
-    strategy = load(STRATEGIES, recipe.tuning.strategy)()
-    config, trials = strategy.tune(graph, stats, capability, evaluate)
-    qgraph = quantize(graph, stats, config)
-    quantized = evaluate(qgraph)
-    goal_met = meets_goal(metric, baseline, quantized, recipe.tuning.accuracy)
-    if not goal_met:
-        progress.info(
-            f"tune:{capability.name}: {metric} {quantized:.4f} misses the goal "
-            f"({recipe.tuning.accuracy.criterion} loss {recipe.tuning.accuracy.tolerable_loss} of {baseline:.4f})"
-        )
-    qgraph.save(out_dir / "qgraph")
-    config.save(out_dir / "config.json")
-    with open(out_dir / "history.jsonl", "w") as history:
-        for trial in trials:
-            history.write(json.dumps(trial, sort_keys=True) + "\n")
+    evaluator = Evaluator(EvalSetup(graph_dir, stats_dir, x, labels, recipe.data.metric, recipe.base_dir,
+                                    spec.batch_size))
+    space = build_space(graph, capability, tuning.space.model_dump(mode="json", exclude_none=True))
+    store = TrialStore(trials_root, context_hash(graph, stats_dir / STATS_FILE, x, labels,
+                                                 evaluator.metric.identity()))
+    strategy = load(STRATEGIES, tuning.strategy)()
+    goal = Goal(tuning.accuracy.criterion, tuning.accuracy.tolerable_loss)
+    where = f"tune:{capability.name}"
+    progress.debug(f"{where}: {space.total()} configs in the space, strategy {tuning.strategy}")
+    with open(out_dir / "history.jsonl", "w") as history, Scorer(evaluator, jobs) as scorer:
+        search = Search(space, evaluator, scorer, store, goal, tuning.objective,
+                        Budget(tuning.max_trials, tuning.timeout), progress, tuning.seed, history)
+        chosen = search.run(strategy)
+    if chosen is None:
+        raise BuildError(f"{where}: no trial was evaluated ({search.stop_reason})")
+    metric = evaluator.metric
+    threshold = goal.threshold(evaluator.baseline, metric.higher_is_better)
+    quantize(graph, evaluator.stats, chosen.config).save(out_dir / "qgraph")
+    chosen.config.save(out_dir / "config.json")
+    write_report(out_dir / REPORT_DIR, f"Tuning report: {recipe.name} on capability {capability.name}",
+                 search, chosen, threshold)
+    fp32_size = space.size(space.fp32())
     metrics = {
-        "metric": metric,
-        "fp32": baseline,
-        "quantized": quantized,
+        "metric": metric.name,
+        "fp32": evaluator.baseline,
+        "quantized": chosen.metric,
+        "threshold": threshold,
         "precision": "+".join(capability.precisions),
-        "goal_met": goal_met,
-        "trials": len(trials),
+        "goal_met": chosen.passed,
+        "strategy": tuning.strategy,
+        "objective": tuning.objective,
+        "trials": len(search.trials),
+        "evaluated": sum(not t.cached for t in search.trials),
+        "chosen_trial": chosen.index,
+        "config_hash": chosen.config_hash,
+        "size_bits": chosen.size,
+        "size_ratio": chosen.size / fp32_size if fp32_size else 1.0,
+        "bops": chosen.bops,
+        "stop_reason": search.stop_reason,
     }
     (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
+    if chosen.passed:
+        return
+    message = (f"{where}: no config meets the goal: {metric.name} must be "
+               f"{'>=' if metric.higher_is_better else '<='} {threshold:.4f} (fp32 {evaluator.baseline:.4f}, "
+               f"{goal.criterion} loss {goal.tolerable_loss:g}); best found: {chosen.metric:.4f} after "
+               f"{len(search.trials)} trials ({search.stop_reason})")
+    if tuning.allow_miss:
+        progress.info(f"{message}; kept, as tuning.allow_miss is set")
+        return
+    if keep_dir is not None:
+        shutil.rmtree(keep_dir, ignore_errors=True)
+        shutil.copytree(out_dir, keep_dir)
+        message += f"; the best-found config, history and report are kept in {keep_dir}"
+    raise BuildError(message + "; set tuning.allow_miss: true to accept it, or relax tuning.accuracy")

@@ -1,0 +1,138 @@
+"""Scoring a quantization config: quantize, run dabuild's integer reference on the evaluation data, apply the metric.
+
+The integer reference computes the bits an integer target will compute, so a
+trial's score is the accuracy the deployed artifact delivers, not a float
+simulation of it. `Evaluator` is built from plain, picklable `EvalSetup`
+data, so worker processes (`-j N`) build their own from the same inputs and
+score exactly as the parent would.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from multiprocessing import get_context
+from pathlib import Path
+
+import numpy as np
+
+from dabuild.ir import interpreter
+from dabuild.ir.graph import Graph
+from dabuild.quant.calibrate import Stats
+from dabuild.quant.config import QuantConfig
+from dabuild.quant.quantize import quantize
+from dabuild.quant.reference import quantize_input, run_integer, run_quantized
+from dabuild.tune.metric import Metric, load_metric
+
+
+@dataclass(frozen=True)
+class EvalSetup:
+    """Everything a scoring process needs, as data."""
+
+    graph_dir: Path
+    stats_dir: Path
+    x: np.ndarray
+    labels: np.ndarray
+    metric: str
+    base_dir: Path | None
+    batch_size: int
+
+
+@dataclass(frozen=True)
+class Score:
+    metric: float
+    mse: float  # output MSE against the float graph, relative to the float outputs' mean square
+    seconds: float
+
+
+def relative_mse(values: np.ndarray, reference: np.ndarray) -> float:
+    reference = reference.astype(np.float64)
+    power = float(np.mean(reference**2))
+    return float(np.mean((values.astype(np.float64) - reference) ** 2)) / (power if power > 0 else 1.0)
+
+
+class Evaluator:
+    def __init__(self, setup: EvalSetup):
+        self.setup = setup
+        self.graph = Graph.load(setup.graph_dir)
+        self.stats = Stats.load(setup.stats_dir)
+        self.metric: Metric = load_metric(setup.metric, setup.base_dir)
+        self.input = self.graph.inputs[0].name
+        self.float_outputs = np.concatenate([interpreter.run(self.graph, {self.input: x})[self.graph.outputs[0]]
+                                             for x in self._batches()])
+        self.baseline = self.metric(self.float_outputs, setup.labels)
+
+    def _batches(self) -> list[np.ndarray]:
+        size = self.setup.batch_size
+        return [self.setup.x[i:i + size] for i in range(0, len(self.setup.x), size)]
+
+    def score(self, config: QuantConfig) -> Score:
+        start = time.perf_counter()
+        qgraph = quantize(self.graph, self.stats, config)
+        outputs = np.concatenate([run_quantized(qgraph, x) for x in self._batches()])
+        value = self.metric(outputs, self.setup.labels)
+        return Score(value, relative_mse(outputs, self.float_outputs), time.perf_counter() - start)
+
+    def node_errors(self, config: QuantConfig) -> dict[str, float]:
+        """Per node, the relative MSE of its output under `config` against the float graph's.
+
+        One run of each graph with every intermediate kept: how far quantization
+        has pushed each node's output, the ranking the sensitivity-driven
+        strategies fall back by, at the cost of one inference and no trial.
+        """
+        qgraph = quantize(self.graph, self.stats, config)
+        errors: dict[str, list[float]] = {}
+        for x in self._batches():
+            reference = interpreter.run(self.graph, {self.input: x}, keep_intermediates=True)
+            quantized = run_integer(qgraph, quantize_input(qgraph, x), keep_intermediates=True)
+            for node in self.graph.nodes:
+                tensor = node.outputs[0]
+                if tensor not in quantized or tensor not in reference:
+                    continue
+                value = quantized[tensor]
+                if np.issubdtype(value.dtype, np.integer) and tensor in qgraph.tensors:
+                    value = qgraph.tensors[tensor].params.dequantize(value)
+                errors.setdefault(node.name, []).append(relative_mse(value, reference[tensor]) * len(x))
+        return {name: float(sum(parts) / len(self.setup.x)) for name, parts in errors.items()}
+
+
+_worker: Evaluator | None = None
+
+
+def _start_worker(setup: EvalSetup) -> None:
+    global _worker
+    _worker = Evaluator(setup)
+
+
+def _score_in_worker(config: dict) -> Score:
+    assert _worker is not None
+    return _worker.score(QuantConfig.from_dict(config))
+
+
+class Scorer:
+    """Scores batches of configs, in this process or in `jobs` worker processes (spawned: no forked locks)."""
+
+    def __init__(self, evaluator: Evaluator, jobs: int = 1):
+        self.evaluator = evaluator
+        self.jobs = max(1, jobs)
+        self._pool: ProcessPoolExecutor | None = None
+
+    def score(self, configs: list[QuantConfig]) -> list[Score]:
+        if self.jobs == 1 or len(configs) < 2:
+            return [self.evaluator.score(config) for config in configs]
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(self.jobs, mp_context=get_context("spawn"),
+                                             initializer=_start_worker, initargs=(self.evaluator.setup,))
+        return list(self._pool.map(_score_in_worker, [config.to_dict() for config in configs]))
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(cancel_futures=True)
+            self._pool = None
+
+    def __enter__(self) -> Scorer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

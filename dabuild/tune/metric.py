@@ -1,0 +1,84 @@
+"""The score tuning protects: a built-in metric by name, or the user's `file.py:function` / `package.module:function`.
+
+A user metric is called as fn(outputs, labels) -> float, higher is better
+unless the function carries `higher_is_better = False`. Whatever it does
+wrong (fails to import, raises, returns no finite number) is a BuildError
+naming it, so a tuning run never records a score it did not really get.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from dabuild.data import METRICS
+from dabuild.errors import BuildError
+
+LOWER_IS_BETTER = frozenset({"mse"})
+
+
+@dataclass(frozen=True)
+class Metric:
+    name: str
+    function: Callable[[np.ndarray, np.ndarray], float]
+    higher_is_better: bool
+    file: Path | None = None  # the user's metric file, whose content keys the trial store
+
+    def __call__(self, outputs: np.ndarray, labels: np.ndarray) -> float:
+        try:
+            value = self.function(np.asarray(outputs), np.asarray(labels))
+        except BuildError:
+            raise
+        except Exception as error:  # the user's function failed: name it, keep the cause
+            raise BuildError(f"metric {self.name!r} raised {type(error).__name__}: {error}") from error
+        try:
+            value = float(value)
+        except (TypeError, ValueError):
+            raise BuildError(f"metric {self.name!r} returned {type(value).__name__}, not a number") from None
+        if not math.isfinite(value):
+            raise BuildError(f"metric {self.name!r} returned {value}")
+        return value
+
+    def better(self, a: float, b: float) -> bool:
+        """Is score `a` strictly better than `b`?"""
+        return a > b if self.higher_is_better else a < b
+
+    def identity(self) -> str:
+        """What the scores depend on: the name, and the file's bytes for a file metric."""
+        if self.file is None:
+            return self.name
+        return f"{self.name}:{hashlib.sha256(self.file.read_bytes()).hexdigest()}"
+
+
+def load_metric(spec: str, base_dir: Path | None) -> Metric:
+    """The metric a recipe's `data.metric` names; relative files start at the recipe's folder."""
+    if spec in METRICS:
+        return Metric(spec, METRICS[spec], spec not in LOWER_IS_BETTER)
+    target, colon, attribute = spec.rpartition(":")
+    if not colon:
+        raise BuildError(f"metric {spec!r}: expected one of {', '.join(sorted(METRICS))}, "
+                         "'file.py:function' or 'package.module:function'")
+    file = Path(base_dir or Path.cwd(), target) if target.endswith(".py") else None
+    try:
+        if file is not None:
+            module_spec = importlib.util.spec_from_file_location(
+                f"dabuild_metric_{hashlib.sha256(str(file).encode()).hexdigest()[:12]}", file)
+            if module_spec is None or module_spec.loader is None:
+                raise ImportError(f"cannot load {file}")
+            module = importlib.util.module_from_spec(module_spec)
+            module_spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(target)
+    except Exception as error:
+        raise BuildError(f"metric {spec!r}: cannot import {target}: {type(error).__name__}: {error}") from error
+    function = getattr(module, attribute, None)
+    if not callable(function):
+        raise BuildError(f"metric {spec!r}: {target} has no function {attribute!r}")
+    return Metric(spec, function, bool(getattr(function, "higher_is_better", True)), file)

@@ -1,0 +1,144 @@
+"""The tuning report: what was chosen and why, as Markdown and HTML, with plots when matplotlib is installed.
+
+Both documents render one list of sections (a title, lines of text, a table),
+so they always say the same thing. Plots: the metric of every trial against
+the goal, and each node's sensitivity (its output MSE under the default
+config), the two pictures that explain a tuning run.
+"""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dabuild.tune.search import Search
+from dabuild.tune.trials import Trial, describe_config
+
+REPORT_DIR = "report"
+MARKDOWN, HTML = "report.md", "report.html"
+PLOTS = {"metric_per_trial.png": "Metric per trial", "sensitivity.png": "Per-node sensitivity"}
+
+
+@dataclass
+class Section:
+    title: str
+    lines: list[str] = field(default_factory=list)
+    header: list[str] = field(default_factory=list)
+    rows: list[list[str]] = field(default_factory=list)
+
+
+def _percent(part: float, whole: float) -> str:
+    return f"{100 * part / whole:.1f} %" if whole else "-"
+
+
+def sections(title: str, search: Search, chosen: Trial, threshold: float, plots: list[str]) -> list[Section]:
+    metric, space = search.metric.name, search.space
+    fp32 = space.fp32()
+    fp32_size, fp32_bops = space.size(fp32), space.bops(fp32)
+    goal = search.goal
+    comparison = "≥" if search.metric.higher_is_better else "≤"
+    stored = sum(t.cached for t in search.trials)
+    summary = Section(title, [
+        f"Goal: {goal.criterion} loss of at most {goal.tolerable_loss:g} ({metric} {comparison} {threshold:.4f}): "
+        + ("**met**." if chosen.passed else "**missed**; the best-found config is kept below."),
+        f"Strategy `{search.strategy_name}`, objective `{search.objective}`: {len(search.trials)} trials "
+        f"({len(search.trials) - stored} evaluated, {stored} from the trial store); stopped because "
+        f"{search.stop_reason}.",
+    ], ["", "fp32", "chosen"], [
+        [metric, f"{search.baseline:.4f}", f"{chosen.metric:.4f}"],
+        ["weight bits", f"{fp32_size}", f"{chosen.size} ({_percent(chosen.size, fp32_size)})"],
+        ["BOPs per sample", f"{fp32_bops}", f"{chosen.bops} ({_percent(chosen.bops, fp32_bops)})"],
+    ])
+    errors = search.node_errors()
+    described = describe_config(chosen.config)
+    nodes = Section("Per-node precision", [], ["node", "op", "precision", "weight bits", "sensitivity (output MSE)"], [
+        [name, node.op, described[name], str(node.weight_bits(chosen.config.nodes[name])),
+         f"{errors[name]:.3g}" if name in errors else "-"]
+        for name, node in space.nodes.items()
+    ])
+    trials = Section("Trials", [], ["#", "step", metric, "output MSE", search.objective, "goal", "source"], [
+        [str(t.index), t.step, f"{t.metric:.4f}", f"{t.mse:.3g}", str(t.cost), "pass" if t.passed else "fail",
+         "store" if t.cached else f"{t.seconds:.2f} s"]
+        for t in search.trials
+    ])
+    figures = [Section("Plots", [f"![{PLOTS[name]}]({name})" for name in plots])] if plots else []
+    return [summary, nodes, trials, *figures]
+
+
+def to_markdown(parts: list[Section]) -> str:
+    out = []
+    for index, part in enumerate(parts):
+        out.append(("# " if index == 0 else "## ") + part.title + "\n")
+        out += [line + "\n" for line in part.lines]
+        if part.header:
+            out.append("| " + " | ".join(part.header) + " |")
+            out.append("|" + "---|" * len(part.header))
+            out += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in part.rows]
+            out.append("")
+    return "\n".join(out).rstrip() + "\n"
+
+
+def _inline(text: str) -> str:
+    """The little Markdown the lines use: **bold**, `code`, ![alt](image)."""
+    text = html.escape(text)
+    if text.startswith("![") and text.endswith(")"):
+        alt, _, source = text[2:-1].partition("](")
+        return f'<img alt="{alt}" src="{source}">'
+    for mark, tag in (("**", "strong"), ("`", "code")):
+        pieces = text.split(mark)
+        text = "".join(piece if i % 2 == 0 else f"<{tag}>{piece}</{tag}>" for i, piece in enumerate(pieces))
+    return text
+
+
+def to_html(parts: list[Section]) -> str:
+    body = []
+    for index, part in enumerate(parts):
+        level = 1 if index == 0 else 2
+        body.append(f"<h{level}>{html.escape(part.title)}</h{level}>")
+        body += [f"<p>{_inline(line)}</p>" for line in part.lines]
+        if part.header:
+            body.append("<table>\n<tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in part.header) + "</tr>")
+            body += ["<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in part.rows]
+            body.append("</table>")
+    style = ("body{font-family:sans-serif;max-width:60em;margin:2em auto}table{border-collapse:collapse}"
+             "td,th{border:1px solid #ccc;padding:.2em .6em;text-align:left}")
+    return (f"<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>{html.escape(parts[0].title)}</title>"
+            f"<style>{style}</style></head>\n<body>\n" + "\n".join(body) + "\n</body></html>\n")
+
+
+def plot(search: Search, threshold: float, folder: Path) -> list[str]:
+    """Write the PNG plots; [] when matplotlib is not installed (an optional extra)."""
+    try:
+        import matplotlib
+    except ImportError:
+        return []
+    matplotlib.use("Agg")
+    from matplotlib import pyplot
+
+    metadata = {"Software": None}  # no version stamp: equal runs, equal bytes
+    figure, axes = pyplot.subplots(figsize=(7, 3.5))
+    axes.plot([t.index for t in search.trials], [t.metric for t in search.trials], "o-", label="trial")
+    axes.axhline(search.baseline, color="gray", linestyle=":", label="fp32")
+    axes.axhline(threshold, color="red", linestyle="--", label="goal")
+    axes.set(xlabel="trial", ylabel=search.metric.name, title="Metric per trial")
+    axes.legend()
+    figure.tight_layout()
+    figure.savefig(folder / "metric_per_trial.png", metadata=metadata)
+    pyplot.close(figure)
+    errors = search.node_errors()
+    figure, axes = pyplot.subplots(figsize=(7, 3.5))
+    axes.bar(list(errors), list(errors.values()))
+    axes.set(ylabel="output MSE (relative)", title="Per-node sensitivity under the default config")
+    axes.tick_params(axis="x", labelrotation=45)
+    figure.tight_layout()
+    figure.savefig(folder / "sensitivity.png", metadata=metadata)
+    pyplot.close(figure)
+    return list(PLOTS)
+
+
+def write_report(folder: Path, title: str, search: Search, chosen: Trial, threshold: float) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    parts = sections(title, search, chosen, threshold, plot(search, threshold, folder))
+    (folder / MARKDOWN).write_text(to_markdown(parts))
+    (folder / HTML).write_text(to_html(parts))

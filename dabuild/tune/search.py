@@ -1,0 +1,215 @@
+"""The search driver every strategy shares: budget, goal, objective, trial store and history.
+
+A strategy only proposes configs (`search.evaluate([...])`); the driver
+scores them (in parallel when asked), records each as a trial in proposal
+order, and raises `StopSearch` when the budget (`max_trials`, `timeout`) is
+spent, every config of the space has been seen, or a passing config reaches
+the cheapest cost the space allows. Because results are committed in proposal
+order and stop conditions are checked per commit, `-j N` records exactly the
+trials `-j 1` would.
+
+The chosen config is the cheapest passing one by the objective (size in
+weight bits, or BOPs), ties to the better score, then the earlier trial; with
+no passing config, the best-scoring one, reported as a miss.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import IO
+
+from dabuild.progress import Progress
+from dabuild.quant.config import QuantConfig
+from dabuild.tune.evaluate import Evaluator, Score, Scorer
+from dabuild.tune.space import TuningSpace
+from dabuild.tune.trials import Trial, TrialStore
+
+
+CHUNK = 32  # configs `evaluate_each` scores at once: enough for any -j, fixed so results never depend on it
+
+
+class StopSearch(Exception):
+    """Raised through the strategy when the driver ends the search; the message says why."""
+
+
+@dataclass(frozen=True)
+class Goal:
+    criterion: str  # relative | absolute
+    tolerable_loss: float
+
+    def threshold(self, baseline: float, higher_is_better: bool) -> float:
+        """The worst score within the tolerable loss of the float `baseline`."""
+        allowed = self.tolerable_loss * (abs(baseline) if self.criterion == "relative" else 1.0)
+        return baseline - allowed if higher_is_better else baseline + allowed
+
+    def passes(self, baseline: float, value: float, higher_is_better: bool) -> bool:
+        limit = self.threshold(baseline, higher_is_better)
+        return value >= limit if higher_is_better else value <= limit
+
+
+@dataclass(frozen=True)
+class Budget:
+    max_trials: int
+    timeout: float = 0.0  # seconds; 0: none
+
+
+class Search:
+    def __init__(self, space: TuningSpace, evaluator: Evaluator, scorer: Scorer, store: TrialStore, goal: Goal,
+                 objective: str, budget: Budget, progress: Progress, seed: int = 0, history: IO[str] | None = None):
+        self.space, self.evaluator, self.scorer, self.store = space, evaluator, scorer, store
+        self.goal, self.objective, self.budget, self.progress, self.seed = goal, objective, budget, progress, seed
+        self.history = history
+        self.trials: list[Trial] = []
+        self.stop_reason = "the strategy finished"
+        self.strategy_name = ""
+        self._seen: dict[str, Trial] = {}
+        self._floor = space.floor(objective)
+        self._start = time.monotonic()
+        self._errors: dict[str, dict[str, float]] = {}
+        self._scored: dict[str, tuple[Score, bool]] = {}  # scored in this run but not (yet) recorded; from store?
+
+    # ------------------------------------------------------------ what strategies read
+
+    @property
+    def metric(self):  # noqa: ANN201 - the Metric
+        return self.evaluator.metric
+
+    @property
+    def baseline(self) -> float:
+        return self.evaluator.baseline
+
+    def cost(self, config: QuantConfig) -> int:
+        return self.space.cost(config, self.objective)
+
+    def best(self) -> Trial | None:
+        """The cheapest passing trial (ties: better score, then earlier); None before any passes."""
+        passing = [t for t in self.trials if t.passed]
+        if not passing:
+            return None
+        sign = -1 if self.metric.higher_is_better else 1
+        return min(passing, key=lambda t: (t.cost, sign * t.metric, t.index))
+
+    def best_found(self) -> Trial | None:
+        """The chosen trial: the best passing one, else the best-scoring one."""
+        if not self.trials:
+            return None
+        sign = -1 if self.metric.higher_is_better else 1
+        return self.best() or min(self.trials, key=lambda t: (sign * t.metric, t.cost, t.index))
+
+    def could_improve(self, config: QuantConfig) -> bool:
+        """Might `config` beat the best passing trial? Only a strictly cheaper one can."""
+        best = self.best()
+        return best is None or self.cost(config) < best.cost
+
+    def seen(self, config: QuantConfig) -> Trial | None:
+        return self._seen.get(config.content_hash())
+
+    def node_errors(self, config: QuantConfig | None = None) -> dict[str, float]:
+        """Per-node output MSE against float under `config` (default: the space's default); no trial spent."""
+        config = config or self.space.default()
+        key = config.content_hash()
+        if key not in self._errors:
+            self._errors[key] = self.evaluator.node_errors(config)
+        return self._errors[key]
+
+    # ------------------------------------------------------------ the one thing strategies do
+
+    def evaluate(self, configs: Sequence[QuantConfig], step: str, until_pass: bool = False,
+                 until_fail: bool = False) -> list[Trial]:
+        """Score `configs` and record them in order; returns their trials (a config seen before returns its
+        earlier trial and costs nothing). With `until_pass`/`until_fail`, recording ends after the first
+        passing/failing new trial; the rest of the batch is not recorded (though kept in the store).
+        """
+        self._check_budget()
+        unique: dict[str, QuantConfig] = {}
+        for config in configs:
+            key = config.content_hash()
+            if key not in self._seen and key not in unique:
+                unique[key] = config
+        room = self.budget.max_trials - len(self.trials)
+        fresh = dict(list(unique.items())[:room])
+        for key in fresh:
+            if key not in self._scored:
+                stored = self.store.get(key)
+                if stored is not None:
+                    self._scored[key] = (stored, True)
+        missing = [key for key in fresh if key not in self._scored]
+        for key, score in zip(missing, self.scorer.score([fresh[key] for key in missing])):
+            self.store.put(key, score)
+            self._scored[key] = (score, False)
+        results: list[Trial] = []
+        for config in configs:
+            key = config.content_hash()
+            if key not in self._seen:
+                if key not in fresh:
+                    raise StopSearch(f"max_trials ({self.budget.max_trials}) reached")
+                score, cached = self._scored.pop(key)
+                trial = self._commit(config, key, score, cached=cached, step=step)
+                results.append(trial)
+                self._check_done()
+                if (until_pass and trial.passed) or (until_fail and not trial.passed):
+                    return results
+            else:
+                results.append(self._seen[key])
+        self._check_budget()
+        return results
+
+    def evaluate_each(self, configs: Sequence[QuantConfig], step: str) -> list[Trial]:
+        """Evaluate `configs` as if one by one, skipping each that cannot beat the best passing trial by the
+        time it is reached; scored in batches (in parallel with -j), recorded exactly as serially."""
+        recorded: list[Trial] = []
+        pending = deque(configs)
+        while pending:
+            chunk: list[QuantConfig] = []
+            while pending and len(chunk) < CHUNK:
+                config = pending.popleft()
+                if self.seen(config) is None and self.could_improve(config):
+                    chunk.append(config)
+            if not chunk:
+                break
+            batch = self.evaluate(chunk, step, until_pass=True)
+            recorded += batch
+            pending.extendleft(reversed(chunk[len(batch):]))
+        return recorded
+
+    def _commit(self, config: QuantConfig, key: str, score: Score, cached: bool, step: str) -> Trial:
+        passed = self.goal.passes(self.baseline, score.metric, self.metric.higher_is_better)
+        trial = Trial(len(self.trials), config, key, score.metric, score.mse, self.space.size(config),
+                      self.space.bops(config), self.cost(config), passed, score.seconds, cached, step)
+        self.trials.append(trial)
+        self._seen[key] = trial
+        if self.history is not None:
+            self.history.write(json.dumps(trial.to_json(), sort_keys=True) + "\n")
+            self.history.flush()
+        self.progress.debug(f"trial {trial.index} ({step}): {self.metric.name} {trial.metric:.4f}, "
+                            f"{self.objective} {trial.cost}, {'pass' if passed else 'fail'}"
+                            f"{' (stored)' if cached else ''}")
+        return trial
+
+    def _check_done(self) -> None:
+        best = self.best()
+        if best is not None and best.cost <= self._floor:
+            raise StopSearch(f"a passing config has the least {self.objective} the space allows")
+        if len(self._seen) >= self.space.total():
+            raise StopSearch("every config of the space was evaluated")
+
+    def _check_budget(self) -> None:
+        if len(self.trials) >= self.budget.max_trials:
+            raise StopSearch(f"max_trials ({self.budget.max_trials}) reached")
+        if self.budget.timeout and time.monotonic() - self._start > self.budget.timeout:
+            raise StopSearch(f"timeout ({self.budget.timeout:g} s) reached")
+
+    # ------------------------------------------------------------ running a strategy
+
+    def run(self, strategy: object) -> Trial | None:
+        """Let `strategy.search(self)` propose until it returns or the driver stops it; the chosen trial."""
+        self.strategy_name = getattr(strategy, "name", type(strategy).__name__)
+        try:
+            strategy.search(self)  # type: ignore[attr-defined]
+        except StopSearch as stop:
+            self.stop_reason = str(stop)
+        return self.best_found()

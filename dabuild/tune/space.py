@@ -1,0 +1,255 @@
+"""The tuning space: per node, every quantization config the capability allows, narrowed by the recipe.
+
+A node's candidates are the cartesian product of its capability entry's
+weight and activation choices (dtype x scheme x granularity x algorithm per
+role), in the capability's order, so the first candidate is the default
+choice; plus fp32 (`NodeConfig(None, None)`: the node runs in float) when the
+capability allows fallback. This is what Intel Neural Compressor's
+`query_fw_capability` returns, op-wise and op-type-wise.
+
+`tuning.space` in the recipe narrows it like INC's `op_type_dict` and
+`op_name_dict`: per op type or per node name, per role, a list per field;
+op_name wins over op_type field by field. A narrowing the capability cannot
+honour is an error naming it, never a silent no-op. Listing `fp32` among a
+role's dtypes keeps fallback; narrowing dtypes without it removes fallback.
+"""
+
+from __future__ import annotations
+
+import difflib
+import itertools
+import math
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from dabuild.capability import CapabilitySpec, QuantChoices
+from dabuild.errors import BuildError
+from dabuild.ir.graph import Graph
+from dabuild.quant.calibrate import LAST_AXIS_OPS
+from dabuild.quant.config import LOWERED_DTYPES, QUANTIZABLE_OPS, NodeConfig, QuantChoice, QuantConfig
+
+FP32 = NodeConfig(weight=None, activation=None)
+FLOAT_DTYPE = "fp32"
+FIELDS = ("dtype", "scheme", "granularity", "algorithm")
+OBJECTIVES = ("size", "bops")
+
+Narrowing = Mapping[str, Mapping[str, Mapping[str, list[str]]]]  # op type or node name -> role -> field -> values
+
+
+def dtype_bits(dtype: str | None) -> int:
+    """Bits of one stored value: int8 -> 8, int4 -> 4; None (float) -> 32."""
+    if dtype is None:
+        return 32
+    match = re.search(r"\d+", dtype)
+    if match is None:
+        raise BuildError(f"dtype {dtype!r}: cannot tell its width in bits")
+    return int(match.group())
+
+
+@dataclass(frozen=True)
+class NodeSpace:
+    """One node's candidates and what its cost depends on."""
+
+    name: str
+    op: str
+    candidates: tuple[NodeConfig, ...]  # the first is the default
+    weight_size: int  # elements of the node's constant weight (0: no weight)
+    macs: int  # multiply-accumulates per sample through the weight (0: no weight)
+    source: str | None  # the node whose activation quantizes this node's input (None: unknown, counted as float)
+
+    @property
+    def default(self) -> NodeConfig:
+        return self.candidates[0]
+
+    def weight_bits(self, choice: NodeConfig) -> int:
+        return self.weight_size * dtype_bits(choice.weight.dtype if choice.weight else None)
+
+
+@dataclass
+class TuningSpace:
+    """Every node's candidates, in graph order, with the costs the objective compares."""
+
+    nodes: dict[str, NodeSpace]
+
+    def default(self) -> QuantConfig:
+        return QuantConfig({name: node.default for name, node in self.nodes.items()})
+
+    def fp32(self) -> QuantConfig:
+        """Every node in float: the reference point of the size and BOPs ratios."""
+        return QuantConfig({name: FP32 for name in self.nodes})
+
+    def size(self, config: QuantConfig) -> int:
+        """Total bits of the weights stored under `config`."""
+        return sum(node.weight_bits(config.nodes[name]) for name, node in self.nodes.items())
+
+    def bops(self, config: QuantConfig) -> int:
+        """Bit operations per sample: multiply-accumulates x weight bits x input activation bits."""
+        total = 0
+        for name, node in self.nodes.items():
+            choice = config.nodes[name]
+            if node.macs == 0:
+                continue
+            if choice.weight is None:
+                total += node.macs * 32 * 32
+                continue
+            source = config.nodes[node.source].activation if node.source else None
+            total += node.macs * dtype_bits(choice.weight.dtype) * dtype_bits(source.dtype if source else None)
+        return total
+
+    def cost(self, config: QuantConfig, objective: str) -> int:
+        if objective not in OBJECTIVES:
+            raise BuildError(f"unknown tuning objective {objective!r} (known: {', '.join(OBJECTIVES)})")
+        return self.size(config) if objective == "size" else self.bops(config)
+
+    def floor(self, objective: str) -> int:
+        """A lower bound of the cost over the whole space: reaching it means nothing cheaper exists."""
+        if objective == "size":
+            return sum(min(node.weight_bits(c) for c in node.candidates) for node in self.nodes.values())
+        activation_bits = min((dtype_bits(c.activation.dtype if c.activation else None)
+                               for node in self.nodes.values() for c in node.candidates), default=32)
+        return sum(node.macs * min(dtype_bits(c.weight.dtype if c.weight else None) for c in node.candidates)
+                   * activation_bits for node in self.nodes.values())
+
+    def total(self) -> int:
+        """How many configs the space holds."""
+        return math.prod(len(node.candidates) for node in self.nodes.values())
+
+    def with_node(self, config: QuantConfig, name: str, choice: NodeConfig) -> QuantConfig:
+        return QuantConfig({**config.nodes, name: choice})
+
+    def all_configs(self) -> Iterator[QuantConfig]:
+        names = list(self.nodes)
+        for picks in itertools.product(*(self.nodes[name].candidates for name in names)):
+            yield QuantConfig(dict(zip(names, picks)))
+
+    def capability_view(self) -> dict[str, Any]:
+        """INC's `query_fw_capability` shape: op-wise (node name, op type) and op-type-wise candidate lists."""
+        opwise = {(node.name, node.op): [_describe(c) for c in node.candidates] for node in self.nodes.values()}
+        optypewise: dict[str, list[dict[str, Any]]] = {}
+        for (_, op), candidates in opwise.items():
+            merged = optypewise.setdefault(op, [])
+            merged += [c for c in candidates if c not in merged]
+        return {"opwise": opwise, "optypewise": optypewise}
+
+
+def _describe(choice: NodeConfig) -> dict[str, Any]:
+    return {role: (asdict(value) if value else {"dtype": FLOAT_DTYPE})
+            for role, value in (("weight", choice.weight), ("activation", choice.activation))}
+
+
+def build_space(graph: Graph, capability: CapabilitySpec, narrowing: Mapping[str, Narrowing] | None = None) -> TuningSpace:
+    """Graph x capability (x the recipe's `tuning.space`) -> every node's candidates.
+
+    Raises BuildError naming the recipe key, the node or op type and the
+    capability when a narrowing cannot be honoured.
+    """
+    narrowing = narrowing or {}
+    by_type, by_name = dict(narrowing.get("op_type") or {}), dict(narrowing.get("op_name") or {})
+    _check_names(graph, by_type, by_name)
+    shapes = graph.tensor_shapes()
+    producers = graph.producers()
+    input_consumers = {spec.name: next((n.name for n in graph.nodes if spec.name in n.inputs), None)
+                       for spec in graph.inputs}
+    nodes: dict[str, NodeSpace] = {}
+    for node in graph.nodes:
+        candidates = _candidates(node.name, node.op, capability, by_type.get(node.op, {}), by_name.get(node.name, {}))
+        weight = graph.constants.get(node.inputs[1]) if len(node.inputs) > 1 else None
+        has_weight = weight is not None and "weight" in QUANTIZABLE_OPS.get(node.op, ())
+        macs = 0
+        if has_weight:
+            out = shapes[node.outputs[0]].shape
+            per_sample = math.prod(int(d or 1) for d in out[1:])
+            channels = int(out[-1] if node.op in LAST_AXIS_OPS else out[1])
+            macs = int(weight.size) * (per_sample // channels)
+        first = node.inputs[0] if node.inputs else None
+        source = producers[first].name if first in producers else input_consumers.get(first or "")
+        nodes[node.name] = NodeSpace(node.name, node.op, candidates, int(weight.size) if has_weight else 0, macs, source)
+    return TuningSpace(nodes)
+
+
+def _check_names(graph: Graph, by_type: dict[str, Any], by_name: dict[str, Any]) -> None:
+    op_types = sorted({node.op for node in graph.nodes})
+    for op in by_type:
+        if op not in op_types:
+            raise BuildError(f"tuning.space.op_type: no node of op type {op!r} in the graph "
+                             f"(op types: {', '.join(op_types)})")
+    names = [node.name for node in graph.nodes]
+    for name in by_name:
+        if name not in names:
+            close = difflib.get_close_matches(name, names, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise BuildError(f"tuning.space.op_name: no node named {name!r} in the graph{hint} "
+                             f"(nodes: {', '.join(names)})")
+
+
+def _candidates(name: str, op: str, capability: CapabilitySpec, by_type: Mapping[str, Any],
+                by_name: Mapping[str, Any]) -> tuple[NodeConfig, ...]:
+    """The node's candidates: the product of its roles' narrowed choices, then fp32 if allowed and kept."""
+    roles = QUANTIZABLE_OPS.get(op)
+    entry = capability.for_op(op)
+    keys = {role: _merge(by_type.get(role) or {}, by_name.get(role) or {}) for role in ("weight", "activation")}
+    for role, fields in keys.items():
+        if fields and role not in (roles or ()):
+            where = _where(name, op, by_name, role)
+            raise BuildError(f"{where}: op {op!r} has no {role} to quantize")
+    dtype_lists = {role: fields["dtype"] for role, fields in keys.items() if "dtype" in fields}
+    for role, dtypes in dtype_lists.items():
+        if FLOAT_DTYPE in dtypes and not capability.fp32_fallback:
+            raise BuildError(f"{_where(name, op, by_name, role, 'dtype')}: capability {capability.name!r} does not "
+                             "allow fp32 fallback")
+    keep_float = all(FLOAT_DTYPE in dtypes for dtypes in dtype_lists.values())
+    fallback = (FP32,) if capability.fp32_fallback and keep_float else ()
+    missing = [role for role in roles or () if getattr(entry, role) is None]
+    if roles is None or missing:
+        if fallback:
+            return fallback
+        reason = (f"op {op!r} has no integer lowering yet" if roles is None
+                  else f"capability {capability.name!r} does not allow {missing[0]} quantization of op {op!r}")
+        raise BuildError(f"node {name!r}: {reason}, and the capability does not allow fp32 fallback")
+    per_role = []
+    for role in roles:
+        choices = _narrow(getattr(entry, role), keys[role], name, op, role, capability.name, by_name)
+        per_role.append([QuantChoice(*values) for values in itertools.product(*choices)])
+    integer = tuple(NodeConfig(**{"weight": None, "activation": None, **dict(zip(roles, picks))})
+                    for picks in itertools.product(*per_role))
+    candidates = integer + fallback
+    if not candidates:
+        raise BuildError(f"node {name!r} ({op}): tuning.space leaves no candidate config")
+    return candidates
+
+
+def _merge(by_type: Mapping[str, list[str]], by_name: Mapping[str, list[str]]) -> dict[str, list[str]]:
+    return {**{k: v for k, v in by_type.items() if v is not None}, **{k: v for k, v in by_name.items() if v is not None}}
+
+
+def _where(name: str, op: str, by_name: Mapping[str, Any], role: str, field: str | None = None) -> str:
+    """The recipe key a problem comes from: op_name's if it sets this role (and field), else op_type's."""
+    from_name = role in by_name and (field is None or field in (by_name[role] or {}))
+    key = f"{role}.{field}" if field else role
+    return f"tuning.space.op_name.{name}.{key}" if from_name else f"tuning.space.op_type.{op}.{key}"
+
+
+def _narrow(offered: QuantChoices, wanted: Mapping[str, list[str]], name: str, op: str, role: str,
+            capability: str, by_name: Mapping[str, Any]) -> list[list[str]]:
+    """Each field's values: the capability's (dtypes dabuild lowers), kept in its order, cut to the recipe's."""
+    lists = []
+    for field in FIELDS:
+        values = list(getattr(offered, field))
+        if field == "dtype":
+            values = [d for d in values if d in LOWERED_DTYPES]
+        asked = [v for v in wanted.get(field, values) if not (field == "dtype" and v == FLOAT_DTYPE)]
+        for value in asked:
+            if value not in values:
+                offered_text = ", ".join(values) or "none"
+                lowered = (f"; dabuild lowers only {', '.join(LOWERED_DTYPES)}"
+                           if field == "dtype" and value in getattr(offered, field) else "")
+                raise BuildError(f"{_where(name, op, by_name, role, field)}: capability {capability!r} does not "
+                                 f"offer {value!r} for {role}s of op {op!r} (offers: {offered_text}){lowered}")
+        lists.append([v for v in values if v in asked])
+    if not lists[0]:
+        if "dtype" not in wanted:
+            raise BuildError(f"node {name!r}: capability {capability!r} offers {role} dtypes "
+                             f"{list(offered.dtype)} for op {op!r}; dabuild lowers only {list(LOWERED_DTYPES)}")
+    return lists

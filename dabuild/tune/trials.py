@@ -1,0 +1,116 @@
+"""Trials: one evaluated config each, kept in the history file and in a store that outlives the build.
+
+The store answers "was this config already scored on this model, calibration,
+evaluation data and metric?": its files live under
+`<context hash>/<config hash>.json`, where the context hash covers everything
+a score depends on besides the config. Raising `max_trials`, re-running after
+an interruption, or another strategy on the same model re-evaluates nothing
+already seen. Files are written whole and renamed into place, so concurrent
+builds and killed runs never leave a half-written score behind.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dabuild import __version__
+from dabuild.ir.graph import Graph
+from dabuild.quant.config import QuantConfig
+from dabuild.tune.evaluate import Score
+
+TRIAL_FORMAT = 1  # bump when what a score means changes (quantize, reference, metric semantics)
+
+
+@dataclass(frozen=True)
+class Trial:
+    index: int
+    config: QuantConfig
+    config_hash: str
+    metric: float
+    mse: float
+    size: int  # weight bits
+    bops: int
+    cost: int  # by the recipe's objective
+    passed: bool
+    seconds: float  # time the evaluation took when it was first made
+    cached: bool  # score read from the trial store, not evaluated in this run
+    step: str  # which phase of the strategy proposed it
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "trial": self.index,
+            "config_hash": self.config_hash,
+            "metric": self.metric,
+            "mse": self.mse,
+            "size_bits": self.size,
+            "bops": self.bops,
+            "cost": self.cost,
+            "passed": self.passed,
+            "seconds": round(self.seconds, 6),
+            "cached": self.cached,
+            "step": self.step,
+            "config": describe_config(self.config),
+        }
+
+
+def describe_config(config: QuantConfig) -> dict[str, str]:
+    """node -> `w:int8/sym/per_tensor/minmax a:int8/asym/per_tensor/minmax`, or `fp32`."""
+    def role(prefix: str, choice: Any) -> str:
+        return f"{prefix}:{choice.dtype}/{choice.scheme}/{choice.granularity}/{choice.algorithm}" if choice else ""
+
+    return {name: " ".join(filter(None, (role("w", c.weight), role("a", c.activation)))) or "fp32"
+            for name, c in config.nodes.items()}
+
+
+def _array_hash(array: np.ndarray) -> str:
+    array = np.ascontiguousarray(array)
+    return hashlib.sha256(f"{array.dtype}{array.shape}".encode() + array.tobytes()).hexdigest()
+
+
+def context_hash(graph: Graph, stats_file: Path, x: np.ndarray, labels: np.ndarray, metric_identity: str) -> str:
+    """Everything a trial's score depends on except the config itself."""
+    parts = {
+        "format": TRIAL_FORMAT,
+        "dabuild": __version__,
+        "graph": graph.content_hash(),
+        "names": [[node.name, *node.outputs] for node in graph.nodes],
+        "stats": hashlib.sha256(Path(stats_file).read_bytes()).hexdigest(),
+        "x": _array_hash(x),
+        "labels": _array_hash(labels),
+        "metric": metric_identity,
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+
+class TrialStore:
+    """Scores by config hash within one context; a store without a root remembers nothing (--no-cache)."""
+
+    def __init__(self, root: Path | None, context: str):
+        self.folder = None if root is None else Path(root) / context[:2] / context
+
+    def get(self, config_hash: str) -> Score | None:
+        if self.folder is None:
+            return None
+        try:
+            data = json.loads((self.folder / f"{config_hash}.json").read_text())
+            return Score(float(data["metric"]), float(data["mse"]), float(data["seconds"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            return None  # absent or damaged: evaluate again
+
+    def put(self, config_hash: str, score: Score) -> None:
+        if self.folder is None:
+            return
+        self.folder.mkdir(parents=True, exist_ok=True)
+        text = json.dumps({"metric": score.metric, "mse": score.mse, "seconds": score.seconds})
+        handle, tmp = tempfile.mkstemp(prefix=".trial-", dir=self.folder)
+        with os.fdopen(handle, "w") as stream:
+            stream.write(text)
+        os.replace(tmp, self.folder / f"{config_hash}.json")

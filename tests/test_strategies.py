@@ -1,0 +1,112 @@
+"""Every registered strategy on the digits MLP, and `basic` against Intel Neural Compressor's basic order.
+
+The 1 % relative accuracy goal is met by the default int8 config on this net,
+so each strategy must stop at once; a continuous metric (the negative
+log-likelihood, a user metric) with a 0.1 % goal makes them search.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dabuild.plugins import STRATEGIES, available
+from dabuild.quant.config import QuantConfig
+from dabuild.tune.evaluate import Evaluator, EvalSetup
+from dabuild.tune.search import Goal
+from dabuild.tune.space import FP32, TuningSpace, build_space
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_tuning import C_FALLBACK, NLL_GOAL, digits_recipe, digits_stages, nll_recipe_dir, tune  # noqa: E402,F401
+
+STRATEGY_NAMES = ["basic", "sensitivity", "exhaustive", "random", "bayesian", "mixed-precision"]
+def inc_basic_trials(space: TuningSpace, score, passes) -> int | None:  # noqa: ANN001
+    """Trials Intel Neural Compressor's basic strategy needs to first meet the goal on `space`, or None.
+
+    Its order: the default config; op-type-wise, each other quantization
+    choice on every node of an op type (the best becomes the base); op-wise,
+    each node's fp32 fallback in graph order; then the fallbacks accumulated,
+    best-scoring first. `score(config)` -> metric, `passes(metric)` -> bool;
+    lower metric is better here (the NLL).
+    """
+    tried: dict[str, float] = {}
+
+    def trial(config: QuantConfig) -> bool:
+        key = config.content_hash()
+        if key not in tried:
+            tried[key] = score(config)
+        return passes(tried[key])
+
+    default = base = space.default()
+    if trial(base):
+        return len(tried)
+    for op in dict.fromkeys(node.op for node in space.nodes.values()):
+        members = [n for n in space.nodes.values() if n.op == op]
+        for choice in dict.fromkeys(c for n in members for c in n.candidates if c != FP32):
+            config = QuantConfig({**default.nodes, **{n.name: choice for n in members if choice in n.candidates}})
+            if trial(config):
+                return len(tried)
+            if tried[config.content_hash()] < tried[base.content_hash()]:
+                base = config
+    fallbacks = {}
+    for name, node in space.nodes.items():
+        if FP32 in node.candidates:
+            config = space.with_node(base, name, FP32)
+            if trial(config):
+                return len(tried)
+            fallbacks[name] = tried[config.content_hash()]
+    config = base
+    for name in sorted(fallbacks, key=fallbacks.get):
+        config = space.with_node(config, name, FP32)
+        if trial(config):
+            return len(tried)
+    return None
+
+
+def test_every_strategy_is_registered() -> None:
+    assert set(STRATEGY_NAMES) <= set(available(STRATEGIES))
+
+
+@pytest.mark.parametrize("strategy", STRATEGY_NAMES)
+def test_strategy_meets_a_one_percent_goal_on_digits(strategy: str, digits_stages: tuple[Path, Path],
+                                                     tmp_path: Path) -> None:
+    if strategy == "bayesian":
+        pytest.importorskip("optuna")
+    metrics = tune(digits_stages, tmp_path / "out", digits_recipe(strategy=strategy), C_FALLBACK, tmp_path / "t")
+    assert metrics["goal_met"] and metrics["quantized"] >= 0.99 * metrics["fp32"]
+    assert metrics["trials"] == 1 and "least size" in metrics["stop_reason"]  # the int8 default is cheapest
+
+
+@pytest.mark.parametrize("strategy", STRATEGY_NAMES)
+def test_strategy_searches_until_a_strict_goal_is_met(strategy: str, digits_stages: tuple[Path, Path],
+                                                      tmp_path: Path) -> None:
+    if strategy == "bayesian":
+        pytest.importorskip("optuna")
+    folder = nll_recipe_dir(tmp_path)
+    recipe = digits_recipe(folder, strategy=strategy, accuracy=NLL_GOAL, max_trials=60)
+    metrics = tune(digits_stages, tmp_path / "out", recipe, C_FALLBACK, tmp_path / "t")
+    history = metrics["history"]
+    assert metrics["goal_met"] and not history[0]["passed"] and len(history) > 1
+    assert metrics["quantized"] <= metrics["fp32"] * 1.001
+    cheapest = min(t["cost"] for t in history if t["passed"])
+    assert metrics["size_bits"] == cheapest  # the objective picks among passing trials
+
+
+def test_basic_needs_no_more_trials_than_inc_basic_order(digits_stages: tuple[Path, Path], tmp_path: Path) -> None:
+    folder = nll_recipe_dir(tmp_path)
+    recipe = digits_recipe(folder, strategy="basic", accuracy=NLL_GOAL)
+    data = np.load(folder / "data.npz")
+    evaluator = Evaluator(EvalSetup(*digits_stages, data["x_test"].astype(np.float32), data["y_test"],
+                                    "nll.py:nll", folder, 64))
+    from dabuild.ir.graph import Graph
+
+    space = build_space(Graph.load(digits_stages[0]), C_FALLBACK)
+    goal = Goal(**NLL_GOAL)
+    inc = inc_basic_trials(space, lambda c: evaluator.score(c).metric,
+                           lambda m: goal.passes(evaluator.baseline, m, higher_is_better=False))
+    metrics = tune(digits_stages, tmp_path / "out", recipe, C_FALLBACK, tmp_path / "t")
+    first_pass = next(t["trial"] for t in metrics["history"] if t["passed"]) + 1
+    assert inc is not None and first_pass <= inc
