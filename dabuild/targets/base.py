@@ -20,6 +20,7 @@ class Target:
     kind: ClassVar[str]
     capability: ClassVar[str]          # name of the capability YAML used when the recipe names none
     default_tolerance: ClassVar[str]   # a level of dabuild.targets.tolerance.LEVELS
+    packages: ClassVar[tuple[str, ...]] = ()   # Python packages whose versions enter the export/check keys
 
     class Options(BaseModel):
         model_config = ConfigDict(extra="forbid")
