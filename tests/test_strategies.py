@@ -23,15 +23,15 @@ sys.path.insert(0, str(Path(__file__).parent))
 from test_tuning import C_FALLBACK, NLL_GOAL, digits_recipe, digits_stages, nll_recipe_dir, tune  # noqa: E402,F401
 
 STRATEGY_NAMES = ["basic", "sensitivity", "exhaustive", "random", "bayesian", "mixed-precision"]
-def inc_basic_trials(space: TuningSpace, score, passes) -> int | None:  # noqa: ANN001
+def inc_basic_trials(space: TuningSpace, score, passes, higher_is_better: bool = False) -> int | None:  # noqa: ANN001
     """Trials Intel Neural Compressor's basic strategy needs to first meet the goal on `space`, or None.
 
     Its order: the default config; op-type-wise, each other quantization
     choice on every node of an op type (the best becomes the base); op-wise,
     each node's fp32 fallback in graph order; then the fallbacks accumulated,
-    best-scoring first. `score(config)` -> metric, `passes(metric)` -> bool;
-    lower metric is better here (the NLL).
+    best-scoring first. `score(config)` -> metric, `passes(metric)` -> bool.
     """
+    sign = -1 if higher_is_better else 1
     tried: dict[str, float] = {}
 
     def trial(config: QuantConfig) -> bool:
@@ -49,7 +49,7 @@ def inc_basic_trials(space: TuningSpace, score, passes) -> int | None:  # noqa: 
             config = QuantConfig({**default.nodes, **{n.name: choice for n in members if choice in n.candidates}})
             if trial(config):
                 return len(tried)
-            if tried[config.content_hash()] < tried[base.content_hash()]:
+            if sign * tried[config.content_hash()] < sign * tried[base.content_hash()]:
                 base = config
     fallbacks = {}
     for name, node in space.nodes.items():
@@ -59,7 +59,7 @@ def inc_basic_trials(space: TuningSpace, score, passes) -> int | None:  # noqa: 
                 return len(tried)
             fallbacks[name] = tried[config.content_hash()]
     config = base
-    for name in sorted(fallbacks, key=fallbacks.get):
+    for name in sorted(fallbacks, key=lambda name: sign * fallbacks[name]):
         config = space.with_node(config, name, FP32)
         if trial(config):
             return len(tried)
