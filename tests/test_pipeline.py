@@ -229,3 +229,13 @@ def test_capability_path_change_alone_is_noticed(
     assert main(["build", str(digits), "--build-dir", str(tmp_path / "build"), "-q"]) == 2
     (extra / "broken.yaml").unlink()
     assert main(["build", str(digits), "--build-dir", str(tmp_path / "build"), "-q"]) == 0
+
+
+def test_noop_stamp_watches_the_metadata_of_packages_stages_use(digits: Path, tmp_path: Path, cache_dir: Path) -> None:
+    from importlib.metadata import version
+
+    build(digits, tmp_path / "build")
+    stamp_file = next((tmp_path / "build" / ".stamps").glob("*.json"))
+    watched = json.loads(stamp_file.read_text())["read"]
+    numpy_metadata = [p for p in watched if f"numpy-{version('numpy')}.dist-info" in p]
+    assert numpy_metadata and Path(numpy_metadata[0]).name == "METADATA"

@@ -101,7 +101,24 @@ def _files_read(recipe: Recipe, stages: list[Stage], capabilities: dict) -> list
     read += [Path(entry) for entry in os.environ.get(ENV_PATH, "").split(os.pathsep) if entry]
     read += [spec.path for spec in capabilities.values() if spec.path is not None]
     read += [path for stage in stages for path in stage.files.values()]
+    read += _package_metadata({name for stage in stages for name in stage.packages})
     return sorted(set(read))
+
+
+def _package_metadata(names: set[str]) -> list[Path]:
+    """The METADATA file of each installed package: an upgrade rewrites it, so the fast path notices."""
+    from importlib.metadata import PackageNotFoundError, distribution
+
+    found = []
+    for name in names:
+        try:
+            dist = distribution(name)
+        except PackageNotFoundError:
+            continue
+        metadata = next((f for f in dist.files or () if f.name == "METADATA"), None)
+        if metadata is not None:
+            found.append(Path(dist.locate_file(metadata)))
+    return found
 
 
 def _files_written(workspace: Workspace, stages: list[Stage]) -> list[Path]:
