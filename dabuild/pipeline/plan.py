@@ -88,6 +88,7 @@ def plan(recipe: "Recipe", capabilities: dict[str, "CapabilitySpec"], targets: l
                 "framework": model.framework,
                 "entry": _source_entry(recipe),
                 "inputs": model.inputs,
+                "hooks": _trace_hooks(recipe),
             },
             files=model_files,
             packages=_framework_packages(recipe),
@@ -110,6 +111,23 @@ def plan(recipe: "Recipe", capabilities: dict[str, "CapabilitySpec"], targets: l
             stages.append(_tune_stage(recipe, capabilities[capability]))
         stages.extend(_target_stages(recipe, target, capability))
     return stages
+
+
+def _trace_hooks(recipe: "Recipe") -> list[str]:
+    """Target kinds whose `pre_trace`/`post_trace` hooks run in the trace stage.
+
+    They enter the trace key, so a recipe with a hooked target never reuses a trace
+    made without its hooks; the built-in targets have none, so their recipes share traces.
+    """
+    from dabuild.plugins import TARGETS, load
+    from dabuild.targets.base import Target
+
+    hooked = set()
+    for target in recipe.targets:
+        cls = load(TARGETS, target.kind)
+        if cls.pre_trace is not Target.pre_trace or cls.post_trace is not Target.post_trace:
+            hooked.add(target.kind)
+    return sorted(hooked)
 
 
 def _tune_stage(recipe: "Recipe", capability: "CapabilitySpec") -> Stage:

@@ -27,9 +27,17 @@ def stage_functions(recipe: "Recipe", capabilities: dict[str, "CapabilitySpec"],
     """
 
     def trace(run: StageRun) -> None:
+        from dabuild.ir.graph import Graph
         from dabuild.trace.base import trace_stage
 
+        hooked = [_target(recipe, t.name) for t in recipe.targets if t.kind in run.stage.config["hooks"]]
+        for target in hooked:
+            target.pre_trace(recipe.model)
         trace_stage(recipe.model, recipe.base_dir, run.out_dir, run.progress)
+        if hooked:
+            graph = Graph.load(run.out_dir)
+            for target in hooked:
+                target.post_trace(graph)
 
     def calibrate(run: StageRun) -> None:
         from dabuild.data import batches, load_inputs
