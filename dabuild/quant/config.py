@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 from dabuild.errors import BuildError
 from dabuild.ir.graph import Graph
+from dabuild.quant.qgraph import WEIGHT_ONLY_DTYPES
 
 # Which tensors of each op type quantization touches; ops missing here have no integer lowering
 # (they can only run in fp32). Every quantized node has an activation choice, even where its output
@@ -32,7 +33,7 @@ QUANTIZABLE_OPS: dict[str, tuple[str, ...]] = {
     **{op: ("weight", "activation") for op in _WEIGHTED},
     **{op: ("activation",) for op in _ACTIVATION_ONLY},
 }
-LOWERED_DTYPES = ("int8",)
+LOWERED_DTYPES = ("int8", "int4")  # int4: weights only (qgraph.WEIGHT_ONLY_DTYPES), stored as int8
 
 
 @dataclass(frozen=True)
@@ -116,10 +117,11 @@ def _first_choice(choices: _Choices | None, node: str, op: str, role: str, capab
     if choices is None:
         raise BuildError(f"node {node!r}: capability {capability!r} does not allow {role} quantization "
                          f"of op {op!r}")
-    dtypes = [d for d in choices.dtype if d in LOWERED_DTYPES]
+    lowered = [d for d in LOWERED_DTYPES if role == "weight" or d not in WEIGHT_ONLY_DTYPES]
+    dtypes = [d for d in choices.dtype if d in lowered]
     if not dtypes:
         raise BuildError(f"node {node!r}: capability {capability!r} offers {role} dtypes {choices.dtype} "
-                         f"for op {op!r}; dabuild lowers only {list(LOWERED_DTYPES)}")
+                         f"for op {op!r}; dabuild lowers only {lowered} for {role}s")
     return QuantChoice(dtypes[0], choices.scheme[0], choices.granularity[0], choices.algorithm[0])
 
 

@@ -21,17 +21,20 @@ from dabuild.quant.algorithms import ALGORITHMS
 from dabuild.quant.calibrate import Stats
 from dabuild.quant.config import NodeConfig, QuantChoice
 from dabuild.quant.fixed_point import round_half_away
-from dabuild.quant.qgraph import INT_RANGES, QLayer, QTensor, QuantParams
+from dabuild.quant.qgraph import INT_RANGES, STORAGE_DTYPES, WEIGHT_ONLY_DTYPES, QLayer, QTensor, QuantParams
 
 # A range the fp32 fallback and graph inputs without a quantized consumer use.
 MINMAX_INT8 = QuantChoice("int8", "asym", "per_tensor", "minmax")
 
 
-def require(choice: QuantChoice, where: str, *, scheme: tuple[str, ...], granularity: tuple[str, ...]) -> None:
-    """Fail clearly on a choice the integer lowering cannot honour yet."""
+def require(choice: QuantChoice, where: str, *, scheme: tuple[str, ...], granularity: tuple[str, ...],
+            weight: bool = False) -> None:
+    """Fail clearly on a choice the integer lowering cannot honour yet (`weight`: the choice is a weight's)."""
     problems = []
     if choice.dtype not in INT_RANGES:
         problems.append(f"dtype {choice.dtype!r}")
+    elif choice.dtype in WEIGHT_ONLY_DTYPES and not weight:
+        problems.append(f"dtype {choice.dtype!r} for activations (only for weights)")
     if choice.scheme not in scheme:
         problems.append(f"scheme {choice.scheme!r}")
     if choice.granularity not in granularity:
@@ -75,15 +78,19 @@ def weight_peaks(weight: np.ndarray, choice: QuantChoice, channel_axis: int) -> 
 
 def quantize_weight(weight: np.ndarray, choice: QuantChoice, where: str,
                     channel_axis: int = -1) -> tuple[np.ndarray, np.ndarray]:
-    """Symmetric int weights and their scales: shape (1,) per tensor, one per output channel per channel."""
-    require(choice, where, scheme=("sym",), granularity=("per_tensor", "per_channel"))
+    """Symmetric int weights and their scales: shape (1,) per tensor, one per output channel per channel.
+
+    The values lie in [-qmax, qmax] of the choice's dtype (int8: +-127, int4: +-7), stored in its
+    storage type (int8 for both), so the integer kernels need nothing new for narrower weights.
+    """
+    require(choice, where, scheme=("sym",), granularity=("per_tensor", "per_channel"), weight=True)
     qmax = INT_RANGES[choice.dtype][1]
     channel_axis %= weight.ndim
     peak = weight_peaks(weight, choice, channel_axis)
     scales = np.where(peak > 0, peak / qmax, 1.0)
     shape = [1] * weight.ndim
     shape[channel_axis] = -1
-    q = np.clip(round_half_away(weight / scales.reshape(shape)), -qmax, qmax).astype(choice.dtype)
+    q = np.clip(round_half_away(weight / scales.reshape(shape)), -qmax, qmax).astype(STORAGE_DTYPES[choice.dtype])
     return q, scales
 
 

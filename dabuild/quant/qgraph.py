@@ -36,7 +36,12 @@ from dabuild.quant.fixed_point import round_half_away
 QGRAPH_FILE = "qgraph.json"
 QWEIGHTS_FILE = "qweights.npz"
 FORMAT_VERSION = 2
-INT_RANGES: dict[str, tuple[int, int]] = {"int8": (-128, 127)}
+INT_RANGES: dict[str, tuple[int, int]] = {"int8": (-128, 127), "int4": (-8, 7)}
+# The numpy type each dtype's values are stored in: int4 weights sit one per int8 byte, so every kernel
+# (the numpy reference and the C int8 kernels) runs them unchanged and only the range differs.
+STORAGE_DTYPES: dict[str, str] = {"int8": "int8", "int4": "int8"}
+# Dtypes only weights may use: activations flow between kernels that clamp to the int8 range.
+WEIGHT_ONLY_DTYPES = ("int4",)
 _CONSTANT_KEY = ":constant:"  # npz member prefix of graph constants (layer arrays are "<layer>/<field>")
 
 Trace = dict[str, np.ndarray]
