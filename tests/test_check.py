@@ -1,4 +1,4 @@
-"""Tolerance levels and check_stage reports, against the real C target."""
+"""Tolerance levels, check_stage reports against the real C target, and locating the first diverging layer."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from test_c_target import STRICT, export, random_mlp
 from dabuild.errors import CheckError
 from dabuild.progress import Progress
 from dabuild.targets.c import CTarget
-from dabuild.targets.check import check_stage
+from dabuild.quant.reference import quantize_input, run_integer
+from dabuild.targets.check import check_stage, first_divergence
 from dabuild.targets.tolerance import LEVELS, compare
 
 
@@ -93,3 +94,26 @@ def test_unknown_tolerance_is_refused(tmp_path: Path) -> None:
     with pytest.raises(CheckError, match="unknown tolerance 'exactly'"):
         check_stage(CTarget(), random_mlp(), tmp_path, np.zeros((1, 20), np.float32), "exactly", tmp_path,
                     tmp_path, Progress.silent())
+
+
+def test_first_divergence_names_the_first_layer_outside_tolerance() -> None:
+    qgraph = random_mlp()
+    x_q = quantize_input(qgraph, np.random.default_rng(23).normal(size=(30, 20)).astype(np.float32))
+    reference = run_integer(qgraph, x_q, keep_intermediates=True)
+    assert first_divergence(qgraph, reference, dict(reference), "exact") is None
+    runtime = {name: reference[name].copy() for name in ("x", "h2", "h3")}  # a runtime showing some tensors
+    runtime["h2"][3, 5] += 1  # one step at fc2 ...
+    runtime["h3"] = runtime["h3"].astype(np.int64) + 4  # ... and four at fc3 (the output)
+    assert first_divergence(qgraph, reference, runtime, "exact").startswith("layer 'fc2' (tensor 'h2'): 1 of")
+    assert first_divergence(qgraph, reference, runtime, "approximate").startswith("layer 'fc3' (tensor 'h3')")
+    real_values = {"h3": qgraph.tensors["h3"].params.dequantize(reference["h3"])}  # float traces are real values
+    assert first_divergence(qgraph, reference, real_values, "close") is None
+
+
+def test_a_reference_check_does_not_know_is_refused(tmp_path: Path) -> None:
+    class FloatTarget(CTarget):
+        reference = "float"
+
+    with pytest.raises(CheckError, match=r"asks for a 'float' reference"):
+        check_stage(FloatTarget(), random_mlp(), tmp_path, np.zeros((1, 20), np.float32), None, tmp_path, tmp_path,
+                    Progress.silent())

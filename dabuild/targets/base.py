@@ -3,6 +3,20 @@
 A target class is found through the `dabuild.targets` entry point group by its
 `kind`. Its `Options` model validates the recipe's `options:` block, so a typo
 there is reported against the recipe, not deep inside a build.
+
+`reference` says what `check:<target>` proves the artifact against, and with it
+which side of quantization the artifact's `run` faces:
+
+- "integer": dabuild's integer reference (`run_integer`). The artifact takes the
+  quantized inputs and returns its quantized outputs (int8 C, HDL), compared at
+  the output's integer level.
+- "fake_quant": `run_quantized`, the same integer path seen from float. The
+  artifact takes float inputs and quantizes them itself (a QDQ ONNX model does,
+  in its QuantizeLinear nodes), and returns float outputs; compared in float,
+  where "approximate" allows one output quantization step.
+
+(A "float" reference, the float graph itself, would need the traced Graph in
+`check`; no target asks for it yet, so check_stage does not offer it.)
 """
 
 from __future__ import annotations
@@ -21,6 +35,7 @@ class Target:
     capability: ClassVar[str]          # name of the capability YAML used when the recipe names none
     default_tolerance: ClassVar[str]   # a level of dabuild.targets.tolerance.LEVELS
     packages: ClassVar[tuple[str, ...]] = ()   # Python packages whose versions enter the export/check keys
+    reference: ClassVar[str] = "integer"       # what check compares against: "integer" or "fake_quant" (see above)
 
     class Options(BaseModel):
         model_config = ConfigDict(extra="forbid")
@@ -47,12 +62,26 @@ class Target:
         raise NotImplementedError(f"target {self.kind!r} does not implement export")
 
     def run(self, artifact_dir: Path, inputs: np.ndarray, work_dir: Path) -> np.ndarray:
-        """Execute the artifact in its real runtime on quantized `inputs`; return its outputs."""
+        """Execute the artifact in its real runtime on a batch of `inputs`; return its outputs.
+
+        Inputs and outputs are quantized (the tensors' int dtype) for reference "integer" and float32
+        for "fake_quant"; `work_dir` is a scratch folder the call may fill.
+        """
         raise NotImplementedError(f"target {self.kind!r} does not implement run")
 
-    def rerun_script(self, artifact_dir: Path, inputs_file: str, outputs_file: str) -> str:
-        """Shell lines that rebuild `artifact_dir` and run it on a raw int8 inputs file (for debug bundles).
+    def trace(self, artifact_dir: Path, inputs: np.ndarray, work_dir: Path) -> dict[str, np.ndarray] | None:
+        """Per-layer values from the runtime on `inputs` (as `run` takes them), where the runtime allows.
 
+        Keys are QGraph tensor names; a value is the tensor's quantized integers, or its real values
+        in float. `check` compares them with the integer reference to find the first layer that
+        diverges. None: the runtime shows only its outputs.
+        """
+        return None
+
+    def rerun_script(self, artifact_dir: Path, inputs_file: str, outputs_file: str) -> str:
+        """Shell lines that rebuild `artifact_dir` and run it on a raw inputs file (for debug bundles).
+
+        The files hold the raw bytes of what `run` takes and returns (int8 or float32, C order).
         The script runs in the parent of `artifact_dir`, so it names the artifact by its folder name.
         """
         raise NotImplementedError(f"target {self.kind!r} does not describe how to rerun its artifact")

@@ -1,9 +1,20 @@
-"""check:<target>: run the artifact in its real runtime and compare with dabuild's integer reference.
+"""check:<target>: run the artifact in its real runtime and compare with dabuild's reference.
 
-Both sides get the same quantized inputs, so an integer target must agree bit
-for bit at the default `exact` level. On disagreement a debug bundle holds
-everything needed to reproduce it without dabuild: inputs, expected and actual
-outputs, the per-layer reference trace, the artifact and a run.sh.
+The reference is the one the target names (`Target.reference`):
+
+- "integer": `run_integer` on the quantized inputs; the artifact gets the same
+  int8 inputs, so an integer target must agree bit for bit at `exact`.
+- "fake_quant": `run_quantized` (quantize the float input, run the integer
+  path, dequantize the output); the artifact gets the float inputs and
+  quantizes them itself, and outputs are compared in float, where
+  `approximate` allows one output quantization step.
+
+On disagreement a debug bundle holds everything needed to reproduce and
+locate it: inputs, expected and actual outputs, per-layer traces of the
+reference and (where the runtime shows them) of the artifact, the artifact,
+versions, and a run.sh that reruns the artifact and repeats the comparison.
+The error names the bundle and the first layer, in schedule order, whose
+output differs beyond the same tolerance.
 """
 
 from __future__ import annotations
@@ -13,6 +24,7 @@ import json
 import platform
 import shutil
 import stat
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -22,12 +34,14 @@ import numpy as np
 import dabuild
 from dabuild.errors import CheckError
 from dabuild.progress import Progress
-from dabuild.quant.qgraph import QGraph
-from dabuild.quant.reference import quantize_input, run_integer
+from dabuild.quant.qgraph import QGraph, QuantParams
+from dabuild.quant.reference import dequantize_output, quantize_input, run_integer
 from dabuild.targets.base import Target
 from dabuild.targets.tolerance import LEVELS, Comparison, compare
 
 REPORT_FILE = "report.json"
+REFERENCES = {"integer": "integer reference", "fake_quant": "fake-quant reference"}
+TRACE_SAMPLES = 64  # samples traced layer by layer, from the first one that fails
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
@@ -39,32 +53,99 @@ def _versions(target: Target) -> dict[str, str]:
             "numpy": np.__version__, **target.runtime_version()}
 
 
-def write_bundle(target: Target, qgraph: QGraph, artifact_dir: Path, x_q: np.ndarray, expected: np.ndarray,
-                 actual: np.ndarray, report: dict[str, Any], bundle_root: Path) -> Path:
-    """A self-contained folder that reproduces a failed check; returns its path."""
-    digest = hashlib.sha256(x_q.tobytes() + actual.tobytes()).hexdigest()[:12]
+def reference_inputs(reference: str, qgraph: QGraph, x: np.ndarray) -> np.ndarray:
+    """What the artifact's `run` takes: the quantized inputs for integer targets, else the float ones."""
+    return quantize_input(qgraph, x) if reference == "integer" else np.asarray(x, dtype=np.float32)
+
+
+def reference_outputs(reference: str, qgraph: QGraph, inputs: np.ndarray) -> np.ndarray:
+    """dabuild's outputs for `inputs` (as `reference_inputs` made them), in the form the artifact returns."""
+    if reference == "integer":
+        return run_integer(qgraph, inputs)
+    return dequantize_output(qgraph, run_integer(qgraph, quantize_input(qgraph, inputs)))
+
+
+def real(values: np.ndarray, params: QuantParams) -> np.ndarray:
+    """Real values in float64: integers are dequantized with `params` (one step is one scale up to 1e-16)."""
+    values = np.asarray(values)
+    if np.issubdtype(values.dtype, np.integer):
+        return (values.astype(np.float64) - params.zero_point) * params.scale
+    return values.astype(np.float64)
+
+
+def _compare(expected: np.ndarray, actual: np.ndarray, params: QuantParams, level: str) -> Comparison:
+    return compare(real(expected, params), real(actual, params), level, scale=params.scale)
+
+
+def first_divergence(qgraph: QGraph, expected: dict[str, np.ndarray], actual: dict[str, np.ndarray],
+                     level: str) -> str | None:
+    """The first tensor, in schedule order, whose traced values differ beyond `level`, described; None if none."""
+    steps = [("graph input", qgraph.input)] + [(f"layer {layer.name!r}", name) for layer in qgraph.layers
+                                                for name in layer.outputs]
+    for where, tensor in steps:
+        if tensor not in expected or tensor not in actual:
+            continue
+        params = qgraph.tensors[tensor].params
+        if np.shape(expected[tensor]) != np.shape(actual[tensor]):
+            return (f"{where} (tensor {tensor!r}): shape {np.shape(actual[tensor])} where the reference has "
+                    f"{np.shape(expected[tensor])}")
+        comparison = _compare(expected[tensor], actual[tensor], params, level)
+        if not comparison.ok:
+            return (f"{where} (tensor {tensor!r}): {comparison.mismatches} of {np.size(expected[tensor])} values "
+                    f"outside {level!r}, max error {comparison.max_abs_err / params.scale:g} steps")
+    return None
+
+
+def _run_script(target: Target, bundle: Path, level: str) -> None:
+    """run.sh: rerun the bundled artifact on inputs.bin and compare with expected.bin as the check did."""
+    if level == "exact":  # bytes equal: needs nothing but the runtime
+        compare_line = "cmp expected.bin rerun.bin && echo 'outputs match the reference'\n"
+    else:
+        compare_line = '"${PYTHON:-python3}" -m dabuild.targets.check . rerun.bin\n'
+    script = bundle / "run.sh"
+    script.write_text("#!/bin/sh\n"
+                      f"# Rerun the artifact on inputs.bin and compare with dabuild's reference at {level!r}.\n"
+                      "set -e\ncd \"$(dirname \"$0\")\"\n"
+                      + target.rerun_script(bundle / "artifact", "inputs.bin", "rerun.bin")
+                      + compare_line)
+    script.chmod(script.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+
+
+def write_bundle(target: Target, qgraph: QGraph, artifact_dir: Path, inputs: np.ndarray, expected: np.ndarray,
+                 actual: np.ndarray, report: dict[str, Any], bundle_root: Path) -> tuple[Path, str]:
+    """A self-contained folder that reproduces a failed check; its path and where the outputs first diverge.
+
+    The per-layer traces cover TRACE_SAMPLES samples from the first failing one (`trace_samples` in
+    report.json gives the range).
+    """
+    digest = hashlib.sha256(inputs.tobytes() + actual.tobytes()).hexdigest()[:12]
     bundle = Path(bundle_root) / f"{target.kind}-mismatch-{digest}"
     if bundle.exists():
         shutil.rmtree(bundle)
     bundle.mkdir(parents=True)
-    np.save(bundle / "inputs.npy", x_q)
-    np.save(bundle / "expected.npy", expected)
-    np.save(bundle / "actual.npy", actual)
-    x_q.tofile(bundle / "inputs.bin")
-    expected.tofile(bundle / "expected.bin")
-    trace = run_integer(qgraph, x_q, keep_intermediates=True)
-    np.savez(bundle / "reference_trace.npz", **trace)
+    for name, array in (("inputs", inputs), ("expected", expected), ("actual", actual)):
+        np.save(bundle / f"{name}.npy", array)
+        array.tofile(bundle / f"{name}.bin")
+    start = report["first_mismatch"][0]
+    samples = inputs[start:start + TRACE_SAMPLES]
+    integer_samples = samples if target.reference == "integer" else quantize_input(qgraph, samples)
+    reference_trace = run_integer(qgraph, integer_samples, keep_intermediates=True)
+    np.savez(bundle / "reference_trace.npz", **reference_trace)
+    with tempfile.TemporaryDirectory(prefix="dabuild-trace-") as work:
+        target_trace = target.trace(Path(artifact_dir), samples, Path(work))
+    if target_trace is None:
+        divergence = f"target {target.kind!r} shows no per-layer values, so the diverging layer is unknown"
+    else:
+        np.savez(bundle / "target_trace.npz", **target_trace)
+        found = first_divergence(qgraph, reference_trace, target_trace, report["tolerance"])
+        divergence = (f"first diverging {found}" if found else
+                      "every traced layer agrees, so the outputs diverge past the last traced tensor")
     shutil.copytree(artifact_dir, bundle / "artifact")
     _write_json(bundle / "versions.json", _versions(target))
-    _write_json(bundle / REPORT_FILE, report)
-    script = bundle / "run.sh"
-    script.write_text("#!/bin/sh\n"
-                      "# Rebuild the artifact, run it on inputs.bin and compare with dabuild's reference.\n"
-                      "set -e\ncd \"$(dirname \"$0\")\"\n"
-                      + target.rerun_script(bundle / "artifact", "inputs.bin", "rerun.bin")
-                      + "cmp expected.bin rerun.bin && echo 'outputs match the reference'\n")
-    script.chmod(script.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
-    return bundle
+    _write_json(bundle / REPORT_FILE, {**report, "trace_samples": [start, start + len(samples)],
+                                       "divergence": divergence})
+    _run_script(target, bundle, report["tolerance"])
+    return bundle, divergence
 
 
 def _describe(comparison: Comparison, expected: np.ndarray, actual: np.ndarray) -> str:
@@ -79,31 +160,56 @@ def _describe(comparison: Comparison, expected: np.ndarray, actual: np.ndarray) 
 
 def check_stage(target: Target, qgraph: QGraph, artifact_dir: Path, x: np.ndarray, tolerance: str | None,
                 out_dir: Path, bundle_root: Path, progress: Progress) -> dict[str, Any]:
-    """Compare the artifact with run_integer on `x` (float samples); write out_dir/report.json."""
+    """Compare the artifact with the target's reference on `x` (float samples); write out_dir/report.json."""
     level = tolerance or target.default_tolerance
     if level not in LEVELS:
         raise CheckError(f"unknown tolerance {level!r}; levels: {', '.join(LEVELS)}")
-    x_q = quantize_input(qgraph, x)
+    if target.reference not in REFERENCES:
+        raise CheckError(f"target {target.kind!r} asks for a {target.reference!r} reference; check compares with "
+                         f"{' or '.join(map(repr, REFERENCES))}")
+    inputs = reference_inputs(target.reference, qgraph, x)
     with tempfile.TemporaryDirectory(prefix="dabuild-check-") as work:
-        with progress.track(f"check {target.kind}", len(x_q)) as advance:
-            actual = np.asarray(target.run(Path(artifact_dir), x_q, Path(work)))
-            advance(len(x_q))
-    expected = np.asarray(run_integer(qgraph, x_q))
+        with progress.track(f"check {target.kind}", len(inputs)) as advance:
+            actual = np.asarray(target.run(Path(artifact_dir), inputs, Path(work)))
+            advance(len(inputs))
+    expected = np.asarray(reference_outputs(target.reference, qgraph, inputs))
     if actual.shape != expected.shape:
         raise CheckError(f"{target.kind} artifact {artifact_dir} returned outputs of shape {actual.shape}; "
                          f"the reference has {expected.shape}")
     params = qgraph.output_params
-
-    def dequantize(q: np.ndarray) -> np.ndarray:  # float64, so one step is one scale up to 1e-16
-        return (q.astype(np.float64) - params.zero_point) * params.scale
-
-    comparison = compare(dequantize(expected), dequantize(actual), level, scale=params.scale)
-    report = {"target": target.kind, "tolerance": level, "samples": int(len(x_q)),
+    comparison = _compare(expected, actual, params, level)
+    report = {"target": target.kind, "tolerance": level, "reference": target.reference, "samples": int(len(inputs)),
+              "output_params": {"scale": params.scale, "zero_point": params.zero_point, "dtype": params.dtype},
               **comparison.to_dict(), "runtime": _versions(target)}
     _write_json(Path(out_dir) / REPORT_FILE, report)
     if not comparison.ok:
-        bundle = write_bundle(target, qgraph, Path(artifact_dir), x_q, expected, actual, report, bundle_root)
-        raise CheckError(f"check {target.kind}: the artifact disagrees with dabuild's integer reference: "
-                         f"{_describe(comparison, expected, actual)}; debug bundle: {bundle}")
-    progress.info(f"check {target.kind}: {len(x_q)} samples agree ({level})")
+        bundle, divergence = write_bundle(target, qgraph, Path(artifact_dir), inputs, expected, actual, report,
+                                          bundle_root)
+        raise CheckError(f"check {target.kind}: the artifact disagrees with dabuild's {REFERENCES[target.reference]}: "
+                         f"{_describe(comparison, expected, actual)}; {divergence}; debug bundle: {bundle}")
+    progress.info(f"check {target.kind}: {len(inputs)} samples agree ({level})")
     return report
+
+
+def recheck(bundle: Path, rerun_file: Path) -> Comparison:
+    """Compare a rerun's raw outputs with a bundle's expected ones as its check did (what run.sh calls)."""
+    report = json.loads((Path(bundle) / REPORT_FILE).read_text())
+    expected = np.load(Path(bundle) / "expected.npy")
+    actual = np.fromfile(rerun_file, dtype=expected.dtype).reshape(expected.shape)
+    return _compare(expected, actual, QuantParams(**report["output_params"]), report["tolerance"])
+
+
+def main(argv: list[str]) -> int:
+    """`python -m dabuild.targets.check BUNDLE RERUN_FILE`: exit 0 when the rerun agrees, else 1."""
+    bundle, rerun_file = (Path(arg) for arg in argv)
+    comparison = recheck(bundle, rerun_file)
+    if comparison.ok:
+        print(f"outputs match the reference ({comparison.level})")
+        return 0
+    print(f"{comparison.mismatches} outputs outside tolerance {comparison.level!r}, first at "
+          f"{list(comparison.first_mismatch or ())}, max abs error {comparison.max_abs_err:g}")
+    return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
