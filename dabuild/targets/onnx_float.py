@@ -10,7 +10,7 @@ nodes it has.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
@@ -27,15 +27,26 @@ BATCH = "N"  # the name of the dynamic batch dimension
 
 
 class Emitter:
-    """Collects the ONNX nodes and initializers of one export, with names no graph tensor uses."""
+    """Collects the ONNX nodes and initializers of one export; `fresh` names never collide with `taken` ones."""
 
-    def __init__(self, graph: Graph):
+    def __init__(self, taken: Iterable[str] = ()):
         self.nodes: list[onnx.NodeProto] = []
-        self.initializers: list[onnx.TensorProto] = [
-            numpy_helper.from_array(np.asarray(array), name) for name, array in graph.constants.items()
-        ]
-        self._taken = {spec.name for spec in graph.inputs} | set(graph.constants)
-        self._taken |= {name for node in graph.nodes for name in node.outputs}
+        self.initializers: list[onnx.TensorProto] = []
+        self._taken = set(taken)
+
+    @classmethod
+    def for_graph(cls, graph: Graph) -> Emitter:
+        """An emitter holding `graph`'s constants, that never reuses one of its tensor names."""
+        emitter = cls({spec.name for spec in graph.inputs} | {name for node in graph.nodes for name in node.outputs})
+        for name, array in graph.constants.items():
+            emitter.initializer(name, array)
+        return emitter
+
+    def initializer(self, name: str, values: np.ndarray) -> str:
+        """Add `values` as the initializer `name` (kept as given) and return the name."""
+        self._taken.add(name)
+        self.initializers.append(numpy_helper.from_array(np.asarray(values), name))
+        return name
 
     def fresh(self, base: str) -> str:
         name, index = base, 0
@@ -47,9 +58,7 @@ class Emitter:
 
     def constant(self, values: Any, dtype: type, base: str) -> str:
         """Name of a new initializer holding `values` (int64 for shapes and axes, float32 for numbers)."""
-        name = self.fresh(base)
-        self.initializers.append(numpy_helper.from_array(np.asarray(values, dtype), name))
-        return name
+        return self.initializer(self.fresh(base), np.asarray(values, dtype))
 
     def add(self, op_type: str, inputs: list[str], outputs: list[str], name: str, **attrs: Any) -> None:
         attrs = {key: value for key, value in attrs.items() if value is not None}
@@ -234,7 +243,7 @@ def _reduce(e: Emitter, node: Node, attrs: dict[str, Any]) -> None:
         e.add(op_type, node.inputs, node.outputs, node.name, axes=axes, keepdims=keepdims)
 
 
-def _value_info(name: str, shape: tuple[int | None, ...]) -> onnx.ValueInfoProto:
+def value_info(name: str, shape: tuple[int | None, ...]) -> onnx.ValueInfoProto:
     dims = [BATCH if d is None else d for d in shape]
     return helper.make_tensor_value_info(name, TensorProto.FLOAT, dims)
 
@@ -245,14 +254,14 @@ def to_onnx(graph: Graph, name: str = "dabuild") -> onnx.ModelProto:
     missing = [f"{node.name} ({node.op})" for node in graph.nodes if node.op not in EXPORTERS]
     if missing:
         raise BuildError(f"onnx export: no ONNX spelling for {', '.join(missing)}")
-    emitter = Emitter(graph)
+    emitter = Emitter.for_graph(graph)
     for node in graph.nodes:
         EXPORTERS[node.op](emitter, node, OPS[node.op].resolve(node.attrs))
     onnx_graph = helper.make_graph(
         emitter.nodes,
         name,
-        inputs=[_value_info(spec.name, spec.shape) for spec in graph.inputs],
-        outputs=[_value_info(output, specs[output].shape) for output in graph.outputs],
+        inputs=[value_info(spec.name, spec.shape) for spec in graph.inputs],
+        outputs=[value_info(output, specs[output].shape) for output in graph.outputs],
         initializer=emitter.initializers,
     )
     model = helper.make_model(onnx_graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="dabuild")

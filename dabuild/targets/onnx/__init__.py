@@ -1,0 +1,107 @@
+"""The onnx target: the quantized graph as a QDQ ONNX model, proven by running it in onnxruntime.
+
+The artifact is one file, model.onnx (see `qdq` for its form). It takes the
+float input and returns the float output, quantizing inside, so `check`
+compares it with dabuild's fake-quant reference (`run_quantized`) at the
+`approximate` level: onnxruntime's float requantization rounds differently
+from the integer reference's fixed point by at most a step here and there.
+
+onnx and onnxruntime are an extra (`pip install dabuild[onnx]`); they are
+imported only when the target exports, runs or traces, so recipes without
+this target never need them.
+"""
+
+from __future__ import annotations
+
+import importlib
+import shlex
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from types import ModuleType
+from typing import ClassVar
+
+import numpy as np
+from pydantic import Field
+
+from dabuild.errors import BuildError
+from dabuild.quant.qgraph import QGraph
+from dabuild.targets.base import Target
+
+MODEL_FILE = "model.onnx"
+PACKAGES = ("onnx", "onnxruntime")
+
+
+def missing_package_error(package: str) -> BuildError:
+    return BuildError(f"the onnx target needs the Python package {package!r}, which is not installed; "
+                      "install it with `pip install dabuild[onnx]`")
+
+
+def _import(module: str) -> ModuleType:
+    """Import a module of this package that needs onnx or onnxruntime; BuildError saying how to get them."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as error:
+        if error.name in PACKAGES or error.name is None:
+            raise missing_package_error(error.name or " or ".join(PACKAGES)) from error
+        raise
+
+
+class OnnxTarget(Target):
+    kind: ClassVar[str] = "onnx"
+    capability: ClassVar[str] = "onnxruntime"
+    default_tolerance: ClassVar[str] = "approximate"
+    packages: ClassVar[tuple[str, ...]] = PACKAGES
+    reference: ClassVar[str] = "fake_quant"
+
+    class Options(Target.Options):
+        opset: int | None = Field(default=None, ge=17, le=21,
+                                  description="ONNX opset of the model; default 17 (onnxruntime >= 1.13 runs it).")
+        threads: int = Field(default=1, ge=1, description="onnxruntime intra-op threads when checking.")
+
+    options: Options
+
+    def runtime_version(self) -> dict[str, str]:
+        def installed(package: str) -> str:
+            try:
+                return version(package)
+            except PackageNotFoundError:
+                return "absent"
+
+        return {package: installed(package) for package in PACKAGES}
+
+    def export(self, qgraph: QGraph, out_dir: Path) -> None:
+        qdq = _import("dabuild.targets.onnx.qdq")
+        model = qdq.to_qdq_onnx(qgraph, self.options.opset)
+        (Path(out_dir) / MODEL_FILE).write_bytes(model.SerializeToString())
+
+    def _run(self, model: str | bytes, artifact_dir: Path, inputs: np.ndarray,
+             outputs: list[str] | None = None) -> list[np.ndarray]:
+        runner = _import("dabuild.targets.onnx.runner")
+        try:
+            return runner.run_model(model, inputs, self.options.threads, outputs)
+        except Exception as error:  # onnxruntime raises its own exception types for bad models and inputs
+            raise BuildError(f"onnxruntime could not run {Path(artifact_dir) / MODEL_FILE}: {error}") from error
+
+    def run(self, artifact_dir: Path, inputs: np.ndarray, work_dir: Path) -> np.ndarray:
+        return self._run(str(Path(artifact_dir) / MODEL_FILE), artifact_dir, inputs)[0]
+
+    def trace(self, artifact_dir: Path, inputs: np.ndarray, work_dir: Path) -> dict[str, np.ndarray]:
+        """The integers of every quantized tensor, read as extra outputs of a copy of the model.
+
+        Tensors that are graph outputs are not fused away, so onnxruntime runs this copy with its
+        QuantizeLinear nodes in place: the values are those of the unfused QDQ path.
+        """
+        onnx = _import("onnx")
+        qdq = _import("dabuild.targets.onnx.qdq")
+        model = onnx.load(str(Path(artifact_dir) / MODEL_FILE))
+        tensors = qdq.quantized_tensors(model)
+        inferred = {info.name: info for info in onnx.shape_inference.infer_shapes(model).graph.value_info}
+        model.graph.output.extend(inferred[name] for name in tensors.values())
+        values = self._run(model.SerializeToString(), artifact_dir, inputs, list(tensors.values()))
+        return dict(zip(tensors, values))
+
+    def rerun_script(self, artifact_dir: Path, inputs_file: str, outputs_file: str) -> str:
+        model = f"{Path(artifact_dir).name}/{MODEL_FILE}"
+        command = ["-m", "dabuild.targets.onnx.runner", model, inputs_file, outputs_file,
+                   "--threads", str(self.options.threads)]
+        return '"${PYTHON:-python3}" ' + shlex.join(command) + "\n"

@@ -1,0 +1,295 @@
+"""A QGraph as a QDQ ONNX model: float ops between QuantizeLinear/DequantizeLinear pairs.
+
+Every quantized tensor of the QGraph appears three times: the float value the
+op computes (`T/float`), its QuantizeLinear output (`T/int8`, the tensor's
+integers, with the QGraph's scale and zero point) and the DequantizeLinear
+output the next ops read (`T` itself, so the model's output keeps the QGraph's
+name; the float graph input `x` is read as `x/real`). Weights are int8
+initializers (per tensor, or per output channel: axis 0 of a conv weight,
+axis 1 of a dense (in, out) weight) and biases int32 initializers with scale
+s_in * s_w, each behind a DequantizeLinear: the convention onnxruntime's QDQ
+optimizer fuses into its integer kernels (QLinearConv, QLinearMatMul, ...).
+
+The ops between are written by the float exporter's op writers
+(`dabuild.targets.onnx_float`), from an IR node rebuilt out of each layer:
+clamps fused into dense/conv become Relu or Clip at their dequantized bounds
+(quantizing clip(y) equals clamping the quantized y, so they stay exact); an
+fp32-fallback layer is its float op as it was; a lookup table becomes its
+float activation when that op with its default attributes reproduces the
+table, otherwise an exact int8 Gather from the table. The integer reference
+rounds half away from zero with Q31 multipliers, onnxruntime rounds half to
+even in float, so the two agree to about one quantization step, not bit for
+bit.
+
+The model is written for opset 17 (what the op writers spell) and converted
+to a later opset on request; its IR version is the lowest that opset allows.
+The model's metadata maps each QGraph tensor to its `/int8` name, which is how
+a per-layer trace finds them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, version_converter
+
+import dabuild
+from dabuild.errors import BuildError
+from dabuild.ir.graph import Node
+from dabuild.ir.ops import OPS
+from dabuild.quant.activations import lookup_table
+from dabuild.quant.fixed_point import quantize_multiplier
+from dabuild.quant.layers.shape import SELECTION_OPS
+from dabuild.quant.qgraph import QGraph, QLayer, QuantParams
+from dabuild.targets.onnx_float import EXPORTERS, IR_VERSION, OPSET, Emitter, value_info
+
+QUANTIZED_TENSORS = "dabuild.quantized_tensors"  # metadata key: QGraph tensor -> name of its integers
+ONNX_TYPES = {"int8": TensorProto.INT8, "uint8": TensorProto.UINT8, "int32": TensorProto.INT32}
+
+
+def _scalar_or_vector(values: np.ndarray, dtype: type) -> np.ndarray:
+    """A per-tensor parameter as a scalar, a per-channel one as a vector (what QDQ's axis rule expects)."""
+    values = np.asarray(values, dtype)
+    return values.reshape(()) if values.size == 1 else values.reshape(-1)
+
+
+class QdqWriter:
+    """The state of one export: the emitter, and for each QGraph tensor the names it has in the model."""
+
+    def __init__(self, qgraph: QGraph):
+        self.qgraph = qgraph
+        self.emitter = Emitter({*qgraph.tensors, *qgraph.constants})
+        self.real: dict[str, str] = {}       # tensor -> the float name ops read
+        self.integers: dict[str, str] = {}   # tensor -> the name of its quantized values
+        self._pending: list[tuple[str, str, bool]] = []  # (tensor, name written, is it already quantized)
+        self._param_names: dict[str, list[str]] = {}
+
+    # Quantize / dequantize pairs
+
+    def _params(self, tensor: str) -> list[str]:
+        """Scale and zero point initializers of `tensor`, shared by its QuantizeLinear and DequantizeLinear."""
+        if tensor not in self._param_names:
+            params = self.qgraph.tensors[tensor].params
+            self._param_names[tensor] = [
+                self.emitter.constant(params.scale, np.float32, f"{tensor}/scale"),
+                self.emitter.constant(params.zero_point, np.dtype(params.dtype).type, f"{tensor}/zero_point")]
+        return self._param_names[tensor]
+
+    def _dequantize(self, tensor: str, integers: str, real: str) -> None:
+        self.integers[tensor], self.real[tensor] = integers, real
+        self.emitter.add("DequantizeLinear", [integers, *self._params(tensor)], [real], f"{tensor}/dequantize")
+
+    def quantize(self, tensor: str, source: str, real: str) -> None:
+        """QuantizeLinear of the float `source` into `tensor`'s integers, dequantized into `real`."""
+        integers = self.emitter.fresh(f"{tensor}/int8")
+        self.emitter.add("QuantizeLinear", [source, *self._params(tensor)], [integers], f"{tensor}/quantize")
+        self._dequantize(tensor, integers, real)
+
+    def read(self, tensor: str) -> str:
+        """The float name a layer reads `tensor` by; constants become initializers on first use."""
+        if tensor not in self.real:
+            values = self.qgraph.constants[tensor]
+            if tensor in self.qgraph.tensors:  # an int8 constant (an addend, say): integers behind a dequantize
+                self._dequantize(tensor, self.emitter.initializer(self.emitter.fresh(f"{tensor}/int8"), values), tensor)
+            else:  # a float constant of an fp32-fallback layer
+                self.real[tensor] = self.emitter.initializer(tensor, values)
+        return self.real[tensor]
+
+    def output(self, tensor: str) -> str:
+        """The name a layer writes the float value of its output `tensor` to (quantized after the layer)."""
+        name = self.emitter.fresh(f"{tensor}/float")
+        self._pending.append((tensor, name, False))
+        return name
+
+    def integer_output(self, tensor: str) -> str:
+        """The name a layer writes `tensor`'s integers to directly (only dequantized after the layer)."""
+        name = self.emitter.fresh(f"{tensor}/int8")
+        self._pending.append((tensor, name, True))
+        return name
+
+    def finish_layer(self) -> None:
+        for tensor, name, quantized in self._pending:
+            if quantized:
+                self._dequantize(tensor, name, tensor)
+            else:
+                self.quantize(tensor, name, tensor)
+        self._pending.clear()
+
+    # What layers use
+
+    def node(self, op: str, layer: QLayer, inputs: list[str], attrs: dict[str, Any]) -> None:
+        """The IR op `op` on `inputs`, writing the layer's outputs, through the float exporter's op writer."""
+        node = Node(layer.name, op, inputs, [self.output(name) for name in layer.outputs], attrs)
+        EXPORTERS[op](self.emitter, node, OPS[op].resolve(attrs))
+
+    def weight(self, layer: QLayer, axis: int) -> str:
+        """The layer's int8 weight behind a DequantizeLinear (per channel along `axis` when it has many scales)."""
+        e = self.emitter
+        scale = _scalar_or_vector(layer.weight_scale, np.float32)
+        inputs = [e.initializer(e.fresh(f"{layer.name}/weight"), layer.weight),
+                  e.constant(scale, np.float32, f"{layer.name}/weight_scale"),
+                  e.constant(np.zeros_like(scale, np.int8), np.int8, f"{layer.name}/weight_zero_point")]
+        real = e.fresh(f"{layer.name}/weight/real")
+        e.add("DequantizeLinear", inputs, [real], f"{layer.name}/weight/dequantize", axis=axis if scale.ndim else None)
+        return real
+
+    def bias(self, layer: QLayer) -> str:
+        """The int32 bias behind a DequantizeLinear with scale s_in * s_w (per channel: axis 0)."""
+        e = self.emitter
+        scale = _scalar_or_vector(layer.params(self.qgraph).scale * layer.weight_scale, np.float32)
+        inputs = [e.initializer(e.fresh(f"{layer.name}/bias"), layer.bias.astype(np.int32)),
+                  e.constant(scale, np.float32, f"{layer.name}/bias_scale"),
+                  e.constant(np.zeros_like(scale, np.int32), np.int32, f"{layer.name}/bias_zero_point")]
+        real = e.fresh(f"{layer.name}/bias/real")
+        e.add("DequantizeLinear", inputs, [real], f"{layer.name}/bias/dequantize", axis=0 if scale.ndim else None)
+        return real
+
+
+LayerWriter = Callable[[QdqWriter, Any], None]
+WRITERS: dict[str, LayerWriter] = {}
+
+
+def writes(*ops: str) -> Callable[[LayerWriter], LayerWriter]:
+    """Register a function as the QDQ writer of the QGraph layer ops `ops`."""
+    def register(function: LayerWriter) -> LayerWriter:
+        for op in ops:
+            WRITERS[op] = function
+        return function
+    return register
+
+
+def clamp_activation(params: QuantParams, low: int, high: int) -> dict[str, Any]:
+    """The fused-activation attrs of an IR dense/conv that clamps to [low, high] of `params`' integers."""
+    if low <= params.qmin and high >= params.qmax:
+        return {"activation": "none", "activation_attrs": {}}
+    if low == params.zero_point and high >= params.qmax:
+        return {"activation": "relu", "activation_attrs": {}}
+
+    def bound(value: int, limit: int) -> float | None:
+        return None if value == limit else float(params.dequantize(np.int32(value)))
+
+    return {"activation": "clip", "activation_attrs": {"min": bound(low, params.qmin), "max": bound(high, params.qmax)}}
+
+
+@writes("dense", "conv")
+def _weighted(w: QdqWriter, layer: Any) -> None:
+    geometry = ({"strides": layer.strides, "pads": layer.pads, "dilations": layer.dilations, "groups": layer.groups}
+                if layer.op == "conv" else {})
+    inputs = [w.read(layer.inputs[0]), w.weight(layer, axis=0 if layer.op == "conv" else 1), w.bias(layer)]
+    activation = clamp_activation(layer.output_params(w.qgraph), layer.output_min, layer.output_max)
+    w.node(layer.op, layer, inputs, {**geometry, **activation})
+
+
+@writes("relu", "clamp")
+def _clamp(w: QdqWriter, layer: Any) -> None:
+    activation = clamp_activation(layer.params(w.qgraph), layer.low, layer.high)
+    op = "identity" if activation["activation"] == "none" else activation["activation"]
+    w.node(op, layer, [w.read(layer.inputs[0])], activation["activation_attrs"])
+
+
+@writes("lookup")
+def _lookup(w: QdqWriter, layer: Any) -> None:
+    source, target = layer.params(w.qgraph), layer.output_params(w.qgraph)
+    if np.array_equal(lookup_table(layer.function, OPS[layer.function].resolve({}), source, target), layer.table):
+        w.node(layer.function, layer, [w.read(layer.inputs[0])], {})
+        return
+    # A table the float op's default attributes do not reproduce: index it with the integers themselves.
+    e, name = w.emitter, layer.name
+    w.read(layer.inputs[0])
+    wide, index = e.fresh(f"{name}/int32"), e.fresh(f"{name}/index")
+    e.add("Cast", [w.integers[layer.inputs[0]]], [wide], name, to=TensorProto.INT32)
+    e.add("Sub", [wide, e.constant(source.qmin, np.int32, f"{name}/qmin")], [index], name)
+    table = e.initializer(e.fresh(f"{name}/table"), layer.table)
+    e.add("Gather", [table, index], [w.integer_output(layer.outputs[0])], name, axis=0)
+
+
+@writes("add", "sub", "mul")
+def _binary(w: QdqWriter, layer: Any) -> None:
+    w.node(layer.op, layer, [w.read(name) for name in layer.inputs], {})
+
+
+@writes("avg_pool")
+def _avg_pool(w: QdqWriter, layer: Any) -> None:
+    w.node("avg_pool", layer, [w.read(layer.inputs[0])], layer.op_attrs)
+
+
+@writes("mean")
+def _mean(w: QdqWriter, layer: Any) -> None:
+    """QMean is a sum requantized by s_x / (divisor * s_y): a mean when the divisor is the count, else a sum."""
+    source, target = layer.params(w.qgraph), layer.output_params(w.qgraph)
+    shape = w.qgraph.tensors[layer.inputs[0]].shape
+    count = math.prod(shape[axis - 1] for axis in layer.axes)
+
+    def lowered_with(divisor: int) -> bool:
+        multiplier, shift = quantize_multiplier(source.scale / (divisor * target.scale), layer.name)
+        return np.array_equal(multiplier, layer.multiplier) and np.array_equal(shift, layer.shift)
+
+    op = "reduce_mean" if lowered_with(count) else "reduce_sum" if lowered_with(1) else None
+    if op is None:
+        raise BuildError(f"layer {layer.name!r}: its multiplier is neither a mean's nor a sum's; "
+                         "the onnx target cannot name its float op")
+    w.node(op, layer, [w.read(layer.inputs[0])], {"axes": layer.axes, "keepdims": layer.keepdims})
+
+
+@writes("softmax", "concat")
+def _axis(w: QdqWriter, layer: Any) -> None:
+    w.node(layer.op, layer, [w.read(name) for name in layer.inputs], {"axis": layer.axis})
+
+
+@writes(*SELECTION_OPS)
+def _selection(w: QdqWriter, layer: Any) -> None:
+    attrs = layer.op_attrs
+    if layer.op == "pad" and attrs["mode"] == "constant":  # the lowering stored the quantized pad value
+        attrs = {**attrs, "value": float(layer.params(w.qgraph).dequantize(np.int32(attrs["value"])))}
+    w.node(layer.op, layer, [w.read(layer.inputs[0])], attrs)
+
+
+@writes("float")
+def _float(w: QdqWriter, layer: Any) -> None:
+    if layer.float_op not in EXPORTERS:
+        raise BuildError(f"layer {layer.name!r}: fp32 op {layer.float_op!r} has no ONNX spelling")
+    w.node(layer.float_op, layer, [w.read(name) for name in layer.inputs], layer.op_attrs)
+
+
+def to_qdq_onnx(qgraph: QGraph, opset: int | None = None, name: str = "dabuild") -> onnx.ModelProto:
+    """The QGraph as a checked QDQ model with a dynamic batch; BuildError naming layers it cannot write."""
+    missing = [f"{layer.name!r} ({layer.op})" for layer in qgraph.layers if layer.op not in WRITERS]
+    if missing:
+        raise BuildError(f"onnx export: no QDQ writer for layer {', '.join(missing)}")
+    writer = QdqWriter(qgraph)
+    writer.quantize(qgraph.input, qgraph.input, writer.emitter.fresh(f"{qgraph.input}/real"))
+    for layer in qgraph.layers:
+        WRITERS[layer.op](writer, layer)
+        writer.finish_layer()
+    tensors = qgraph.tensors
+    graph = helper.make_graph(
+        writer.emitter.nodes, name,
+        inputs=[value_info(qgraph.input, (None, *tensors[qgraph.input].shape))],
+        outputs=[value_info(qgraph.output, (None, *tensors[qgraph.output].shape))],
+        initializer=writer.emitter.initializers,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="dabuild",
+                              producer_version=dabuild.__version__)
+    model.ir_version = IR_VERSION
+    activations = {tensor: writer.integers[tensor] for tensor in tensors if tensor not in qgraph.constants}
+    helper.set_model_props(model, {QUANTIZED_TENSORS: json.dumps(activations, sort_keys=True)})
+    if opset is not None and opset != OPSET:
+        try:
+            model = version_converter.convert_version(model, opset)
+        except Exception as error:  # the converter raises bare RuntimeErrors for ops it cannot adapt
+            raise BuildError(f"onnx export: converting the model from opset {OPSET} to {opset} failed: "
+                             f"{error}") from error
+        model.ir_version = helper.find_min_ir_version_for(list(model.opset_import))
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def quantized_tensors(model: onnx.ModelProto) -> dict[str, str]:
+    """QGraph tensor -> the model's name of its integers, as `to_qdq_onnx` recorded it."""
+    props = {prop.key: prop.value for prop in model.metadata_props}
+    return json.loads(props[QUANTIZED_TENSORS])

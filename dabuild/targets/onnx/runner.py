@@ -1,0 +1,48 @@
+"""Run an .onnx model with onnxruntime's CPU provider, in process or from the command line.
+
+The onnx target's `run` and `trace` call `run_model`; a debug bundle's run.sh
+calls `python -m dabuild.targets.onnx.runner model.onnx inputs.bin outputs.bin`
+on the raw float32 files of the check, so both run the model the same way.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+import onnxruntime as ort
+
+
+def session(model: str | bytes, threads: int = 1) -> ort.InferenceSession:
+    """A CPU session with `threads` intra-op threads (the latency a single-core deployment sees at 1)."""
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+
+
+def run_model(model: str | bytes, inputs: np.ndarray, threads: int = 1,
+              outputs: list[str] | None = None) -> list[np.ndarray]:
+    """The model's outputs (or the named tensors `outputs`) on a float32 batch fed to its only input."""
+    runner = session(model, threads)
+    feed = {runner.get_inputs()[0].name: np.ascontiguousarray(inputs, dtype=np.float32)}
+    return runner.run(outputs, feed)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Run an ONNX model on a raw float32 batch; write raw float32 outputs.")
+    parser.add_argument("model")
+    parser.add_argument("inputs", help="raw float32 values, C order, whole samples")
+    parser.add_argument("outputs")
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args(argv)
+    runner = session(args.model, args.threads)
+    sample_shape = [int(d) for d in runner.get_inputs()[0].shape[1:]]
+    x = np.fromfile(args.inputs, dtype=np.float32).reshape(-1, *sample_shape)
+    y = runner.run(None, {runner.get_inputs()[0].name: x})[0]
+    np.ascontiguousarray(y, dtype=np.float32).tofile(args.outputs)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

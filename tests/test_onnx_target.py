@@ -1,0 +1,228 @@
+"""The onnx target: QDQ export of the QGraph, proven by onnxruntime against the fake-quant reference."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx", reason="the onnx extra is not installed")
+pytest.importorskip("onnxruntime", reason="the onnx extra is not installed")
+
+from onnx import numpy_helper  # noqa: E402
+from test_pipeline import build, executed  # noqa: E402
+
+from dabuild.capability import load_capability  # noqa: E402
+from dabuild.errors import BuildError, CheckError  # noqa: E402
+from dabuild.ir import Graph, Node, TensorSpec  # noqa: E402
+from dabuild.progress import Progress  # noqa: E402
+from dabuild.quant.calibrate import calibrate  # noqa: E402
+from dabuild.quant.config import NodeConfig, QuantConfig, default_config  # noqa: E402
+from dabuild.quant.qgraph import QGraph  # noqa: E402
+from dabuild.quant.quantize import quantize  # noqa: E402
+from dabuild.quant.reference import quantize_input, run_integer, run_quantized  # noqa: E402
+from dabuild.resources import data_dir  # noqa: E402
+from dabuild.targets.check import check_stage  # noqa: E402
+from dabuild.targets.onnx import MODEL_FILE, OnnxTarget, missing_package_error  # noqa: E402
+
+CAPABILITY = load_capability(data_dir("capabilities") / "onnxruntime.yaml")
+DATA = dict(np.load(Path(__file__).resolve().parent.parent / "recipes" / "digits" / "data.npz"))
+
+
+def small_cnn(channels: int = 8) -> Graph:
+    """conv+relu -> max_pool -> depthwise conv+sigmoid (a table) -> pointwise conv -> residual add ->
+    leaky_relu(0.1) (a table no default reproduces) -> avg_pool, concat -> global_avg_pool -> dense+relu6 -> softmax."""
+    rng = np.random.default_rng(4)
+    constants = {"w1": rng.normal(0, 1 / 3, (channels, 1, 3, 3)), "b1": rng.normal(0, 0.1, channels),
+                 "w2": rng.normal(0, 1 / 3, (channels, 1, 3, 3)), "b2": rng.normal(0, 0.1, channels),
+                 "w3": rng.normal(0, 1 / np.sqrt(channels), (channels, channels, 1, 1)),
+                 "b3": rng.normal(0, 0.1, channels),
+                 "w4": rng.normal(0, 0.5, (2 * channels, 10)), "b4": rng.normal(0, 0.1, 10)}
+    nodes = [
+        Node("image", "reshape", ["x"], ["image"], {"shape": [0, 1, 8, 8]}),
+        Node("conv1", "conv", ["image", "w1", "b1"], ["c1"], {"pads": [1, 1, 1, 1], "activation": "relu"}),
+        Node("pool", "max_pool", ["c1"], ["p1"], {"kernel": [2, 2]}),
+        Node("depthwise", "conv", ["p1", "w2", "b2"], ["c2"], {"pads": [1, 1, 1, 1], "groups": channels,
+                                                               "activation": "sigmoid"}),
+        Node("pointwise", "conv", ["c2", "w3", "b3"], ["c3"], {}),
+        Node("residual", "add", ["c3", "p1"], ["r"], {}),
+        Node("act", "leaky_relu", ["r"], ["a"], {"alpha": 0.1}),
+        Node("avg", "avg_pool", ["a"], ["ap"], {"kernel": [2, 2]}),
+        Node("gap", "global_avg_pool", ["a"], ["g"], {}),
+        Node("gmax", "reduce_max", ["ap"], ["m"], {"axes": [2, 3]}),
+        Node("join", "concat", ["g", "m"], ["j"], {"axis": 1}),
+        Node("flat", "flatten", ["j"], ["f"], {}),
+        Node("head", "dense", ["f", "w4", "b4"], ["logits"], {"activation": "relu6"}),
+        Node("soft", "softmax", ["logits"], ["y"], {}),
+    ]
+    return Graph([TensorSpec("x", (None, 64))], ["y"], nodes,
+                 {name: np.asarray(value, np.float32) for name, value in constants.items()})
+
+
+def lower(graph: Graph, config: QuantConfig | None = None) -> QGraph:
+    stats = calibrate(graph, [{"x": DATA["x_train"][:400]}], Progress.silent())
+    return quantize(graph, stats, config or default_config(graph, CAPABILITY))
+
+
+def export(qgraph: QGraph, folder: Path, target: OnnxTarget | None = None) -> Path:
+    folder.mkdir()
+    (target or OnnxTarget()).export(qgraph, folder)
+    return folder
+
+
+def initializers(model: onnx.ModelProto) -> dict[str, np.ndarray]:
+    return {tensor.name: numpy_helper.to_array(tensor) for tensor in model.graph.initializer}
+
+
+def dequantize_node(model: onnx.ModelProto, initializer: str) -> onnx.NodeProto:
+    return next(node for node in model.graph.node if node.op_type == "DequantizeLinear"
+                and node.input[0] == initializer)
+
+
+def test_digits_recipe_builds_and_checks_the_onnx_target(digits: Path, tmp_path: Path, cache_dir: Path) -> None:
+    (digits / "recipe.yaml").write_text((digits / "recipe.yaml").read_text() + "  - {name: ort, kind: onnx}\n")
+    summary = build(digits, tmp_path / "build", "-j", "2")
+    assert {"tune:onnxruntime", "export:ort", "check:ort", "check:mcu"} <= executed(summary)
+    check = summary["checks"]["ort"]
+    assert check["ok"] and check["tolerance"] == "approximate" and check["reference"] == "fake_quant"
+    assert check["samples"] == len(DATA["x_test"]) and check["runtime"]["onnxruntime"]
+    model = onnx.load(str(tmp_path / "build" / "digits-mlp" / "export-ort" / MODEL_FILE))
+    onnx.checker.check_model(model, full_check=True)
+    assert model.graph.input[0].type.tensor_type.shape.dim[0].dim_param == "N"
+
+
+@pytest.mark.parametrize("opset", [None, 21])
+def test_small_cnn_exports_as_checked_qdq_within_one_step(tmp_path: Path, opset: int | None) -> None:
+    graph = small_cnn()
+    config = default_config(graph, CAPABILITY)
+    head = config.nodes["head"]
+    config.nodes["head"] = dataclasses.replace(head, weight=dataclasses.replace(head.weight, granularity="per_channel"))
+    qgraph = lower(graph, config)
+    target = OnnxTarget(OnnxTarget.Options(opset=opset))
+    artifact = export(qgraph, tmp_path / "artifact", target)
+    model = onnx.load(str(artifact / MODEL_FILE))
+    onnx.checker.check_model(model, full_check=True)
+    assert model.opset_import[0].version == (opset or 17)
+    assert model.ir_version == onnx.helper.find_min_ir_version_for(list(model.opset_import)) <= 10
+    weights = initializers(model)
+    layers = {layer.name: layer for layer in qgraph.layers}
+    for name, axis in (("conv1", 0), ("pointwise", 0), ("head", 1)):  # per-channel weights, along output channels
+        stored = weights[f"{name}/weight"]
+        assert stored.dtype == np.int8 and np.array_equal(stored, layers[name].weight)
+        node = dequantize_node(model, f"{name}/weight")
+        assert next(a.i for a in node.attribute if a.name == "axis") == axis
+        assert np.allclose(weights[node.input[1]], layers[name].weight_scale)
+        bias = weights[f"{name}/bias"]
+        assert bias.dtype == np.int32 and np.array_equal(bias, layers[name].bias)
+        input_scale = qgraph.tensors[layers[name].inputs[0]].params.scale
+        bias_scale = weights[dequantize_node(model, f"{name}/bias").input[1]]
+        assert np.allclose(bias_scale, input_scale * layers[name].weight_scale, rtol=1e-6)
+    ops = [node.op_type for node in model.graph.node]
+    # Each activation's integers come from one QuantizeLinear, or for the exact table from a Gather.
+    assert ops.count("QuantizeLinear") + ops.count("Gather") == len(qgraph.tensors) - len(qgraph.constants)
+    assert "Sigmoid" in ops and "LeakyRelu" not in ops and "Gather" in ops  # a table only its attrs reproduce
+    x = DATA["x_test"]
+    for batch in (x[:1], x):
+        actual = target.run(artifact, batch, tmp_path)
+        steps = np.abs(actual - run_quantized(qgraph, batch)) / qgraph.output_params.scale
+        assert actual.shape == (len(batch), 10) and steps.max() <= 1 + 1e-6
+    # The trace: every activation's integers, within a step of the integer reference's.
+    trace = target.trace(artifact, x[:40], tmp_path)
+    reference = run_integer(qgraph, quantize_input(qgraph, x[:40]), keep_intermediates=True)
+    assert set(trace) == set(qgraph.tensors) - set(qgraph.constants)
+    for name, values in trace.items():
+        assert values.dtype == np.int8 and np.abs(values.astype(int) - reference[name]).max() <= 1, name
+    out_dir = tmp_path / "check"
+    out_dir.mkdir()
+    report = check_stage(target, qgraph, artifact, x, None, out_dir, tmp_path / "debug", Progress.silent())
+    assert report["ok"] and report["tolerance"] == "approximate" and report["reference"] == "fake_quant"
+    assert not (tmp_path / "debug").exists()
+
+
+def test_fp32_fallback_layer_stays_a_float_op(tmp_path: Path) -> None:
+    rng = np.random.default_rng(6)
+    constants = {"w1": rng.normal(0, 0.4, (64, 12)), "d": rng.uniform(0.5, 2.0, 12), "w2": rng.normal(0, 0.4, (12, 5))}
+    graph = Graph([TensorSpec("x", (None, 64))], ["y"], [
+        Node("fc1", "dense", ["x", "w1"], ["h"], {"activation": "relu"}),
+        Node("scale", "div", ["h", "d"], ["s"], {}),
+        Node("fc2", "dense", ["s", "w2"], ["y"], {}),
+    ], {name: np.asarray(value, np.float32) for name, value in constants.items()})
+    first_dense = Graph(graph.inputs, ["h"], graph.nodes[:1], graph.constants)
+    dense = default_config(first_dense, CAPABILITY).nodes["fc1"]  # div has no integer lowering: fp32
+    config = QuantConfig({"fc1": dense, "scale": NodeConfig(weight=None, activation=None), "fc2": dense})
+    qgraph = lower(graph, config)
+    artifact = export(qgraph, tmp_path / "artifact")
+    model = onnx.load(str(artifact / MODEL_FILE))
+    producers = {output: node for node in model.graph.node for output in node.output}
+    div = next(node for node in model.graph.node if node.op_type == "Div")
+    assert producers[div.input[0]].op_type == "DequantizeLinear"  # reads h's real values
+    assert initializers(model)[div.input[1]].dtype == np.float32  # its constant stays float
+    consumers = [node.op_type for node in model.graph.node if div.output[0] in node.input]
+    assert consumers == ["QuantizeLinear"]  # and its output is quantized as the QGraph says
+    x = DATA["x_test"]
+    steps = np.abs(OnnxTarget().run(artifact, x, tmp_path) - run_quantized(qgraph, x)) / qgraph.output_params.scale
+    assert steps.max() <= 1 + 1e-6
+
+
+def test_a_perturbed_weight_fails_check_naming_the_layer_and_a_reproducible_bundle(tmp_path: Path) -> None:
+    qgraph = lower(small_cnn())
+    artifact = export(qgraph, tmp_path / "artifact")
+    pristine = (artifact / MODEL_FILE).read_bytes()
+    model = onnx.load(str(artifact / MODEL_FILE))
+    weight = next(t for t in model.graph.initializer if t.name == "pointwise/weight")
+    values = numpy_helper.to_array(weight).copy()
+    values.flat[0] = -127 if values.flat[0] > 0 else 127
+    weight.CopyFrom(numpy_helper.from_array(values, weight.name))
+    (artifact / MODEL_FILE).write_bytes(model.SerializeToString())
+    out_dir, bundles = tmp_path / "out", tmp_path / "debug"
+    out_dir.mkdir()
+    with pytest.raises(CheckError) as failure:
+        check_stage(OnnxTarget(), qgraph, artifact, DATA["x_test"], None, out_dir, bundles, Progress.silent())
+    message = str(failure.value)
+    assert "outside tolerance 'approximate'" in message and "fake-quant reference" in message
+    assert "first diverging layer 'pointwise' (tensor 'c3')" in message
+    bundle = Path(re.search(r"debug bundle: (\S+)$", message).group(1))
+    assert bundle.parent == bundles
+    for name in ("inputs.npy", "inputs.bin", "expected.npy", "actual.npy", "reference_trace.npz", "target_trace.npz",
+                 "versions.json", "report.json", "run.sh", f"artifact/{MODEL_FILE}"):
+        assert (bundle / name).is_file(), name
+    assert np.array_equal(np.load(bundle / "inputs.npy"), DATA["x_test"])
+    assert not np.allclose(np.load(bundle / "expected.npy"), np.load(bundle / "actual.npy"))
+    reference_trace, target_trace = np.load(bundle / "reference_trace.npz"), np.load(bundle / "target_trace.npz")
+    assert {"x", "c2", "c3", "y", "pointwise:accumulator"} <= set(reference_trace.files)
+    assert np.array_equal(reference_trace["c2"], target_trace["c2"])  # before the layer: the same values
+    assert not np.array_equal(reference_trace["c3"], target_trace["c3"])
+    versions = json.loads((bundle / "versions.json").read_text())
+    assert versions["onnxruntime"] == OnnxTarget().runtime_version()["onnxruntime"]
+    report = json.loads((bundle / "report.json").read_text())
+    assert report["ok"] is False and "pointwise" in report["divergence"]
+    # run.sh reruns the bundled (perturbed) model and reports the difference ...
+    env = {**os.environ, "PYTHON": sys.executable}
+    rerun = subprocess.run(["sh", str(bundle / "run.sh")], capture_output=True, text=True, env=env)
+    assert rerun.returncode != 0 and "outside tolerance 'approximate'" in rerun.stdout
+    # ... and agrees once the model is repaired.
+    (bundle / "artifact" / MODEL_FILE).write_bytes(pristine)
+    rerun = subprocess.run(["sh", str(bundle / "run.sh")], capture_output=True, text=True, env=env)
+    assert rerun.returncode == 0 and "outputs match the reference" in rerun.stdout, rerun.stderr
+
+
+def test_missing_onnxruntime_says_how_to_install_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert "pip install dabuild[onnx]" in str(missing_package_error("onnxruntime"))
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import onnxruntime now raises ImportError
+    monkeypatch.delitem(sys.modules, "dabuild.targets.onnx.runner", raising=False)
+    with pytest.raises(BuildError, match=r"needs the Python package 'onnxruntime'.*pip install dabuild\[onnx\]"):
+        OnnxTarget().run(tmp_path, np.zeros((1, 64), np.float32), tmp_path)
+
+
+def test_options_are_validated() -> None:
+    assert OnnxTarget.Options().threads == 1 and OnnxTarget.Options().opset is None
+    for bad in ({"opset": 16}, {"threads": 0}, {"provider": "cuda"}):
+        with pytest.raises(ValueError):
+            OnnxTarget.Options.model_validate(bad)
