@@ -11,8 +11,14 @@ doubling max_trials.
 (b) Tunes with max_trials N, then 2N on the same trial store, and prints how
     many of the first run's trials the second run evaluated again (target 0).
 
-Mixed precision on a digits CNN against onnxruntime's uniform w4a8 needs int4
-weights in dabuild's integer lowering; until then this part says so and is skipped.
+(c) Mixed precision on the digits CNN (recipes/digits-cnn), same calibration
+    and evaluation data for both: onnxruntime's uniform w4a8 (quantize_static,
+    QDQ at opset 21, per-channel int4 weights, int8 activations, MinMax) against
+    dabuild's `mixed-precision` strategy through the real tune stage with
+    bench/capabilities/mixed.yaml (int8 or int4 weights). Prints accuracies,
+    their ratios to fp32 (target >= 0.99) and dabuild's total weight bits against
+    uniform int8 (target <= 0.6); dabuild's uniform int4 for reference, and the
+    same search with per-tensor weights only, where uniform int4 is not enough.
 
 Usage: python bench/tuning.py
 """
@@ -29,16 +35,17 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 
-from dabuild.data import batches, load_inputs  # noqa: E402
+from dabuild.data import batches, load_inputs, load_labels  # noqa: E402
 from dabuild.ir.graph import Graph  # noqa: E402
 from dabuild.progress import Progress  # noqa: E402
 from dabuild.quant.calibrate import calibrate  # noqa: E402
-from dabuild.quant.config import LOWERED_DTYPES  # noqa: E402
+from dabuild.quant.config import QuantConfig  # noqa: E402
 from dabuild.recipe import load_recipe  # noqa: E402
 from dabuild.trace.base import trace_stage  # noqa: E402
 from dabuild.tune.evaluate import EvalSetup, Evaluator  # noqa: E402
 from dabuild.tune.search import Goal  # noqa: E402
 from dabuild.tune.space import build_space  # noqa: E402
+from test_mixed_precision import MIXED, PER_TENSOR_WEIGHTS, uniform_weights  # noqa: E402
 from test_strategies import inc_basic_trials  # noqa: E402
 from test_tuning import C_FALLBACK, NLL, digits_recipe, tune  # noqa: E402
 
@@ -48,17 +55,19 @@ GOALS = [
 ]
 
 
-def prepare(root: Path) -> tuple[Path, tuple[Path, Path]]:
-    folder = root / "digits"
-    shutil.copytree(REPO / "recipes" / "digits", folder, ignore=shutil.ignore_patterns("build", "__pycache__"))
+def prepare(root: Path, name: str = "digits") -> tuple[Path, tuple[Path, Path]]:
+    """A private copy of recipes/<name>, traced and calibrated into root/<name>-trace, root/<name>-calibrate."""
+    folder = root / name
+    shutil.copytree(REPO / "recipes" / name, folder, ignore=shutil.ignore_patterns("build", "__pycache__"))
     (folder / "nll.py").write_text(NLL)
     recipe = load_recipe(folder / "recipe.yaml")
-    trace_stage(recipe.model, recipe.base_dir, root / "trace", Progress.silent())
-    graph = Graph.load(root / "trace")
+    stages = (root / f"{name}-trace", root / f"{name}-calibrate")
+    trace_stage(recipe.model, recipe.base_dir, stages[0], Progress.silent())
+    graph = Graph.load(stages[0])
     spec = recipe.data.calibration
     arrays = load_inputs(spec, recipe.base_dir, [t.name for t in graph.inputs])
-    calibrate(graph, batches(arrays, spec.batch_size), Progress.silent()).save(root / "calibrate")
-    return folder, (root / "trace", root / "calibrate")
+    calibrate(graph, batches(arrays, spec.batch_size), Progress.silent()).save(stages[1])
+    return folder, stages
 
 
 def trials_to_goal(root: Path, folder: Path, stages: tuple[Path, Path], label: str, metric: str,
@@ -93,6 +102,78 @@ def resume(root: Path, folder: Path, stages: tuple[Path, Path], trials: int) -> 
           f"{len(again)} of the first run's re-evaluated")
 
 
+def onnxruntime_accuracy(model: bytes, x: np.ndarray, labels: np.ndarray) -> float:
+    import onnxruntime
+
+    session = onnxruntime.InferenceSession(model, providers=["CPUExecutionProvider"])
+    return float((session.run(None, {session.get_inputs()[0].name: x})[0].argmax(axis=1) == labels).mean())
+
+
+def onnxruntime_w4a8(model_file: Path, calibration: np.ndarray, batch_size: int, root: Path) -> bytes:
+    """model.onnx quantized by onnxruntime the way its docs suggest for 4-bit weights: quantize_static, QDQ,
+    per-channel symmetric int4 weights, int8 activations, MinMax over the calibration samples. Upgraded to
+    opset 21 first, where QuantizeLinear/DequantizeLinear take int4."""
+    import onnx
+    from onnx import version_converter
+    from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType, quantize_static
+
+    class Samples(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.batches = iter([{"x": calibration[i:i + batch_size]} for i in range(0, len(calibration), batch_size)])
+
+        def get_next(self) -> dict[str, np.ndarray] | None:
+            return next(self.batches, None)
+
+    upgraded = version_converter.convert_version(onnx.load(model_file), 21)
+    upgraded.ir_version = 10
+    onnx.save(upgraded, root / "model-opset21.onnx")
+    quantize_static(root / "model-opset21.onnx", root / "model-w4a8.onnx", Samples(), quant_format=QuantFormat.QDQ,
+                    per_channel=True, weight_type=QuantType.QInt4, activation_type=QuantType.QInt8,
+                    calibrate_method=CalibrationMethod.MinMax)
+    return (root / "model-w4a8.onnx").read_bytes()
+
+
+def weight_layout(config: QuantConfig) -> str:
+    """node dtype/granularity/algorithm of each weighted node."""
+    return ", ".join(f"{name} {c.weight.dtype}/{c.weight.granularity}/{c.weight.algorithm}"
+                     for name, c in config.nodes.items() if c.weight)
+
+
+def mixed_precision(root: Path) -> None:
+    folder, stages = prepare(root, "digits-cnn")
+    recipe = load_recipe(folder / "recipe.yaml")
+    graph = Graph.load(stages[0])
+    calibration = load_inputs(recipe.data.calibration, folder, [t.name for t in graph.inputs])["x"]
+    x = load_inputs(recipe.data.evaluation, folder, [t.name for t in graph.inputs])["x"]
+    labels = load_labels(recipe.data.evaluation, folder)
+    ort_fp32 = onnxruntime_accuracy((folder / "model.onnx").read_bytes(), x, labels)
+    ort_w4a8 = onnxruntime_accuracy(onnxruntime_w4a8(folder / "model.onnx", calibration,
+                                                     recipe.data.calibration.batch_size, root), x, labels)
+    evaluator = Evaluator(EvalSetup(*stages, x, labels, "accuracy", folder, recipe.data.evaluation.batch_size))
+    fp32 = evaluator.baseline
+    default = build_space(graph, MIXED)
+    int8_bits = default.size(default.default())  # the default weights are int8
+    print(f"mixed precision on the digits CNN ({int8_bits // 8} weights; the same {len(calibration)} calibration "
+          f"and {len(x)} evaluation samples for both): fp32 accuracy dabuild {fp32:.4f}, onnxruntime {ort_fp32:.4f}")
+    print(f"  onnxruntime uniform w4a8 (QDQ, per-channel int4 weights, int8 activations, MinMax): accuracy "
+          f"{ort_w4a8:.4f}, {ort_w4a8 / ort_fp32:.4f}x fp32")
+    for label, narrowing in (("per-channel or per-tensor weights", {}),
+                             ("per-tensor weights only (tuning.space)", PER_TENSOR_WEIGHTS)):
+        space = build_space(graph, MIXED, narrowing)
+        print(f"  {label}:")
+        for weight in ({"dtype": "int8"}, {"dtype": "int4"}, {"dtype": "int4", "algorithm": "mse"}):
+            config = uniform_weights(space, **weight)
+            score = evaluator.score(config).metric
+            print(f"    dabuild uniform {'/'.join(weight.values())} weights: accuracy {score:.4f}, "
+                  f"{score / fp32:.4f}x fp32 ({weight_layout(config)})")
+        tag = "mixed-" + str(len(narrowing))
+        run = tune(stages, root / tag, digits_recipe(folder, strategy="mixed-precision", space=narrowing), MIXED)
+        print(f"    dabuild mixed-precision (capability {MIXED.name}): accuracy {run['quantized']:.4f}, "
+              f"{run['quantized'] / fp32:.4f}x fp32 (target >= 0.99), weight bits {run['size_bits']} = "
+              f"{run['size_bits'] / int8_bits:.4f}x uniform int8 (target <= 0.6), {run['trials']} trials "
+              f"({weight_layout(QuantConfig.load(root / tag / 'config.json'))})")
+
+
 def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
@@ -100,9 +181,7 @@ def main() -> None:
         for label, metric, goal in GOALS:
             trials_to_goal(root, folder, stages, label, metric, goal)
         resume(root, folder, stages, 20)
-    if "int4" not in LOWERED_DTYPES:
-        print(f"mixed precision vs onnxruntime w4a8: skipped, dabuild lowers only {', '.join(LOWERED_DTYPES)} "
-              "(int4 weights are needed)")
+        mixed_precision(root)
 
 
 if __name__ == "__main__":

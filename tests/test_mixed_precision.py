@@ -2,22 +2,38 @@
 
 int4 weights are symmetric integers in [-7, 7] (inside int4's [-8, 7]) stored one per int8 byte, so
 the integer reference and the C kernels run them unchanged; only activations are refused int4.
+The digits-cnn recipe (torch) is traced and calibrated once per session; tuning runs the real tune
+stage with bench/capabilities/mixed.yaml (int8 or int4 weights).
 """
 
 from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
 from test_lowering import RNG, graph_of, lower, with_weights
 from test_quantize import C_CAPABILITY
+from test_tuning import digits_recipe, tune
 
+from dabuild.capability import load_capability
 from dabuild.errors import BuildError
 from dabuild.ir import Graph, Node
 from dabuild.ir.interpreter import run
+from dabuild.progress import Progress
 from dabuild.quant.config import NodeConfig, QuantChoice, QuantConfig, default_config
 from dabuild.quant.qgraph import QGraph
 from dabuild.quant.reference import dequantize_output, quantize_input, run_integer
-from dabuild.tune.space import build_space
+from dabuild.recipe import load_recipe
+from dabuild.tune.evaluate import EvalSetup, Evaluator
+from dabuild.tune.space import TuningSpace, build_space
+
+REPO = Path(__file__).resolve().parent.parent
+MIXED = load_capability(REPO / "bench" / "capabilities" / "mixed.yaml")
+PER_TENSOR_WEIGHTS = {"op_type": {op: {"weight": {"granularity": ["per_tensor"]}} for op in ("conv", "dense")}}
 
 INT4_CAPABILITY = C_CAPABILITY.model_copy(deep=True)
 INT4_CAPABILITY.ops["dense"].weight.dtype = ["int8", "int4"]
@@ -91,3 +107,73 @@ def test_int4_weights_count_four_bits() -> None:
     assert {c.weight.dtype for c in space.nodes["fc"].candidates} == {"int8", "int4"}
     int4 = QuantConfig({"fc": next(c for c in space.nodes["fc"].candidates if c.weight.dtype == "int4")})
     assert space.size(int4) * 2 == space.size(space.default()) == 8 * graph.constants["w"].size
+
+
+# ---------------------------------------------------------------- the digits CNN
+
+
+@pytest.fixture(scope="session")
+def cnn(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, tuple[Path, Path]]:
+    """A private copy of recipes/digits-cnn and its traced graph and calibration statistics folders."""
+    pytest.importorskip("torch")
+    from dabuild.data import batches, load_inputs
+    from dabuild.quant.calibrate import calibrate
+    from dabuild.trace.base import trace_stage
+
+    root = tmp_path_factory.mktemp("digits-cnn")
+    folder = root / "digits-cnn"
+    shutil.copytree(REPO / "recipes" / "digits-cnn", folder, ignore=shutil.ignore_patterns("build", "__pycache__"))
+    recipe = load_recipe(folder / "recipe.yaml")
+    trace_stage(recipe.model, recipe.base_dir, root / "trace", Progress.silent())
+    graph = Graph.load(root / "trace")
+    spec = recipe.data.calibration
+    arrays = load_inputs(spec, recipe.base_dir, [t.name for t in graph.inputs])
+    calibrate(graph, batches(arrays, spec.batch_size), Progress.silent()).save(root / "calibrate")
+    return folder, (root / "trace", root / "calibrate")
+
+
+def uniform_weights(space: TuningSpace, **weight: str) -> QuantConfig:
+    """The default config with the fields `weight` (e.g. dtype="int4") replaced in every weight choice."""
+    nodes = {}
+    for name, node in space.nodes.items():
+        choice = node.default
+        if choice.weight is not None:
+            choice = dataclasses.replace(choice, weight=dataclasses.replace(choice.weight, **weight))
+            assert choice in node.candidates, f"{name}: {choice} is not in the space"
+        nodes[name] = choice
+    return QuantConfig(nodes)
+
+
+def test_mixed_precision_on_the_digits_cnn_keeps_fp32_accuracy_with_at_most_0_6_of_int8_bits(
+        cnn: tuple[Path, tuple[Path, Path]], tmp_path: Path) -> None:
+    folder, stages = cnn
+    metrics = tune(stages, tmp_path / "tune", digits_recipe(folder, strategy="mixed-precision"), MIXED)
+    space = build_space(Graph.load(stages[0]), MIXED)
+    int8_bits = space.size(space.default())
+    assert metrics["goal_met"] and metrics["fp32"] >= 0.97
+    assert metrics["quantized"] >= 0.99 * metrics["fp32"]
+    assert metrics["size_bits"] <= 0.6 * int8_bits
+    chosen = QuantConfig.load(tmp_path / "tune" / "config.json")
+    qgraph = QGraph.load(tmp_path / "tune" / "qgraph")
+    for layer in qgraph.layers:
+        if layer.op in ("conv", "dense") and chosen.nodes[layer.name].weight.dtype == "int4":
+            assert layer.weight.dtype == np.int8 and np.abs(layer.weight).max() <= 7
+
+
+def test_mixed_precision_mixes_widths_where_uniform_int4_misses(cnn: tuple[Path, tuple[Path, Path]],
+                                                               tmp_path: Path) -> None:
+    """Per-tensor weights only: uniform int4 loses several percent, so the strategy must keep some nodes int8."""
+    folder, stages = cnn
+    recipe = digits_recipe(folder, strategy="mixed-precision", space=PER_TENSOR_WEIGHTS)
+    metrics = tune(stages, tmp_path / "tune", recipe, MIXED)
+    data = np.load(folder / "data.npz")
+    evaluator = Evaluator(EvalSetup(*stages, data["x_test"], data["y_test"], "accuracy", folder, 64))
+    space = build_space(evaluator.graph, MIXED, PER_TENSOR_WEIGHTS)
+    assert evaluator.score(uniform_weights(space, dtype="int4")).metric < 0.99 * evaluator.baseline
+    assert metrics["goal_met"] and metrics["size_bits"] < space.size(space.default())
+    chosen = QuantConfig.load(tmp_path / "tune" / "config.json")
+    widths = {c.weight.dtype for c in chosen.nodes.values() if c.weight is not None}
+    assert widths == {"int8", "int4"}
+    history = [json.loads(line) for line in (tmp_path / "tune" / "history.jsonl").read_text().splitlines()]
+    assert any(t["size_bits"] < metrics["size_bits"] and not t["passed"] for t in history)  # cheaper ones missed
+
