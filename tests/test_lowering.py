@@ -357,9 +357,9 @@ def test_fp32_fallback_runs_the_float_op_between_int8_tensors(tmp_path: Path) ->
 
 
 def test_c_target_names_layers_it_has_no_kernel_for(tmp_path: Path) -> None:
-    graph = graph_of([Node("pool", "global_avg_pool", ["x"], ["y"], {})], (4, 7, 7))
-    with pytest.raises(BuildError, match=r"layer 'pool'.*no kernel for op 'mean'"):
-        CTarget().export(lower(graph, image()), tmp_path)
+    graph = graph_of([Node("volume", "conv", ["x", "w"], ["y"], {})], (2, 3, 3, 3), {"w": RNG.normal(size=(2, 2, 2, 2, 2))})
+    with pytest.raises(BuildError, match=r"layer 'volume'.*no kernel for op 'conv'"):
+        CTarget().export(lower(graph, image(32, (2, 3, 3, 3))), tmp_path)
 
 
 def digits_cnn(channels: int = 32, seed: int = 0) -> Graph:

@@ -1,9 +1,11 @@
 """The C target: a C99 int8 library plus a test driver, proven by compiling and running it.
 
-The artifact is plain source (model.h/.c, one kernel per op, one header per
-layer, main.c, Makefile, CMakeLists.txt) and a model.json manifest that `run`
-reads. The generated code uses no malloc and, on the integer path, no libm;
-activations live in one static arena planned by tensor liveness.
+The artifact is plain source (model.h/.c, a header of shared integer helpers,
+one header per layer holding its constants and its forward function, main.c,
+Makefile, CMakeLists.txt) and a model.json manifest that `run` reads (it also
+records the kernel of every layer and the arena's peak, lower bound and naive
+sum). The generated code uses no malloc and, on the integer path, no libm;
+activations live in one static arena planned by buffer liveness.
 """
 
 from __future__ import annotations
@@ -76,6 +78,8 @@ class CTarget(Target):
             "input_size": qgraph.tensors[qgraph.input].size,
             "output_size": qgraph.tensors[qgraph.output].size,
             "arena_bytes": rendered.arena.peak_bytes,
+            "arena": rendered.arena.report(),
+            "kernels": rendered.kernels,
         }
         (out_dir / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
 

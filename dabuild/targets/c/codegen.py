@@ -1,4 +1,9 @@
-"""Render a QGraph into C99 sources with the Jinja2 templates of this package."""
+"""Render a QGraph into C99 sources with the Jinja2 templates of this package.
+
+One translation unit holds the model: model.c includes a header per layer
+(its constants and its forward function, every size a literal) and calls
+them in schedule order on the arena, `in` and `out`.
+"""
 
 from __future__ import annotations
 
@@ -13,9 +18,11 @@ import numpy as np
 import dabuild
 from dabuild.quant.qgraph import QGraph
 from dabuild.targets.c.arena import ArenaPlan, plan_arena
-from dabuild.targets.c.kernels import layer_context
+from dabuild.targets.c.kernels import Step
+from dabuild.targets.c.program import Program, build_program
 
 PROGRAM = "model_test"
+COMMON_HEADER = "dabuild_kernels.h"
 _TEMPLATES = Path(__file__).parent / "templates"
 
 
@@ -31,9 +38,9 @@ def c_float(value: float) -> str:
     return float(np.float32(value)).hex() + "f"
 
 
-def c_identifier(name: str, taken: set[str]) -> str:
-    """A unique C identifier for a layer name ('dense/1' -> 'l_dense_1')."""
-    base = "l_" + re.sub(r"[^0-9A-Za-z_]", "_", name).lower()
+def c_identifier(name: str, taken: set[str], prefix: str = "l_") -> str:
+    """A unique C identifier for a layer or tensor name ('dense/1' -> 'l_dense_1')."""
+    base = prefix + re.sub(r"[^0-9A-Za-z_]", "_", name).lower()
     ident, n = base, 1
     while ident in taken:
         n += 1
@@ -42,11 +49,17 @@ def c_identifier(name: str, taken: set[str]) -> str:
     return ident
 
 
+def c_comment(text: str) -> str:
+    """Text safe inside a /* */ comment."""
+    return text.replace("*/", "* /")
+
+
 @dataclass(frozen=True)
 class Rendered:
     files: dict[str, str]       # file name -> text
     library_sources: list[str]  # .c files of the model library (main.c excluded)
     arena: ArenaPlan
+    kernels: dict[str, str]     # step name -> kernel name
 
 
 def _environment() -> jinja2.Environment:
@@ -54,39 +67,64 @@ def _environment() -> jinja2.Environment:
                              trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
                              autoescape=False)
     env.filters["c_array"] = c_array
+    env.filters["c_comment"] = c_comment
     return env
+
+
+def scratch_name(step: Step) -> str:
+    return f"{step.name}:scratch"
+
+
+def plan_memory(program: Program) -> ArenaPlan:
+    """Liveness over the steps of every buffer but `in` and `out`, scratch buffers alive during their step."""
+    sizes = {program.buffer[name]: program.storage[name].size for name in program.storage}
+    schedule = []
+    for step in program.steps:
+        reads = [program.buffer[o.name] for o in step.inputs if not o.constant]
+        writes = [program.buffer[o.name] for o in step.outputs]
+        if step.scratch_bytes:
+            sizes[scratch_name(step)] = step.scratch_bytes
+            writes.append(scratch_name(step))
+        schedule.append((reads, writes))
+    return plan_arena(schedule, sizes, external={program.input, program.output})
 
 
 def render(qgraph: QGraph) -> Rendered:
     env = _environment()
     version = dabuild.__version__
-    edges = {qgraph.input, qgraph.output}
-    arena = plan_arena([(layer.inputs, layer.outputs) for layer in qgraph.layers],
-                       {name: t.size for name, t in qgraph.tensors.items()}, external=edges)
-
-    def buffer(tensor: str) -> str:
-        if tensor == qgraph.input:
-            return "in"
-        if tensor == qgraph.output:
-            return "out"
-        return f"arena + {arena.placements[tensor].offset}"
-
-    files: dict[str, str] = {}
-    ops: list[str] = []
-    layers: list[dict[str, str]] = []
+    program = build_program(qgraph)
+    arena = plan_memory(program)
     taken: set[str] = set()
-    for layer in qgraph.layers:
-        ident = c_identifier(layer.name, taken)
+    constant_names = {name: c_identifier(name, taken, "c_") for name in program.constants}
+
+    def pointer(tensor: str) -> str:
+        if tensor in constant_names:
+            return constant_names[tensor]
+        buffer = program.buffer.get(tensor, tensor)
+        if buffer == program.input:
+            return "in"
+        if buffer == program.output:
+            return "out"
+        return f"arena + {arena.placements[buffer].offset}"
+
+    files: dict[str, str] = {COMMON_HEADER: env.get_template(f"{COMMON_HEADER}.j2").render(version=version)}
+    calls: list[dict[str, str]] = []
+    for step in program.steps:
+        ident = c_identifier(step.name, taken)
+        parameters = [f"const int8_t *restrict in{k}" for k in range(len(step.inputs))]
+        parameters += [f"int8_t *restrict out{k}" for k in range(len(step.outputs))]
+        arguments = [pointer(o.name) for o in [*step.inputs, *step.outputs]]
+        if step.scratch_bytes:
+            parameters.append("int8_t *restrict scratch")
+            arguments.append(pointer(scratch_name(step)))
+        context: dict[str, Any] = {"version": version, "ident": ident, "name": step.name,
+                                   "signature": ", ".join(parameters), **step.kernel.context(step)}
         header = f"layer_{ident[2:]}.h"
-        context = {"version": version, "layer": layer, "ident": ident, **layer_context(layer, qgraph)}
-        files[header] = env.get_template(f"{layer.op}_layer.h.j2").render(context)
-        if layer.op not in ops:
-            ops.append(layer.op)
-        layers.append({"ident": ident, "header": header, "function": f"{layer.op}_s8",
-                       "source": buffer(layer.inputs[0]), "destination": buffer(layer.outputs[0])})
-    for op in ops:
-        files[f"{op}.h"] = env.get_template(f"{op}.h.j2").render(version=version)
-        files[f"{op}.c"] = env.get_template(f"{op}.c.j2").render(version=version)
+        files[header] = env.get_template("layer.h.j2").render(
+            context, kernel=step.kernel.name, config=_config_template(env, step),
+            forward=f"kernels/{step.kernel.name}.forward.j2")
+        calls.append({"ident": ident, "header": header, "arguments": ", ".join(arguments),
+                      "kernel": step.kernel.name, "name": step.name})
 
     source, target = qgraph.input_params, qgraph.output_params
     span = source.qmax - source.qmin
@@ -94,22 +132,29 @@ def render(qgraph: QGraph) -> Rendered:
         "version": version,
         "input_size": qgraph.tensors[qgraph.input].size,
         "output_size": qgraph.tensors[qgraph.output].size,
-        "arena_bytes": arena.peak_bytes,
+        "arena": arena,
         "placements": list(arena.placements.values()),
         "input_scale": c_float(source.scale), "input_scale_decimal": f"{source.scale:.9g}",
         "input_zero_point": source.zero_point,
         "input_low_bound": -span - 1, "input_high_bound": span,
         "output_scale": c_float(target.scale), "output_scale_decimal": f"{target.scale:.9g}",
         "output_zero_point": target.zero_point,
-        "kernel_headers": [f"{op}.h" for op in ops],
-        "layers": layers,
+        "constants": [{"ident": constant_names[name], "name": name, "values": qgraph.constants[name]}
+                      for name in program.constants],
+        "calls": calls,
+        "common_header": COMMON_HEADER,
     }
     files["model.h"] = env.get_template("model.h.j2").render(model)
     files["model.c"] = env.get_template("model.c.j2").render(model)
     files["main.c"] = env.get_template("main.c.j2").render(version=version)
-    library_sources = ["model.c", *(f"{op}.c" for op in ops)]
+    library_sources = ["model.c"]
     build = {"version": version, "library_sources": library_sources, "program": PROGRAM,
              "headers": sorted(name for name in files if name.endswith(".h"))}
     files["Makefile"] = env.get_template("Makefile.j2").render(build)
     files["CMakeLists.txt"] = env.get_template("CMakeLists.txt.j2").render(build)
-    return Rendered(files, library_sources, arena)
+    return Rendered(files, library_sources, arena, {call["name"]: call["kernel"] for call in calls})
+
+
+def _config_template(env: jinja2.Environment, step: Step) -> str | None:
+    name = f"kernels/{step.kernel.config or step.kernel.name}.config.j2"
+    return name if name in env.list_templates() else None

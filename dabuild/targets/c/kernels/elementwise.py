@@ -1,0 +1,56 @@
+"""Elementwise kernels: clamps, 256-entry tables, and add/sub/mul of two int8 tensors.
+
+Clamps and tables read and write in whatever storage their input has. The
+binary ops walk the output's storage with one stride per operand (0 where an
+operand broadcasts), so equal shapes in equal storage become one contiguous
+loop; the arithmetic is the reference's (TFLite-style rescale for add/sub).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dabuild.quant.layers.elementwise import QAdd, QClamp, QLookup, QMul
+from dabuild.targets.c.kernels.registry import Step, kernel
+from dabuild.targets.c.layout import Walk, broadcast_strides
+
+
+@kernel("relu", "clamp")
+@kernel("clamp", "clamp")
+def clamp(step: Step) -> dict[str, Any]:
+    layer: QClamp = step.layer  # type: ignore[assignment]
+    return {"size": step.inputs[0].size, "low": layer.low, "high": layer.high}
+
+
+@kernel("lookup", "lookup")
+def lookup(step: Step) -> dict[str, Any]:
+    layer: QLookup = step.layer  # type: ignore[assignment]
+    return {"size": step.inputs[0].size, "table": layer.table, "function": layer.function,
+            "qmin": step.inputs[0].params.qmin}
+
+
+def binary_walk(step: Step) -> Walk:
+    """The output's storage, with each input's (broadcast) strides: offsets `o`, `a`, `b`."""
+    out = step.outputs[0]
+    a, b = step.inputs
+    return Walk.over(out.shape, out.storage.order, {"o": out.strides, "a": broadcast_strides(a.storage, out.shape),
+                                                      "b": broadcast_strides(b.storage, out.shape)})
+
+
+@kernel("add", "add")
+@kernel("sub", "add")
+def add(step: Step) -> dict[str, Any]:
+    layer: QAdd = step.layer  # type: ignore[assignment]
+    return {"walk": binary_walk(step), "sign": "+" if layer.sign > 0 else "-", "left_shift": layer.left_shift,
+            "zero_points": [operand.params.zero_point for operand in step.inputs],
+            "input_multiplier": [int(m) for m in layer.input_multiplier],
+            "input_shift": [int(s) for s in layer.input_shift], "multiplier": int(layer.multiplier[0]),
+            "shift": int(layer.shift[0]), "output_zero_point": step.outputs[0].params.zero_point}
+
+
+@kernel("mul", "mul")
+def mul(step: Step) -> dict[str, Any]:
+    layer: QMul = step.layer  # type: ignore[assignment]
+    return {"walk": binary_walk(step), "zero_points": [operand.params.zero_point for operand in step.inputs],
+            "multiplier": int(layer.multiplier[0]), "shift": int(layer.shift[0]),
+            "output_zero_point": step.outputs[0].params.zero_point}

@@ -1,0 +1,121 @@
+"""dense and conv kernels: int8 dot products into int32, requantized per tensor or per channel.
+
+The input zero point leaves the inner loop: sum (x - zp) * w = sum x * w -
+zp * sum w, and zp * sum w goes into the bias at export time. That needs
+every window whole, so conv reads its input through a copy bordered by the
+zero point (a padded x - zp is exactly 0, as the reference pads). The raw
+sum x * w stays inside int32 (|x| <= 128 < 255, which the lowering's
+overflow bound covers) and the corrected bias joins it in int64.
+
+Weights are laid out at export time so the inner loops are contiguous: dense
+[out][in]; conv [out][kh][kw][in/groups] against the channels-last input, so
+a window row is one dot product of kw * channels bytes; depthwise
+[kh][kw][out], a vector multiply-add across the channels of one pixel.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from dabuild.errors import BuildError
+from dabuild.quant.fixed_point import INT32_MAX
+from dabuild.quant.layers.linear import QConv, QDense, QWeighted
+from dabuild.quant.qgraph import QGraph
+from dabuild.targets.c.kernels.registry import CANONICAL, CHANNELS_LAST, Step, kernel
+
+BOTH = ("per_tensor", "per_channel")
+
+
+def _requantization(step: Step, layer: QWeighted, weight_sums: np.ndarray) -> dict[str, Any]:
+    """Bias with the input zero point folded in, and the output's requantization constants."""
+    zero_point = step.inputs[0].params.zero_point
+    bias = layer.bias.astype(np.int64) - zero_point * weight_sums
+    if np.abs(bias).max(initial=0) > INT32_MAX:
+        raise BuildError(f"layer {layer.name!r}: the bias with the input zero point folded in overflows int32")
+    return {"bias": bias, "multiplier": layer.multiplier, "shift": layer.shift,
+            "per_channel": len(layer.multiplier) > 1, "output_zero_point": step.outputs[0].params.zero_point,
+            "output_min": layer.output_min, "output_max": layer.output_max}
+
+
+@kernel("dense", "dense", config="weighted", inputs=CANONICAL, outputs=CANONICAL, granularities=BOTH)
+def dense(step: Step) -> dict[str, Any]:
+    layer: QDense = step.layer  # type: ignore[assignment]
+    weight = np.ascontiguousarray(layer.weight.T)  # [out][in]: each output one contiguous dot product
+    return {"in_features": layer.in_features, "out_features": layer.out_features,
+            "rows": step.inputs[0].size // layer.in_features, "weight": weight,
+            **_requantization(step, layer, weight.astype(np.int64).sum(axis=1))}
+
+
+def _planar(layer: QConv, qgraph: QGraph) -> str | None:
+    return None if len(layer.strides) in (1, 2) else f"{len(layer.strides)}-D convolution (1-D and 2-D only)"
+
+
+def _depthwise(layer: QConv, qgraph: QGraph) -> str | None:
+    channels = qgraph.tensors[layer.inputs[0]].shape[0]
+    if layer.groups != channels or layer.weight.shape[1] != 1:
+        return "not depthwise (groups == input channels)"
+    return _planar(layer, qgraph)
+
+
+def window(step: Step, kernel_shape: list[int], strides: list[int], pads: list[int],
+           dilations: list[int]) -> dict[str, int]:
+    """The 2-D geometry of a 1-D or 2-D window op over channels-last storage (1-D as a height of 1)."""
+    x, y = step.inputs[0].shape, step.outputs[0].shape
+    if len(kernel_shape) == 1:
+        kernel_shape, strides, dilations = [1, *kernel_shape], [1, *strides], [1, *dilations]
+        pads = [0, pads[0], 0, pads[1]]
+        x, y = (x[0], 1, x[1]), (y[0], 1, y[1])
+    return {"channels": x[0], "height": x[1], "width": x[2], "out_channels": y[0], "out_height": y[1],
+            "out_width": y[2], "kernel_height": kernel_shape[0], "kernel_width": kernel_shape[1],
+            "stride_height": strides[0], "stride_width": strides[1], "dilation_height": dilations[0],
+            "dilation_width": dilations[1], "pad_top": pads[0], "pad_left": pads[1], "pad_bottom": pads[2],
+            "pad_right": pads[3]}
+
+
+def _conv_window(step: Step) -> dict[str, int]:
+    layer: QConv = step.layer  # type: ignore[assignment]
+    geometry = window(step, list(layer.weight.shape[2:]), layer.strides, layer.pads, layer.dilations)
+    padded = any(geometry[f"pad_{side}"] for side in ("top", "left", "bottom", "right"))
+    geometry["padded_height"] = geometry["height"] + geometry["pad_top"] + geometry["pad_bottom"]
+    geometry["padded_width"] = geometry["width"] + geometry["pad_left"] + geometry["pad_right"]
+    geometry["padded"] = padded
+    return geometry
+
+
+def _padded_bytes(step: Step) -> int:
+    geometry = _conv_window(step)
+    return geometry["padded_height"] * geometry["padded_width"] * geometry["channels"] if geometry["padded"] else 0
+
+
+def _planar_weight(layer: QConv) -> np.ndarray:
+    """(O, C/groups, *kernel) -> (O, kh, kw, C/groups), a 1-D kernel with kh = 1."""
+    weight = layer.weight if layer.weight.ndim == 4 else layer.weight[:, :, None, :]
+    return weight.transpose(0, 2, 3, 1)
+
+
+@kernel("conv", "conv_depthwise", config="weighted", inputs=CHANNELS_LAST, outputs=CHANNELS_LAST, granularities=BOTH,
+        when=_depthwise, scratch=_padded_bytes)
+def conv_depthwise(step: Step) -> dict[str, Any]:
+    layer: QConv = step.layer  # type: ignore[assignment]
+    weight = _planar_weight(layer)  # (O, kh, kw, 1)
+    geometry = _conv_window(step)
+    return {**geometry, "input_zero_point": step.inputs[0].params.zero_point,
+            "depth_multiplier": geometry["out_channels"] // geometry["channels"],
+            "weight": np.ascontiguousarray(weight[..., 0].transpose(1, 2, 0)),  # [kh][kw][out]
+            **_requantization(step, layer, weight.astype(np.int64).sum(axis=(1, 2, 3)))}
+
+
+@kernel("conv", "conv", config="weighted", inputs=CHANNELS_LAST, outputs=CHANNELS_LAST, granularities=BOTH, when=_planar,
+        scratch=_padded_bytes)
+def conv(step: Step) -> dict[str, Any]:
+    layer: QConv = step.layer  # type: ignore[assignment]
+    weight = np.ascontiguousarray(_planar_weight(layer))  # [out][kh][kw][in/groups]
+    geometry = _conv_window(step)
+    group_channels = weight.shape[3]
+    return {**geometry, "input_zero_point": step.inputs[0].params.zero_point, "groups": layer.groups,
+            "group_channels": group_channels, "group_outputs": geometry["out_channels"] // layer.groups,
+            # one window row is contiguous in both input and weight when no group or dilation interleaves it
+            "contiguous_rows": layer.groups == 1 and geometry["dilation_width"] == 1,
+            "weight": weight, **_requantization(step, layer, weight.astype(np.int64).sum(axis=(1, 2, 3)))}

@@ -1,0 +1,94 @@
+"""Pooling, reductions and softmax.
+
+max_pool and avg_pool run over channels-last storage: per output pixel, a
+loop over the window's taps that lie inside the input (bounds tested per tap,
+never per value) and a contiguous loop over the channels. Padding never wins
+a max and adds a centred 0 to a sum, so skipping padded taps is exact; each
+avg_pool window picks the multiplier of its element count from a table the
+reference's own divisor rule fills. Reductions (mean, sum, max) walk their
+input in storage order into accumulators indexed by the output. Softmax is
+the reference's fixed point: an exp table indexed by max - x, an int32 sum,
+one rounded division per output.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from dabuild.ir.ops import OPS
+from dabuild.quant.layers.pool import QAvgPool, QMean
+from dabuild.quant.layers.shape import QSelection
+from dabuild.quant.layers.softmax import QSoftmax
+from dabuild.quant.qgraph import QGraph, QLayer
+from dabuild.targets.c.kernels.linear import window
+from dabuild.targets.c.kernels.registry import CANONICAL, CHANNELS_LAST, Step, kernel
+from dabuild.targets.c.layout import Storage, Walk
+
+
+def _planar_pool(layer: QLayer, qgraph: QGraph) -> str | None:
+    spatial = len(qgraph.tensors[layer.inputs[0]].shape) - 1
+    return None if spatial in (1, 2) else f"{spatial}-D pooling (1-D and 2-D only)"
+
+
+def _pool_window(step: Step) -> dict[str, int]:
+    layer: QSelection = step.layer  # type: ignore[assignment]
+    kernel_shape, strides, pads, dilations = OPS[layer.op].geometry(layer.op_attrs)
+    return window(step, kernel_shape, strides, pads, dilations)
+
+
+@kernel("max_pool", "max_pool", inputs=CHANNELS_LAST, outputs=CHANNELS_LAST, when=_planar_pool)
+def max_pool(step: Step) -> dict[str, Any]:
+    return _pool_window(step)
+
+
+@kernel("avg_pool", "avg_pool", inputs=CHANNELS_LAST, outputs=CHANNELS_LAST, when=_planar_pool)
+def avg_pool(step: Step) -> dict[str, Any]:
+    layer: QAvgPool = step.layer  # type: ignore[assignment]
+    counts = OPS["avg_pool"].divisors((1, *step.inputs[0].shape), layer.op_attrs).astype(np.int64)
+    return {**_pool_window(step), "count_index": counts.ravel() - 1, "multiplier": layer.multiplier,
+            "shift": layer.shift, "input_zero_point": step.inputs[0].params.zero_point,
+            "output_zero_point": step.outputs[0].params.zero_point}
+
+
+def reduction_walk(step: Step, axes: list[int], keepdims: bool) -> Walk:
+    """The input in storage order; `i` its offset, `o` the (canonical) output index it accumulates into."""
+    source = step.inputs[0]
+    kept = [a for a in range(len(source.shape)) if a not in axes]
+    out_shape = tuple(1 if a in axes else d for a, d in enumerate(source.shape)) if keepdims else \
+        tuple(source.shape[a] for a in kept)
+    out_strides = Storage.canonical(out_shape).strides
+    accumulate = [0] * len(source.shape)
+    for position, axis in enumerate(kept):
+        accumulate[axis] = out_strides[axis if keepdims else position]
+    return Walk.over(source.shape, source.storage.order, {"i": source.strides, "o": tuple(accumulate)})
+
+
+@kernel("mean", "mean", outputs=CANONICAL)
+def mean(step: Step) -> dict[str, Any]:
+    layer: QMean = step.layer  # type: ignore[assignment]
+    axes = [a - 1 for a in layer.axes]
+    count = int(np.prod([step.inputs[0].shape[a] for a in axes]))
+    return {"walk": reduction_walk(step, axes, layer.keepdims), "outputs": step.outputs[0].size, "count": count,
+            "input_zero_point": step.inputs[0].params.zero_point, "multiplier": int(layer.multiplier[0]),
+            "shift": int(layer.shift[0]), "output_zero_point": step.outputs[0].params.zero_point}
+
+
+@kernel("reduce_max", "reduce_max", outputs=CANONICAL)
+def reduce_max(step: Step) -> dict[str, Any]:
+    layer: QSelection = step.layer  # type: ignore[assignment]
+    rank = len(step.inputs[0].shape) + 1
+    axes = [a - 1 for a in OPS["reduce_max"].axes(rank, layer.op_attrs)]
+    return {"walk": reduction_walk(step, axes, bool(layer.op_attrs["keepdims"])), "outputs": step.outputs[0].size}
+
+
+@kernel("softmax", "softmax")
+def softmax(step: Step) -> dict[str, Any]:
+    layer: QSoftmax = step.layer  # type: ignore[assignment]
+    source = step.inputs[0]
+    axis = layer.axis - 1
+    rows = tuple(1 if a == axis else d for a, d in enumerate(source.shape))
+    return {"walk": Walk.over(rows, source.storage.order, {"x": source.strides}), "length": source.shape[axis],
+            "stride": source.strides[axis], "exp_table": layer.exp_table, "qmin": source.params.qmin,
+            "output_zero_point": step.outputs[0].params.zero_point}

@@ -1,0 +1,128 @@
+"""The registry of C kernels, keyed by layer op and spec (dtype, granularity, input layout, structure).
+
+A kernel is registered with `@kernel(op, name, ...)` on the function that
+computes its template context, next to nothing else: adding one touches one
+place (that function and its two templates). Its templates are
+`templates/kernels/<config or name>.config.j2` (the layer's constants: weights,
+tables, multipliers; optional) and `templates/kernels/<name>.forward.j2` (the layer's
+forward function, with every size a literal so compilers see the trip counts
+and vectorise the contiguous inner loops).
+
+The first registered kernel of a layer's op whose spec fits is chosen, so a
+specialised kernel (depthwise conv) is registered before the general one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from dabuild.errors import BuildError
+from dabuild.quant.qgraph import QGraph, QLayer, QuantParams
+from dabuild.targets.c.layout import Storage
+
+# The storage a kernel wants its activation inputs in, and the one its outputs get.
+CHANNELS_LAST, CANONICAL, ANY = "channels_last", "canonical", "any"
+SAME = "same"    # outputs: the storage order of the first input of the same shape (else canonical)
+ALIAS = "alias"  # outputs: the input's bytes themselves, reinterpreted (no code at all)
+
+
+@dataclass(frozen=True)
+class Operand:
+    """A tensor as a step sees it: its name, its storage and its quantization."""
+
+    name: str
+    storage: Storage
+    params: QuantParams
+    constant: bool = False
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.storage.shape
+
+    @property
+    def size(self) -> int:
+        return self.storage.size
+
+    @property
+    def strides(self) -> tuple[int, ...]:
+        return self.storage.strides
+
+
+@dataclass
+class Step:
+    """One call in model_forward: a layer (or a layout conversion) with its kernel and operands."""
+
+    kernel: Kernel
+    name: str
+    layer: QLayer | None
+    inputs: list[Operand]
+    outputs: list[Operand]
+
+    @property
+    def scratch_bytes(self) -> int:
+        return self.kernel.scratch(self) if self.kernel.scratch else 0
+
+
+Context = Callable[[Step], dict[str, Any]]
+Condition = Callable[[QLayer, QGraph], "str | None"]   # why the kernel cannot run the layer; None: it can
+
+
+@dataclass(frozen=True)
+class Kernel:
+    op: str
+    name: str
+    context: Context
+    inputs: str = ANY
+    outputs: str = SAME
+    dtypes: tuple[str, ...] = ("int8",)
+    granularities: tuple[str, ...] = ("per_tensor",)
+    when: Condition | None = None
+    scratch: Callable[[Step], int] | None = None   # bytes of arena scratch the forward function uses
+    config: str | None = None   # stem of the constants template when kernels share one (default: `name`)
+
+    def describe(self) -> str:
+        return (f"{self.name} (dtype {'/'.join(self.dtypes)}, {'/'.join(self.granularities)}, "
+                f"{self.inputs} inputs)")
+
+
+KERNELS: list[Kernel] = []
+
+
+def kernel(op: str, name: str, **spec: Any) -> Callable[[Context], Context]:
+    """Register the decorated context function as kernel `name` of layer op `op`."""
+    def register(context: Context) -> Context:
+        KERNELS.append(Kernel(op, name, context, **spec))
+        return context
+    return register
+
+
+def layer_spec(layer: QLayer, qgraph: QGraph) -> tuple[str, str]:
+    """(dtype, granularity) of a layer: its activations' dtype, per_channel when it has one multiplier per
+    output channel."""
+    dtypes = {qgraph.tensors[name].params.dtype for name in [*layer.inputs, *layer.outputs] if name in qgraph.tensors}
+    multiplier = getattr(layer, "multiplier", None)
+    per_channel = getattr(layer, "weight", None) is not None and multiplier is not None and len(multiplier) > 1
+    return "/".join(sorted(dtypes)), "per_channel" if per_channel else "per_tensor"
+
+
+def select(layer: QLayer, qgraph: QGraph) -> Kernel:
+    """The first registered kernel that runs `layer`, or a BuildError naming the layer and why none does."""
+    dtype, granularity = layer_spec(layer, qgraph)
+    reasons = []
+    for candidate in KERNELS:
+        if candidate.op != layer.op:
+            continue
+        if dtype not in candidate.dtypes or granularity not in candidate.granularities:
+            reasons.append(f"{candidate.describe()} does not take {dtype} {granularity}")
+            continue
+        why = candidate.when(layer, qgraph) if candidate.when else None
+        if why is None:
+            return candidate
+        reasons.append(f"{candidate.name}: {why}")
+    known = sorted({k.op for k in KERNELS})
+    detail = "; ".join(reasons) if reasons else f"kernels exist for {', '.join(known)}"
+    raise BuildError(f"layer {layer.name!r}: the C target has no kernel for op {layer.op!r} "
+                     f"({dtype}, {granularity}): {detail}")
+

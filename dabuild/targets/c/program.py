@@ -1,0 +1,132 @@
+"""From a QGraph to the steps of model_forward: kernels chosen, storages assigned, buffers shared.
+
+Layers run in the QGraph's schedule order. Each gets the first kernel whose
+spec fits (`kernels.select`); its activation inputs are converted when the
+kernel wants another storage (a conversion step, done once per tensor and
+storage and shared by every reader), and its outputs get the storage the
+kernel produces. Alias layers (reshape, flatten, ...) emit no step: their
+output is their input's buffer. The graph output must end canonical in `out`,
+and the buffer it lives in becomes `out` itself, so the last kernel writes
+there directly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dabuild.errors import BuildError
+from dabuild.quant.qgraph import QGraph, QLayer
+from dabuild.targets.c.kernels import KERNELS, Kernel, Operand, Step, select
+from dabuild.targets.c.kernels.movement import conversion_storage
+from dabuild.targets.c.kernels.registry import ALIAS, ANY, CANONICAL, CHANNELS_LAST, SAME
+from dabuild.targets.c.layout import Storage
+
+CONVERT = next(k for k in KERNELS if k.op == ":convert")
+
+
+@dataclass
+class Program:
+    steps: list[Step]
+    storage: dict[str, Storage]   # every activation (and conversion) by name
+    buffer: dict[str, str]        # tensor -> the buffer it lives in (an alias shares its input's)
+    input: str                    # the buffer `in` is
+    output: str                   # the buffer `out` is
+    constants: dict[str, Operand]
+
+
+def _constant(qgraph: QGraph, name: str, rank: int, layer: QLayer) -> Operand:
+    """A graph constant as a per-sample operand: leading axes of size 1 beyond the activation rank dropped."""
+    shape = tuple(qgraph.constants[name].shape)
+    while len(shape) > rank:
+        if shape[0] != 1:
+            raise BuildError(f"layer {layer.name!r}: constant {name!r} of shape {shape} varies along the batch "
+                             "axis; the C model runs one sample at a time")
+        shape = shape[1:]
+    return Operand(name, Storage.canonical(shape), qgraph.tensors[name].params, constant=True)
+
+
+def _touches_batch(layer: QLayer, rank: int) -> bool:
+    """Whether a layer moves values across the batch axis (the C model sees one sample); `rank` counts it."""
+    attrs = getattr(layer, "op_attrs", {})
+    if layer.op == "concat":
+        return getattr(layer, "axis") == 0
+    if layer.op == "split":
+        return attrs["axis"] % rank == 0
+    if layer.op == "transpose":
+        return attrs.get("perm") is None or attrs["perm"][0] != 0
+    if layer.op == "slice":
+        axes = attrs.get("axes") if attrs.get("axes") is not None else list(range(len(attrs["starts"])))
+        return 0 in [a % rank for a in axes]
+    if layer.op == "pad":
+        pads = attrs["pads"]
+        return bool(pads[0] or pads[len(pads) // 2])
+    return False
+
+
+def build_program(qgraph: QGraph) -> Program:
+    storage = {qgraph.input: Storage.canonical(qgraph.tensors[qgraph.input].shape)}
+    buffer = {qgraph.input: qgraph.input}
+    steps: list[Step] = []
+    converted: dict[tuple[str, str], str] = {}
+    constants: dict[str, Operand] = {}
+
+    params = {name: tensor.params for name, tensor in qgraph.tensors.items()}
+
+    def operand(name: str) -> Operand:
+        return Operand(name, storage[name], params[name])
+
+    def in_storage(name: str, wanted: str) -> str:
+        """`name`, or its conversion to the `wanted` storage (made once)."""
+        current = storage[name]
+        if wanted == ANY or (current.is_channels_last if wanted == CHANNELS_LAST else current.is_canonical):
+            return name
+        key = (name, wanted)
+        if key not in converted:
+            target = f"{name}@{wanted}"
+            storage[target] = conversion_storage(current, wanted)
+            buffer[target], params[target] = target, params[name]
+            steps.append(Step(CONVERT, target, None, [operand(name)], [operand(target)]))
+            converted[key] = target
+        return converted[key]
+
+    for layer in qgraph.layers:
+        if _touches_batch(layer, len(qgraph.tensors[layer.inputs[0]].shape) + 1):
+            raise BuildError(f"layer {layer.name!r}: {layer.op} along the batch axis; the C model runs one sample "
+                             "at a time")
+        chosen: Kernel = select(layer, qgraph)
+        rank = len(qgraph.tensors[layer.outputs[0]].shape)
+        inputs = []
+        for name in layer.inputs:
+            if name in qgraph.constants:
+                constants[name] = _constant(qgraph, name, rank, layer)
+                inputs.append(constants[name])
+            else:
+                inputs.append(operand(in_storage(name, chosen.inputs)))
+        outputs = []
+        for name in layer.outputs:
+            shape = qgraph.tensors[name].shape
+            if chosen.outputs == ALIAS:
+                storage[name], buffer[name] = Storage.canonical(shape), buffer[inputs[0].name]
+                continue
+            storage[name], buffer[name] = _output_storage(chosen.outputs, shape, inputs), name
+            outputs.append(operand(name))
+        if outputs:
+            steps.append(Step(chosen, layer.name, layer, inputs, outputs))
+
+    output = in_storage(qgraph.output, CANONICAL)
+    if buffer[output] == buffer[qgraph.input]:  # nothing but aliases of the input: `out` needs a copy
+        target = f"{qgraph.output}@out"
+        storage[target], buffer[target], params[target] = storage[output], target, params[output]
+        steps.append(Step(CONVERT, target, None, [operand(output)], [operand(target)]))
+        output = target
+    return Program(steps, storage, buffer, buffer[qgraph.input], buffer[output], constants)
+
+
+def _output_storage(rule: str, shape: tuple[int, ...], inputs: list[Operand]) -> Storage:
+    if rule == CHANNELS_LAST:
+        return Storage.channels_last(shape)
+    if rule == SAME:
+        for source in inputs:
+            if source.shape == shape and not source.constant:
+                return Storage(shape, source.storage.order)
+    return Storage.canonical(shape)

@@ -1,0 +1,277 @@
+"""Every C kernel against dabuild's integer reference, bit for bit, compiled with -Werror.
+
+Each case is a small float graph, calibrated and lowered through quantize(),
+exported, compiled (-std=c99 -Wall -Wextra -Werror -pedantic) and run on a
+few hundred full-range random int8 inputs. Then a small CNN with every kind
+of layer end to end, the arena planner's bounds on these models, and the
+errors for what the C target cannot run.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_lowering import graph_of, image, lower, with_weights
+from test_quantize import C_CAPABILITY
+
+from dabuild.errors import BuildError
+from dabuild.ir import Graph, Node
+from dabuild.quant.config import default_config
+from dabuild.quant.qgraph import QGraph
+from dabuild.quant.reference import run_integer
+from dabuild.targets.c import CTarget
+from dabuild.targets.c.codegen import render
+
+STRICT = ["-O2", "-Wall", "-Wextra", "-Werror", "-pedantic"]
+SAMPLES = 300
+RNG = np.random.default_rng(21)
+
+
+def weights(*shape: int, scale: float = 0.3) -> np.ndarray:
+    return RNG.normal(0, scale, shape)
+
+
+def conv_node(name: str, source: str, output: str, **attrs: object) -> Node:
+    return Node(name, "conv", [source, f"{name}_w", f"{name}_b"], [output], dict(attrs))
+
+
+# name: (nodes, input shape, constants, weight granularity, kernels the export must use)
+CASES: dict[str, tuple[list[Node], tuple[int, ...], dict[str, np.ndarray], str, set[str]]] = {
+    "dense per tensor": ([Node("fc", "dense", ["x", "w", "b"], ["y"], {})], (20,),
+                         {"w": weights(20, 9), "b": weights(9)}, "per_tensor", {"dense"}),
+    "dense per channel relu6": ([Node("fc", "dense", ["x", "w", "b"], ["y"], {"activation": "relu6"})], (37,),
+                                {"w": weights(37, 5), "b": weights(5)}, "per_channel", {"dense"}),
+    "dense rank 3 with sigmoid": ([Node("fc", "dense", ["x", "w"], ["y"], {"activation": "sigmoid"})], (5, 6),
+                                  {"w": weights(6, 4)}, "per_tensor", {"dense", "lookup"}),
+    "conv 3x3 pad 1": ([conv_node("c", "x", "y", pads=[1, 1, 1, 1])], (4, 7, 7),
+                       {"c_w": weights(6, 4, 3, 3), "c_b": weights(6)}, "per_tensor", {"conv", "gather"}),
+    "conv stride 2 asymmetric pads per channel": (
+        [conv_node("c", "x", "y", strides=[2, 2], pads=[0, 1, 1, 0], activation="relu")], (4, 7, 7),
+        {"c_w": weights(6, 4, 3, 3), "c_b": weights(6)}, "per_channel", {"conv"}),
+    "conv dilation 2 clip": ([conv_node("c", "x", "y", dilations=[2, 2], pads=[2, 2, 2, 2], activation="clip",
+                                        activation_attrs={"min": -0.5, "max": 1.0})], (5, 6, 8),
+                             {"c_w": weights(5, 5, 3, 3), "c_b": weights(5)}, "per_tensor", {"conv"}),
+    "conv groups 2": ([conv_node("c", "x", "y", groups=2, pads=[1, 1, 1, 1])], (4, 7, 7),
+                      {"c_w": weights(6, 2, 3, 3), "c_b": weights(6)}, "per_channel", {"conv"}),
+    "conv 1x1 no pad": ([conv_node("c", "x", "y")], (16, 5, 5), {"c_w": weights(24, 16, 1, 1),
+                                                                 "c_b": weights(24)}, "per_tensor", {"conv"}),
+    "conv1d": ([conv_node("c", "x", "y", strides=[2], pads=[1, 2])], (3, 20),
+               {"c_w": weights(5, 3, 4), "c_b": weights(5)}, "per_tensor", {"conv"}),
+    "depthwise": ([conv_node("c", "x", "y", groups=4, pads=[1, 1, 1, 1], activation="relu")], (4, 7, 7),
+                  {"c_w": weights(4, 1, 3, 3), "c_b": weights(4)}, "per_channel", {"conv_depthwise"}),
+    "depthwise multiplier 2 stride": ([conv_node("c", "x", "y", groups=4, strides=[2, 1])], (4, 7, 7),
+                                      {"c_w": weights(8, 1, 3, 3), "c_b": weights(8)}, "per_tensor",
+                                      {"conv_depthwise"}),
+    "relu": ([Node("a", "relu", ["x"], ["y"], {})], (10,), {}, "per_tensor", {"clamp"}),
+    "relu6": ([Node("a", "relu6", ["x"], ["y"], {})], (10,), {}, "per_tensor", {"clamp"}),
+    "clip": ([Node("a", "clip", ["x"], ["y"], {"min": -1.0, "max": 0.5})], (3, 4), {}, "per_tensor", {"clamp"}),
+    "tanh": ([Node("a", "tanh", ["x"], ["y"], {})], (10,), {}, "per_tensor", {"lookup"}),
+    "gelu": ([Node("a", "gelu", ["x"], ["y"], {})], (2, 5), {}, "per_tensor", {"lookup"}),
+    "add broadcast constant": ([conv_node("c", "x", "c_out"), Node("plus", "add", ["c_out", "shift"], ["y"], {})],
+                               (4, 5, 5), {"c_w": weights(4, 4, 1, 1), "c_b": weights(4),
+                                           "shift": weights(4, 1, 1, scale=1.0)}, "per_tensor", {"add"}),
+    "mul of feature maps": ([conv_node("c", "x", "a"), conv_node("d", "x", "b", pads=[1, 1, 1, 1]),
+                             Node("times", "mul", ["a", "b"], ["y"], {})], (3, 5, 5),
+                            {"c_w": weights(4, 3, 1, 1), "c_b": weights(4), "d_w": weights(4, 3, 3, 3),
+                             "d_b": weights(4)}, "per_tensor", {"mul"}),
+    "sub broadcast rows": ([Node("fa", "dense", ["x", "wa"], ["a"], {}), Node("m", "reduce_mean", ["a"], ["r"],
+                                                                              {"axes": [2], "keepdims": True}),
+                            Node("minus", "sub", ["a", "r"], ["y"], {})], (3, 8), {"wa": weights(8, 6)},
+                           "per_tensor", {"add", "mean"}),
+    "concat channels": ([conv_node("c", "x", "a"), conv_node("d", "x", "b", pads=[1, 1, 1, 1]),
+                         Node("join", "concat", ["a", "b"], ["y"], {"axis": 1})], (3, 5, 5),
+                        {"c_w": weights(4, 3, 1, 1), "c_b": weights(4), "d_w": weights(2, 3, 3, 3),
+                         "d_b": weights(2, scale=3.0)}, "per_tensor", {"concat"}),
+    "concat width": ([Node("s", "split", ["x"], ["l", "r"], {"axis": 3, "sizes": [2, 3]}),
+                      Node("act", "tanh", ["r"], ["t"], {}), Node("join", "concat", ["t", "l"], ["y"], {"axis": 3})],
+                     (2, 3, 5), {}, "per_tensor", {"concat", "gather"}),
+    "max_pool 2x2": ([Node("p", "max_pool", ["x"], ["y"], {"kernel": [2, 2]})], (4, 7, 7), {}, "per_tensor",
+                     {"max_pool"}),
+    "max_pool 3x3 s2 pads ceil": ([Node("p", "max_pool", ["x"], ["y"], {"kernel": [3, 3], "strides": [2, 2],
+                                                                        "pads": [1, 1, 1, 1], "ceil_mode": True})],
+                                  (3, 8, 7), {}, "per_tensor", {"max_pool"}),
+    "avg_pool 3x3 pads excluded": ([Node("p", "avg_pool", ["x"], ["y"], {"kernel": [3, 3], "strides": [1, 1],
+                                                                         "pads": [1, 1, 1, 1]})], (4, 7, 7), {},
+                                   "per_tensor", {"avg_pool"}),
+    "avg_pool 3x3 pads counted ceil": ([Node("p", "avg_pool", ["x"], ["y"], {
+        "kernel": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1], "count_include_pad": True, "ceil_mode": True})],
+        (4, 8, 7), {}, "per_tensor", {"avg_pool"}),
+    "avg_pool 1-D": ([Node("p", "avg_pool", ["x"], ["y"], {"kernel": [3], "strides": [2], "pads": [1, 1]})],
+                     (3, 11), {}, "per_tensor", {"avg_pool"}),
+    "global_avg_pool": ([Node("p", "global_avg_pool", ["x"], ["y"], {})], (4, 7, 7), {}, "per_tensor", {"mean"}),
+    "reduce_mean spatial": ([Node("p", "reduce_mean", ["x"], ["y"], {"axes": [2, 3], "keepdims": False})],
+                            (4, 7, 7), {}, "per_tensor", {"mean"}),
+    "reduce_sum channels": ([Node("p", "reduce_sum", ["x"], ["y"], {"axes": [1]})], (4, 7, 7), {}, "per_tensor",
+                            {"mean"}),
+    "reduce_max last axis": ([Node("p", "reduce_max", ["x"], ["y"], {"axes": [-1]})], (4, 7, 7), {},
+                             "per_tensor", {"reduce_max"}),
+    "reduce_max of feature maps": ([conv_node("c", "x", "a", pads=[1, 1, 1, 1]),
+                                    Node("p", "reduce_max", ["a"], ["y"], {"axes": [1, 3], "keepdims": False})],
+                                   (3, 5, 6), {"c_w": weights(4, 3, 3, 3), "c_b": weights(4)}, "per_tensor",
+                                   {"reduce_max"}),
+    "softmax vector": ([Node("s", "softmax", ["x"], ["y"], {"axis": -1})], (10,), {}, "per_tensor", {"softmax"}),
+    "softmax middle axis": ([Node("s", "softmax", ["x"], ["y"], {"axis": 1})], (3, 6), {}, "per_tensor",
+                            {"softmax"}),
+    "softmax over channels": ([conv_node("c", "x", "a", pads=[1, 1, 1, 1]),
+                               Node("s", "softmax", ["a"], ["y"], {"axis": 1})], (3, 5, 5),
+                              {"c_w": weights(6, 3, 3, 3), "c_b": weights(6)}, "per_tensor", {"softmax"}),
+    "reshape and flatten alias": ([Node("r", "reshape", ["x"], ["a"], {"shape": [0, 5, -1]}),
+                                   Node("t", "tanh", ["a"], ["b"], {}), Node("f", "flatten", ["b"], ["y"], {})],
+                                  (3, 1, 5), {}, "per_tensor", {"lookup"}),
+    "squeeze unsqueeze": ([Node("s", "squeeze", ["x"], ["a"], {"axes": [2]}), Node("t", "tanh", ["a"], ["b"], {}),
+                           Node("u", "unsqueeze", ["b"], ["y"], {"axes": [1]})], (3, 1, 5), {}, "per_tensor",
+                          {"lookup"}),
+    "transpose": ([Node("t", "transpose", ["x"], ["y"], {"perm": [0, 3, 1, 2]})], (3, 2, 5), {}, "per_tensor",
+                  {"gather"}),
+    "transpose of feature maps": ([conv_node("c", "x", "a", pads=[1, 1, 1, 1]),
+                                   Node("t", "transpose", ["a"], ["y"], {"perm": [0, 2, 3, 1]})], (3, 4, 5),
+                                  {"c_w": weights(4, 3, 3, 3), "c_b": weights(4)}, "per_tensor", {"gather"}),
+    "slice steps": ([Node("s", "slice", ["x"], ["y"], {"starts": [1, 0, -1], "ends": [3, 5, -6], "axes": [1, 3, 2],
+                                                       "steps": [1, 2, -2]})], (3, 6, 5), {}, "per_tensor",
+                    {"gather"}),
+    "split": ([Node("s", "split", ["x"], ["a", "b"], {"axis": 2, "sizes": [2, 4]}),
+               Node("m", "mul", ["a", "a"], ["p"], {}), Node("red", "reduce_max", ["b"], ["q"], {"axes": [2]}),
+               Node("j", "concat", ["p", "q"], ["y"], {"axis": 2})], (3, 6, 2), {}, "per_tensor", {"gather"}),
+    "pad constant": ([Node("p", "pad", ["x"], ["y"], {"pads": [0, 0, 1, 2, 0, 0, 3, 0]})], (3, 2, 5), {},
+                     "per_tensor", {"pad"}),
+    "pad edge": ([Node("p", "pad", ["x"], ["y"], {"pads": [0, 0, 1, 1, 0, 0, 1, 1], "mode": "edge"})], (3, 2, 5),
+                 {}, "per_tensor", {"pad"}),
+    "pad reflect of feature maps": ([conv_node("c", "x", "a"), Node("p", "pad", ["a"], ["y"], {
+        "pads": [0, 0, 2, 1, 0, 0, 1, 2], "mode": "reflect"})], (3, 4, 5),
+        {"c_w": weights(4, 3, 1, 1), "c_b": weights(4)}, "per_tensor", {"pad"}),
+}
+
+
+def build_and_run(qgraph: QGraph, folder: Path, compiler: str = "cc") -> tuple[np.ndarray, np.ndarray, dict]:
+    """Export, compile strictly, run SAMPLES random int8 inputs; (C outputs, reference outputs, manifest)."""
+    target = CTarget(CTarget.Options(compiler=compiler, cflags=STRICT))
+    artifact = folder / "artifact"
+    artifact.mkdir(parents=True)
+    target.export(qgraph, artifact)
+    shape = qgraph.tensors[qgraph.input].shape
+    x_q = np.random.default_rng(22).integers(-128, 128, (SAMPLES, *shape)).astype(np.int8)
+    actual = target.run(artifact, x_q, folder)
+    expected = np.asarray(run_integer(qgraph, x_q)).reshape(SAMPLES, -1)
+    return actual, expected, json.loads((artifact / "model.json").read_text())
+
+
+def lowered(case: str) -> QGraph:
+    nodes, shape, constants, granularity, _ = CASES[case]
+    graph = graph_of(nodes, shape, constants)
+    x = image(128, shape, seed=3) * 2
+    return lower(graph, x, with_weights(default_config(graph, C_CAPABILITY), granularity=granularity))
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_kernel_equals_the_integer_reference(case: str, tmp_path: Path) -> None:
+    qgraph = lowered(case)
+    actual, expected, manifest = build_and_run(qgraph, tmp_path)
+    assert np.array_equal(actual, expected), f"{np.sum(actual != expected)} of {expected.size} outputs differ"
+    assert len(np.unique(expected)) > 3  # the case exercises real values, not one saturated constant
+    assert CASES[case][4] <= set(manifest["kernels"].values())
+    arena = manifest["arena"]
+    assert arena["lower_bound_bytes"] <= arena["peak_bytes"] <= 1.05 * arena["lower_bound_bytes"]
+
+
+def small_cnn(seed: int = 5) -> Graph:
+    """conv -> depthwise -> pointwise + residual add -> max_pool and avg_pool branches concatenated
+    -> global average -> dense -> softmax."""
+    rng = np.random.default_rng(seed)
+    constants = {"c1_w": rng.normal(0, 0.3, (8, 1, 3, 3)), "c1_b": rng.normal(0, 0.1, 8),
+                 "dw_w": rng.normal(0, 0.3, (8, 1, 3, 3)), "dw_b": rng.normal(0, 0.1, 8),
+                 "pw_w": rng.normal(0, 0.3, (8, 8, 1, 1)), "pw_b": rng.normal(0, 0.1, 8),
+                 "fc_w": rng.normal(0, 0.5, (16, 10)), "fc_b": rng.normal(0, 0.1, 10)}
+    nodes = [
+        Node("image", "reshape", ["x"], ["img"], {"shape": [0, 1, 8, 8]}),
+        conv_node("c1", "img", "h1", pads=[1, 1, 1, 1], activation="relu"),
+        conv_node("dw", "h1", "h2", pads=[1, 1, 1, 1], groups=8, activation="relu6"),
+        conv_node("pw", "h2", "h3"),
+        Node("residual", "add", ["h3", "h1"], ["r"], {}),
+        Node("maxp", "max_pool", ["r"], ["m"], {"kernel": [2, 2]}),
+        Node("avgp", "avg_pool", ["r"], ["a"], {"kernel": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}),
+        Node("both", "concat", ["m", "a"], ["c"], {"axis": 1}),
+        Node("gap", "global_avg_pool", ["c"], ["g"], {}),
+        Node("flat", "flatten", ["g"], ["f"], {}),
+        Node("fc", "dense", ["f", "fc_w", "fc_b"], ["logits"], {}),
+        Node("soft", "softmax", ["logits"], ["y"], {"axis": -1}),
+    ]
+    return graph_of(nodes, (64,), constants)
+
+
+@pytest.mark.parametrize("granularity", ["per_tensor", "per_channel"])
+def test_small_cnn_is_exact_end_to_end(granularity: str, tmp_path: Path) -> None:
+    graph = small_cnn()
+    config = with_weights(default_config(graph, C_CAPABILITY), granularity=granularity)
+    qgraph = lower(graph, image(200, (64,), seed=8) * 2, config)
+    actual, expected, manifest = build_and_run(qgraph, tmp_path)
+    assert np.array_equal(actual, expected)
+    kernels = manifest["kernels"]
+    assert kernels["dw"] == "conv_depthwise" and kernels["pw"] == "conv" and "image" not in kernels  # an alias
+    assert kernels["c1"] == "conv_depthwise"  # one input channel: depthwise with a multiplier of 8
+    arena = manifest["arena"]
+    assert arena["peak_bytes"] <= 1.05 * arena["lower_bound_bytes"]
+    assert arena["peak_bytes"] < arena["naive_bytes"]
+
+
+def test_clang_builds_the_same_bits(tmp_path: Path) -> None:
+    if shutil.which("clang") is None:
+        pytest.skip("clang is not installed (apt-get install clang)")
+    qgraph = lower(small_cnn(), image(200, (64,), seed=8) * 2)
+    actual, expected, _ = build_and_run(qgraph, tmp_path, compiler="clang")
+    assert np.array_equal(actual, expected)
+
+
+def test_cmake_builds_the_artifact(tmp_path: Path) -> None:
+    if shutil.which("cmake") is None:
+        pytest.skip("cmake is not installed")
+    qgraph = lower(small_cnn(), image(200, (64,), seed=8) * 2)
+    artifact = tmp_path / "artifact"
+    artifact.mkdir()
+    CTarget().export(qgraph, artifact)
+    build = tmp_path / "build"
+    flags = f"-DCMAKE_C_FLAGS={' '.join(STRICT)}"
+    subprocess.run(["cmake", "-S", str(artifact), "-B", str(build), flags], check=True, capture_output=True)
+    subprocess.run(["cmake", "--build", str(build)], check=True, capture_output=True)
+    x_q = np.random.default_rng(23).integers(-128, 128, (50, 64)).astype(np.int8)
+    x_q.tofile(tmp_path / "in.bin")
+    subprocess.run([str(build / "model_test"), str(tmp_path / "in.bin"), str(tmp_path / "out.bin")], check=True)
+    got = np.fromfile(tmp_path / "out.bin", dtype=np.int8).reshape(50, -1)
+    assert np.array_equal(got, run_integer(qgraph, x_q))
+
+
+def test_arena_beats_the_naive_sum_and_aliases_need_no_copy() -> None:
+    qgraph = lower(small_cnn(), image(200, (64,), seed=8) * 2)
+    rendered = render(qgraph)
+    arena = rendered.arena
+    assert "image" not in rendered.kernels and "flat" not in rendered.kernels
+    assert arena.peak_bytes < 0.6 * arena.naive_bytes
+    model_c = rendered.files["model.c"]
+    assert f"static int8_t arena[MODEL_ARENA_BYTES];" in model_c
+    assert f"peak {arena.peak_bytes} bytes, lower bound {arena.lower_bound_bytes}" in rendered.files["model.h"]
+    # Buffers alive at the same step never share bytes.
+    placements = list(arena.placements.values())
+    for i, p in enumerate(placements):
+        for q in placements[i + 1:]:
+            assert not (p.overlaps_in_time(q) and p.overlaps_in_space(q.offset, q.size)), (p, q)
+
+
+def test_a_layer_without_a_kernel_is_named(tmp_path: Path) -> None:
+    rng = np.random.default_rng(9)
+    graph = graph_of([Node("volume", "conv", ["x", "w"], ["y"], {})], (2, 3, 3, 3), {"w": rng.normal(size=(2, 2, 2, 2, 2))})
+    qgraph = lower(graph, image(32, (2, 3, 3, 3)))
+    with pytest.raises(BuildError, match=r"layer 'volume': the C target has no kernel for op 'conv'.*3-D"):
+        CTarget().export(qgraph, tmp_path)
+
+
+def test_ops_along_the_batch_axis_are_refused(tmp_path: Path) -> None:
+    graph = graph_of([Node("fa", "dense", ["x", "wa"], ["a"], {}), Node("fb", "dense", ["x", "wb"], ["b"], {}),
+                      Node("stack", "concat", ["a", "b"], ["y"], {"axis": 0})], (4,),
+                     {"wa": weights(4, 3), "wb": weights(4, 3)})
+    qgraph = lower(graph, image(32, (4,)))
+    with pytest.raises(BuildError, match=r"layer 'stack': concat along the batch axis"):
+        CTarget().export(qgraph, tmp_path)
