@@ -1,0 +1,156 @@
+"""The NNEF target: a QGraph as an NNEF model (.nnef.tgz), proven by running it in tract.
+
+The artifact is `model.nnef.tgz` (graph.nnef, graph.quant when used, one
+tensor file per variable) and a `model.json` manifest. The model takes and
+returns float32 tensors with a symbolic batch axis N; inside, quantization
+is expressed two ways (details in `layers`):
+
+- tract's quantized types where tract has integer kernels for them: dense and
+  conv with per-tensor int8 weights read QI8 activations and write QI8 outputs
+  (graph.quant `zero_point_linear_quantize` entries; conversions by
+  `tract_core_cast`). Option `quantized_kernels: false` turns this off.
+- float with fake-quant everywhere else (per-channel weights, pools, means,
+  add/sub/mul, concat, softmax, fp32-fallback layers): the float op on the
+  real values, with dequantized weights, then quantize-dequantize in NNEF
+  primitives (div, round, clamp, mul). Lookup tables are gathered
+  (`tract_core_gather`), which is exactly their fake-quant.
+
+So tract computes what dabuild's fake-quant reference computes, up to the
+rounding of tract's own requantization and float summation order: the
+default tolerance is `approximate` (one output quantization step).
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import re
+import shlex
+import tarfile
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from dabuild.errors import BuildError
+from dabuild.quant.qgraph import QGraph
+from dabuild.targets.base import Target
+from dabuild.targets.nnef.emitter import Emitter
+from dabuild.targets.nnef.layers import export_layer
+from dabuild.targets.nnef.tensor_file import encode
+
+ARCHIVE = "model.nnef.tgz"
+MANIFEST = "model.json"
+GRAPH_FILE = "graph.nnef"
+QUANT_FILE = "graph.quant"
+_SIGNATURE = re.compile(r"^graph (\w+)\((.*)\) -> \((.*)\)$", re.MULTILINE)
+
+
+def _tract() -> Any:
+    try:
+        import tract
+    except ImportError as error:
+        raise BuildError("the nnef target runs its artifact with tract's Python package, which is not installed: "
+                         "pip install dabuild[tract]") from error
+    return tract
+
+
+def build_document(qgraph: QGraph, quantized_kernels: bool) -> tuple[Emitter, str, str, dict[str, str]]:
+    """The emitter holding the exported graph, the input and output identifiers and, for traces, the
+    identifier of every QGraph tensor's real value."""
+    e = Emitter(qgraph)
+    source = e.external(f"{qgraph.input}_float", qgraph.tensors[qgraph.input].shape)
+    e.set_real(qgraph.input, e.fake_quant(source, qgraph.input_params, qgraph.input))
+    for layer in qgraph.layers:
+        export_layer(e, layer, quantized_kernels)
+    output = e.real(qgraph.output)
+    # Every tensor gets a real form (tract drops the ones no output reads), so a trace can name any of them.
+    traced = {name: e.real(name) for name in qgraph.tensors if name not in qgraph.constants}
+    return e, source, output, traced
+
+
+def _archive(files: dict[str, bytes]) -> bytes:
+    """A byte-stable .tgz (sorted members, no times or owners), so equal exports hash equal."""
+    buffer = io.BytesIO()
+    with gzip.GzipFile(fileobj=buffer, mode="wb", mtime=0) as compressed:
+        with tarfile.open(fileobj=compressed, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+            for name in sorted(files):
+                info = tarfile.TarInfo(name)
+                info.size, info.mode = len(files[name]), 0o644
+                tar.addfile(info, io.BytesIO(files[name]))
+    return buffer.getvalue()
+
+
+def _run_model(path: Path, inputs: np.ndarray, outputs: int) -> list[np.ndarray]:
+    tract = _tract()
+    try:
+        runnable = tract.nnef().load(str(path)).into_runnable()
+        results = runnable.run([np.ascontiguousarray(inputs, dtype=np.float32)])
+        return [results[i].to_numpy() for i in range(outputs)]
+    except tract.TractError as error:
+        raise BuildError(f"tract could not run the NNEF model {path}: {str(error).splitlines()[0]}") from error
+
+
+class NnefTarget(Target):
+    kind: ClassVar[str] = "nnef"
+    capability: ClassVar[str] = "tract"
+    default_tolerance: ClassVar[str] = "approximate"
+    reference: ClassVar[str] = "fake_quant"
+    packages: ClassVar[tuple[str, ...]] = ("tract",)
+
+    class Options(Target.Options):
+        quantized_kernels: bool = True  # tract's integer conv/linear where the weights are per tensor
+
+    options: Options
+
+    def runtime_version(self) -> dict[str, str]:
+        return {"tract": str(_tract().version())}
+
+    def export(self, qgraph: QGraph, out_dir: Path) -> None:
+        e, source, output, traced = build_document(qgraph, self.options.quantized_kernels)
+        files = {GRAPH_FILE: e.document([source], [output]).encode()}
+        if e.quant:
+            files[QUANT_FILE] = e.quant_file().encode()
+        files.update({f"{label}.dat": encode(array, quantized) for label, (array, quantized) in e.variables.items()})
+        out_dir = Path(out_dir)
+        (out_dir / ARCHIVE).write_bytes(_archive(files))
+        manifest = {"archive": ARCHIVE, "input": qgraph.input, "output": qgraph.output,
+                    "input_shape": list(qgraph.tensors[qgraph.input].shape),
+                    "output_shape": list(qgraph.tensors[qgraph.output].shape), "trace": traced,
+                    "quantized_tensors": sorted(e.quant)}
+        (out_dir / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+
+    def run(self, artifact_dir: Path, inputs: np.ndarray, work_dir: Path) -> np.ndarray:
+        """float32 inputs (batch, *input shape) -> float32 outputs, run by tract."""
+        artifact_dir = Path(artifact_dir)
+        manifest = json.loads((artifact_dir / MANIFEST).read_text())
+        inputs = np.asarray(inputs, dtype=np.float32)
+        if list(inputs.shape[1:]) != manifest["input_shape"]:
+            raise BuildError(f"NNEF artifact {artifact_dir} takes inputs of shape (batch, "
+                             f"{', '.join(map(str, manifest['input_shape']))}), got {inputs.shape}")
+        return _run_model(artifact_dir / manifest["archive"], inputs, 1)[0]
+
+    def trace(self, artifact_dir: Path, inputs: np.ndarray, work_dir: Path) -> dict[str, np.ndarray]:
+        """The real value of every QGraph tensor, by rerunning a copy of the model that outputs them all."""
+        artifact_dir, work_dir = Path(artifact_dir), Path(work_dir)
+        manifest = json.loads((artifact_dir / MANIFEST).read_text())
+        unpacked = work_dir / "traced.nnef"
+        with tarfile.open(artifact_dir / manifest["archive"], "r:gz") as tar:
+            tar.extractall(unpacked, filter="data")
+        graph = (unpacked / GRAPH_FILE).read_text()
+        names = list(dict.fromkeys(manifest["trace"].values()))
+        graph = _SIGNATURE.sub(lambda m: f"graph {m[1]}({m[2]}) -> ({', '.join(names)})", graph, count=1)
+        (unpacked / GRAPH_FILE).write_text(graph)
+        values = dict(zip(names, _run_model(unpacked, np.asarray(inputs, np.float32), len(names))))
+        return {tensor: values[name] for tensor, name in manifest["trace"].items()}
+
+    def rerun_script(self, artifact_dir: Path, inputs_file: str, outputs_file: str) -> str:
+        """Run the archive in tract on raw float32 inputs and write raw float32 outputs."""
+        manifest = json.loads((Path(artifact_dir) / MANIFEST).read_text())
+        archive = f"{Path(artifact_dir).name}/{manifest['archive']}"
+        program = ("import sys, numpy as np, tract; "
+                   f"x = np.fromfile(sys.argv[2], np.float32).reshape(-1, {', '.join(map(str, manifest['input_shape']))}); "
+                   "y = tract.nnef().load(sys.argv[1]).into_runnable().run([x])[0].to_numpy(); "
+                   "y.astype(np.float32).tofile(sys.argv[3])")
+        return shlex.join(["python3", "-c", program, archive, inputs_file, outputs_file]) + "\n"

@@ -1,0 +1,212 @@
+"""QGraph layers as NNEF, one small function per layer op.
+
+Two paths, chosen per layer:
+
+- tract's quantized kernels: dense and conv whose weights have one scale
+  (per tensor) read the QI8 form of their input, int8 weights declared
+  quantized in graph.quant and int32 biases, and write a QI8 output whose
+  scale and zero point graph.quant gives: tract's own integer arithmetic,
+  as a tract deployment of a quantized model runs it. graph.quant holds one
+  scale per tensor, so per-channel weights take the second path.
+- fake-quant float: every other layer runs its float op (`float_ops`) on the
+  real values of its inputs, with dequantized weights and biases, and puts
+  the result on its output's grid (`Emitter.fake_quant`). Layers that only
+  move or select values (layout ops, max pools, clamps) need no fake-quant:
+  their outputs already lie on the grid.
+
+A lookup layer (a table activation) is exported as the table itself: its
+256 real values gathered by the input's integer index (`tract_core_gather`).
+The table is quantize(f(dequantize(q))) for every q, so this is exactly the
+fake-quant of f on that input, with no float function to approximate, and it
+needs no attributes a table no longer keeps (leaky_relu's alpha, gelu's
+approximation).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from dabuild.errors import BuildError
+from dabuild.quant.layers.elementwise import QAdd, QClamp, QLookup, QMul
+from dabuild.quant.layers.fallback import QFloat
+from dabuild.quant.layers.linear import QConv, QDense, QWeighted
+from dabuild.quant.layers.pool import QAvgPool, QMean
+from dabuild.quant.layers.shape import SELECTION_OPS, QConcat, QSelection
+from dabuild.quant.layers.softmax import QSoftmax
+from dabuild.quant.qgraph import QLayer, QuantParams
+from dabuild.targets.nnef.emitter import Emitter, number
+from dabuild.targets.nnef.float_ops import Shape, emit_float, reduce
+
+LayerExporter = Callable[[Emitter, Any, bool], None]
+LAYER_EXPORTERS: dict[str, LayerExporter] = {}
+
+
+def exports(*ops: str) -> Callable[[LayerExporter], LayerExporter]:
+    def decorate(function: LayerExporter) -> LayerExporter:
+        for op in ops:
+            LAYER_EXPORTERS[op] = function
+        return function
+
+    return decorate
+
+
+def export_layer(e: Emitter, layer: QLayer, quantized_kernels: bool) -> None:
+    if layer.op not in LAYER_EXPORTERS:
+        raise BuildError(f"nnef export: layer {layer.name!r} ({layer.op}) has no NNEF exporter")
+    LAYER_EXPORTERS[layer.op](e, layer, quantized_kernels)
+
+
+def shape(e: Emitter, tensor: str) -> Shape:
+    """Batch-first shape of a QGraph tensor or graph constant (constants have no batch axis of their own)."""
+    if tensor in e.qgraph.constants:
+        return tuple(e.qgraph.constants[tensor].shape)
+    return (None, *e.qgraph.tensors[tensor].shape)
+
+
+def grid_clamp(e: Emitter, value: str, params: QuantParams, low: int, high: int, base: str) -> str:
+    """clamp at the real values of two grid points, as dequantize computes them."""
+    bounds = params.dequantize(np.array([low, high]))
+    return e.call(base, "clamp", value, number(bounds[0]), number(bounds[1]))
+
+
+def uses_quantized_kernel(layer: QWeighted, quantized_kernels: bool) -> bool:
+    return quantized_kernels and len(layer.weight_scale) == 1
+
+
+def _float_op(e: Emitter, layer: QLayer, op: str, attrs: dict[str, Any], inputs: list[str] | None = None) -> str:
+    names = inputs if inputs is not None else [e.real(name) for name in layer.inputs]
+    return emit_float(e, op, names, attrs, [shape(e, name) for name in layer.inputs], f"{layer.outputs[0]}_float",
+                      f"layer {layer.name!r}")[0]
+
+
+def _finish(e: Emitter, layer: QLayer, value: str, low: int | None = None, high: int | None = None) -> None:
+    """The layer's float result on its output's grid, as the real form of its output."""
+    output = layer.outputs[0]
+    e.set_real(output, e.fake_quant(value, e.params(output), output, low, high))
+
+
+def _geometry(layer: QWeighted) -> dict[str, Any]:
+    if isinstance(layer, QConv):
+        return {"strides": layer.strides, "pads": layer.pads, "dilations": layer.dilations, "groups": layer.groups}
+    return {}
+
+
+def _tract_quantized(e: Emitter, layer: QWeighted) -> None:
+    """tract's integer kernel: QI8 input, int8 weights (graph.quant), int32 bias, QI8 output."""
+    output, target = layer.outputs[0], e.params(layer.outputs[0])
+    weight = layer.weight.T if isinstance(layer, QDense) else layer.weight  # linear takes [out, in]
+    inputs = [e.quantized(layer.inputs[0]),
+              e.variable(f"{layer.name}_weight", weight, QuantParams(float(layer.weight_scale[0]), 0)),
+              e.variable(f"{layer.name}_bias", layer.bias.reshape(1, -1))]
+    if isinstance(layer, QDense):
+        result = e.call(f"{output}_q", "linear", *inputs)
+    else:
+        result = emit_float(e, "conv", inputs, _geometry(layer), [shape(e, layer.inputs[0])], f"{output}_q",
+                            f"layer {layer.name!r}")[0]
+    e.quant[result] = target
+    if (layer.output_min, layer.output_max) == (target.qmin, target.qmax):
+        e.set_quantized(output, result)
+        return
+    real = e.call(f"{output}_unclamped", "tract_core_cast", result, to="'f32'")
+    e.set_real(output, grid_clamp(e, real, target, layer.output_min, layer.output_max, output))
+
+
+def _fake_quantized(e: Emitter, layer: QWeighted) -> None:
+    """The float op on dequantized weights and bias, then onto the output grid within the fused clamp."""
+    channel = [1] * layer.weight.ndim
+    channel[1 if isinstance(layer, QDense) else 0] = -1
+    weight = (layer.weight * layer.weight_scale.reshape(channel)).astype(np.float32)
+    bias = (layer.bias * e.params(layer.inputs[0]).scale * layer.weight_scale).astype(np.float32)
+    rank = len(shape(e, layer.inputs[0]))
+    bias_shape = [1] * (rank - 1) + [-1] if isinstance(layer, QDense) else [1, -1]
+    inputs = [e.real(layer.inputs[0]), e.variable(f"{layer.name}_weight", weight),
+              e.variable(f"{layer.name}_bias", bias.reshape(bias_shape))]
+    _finish(e, layer, _float_op(e, layer, layer.op, _geometry(layer), inputs), layer.output_min, layer.output_max)
+
+
+@exports("dense", "conv")
+def _weighted(e: Emitter, layer: QWeighted, quantized_kernels: bool) -> None:
+    """tract's quantized linear takes 2-D inputs only; a dense over a longer shape runs fake-quant."""
+    two_d = len(shape(e, layer.inputs[0])) == 2
+    if uses_quantized_kernel(layer, quantized_kernels) and (isinstance(layer, QConv) or two_d):
+        _tract_quantized(e, layer)
+    else:
+        _fake_quantized(e, layer)
+
+
+@exports("relu", "clamp")
+def _clamp(e: Emitter, layer: QClamp, quantized_kernels: bool) -> None:
+    """A clamp of values on the grid at two grid points: exact in float, no fake-quant needed."""
+    e.set_real(layer.outputs[0], grid_clamp(e, e.real(layer.inputs[0]), e.params(layer.inputs[0]), layer.low,
+                                            layer.high, layer.outputs[0]))
+
+
+@exports("lookup")
+def _lookup(e: Emitter, layer: QLookup, quantized_kernels: bool) -> None:
+    source = e.params(layer.inputs[0])
+    output = layer.outputs[0]
+    steps = e.call(f"{output}_steps", "round", e.call(f"{output}_scaled", "div", e.real(layer.inputs[0]),
+                                                       number(source.scale)))
+    offset = e.call(f"{output}_offset", "sub", steps, number(source.qmin - source.zero_point))  # q - qmin
+    index = e.call(f"{output}_index", "tract_core_cast", offset, to="'i64'")
+    table = e.variable(f"{layer.name}_table", e.params(layer.outputs[0]).dequantize(layer.table))
+    e.set_real(layer.outputs[0], e.call(layer.outputs[0], "tract_core_gather", table, index, axis="0"))
+
+
+@exports("add", "sub", "mul")
+def _binary(e: Emitter, layer: QAdd | QMul, quantized_kernels: bool) -> None:
+    _finish(e, layer, _float_op(e, layer, layer.op, {}))
+
+
+@exports("avg_pool")
+def _avg_pool(e: Emitter, layer: QAvgPool, quantized_kernels: bool) -> None:
+    _finish(e, layer, _float_op(e, layer, "avg_pool", layer.op_attrs))
+
+
+@exports("mean")
+def _mean(e: Emitter, layer: QMean, quantized_kernels: bool) -> None:
+    """Sums and means share the layer; its multiplier s_x / (divisor * s_y) says which (divisor count or 1)."""
+    dims = shape(e, layer.inputs[0])
+    count = int(np.prod([dims[a] for a in layer.axes]))
+    params_in, params_out = e.params(layer.inputs[0]), e.params(layer.outputs[0])
+    divisor = params_in.scale / (layer.multiplier[0] / 2.0 ** int(layer.shift[0]) * params_out.scale)
+    fragment = "mean_reduce" if abs(divisor - count) < abs(divisor - 1) else "sum_reduce"
+    value = reduce(e, fragment, e.real(layer.inputs[0]), layer.axes,
+                   layer.keepdims, f"{layer.outputs[0]}_float")
+    _finish(e, layer, value)
+
+
+@exports("softmax")
+def _softmax(e: Emitter, layer: QSoftmax, quantized_kernels: bool) -> None:
+    _finish(e, layer, _float_op(e, layer, "softmax", {"axis": layer.axis}))
+
+
+@exports("concat")
+def _concat(e: Emitter, layer: QConcat, quantized_kernels: bool) -> None:
+    _finish(e, layer, _float_op(e, layer, "concat", {"axis": layer.axis}))
+
+
+@exports(*SELECTION_OPS)
+def _selection(e: Emitter, layer: QSelection, quantized_kernels: bool) -> None:
+    """Layout ops and max ops select values: on the real form they stay on the grid."""
+    attrs = dict(layer.op_attrs)
+    if layer.op == "pad" and attrs["mode"] == "constant":  # the lowering stored the quantized pad value
+        params = e.params(layer.inputs[0])
+        attrs["value"] = float(params.dequantize(np.array(attrs["value"])))
+    names = emit_float(e, layer.op, [e.real(layer.inputs[0])], attrs, [shape(e, layer.inputs[0])],
+                       layer.outputs[0], f"layer {layer.name!r}")
+    for output, name in zip(layer.outputs, names):
+        e.set_real(output, name)
+
+
+@exports("float")
+def _float(e: Emitter, layer: QFloat, quantized_kernels: bool) -> None:
+    """fp32 fallback: the IR op on real inputs and float constants, each output fake-quantized."""
+    names = emit_float(e, layer.float_op, [e.real(name) for name in layer.inputs], layer.op_attrs,
+                       [shape(e, name) for name in layer.inputs], f"{layer.outputs[0]}_float",
+                       f"layer {layer.name!r}")
+    for output, name in zip(layer.outputs, names):
+        e.set_real(output, e.fake_quant(name, e.params(output), output))
