@@ -213,6 +213,25 @@ def test_a_perturbed_weight_fails_check_naming_the_layer_and_a_reproducible_bund
     assert rerun.returncode == 0 and "outputs match the reference" in rerun.stdout, rerun.stderr
 
 
+def test_a_layer_without_a_qdq_writer_is_named(tmp_path: Path) -> None:
+    from dabuild.targets.onnx import qdq
+
+    qgraph = lower(small_cnn())
+    writer = qdq.WRITERS.pop("softmax")
+    try:
+        with pytest.raises(BuildError, match=r"no QDQ writer for layer 'soft' \(softmax\)"):
+            OnnxTarget().export(qgraph, tmp_path)
+    finally:
+        qdq.WRITERS["softmax"] = writer
+    assert not (tmp_path / MODEL_FILE).exists()
+
+
+def test_a_model_onnxruntime_cannot_load_is_a_build_error_naming_it(tmp_path: Path) -> None:
+    (tmp_path / MODEL_FILE).write_bytes(b"not a model")
+    with pytest.raises(BuildError, match=rf"onnxruntime could not run {re.escape(str(tmp_path / MODEL_FILE))}"):
+        OnnxTarget().run(tmp_path, np.zeros((1, 64), np.float32), tmp_path)
+
+
 def test_missing_onnxruntime_says_how_to_install_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert "pip install dabuild[onnx]" in str(missing_package_error("onnxruntime"))
     monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import onnxruntime now raises ImportError
