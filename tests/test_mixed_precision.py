@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +21,7 @@ from test_quantize import C_CAPABILITY
 from test_tuning import digits_recipe, tune
 
 from dabuild.capability import load_capability
+from dabuild.cli import main
 from dabuild.errors import BuildError
 from dabuild.ir import Graph, Node
 from dabuild.ir.interpreter import run
@@ -177,3 +179,40 @@ def test_mixed_precision_mixes_widths_where_uniform_int4_misses(cnn: tuple[Path,
     history = [json.loads(line) for line in (tmp_path / "tune" / "history.jsonl").read_text().splitlines()]
     assert any(t["size_bits"] < metrics["size_bits"] and not t["passed"] for t in history)  # cheaper ones missed
 
+
+def build_cnn(tmp_path: Path, edit: Callable[[str], str] = lambda text: text) -> tuple[Path, dict]:
+    """Build a private copy of recipes/digits-cnn (its recipe.yaml passed through `edit`); its build dir and
+    build.json."""
+    pytest.importorskip("torch")
+    folder = tmp_path / "digits-cnn"
+    shutil.copytree(REPO / "recipes" / "digits-cnn", folder, ignore=shutil.ignore_patterns("build", "__pycache__"))
+    shutil.copy(REPO / "bench" / "capabilities" / "mixed.yaml", folder)
+    (folder / "recipe.yaml").write_text(edit((folder / "recipe.yaml").read_text()))
+    assert main(["build", str(folder), "--build-dir", str(tmp_path / "build"), "-q"]) == 0
+    out = tmp_path / "build" / "digits-cnn"
+    return out, json.loads((out / "build.json").read_text())
+
+
+def test_digits_cnn_recipe_builds_end_to_end_and_checks_bit_exact(tmp_path: Path, cache_dir: Path) -> None:
+    out, summary = build_cnn(tmp_path)
+    assert summary["outcomes"] == {stage: "executed" for stage in ("trace", "calibrate", "tune:c", "export:mcu",
+                                                                   "check:mcu")}
+    assert summary["checks"]["mcu"]["ok"] and summary["checks"]["mcu"]["tolerance"] == "exact"
+    metrics = summary["metrics"]["tune:c"]
+    assert metrics["fp32"] >= 0.97 and metrics["goal_met"]
+    assert [node.op for node in Graph.load(out / "trace").nodes] == [
+        "conv", "conv", "max_pool", "conv", "global_avg_pool", "flatten", "dense"]
+
+
+def with_mixed_capability(recipe: str) -> str:
+    """The recipe tuned by mixed-precision for the C target under the mixed capability (int8 or int4 weights)."""
+    recipe = recipe.replace("tuning:\n  strategy: basic", "capabilities: [mixed.yaml]\ntuning:\n  strategy: mixed-precision")
+    return recipe.replace("    kind: c\n", "    kind: c\n    capability: mixed\n")
+
+
+def test_int4_weights_run_bit_exact_in_the_c_kernels(tmp_path: Path, cache_dir: Path) -> None:
+    out, summary = build_cnn(tmp_path, with_mixed_capability)
+    assert set(summary["outcomes"]) == {"trace", "calibrate", "tune:mixed", "export:mcu", "check:mcu"}
+    assert summary["checks"]["mcu"]["ok"] and summary["checks"]["mcu"]["tolerance"] == "exact"
+    chosen = QuantConfig.load(out / "tune-mixed" / "config.json")
+    assert "int4" in {c.weight.dtype for c in chosen.nodes.values() if c.weight is not None}
