@@ -49,6 +49,7 @@ def test_cold_build_then_noop(digits: Path, tmp_path: Path, cache_dir: Path) -> 
     assert check["ok"] and check["tolerance"] == "exact"
     metrics = first["metrics"]["tune:c"]
     assert metrics["fp32"] > 0.9 and metrics["quantized"] > 0.9
+    assert (tmp_path / "build" / "digits-mlp" / "report" / "c" / "report.md").is_file()
     second = build(digits, tmp_path / "build")
     assert executed(second) == set() and restored(second) == set()
     assert set(second["outcomes"].values()) == {"up to date"}

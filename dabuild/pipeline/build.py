@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,9 +88,21 @@ def build(recipe: Recipe, options: BuildOptions, progress: Progress) -> BuildSum
         result = run_stages(stages, session, options.jobs)
         _raise_first_failure(result)
         summary = _summarise(recipe, workspace, stages, session)
+        _link_reports(workspace, stages)
         (workspace.build_dir / "build.json").write_text(json.dumps(summary.to_json(), indent=2) + "\n")
         stamp.write(stamp_file, _files_read(recipe, stages, capabilities), _files_written(workspace, stages), summary.to_json())
     return summary
+
+
+def _link_reports(workspace: Workspace, stages: list[Stage]) -> None:
+    """`build/<recipe>/report/<capability>` points at each tune stage's report, where users look for it."""
+    folder = workspace.build_dir / "report"
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir()
+    for stage in stages:
+        if stage.kind == "tune" and (workspace.stage_dir(stage.name) / "report").is_dir():
+            capability = stage.name.split(":", 1)[1]
+            (folder / capability).symlink_to(Path("..") / stage.dirname / "report", target_is_directory=True)
 
 
 def _files_read(recipe: Recipe, stages: list[Stage], capabilities: dict) -> list[Path]:
