@@ -52,14 +52,16 @@ def alignment(size: int) -> int:
     return 16 if size >= 1024 else 4 if size >= 64 else 1
 
 
-def _align(value: int, size: int) -> int:
-    step = alignment(size)
+def _align(value: int, step: int) -> int:
     return -(-value // step) * step
 
 
 def plan_arena(steps: Sequence[tuple[Sequence[str], Sequence[str]]], sizes: dict[str, int],
-               external: set[str]) -> ArenaPlan:
-    """Place every buffer written by `steps` (each (reads, writes)) except the `external` ones."""
+               external: set[str], wide: frozenset[str] = frozenset()) -> ArenaPlan:
+    """Place every buffer written by `steps` (each (reads, writes)) except the `external` ones.
+
+    `wide` buffers hold wider integers (int16 scratch): they are aligned to 16 bytes whatever their size.
+    """
     first: dict[str, int] = {}
     last: dict[str, int] = {}
     for index, (reads, writes) in enumerate(steps):
@@ -77,7 +79,7 @@ def plan_arena(steps: Sequence[tuple[Sequence[str], Sequence[str]]], sizes: dict
         offset = 0
         for other in busy:
             if other.overlaps_in_space(offset, candidate.size):
-                offset = _align(other.offset + other.size, candidate.size)
+                offset = _align(other.offset + other.size, 16 if name in wide else alignment(candidate.size))
         placed.append(Placement(name, offset, candidate.size, candidate.first, candidate.last))
     peak = max((p.offset + p.size for p in placed), default=0)
     alive = [sum(p.size for p in placed if p.first <= index <= p.last) for index in range(len(steps))]

@@ -86,7 +86,8 @@ def plan_memory(program: Program) -> ArenaPlan:
             sizes[scratch_name(step)] = step.scratch_bytes
             writes.append(scratch_name(step))
         schedule.append((reads, writes))
-    return plan_arena(schedule, sizes, external={program.input, program.output})
+    scratch = frozenset(scratch_name(step) for step in program.steps if step.scratch_bytes)
+    return plan_arena(schedule, sizes, external={program.input, program.output}, wide=scratch)
 
 
 def render(qgraph: QGraph) -> Rendered:
