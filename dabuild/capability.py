@@ -53,8 +53,9 @@ class QuantChoices(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     dtype: list[str] = Field(min_length=1, description="Integer types it can store, e.g. [int8, int4].")
-    scheme: list[Literal["sym", "asym"]] = Field(
-        default=["sym"], min_length=1, description="sym: zero point 0; asym: a zero point per tensor."
+    scheme: list[Literal["sym", "asym", "pot"]] = Field(
+        default=["sym"], min_length=1,
+        description="sym: zero point 0; asym: a zero point per tensor; pot: sym with power-of-two scales (fixed point).",
     )
     granularity: list[Literal["per_tensor", "per_channel"]] = Field(
         default=["per_tensor"], min_length=1, description="One scale per tensor, or one per output channel."

@@ -235,7 +235,8 @@ class ChoiceNarrowing(BaseModel):
     dtype: list[str] | None = Field(
         default=None, min_length=1, description="e.g. [int8]; include fp32 to keep fp32 fallback, [fp32] forces it."
     )
-    scheme: list[Literal["sym", "asym"]] | None = Field(default=None, min_length=1, description="sym and/or asym.")
+    scheme: list[Literal["sym", "asym", "pot"]] | None = Field(default=None, min_length=1,
+                                                               description="sym, asym and/or pot.")
     granularity: list[Literal["per_tensor", "per_channel"]] | None = Field(
         default=None, min_length=1, description="per_tensor and/or per_channel."
     )

@@ -25,6 +25,20 @@ from dabuild.quant.qgraph import INT_RANGES, STORAGE_DTYPES, WEIGHT_ONLY_DTYPES,
 
 # A range the fp32 fallback and graph inputs without a quantized consumer use.
 MINMAX_INT8 = QuantChoice("int8", "asym", "per_tensor", "minmax")
+# Scheme "pot": symmetric with every scale a power of two, so a tensor is a fixed-point number
+# (integer q, fractional bits -log2(scale)) and every requantization is a pure shift, the form
+# fixed-point hardware (the hdl target) takes. Its ranges are calibrated as for "sym".
+POWER_OF_TWO = "pot"
+
+
+def range_scheme(scheme: str) -> str:
+    """The scheme calibration derives a range for (pot scales cover a symmetric range)."""
+    return "sym" if scheme == POWER_OF_TWO else scheme
+
+
+def power_of_two_at_least(values: np.ndarray) -> np.ndarray:
+    """The smallest powers of two >= positive `values` (a scale rounded up never clips)."""
+    return 2.0 ** np.ceil(np.log2(np.asarray(values, dtype=np.float64)))
 
 
 def require(choice: QuantChoice, where: str, *, scheme: tuple[str, ...], granularity: tuple[str, ...],
@@ -47,11 +61,13 @@ def require(choice: QuantChoice, where: str, *, scheme: tuple[str, ...], granula
 
 def activation_params(low: float, high: float, choice: QuantChoice, where: str) -> QuantParams:
     """Scale and zero point covering [low, high] and always 0 (so zero padding and relu are exact)."""
-    require(choice, where, scheme=("asym", "sym"), granularity=("per_tensor",))
+    require(choice, where, scheme=("asym", "sym", POWER_OF_TWO), granularity=("per_tensor",))
     qmin, qmax = INT_RANGES[choice.dtype]
     low, high = min(low, 0.0), max(high, 0.0)
-    if choice.scheme == "sym":
+    if choice.scheme in ("sym", POWER_OF_TWO):
         scale = max(-low, high) / qmax
+        if scale > 0 and choice.scheme == POWER_OF_TWO:
+            scale = float(power_of_two_at_least(scale))
         return QuantParams(scale if scale > 0 else 1.0, 0, choice.dtype)
     scale = (high - low) / (qmax - qmin)
     if scale == 0:
@@ -83,11 +99,13 @@ def quantize_weight(weight: np.ndarray, choice: QuantChoice, where: str,
     The values lie in [-qmax, qmax] of the choice's dtype (int8: +-127, int4: +-7), stored in its
     storage type (int8 for both), so the integer kernels need nothing new for narrower weights.
     """
-    require(choice, where, scheme=("sym",), granularity=("per_tensor", "per_channel"), weight=True)
+    require(choice, where, scheme=("sym", POWER_OF_TWO), granularity=("per_tensor", "per_channel"), weight=True)
     qmax = INT_RANGES[choice.dtype][1]
     channel_axis %= weight.ndim
     peak = weight_peaks(weight, choice, channel_axis)
     scales = np.where(peak > 0, peak / qmax, 1.0)
+    if choice.scheme == POWER_OF_TWO:
+        scales = power_of_two_at_least(scales)
     shape = [1] * weight.ndim
     shape[channel_axis] = -1
     q = np.clip(round_half_away(weight / scales.reshape(shape)), -qmax, qmax).astype(STORAGE_DTYPES[choice.dtype])
@@ -143,8 +161,8 @@ class Lowering:
         choice = choice or self.config.activation
         if tensor not in self.stats.ranges:
             raise BuildError(f"{self.where}: no calibration range for tensor {tensor!r}; recalibrate with this graph")
-        require(choice, self.where, scheme=("asym", "sym"), granularity=("per_tensor",))
-        low, high = self.stats.range(tensor, choice.algorithm, choice.scheme, choice.dtype)
+        require(choice, self.where, scheme=("asym", "sym", POWER_OF_TWO), granularity=("per_tensor",))
+        low, high = self.stats.range(tensor, choice.algorithm, range_scheme(choice.scheme), choice.dtype)
         return activation_params(low, high, choice, self.where)
 
     def output(self, tensor: str, params: QuantParams, like: str | None = None) -> None:
@@ -159,7 +177,7 @@ class Lowering:
         values = self.constant(tensor).astype(np.float32)
         choice = self.config.activation
         low, high = float(values.min(initial=0.0)), float(values.max(initial=0.0))
-        if choice.scheme == "sym":
+        if choice.scheme in ("sym", POWER_OF_TWO):
             low, high = -max(-low, high), max(-low, high)
         params = activation_params(low, high, QuantChoice(choice.dtype, choice.scheme, "per_tensor", "minmax"),
                                    self.where)

@@ -1,0 +1,123 @@
+"""The hdl target: fixed-point logic through da4ml, as Verilog (or VHDL), proven bit for bit.
+
+Export lowers nothing itself: the QGraph (quantized with power-of-two scales,
+capability `da4ml`) is traced by da4ml through dabuild's DAIS tracer plugin,
+and da4ml turns every constant matrix into an adder graph. The artifact holds
+the DAIS program (model.comb.json, model.dais), its RTL project (rtl/, da4ml's
+layout: src/, sim/, vendor build scripts) and hdl.json (interface, cost and
+latency estimates, options).
+
+`check:hdl` compares with dabuild's integer reference at `exact`: `run` executes
+the DAIS program in da4ml's bit-exact interpreter and, when verilator is
+installed (and `simulate` allows), also simulates the RTL and requires the
+two to agree bit for bit before returning.
+
+da4ml is an extra (`pip install dabuild[hdl]`), imported only when this target
+exports or runs.
+"""
+
+from __future__ import annotations
+
+import importlib
+import shlex
+import shutil
+import subprocess
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from types import ModuleType
+from typing import ClassVar, Literal
+
+import numpy as np
+from pydantic import Field
+
+from dabuild.errors import BuildError, CheckError
+from dabuild.quant.qgraph import QGraph
+from dabuild.targets.base import Target
+from dabuild.targets.c import refuse_float_layers
+
+
+def _import(module: str) -> ModuleType:
+    """Import a module of this package that needs da4ml; BuildError saying how to get it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as error:
+        if error.name is not None and error.name.split(".")[0] == "da4ml":
+            raise BuildError("the hdl target needs the Python package 'da4ml', which is not installed; install it "
+                             "with `pip install dabuild[hdl]`") from error
+        raise
+
+
+class HdlTarget(Target):
+    kind: ClassVar[str] = "hdl"
+    capability: ClassVar[str] = "da4ml"
+    default_tolerance: ClassVar[str] = "exact"
+    packages: ClassVar[tuple[str, ...]] = ("da4ml",)
+
+    class Options(Target.Options):
+        language: Literal["verilog", "vhdl"] = Field(default="verilog", description="RTL language of the sources.")
+        latency_cutoff: float = Field(
+            default=-1, description="Pipelining: the largest combinational delay per stage, in da4ml's adder-delay "
+                                    "units; <= 0 leaves the logic combinational.")
+        register_layers: int = Field(default=1, ge=1, description="Registers between pipeline stages.")
+        adder_size: int = Field(default=1, description="da4ml HWConfig: the adder's elementary size, for cost "
+                                                       "and latency estimates.")
+        carry_size: int = Field(default=-1, description="da4ml HWConfig: the carry chain size (-1: unbounded).")
+        clock_period: float = Field(default=5.0, gt=0, description="Clock period (ns) in the timing constraints.")
+        part_name: str = Field(default="xcvu13p-flga2577-2-e", description="FPGA part in the vendor build scripts.")
+        simulate: Literal["auto", "always", "never"] = Field(
+            default="auto", description="Simulate the RTL with verilator in check: when installed (auto), "
+                                        "required (always), or not.")
+
+    options: Options
+
+    def runtime_version(self) -> dict[str, str]:
+        try:
+            versions = {"da4ml": version("da4ml")}
+        except PackageNotFoundError:
+            versions = {"da4ml": "absent"}
+        if self.options.simulate != "never" and shutil.which("verilator"):
+            result = subprocess.run(["verilator", "--version"], capture_output=True, text=True)
+            versions["verilator"] = result.stdout.strip() or "unknown"
+        return versions
+
+    def _hwconf(self):  # noqa: ANN202 - da4ml's HWConfig
+        trace = _import("da4ml.trace")
+        return trace.HWConfig(self.options.adder_size, self.options.carry_size, self.options.latency_cutoff)
+
+
+    def export(self, qgraph: QGraph, out_dir: Path) -> None:
+        refuse_float_layers(qgraph, self.capability)
+        program = _import("dabuild.targets.hdl.program")
+        rtl = _import("dabuild.targets.hdl.rtl")
+        comb = program.trace(qgraph, self._hwconf())
+        solution = program.pipelined(comb, self.options.latency_cutoff)
+        out_dir = Path(out_dir)
+        program.write_program(comb, out_dir)
+        rtl.write_rtl(solution, out_dir / rtl.RTL_DIR, self.options.language, self.options.clock_period,
+                      self.options.register_layers, self.options.part_name)
+        program.manifest_of(qgraph, comb, solution, self.options.register_layers).save(out_dir)
+
+    def run(self, artifact_dir: Path, inputs: np.ndarray, work_dir: Path) -> np.ndarray:
+        program = _import("dabuild.targets.hdl.program")
+        rtl = _import("dabuild.targets.hdl.rtl")
+        outputs = program.run_dais(Path(artifact_dir), inputs)
+        if self.options.simulate == "never":
+            return outputs
+        missing = rtl.simulator_missing(self.options.language)
+        if missing is not None:
+            if self.options.simulate == "always":
+                raise BuildError(f"the hdl target's options ask to simulate the RTL, but {missing}")
+            return outputs
+        manifest = program.Manifest.load(Path(artifact_dir))
+        solution = program.pipelined(program.load_program(Path(artifact_dir)), self.options.latency_cutoff)
+        tool, simulated = rtl.simulate(Path(artifact_dir), solution, Path(work_dir), inputs, manifest)
+        if not np.array_equal(simulated, outputs):
+            sample = int(np.argwhere(simulated != outputs)[0][0])
+            raise CheckError(f"check hdl: the {tool} simulation of {Path(artifact_dir) / rtl.RTL_DIR} disagrees with "
+                             f"da4ml's DAIS interpreter, first at sample {sample} (RTL {simulated[sample].tolist()}, "
+                             f"DAIS {outputs[sample].tolist()})")
+        return outputs
+
+    def rerun_script(self, artifact_dir: Path, inputs_file: str, outputs_file: str) -> str:
+        command = ["-m", "dabuild.targets.hdl.runner", Path(artifact_dir).name, inputs_file, outputs_file]
+        return '"${PYTHON:-python3}" ' + shlex.join(command) + "\n"
