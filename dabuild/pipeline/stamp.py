@@ -38,10 +38,15 @@ def signature(path: Path) -> list[int] | None:
     return [info.st_size, info.st_mtime_ns]
 
 
-def _environment() -> dict[str, str]:
+def _environment() -> dict[str, object]:
     from dabuild import __version__
+    from dabuild.pipeline.plan import STAGE_VERSIONS
 
-    return {"dabuild": __version__, _CAPABILITY_ENV: os.environ.get(_CAPABILITY_ENV, "")}
+    return {
+        "dabuild": __version__,
+        "stages": STAGE_VERSIONS,
+        _CAPABILITY_ENV: os.environ.get(_CAPABILITY_ENV, ""),
+    }
 
 
 def write(stamp: Path, read: list[Path], outputs: list[Path], summary: dict[str, Any]) -> None:

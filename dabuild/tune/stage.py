@@ -21,6 +21,7 @@ from dabuild.progress import Progress
 
 if TYPE_CHECKING:
     from dabuild.capability import CapabilitySpec
+    from dabuild.quant.config import QuantConfig
     from dabuild.recipe import Recipe
 
 
@@ -80,7 +81,7 @@ def tune_stage(
         "fp32": evaluator.baseline,
         "quantized": chosen.metric,
         "threshold": threshold,
-        "precision": "+".join(capability.precisions),
+        "precision": _precision(chosen.config),
         "goal_met": chosen.passed,
         "strategy": tuning.strategy,
         "objective": tuning.objective,
@@ -108,3 +109,13 @@ def tune_stage(
         shutil.copytree(out_dir, keep_dir)
         message += f"; the best-found config, history and report are kept in {keep_dir}"
     raise BuildError(message + "; set tuning.allow_miss: true to accept it, or relax tuning.accuracy")
+
+
+def _precision(config: "QuantConfig") -> str:
+    """What the chosen config uses, e.g. `w int4+int8, a int8, 1 node fp32`."""
+    weights = sorted({n.weight.dtype for n in config.nodes.values() if n.weight is not None})
+    activations = sorted({n.activation.dtype for n in config.nodes.values() if n.activation is not None})
+    parts = [f"w {'+'.join(weights)}"] if weights else []
+    parts += [f"a {'+'.join(activations)}"] if activations else []
+    fallback = sum(n.fp32 for n in config.nodes.values())
+    return ", ".join(parts + ([f"{fallback} node{'s' * (fallback > 1)} fp32"] if fallback else []))
