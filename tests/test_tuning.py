@@ -293,12 +293,9 @@ def test_cli_miss_exits_1_and_allow_miss_exits_0(tmp_path: Path, cache_dir: Path
     assert "goal MISSED" in capsys.readouterr().out
 
 
-def test_report_has_the_per_node_table_and_plots(tmp_path: Path, cache_dir: Path,
+def test_report_has_the_per_node_table_and_plots(tmp_path: Path, cache_dir: Path, digits: Path,
                                                  capsys: pytest.CaptureFixture) -> None:
-    import shutil
-
-    folder = tmp_path / "digits"
-    shutil.copytree(REPO / "recipes" / "digits", folder)
+    folder = digits  # its C target alone: one capability, one report
     assert main(["build", str(folder), "--build-dir", str(tmp_path / "build"), "-q"]) == 0
     report = tmp_path / "build" / "digits-mlp" / "tune-c" / "report"
     markdown = (report / "report.md").read_text()
