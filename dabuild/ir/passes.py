@@ -19,6 +19,7 @@ import numpy as np
 from dabuild.ir.graph import Graph, Node, TensorSpec
 from dabuild.ir.ops import OPS, Activation
 from dabuild.ir.ops.linear import batch_norm_affine
+from dabuild.names import unique_name
 
 WEIGHTED = ("conv", "dense")  # the ops that take a bias, a folded batch norm and an activation
 
@@ -97,11 +98,7 @@ def _fresh(graph: Graph, constants: dict[str, np.ndarray], base: str) -> str:
     """A constant name no tensor of the graph (or of `constants`) has."""
     taken = set(constants) | {spec.name for spec in graph.inputs}
     taken |= {name for node in graph.nodes for name in node.outputs}
-    name, index = base, 0
-    while name in taken:
-        index += 1
-        name = f"{base}_{index}"
-    return name
+    return unique_name(base, taken)
 
 
 def _fuse_into(graph: Graph, rewrite: Callable[[Node, Node, dict[str, np.ndarray]], Node | None]) -> Graph:

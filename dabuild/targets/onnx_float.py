@@ -20,6 +20,7 @@ from onnx import TensorProto, helper, numpy_helper
 from dabuild.errors import BuildError
 from dabuild.ir.graph import Graph, Node
 from dabuild.ir.ops import OPS
+from dabuild.names import unique_name
 
 OPSET = 17
 IR_VERSION = 8
@@ -49,12 +50,7 @@ class Emitter:
         return name
 
     def fresh(self, base: str) -> str:
-        name, index = base, 0
-        while name in self._taken:
-            index += 1
-            name = f"{base}_{index}"
-        self._taken.add(name)
-        return name
+        return unique_name(base, self._taken)
 
     def constant(self, values: Any, dtype: type, base: str) -> str:
         """Name of a new initializer holding `values` (int64 for shapes and axes, float32 for numbers)."""

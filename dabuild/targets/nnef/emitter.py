@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from dabuild.names import unique_name
 from dabuild.quant.qgraph import QGraph, QuantParams
 
 KEYWORDS = frozenset({"version", "extension", "fragment", "graph", "tensor", "integer", "scalar", "logical",
@@ -56,12 +57,7 @@ class Emitter:
         stem = re.sub(r"\W", "_", base) or "t"
         if stem[0].isdigit() or stem in KEYWORDS:
             stem = f"t_{stem}"
-        name, index = stem, 0
-        while name in self._taken:
-            index += 1
-            name = f"{stem}_{index}"
-        self._taken.add(name)
-        return name
+        return unique_name(stem, self._taken)
 
     def assign(self, base: str, expression: str) -> str:
         name = self.fresh(base)

@@ -16,6 +16,7 @@ import numpy as np
 from dabuild.errors import BuildError
 from dabuild.ir.graph import Node, TensorSpec
 from dabuild.ir.ops import OPS, ShapeError
+from dabuild.names import unique_name
 
 if TYPE_CHECKING:
     from dabuild.trace.onnx_frontend.model_file import OnnxNode
@@ -87,12 +88,7 @@ class Conversion:
 
     def fresh(self, base: str) -> str:
         """A tensor or node name not used by the model nor by this conversion."""
-        name, index = base, 0
-        while name in self._taken:
-            index += 1
-            name = f"{base}_{index}"
-        self._taken.add(name)
-        return name
+        return unique_name(base, self._taken)
 
     def materialize(self, name: str) -> TensorSpec:
         """The spec of a tensor IR nodes can read, turning a known value into an IR constant."""

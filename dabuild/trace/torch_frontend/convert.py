@@ -26,6 +26,7 @@ from torch import fx
 from dabuild.errors import BuildError, UsageError
 from dabuild.ir.graph import Graph, Node, TensorSpec
 from dabuild.ir.ops import OPS, ShapeError
+from dabuild.names import unique_name
 from dabuild.trace.torch_frontend.capture import Capture, first_line, shape_text
 
 Shape = tuple["int | None", ...]
@@ -190,12 +191,7 @@ class Builder:
 
     def fresh(self, base: str) -> str:
         base = re.sub(r"[^A-Za-z0-9_.]", "_", base)
-        name, index = base, 0
-        while name in self._used:
-            index += 1
-            name = f"{base}_{index}"
-        self._used.add(name)
-        return name
+        return unique_name(base, self._used)
 
     # ------------------------------------------------------------ emitting
 
