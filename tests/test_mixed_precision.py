@@ -103,6 +103,22 @@ def test_int4_activations_are_refused_by_name() -> None:
     assert default_config(graph, activations_int4_first).nodes["fc"].activation.dtype == "int8"
 
 
+def test_space_offers_weight_only_dtypes_for_weights_alone() -> None:
+    """A capability listing int4 for activations too: the space keeps int4 weights but no int4 activation, and a
+    recipe asking for int4 activations is told which key and which dtypes dabuild lowers for activations."""
+    both_int4 = INT4_CAPABILITY.model_copy(deep=True)
+    both_int4.ops["dense"].activation.dtype = ["int8", "int4"]
+    graph = dense_graph()
+    candidates = build_space(graph, both_int4).nodes["fc"].candidates
+    assert {c.activation.dtype for c in candidates} == {"int8"}
+    assert {c.weight.dtype for c in candidates} == {"int8", "int4"}
+    assert len(candidates) == len(build_space(graph, INT4_CAPABILITY).nodes["fc"].candidates)
+    asking = {"op_type": {"dense": {"activation": {"dtype": ["int4"]}}}}
+    with pytest.raises(BuildError, match=r"tuning\.space\.op_type\.dense\.activation\.dtype: .* does not offer "
+                                         r"'int4' for activations .*dabuild lowers only int8 for activations"):
+        build_space(graph, both_int4, asking)
+
+
 def test_int4_weights_count_four_bits() -> None:
     graph = dense_graph()
     space = build_space(graph, INT4_CAPABILITY)

@@ -29,6 +29,7 @@ from dabuild.errors import BuildError
 from dabuild.ir.graph import Graph
 from dabuild.quant.calibrate import LAST_AXIS_OPS
 from dabuild.quant.config import LOWERED_DTYPES, QUANTIZABLE_OPS, NodeConfig, QuantChoice, QuantConfig
+from dabuild.quant.qgraph import WEIGHT_ONLY_DTYPES
 
 FP32 = NodeConfig(weight=None, activation=None)
 FLOAT_DTYPE = "fp32"
@@ -231,25 +232,32 @@ def _where(name: str, op: str, by_name: Mapping[str, Any], role: str, field: str
     return f"tuning.space.op_name.{name}.{key}" if from_name else f"tuning.space.op_type.{op}.{key}"
 
 
+def lowered_dtypes(role: str) -> list[str]:
+    """The dtypes dabuild lowers for `role`: weight-only ones (int4) never for activations, which the
+    lowering refuses, so a space offering them there would only hold configs that cannot run."""
+    return [d for d in LOWERED_DTYPES if role == "weight" or d not in WEIGHT_ONLY_DTYPES]
+
+
 def _narrow(offered: QuantChoices, wanted: Mapping[str, list[str]], name: str, op: str, role: str,
             capability: str, by_name: Mapping[str, Any]) -> list[list[str]]:
     """Each field's values: the capability's (dtypes dabuild lowers), kept in its order, cut to the recipe's."""
+    lowered = lowered_dtypes(role)
     lists = []
     for field in FIELDS:
         values = list(getattr(offered, field))
         if field == "dtype":
-            values = [d for d in values if d in LOWERED_DTYPES]
+            values = [d for d in values if d in lowered]
         asked = [v for v in wanted.get(field, values) if not (field == "dtype" and v == FLOAT_DTYPE)]
         for value in asked:
             if value not in values:
                 offered_text = ", ".join(values) or "none"
-                lowered = (f"; dabuild lowers only {', '.join(LOWERED_DTYPES)}"
-                           if field == "dtype" and value in getattr(offered, field) else "")
+                hint = (f"; dabuild lowers only {', '.join(lowered)} for {role}s"
+                        if field == "dtype" and value in getattr(offered, field) else "")
                 raise BuildError(f"{_where(name, op, by_name, role, field)}: capability {capability!r} does not "
-                                 f"offer {value!r} for {role}s of op {op!r} (offers: {offered_text}){lowered}")
+                                 f"offer {value!r} for {role}s of op {op!r} (offers: {offered_text}){hint}")
         lists.append([v for v in values if v in asked])
     if not lists[0]:
         if "dtype" not in wanted:
             raise BuildError(f"node {name!r}: capability {capability!r} offers {role} dtypes "
-                             f"{list(offered.dtype)} for op {op!r}; dabuild lowers only {list(LOWERED_DTYPES)}")
+                             f"{list(offered.dtype)} for op {op!r}; dabuild lowers only {lowered} for {role}s")
     return lists
