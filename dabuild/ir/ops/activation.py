@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from abc import abstractmethod
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -56,14 +57,22 @@ def check_activation(op_name: str, attrs: dict[str, Any]) -> None:
     activation.validate(activation.resolve(extra))
 
 
-def apply_activation(y: np.ndarray, attrs: dict[str, Any]) -> np.ndarray:
-    """y after the activation named in a conv/dense's attrs, computed in place (y is the op's own result)."""
+def fused_activation(attrs: dict[str, Any]) -> Callable[[np.ndarray], np.ndarray]:
+    """The activation named in a conv/dense's attrs, as a function that applies it in place to the op's own result.
+
+    Resolved once per call, so conv can apply it block by block while each block is still in cache.
+    """
     name = attrs["activation"]
     if name == "none":
-        return y
+        return _unchanged
     op = OPS[name]
     assert isinstance(op, Activation)
-    return op.apply(y, op.resolve(attrs["activation_attrs"]), y)
+    resolved = op.resolve(attrs["activation_attrs"])
+    return lambda y: op.apply(y, resolved, y)
+
+
+def _unchanged(y: np.ndarray) -> np.ndarray:
+    return y
 
 
 @register

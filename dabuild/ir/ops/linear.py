@@ -1,23 +1,31 @@
 """The ops with weights: matmul, dense, conv, batch_norm.
 
-Conv runs as im2col + one batched BLAS matmul per group: `windows` gives a
-strided view of every receptive field, one reshape copies it into columns, and
-np.matmul multiplies all images and groups at once. A depthwise conv (one input
-channel per group) instead accumulates its few kernel taps elementwise, which
-never builds the mostly-zero block-diagonal weight a single matmul would need.
+Conv runs as channels-last im2col + one BLAS matmul per block of images: each
+block is padded into a (block, *spatial, C) buffer, `windows_last` gives a
+strided view of every receptive field, one copy turns it into (rows, K) columns,
+and the matmul with the (K, O) weight writes (rows, O) straight into the
+output, where bias and activation are applied while the block is in cache.
+A tall matmul with few output columns runs much faster in BLAS than the
+(O, K) @ (K, H*W) per-image form. The result is returned as the (N, O, *out)
+transposed view of its (N, *out, O) memory: every op sees NCHW semantics, and
+a following conv reads that memory channels-last without a transpose.
+A depthwise conv (one input channel per group) instead accumulates its few
+kernel taps elementwise, which never builds the mostly-zero block-diagonal
+weight a single matmul would need.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from dabuild.ir.ops.activation import apply_activation, check_activation
+from dabuild.ir.ops.activation import check_activation, fused_activation
 from dabuild.ir.ops.base import Op, OutputSpec, ShapeError, broadcast_shapes, dims_agree, register
-from dabuild.ir.ops.window import Padder, output_sizes, pad_widths, window_attrs, windows
+from dabuild.ir.ops.window import Padder, channels_last, output_sizes, pad_widths, window_attrs, windows, windows_last
 
 if TYPE_CHECKING:
     from dabuild.ir.graph import TensorSpec
@@ -79,7 +87,7 @@ class Dense(Op):
         y = np.matmul(arrays[0], arrays[1])
         if len(arrays) == 3:
             y += arrays[2]
-        return [apply_activation(y, attrs)]
+        return [fused_activation(attrs)(y)]
 
 
 def conv_geometry(attrs: dict[str, Any], spatial: int) -> tuple[list[int], list[int], list[int]]:
@@ -121,16 +129,16 @@ class Conv(Op):
 
     def kernel(self, arrays: list[np.ndarray], attrs: dict[str, Any]) -> list[np.ndarray]:
         x, weight = arrays[0], arrays[1]
+        bias = arrays[2] if len(arrays) == 3 else None
         geometry = Geometry(list(weight.shape[2:]), *conv_geometry(attrs, weight.ndim - 2))
         out = output_sizes(x.shape, geometry.kernel, geometry.strides, geometry.pads, geometry.dilations)
+        activation = fused_activation(attrs)
         if attrs["groups"] == x.shape[1] and weight.shape[1] == 1:
-            y = _depthwise(x, weight, geometry, out)  # type: ignore[arg-type]
-        else:
-            y = _im2col_matmul(x, weight, attrs["groups"], geometry, out)  # type: ignore[arg-type]
-        y = y.reshape(x.shape[0], weight.shape[0], *out)
-        if len(arrays) == 3:
-            y += arrays[2].reshape(-1, *[1] * len(out))
-        return [apply_activation(y, attrs)]
+            y = _depthwise(x, weight, geometry, out).reshape(x.shape[0], weight.shape[0], *out)  # type: ignore[arg-type]
+            if bias is not None:
+                y += bias.reshape(-1, *[1] * len(out))
+            return [activation(y)]
+        return [_im2col_matmul(x, weight, bias, attrs["groups"], geometry, out, activation)]  # type: ignore[arg-type]
 
 
 @dataclass
@@ -140,9 +148,9 @@ class Geometry:
     pads: list[int]
     dilations: list[int]
 
-    def padder(self, x: np.ndarray, block: int, out: list[int]) -> Padder:
+    def padder(self, x: np.ndarray, block: int, out: list[int], channels_last: bool = False) -> Padder:
         widths = pad_widths(x.shape, self.kernel, self.strides, self.pads, self.dilations, out)
-        return Padder(x.shape, block, widths, 0.0, x.dtype)
+        return Padder(x.shape, block, widths, 0.0, x.dtype, channels_last)
 
     def windows(self, padded: np.ndarray, out: list[int]) -> np.ndarray:
         """The (N, C, *kernel, *out) window view of an already padded x."""
@@ -152,18 +160,40 @@ class Geometry:
 COLUMN_BYTES = 1 << 20  # im2col works on blocks of images whose columns fit a core's L2 cache
 
 
-def _im2col_matmul(x: np.ndarray, weight: np.ndarray, groups: int, geometry: Geometry, out: list[int]) -> np.ndarray:
-    """(N, groups, O/groups, prod(out)): per block of images, copy the windows into columns, then one matmul."""
+def _im2col_matmul(
+    x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None, groups: int, geometry: Geometry, out: list[int],
+    activation: Callable[[np.ndarray], np.ndarray],
+) -> np.ndarray:
+    """activation(conv(x) + bias) as the (N, O, *out) view of an (N, *out, O) array (see the module docstring).
+
+    The columns follow x's memory order, so the im2col copy reads runs of contiguous elements: channels
+    last (rows = every image's output positions, K = (*kernel, channel)) when x came from another conv,
+    channels first (one (positions, K) matrix per image, K = (channel, *kernel), read transposed by BLAS)
+    when x is an ordinary NCHW array such as a graph input.
+    """
     batch, channels = x.shape[:2]
-    length = math.prod(out)
-    weights = weight.reshape(groups, weight.shape[0] // groups, -1)
+    spatial, length, taps = len(out), math.prod(out), math.prod(geometry.kernel)
+    out_channels = weight.shape[0]
+    group_in, group_out = channels // groups, out_channels // groups
+    depth = group_in * taps  # K of each group's matrix
     dtype = np.result_type(x, weight)
-    block = min(batch, max(1, COLUMN_BYTES // (channels * math.prod(geometry.kernel) * length * dtype.itemsize)))
-    pad = geometry.padder(x, block, out)
+    block = min(batch, max(1, COLUMN_BYTES // (channels * taps * length * dtype.itemsize)))
+    last = channels_last(x).flags.c_contiguous
+    pad = geometry.padder(x, block, out, channels_last=last)
     # One window view serves every block: of x itself, or of the padding buffer that each block is copied into.
-    view = geometry.windows(x if pad.buffer is None else pad.buffer, out)
-    columns = np.empty((block, channels, *geometry.kernel, *out), dtype)
-    y = np.empty((batch, groups, weights.shape[1], length), dtype)
+    source = pad(x) if pad.buffer is None else pad.buffer
+    weights = weight.reshape(groups, group_out, group_in, taps)
+    if last:
+        view = windows_last(source, geometry.kernel, geometry.strides, geometry.dilations, out)
+        view = view.reshape(*view.shape[:-1], groups, group_in)  # (N, *out, *kernel, groups, C/groups)
+        view = view.transpose(0, *range(1, 1 + spatial), 1 + 2 * spatial, *range(1 + spatial, 1 + 2 * spatial), -1)
+        weights = weights.transpose(0, 3, 2, 1).reshape(groups, depth, group_out)
+    else:
+        view = geometry.windows(source, out)  # (N, C, *kernel, *out)
+        view = view.reshape(len(view), groups, group_in, *view.shape[2:])
+        weights = weights.transpose(0, 2, 3, 1).reshape(groups, depth, group_out)
+    columns = np.empty((block, *view.shape[1:]), dtype)
+    y = np.empty((batch, *out, out_channels), dtype)
     for start in range(0, batch, block):
         count = min(block, batch - start)
         if pad.buffer is None:
@@ -172,9 +202,19 @@ def _im2col_matmul(x: np.ndarray, weight: np.ndarray, groups: int, geometry: Geo
             pad(x[start:start + count])
             windows_of_block = view[:count]
         part = columns[:count]
-        np.copyto(part, windows_of_block)
-        np.matmul(weights, part.reshape(count, groups, -1, length), out=y[start:start + count])
-    return y
+        np.copyto(part, windows_of_block)  # the im2col copy (np.copyto is far faster here than reshape's)
+        images = 1 if last else count  # matrices per group: (rows, K) each
+        if last:
+            matrices = part.reshape(1, -1, groups, depth).transpose(0, 2, 1, 3)
+        else:
+            matrices = part.reshape(count, groups, depth, length).transpose(0, 1, 3, 2)
+        result = y[start:start + count]
+        np.matmul(matrices, weights, out=result.reshape(images, -1, groups, group_out).transpose(0, 2, 1, 3))
+        result = result.reshape(-1, out_channels)
+        if bias is not None:
+            result += bias
+        activation(result)
+    return y.transpose(0, -1, *range(1, 1 + spatial))
 
 
 def _depthwise(x: np.ndarray, weight: np.ndarray, geometry: Geometry, out: list[int]) -> np.ndarray:

@@ -10,7 +10,7 @@ import math
 from typing import Any
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
+from numpy.lib.stride_tricks import as_strided, sliding_window_view
 
 from dabuild.ir.ops.base import ShapeError
 
@@ -77,19 +77,33 @@ class Padder:
 
     np.pad allocates and fills a new array per call; conv pads block after
     block, so writing only the interior of a prepared buffer saves that work.
+    With `channels_last` the buffer is (block, *spatial, C): conv's matmul wants
+    each window's channels contiguous, and the interior copy does the transpose.
     """
 
-    def __init__(self, shape: tuple[int, ...], block: int, widths: list[tuple[int, int]], fill: float, dtype: np.dtype):
-        padded = (block, shape[1], *(size + begin + end for size, (begin, end) in zip(shape[2:], widths)))
+    def __init__(self, shape: tuple[int, ...], block: int, widths: list[tuple[int, int]], fill: float, dtype: np.dtype,
+                 channels_last: bool = False):
+        spatial = [size + begin + end for size, (begin, end) in zip(shape[2:], widths)]
+        padded = (block, *spatial, shape[1]) if channels_last else (block, shape[1], *spatial)
         self.buffer = np.full(padded, fill, dtype) if any(begin or end for begin, end in widths) else None
-        self.interior = (slice(None), slice(None), *(slice(b, b + size) for size, (b, _) in zip(shape[2:], widths)))
+        inside = tuple(slice(b, b + size) for size, (b, _) in zip(shape[2:], widths))
+        self.interior = (slice(None), *inside, slice(None)) if channels_last else (slice(None), slice(None), *inside)
+        self.channels_last = channels_last
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
+        """x (N, C, *spatial) padded, in the buffer's layout (a view of x when there is nothing to pad)."""
+        if self.channels_last:
+            x = channels_last(x)
         if self.buffer is None:
             return x
         padded = self.buffer[: len(x)]
         padded[self.interior] = x
         return padded
+
+
+def channels_last(x: np.ndarray) -> np.ndarray:
+    """The (N, *spatial, C) view of an (N, C, *spatial) array."""
+    return x.transpose(0, *range(2, x.ndim), 1)
 
 
 def windows(padded: np.ndarray, kernel: list[int], strides: list[int], dilations: list[int], out: list[int]) -> np.ndarray:
@@ -102,3 +116,19 @@ def windows(padded: np.ndarray, kernel: list[int], strides: list[int], dilations
     taps = tuple(slice(None, None, d) for d in dilations)
     view = view[(slice(None), slice(None), *picks, *taps)]
     return view.transpose(0, 1, *range(2 + spatial, 2 + 2 * spatial), *axes)
+
+
+
+def windows_last(
+    padded: np.ndarray, kernel: list[int], strides: list[int], dilations: list[int], out: list[int]
+) -> np.ndarray:
+    """A view of shape (N, *out, *kernel, C) of a channels-last (N, *spatial, C) array:
+    element [n, *o, *k, c] = padded[n, *(o * stride + k * dilation), c]."""
+    steps = padded.strides[1:-1]
+    return as_strided(
+        padded,
+        (len(padded), *out, *kernel, padded.shape[-1]),
+        (padded.strides[0], *(s * t for s, t in zip(steps, strides)), *(s * d for s, d in zip(steps, dilations)),
+         padded.strides[-1]),
+        writeable=False,
+    )
