@@ -226,6 +226,17 @@ def test_clang_builds_the_same_bits(tmp_path: Path) -> None:
     assert np.array_equal(actual, expected)
 
 
+@pytest.mark.parametrize("case", ["conv stride 2 asymmetric pads per channel", "conv groups 2", "conv dilation 2 clip"])
+def test_clang_builds_every_conv_path(case: str, tmp_path: Path) -> None:
+    """The GEMM conv's im2col paths (padded rows and taps, groups, dilation, partial tiles and channel blocks)
+    under clang's -Werror too."""
+    if shutil.which("clang") is None:
+        pytest.skip("clang is not installed (apt-get install clang)")
+    actual, expected, manifest = build_and_run(lowered(case), tmp_path, compiler="clang")
+    assert np.array_equal(actual, expected)
+    assert manifest["kernels"]["c"] == "conv"
+
+
 def test_cmake_builds_the_artifact(tmp_path: Path) -> None:
     if shutil.which("cmake") is None:
         pytest.skip("cmake is not installed")

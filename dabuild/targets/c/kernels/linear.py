@@ -5,15 +5,22 @@ sum (x - zp) * w = sum x * w - zp * sum w, with zp * sum w in the bias at
 export time (the raw sum stays inside int32: |x| <= 128 < 255, which the
 lowering's overflow bound covers; the corrected bias joins it in int64), and
 depthwise reads a copy of its input bordered by the zero point, so every
-window is whole. The general conv reads a copy of x - zp in int16 instead,
-bordered by 0 (a padded x - zp is exactly 0, as the reference pads): int16
-times int8 products summed pairwise are what SSE2's pmaddwd does, so the
-compiler emits 8 multiply-adds per instruction at plain -O2.
+window is whole.
+
+The general conv is a small GEMM. Per tile of output pixels it gathers their
+windows, centred (x - zp, and 0 where the window pads: a padded x - zp is
+exactly 0, as the reference pads), into rows of `depth` contiguous int16 in a
+few kilobytes of scratch (im2col), and multiplies them by the weights,
+widened to int16 at export and laid out [group][out][depth] with depth (and
+the outputs of a group) padded with zeros to whole blocks. Its inner loop
+keeps CHANNEL_BLOCK x PIXEL_BLOCK int32 sums in locals over one contiguous
+depth: int16 x int16 products summed pairwise, which compilers turn into
+pmaddwd (SSE2, at plain -O2) or its NEON/AVX counterparts, every loaded
+vector used by several sums and no horizontal sum until the end.
 
 Weights are laid out at export time so the inner loops are contiguous: dense
-[out][in]; conv [out][kh][kw][in/groups] against the channels-last input, so
-a window row is one dot product of kw * channels values; depthwise
-[kh][kw][out], a vector multiply-add across the channels of one pixel.
+[out][in]; depthwise [kh][kw][out], a vector multiply-add across the
+channels of one pixel.
 """
 
 from __future__ import annotations
@@ -92,9 +99,31 @@ def _padded_bytes(step: Step) -> int:
     return geometry["padded_height"] * geometry["padded_width"] * geometry["channels"] if geometry["padded"] else 0
 
 
-def _centred_bytes(step: Step) -> int:
+# The GEMM conv's register block (int32 sums kept in locals), the pixels gathered per tile, and the
+# multiple the depth is padded to (8 int16: whole SSE2 and NEON vectors, no scalar tail).
+CHANNEL_BLOCK, PIXEL_BLOCK, TILE_PIXELS, DEPTH_MULTIPLE = 4, 2, 16, 8
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+def _gemm_geometry(step: Step) -> dict[str, int]:
+    layer: QConv = step.layer  # type: ignore[assignment]
     geometry = _conv_window(step)
-    return 2 * geometry["padded_height"] * geometry["padded_width"] * geometry["channels"]
+    group_channels = int(layer.weight.shape[1])
+    window_depth = geometry["kernel_height"] * geometry["kernel_width"] * group_channels
+    pixels = geometry["out_height"] * geometry["out_width"]
+    tile = min(TILE_PIXELS, _round_up(pixels, PIXEL_BLOCK))
+    return {**geometry, "group_channels": group_channels, "window_depth": window_depth,
+            "depth": _round_up(window_depth, DEPTH_MULTIPLE), "pixels": pixels, "tile_pixels": tile,
+            "group_outputs": geometry["out_channels"] // layer.groups,
+            "block_outputs": _round_up(geometry["out_channels"] // layer.groups, CHANNEL_BLOCK)}
+
+
+def _gemm_bytes(step: Step) -> int:
+    geometry = _gemm_geometry(step)
+    return 2 * geometry["tile_pixels"] * geometry["depth"]
 
 
 def _planar_weight(layer: QConv) -> np.ndarray:
@@ -116,14 +145,16 @@ def conv_depthwise(step: Step) -> dict[str, Any]:
 
 
 @kernel("conv", "conv", config="weighted", inputs=CHANNELS_LAST, outputs=CHANNELS_LAST, granularities=BOTH, when=_planar,
-        scratch=_centred_bytes)
+        scratch=_gemm_bytes)
 def conv(step: Step) -> dict[str, Any]:
     layer: QConv = step.layer  # type: ignore[assignment]
-    weight = np.ascontiguousarray(_planar_weight(layer))  # [out][kh][kw][in/groups]
-    geometry = _conv_window(step)
-    group_channels = weight.shape[3]
-    return {**geometry, "input_zero_point": step.inputs[0].params.zero_point, "groups": layer.groups,
-            "group_channels": group_channels, "group_outputs": geometry["out_channels"] // layer.groups,
-            # one window row is contiguous in both input and weight when no group or dilation interleaves it
-            "contiguous_rows": layer.groups == 1 and geometry["dilation_width"] == 1,
-            "weight": weight, **_requantization(step, layer, np.zeros(len(weight), np.int64))}  # centred input
+    geometry = _gemm_geometry(step)
+    groups, outputs, depth = layer.groups, geometry["group_outputs"], geometry["window_depth"]
+    rows = _planar_weight(layer).reshape(groups, outputs, depth)  # [group][out][kh][kw][in/groups]
+    weight = np.zeros((groups, geometry["block_outputs"], geometry["depth"]), np.int16)
+    weight[:, :outputs, :depth] = rows
+    return {**geometry, "input_zero_point": step.inputs[0].params.zero_point, "groups": groups,
+            "channel_block": CHANNEL_BLOCK, "pixel_block": PIXEL_BLOCK,
+            # one window row is contiguous in both source and columns when no group or dilation interleaves it
+            "contiguous_rows": groups == 1 and geometry["dilation_width"] == 1,
+            "weight": weight, **_requantization(step, layer, np.zeros(outputs * groups, np.int64))}  # centred input
