@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from dabuild.ir.ops.base import OPS, Op, OutputSpec, ShapeError, normalize_axis, register
+from dabuild.ir.ops.base import OPS, Kernel, Op, OutputSpec, ShapeError, normalize_axis, register
 
 if TYPE_CHECKING:
     from dabuild.ir.graph import TensorSpec
@@ -27,8 +27,16 @@ class Activation(Op):
         self.validate(attrs)
         return [(tuple(inputs[0].shape), inputs[0].dtype)]
 
+    in_place = True
+
     def kernel(self, arrays: list[np.ndarray], attrs: dict[str, Any]) -> list[np.ndarray]:
         return [self.apply(arrays[0], attrs, None)]
+
+    def prepare(self, attrs: dict[str, Any]) -> Kernel:
+        resolved = self.resolve(attrs)
+        self.validate(resolved)
+        apply = self.apply
+        return lambda arrays, out: [apply(arrays[0], resolved, out)]
 
     def validate(self, attrs: dict[str, Any]) -> None:
         """ShapeError if an attribute value is out of its domain (attrs have every key)."""

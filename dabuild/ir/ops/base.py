@@ -4,13 +4,15 @@ An op is one small class: its attribute defaults, its shape rule (`shape_rule`)
 and its numpy kernel (`kernel`), plus two one-line strings that docs/ops.md is
 generated from. `infer` and `run` fill in default attributes and reject unknown
 ones before calling them, so a frontend's typo in an attribute name fails at
-trace time instead of being silently ignored.
+trace time instead of being silently ignored. `prepare` does that once for an
+interpreter plan that runs the same node batch after batch.
 """
 
 from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
@@ -20,6 +22,7 @@ if TYPE_CHECKING:
 
 Shape = tuple["int | None", ...]
 OutputSpec = tuple[Shape, str]  # (shape, dtype) of one output
+Kernel = Callable[[list[np.ndarray], "np.ndarray | None"], list[np.ndarray]]  # (arrays, out) -> outputs
 
 
 class ShapeError(ValueError):
@@ -45,6 +48,7 @@ class Op(ABC):
     signature: ClassVar[str] = "x"  # the inputs, for docs/ops.md; `?` marks an optional one
     rule: ClassVar[str] = "same shape as x"  # the shape rule in one line, for docs/ops.md
     required: ClassVar[frozenset[str]] = frozenset()  # the attributes without default, derived from `defaults`
+    in_place: ClassVar[bool] = False  # elementwise: its one output may be written into an input of the same shape/dtype
 
     def infer(self, inputs: list[TensorSpec], attrs: dict[str, Any]) -> list[OutputSpec]:
         """(shape, dtype) of each output; ShapeError if the inputs or attributes do not fit."""
@@ -53,6 +57,17 @@ class Op(ABC):
     def run(self, arrays: list[np.ndarray], attrs: dict[str, Any]) -> list[np.ndarray]:
         """The outputs computed from the input arrays."""
         return self.kernel(arrays, self.resolve(attrs))
+
+    def prepare(self, attrs: dict[str, Any]) -> Kernel:
+        """The kernel with its attributes resolved (and checked) once, for a plan that runs the node many times.
+
+        The returned function takes the input arrays and `out`: an input array
+        the caller no longer needs, which an `in_place` op may overwrite with
+        its output (others get None and ignore it).
+        """
+        resolved = self.resolve(attrs)
+        kernel = self.kernel
+        return lambda arrays, out: kernel(arrays, resolved)
 
     @abstractmethod
     def shape_rule(self, inputs: list[TensorSpec], attrs: dict[str, Any]) -> list[OutputSpec]:

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from dabuild.ir.ops.base import Op, OutputSpec, broadcast_shapes, register
+from dabuild.ir.ops.base import Kernel, Op, OutputSpec, broadcast_shapes, register
 
 if TYPE_CHECKING:
     from dabuild.ir.graph import TensorSpec
@@ -27,6 +27,7 @@ class Binary(Op):
     """Two inputs broadcast against each other, as numpy does."""
 
     arity = (2, 2)
+    in_place = True
     signature = "a, b"
     rule = "numpy broadcast of a and b"
     ufunc: ClassVar[np.ufunc]
@@ -36,6 +37,11 @@ class Binary(Op):
 
     def kernel(self, arrays: list[np.ndarray], attrs: dict[str, Any]) -> list[np.ndarray]:
         return [self.ufunc(arrays[0], arrays[1])]
+
+    def prepare(self, attrs: dict[str, Any]) -> Kernel:
+        self.resolve(attrs)
+        ufunc = self.ufunc
+        return lambda arrays, out: [ufunc(arrays[0], arrays[1], out=out)]
 
 
 @register

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from dabuild.ir.ops.activation import check_activation, fused_activation
-from dabuild.ir.ops.base import Op, OutputSpec, ShapeError, broadcast_shapes, dims_agree, register
+from dabuild.ir.ops.base import Kernel, Op, OutputSpec, ShapeError, broadcast_shapes, dims_agree, register
 from dabuild.ir.ops.window import Padder, channels_last, output_sizes, pad_widths, window_attrs, windows, windows_last
 
 if TYPE_CHECKING:
@@ -84,10 +84,18 @@ class Dense(Op):
         return [((*x[:-1], weight[1]), inputs[0].dtype)]
 
     def kernel(self, arrays: list[np.ndarray], attrs: dict[str, Any]) -> list[np.ndarray]:
-        y = np.matmul(arrays[0], arrays[1])
-        if len(arrays) == 3:
-            y += arrays[2]
-        return [fused_activation(attrs)(y)]
+        return self.prepare(attrs)(arrays, None)
+
+    def prepare(self, attrs: dict[str, Any]) -> Kernel:
+        activation = fused_activation(self.resolve(attrs))
+
+        def dense(arrays: list[np.ndarray], out: np.ndarray | None) -> list[np.ndarray]:
+            y = np.matmul(arrays[0], arrays[1])
+            if len(arrays) == 3:
+                y += arrays[2]
+            return [activation(y)]
+
+        return dense
 
 
 def conv_geometry(attrs: dict[str, Any], spatial: int) -> tuple[list[int], list[int], list[int]]:
@@ -128,17 +136,25 @@ class Conv(Op):
         return [((x[0], out_channels, *out), inputs[0].dtype)]
 
     def kernel(self, arrays: list[np.ndarray], attrs: dict[str, Any]) -> list[np.ndarray]:
-        x, weight = arrays[0], arrays[1]
-        bias = arrays[2] if len(arrays) == 3 else None
-        geometry = Geometry(list(weight.shape[2:]), *conv_geometry(attrs, weight.ndim - 2))
-        out = output_sizes(x.shape, geometry.kernel, geometry.strides, geometry.pads, geometry.dilations)
-        activation = fused_activation(attrs)
-        if attrs["groups"] == x.shape[1] and weight.shape[1] == 1:
-            y = _depthwise(x, weight, geometry, out).reshape(x.shape[0], weight.shape[0], *out)  # type: ignore[arg-type]
-            if bias is not None:
-                y += bias.reshape(-1, *[1] * len(out))
-            return [activation(y)]
-        return [_im2col_matmul(x, weight, bias, attrs["groups"], geometry, out, activation)]  # type: ignore[arg-type]
+        return self.prepare(attrs)(arrays, None)
+
+    def prepare(self, attrs: dict[str, Any]) -> Kernel:
+        attrs = self.resolve(attrs)
+        activation, groups = fused_activation(attrs), attrs["groups"]
+
+        def conv(arrays: list[np.ndarray], out: np.ndarray | None) -> list[np.ndarray]:
+            x, weight = arrays[0], arrays[1]
+            bias = arrays[2] if len(arrays) == 3 else None
+            geometry = Geometry(list(weight.shape[2:]), *conv_geometry(attrs, weight.ndim - 2))
+            sizes = output_sizes(x.shape, geometry.kernel, geometry.strides, geometry.pads, geometry.dilations)
+            if groups == x.shape[1] and weight.shape[1] == 1:
+                y = _depthwise(x, weight, geometry, sizes).reshape(x.shape[0], weight.shape[0], *sizes)  # type: ignore[arg-type]
+                if bias is not None:
+                    y += bias.reshape(-1, *[1] * len(sizes))
+                return [activation(y)]
+            return [_im2col_matmul(x, weight, bias, groups, geometry, sizes, activation)]  # type: ignore[arg-type]
+
+        return conv
 
 
 @dataclass
