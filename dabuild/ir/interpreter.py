@@ -63,7 +63,7 @@ class Interpreter:
     """A graph prepared once for many batches: attributes resolved, kernels bound, tensor lifetimes known.
 
     Without `keep_intermediates`, each intermediate is dropped after its last
-    reader, and an elementwise op (add, relu, ...) writes its output into an
+    reader, and an op that can (add, relu, conv, ...) writes its output into an
     input that dies with it when nothing else refers to that memory, so a
     residual block does not allocate (and page-fault in) a fresh tensor per op.
     The graph must not change while an Interpreter of it is in use.
@@ -80,8 +80,8 @@ class Interpreter:
         for index, node in enumerate(graph.nodes):
             op = OPS[node.op]
             finished = sorted({name for name in node.inputs if last[name] == index and name not in keep})
-            overwritable = [position for position, name in enumerate(node.inputs)
-                            if op.in_place and name in finished and node.inputs.count(name) == 1]
+            overwritable = [position for position in op.in_place
+                            if node.inputs[position] in finished and node.inputs.count(node.inputs[position]) == 1]
             self.steps.append(Step(op.prepare(node.attrs), list(node.inputs), list(node.outputs), finished,
                                    overwritable))
 
@@ -104,22 +104,19 @@ class Interpreter:
 
 
 def _overwritable(arrays: list[np.ndarray], positions: list[int]) -> np.ndarray | None:
-    """An input array at one of `positions` that the op's output may overwrite, or None.
+    """The first input array at one of `positions` that nothing but the `arrays` list reaches, or None.
 
-    It must have the output's shape and dtype, and nothing but the `arrays`
-    list may reach its memory: an identity, reshape or slice can make two
-    tensors share one buffer, and writing into a buffer that a live tensor
-    still shows would change that tensor. CPython's reference counts tell,
-    compared with the counts of an array nothing else refers to.
+    An identity, reshape or slice can make two tensors share one buffer, and
+    writing into a buffer that a live tensor still shows would change that
+    tensor. CPython's reference counts tell, compared with the counts of an
+    array nothing else refers to. Whether the output fits the array is the
+    kernel's decision.
     """
-    if not positions:
-        return None
-    shape, dtype = np.broadcast_shapes(*(a.shape for a in arrays)), np.result_type(*arrays)
     for position in positions:
         if _references(arrays, position) != _ALONE:  # counted before `array` below adds a reference
             continue
         array = arrays[position]
-        if array.shape != shape or array.dtype != dtype or not array.flags.writeable:
+        if not array.flags.writeable:
             continue
         if array.base is None or (isinstance(array.base, np.ndarray) and _base_references(array) == _ALONE_BASE):
             return array

@@ -27,7 +27,7 @@ class Activation(Op):
         self.validate(attrs)
         return [(tuple(inputs[0].shape), inputs[0].dtype)]
 
-    in_place = True
+    in_place = (0,)  # the output has the input's shape and dtype
 
     def kernel(self, arrays: list[np.ndarray], attrs: dict[str, Any]) -> list[np.ndarray]:
         return [self.apply(arrays[0], attrs, None)]

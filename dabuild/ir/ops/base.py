@@ -48,7 +48,7 @@ class Op(ABC):
     signature: ClassVar[str] = "x"  # the inputs, for docs/ops.md; `?` marks an optional one
     rule: ClassVar[str] = "same shape as x"  # the shape rule in one line, for docs/ops.md
     required: ClassVar[frozenset[str]] = frozenset()  # the attributes without default, derived from `defaults`
-    in_place: ClassVar[bool] = False  # elementwise: its one output may be written into an input of the same shape/dtype
+    in_place: ClassVar[tuple[int, ...]] = ()  # inputs the prepared kernel may write its output into (see `prepare`)
 
     def infer(self, inputs: list[TensorSpec], attrs: dict[str, Any]) -> list[OutputSpec]:
         """(shape, dtype) of each output; ShapeError if the inputs or attributes do not fit."""
@@ -61,9 +61,10 @@ class Op(ABC):
     def prepare(self, attrs: dict[str, Any]) -> Kernel:
         """The kernel with its attributes resolved (and checked) once, for a plan that runs the node many times.
 
-        The returned function takes the input arrays and `out`: an input array
-        the caller no longer needs, which an `in_place` op may overwrite with
-        its output (others get None and ignore it).
+        The returned function takes the input arrays and `out`: None, or the
+        input at one of the `in_place` positions when the caller no longer
+        needs it; the kernel may then write its output into that array's
+        memory if the output fits it.
         """
         resolved = self.resolve(attrs)
         kernel = self.kernel
@@ -152,3 +153,8 @@ def normalize_axes(axes: list[int], rank: int, what: str) -> list[int]:
     if len(set(result)) != len(result):
         raise ShapeError(f"{what} axes {axes} repeat an axis")
     return result
+
+
+def fits(out: np.ndarray | None, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray | None:
+    """`out` if an output of `shape` and `dtype` can be written into it, else None."""
+    return out if out is not None and out.shape == shape and out.dtype == dtype else None

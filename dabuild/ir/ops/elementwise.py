@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from dabuild.ir.ops.base import Kernel, Op, OutputSpec, broadcast_shapes, register
+from dabuild.ir.ops.base import Kernel, Op, OutputSpec, broadcast_shapes, fits, register
 
 if TYPE_CHECKING:
     from dabuild.ir.graph import TensorSpec
@@ -27,7 +27,7 @@ class Binary(Op):
     """Two inputs broadcast against each other, as numpy does."""
 
     arity = (2, 2)
-    in_place = True
+    in_place = (0, 1)
     signature = "a, b"
     rule = "numpy broadcast of a and b"
     ufunc: ClassVar[np.ufunc]
@@ -41,7 +41,12 @@ class Binary(Op):
     def prepare(self, attrs: dict[str, Any]) -> Kernel:
         self.resolve(attrs)
         ufunc = self.ufunc
-        return lambda arrays, out: [ufunc(arrays[0], arrays[1], out=out)]
+
+        def binary(arrays: list[np.ndarray], out: np.ndarray | None) -> list[np.ndarray]:
+            a, b = arrays
+            return [ufunc(a, b, out=fits(out, np.broadcast_shapes(a.shape, b.shape), np.result_type(a, b)))]
+
+        return binary
 
 
 @register

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from dabuild.ir.ops.activation import check_activation, fused_activation
-from dabuild.ir.ops.base import Kernel, Op, OutputSpec, ShapeError, broadcast_shapes, dims_agree, register
+from dabuild.ir.ops.base import Kernel, Op, OutputSpec, ShapeError, broadcast_shapes, dims_agree, fits, register
 from dabuild.ir.ops.window import Padder, channels_last, output_sizes, pad_widths, window_attrs, windows, windows_last
 
 if TYPE_CHECKING:
@@ -113,6 +113,7 @@ class Conv(Op):
 
     name = "conv"
     arity = (2, 3)
+    in_place = (0,)
     defaults = {"strides": None, "pads": None, "dilations": None, "groups": 1, **FUSED_ACTIVATION}
     signature = "x (N, C, *spatial), weight (O, C/groups, *kernel), bias? (O,)"
     rule = "(N, C, *in) -> (N, O, *out), out = (in + pads - dilation*(kernel-1) - 1) // stride + 1"
@@ -152,7 +153,7 @@ class Conv(Op):
                 if bias is not None:
                     y += bias.reshape(-1, *[1] * len(sizes))
                 return [activation(y)]
-            return [_im2col_matmul(x, weight, bias, groups, geometry, sizes, activation)]  # type: ignore[arg-type]
+            return [_im2col_matmul(x, weight, bias, groups, geometry, sizes, activation, out)]  # type: ignore[arg-type]
 
         return conv
 
@@ -178,9 +179,14 @@ COLUMN_BYTES = 1 << 20  # im2col works on blocks of images whose columns fit a c
 
 def _im2col_matmul(
     x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None, groups: int, geometry: Geometry, out: list[int],
-    activation: Callable[[np.ndarray], np.ndarray],
+    activation: Callable[[np.ndarray], np.ndarray], overwritable: np.ndarray | None = None,
 ) -> np.ndarray:
     """activation(conv(x) + bias) as the (N, O, *out) view of an (N, *out, O) array (see the module docstring).
+
+    `overwritable` is x when the caller no longer needs it: if the output has x's shape and x is channels
+    last in memory, the output goes into x's memory. That is safe because block after block, the images
+    of a block are copied out of x (into the padding buffer or the columns) before their outputs, which
+    take exactly the same bytes, are written.
 
     The columns follow x's memory order, so the im2col copy reads runs of contiguous elements: channels
     last (rows = every image's output positions, K = (*kernel, channel)) when x came from another conv,
@@ -209,7 +215,10 @@ def _im2col_matmul(
         view = view.reshape(len(view), groups, group_in, *view.shape[2:])
         weights = weights.transpose(0, 2, 3, 1).reshape(groups, depth, group_out)
     columns = np.empty((block, *view.shape[1:]), dtype)
-    y = np.empty((batch, *out, out_channels), dtype)
+    if fits(overwritable, (batch, out_channels, *out), dtype) is not None and last:
+        y = channels_last(overwritable)
+    else:
+        y = np.empty((batch, *out, out_channels), dtype)
     for start in range(0, batch, block):
         count = min(block, batch - start)
         if pad.buffer is None:
