@@ -17,8 +17,9 @@ doubling max_trials.
     dabuild's `mixed-precision` strategy through the real tune stage with
     bench/capabilities/mixed.yaml (int8 or int4 weights). Prints accuracies,
     their ratios to fp32 (target >= 0.99) and dabuild's total weight bits against
-    uniform int8 (target <= 0.6); dabuild's uniform int4 for reference, and the
-    same search with per-tensor weights only, where uniform int4 is not enough.
+    uniform int8 (target <= 0.6); dabuild's uniform int4 (minmax and mse ranges)
+    for reference, and the same search with per-tensor weights only, where
+    uniform int4 with minmax ranges is not enough.
 
 Usage: python bench/tuning.py
 """

@@ -178,9 +178,11 @@ def test_mixed_precision_on_the_digits_cnn_keeps_fp32_accuracy_with_at_most_0_6_
             assert layer.weight.dtype == np.int8 and np.abs(layer.weight).max() <= 7
 
 
-def test_mixed_precision_mixes_widths_where_uniform_int4_misses(cnn: tuple[Path, tuple[Path, Path]],
-                                                               tmp_path: Path) -> None:
-    """Per-tensor weights only: uniform int4 loses several percent, so the strategy must keep some nodes int8."""
+def test_per_tensor_search_weighs_every_int4_choice_where_uniform_int4_minmax_misses(
+        cnn: tuple[Path, tuple[Path, Path]], tmp_path: Path) -> None:
+    """Per-tensor weights only: uniform int4 with the default minmax ranges loses several percent, so stepping
+    each node to its nearest cheaper choice stalls; weighing every int4 choice (mse ranges too) per node reaches
+    <= 0.6x int8 weight bits within the goal, and -j 2 records exactly the trials -j 1 does."""
     folder, stages = cnn
     recipe = digits_recipe(folder, strategy="mixed-precision", space=PER_TENSOR_WEIGHTS)
     metrics = tune(stages, tmp_path / "tune", recipe, MIXED)
@@ -188,12 +190,16 @@ def test_mixed_precision_mixes_widths_where_uniform_int4_misses(cnn: tuple[Path,
     evaluator = Evaluator(EvalSetup(*stages, data["x_test"], data["y_test"], "accuracy", folder, 64))
     space = build_space(evaluator.graph, MIXED, PER_TENSOR_WEIGHTS)
     assert evaluator.score(uniform_weights(space, dtype="int4")).metric < 0.99 * evaluator.baseline
-    assert metrics["goal_met"] and metrics["size_bits"] < space.size(space.default())
+    assert metrics["goal_met"] and metrics["quantized"] >= 0.99 * metrics["fp32"]
+    assert metrics["size_bits"] <= 0.6 * space.size(space.default())
     chosen = QuantConfig.load(tmp_path / "tune" / "config.json")
-    widths = {c.weight.dtype for c in chosen.nodes.values() if c.weight is not None}
-    assert widths == {"int8", "int4"}
-    history = [json.loads(line) for line in (tmp_path / "tune" / "history.jsonl").read_text().splitlines()]
-    assert any(t["size_bits"] < metrics["size_bits"] and not t["passed"] for t in history)  # cheaper ones missed
+    weights = [c.weight for c in chosen.nodes.values() if c.weight is not None]
+    assert {w.granularity for w in weights} == {"per_tensor"} and "mse" in {w.algorithm for w in weights}
+    history = metrics["history"]
+    assert any(not t["passed"] for t in history) and len(history) <= 20  # it searched, on a modest budget
+    parallel = tune(stages, tmp_path / "tune-j2", recipe, MIXED, jobs=2)
+    assert [(t["config_hash"], t["metric"]) for t in parallel["history"]] == [
+        (t["config_hash"], t["metric"]) for t in history]
 
 
 def build_cnn(tmp_path: Path, edit: Callable[[str], str] = lambda text: text) -> tuple[Path, dict]:

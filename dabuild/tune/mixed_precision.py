@@ -1,18 +1,25 @@
 """The `mixed-precision` strategy: the lowest total weight bits (or BOPs) that still meets the goal.
 
 For capabilities with several widths. From the default (raised node by node,
-most sensitive first, until it passes, if it does not), probe each node one
-cost level down alone; rank the nodes by output-MSE increase per unit of cost
-saved; lower them cumulatively in that order while the goal holds; then
-refine: keep trying single steps down on the best config (the cheapest
-saving first) and keep each that passes, until none does.
+most sensitive first, until it passes, if it does not), each node's choices
+one cost level down — all of them: every scheme, granularity and range
+algorithm at the lower width — are ranked by the node's own output error with
+that choice alone (per-node MSE, one inference each, no trial), because the
+cheapest choice nearest the current one (int4 minmax from int8 minmax) may
+hurt far more than another at the same width (int4 mse). Then: probe each
+node's least harmful lower choice alone; rank the nodes by output-MSE
+increase per unit of cost saved; lower them cumulatively in that order while
+the goal holds; then refine: keep trying single steps down on the best config
+(the cheapest saving first, each node's choices in their ranked order) and
+keep each that passes, until none does.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar
 
-from dabuild.tune.strategy import precise_choice, ranked_nodes, step_down
+from dabuild.quant.config import NodeConfig, QuantConfig
+from dabuild.tune.strategy import cheaper_choices, precise_choice, ranked_nodes
 
 if TYPE_CHECKING:
     from dabuild.tune.search import Search
@@ -34,8 +41,19 @@ class MixedPrecisionStrategy:
         start = search.best()
         if start is None:
             return
-        probes = {name: step_down(search, start.config, name) for name in space.nodes}
-        probes = {name: config for name, config in probes.items() if config is not None}
+
+        def harm(name: str, choice: NodeConfig) -> float:
+            """Node `name`'s output error with `choice` alone on the start config (cached by the search)."""
+            return search.node_errors(space.with_node(start.config, name, choice)).get(name, 0.0)
+
+        def steps_down(config: QuantConfig, name: str) -> list[QuantConfig]:
+            """`config` with node `name` one cost level cheaper, least harmful choice first."""
+            candidates = space.nodes[name].candidates
+            choices = sorted(cheaper_choices(search, config, name),
+                             key=lambda choice: (harm(name, choice), candidates.index(choice)))
+            return [space.with_node(config, name, choice) for choice in choices]
+
+        probes = {name: steps[0] for name in space.nodes if (steps := steps_down(start.config, name))}
         trials = dict(zip(probes, search.evaluate(list(probes.values()), "probe")))
 
         def harm_per_saving(name: str) -> float:
@@ -51,8 +69,8 @@ class MixedPrecisionStrategy:
         while True:
             best = search.best()
             assert best is not None
-            steps = [step_down(search, best.config, name) for name in space.nodes]
-            steps = sorted((c for c in steps if c is not None and search.seen(c) is None),
-                           key=lambda c: -search.cost(c))
+            ranked = [(-search.cost(step), rank, step) for name in space.nodes
+                      for rank, step in enumerate(steps_down(best.config, name)) if search.seen(step) is None]
+            steps = [step for *_, step in sorted(ranked, key=lambda entry: entry[:2])]
             if not steps or not any(t.passed for t in search.evaluate(steps, "refine", until_pass=True)):
                 return

@@ -50,14 +50,27 @@ def precise_choice(node: NodeSpace, current: NodeConfig) -> NodeConfig:
     return max(node.candidates, key=lambda c: (_bits(c), _shared_fields(c, current), c == current))
 
 
-def step_down(search: "Search", config: QuantConfig, name: str) -> QuantConfig | None:
-    """`config` with node `name` one cost level cheaper (the smallest saving, closest choice), or None."""
+def _roles_changed(a: NodeConfig, b: NodeConfig) -> int:
+    return (a.weight != b.weight) + (a.activation != b.activation)
+
+
+def cheaper_choices(search: "Search", config: QuantConfig, name: str) -> list[NodeConfig]:
+    """Node `name`'s choices one cost level below `config` (the smallest saving), changing as few roles as possible.
+
+    Every choice at that level, not only the one closest to the current: from
+    int8 weights, each int4 weight choice (any scheme, granularity and range
+    algorithm) with the activation kept, since which of them hurts least is
+    the node's to measure, not the field order's to decide. In candidate order.
+    """
     cost = search.cost(config)
     current = config.nodes[name]
-    options = []
-    for order, choice in enumerate(search.space.nodes[name].candidates):
-        moved = search.space.with_node(config, name, choice)
-        moved_cost = search.cost(moved)
+    levels: dict[int, list[NodeConfig]] = {}
+    for choice in search.space.nodes[name].candidates:
+        moved_cost = search.cost(search.space.with_node(config, name, choice))
         if moved_cost < cost:
-            options.append((-moved_cost, -_shared_fields(choice, current), order, moved))
-    return min(options, key=lambda option: option[:3])[3] if options else None
+            levels.setdefault(moved_cost, []).append(choice)
+    if not levels:
+        return []
+    level = levels[max(levels)]
+    fewest = min(_roles_changed(choice, current) for choice in level)
+    return [choice for choice in level if _roles_changed(choice, current) == fewest]
