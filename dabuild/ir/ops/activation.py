@@ -88,7 +88,26 @@ class Relu(Activation):
     name = "relu"
 
     def apply(self, x: np.ndarray, attrs: dict[str, Any], out: np.ndarray | None) -> np.ndarray:
-        return np.maximum(x, 0, out=out)
+        if x.size < len(_ZEROS) or x.dtype != np.float32:
+            return np.maximum(x, 0, out=out)
+        y = np.empty_like(x) if out is None else out  # empty_like keeps x's memory order
+        source, target = _flat(x), _flat(y)
+        if source is None or target is None or y.strides != x.strides:
+            return np.maximum(x, 0, out=out)
+        # numpy's maximum against a scalar has no SIMD loop; against a contiguous row of zeros it has.
+        whole = len(source) - len(source) % len(_ZEROS)
+        np.maximum(source[:whole].reshape(-1, len(_ZEROS)), _ZEROS, out=target[:whole].reshape(-1, len(_ZEROS)))
+        np.maximum(source[whole:], 0, out=target[whole:])
+        return y
+
+
+_ZEROS = np.zeros(4096, np.float32)
+
+
+def _flat(x: np.ndarray) -> np.ndarray | None:
+    """x's elements as a 1-D view in memory order, or None if they are not one contiguous run."""
+    flat = x.ravel(order="K")
+    return flat if np.may_share_memory(flat, x) else None
 
 
 @register

@@ -219,6 +219,8 @@ def _im2col_matmul(
         y = channels_last(overwritable)
     else:
         y = np.empty((batch, *out, out_channels), dtype)
+    # The bias repeated for every row of a block: numpy adds two contiguous arrays with SIMD, a broadcast row not.
+    biases = None if bias is None else np.tile(bias.astype(dtype, copy=False), (block * length, 1))
     for start in range(0, batch, block):
         count = min(block, batch - start)
         if pad.buffer is None:
@@ -236,8 +238,8 @@ def _im2col_matmul(
         result = y[start:start + count]
         np.matmul(matrices, weights, out=result.reshape(images, -1, groups, group_out).transpose(0, 2, 1, 3))
         result = result.reshape(-1, out_channels)
-        if bias is not None:
-            result += bias
+        if biases is not None:
+            result += biases[:len(result)]
         activation(result)
     return y.transpose(0, -1, *range(1, 1 + spatial))
 
