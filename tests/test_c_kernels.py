@@ -22,10 +22,11 @@ from test_quantize import C_CAPABILITY
 from dabuild.errors import BuildError
 from dabuild.ir import Graph, Node
 from dabuild.quant.config import default_config
+from dabuild.quant.fixed_point import requantize
 from dabuild.quant.qgraph import QGraph
 from dabuild.quant.reference import run_integer
 from dabuild.targets.c import CTarget
-from dabuild.targets.c.codegen import render
+from dabuild.targets.c.codegen import COMMON_HEADER, render
 
 STRICT = ["-O2", "-Wall", "-Wextra", "-Werror", "-pedantic"]
 SAMPLES = 300
@@ -176,6 +177,48 @@ def test_kernel_equals_the_integer_reference(case: str, tmp_path: Path) -> None:
     assert CASES[case][4] <= set(manifest["kernels"].values())
     arena = manifest["arena"]
     assert arena["lower_bound_bytes"] <= arena["peak_bytes"] <= 1.05 * arena["lower_bound_bytes"]
+
+
+def requantize_cases() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(acc, multiplier, shift) at every shift 1..62: extremes, zero, random values, and exact ties
+    (acc * multiplier an odd multiple of 2^(shift - 1)) of both signs."""
+    rng = np.random.default_rng(24)
+    cases: list[tuple[int, int, int]] = []
+    for shift in range(1, 63):
+        cases += [(acc, multiplier, shift) for acc, multiplier in
+                  [(0, 2**31 - 1), (2**31 - 1, 2**31 - 1), (-(2**31 - 1), 2**31 - 1), (1, 1), (-1, 1)]]
+        cases += [(int(rng.integers(-(2**31) + 1, 2**31)), int(rng.integers(1, 2**31)), shift) for _ in range(20)]
+        low = min(shift - 1, 30)  # a tie: (2j + 1) * 2^(shift - 1) as multiplier 2^low times acc (2j + 1) * 2^rest
+        rest = shift - 1 - low
+        if rest <= 27:
+            cases += [(sign * odd * 2**rest, 2**low, shift) for odd in (1, 3, 7) for sign in (1, -1)]
+    acc, multiplier, shift = zip(*cases)
+    return np.array(acc, np.int64), np.array(multiplier, np.int64), np.array(shift, np.int64)
+
+
+def test_c_requantize_matches_the_reference_rounding(tmp_path: Path) -> None:
+    """dabuild_requantize (branch-free, through uint64) rounds ties away from zero exactly as the reference."""
+    acc, multiplier, shift = requantize_cases()
+    (tmp_path / COMMON_HEADER).write_text(render(lowered("relu")).files[COMMON_HEADER])
+    rows = ",\n".join(f"{{{a}LL, {m}, {s}}}" for a, m, s in zip(acc, multiplier, shift))
+    (tmp_path / "check.c").write_text(f"""#include <stdio.h>
+#include "{COMMON_HEADER}"
+static const struct {{ int64_t acc; int32_t multiplier; int32_t shift; }} cases[] = {{
+{rows}
+}};
+int main(void)
+{{
+    size_t i;
+    for (i = 0; i < sizeof cases / sizeof cases[0]; ++i) {{
+        printf("%lld\\n", (long long)dabuild_requantize(cases[i].acc, cases[i].multiplier, cases[i].shift));
+    }}
+    return 0;
+}}
+""")
+    subprocess.run(["cc", "-std=c99", *STRICT, "-Wno-long-long", "-o", str(tmp_path / "check"),
+                    str(tmp_path / "check.c")], check=True)
+    printed = subprocess.run([str(tmp_path / "check")], capture_output=True, text=True, check=True).stdout
+    assert np.array_equal(np.array(printed.split(), np.int64), requantize(acc, multiplier, shift))
 
 
 def small_cnn(seed: int = 5) -> Graph:
