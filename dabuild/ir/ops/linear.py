@@ -153,6 +153,8 @@ class Conv(Op):
                 if bias is not None:
                     y += bias.reshape(-1, *[1] * len(sizes))
                 return [activation(y)]
+            if groups == 1 and _pairs_columns(x, weight, geometry, sizes):  # type: ignore[arg-type]
+                return [_paired_columns_conv(x, weight, bias, geometry, sizes, activation, out)]  # type: ignore[arg-type]
             return [_im2col_matmul(x, weight, bias, groups, geometry, sizes, activation, out)]  # type: ignore[arg-type]
 
         return conv
@@ -242,6 +244,49 @@ def _im2col_matmul(
             result += biases[:len(result)]
         activation(result)
     return y.transpose(0, -1, *range(1, 1 + spatial))
+
+
+NARROW = 32  # convs with fewer output channels compute two neighbouring output columns per matmul row
+
+
+def _pairs_columns(x: np.ndarray, weight: np.ndarray, geometry: Geometry, out: list[int]) -> bool:
+    """Whether `_paired_columns_conv` applies (and pays): few output channels, unit stride and dilation, even
+    width, and x channels last in memory (for a channels-first x, as a 3-channel input image, it measured slower)."""
+    return (weight.shape[0] < NARROW and geometry.strides[-1] == 1 and geometry.dilations[-1] == 1
+            and out[-1] % 2 == 0 and channels_last(x).flags.c_contiguous)
+
+
+def _paired_columns_conv(
+    x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None, geometry: Geometry, out: list[int],
+    activation: Callable[[np.ndarray], np.ndarray], overwritable: np.ndarray | None,
+) -> np.ndarray:
+    """The conv as one that computes each pair of neighbouring outputs along the last axis at once.
+
+    BLAS runs a tall matmul with few (O) columns far below its peak. The
+    paired conv's kernel is one wider (each row holds the windows of two
+    neighbouring outputs) and has 2*O output channels with stride 2: at a
+    3-wide kernel a third more multiplications, but a third less im2col
+    copying and a wider matmul, about 15% faster at O = 16. Its (N, *out/2, 2*O)
+    result is the (N, *out, O) channels-last memory of the conv's output.
+    """
+    out_channels, width = weight.shape[0], weight.shape[-1]
+    paired = np.zeros((2, *weight.shape[:-1], width + 1), weight.dtype)
+    paired[0, ..., :width] = weight  # the left output of a pair: the kernel's first `width` columns
+    paired[1, ..., 1:] = weight  # the right one: shifted by one column
+    pads = list(geometry.pads)
+    pads[-1] += 1  # the wider kernel reaches one column further at the right edge
+    wide = Geometry([*geometry.kernel[:-1], width + 1], [*geometry.strides[:-1], 2], pads, geometry.dilations)
+    half = [*out[:-1], out[-1] // 2]
+    batch = x.shape[0]
+    if overwritable is not None and overwritable.shape == (batch, out_channels, *out) \
+            and channels_last(overwritable).flags.c_contiguous:  # the same memory, seen as the paired conv's output
+        overwritable = channels_last(overwritable).reshape(batch, *half, 2 * out_channels)
+        overwritable = overwritable.transpose(0, -1, *range(1, len(out) + 1))
+    else:
+        overwritable = None
+    y = _im2col_matmul(x, paired.reshape(2 * out_channels, *paired.shape[2:]), None if bias is None else np.tile(bias, 2),
+                       1, wide, half, activation, overwritable)
+    return channels_last(y).reshape(batch, *out, out_channels).transpose(0, -1, *range(1, len(out) + 1))
 
 
 def _depthwise(x: np.ndarray, weight: np.ndarray, geometry: Geometry, out: list[int]) -> np.ndarray:
