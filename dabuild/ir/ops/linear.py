@@ -5,8 +5,10 @@ block is padded into a (block, *spatial, C) buffer, `windows_last` gives a
 strided view of every receptive field, one copy turns it into (rows, K) columns,
 and the matmul with the (K, O) weight writes (rows, O) straight into the
 output, where bias and activation are applied while the block is in cache.
-A tall matmul with few output columns runs much faster in BLAS than the
-(O, K) @ (K, H*W) per-image form. The result is returned as the (N, O, *out)
+One tall (rows, K) @ (K, O) matmul per block ran about 1.4x faster in
+OpenBLAS than the (O, K) @ (K, H*W) per-image form; with fewer than 32
+output channels, each row computes two neighbouring outputs (see
+`_paired_columns_conv`). The result is returned as the (N, O, *out)
 transposed view of its (N, *out, O) memory: every op sees NCHW semantics, and
 a following conv reads that memory channels-last without a transpose.
 A depthwise conv (one input channel per group) instead accumulates its few
@@ -17,8 +19,8 @@ weight a single matmul would need.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -147,15 +149,17 @@ class Conv(Op):
             x, weight = arrays[0], arrays[1]
             bias = arrays[2] if len(arrays) == 3 else None
             geometry = Geometry(list(weight.shape[2:]), *conv_geometry(attrs, weight.ndim - 2))
-            sizes = output_sizes(x.shape, geometry.kernel, geometry.strides, geometry.pads, geometry.dilations)
+            # Concrete input sizes give concrete output sizes.
+            sizes: list[int] = output_sizes(  # type: ignore[assignment]
+                x.shape, geometry.kernel, geometry.strides, geometry.pads, geometry.dilations)
             if groups == x.shape[1] and weight.shape[1] == 1:
-                y = _depthwise(x, weight, geometry, sizes).reshape(x.shape[0], weight.shape[0], *sizes)  # type: ignore[arg-type]
+                y = _depthwise(x, weight, geometry, sizes).reshape(x.shape[0], weight.shape[0], *sizes)
                 if bias is not None:
                     y += bias.reshape(-1, *[1] * len(sizes))
                 return [activation(y)]
-            if groups == 1 and _pairs_columns(x, weight, geometry, sizes):  # type: ignore[arg-type]
-                return [_paired_columns_conv(x, weight, bias, geometry, sizes, activation, out)]  # type: ignore[arg-type]
-            return [_im2col_matmul(x, weight, bias, groups, geometry, sizes, activation, out)]  # type: ignore[arg-type]
+            if groups == 1 and _pairs_columns(x, weight, geometry, sizes):
+                return [_paired_columns_conv(x, weight, bias, geometry, sizes, activation, out)]
+            return [_im2col_matmul(x, weight, bias, groups, geometry, sizes, activation, out)]
 
         return conv
 
@@ -284,8 +288,9 @@ def _paired_columns_conv(
         overwritable = overwritable.transpose(0, -1, *range(1, len(out) + 1))
     else:
         overwritable = None
-    y = _im2col_matmul(x, paired.reshape(2 * out_channels, *paired.shape[2:]), None if bias is None else np.tile(bias, 2),
-                       1, wide, half, activation, overwritable)
+    paired_bias = None if bias is None else np.tile(bias, 2)
+    y = _im2col_matmul(x, paired.reshape(2 * out_channels, *paired.shape[2:]), paired_bias, 1, wide, half, activation,
+                       overwritable)
     return channels_last(y).reshape(batch, *out, out_channels).transpose(0, -1, *range(1, len(out) + 1))
 
 
