@@ -10,6 +10,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_c_kernels import image, small_cnn
+from test_lowering import lower as lower_graph
 from test_quantize import lower, mlp_graph
 
 from dabuild.errors import BuildError, CheckError
@@ -137,8 +139,8 @@ def test_runtime_version_is_the_compilers_first_line() -> None:
     assert version == {"cc": first_line}
 
 
-def _corrupt_first_weight(artifact: Path) -> None:
-    header = artifact / "layer_fc1.h"
+def _corrupt_first_weight(artifact: Path, layer: str = "fc1") -> None:
+    header = artifact / f"layer_{layer}.h"
     text = header.read_text()
     match = re.search(r"_weight\[[^\]]*\] = \{\n\s*(-?\d+)", text)
     assert match is not None
@@ -173,3 +175,45 @@ def test_a_corrupted_artifact_fails_check_with_a_reproducible_bundle(tmp_path: P
     (bundle / "artifact" / "layer_fc1.h").write_text(pristine)
     rerun = subprocess.run(["sh", str(bundle / "run.sh")], capture_output=True, text=True)
     assert rerun.returncode == 0 and "outputs match" in rerun.stdout
+
+
+def cnn() -> QGraph:
+    return lower_graph(small_cnn(), image(200, (64,), seed=8) * 2)
+
+
+def test_trace_returns_every_layer_output_as_the_integer_reference_has_it(tmp_path: Path) -> None:
+    qgraph = cnn()
+    target = CTarget(CTarget.Options(cflags=STRICT))  # the trace build compiles under -Werror too
+    artifact = export(qgraph, tmp_path / "artifact", target)
+    x_q = random_int8(40, 64)
+    (tmp_path / "run").mkdir()
+    # The plain build links without defining dabuild_trace: without the macro the hook calls are no code.
+    assert np.array_equal(target.run(artifact, x_q, tmp_path / "run"), run_integer(qgraph, x_q))
+    (tmp_path / "trace").mkdir()
+    traced = target.trace(artifact, x_q, tmp_path / "trace")
+    assert traced is not None
+    reference = run_integer(qgraph, x_q, keep_intermediates=True)
+    aliases = {"img", "f"}  # reshape and flatten: zero-copy, not traced
+    outputs = {name for layer in qgraph.layers for name in layer.outputs}
+    assert set(traced) == {qgraph.input} | outputs - aliases
+    stored = {entry["tensor"]: entry["order"] for entry in json.loads((artifact / "model.json").read_text())["traced"]}
+    assert stored["h1"] != sorted(stored["h1"])  # some tensors are stored channels last and come back reordered
+    for name, values in traced.items():
+        assert values.dtype == np.int8 and np.array_equal(values, reference[name]), name
+
+
+def test_a_corrupted_layer_is_named_as_the_first_to_diverge(tmp_path: Path) -> None:
+    qgraph = cnn()
+    target = CTarget(CTarget.Options(cflags=STRICT))
+    artifact = export(qgraph, tmp_path / "artifact", target)
+    _corrupt_first_weight(artifact, "dw")  # the depthwise conv, whose output h2 is stored channels last
+    x = image(100, (64,), seed=9) * 2
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    with pytest.raises(CheckError, match=r"first diverging layer 'dw' \(tensor 'h2'\): \d+ of \d+ values") as failure:
+        check_stage(target, qgraph, artifact, x, "exact", out_dir, tmp_path / "debug", Progress.silent())
+    bundle = Path(re.search(r"debug bundle: (\S+)$", str(failure.value)).group(1))
+    report = json.loads((bundle / "report.json").read_text())
+    assert report["divergence"].startswith("first diverging layer 'dw'")
+    target_trace, reference_trace = np.load(bundle / "target_trace.npz"), np.load(bundle / "reference_trace.npz")
+    assert np.array_equal(target_trace["h1"], reference_trace["h1"])  # the layer before still agrees

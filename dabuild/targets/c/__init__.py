@@ -6,6 +6,11 @@ Makefile, CMakeLists.txt) and a model.json manifest that `run` reads (it also
 records the kernel of every layer and the arena's peak, lower bound and naive
 sum). The generated code uses no malloc and, on the integer path, no libm;
 activations live in one static arena planned by buffer liveness.
+
+Built with -DDABUILD_TRACE, model_forward also hands every tensor a layer
+writes to a hook, which main.c then defines to append it to a file per tensor:
+`trace` builds that variant so a failed check can name the first layer that
+diverges. Without the macro the hook calls are no code at all.
 """
 
 from __future__ import annotations
@@ -26,9 +31,11 @@ from dabuild.quant.layers.fallback import QFloat
 from dabuild.quant.qgraph import QGraph
 from dabuild.resources import data_dir
 from dabuild.targets.base import Target
-from dabuild.targets.c.codegen import PROGRAM, render
+from dabuild.targets.c.codegen import PROGRAM, render, trace_file
 
 MANIFEST = "model.json"
+TRACE_PROGRAM = PROGRAM + "_trace"
+TRACE_DIR = "trace"
 
 
 def refuse_float_layers(qgraph: QGraph, capability_name: str) -> None:
@@ -80,6 +87,7 @@ class CTarget(Target):
             "arena_bytes": rendered.arena.peak_bytes,
             "arena": rendered.arena.report(),
             "kernels": rendered.kernels,
+            "traced": [traced.manifest() for traced in rendered.traced],
         }
         (out_dir / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
 
@@ -89,26 +97,59 @@ class CTarget(Target):
         return [compiler, "-std=c99", *self.options.cflags, "-o", program,
                 *(f"{prefix}/{name}" for name in manifest["sources"])]
 
-    def run(self, artifact_dir: Path, inputs: np.ndarray, work_dir: Path) -> np.ndarray:
-        artifact_dir, work_dir = Path(artifact_dir), Path(work_dir)
-        manifest = json.loads((artifact_dir / MANIFEST).read_text())
-        program = work_dir / PROGRAM
+    def _compile(self, artifact_dir: Path, program: Path, defines: tuple[str, ...] = ()) -> None:
         command = self._build_command(self._compiler_path(), artifact_dir, str(artifact_dir), str(program))
-        build = subprocess.run(command, capture_output=True, text=True)
+        build = subprocess.run([command[0], *defines, *command[1:]], capture_output=True, text=True)
         if build.returncode != 0:
             raise BuildError(f"compiling the C artifact {artifact_dir} with {self.options.compiler!r} failed:\n"
                              f"{build.stderr.strip()}")
+
+    def _execute(self, artifact_dir: Path, program: Path, inputs: np.ndarray, work_dir: Path,
+                 *extra_arguments: str) -> np.ndarray:
+        """Run a compiled test program on `inputs` (int8 samples); its outputs, one row per sample."""
+        manifest = json.loads((artifact_dir / MANIFEST).read_text())
         samples = np.ascontiguousarray(inputs, dtype=np.int8).reshape(len(inputs), -1)
         if samples.shape[1] != manifest["input_size"]:
             raise BuildError(f"C artifact {artifact_dir} takes {manifest['input_size']} values per sample, "
                              f"got {samples.shape[1]}")
         inputs_file, outputs_file = work_dir / "inputs.bin", work_dir / "outputs.bin"
         samples.tofile(inputs_file)
-        result = subprocess.run([str(program), str(inputs_file), str(outputs_file)], capture_output=True, text=True)
+        result = subprocess.run([str(program), str(inputs_file), str(outputs_file), *extra_arguments],
+                                capture_output=True, text=True)
         if result.returncode != 0:
             raise BuildError(f"the C test program of {artifact_dir} failed (exit {result.returncode}): "
                              f"{result.stderr.strip()}")
         return np.fromfile(outputs_file, dtype=np.int8).reshape(len(samples), manifest["output_size"])
+
+    def run(self, artifact_dir: Path, inputs: np.ndarray, work_dir: Path) -> np.ndarray:
+        artifact_dir, work_dir = Path(artifact_dir), Path(work_dir)
+        program = work_dir / PROGRAM
+        self._compile(artifact_dir, program)
+        return self._execute(artifact_dir, program, inputs, work_dir)
+
+    def trace(self, artifact_dir: Path, inputs: np.ndarray, work_dir: Path) -> dict[str, np.ndarray] | None:
+        """Every tensor a layer writes (and the input), from the test program built with -DDABUILD_TRACE.
+
+        The program appends each tensor's bytes as stored, some channels last; model.json's "traced"
+        gives their shapes and memory orders, so they come back in the QGraph's (canonical) order.
+        Zero-copy aliases and layout conversions are not traced. None for an artifact exported
+        before tracing existed (its manifest lists no traced tensors).
+        """
+        artifact_dir, work_dir = Path(artifact_dir), Path(work_dir)
+        traced = json.loads((artifact_dir / MANIFEST).read_text()).get("traced")
+        if traced is None:
+            return None
+        program, trace_dir = work_dir / TRACE_PROGRAM, work_dir / TRACE_DIR
+        trace_dir.mkdir()
+        self._compile(artifact_dir, program, ("-DDABUILD_TRACE",))
+        self._execute(artifact_dir, program, inputs, work_dir, str(trace_dir))
+        values = {}
+        for entry in traced:
+            shape, order = entry["shape"], entry["order"]
+            stored = np.fromfile(trace_dir / trace_file(entry["tensor"]), dtype=np.int8)
+            stored = stored.reshape(len(inputs), *(shape[axis] for axis in order))
+            values[entry["tensor"]] = stored.transpose(0, *(1 + order.index(axis) for axis in range(len(shape))))
+        return values
 
     def rerun_script(self, artifact_dir: Path, inputs_file: str, outputs_file: str) -> str:
         name = Path(artifact_dir).name

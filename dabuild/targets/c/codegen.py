@@ -8,6 +8,7 @@ them in schedule order on the arena, `in` and `out`.
 from __future__ import annotations
 
 import re
+import string
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ import dabuild
 from dabuild.quant.qgraph import QGraph
 from dabuild.targets.c.arena import ArenaPlan, plan_arena
 from dabuild.targets.c.kernels import Step
+from dabuild.targets.c.layout import Storage
 from dabuild.targets.c.program import Program, build_program
 
 PROGRAM = "model_test"
@@ -54,12 +56,44 @@ def c_comment(text: str) -> str:
     return text.replace("*/", "* /")
 
 
+def c_string(text: str) -> str:
+    """A C string literal of `text`'s UTF-8 bytes: printable ASCII as is, the rest as octal escapes
+    (`?` escaped too, so no trigraph forms)."""
+    def char(byte: int) -> str:
+        if chr(byte) in '"\\?':
+            return "\\" + chr(byte)
+        return chr(byte) if 0x20 <= byte < 0x7F else f"\\{byte:03o}"
+    return '"' + "".join(char(byte) for byte in text.encode()) + '"'
+
+
+_PLAIN = frozenset((string.ascii_letters + string.digits + "_-.").encode())
+
+
+def trace_file(tensor: str) -> str:
+    """The file a trace build of main.c appends `tensor`'s bytes to (as its `dabuild_trace` names it): the
+    UTF-8 name with every byte but ASCII letters, digits, `_`, `-` and `.` percent-encoded, so each name has
+    its own file and none reaches outside the trace folder."""
+    return "".join(chr(b) if b in _PLAIN else f"%{b:02X}" for b in tensor.encode()) + ".bin"
+
+
+@dataclass(frozen=True)
+class Traced:
+    """A tensor a trace build reports after the step that writes it, in the storage it has there."""
+
+    tensor: str
+    storage: Storage
+
+    def manifest(self) -> dict[str, Any]:
+        return {"tensor": self.tensor, "shape": list(self.storage.shape), "order": list(self.storage.order)}
+
+
 @dataclass(frozen=True)
 class Rendered:
     files: dict[str, str]       # file name -> text
     library_sources: list[str]  # .c files of the model library (main.c excluded)
     arena: ArenaPlan
     kernels: dict[str, str]     # step name -> kernel name
+    traced: list[Traced]        # input, then layer outputs in schedule order; no aliases or layout conversions
 
 
 def _environment() -> jinja2.Environment:
@@ -68,6 +102,7 @@ def _environment() -> jinja2.Environment:
                              autoescape=False)
     env.filters["c_array"] = c_array
     env.filters["c_comment"] = c_comment
+    env.filters["c_string"] = c_string
     return env
 
 
@@ -109,7 +144,8 @@ def render(qgraph: QGraph) -> Rendered:
         return f"arena + {arena.placements[buffer].offset}"
 
     files: dict[str, str] = {COMMON_HEADER: env.get_template(f"{COMMON_HEADER}.j2").render(version=version)}
-    calls: list[dict[str, str]] = []
+    calls: list[dict[str, Any]] = []
+    traced = [Traced(qgraph.input, program.storage[qgraph.input])]
     for step in program.steps:
         ident = c_identifier(step.name, taken)
         parameters = [f"const int8_t *restrict in{k}" for k in range(len(step.inputs))]
@@ -124,8 +160,12 @@ def render(qgraph: QGraph) -> Rendered:
         files[header] = env.get_template("layer.h.j2").render(
             context, kernel=step.kernel.name, config=_config_template(env, step),
             forward=f"kernels/{step.kernel.name}.forward.j2")
+        reported = [Traced(o.name, o.storage) for o in step.outputs if step.layer is not None]
+        traced += reported
         calls.append({"ident": ident, "header": header, "arguments": ", ".join(arguments),
-                      "kernel": step.kernel.name, "name": step.name})
+                      "kernel": step.kernel.name, "name": step.name,
+                      "traces": [{"tensor": t.tensor, "pointer": pointer(t.tensor), "bytes": t.storage.size}
+                                 for t in reported]})
 
     source, target = qgraph.input_params, qgraph.output_params
     span = source.qmax - source.qmin
@@ -143,6 +183,7 @@ def render(qgraph: QGraph) -> Rendered:
         "constants": [{"ident": constant_names[name], "name": name, "values": qgraph.constants[name]}
                       for name in program.constants],
         "calls": calls,
+        "input_name": qgraph.input,
         "common_header": COMMON_HEADER,
     }
     files["model.h"] = env.get_template("model.h.j2").render(model)
@@ -153,7 +194,7 @@ def render(qgraph: QGraph) -> Rendered:
              "headers": sorted(name for name in files if name.endswith(".h"))}
     files["Makefile"] = env.get_template("Makefile.j2").render(build)
     files["CMakeLists.txt"] = env.get_template("CMakeLists.txt.j2").render(build)
-    return Rendered(files, library_sources, arena, {call["name"]: call["kernel"] for call in calls})
+    return Rendered(files, library_sources, arena, {call["name"]: call["kernel"] for call in calls}, traced)
 
 
 def _config_template(env: jinja2.Environment, step: Step) -> str | None:
