@@ -85,9 +85,11 @@ def tune(stages: tuple[Path, Path], out: Path, recipe: Recipe, capability: Capab
          trials: Path | None = None, jobs: int = 1, keep: Path | None = None) -> dict:
     """Run the tune stage into `out`; its metrics plus the history lines."""
     out.mkdir(parents=True)
-    tune_stage(recipe, capability, stages[0], stages[1], out, Progress.silent(), trials, jobs, keep)
+    journal = out.parent / f"{out.name}.history.jsonl"
+    tune_stage(recipe, capability, stages[0], stages[1], out, Progress.silent(), trials, jobs, keep, journal)
     metrics = json.loads((out / "metrics.json").read_text())
-    metrics["history"] = [json.loads(line) for line in (out / "history.jsonl").read_text().splitlines()]
+    metrics["history"] = [json.loads(line) for line in journal.read_text().splitlines()] if journal.exists() else []
+    metrics["evaluated"] = sum(not t["cached"] for t in metrics["history"])
     return metrics
 
 

@@ -55,7 +55,8 @@ def stage_functions(recipe: "Recipe", capabilities: dict[str, "CapabilitySpec"],
 
         capability = capabilities[run.stage.name.split(":", 1)[1]]
         tune_stage(recipe, capability, run.inputs["graph"], run.inputs["stats"], run.out_dir, run.progress,
-                   trials_root=trials_root, jobs=jobs, keep_dir=run.build_dir / "debug" / run.stage.dirname)
+                   trials_root=trials_root, jobs=jobs, keep_dir=run.build_dir / "debug" / run.stage.dirname,
+                   journal=run.build_dir / "history" / f"{run.stage.dirname}.jsonl")
 
     def export(run: StageRun) -> None:
         from dabuild.quant.qgraph import QGraph

@@ -38,13 +38,11 @@ def sections(title: str, search: Search, chosen: Trial, threshold: float, plots:
     fp32_size, fp32_bops = space.size(fp32), space.bops(fp32)
     goal = search.goal
     comparison = "≥" if search.metric.higher_is_better else "≤"
-    stored = sum(t.cached for t in search.trials)
     summary = Section(title, [
         f"Goal: {goal.criterion} loss of at most {goal.tolerable_loss:g} ({metric} {comparison} {threshold:.4f}): "
         + ("**met**." if chosen.passed else "**missed**; the best-found config is kept below."),
-        f"Strategy `{search.strategy_name}`, objective `{search.objective}`: {len(search.trials)} trials "
-        f"({len(search.trials) - stored} evaluated, {stored} from the trial store); stopped because "
-        f"{search.stop_reason}.",
+        f"Strategy `{search.strategy_name}`, objective `{search.objective}`: {len(search.trials)} trials; "
+        f"stopped because {search.stop_reason}.",
     ], ["", "fp32", "chosen"], [
         [metric, f"{search.baseline:.4f}", f"{chosen.metric:.4f}"],
         ["weight bits", f"{fp32_size}", f"{chosen.size} ({_percent(chosen.size, fp32_size)})"],
@@ -57,9 +55,8 @@ def sections(title: str, search: Search, chosen: Trial, threshold: float, plots:
          f"{errors[name]:.3g}" if name in errors else "-"]
         for name, node in space.nodes.items()
     ])
-    trials = Section("Trials", [], ["#", "step", metric, "output MSE", search.objective, "goal", "source"], [
-        [str(t.index), t.step, f"{t.metric:.4f}", f"{t.mse:.3g}", str(t.cost), "pass" if t.passed else "fail",
-         "store" if t.cached else f"{t.seconds:.2f} s"]
+    trials = Section("Trials", [], ["#", "step", metric, "output MSE", search.objective, "goal"], [
+        [str(t.index), t.step, f"{t.metric:.4f}", f"{t.mse:.3g}", str(t.cost), "pass" if t.passed else "fail"]
         for t in search.trials
     ])
     figures = [Section("Plots", [f"![{PLOTS[name]}]({name})" for name in plots])] if plots else []

@@ -4,7 +4,10 @@ It scores the float graph once, builds the tuning space, lets the recipe's
 strategy propose configs (each scored through dabuild's integer reference,
 remembered in the trial store), then writes the chosen config, its quantized
 graph, the trial history, the metrics the build summary prints, and the
-report. When no config meets the goal, the build fails (exit 1) after keeping
+report: all of it a function of the stage's inputs, so the stage caches
+soundly. What depends on this run (time per trial, which scores came from the
+trial store) goes to the `journal`, an append-only history outside the stage's
+outputs. When no config meets the goal, the build fails (exit 1) after keeping
 the best-found config, its history and report in `keep_dir`, unless
 `tuning.allow_miss` accepts it.
 """
@@ -12,6 +15,7 @@ the best-found config, its history and report in `keep_dir`, unless
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -35,8 +39,12 @@ def tune_stage(
     trials_root: Path | None = None,
     jobs: int = 1,
     keep_dir: Path | None = None,
+    journal: Path | None = None,
 ) -> None:
-    """Tune for one capability into `out_dir`; `trials_root` holds the trial store (None: remember nothing)."""
+    """Tune for one capability into `out_dir`; `trials_root` holds the trial store (None: remember nothing).
+
+    Every trial is appended to `journal` (a JSON line each) when one is given.
+    """
     from dabuild.data import load_inputs, load_labels
     from dabuild.ir.graph import Graph
     from dabuild.plugins import STRATEGIES, load
@@ -63,10 +71,15 @@ def tune_stage(
     goal = Goal(tuning.accuracy.criterion, tuning.accuracy.tolerable_loss)
     where = f"tune:{capability.name}"
     progress.debug(f"{where}: {space.total()} configs in the space, strategy {tuning.strategy}")
-    with open(out_dir / "history.jsonl", "w") as history, Scorer(evaluator, jobs) as scorer:
+    if journal is not None:
+        journal.parent.mkdir(parents=True, exist_ok=True)
+    with open(journal or os.devnull, "a") as history, Scorer(evaluator, jobs) as scorer:
         search = Search(space, evaluator, scorer, store, goal, tuning.objective,
                         Budget(tuning.max_trials, tuning.timeout), progress, tuning.seed, history)
         chosen = search.run(strategy)
+    stored = sum(t.cached for t in search.trials)
+    progress.info(f"{where}: {len(search.trials)} trials ({len(search.trials) - stored} evaluated, "
+                  f"{stored} from the trial store)")
     if chosen is None:
         raise BuildError(f"{where}: no trial was evaluated ({search.stop_reason})")
     metric = evaluator.metric
@@ -86,7 +99,6 @@ def tune_stage(
         "strategy": tuning.strategy,
         "objective": tuning.objective,
         "trials": len(search.trials),
-        "evaluated": sum(not t.cached for t in search.trials),
         "chosen_trial": chosen.index,
         "config_hash": chosen.config_hash,
         "size_bits": chosen.size,
@@ -107,7 +119,7 @@ def tune_stage(
     if keep_dir is not None:
         shutil.rmtree(keep_dir, ignore_errors=True)
         shutil.copytree(out_dir, keep_dir)
-        message += f"; the best-found config, history and report are kept in {keep_dir}"
+        message += f"; the best-found config and its report are kept in {keep_dir}"
     raise BuildError(message + "; set tuning.allow_miss: true to accept it, or relax tuning.accuracy")
 
 
