@@ -11,6 +11,13 @@
     the same weights, with onnxruntime's quantize_static (QDQ, per-tensor,
     int8, MinMax / Entropy / Percentile), on the same calibration and
     evaluation data; prints every accuracy, each side's best and their ratio.
+    Then the same comparison on the trained digits CNN (recipes/digits-cnn):
+    onnxruntime quantizes its model.onnx, and dabuild traces that same file
+    through its ONNX frontend; dabuild's int8 accuracy per activation
+    calibration algorithm with per-tensor and per-channel weights, and the
+    config its `basic` strategy chooses with the C capability (the real tune
+    stage, the recipe's goal); onnxruntime per-tensor and per-channel weights,
+    each with MinMax / Entropy / Percentile.
 
 Usage: python bench/calibration.py
 """
@@ -36,6 +43,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
 DIGITS = REPO / "recipes" / "digits"
+DIGITS_CNN = REPO / "recipes" / "digits-cnn"
 BATCH = 64                # the recipe's default batch size
 CALIBRATION_SAMPLES = 512  # recipes/digits/recipe.yaml calibrates on the first 512 training rows
 
@@ -152,7 +160,9 @@ def onnx_mlp(path: Path) -> None:
     onnx.save(model, path)
 
 
-def ort_accuracies(calibration: np.ndarray, x_test: np.ndarray, y_test: np.ndarray) -> tuple[float, dict[str, float]]:
+def ort_accuracies(model: Path, calibration: np.ndarray, x_test: np.ndarray, y_test: np.ndarray,
+                   per_channel: bool = False) -> tuple[float, dict[str, float]]:
+    """fp32 accuracy of the ONNX `model` and, per calibration method, of its quantize_static int8 version."""
     import onnxruntime as ort
     from onnxruntime.quantization import (CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType,
                                           quantize_static)
@@ -169,43 +179,49 @@ def ort_accuracies(calibration: np.ndarray, x_test: np.ndarray, y_test: np.ndarr
         return float(np.mean(session.run(None, {"x": x_test})[0].argmax(1) == y_test))
 
     results = {}
+    fp32 = accuracy(model)
     with tempfile.TemporaryDirectory() as folder:
-        model = Path(folder) / "mlp.onnx"
-        onnx_mlp(model)
-        fp32 = accuracy(model)
         for method in ("MinMax", "Entropy", "Percentile"):
-            quantized = Path(folder) / f"mlp.{method}.onnx"
+            quantized = Path(folder) / f"{model.stem}.{method}.onnx"
             with contextlib.redirect_stdout(io.StringIO()):  # its progress prints would interleave with ours
-                quantize_static(model, quantized, Reader(), quant_format=QuantFormat.QDQ, per_channel=False,
+                quantize_static(model, quantized, Reader(), quant_format=QuantFormat.QDQ, per_channel=per_channel,
                                 activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
                                 calibrate_method=getattr(CalibrationMethod, method))
             results[method] = accuracy(quantized)
     return fp32, results
 
 
-def dabuild_accuracies(calibration: np.ndarray, x_test: np.ndarray, y_test: np.ndarray) -> tuple[float, dict[str, float]]:
+def dabuild_accuracies(graph, calibration: np.ndarray, x_test: np.ndarray, y_test: np.ndarray,  # noqa: ANN001
+                       granularities: tuple[str, ...] = ("per_tensor",)) -> tuple[float, dict[str, float]]:
+    """fp32 accuracy of `graph` and its int8 accuracy per (weight granularity,) activation algorithm the C
+    capability offers, from one calibration pass; labelled `algorithm` or `granularity algorithm`."""
     from dabuild.capability import load_capability
     from dabuild.ir.interpreter import run
     from dabuild.progress import Progress
     from dabuild.quant.calibrate import calibrate
-    from dabuild.quant.config import QuantConfig, default_config
+    from dabuild.quant.config import NodeConfig, QuantConfig, default_config
     from dabuild.quant.quantize import quantize
     from dabuild.quant.reference import run_quantized
     from dabuild.resources import data_dir
 
-    graph = mlp_graph()
     capability = load_capability(data_dir("capabilities") / "c.yaml")
     batches = ({"x": calibration[i:i + BATCH]} for i in range(0, len(calibration), BATCH))
     stats = calibrate(graph, batches, Progress.silent())  # one pass serves every algorithm
     fp32 = float(np.mean(run(graph, {"x": x_test})[graph.outputs[0]].argmax(1) == y_test))
     default = default_config(graph, capability)
+
+    def chosen(node: NodeConfig, granularity: str, algorithm: str) -> NodeConfig:
+        return dataclasses.replace(node, weight=node.weight and dataclasses.replace(node.weight, granularity=granularity),
+                                   activation=node.activation and dataclasses.replace(node.activation,
+                                                                                      algorithm=algorithm))
+
     results = {}
-    for algorithm in capability.ops["dense"].activation.algorithm:
-        config = QuantConfig({name: dataclasses.replace(node, activation=dataclasses.replace(node.activation,
-                                                                                             algorithm=algorithm))
-                              for name, node in default.nodes.items()})
-        qgraph = quantize(graph, stats, config)
-        results[algorithm] = float(np.mean(run_quantized(qgraph, x_test).argmax(1) == y_test))
+    for granularity in granularities:
+        for algorithm in capability.ops["dense"].activation.algorithm:
+            config = QuantConfig({name: chosen(node, granularity, algorithm) for name, node in default.nodes.items()})
+            qgraph = quantize(graph, stats, config)
+            label = algorithm if len(granularities) == 1 else f"{granularity} {algorithm}"
+            results[label] = float(np.mean(run_quantized(qgraph, x_test).argmax(1) == y_test))
     return fp32, results
 
 
@@ -213,8 +229,10 @@ def accuracy_vs_onnxruntime() -> None:
     data = digits_data()
     calibration, x_test, y_test = data["x_train"][:CALIBRATION_SAMPLES], data["x_test"], data["y_test"]
     print(f"(b) digits MLP int8 accuracy, calibration {len(calibration)} rows, evaluation {len(x_test)} rows")
-    ours_fp32, ours = dabuild_accuracies(calibration, x_test, y_test)
-    theirs_fp32, theirs = ort_accuracies(calibration, x_test, y_test)
+    ours_fp32, ours = dabuild_accuracies(mlp_graph(), calibration, x_test, y_test)
+    with tempfile.TemporaryDirectory() as folder:
+        onnx_mlp(Path(folder) / "mlp.onnx")
+        theirs_fp32, theirs = ort_accuracies(Path(folder) / "mlp.onnx", calibration, x_test, y_test)
     print(f"  fp32: dabuild {ours_fp32:.4f}, onnxruntime {theirs_fp32:.4f}")
     print("  dabuild (int8 asym activations, sym per-tensor weights): "
           + ", ".join(f"{name} {value:.4f}" for name, value in ours.items()))
@@ -223,6 +241,71 @@ def accuracy_vs_onnxruntime() -> None:
     best_ours, best_theirs = max(ours, key=ours.get), max(theirs, key=theirs.get)
     print(f"  best: dabuild {ours[best_ours]:.4f} ({best_ours}), onnxruntime {theirs[best_theirs]:.4f} "
           f"({best_theirs}); ratio dabuild/onnxruntime {ours[best_ours] / theirs[best_theirs]:.4f}")
+
+
+def cnn_basic_tune(graph_dir: Path, calibration: np.ndarray, out: Path) -> tuple[dict, str]:
+    """The digits CNN recipe's tune stage (strategy `basic`, its accuracy goal, the C capability) on the graph
+    in `graph_dir`, calibrated on `calibration`; its metrics and the chosen config's per-node choices."""
+    from dabuild.capability import load_capability
+    from dabuild.ir.graph import Graph
+    from dabuild.progress import Progress
+    from dabuild.quant.calibrate import calibrate
+    from dabuild.quant.config import NodeConfig, QuantConfig
+    from dabuild.recipe import load_recipe
+    from dabuild.resources import data_dir
+    from dabuild.tune.stage import tune_stage
+
+    recipe = load_recipe(DIGITS_CNN / "recipe.yaml")
+    batches = ({"x": calibration[i:i + BATCH]} for i in range(0, len(calibration), BATCH))
+    calibrate(Graph.load(graph_dir), batches, Progress.silent()).save(out / "calibrate")
+    (out / "tune").mkdir()
+    tune_stage(recipe, load_capability(data_dir("capabilities") / "c.yaml"), graph_dir, out / "calibrate",
+               out / "tune", Progress.silent())
+    config = QuantConfig.load(out / "tune" / "config.json")
+
+    def choices(node: NodeConfig) -> str:
+        weight = [f"w {node.weight.granularity}/{node.weight.algorithm}"] if node.weight else []
+        activation = [f"a {node.activation.scheme}/{node.activation.algorithm}"] if node.activation else []
+        return " ".join(weight + activation) or "fp32"
+
+    layout = ", ".join(f"{name} {choices(node)}" for name, node in config.nodes.items())
+    return json.loads((out / "tune" / "metrics.json").read_text()), layout
+
+
+def cnn_accuracy_vs_onnxruntime() -> None:
+    from dabuild.ir.graph import Graph
+    from dabuild.progress import Progress
+    from dabuild.recipe import ModelSpec
+    from dabuild.trace.base import trace_stage
+
+    with np.load(DIGITS_CNN / "data.npz") as data:
+        calibration, x_test, y_test = data["x_train"][:CALIBRATION_SAMPLES], data["x_test"], data["y_test"]
+    model = DIGITS_CNN / "model.onnx"
+    print(f"(b) digits CNN (recipes/digits-cnn/model.onnx; dabuild traces it with its onnx frontend) int8 accuracy, "
+          f"calibration {len(calibration)} rows, evaluation {len(x_test)} rows")
+    with tempfile.TemporaryDirectory() as folder:
+        root = Path(folder)
+        trace_stage(ModelSpec(framework="onnx", source=str(model), inputs={"x": [None, 1, 8, 8]}), DIGITS_CNN,
+                    root / "trace", Progress.silent())
+        ours_fp32, ours = dabuild_accuracies(Graph.load(root / "trace"), calibration, x_test, y_test,
+                                             ("per_tensor", "per_channel"))
+        tuned, layout = cnn_basic_tune(root / "trace", calibration, root)
+    theirs_fp32, theirs = 0.0, {}
+    for per_channel in (False, True):
+        theirs_fp32, results = ort_accuracies(model, calibration, x_test, y_test, per_channel)
+        theirs.update({f"{'per_channel' if per_channel else 'per_tensor'} {k}": v for k, v in results.items()})
+    print(f"  fp32: dabuild {ours_fp32:.4f}, onnxruntime {theirs_fp32:.4f}")
+    print("  dabuild (int8 asym activations, sym weights): "
+          + ", ".join(f"{name} {value:.4f}" for name, value in ours.items()))
+    print(f"  dabuild basic (C capability, goal {tuned['metric']} within 1 % relative): {tuned['quantized']:.4f} "
+          f"after {tuned['trials']} trials, goal met {tuned['goal_met']}, {tuned['precision']}; {layout}")
+    print("  onnxruntime quantize_static (QDQ, QInt8): "
+          + ", ".join(f"{name} {value:.4f}" for name, value in theirs.items()))
+    best_ours, best_theirs = max(ours, key=ours.get), max(theirs, key=theirs.get)
+    print(f"  best: dabuild sweep {ours[best_ours]:.4f} ({best_ours}), dabuild basic {tuned['quantized']:.4f}, "
+          f"onnxruntime {theirs[best_theirs]:.4f} ({best_theirs}); ratio dabuild/onnxruntime: "
+          f"basic {tuned['quantized'] / theirs[best_theirs]:.4f}, sweep {ours[best_ours] / theirs[best_theirs]:.4f}"
+          f" (target >= 1.0)")
 
 
 def main() -> None:
@@ -235,6 +318,7 @@ def main() -> None:
         return
     memory_flatness()
     accuracy_vs_onnxruntime()
+    cnn_accuracy_vs_onnxruntime()
 
 
 if __name__ == "__main__":
