@@ -140,6 +140,18 @@ class ModelSpec(BaseModel):
 # ---------------------------------------------------------------- data
 
 BUILTIN_METRICS = ("accuracy", "mse")  # dabuild.data.METRICS, named here so validation imports no numpy
+DEFAULT_TOP_K = 5
+_TOP_K = re.compile(r"^top_(k|[1-9][0-9]*)$")
+METRIC_FORMS = ("'accuracy', 'mse', 'top_k' (k = 5), 'top_<k>' such as 'top_3', "
+                "'file.py:function' or 'package.module:function'")
+
+
+def top_k_of(metric: str) -> int | None:
+    """k of a `top_k` / `top_<k>` metric name, None for any other name."""
+    match = _TOP_K.match(metric)
+    if match is None:
+        return None
+    return DEFAULT_TOP_K if match.group(1) == "k" else int(match.group(1))
 
 
 class DataSpec(BaseModel):
@@ -193,7 +205,8 @@ class DataSection(BaseModel):
 
     metric: str = Field(
         default="accuracy",
-        description="accuracy: argmax against integer labels; mse: mean squared error; or your own "
+        description="accuracy: argmax against integer labels; top_k (k = 5) or top_<k> such as top_3: share of "
+        "samples whose integer label is among the k largest outputs; mse: mean squared error; or your own "
         "'file.py:function' (file relative to the recipe) or 'package.module:function', called as "
         "function(outputs, labels) -> float, higher is better unless the function has `higher_is_better = False`.",
     )
@@ -204,13 +217,13 @@ class DataSection(BaseModel):
     @classmethod
     def _known_metric(cls, metric: str, info: ValidationInfo) -> str:
         """A built-in name, or a function whose file exists; nothing is imported (validation runs no user code)."""
-        if metric in BUILTIN_METRICS:
+        if metric in BUILTIN_METRICS or top_k_of(metric) is not None:
             return metric
         target, colon, name = metric.rpartition(":")
         if not colon:  # only a built-in name can be meant
-            raise user_error(f"data.metric: input should be {' or '.join(map(repr, BUILTIN_METRICS))} (got {metric!r})")
+            raise user_error(f"data.metric: input should be one of {METRIC_FORMS} (got {metric!r})")
         if not _PYTHON_NAME.match(name) or not (target.endswith(".py") or _PYTHON_NAME.match(target)):
-            raise user_error(f"data.metric: {metric!r} is neither 'file.py:function' nor 'package.module:function'")
+            raise user_error(f"data.metric: {metric!r} is none of {METRIC_FORMS}")
         if target.endswith(".py") and not (_base_dir(info) / target).is_file():
             raise user_error(f"metric {metric!r}: file not found: {target}")
         return metric
@@ -291,6 +304,12 @@ class TuningSpec(BaseModel):
     seed: int = Field(default=0, description="Seed of the random and bayesian strategies.")
     allow_miss: bool = Field(
         default=False, description="Accept the best-found config when none meets the goal (else the build fails)."
+    )
+    bias_correction: bool = Field(
+        default=False,
+        description="Correct each dense and conv bias for the mean output error its quantized weights cause: "
+        "b - E[x] (W_q s_w - W), with the input mean E[x] per channel from the calibration statistics. "
+        "Helps most with narrow (int4) weights.",
     )
     space: SpaceNarrowing = Field(
         default_factory=SpaceNarrowing,

@@ -138,6 +138,14 @@ class Stats:
         lows, highs = self._derived[key]
         return lows.copy(), highs.copy()
 
+    def channel_means(self, tensor: str) -> np.ndarray:
+        """Per-channel means along `channel_axis(tensor)`, read off the histograms (nothing more is stored)."""
+        key = ("mean", tensor)
+        if key not in self._derived:
+            histogram = self._tensor(tensor).channels
+            self._derived[key] = np.array([histogram.bins(c).mean() for c in range(histogram.channels)])
+        return self._derived[key].copy()
+
     def _tensor(self, tensor: str) -> TensorStats:
         if tensor not in self.tensors:
             if tensor in self.ranges:

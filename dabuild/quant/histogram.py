@@ -66,6 +66,10 @@ class Bins:
         edges = self.edges()
         return (edges[:-1] + edges[1:]) / 2
 
+    def mean(self) -> float:
+        """The mean of the counted values, each taken at its bin's centre (off by at most width / 2)."""
+        return float(np.dot(self.counts, self.centres()) / self.total)
+
     def fold(self) -> Bins:
         """The histogram of |x|: exact, since bin k of |x| gathers bins k and -k-1 of x."""
         grid = self.start + np.arange(len(self.counts))

@@ -123,6 +123,7 @@ class Lowering:
     constants: dict[str, np.ndarray] = field(default_factory=dict)
     node: Node = field(default=None)  # type: ignore[assignment]  # the node being lowered (None: the graph input)
     config: NodeConfig = field(default=None)  # type: ignore[assignment]
+    bias_correction: bool = False  # correct weighted layers' biases for their mean weight error (bias_correction)
 
     @property
     def where(self) -> str:

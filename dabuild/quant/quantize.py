@@ -7,7 +7,9 @@ the fp32 fallback. Activation tensors get their quantization from the node
 that produces them; the graph input takes the activation choice of its first
 consumer that has one. Each choice's calibration algorithm picks the range
 from the stored statistics; weights, known exactly, get theirs from a
-histogram of the weight itself.
+histogram of the weight itself. With `bias_correction`, each dense and conv
+bias also absorbs the mean error its quantized weights add on the calibration
+data (see `dabuild.quant.bias_correction`).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from dabuild.quant.qgraph import QGraph, QLayer, QTensor
 __all__ = ["activation_params", "quantize", "quantize_multiplier", "quantize_weight"]
 
 
-def quantize(graph: Graph, stats: Stats, config: QuantConfig) -> QGraph:
+def quantize(graph: Graph, stats: Stats, config: QuantConfig, bias_correction: bool = False) -> QGraph:
     """Lower a float graph with one input and one output to integer layers."""
     if len(graph.inputs) != 1 or len(graph.outputs) != 1:
         raise BuildError(f"integer lowering needs exactly one graph input and one output "
@@ -39,7 +41,7 @@ def quantize(graph: Graph, stats: Stats, config: QuantConfig) -> QGraph:
             raise BuildError(f"node {node.name!r}: op {node.op!r} has no integer lowering "
                              f"(lowered ops: {', '.join(sorted(LOWERINGS))}); run it in fp32 on a target that can")
 
-    ctx = Lowering(graph, stats, graph.tensor_shapes(), {})
+    ctx = Lowering(graph, stats, graph.tensor_shapes(), {}, bias_correction=bias_correction)
     spec = graph.inputs[0]
     choice = next((config.nodes[n.name].activation for n in graph.nodes
                    if spec.name in n.inputs and config.nodes[n.name].activation is not None), MINMAX_INT8)

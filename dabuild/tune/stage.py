@@ -84,7 +84,7 @@ def tune_stage(
         raise BuildError(f"{where}: no trial was evaluated ({search.stop_reason})")
     metric = evaluator.metric
     threshold = goal.threshold(evaluator.baseline, metric.higher_is_better)
-    quantize(graph, evaluator.stats, chosen.config).save(out_dir / "qgraph")
+    quantize(graph, evaluator.stats, chosen.config, tuning.bias_correction).save(out_dir / "qgraph")
     chosen.config.save(out_dir / "config.json")
     write_report(out_dir / REPORT_DIR, f"Tuning report: {recipe.name} on capability {capability.name}",
                  search, chosen, threshold)

@@ -26,6 +26,7 @@ from dabuild.errors import BuildError
 from dabuild.ir.ops import OPS
 from dabuild.ir.ops.linear import batch_norm_affine
 from dabuild.quant.activations import clamp_bounds, is_table_activation, pre_activation
+from dabuild.quant.bias_correction import input_channel_means, mean_output_error
 from dabuild.quant.config import QuantChoice
 from dabuild.quant.fixed_point import INT32_MAX, quantize_multiplier, requantize, round_half_away
 from dabuild.quant.layers.elementwise import lookup_layer
@@ -118,6 +119,8 @@ def _weighted_layers(ctx: Lowering, layer_class: type[QWeighted], weight: np.nda
     ctx.output(written, target, like=output)
 
     weight_q, weight_scale = quantize_weight(weight, weight_choice, ctx.where, channel_axis)
+    if ctx.bias_correction:
+        bias = bias - _mean_weight_error(ctx, layer_class, weight, weight_q, weight_scale, channel_axis, geometry)
     accumulator_scale = source.scale * weight_scale
     bias_q = round_half_away(bias.astype(np.float64) / accumulator_scale)
     # Worst |accumulator| over every int8 input: |bias| + sum |w| * 255; int32 overflow in C is undefined.
@@ -134,6 +137,16 @@ def _weighted_layers(ctx: Lowering, layer_class: type[QWeighted], weight: np.nda
     if table:
         layers.append(lookup_layer(ctx, f"{node.name}:{activation}", written, output, activation, activation_attrs))
     return layers
+
+
+def _mean_weight_error(ctx: Lowering, layer_class: type[QWeighted], weight: np.ndarray, weight_q: np.ndarray,
+                       weight_scale: np.ndarray, channel_axis: int, geometry: dict[str, Any]) -> np.ndarray:
+    """The mean output error the quantized weights add on the calibration data, per output channel."""
+    tensor = ctx.node.inputs[0]
+    axis = layer_class.channel_axis % ctx.rank(tensor)  # input channels lie where the output's do
+    channels = weight.shape[0] if channel_axis == 1 else weight.shape[1] * geometry["groups"]
+    means = input_channel_means(ctx.stats, tensor, axis, channels, ctx.where)
+    return mean_output_error(weight, weight_q, weight_scale, channel_axis, means, geometry.get("groups", 1))
 
 
 def _weight_choice(ctx: Lowering) -> QuantChoice:
