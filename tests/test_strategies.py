@@ -1,7 +1,8 @@
 """Every registered strategy on the digits MLP, and `basic` against Intel Neural Compressor's basic order.
 
 The 1 % relative accuracy goal is met by the default int8 config on this net,
-so each strategy must stop at once; a continuous metric (the negative
+at the least size the space allows, so each strategy stops there (`basic`
+after a bounded look for a better score at that size); a continuous metric (the negative
 log-likelihood, a user metric) with a 0.1 % goal makes them search.
 """
 
@@ -16,13 +17,16 @@ import pytest
 from dabuild.plugins import STRATEGIES, available
 from dabuild.quant.config import QuantConfig
 from dabuild.tune.evaluate import Evaluator, EvalSetup
-from dabuild.tune.search import Goal
+from dabuild.tune.search import SAME_COST_TRIALS, Goal
 from dabuild.tune.space import FP32, TuningSpace, build_space
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_tuning import C_FALLBACK, NLL_GOAL, digits_recipe, digits_stages, nll_recipe_dir, tune  # noqa: E402,F401
+from test_mixed_precision import cnn  # noqa: E402,F401 - the digits CNN, traced and calibrated (needs torch)
+from test_tuning import C, C_FALLBACK, NLL_GOAL, digits_recipe, digits_stages, nll_recipe_dir, tune  # noqa: E402,F401
 
 STRATEGY_NAMES = ["basic", "sensitivity", "exhaustive", "random", "bayesian", "mixed-precision"]
+
+
 def inc_basic_trials(space: TuningSpace, score, passes, higher_is_better: bool = False) -> int | None:  # noqa: ANN001
     """Trials Intel Neural Compressor's basic strategy needs to first meet the goal on `space`, or None.
 
@@ -76,8 +80,14 @@ def test_strategy_meets_a_one_percent_goal_on_digits(strategy: str, digits_stage
     if strategy == "bayesian":
         pytest.importorskip("optuna")
     metrics = tune(digits_stages, tmp_path / "out", digits_recipe(strategy=strategy), C_FALLBACK, tmp_path / "t")
+    history = metrics["history"]
     assert metrics["goal_met"] and metrics["quantized"] >= 0.99 * metrics["fp32"]
-    assert metrics["trials"] == 1 and "least size" in metrics["stop_reason"]  # the int8 default is cheapest
+    assert history[0]["passed"] and "least size" in metrics["stop_reason"]  # the int8 default is cheapest
+    # basic then only looks for a better score at that same size, on a bounded budget; the others stop at once
+    assert {t["step"] for t in history[1:]} <= {"same-cost"}
+    assert len(history) <= 1 + SAME_COST_TRIALS if strategy == "basic" else len(history) == 1
+    assert {t["cost"] for t in history} == {metrics["size_bits"]}
+    assert metrics["quantized"] == max(t["metric"] for t in history)
 
 
 @pytest.mark.parametrize("strategy", STRATEGY_NAMES)
@@ -93,6 +103,21 @@ def test_strategy_searches_until_a_strict_goal_is_met(strategy: str, digits_stag
     assert metrics["quantized"] <= metrics["fp32"] * 1.001
     cheapest = min(t["cost"] for t in history if t["passed"])
     assert metrics["size_bits"] == cheapest  # the objective picks among passing trials
+
+
+def test_basic_on_the_digits_cnn_picks_the_best_int8_config_at_the_least_size(
+        cnn: tuple[Path, tuple[Path, Path]], tmp_path: Path) -> None:
+    """The default int8 config (per-tensor minmax) passes a 1 % goal on the digits CNN at the least size the c
+    capability allows, but per-channel weights or other ranges cost no more bits and score better: basic meets
+    the goal at its first trial, then spends a bounded pass on those equals and keeps the best, which reaches
+    the best accuracy onnxruntime's quantize_static gets on this model (0.9844, measured by bench/)."""
+    folder, stages = cnn
+    metrics = tune(stages, tmp_path / "tune", digits_recipe(folder, strategy="basic"), C)
+    history = metrics["history"]
+    assert history[0]["passed"] and history[0]["step"] == "default"  # trials to meet the goal: still one
+    assert len(history) <= 1 + SAME_COST_TRIALS and {t["cost"] for t in history} == {history[0]["cost"]}
+    assert metrics["quantized"] > history[0]["metric"] and metrics["quantized"] >= 0.9844
+    assert metrics["chosen_trial"] == min(t["trial"] for t in history if t["metric"] == metrics["quantized"])
 
 
 def test_basic_needs_no_more_trials_than_inc_basic_order(digits_stages: tuple[Path, Path], tmp_path: Path) -> None:

@@ -9,6 +9,9 @@
 4. accumulate: every node's best single-node change, applied cumulatively,
    best-scoring first, until the goal is met.
 Configs that cannot be cheaper than the best passing one are never evaluated.
+Once a passing config has the least cost the space allows, the search driver
+spends a bounded pass on equally cheap configs (`looks_among_equals`), so the
+default passing at once still leaves per-channel weights or other ranges a try.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ def op_type_configs(search: "Search", base: QuantConfig) -> list[QuantConfig]:
 
 class BasicStrategy:
     name: ClassVar[str] = "basic"
+    looks_among_equals: ClassVar[bool] = True
 
     def search(self, search: "Search") -> None:
         space = search.space

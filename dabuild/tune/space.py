@@ -16,6 +16,7 @@ role's dtypes keeps fallback; narrowing dtypes without it removes fallback.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import itertools
 import math
@@ -119,6 +120,33 @@ class TuningSpace:
 
     def with_node(self, config: QuantConfig, name: str, choice: NodeConfig) -> QuantConfig:
         return QuantConfig({**config.nodes, name: choice})
+
+    def op_types(self) -> list[str]:
+        """The graph's op types, in the order their first node appears."""
+        return list(dict.fromkeys(node.op for node in self.nodes.values()))
+
+    def field_moves(self, config: QuantConfig, op: str) -> list[QuantConfig]:
+        """`config` with one field of one role (weight first, fields in FIELDS order) set to another value on every
+        node of op type `op` whose candidates offer it: INC's op-type-wise alternatives, one field at a time."""
+        members = [node for node in self.nodes.values() if node.op == op]
+        moves: list[QuantConfig] = []
+        for role in ("weight", "activation"):
+            for field in FIELDS:
+                values = dict.fromkeys(getattr(getattr(c, role), field) for node in members for c in node.candidates
+                                       if getattr(c, role) is not None)
+                for value in values:
+                    nodes = dict(config.nodes)
+                    for node in members:
+                        current = getattr(nodes[node.name], role)
+                        if current is None:
+                            continue
+                        moved = dataclasses.replace(nodes[node.name],
+                                                    **{role: dataclasses.replace(current, **{field: value})})
+                        if moved in node.candidates:
+                            nodes[node.name] = moved
+                    if nodes != config.nodes:
+                        moves.append(QuantConfig(nodes))
+        return moves
 
     def all_configs(self) -> Iterator[QuantConfig]:
         names = list(self.nodes)
