@@ -132,3 +132,13 @@ def test_the_tune_stage_applies_the_recipe_option_to_the_graph_it_writes(
                         if hasattr(layer, "bias")]
     assert biases[False] and len(biases[False]) == len(biases[True])
     assert any(not np.array_equal(a, b) for a, b in zip(biases[False], biases[True]))
+
+
+def test_trials_are_scored_with_the_correction_the_artifact_gets(
+        digits_stages: tuple[Path, Path], tmp_path: Path) -> None:  # noqa: F811
+    """The score of a trial is the score of the graph the stage writes: corrected when the option is on."""
+    mse = {}
+    for flag in (False, True):
+        recipe = digits_recipe(space=ONLY_DEFAULT, max_trials=1, allow_miss=True, bias_correction=flag)
+        mse[flag] = tune(digits_stages, tmp_path / str(flag), recipe, trials=tmp_path / "store")["history"][0]["mse"]
+    assert mse[True] != mse[False]  # scored separately (not one trial-store entry for both) and differently

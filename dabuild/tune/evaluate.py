@@ -37,6 +37,7 @@ class EvalSetup:
     metric: str
     base_dir: Path | None
     batch_size: int
+    bias_correction: bool = False
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,7 @@ class Evaluator:
 
     def score(self, config: QuantConfig) -> Score:
         start = time.perf_counter()
-        qgraph = quantize(self.graph, self.stats, config)
+        qgraph = quantize(self.graph, self.stats, config, self.setup.bias_correction)
         outputs = np.concatenate([run_quantized(qgraph, x) for x in self._batches()])
         value = self.metric(outputs, self.setup.labels)
         return Score(value, relative_mse(outputs, self.float_outputs), time.perf_counter() - start)
@@ -81,7 +82,7 @@ class Evaluator:
         has pushed each node's output, the ranking the sensitivity-driven
         strategies fall back by, at the cost of one inference and no trial.
         """
-        qgraph = quantize(self.graph, self.stats, config)
+        qgraph = quantize(self.graph, self.stats, config, self.setup.bias_correction)
         errors: dict[str, list[float]] = {}
         for x in self._batches():
             reference = interpreter.run(self.graph, {self.input: x}, keep_intermediates=True)

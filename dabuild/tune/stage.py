@@ -63,10 +63,10 @@ def tune_stage(
     x = next(iter(load_inputs(spec, recipe.base_dir, [t.name for t in graph.inputs]).values()))
     labels = load_labels(spec, recipe.base_dir)
     evaluator = Evaluator(EvalSetup(graph_dir, stats_dir, x, labels, recipe.data.metric, recipe.base_dir,
-                                    spec.batch_size))
+                                    spec.batch_size, tuning.bias_correction))
     space = build_space(graph, capability, tuning.space.model_dump(mode="json", exclude_none=True))
     store = TrialStore(trials_root, context_hash(graph, stats_dir / STATS_FILE, x, labels,
-                                                 evaluator.metric.identity()))
+                                                 evaluator.metric.identity(), tuning.bias_correction))
     strategy = load(STRATEGIES, tuning.strategy)()
     goal = Goal(tuning.accuracy.criterion, tuning.accuracy.tolerable_loss)
     where = f"tune:{capability.name}"

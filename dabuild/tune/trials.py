@@ -75,7 +75,8 @@ def _array_hash(array: np.ndarray) -> str:
     return hashlib.sha256(f"{array.dtype}{array.shape}".encode() + array.tobytes()).hexdigest()
 
 
-def context_hash(graph: Graph, stats_file: Path, x: np.ndarray, labels: np.ndarray, metric_identity: str) -> str:
+def context_hash(graph: Graph, stats_file: Path, x: np.ndarray, labels: np.ndarray, metric_identity: str,
+                 bias_correction: bool = False) -> str:
     """Everything a trial's score depends on except the config itself."""
     parts = {
         "format": TRIAL_FORMAT,
@@ -86,6 +87,7 @@ def context_hash(graph: Graph, stats_file: Path, x: np.ndarray, labels: np.ndarr
         "x": _array_hash(x),
         "labels": _array_hash(labels),
         "metric": metric_identity,
+        "bias_correction": bias_correction,
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
