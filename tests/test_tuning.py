@@ -275,6 +275,15 @@ def test_metric_that_is_not_a_function_form_is_a_validation_error(tmp_path: Path
 # ---------------------------------------------------------------- exit codes, report
 
 
+def test_timeout_stops_the_search_and_keeps_the_best_so_far(digits_stages: tuple[Path, Path],
+                                                            tmp_path: Path) -> None:
+    recipe = digits_recipe(strategy="exhaustive", accuracy=STRICT, max_trials=1000, timeout=0.5, allow_miss=True)
+    metrics = tune(digits_stages, tmp_path / "t", recipe, C_FALLBACK)
+    assert metrics["stop_reason"] == "timeout (0.5 s) reached"
+    assert 1 <= metrics["trials"] < 1000 and metrics["history"]
+    assert metrics["quantized"] == max(t["metric"] for t in metrics["history"] if t["cost"] == metrics["size_bits"])
+
+
 def test_cli_miss_exits_1_and_allow_miss_exits_0(tmp_path: Path, cache_dir: Path,
                                                  capsys: pytest.CaptureFixture) -> None:
     import shutil
