@@ -25,7 +25,6 @@ import math
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -33,6 +32,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from interpreter import digits_graph, resnet_graph  # noqa: E402  (bench/ is not a package)
+from timing import fastest  # noqa: E402
 
 from dabuild.capability import load_capability  # noqa: E402
 from dabuild.ir import Graph, Node, TensorSpec  # noqa: E402
@@ -124,16 +124,6 @@ def lowered(graph: Graph, calibration: np.ndarray) -> QGraph:
     return quantize(graph, stats, default_config(graph, load_capability(data_dir("capabilities") / "c.yaml")))
 
 
-def best_time(call: Callable[[], object], seconds: float) -> float:
-    call()
-    best, deadline = math.inf, time.perf_counter() + seconds
-    while time.perf_counter() < deadline:
-        start = time.perf_counter()
-        call()
-        best = min(best, time.perf_counter() - start)
-    return best
-
-
 def onnx_model(qgraph: QGraph, graph: Graph, folder: Path) -> tuple[bytes, str]:
     """The QDQ export of the onnx target, or (until it exists) the float graph as a stand-in."""
     try:
@@ -192,8 +182,8 @@ def bench(name: str, graph: Graph, calibration: np.ndarray, samples: np.ndarray,
             run = subprocess.run([str(folder / "timer"), str(folder / "inputs.bin"), str(len(x_q)), str(seconds / 2)],
                                  capture_output=True, text=True, check=True)
             c_ns = min(c_ns, float(run.stdout))
-            ort_ns = min(ort_ns, 1e9 * best_time(lambda: session.run(None, {feed_name: one}), seconds / 2))
-            ort_batch_ns = min(ort_batch_ns, 1e9 * best_time(
+            ort_ns = min(ort_ns, 1e9 * fastest(lambda: session.run(None, {feed_name: one}), seconds / 2))
+            ort_batch_ns = min(ort_batch_ns, 1e9 * fastest(
                 lambda: session.run(None, {feed_name: samples.astype(np.float32)}), seconds / 4) / len(samples))
     arena = manifest["arena"]
     ratio = c_ns / ort_ns

@@ -15,14 +15,14 @@ Usage: python bench/interpreter.py [--threads 1 2] [--seconds 3]
 from __future__ import annotations
 
 import argparse
-import math
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
 from threadpoolctl import threadpool_limits
+
+from timing import fastest
 
 from dabuild.ir import Graph, Node, TensorSpec
 from dabuild.ir.interpreter import Interpreter
@@ -92,18 +92,8 @@ def digits_graph() -> Graph:
 
 
 def throughput(call: Callable[[], object], batch: int, seconds: float) -> float:
-    """Images per second of the fastest call within `seconds` (after a warm-up call).
-
-    The fastest call, not the mean: on a shared machine other processes only
-    ever add time, so the minimum is the most repeatable estimate of the cost.
-    """
-    call()
-    best, deadline = math.inf, time.perf_counter() + seconds
-    while time.perf_counter() < deadline:
-        start = time.perf_counter()
-        call()
-        best = min(best, time.perf_counter() - start)
-    return batch / best
+    """Images per second of the fastest call within `seconds`."""
+    return batch / fastest(call, seconds)
 
 
 def compare(name: str, graph: Graph, x: np.ndarray, threads: int, seconds: float) -> float:

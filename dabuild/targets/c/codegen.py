@@ -17,6 +17,7 @@ import jinja2
 import numpy as np
 
 import dabuild
+from dabuild.names import unique_name
 from dabuild.quant.qgraph import QGraph
 from dabuild.targets.c.arena import ArenaPlan, plan_arena
 from dabuild.targets.c.kernels import Step
@@ -42,13 +43,7 @@ def c_float(value: float) -> str:
 
 def c_identifier(name: str, taken: set[str], prefix: str = "l_") -> str:
     """A unique C identifier for a layer or tensor name ('dense/1' -> 'l_dense_1')."""
-    base = prefix + re.sub(r"[^0-9A-Za-z_]", "_", name).lower()
-    ident, n = base, 1
-    while ident in taken:
-        n += 1
-        ident = f"{base}_{n}"
-    taken.add(ident)
-    return ident
+    return unique_name(prefix + re.sub(r"[^0-9A-Za-z_]", "_", name).lower(), taken)
 
 
 def c_comment(text: str) -> str:
