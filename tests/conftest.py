@@ -11,6 +11,14 @@ REPO = Path(__file__).resolve().parent.parent
 DIGITS = REPO / "recipes" / "digits"
 
 
+def copy_recipes(root: Path, *names: str) -> Path:
+    """Private copies of recipes/<name>, side by side under root/recipes, as they read each other's data."""
+    folder = root / "recipes"
+    for name in names:
+        shutil.copytree(REPO / "recipes" / name, folder / name, ignore=shutil.ignore_patterns("build", "__pycache__"))
+    return folder
+
+
 @pytest.fixture
 def cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A run cache of the test's own, so tests neither see nor fill the user's."""

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +11,7 @@ import pytest
 
 onnx = pytest.importorskip("onnx")
 
+from conftest import copy_recipes  # noqa: E402
 from dabuild.cli import main  # noqa: E402
 from dabuild.ir import Graph  # noqa: E402
 from dabuild.ir.passes import optimize  # noqa: E402
@@ -27,10 +27,7 @@ ALL_STAGES = {"trace", "calibrate", "tune:c", "export:mcu", "check:mcu"}
 @pytest.fixture
 def recipes(tmp_path: Path) -> Path:
     """Copies of digits-onnx and of the digits folder whose data it reads, side by side as in the repo."""
-    folder = tmp_path / "recipes"
-    for name in ("digits", "digits-onnx"):
-        shutil.copytree(RECIPES / name, folder / name, ignore=shutil.ignore_patterns("build", "__pycache__"))
-    return folder
+    return copy_recipes(tmp_path, "digits", "digits-onnx")
 
 
 def test_digits_onnx_builds_and_checks_exactly(recipes: Path, tmp_path: Path, cache_dir: Path) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
-import shutil
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -12,6 +11,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from conftest import copy_recipes  # noqa: E402
 from dabuild.cli import main  # noqa: E402
 from dabuild.ir import Graph  # noqa: E402
 from dabuild.progress import Progress  # noqa: E402
@@ -24,10 +24,7 @@ ALL_STAGES = {"trace", "calibrate", "tune:c", "export:mcu", "check:mcu"}
 @pytest.fixture
 def recipes(tmp_path: Path) -> Path:
     """Private copies of digits-torch and of digits, whose data it reads (../digits/data.npz)."""
-    folder = tmp_path / "recipes"
-    for name in ("digits-torch", "digits"):
-        shutil.copytree(RECIPES / name, folder / name, ignore=shutil.ignore_patterns("build", "__pycache__"))
-    return folder
+    return copy_recipes(tmp_path, "digits-torch", "digits")
 
 
 def build(recipe_dir: Path, build_root: Path) -> dict:
