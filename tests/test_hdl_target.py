@@ -16,7 +16,7 @@ from dabuild.progress import Progress
 from dabuild.quant.reference import run_integer
 from dabuild.targets.check import check_stage
 from dabuild.targets.hdl import HdlTarget
-from dabuild.targets.hdl.rtl import simulator
+from dabuild.targets.hdl.simulators import simulator
 
 pytest.importorskip("da4ml")
 

@@ -240,3 +240,30 @@ def test_noop_stamp_watches_the_metadata_of_packages_stages_use(digits: Path, tm
     watched = json.loads(stamp_file.read_text())["read"]
     numpy_metadata = [p for p in watched if f"numpy-{version('numpy')}.dist-info" in p]
     assert numpy_metadata and Path(numpy_metadata[0]).name == "METADATA"
+
+
+def _compiler_wrapper(folder: Path, version: str) -> Path:
+    """A C compiler on PATH that reports `version` and compiles with the system's cc."""
+    folder.mkdir(exist_ok=True)
+    wrapper = folder / "wrapped-cc"
+    wrapper.write_text(f'#!/bin/sh\n[ "$1" = --version ] && {{ echo "wrapped-cc {version}"; exit 0; }}\n'
+                       f'exec {shutil.which("cc")} "$@"\n')
+    wrapper.chmod(0o755)
+    return wrapper
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler (cc)")
+def test_compiler_upgrade_alone_reruns_the_check(
+    digits: Path, tmp_path: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No file of the recipe changes, only the compiler: both the no-op stamp and doit notice it."""
+    tools = tmp_path / "tools"
+    _compiler_wrapper(tools, "1.0")
+    monkeypatch.setenv("PATH", f"{tools}:{__import__('os').environ['PATH']}")
+    edit(digits, "options: {cflags: [-O2]}", "options: {cflags: [-O2], compiler: wrapped-cc}")
+    build(digits, tmp_path / "build")
+    assert executed(build(digits, tmp_path / "build")) == set()
+    _compiler_wrapper(tools, "2.0")
+    assert executed(build(digits, tmp_path / "build")) == {"check:mcu"}
+    stamp_file = next((tmp_path / "build" / ".stamps").glob("*.json"))
+    assert str(tools / "wrapped-cc") in json.loads(stamp_file.read_text())["read"]

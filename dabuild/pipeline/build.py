@@ -115,6 +115,7 @@ def _files_read(recipe: Recipe, stages: list[Stage], capabilities: dict) -> list
     read += [spec.path for spec in capabilities.values() if spec.path is not None]
     read += [path for stage in stages for path in stage.files.values()]
     read += _package_metadata({name for stage in stages for name in stage.packages})
+    read += [path for stage in stages if stage.programs for path in stage.programs()]
     return sorted(set(read))
 
 

@@ -23,7 +23,7 @@ from doit.tools import config_changed
 from dabuild.errors import DabuildError
 from dabuild.pipeline.execute import Outcome, Session
 from dabuild.pipeline.manifest import MANIFEST, Manifest
-from dabuild.pipeline.plan import Stage
+from dabuild.pipeline.plan import Stage, watched_parts
 
 
 @dataclass
@@ -47,6 +47,15 @@ def _outputs_intact(session: Session, stage: Stage):  # noqa: ANN202 - doit upto
     return intact
 
 
+def _watched(stage: Stage) -> dict[str, Any]:
+    """What doit compares besides files; a tool that cannot even report its version makes the stage
+    run, where it fails with its own clear message."""
+    try:
+        return watched_parts(stage)
+    except DabuildError as error:
+        return {**stage.static_parts, "unavailable": str(error)}
+
+
 def to_task(stage: Stage, session: Session, result: RunResult) -> Task:
     """One doit task per stage; its action defers to the session (cache, atomic publish)."""
 
@@ -66,7 +75,7 @@ def to_task(stage: Stage, session: Session, result: RunResult) -> Task:
             "file_dep": [str(p) for p in stage.files.values()]
             + [str(workspace.stage_dir(up) / MANIFEST) for up in stage.inputs.values()],
             "targets": [str(workspace.stage_dir(stage.name) / MANIFEST)],
-            "uptodate": [config_changed(stage.static_parts), _outputs_intact(session, stage)],
+            "uptodate": [config_changed(_watched(stage)), _outputs_intact(session, stage)],
             "verbosity": 2,
         }
     )

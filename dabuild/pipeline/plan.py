@@ -32,6 +32,7 @@ class Stage:
     files: dict[str, Path] = field(default_factory=dict)   # role -> user file read by the stage
     packages: tuple[str, ...] = ()         # external packages whose versions enter the key
     tools: Callable[[], dict[str, str]] | None = None      # versions of external programs (compilers, simulators)
+    programs: Callable[[], list[Path]] | None = None        # those programs' files, which the no-op fast path watches
     target: str | None = None              # the recipe target an export/check stage belongs to
 
     @property
@@ -49,8 +50,9 @@ class Stage:
         }
 
 
-def key_parts(stage: Stage, input_digests: dict[str, str]) -> dict[str, Any]:
-    """Everything the stage's outputs depend on; the cache key is its hash."""
+def watched_parts(stage: Stage) -> dict[str, Any]:
+    """The key parts that are not files: doit's `config_changed` compares them, so an upgraded
+    package or compiler reruns the stage even when no file changed."""
     from importlib.metadata import PackageNotFoundError, version
 
     def package_version(name: str) -> str:
@@ -61,10 +63,17 @@ def key_parts(stage: Stage, input_digests: dict[str, str]) -> dict[str, Any]:
 
     return {
         **stage.static_parts,
-        "inputs": dict(sorted(input_digests.items())),
-        "files": {role: hash_file(path) for role, path in sorted(stage.files.items())},
         "packages": {name: package_version(name) for name in stage.packages},
         "tools": stage.tools() if stage.tools else {},
+    }
+
+
+def key_parts(stage: Stage, input_digests: dict[str, str]) -> dict[str, Any]:
+    """Everything the stage's outputs depend on; the cache key is its hash."""
+    return {
+        **watched_parts(stage),
+        "inputs": dict(sorted(input_digests.items())),
+        "files": {role: hash_file(path) for role, path in sorted(stage.files.items())},
     }
 
 
@@ -160,8 +169,8 @@ def _target_stages(recipe: "Recipe", target: "TargetSpec", capability: str) -> l
     evaluation = recipe.data.evaluation
     tolerance = target.check_io.tolerance or target_class.default_tolerance
 
-    def tools() -> dict[str, str]:
-        return target_class(target_class.Options.model_validate(options)).runtime_version()
+    def instance() -> Any:
+        return target_class(target_class.Options.model_validate(options))
 
     export = Stage(
         f"export:{target.name}",
@@ -184,7 +193,8 @@ def _target_stages(recipe: "Recipe", target: "TargetSpec", capability: str) -> l
         inputs={"qgraph": f"tune:{capability}", "artifact": export.name},
         files={"evaluation": evaluation.source},
         packages=("numpy", *target_class.packages),
-        tools=tools,
+        tools=lambda: instance().runtime_version(),
+        programs=lambda: instance().programs(),
         target=target.name,
     )
     return [export, check]

@@ -47,6 +47,14 @@ class Target:
         """Versions of the external tools this target runs; part of the export/check cache keys."""
         return {}
 
+    def programs(self) -> list[Path]:
+        """The files of the external programs this target runs (found on PATH, absent ones left out).
+
+        The no-op fast path compares their size and mtime instead of asking for
+        versions, so a compiler upgrade is noticed without starting a process.
+        """
+        return []
+
     # Hooks around the pipeline; most targets need none of them.
     def pre_trace(self, model_spec: Any) -> None:
         """Called before tracing (e.g. to reject a framework the target cannot take)."""

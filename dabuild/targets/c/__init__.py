@@ -73,6 +73,10 @@ class CTarget(Target):
         first_line = (result.stdout or result.stderr).strip().splitlines()
         return {self.options.compiler: first_line[0] if first_line else "unknown"}
 
+    def programs(self) -> list[Path]:
+        path = shutil.which(self.options.compiler)
+        return [Path(path)] if path else []
+
     def export(self, qgraph: QGraph, out_dir: Path) -> None:
         refuse_float_layers(qgraph, self.capability)
         rendered = render(qgraph)

@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import importlib
 import shlex
-import shutil
-import subprocess
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from types import ModuleType
@@ -34,6 +32,7 @@ from dabuild.errors import BuildError, CheckError
 from dabuild.quant.qgraph import QGraph
 from dabuild.targets.base import Target
 from dabuild.targets.c import refuse_float_layers
+from dabuild.targets.hdl.simulators import simulator, simulator_programs, simulator_version
 
 
 def _import(module: str) -> ModuleType:
@@ -75,10 +74,17 @@ class HdlTarget(Target):
             versions = {"da4ml": version("da4ml")}
         except PackageNotFoundError:
             versions = {"da4ml": "absent"}
-        if self.options.simulate != "never" and shutil.which("verilator"):
-            result = subprocess.run(["verilator", "--version"], capture_output=True, text=True)
-            versions["verilator"] = result.stdout.strip() or "unknown"
+        tool = self._simulator()
+        if tool is not None:
+            versions[tool] = simulator_version(tool)
         return versions
+
+    def programs(self) -> list[Path]:
+        tool = self._simulator()
+        return simulator_programs(tool) if tool else []
+
+    def _simulator(self) -> str | None:
+        return None if self.options.simulate == "never" else simulator()
 
     def _hwconf(self):  # noqa: ANN202 - da4ml's HWConfig
         trace = _import("da4ml.trace")

@@ -30,6 +30,7 @@ from da4ml.types import CombLogic, Pipeline, minimal_kif
 
 from dabuild.errors import BuildError
 from dabuild.targets.hdl.program import Manifest, to_integer
+from dabuild.targets.hdl.simulators import simulator
 
 RTL_DIR = "rtl"
 PROJECT = "model"
@@ -41,15 +42,6 @@ def write_rtl(solution: CombLogic | Pipeline, path: Path, language: str, clock_p
     """da4ml's RTL project of `solution` (pipelined when it is a Pipeline) into `path`."""
     RTLModel(solution, PROJECT, path, flavor=language, print_latency=False, part_name=part_name,
              clock_period=clock_period, register_layers=register_layers).write()
-
-
-def simulator() -> str | None:
-    """The Verilog simulator to use: 'verilator', 'iverilog', or None when neither is installed."""
-    if shutil.which("verilator") and shutil.which("c++") and shutil.which("make"):
-        return "verilator"
-    if shutil.which("iverilog") and shutil.which("vvp"):
-        return "iverilog"
-    return None
 
 
 def simulator_missing(language: str) -> str | None:
