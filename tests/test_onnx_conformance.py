@@ -102,7 +102,6 @@ OUT_OF_SCOPE: list[tuple[str, Callable[[Any, dict[str, np.ndarray]], bool]]] = [
 # fix shows up here and the entry is removed. Reported to the IR's owners.
 KNOWN_IR_GAPS: dict[str, str] = {
     "test_averagepool_2d_ceil_last_window_starts_on_pad": "avg_pool kernel: ceil-mode window starting in the padding",
-    "test_reduce_max_empty_set": "reduce_max kernel: the maximum over an empty axis is -inf in ONNX, an error in numpy",
 }
 
 

@@ -49,7 +49,12 @@ class ReduceSum(Reduce):
     reducer = staticmethod(np.sum)
 
 
+def _max_or_minus_infinity(x: np.ndarray, axis: tuple[int, ...], keepdims: bool) -> np.ndarray:
+    """The maximum, -inf over an empty set (as ONNX defines it; numpy's plain max refuses)."""
+    return np.max(x, axis=axis, keepdims=keepdims, initial=-np.inf)
+
+
 @register
 class ReduceMax(Reduce):
     name = "reduce_max"
-    reducer = staticmethod(np.max)
+    reducer = staticmethod(_max_or_minus_infinity)
