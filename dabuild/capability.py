@@ -24,11 +24,13 @@ from typing import Annotated, Iterable, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 from pydantic import ValidationError as PydanticValidationError
 
-from dabuild.errors import Diagnostic, ValidationError
+from dabuild import plugins
+from dabuild.errors import Diagnostic, ValidationError, unknown_name_message
 from dabuild.resources import data_dir
 from dabuild.yamlpos import YamlDocument, load_yaml, pydantic_diagnostics, require_mapping, user_error
 
 ENV_PATH = "DABUILD_CAPABILITY_PATH"
+COST_MODELS = "dabuild.cost_models"  # entry-point group: cost model name -> class pricing a QGraph
 
 SLUG_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 _SLUG = re.compile(SLUG_PATTERN)
@@ -85,11 +87,23 @@ class CapabilitySpec(BaseModel):
     description: str = Field(default="", description="Free text for people.")
     precisions: list[str] = Field(min_length=1, description="Precisions the backend can run, e.g. [int8].")
     fp32_fallback: bool = Field(default=False, description="Whether an op may stay in float32.")
+    cost_model: str | None = Field(
+        default=None,
+        description="A cost estimate of the backend (an entry point of dabuild.cost_models, e.g. da4ml), which "
+        "tuning.objective `estimate` minimises; none: the search counts bits (size or bops).",
+    )
     ops: dict[str, OpCapability] = Field(
         description="Per op type (e.g. dense, relu) the allowed choices; `default` covers every other op."
     )
 
     _path: Path | None = PrivateAttr(default=None)
+
+    @field_validator("cost_model")
+    @classmethod
+    def _known_cost_model(cls, name: str | None) -> str | None:
+        if name is not None and name not in plugins.available(COST_MODELS):
+            raise user_error(unknown_name_message("cost model", name, plugins.available(COST_MODELS)))
+        return name
 
     @field_validator("ops")
     @classmethod

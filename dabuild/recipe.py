@@ -296,10 +296,12 @@ class TuningSpec(BaseModel):
     accuracy: AccuracyGoal = Field(default_factory=AccuracyGoal, description="The goal every result must meet.")
     max_trials: PositiveInt = Field(default=100, description="Most candidate configurations to evaluate.")
     timeout: float = Field(default=0, ge=0, description="Seconds before the search stops (0 = no limit).")
-    objective: Literal["size", "bops"] = Field(
-        default="size",
-        description="What 'cheapest' means among configs meeting the goal: size (total weight bits) or bops "
-        "(bit operations: multiply-accumulates x weight bits x activation bits).",
+    objective: Literal["size", "bops", "estimate"] | None = Field(
+        default=None,
+        description="What 'cheapest' means among configs meeting the goal: size (total weight bits), bops "
+        "(bit operations: multiply-accumulates x weight bits x activation bits) or estimate (the cost model "
+        "the capability names, e.g. da4ml's LUTs). Default: estimate where the capability names a cost_model, "
+        "else size.",
     )
     seed: int = Field(default=0, description="Seed of the random and bayesian strategies.")
     allow_miss: bool = Field(
@@ -397,6 +399,8 @@ def load_recipe(path: Path | str) -> Recipe:
     diagnostics += problems
     resolved, problems = _check_targets(document, data.get("targets"), base_dir, None if problems else capabilities)
     diagnostics += problems
+    if recipe is not None and not problems:
+        diagnostics += _check_objective(document, recipe.tuning.objective, recipe.targets, resolved, capabilities)
     if diagnostics:
         raise ValidationError(diagnostics)
     assert recipe is not None
@@ -455,6 +459,20 @@ def _check_targets(
         tolerance = check_io.get("tolerance") if isinstance(check_io, dict) else None
         resolved.append((options, capability, tolerance or target_class.default_tolerance))
     return resolved, diagnostics
+
+
+def _check_objective(document: YamlDocument, objective: str | None, targets: list[TargetSpec],
+                     resolved: list[tuple[dict, str, str]], capabilities: dict[str, CapabilitySpec]) -> list[Diagnostic]:
+    """`tuning.objective: estimate` needs every tuned capability to name a cost model."""
+    if objective != "estimate":
+        return []
+    for target, (_, capability, _) in zip(targets, resolved):
+        spec = capabilities.get(capability)
+        if spec is not None and spec.cost_model is None:
+            message = (f"objective 'estimate' needs a cost estimate, but capability {capability!r} (target "
+                       f"{target.name!r}) names no cost_model; use size or bops")
+            return [document.diagnostic(("tuning", "objective"), message)]
+    return []
 
 
 # ---------------------------------------------------------------- .npz headers

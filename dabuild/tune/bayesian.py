@@ -34,7 +34,7 @@ class BayesianStrategy:
         choosing = [name for name, node in space.nodes.items() if len(node.candidates) > 1]
         study = optuna.create_study(direction="minimize", sampler=optuna.samplers.TPESampler(seed=search.seed))
         study.enqueue_trial({name: 0 for name in choosing})
-        reference = max(1, search.cost(space.fp32()))
+        reference = max(1, search.costing.scale)
 
         def loss(trial: "Trial") -> float:
             shortfall = 0.0 if trial.passed else 1.0 + abs(trial.metric - search.baseline)

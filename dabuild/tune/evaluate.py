@@ -21,6 +21,7 @@ from dabuild.ir import interpreter
 from dabuild.ir.graph import Graph
 from dabuild.quant.calibrate import Stats
 from dabuild.quant.config import QuantConfig
+from dabuild.quant.qgraph import QGraph
 from dabuild.quant.quantize import quantize
 from dabuild.quant.reference import quantize_input, run_integer, run_quantized
 from dabuild.tune.metric import Metric, load_metric
@@ -68,9 +69,13 @@ class Evaluator:
         size = self.setup.batch_size
         return [self.setup.x[i:i + size] for i in range(0, len(self.setup.x), size)]
 
+    def quantize(self, config: QuantConfig) -> QGraph:
+        """The graph lowered under `config`, as it is scored (and as the tune stage writes it)."""
+        return quantize(self.graph, self.stats, config, self.setup.bias_correction)
+
     def score(self, config: QuantConfig) -> Score:
         start = time.perf_counter()
-        qgraph = quantize(self.graph, self.stats, config, self.setup.bias_correction)
+        qgraph = self.quantize(config)
         outputs = np.concatenate([run_quantized(qgraph, x) for x in self._batches()])
         value = self.metric(outputs, self.setup.labels)
         return Score(value, relative_mse(outputs, self.float_outputs), time.perf_counter() - start)
@@ -82,7 +87,7 @@ class Evaluator:
         has pushed each node's output, the ranking the sensitivity-driven
         strategies fall back by, at the cost of one inference and no trial.
         """
-        qgraph = quantize(self.graph, self.stats, config, self.setup.bias_correction)
+        qgraph = self.quantize(config)
         errors: dict[str, list[float]] = {}
         for x in self._batches():
             reference = interpreter.run(self.graph, {self.input: x}, keep_intermediates=True)

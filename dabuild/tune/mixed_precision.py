@@ -1,10 +1,12 @@
-"""The `mixed-precision` strategy: the lowest total weight bits (or BOPs) that still meets the goal.
+"""The `mixed-precision` strategy: the least cost (weight bits, BOPs or a backend's estimate) that meets the goal.
 
 For capabilities with several widths. From the default (raised node by node,
 most sensitive first, until it passes, if it does not), each node's choices
-one cost level down — all of them: every scheme, granularity and range
-algorithm at the lower width — are ranked by the node's own output error with
-that choice alone (per-node MSE, one inference each, no trial), because the
+one width down in one role that the objective prices cheaper — all of them:
+every scheme, granularity and range algorithm at the lower width (see
+`width_steps`), a handful however many candidates the node has — are ranked
+by the node's own output error with that choice alone (per-node MSE, one
+inference each, no trial), because the
 cheapest choice nearest the current one (int4 minmax from int8 minmax) may
 hurt far more than another at the same width (int4 mse). Then: probe each
 node's least harmful lower choice alone; rank the nodes by output-MSE

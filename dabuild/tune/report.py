@@ -12,6 +12,7 @@ import html
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dabuild.tune.objective import ESTIMATE
 from dabuild.tune.search import Search
 from dabuild.tune.trials import Trial, describe_config
 
@@ -47,6 +48,7 @@ def sections(title: str, search: Search, chosen: Trial, threshold: float, plots:
         [metric, f"{search.baseline:.4f}", f"{chosen.metric:.4f}"],
         ["weight bits", f"{fp32_size}", f"{chosen.size} ({_percent(chosen.size, fp32_size)})"],
         ["BOPs per sample", f"{fp32_bops}", f"{chosen.bops} ({_percent(chosen.bops, fp32_bops)})"],
+        *([[f"estimate ({search.costing.unit})", "-", str(chosen.cost)]] if search.objective == ESTIMATE else []),
     ])
     errors = search.node_errors()
     described = describe_config(chosen.config)
@@ -55,7 +57,7 @@ def sections(title: str, search: Search, chosen: Trial, threshold: float, plots:
          f"{errors[name]:.3g}" if name in errors else "-"]
         for name, node in space.nodes.items()
     ])
-    trials = Section("Trials", [], ["#", "step", metric, "output MSE", search.objective, "goal"], [
+    trials = Section("Trials", [], ["#", "step", metric, "output MSE", f"{search.objective} ({search.costing.unit})", "goal"], [
         [str(t.index), t.step, f"{t.metric:.4f}", f"{t.mse:.3g}", str(t.cost), "pass" if t.passed else "fail"]
         for t in search.trials
     ])

@@ -9,8 +9,9 @@ order and stop conditions are checked per commit, `-j N` records exactly the
 trials `-j 1` would.
 
 The chosen config is the cheapest passing one by the objective (size in
-weight bits, or BOPs), ties to the better score, then the earlier trial; with
-no passing config, the best-scoring one, reported as a miss.
+weight bits, BOPs, or the capability's cost estimate: see
+`dabuild.tune.objective`), ties to the better score, then the earlier trial;
+with no passing config, the best-scoring one, reported as a miss.
 
 Reaching the least cost ends the strategy but not the search: configs at that
 same cost may score better (per-channel weights or another range algorithm
@@ -34,6 +35,7 @@ from typing import IO
 from dabuild.progress import Progress
 from dabuild.quant.config import QuantConfig
 from dabuild.tune.evaluate import Evaluator, Score, Scorer
+from dabuild.tune.objective import Objective, counted
 from dabuild.tune.space import TuningSpace
 from dabuild.tune.trials import Trial, TrialStore
 
@@ -69,15 +71,19 @@ class Budget:
 
 class Search:
     def __init__(self, space: TuningSpace, evaluator: Evaluator, scorer: Scorer, store: TrialStore, goal: Goal,
-                 objective: str, budget: Budget, progress: Progress, seed: int = 0, history: IO[str] | None = None):
+                 objective: str | Objective, budget: Budget, progress: Progress, seed: int = 0,
+                 history: IO[str] | None = None):
+        """`objective`: an Objective, or the name of one the space counts (size, bops)."""
         self.space, self.evaluator, self.scorer, self.store = space, evaluator, scorer, store
-        self.goal, self.objective, self.budget, self.progress, self.seed = goal, objective, budget, progress, seed
+        self.costing = counted(space, objective) if isinstance(objective, str) else objective
+        self.objective = self.costing.name
+        self.goal, self.budget, self.progress, self.seed = goal, budget, progress, seed
         self.history = history
         self.trials: list[Trial] = []
         self.stop_reason = "the strategy finished"
         self.strategy_name = ""
         self._seen: dict[str, Trial] = {}
-        self._floor = space.floor(objective)
+        self._floor = self.costing.floor
         self._at_floor_ends = True  # reaching the least cost stops the search (off while looking among equals)
         self._start = time.monotonic()
         self._errors: dict[str, dict[str, float]] = {}
@@ -94,7 +100,7 @@ class Search:
         return self.evaluator.baseline
 
     def cost(self, config: QuantConfig) -> int:
-        return self.space.cost(config, self.objective)
+        return self.costing.cost(config)
 
     def best(self) -> Trial | None:
         """The cheapest passing trial (ties: better score, then earlier); None before any passes."""

@@ -49,8 +49,8 @@ def tune_stage(
     from dabuild.ir.graph import Graph
     from dabuild.plugins import STRATEGIES, load
     from dabuild.quant.calibrate import STATS_FILE
-    from dabuild.quant.quantize import quantize
     from dabuild.tune.evaluate import Evaluator, EvalSetup, Scorer
+    from dabuild.tune.objective import make_objective
     from dabuild.tune.report import REPORT_DIR, write_report
     from dabuild.tune.search import Budget, Goal, Search
     from dabuild.tune.space import build_space
@@ -68,13 +68,15 @@ def tune_stage(
     store = TrialStore(trials_root, context_hash(graph, stats_dir / STATS_FILE, x, labels,
                                                  evaluator.metric.identity(), tuning.bias_correction))
     strategy = load(STRATEGIES, tuning.strategy)()
+    objective = make_objective(tuning.objective, space, capability, evaluator.quantize)
     goal = Goal(tuning.accuracy.criterion, tuning.accuracy.tolerable_loss)
     where = f"tune:{capability.name}"
-    progress.debug(f"{where}: {space.total()} configs in the space, strategy {tuning.strategy}")
+    progress.debug(f"{where}: {space.total()} configs in the space, strategy {tuning.strategy}, "
+                   f"objective {objective.name} ({objective.unit})")
     if journal is not None:
         journal.parent.mkdir(parents=True, exist_ok=True)
     with open(journal or os.devnull, "a") as history, Scorer(evaluator, jobs) as scorer:
-        search = Search(space, evaluator, scorer, store, goal, tuning.objective,
+        search = Search(space, evaluator, scorer, store, goal, objective,
                         Budget(tuning.max_trials, tuning.timeout), progress, tuning.seed, history)
         chosen = search.run(strategy)
     stored = sum(t.cached for t in search.trials)
@@ -84,7 +86,7 @@ def tune_stage(
         raise BuildError(f"{where}: no trial was evaluated ({search.stop_reason})")
     metric = evaluator.metric
     threshold = goal.threshold(evaluator.baseline, metric.higher_is_better)
-    quantize(graph, evaluator.stats, chosen.config, tuning.bias_correction).save(out_dir / "qgraph")
+    evaluator.quantize(chosen.config).save(out_dir / "qgraph")
     chosen.config.save(out_dir / "config.json")
     write_report(out_dir / REPORT_DIR, f"Tuning report: {recipe.name} on capability {capability.name}",
                  search, chosen, threshold)
@@ -97,7 +99,9 @@ def tune_stage(
         "precision": _precision(chosen.config),
         "goal_met": chosen.passed,
         "strategy": tuning.strategy,
-        "objective": tuning.objective,
+        "objective": objective.name,
+        "cost": chosen.cost,
+        "cost_unit": objective.unit,
         "trials": len(search.trials),
         "chosen_trial": chosen.index,
         "config_hash": chosen.config_hash,

@@ -50,27 +50,43 @@ def precise_choice(node: NodeSpace, current: NodeConfig) -> NodeConfig:
     return max(node.candidates, key=lambda c: (_bits(c), _shared_fields(c, current), c == current))
 
 
-def _roles_changed(a: NodeConfig, b: NodeConfig) -> int:
-    return (a.weight != b.weight) + (a.activation != b.activation)
+def _widths(node: NodeSpace, role: str) -> list[int]:
+    """The bit widths the node's integer candidates offer for `role`, ascending."""
+    return sorted({dtype_bits(getattr(c, role).dtype) for c in node.candidates if getattr(c, role) is not None})
+
+
+def width_steps(node: NodeSpace, current: NodeConfig) -> list[NodeConfig]:
+    """The node's candidates one width below `current` in one role, the other role kept as it is.
+
+    Every candidate at that width, whatever its scheme, granularity, range
+    algorithm or signedness, since which of them hurts least is the node's to
+    measure, not the field order's to decide: from int8 weights, each int7
+    (or, if the capability skips it, int6...) weight choice with the
+    activation unchanged, and each 7-bit activation choice with the weight
+    unchanged. From fp32, every candidate at the widest integer widths. A
+    handful of candidates out of possibly hundreds, in candidate order.
+    """
+    if current.fp32:
+        widest = max((_bits(c) for c in node.candidates if not c.fp32), default=None)
+        return [c for c in node.candidates if not c.fp32 and _bits(c) == widest]
+    steps: list[NodeConfig] = []
+    for role, other in (("weight", "activation"), ("activation", "weight")):
+        choice = getattr(current, role)
+        if choice is None:
+            continue
+        lower = [w for w in _widths(node, role) if w < dtype_bits(choice.dtype)]
+        if lower:
+            steps += [c for c in node.candidates if getattr(c, other) == getattr(current, other)
+                      and getattr(c, role) is not None and dtype_bits(getattr(c, role).dtype) == lower[-1]]
+    return steps
 
 
 def cheaper_choices(search: "Search", config: QuantConfig, name: str) -> list[NodeConfig]:
-    """Node `name`'s choices one cost level below `config` (the smallest saving), changing as few roles as possible.
+    """Node `name`'s one-width steps down (see `width_steps`) that the objective prices below `config`.
 
-    Every choice at that level, not only the one closest to the current: from
-    int8 weights, each int4 weight choice (any scheme, granularity and range
-    algorithm) with the activation kept, since which of them hurts least is
-    the node's to measure, not the field order's to decide. In candidate order.
+    Only these few are priced, not every candidate: with many widths a node
+    has hundreds, and a cost estimate (da4ml's) is far dearer than a bit count.
     """
     cost = search.cost(config)
-    current = config.nodes[name]
-    levels: dict[int, list[NodeConfig]] = {}
-    for choice in search.space.nodes[name].candidates:
-        moved_cost = search.cost(search.space.with_node(config, name, choice))
-        if moved_cost < cost:
-            levels.setdefault(moved_cost, []).append(choice)
-    if not levels:
-        return []
-    level = levels[max(levels)]
-    fewest = min(_roles_changed(choice, current) for choice in level)
-    return [choice for choice in level if _roles_changed(choice, current) == fewest]
+    return [choice for choice in width_steps(search.space.nodes[name], config.nodes[name])
+            if search.cost(search.space.with_node(config, name, choice)) < cost]

@@ -1,0 +1,104 @@
+"""What "cheapest" means: the cost a search minimises among the configs that meet the accuracy goal.
+
+`size` (total weight bits) and `bops` (multiply-accumulates x weight bits x
+input bits) are counted from the tuning space and mean the same on every
+backend. `estimate` is the backend's own figure: a capability YAML may name a
+cost model (`cost_model: da4ml`), a class registered under the entry-point
+group `dabuild.cost_models` whose instances price a quantized graph
+(`model(qgraph) -> float`, in the model's `unit`, e.g. da4ml's LUTs). Where a
+capability names one, `estimate` is the recipe's default objective, since the
+backend knows better than a bit count what its hardware costs; elsewhere the
+default is `size`, and asking for `estimate` is an error naming the capability.
+
+Costs are integers (an estimate is rounded), so trials compare and store as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import ClassVar, Protocol
+
+from dabuild import plugins
+from dabuild.capability import COST_MODELS, CapabilitySpec
+from dabuild.errors import BuildError
+from dabuild.quant.config import QuantConfig
+from dabuild.quant.qgraph import QGraph
+from dabuild.tune.space import TuningSpace
+
+ESTIMATE = "estimate"
+OBJECTIVES = ("size", "bops", ESTIMATE)
+UNITS = {"size": "bits", "bops": "bit operations"}
+
+
+class CostModel(Protocol):
+    """A backend's cost estimate of a quantized graph (an entry point of `dabuild.cost_models`)."""
+
+    unit: ClassVar[str]
+
+    def __call__(self, qgraph: QGraph) -> float: ...
+
+
+@dataclass(frozen=True)
+class Objective:
+    name: str                                # size | bops | estimate
+    unit: str
+    cost: Callable[[QuantConfig], int]
+    floor: int                               # no config of the space costs less (0: no bound known)
+    scale: int                               # a large cost of the space, to express costs as fractions
+
+
+def resolve_objective(asked: str | None, capability: CapabilitySpec) -> str:
+    """The objective a recipe's `tuning.objective` means for `capability` (None: its default)."""
+    if asked is None:
+        return ESTIMATE if capability.cost_model else "size"
+    if asked not in OBJECTIVES:
+        raise BuildError(f"unknown tuning objective {asked!r} (known: {', '.join(OBJECTIVES)})")
+    if asked == ESTIMATE and capability.cost_model is None:
+        raise BuildError(f"tuning.objective {ESTIMATE!r}: capability {capability.name!r} names no cost_model "
+                         "to estimate with; use size or bops")
+    return asked
+
+
+def counted(space: TuningSpace, name: str) -> Objective:
+    """size or bops, counted from the space; the float graph is the scale."""
+    cost = partial(space.cost, objective=name)
+    return Objective(name, UNITS[name], cost, space.floor(name), cost(space.fp32()))
+
+
+class Estimate:
+    """A cost model over configs: each config quantized and priced once, remembered by its hash."""
+
+    def __init__(self, model: CostModel, quantize: Callable[[QuantConfig], QGraph]) -> None:
+        self.model, self.quantize = model, quantize
+        self._costs: dict[str, int] = {}
+
+    def __call__(self, config: QuantConfig) -> int:
+        key = config.content_hash()
+        if key not in self._costs:
+            self._costs[key] = round(self.model(self.quantize(config)))
+        return self._costs[key]
+
+
+def load_cost_model(capability: CapabilitySpec) -> CostModel:
+    """A fresh instance of the capability's cost model; BuildError when its package is missing."""
+    name = capability.cost_model
+    if name is None:
+        raise BuildError(f"capability {capability.name!r} names no cost_model")
+    try:
+        return plugins.load(COST_MODELS, name)()
+    except ImportError as error:
+        raise BuildError(f"cost model {name!r} of capability {capability.name!r} cannot be loaded: {error} "
+                         f"(is the package it needs, {error.name or 'unknown'}, installed?)") from error
+
+
+def make_objective(asked: str | None, space: TuningSpace, capability: CapabilitySpec,
+                   quantize: Callable[[QuantConfig], QGraph]) -> Objective:
+    """The recipe's objective for `capability` over `space`; `quantize` lowers a config for a cost model."""
+    name = resolve_objective(asked, capability)
+    if name != ESTIMATE:
+        return counted(space, name)
+    model = load_cost_model(capability)
+    estimate = Estimate(model, quantize)
+    return Objective(name, model.unit, estimate, 0, estimate(space.default()))
