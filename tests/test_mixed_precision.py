@@ -1,7 +1,8 @@
 """Mixed precision: int4 weights in the integer path, and the `mixed-precision` strategy on the digits CNN.
 
 int4 weights are symmetric integers in [-7, 7] (inside int4's [-8, 7]) stored one per int8 byte, so
-the integer reference and the C kernels run them unchanged; only activations are refused int4.
+the integer reference and the C kernels run them unchanged; int4 activations are int8 storage clamped
+to [-8, 7] (the C capability does not offer them, the integer reference runs them).
 The digits-cnn recipe (torch) is traced and calibrated once per session; tuning runs the real tune
 stage with bench/capabilities/mixed.yaml (int8 or int4 weights).
 """
@@ -90,32 +91,37 @@ def test_int4_weights_are_within_their_rounding_error_of_float(make_graph, granu
     assert np.abs(got - expected).mean() > 2 * int8_error  # 16 levels instead of 256 do show
 
 
-def test_int4_activations_are_refused_by_name() -> None:
+def test_int4_activations_lower_and_unknown_dtypes_are_refused_by_name() -> None:
     graph = dense_graph()
     config = default_config(graph, C_CAPABILITY)
     node = config.nodes["fc"]
-    int4_output = QuantConfig({"fc": NodeConfig(node.weight, QuantChoice("int4", "asym", "per_tensor", "minmax"))})
     x = RNG.normal(size=(50, 24)).astype(np.float32)
-    with pytest.raises(BuildError, match=r"graph input 'x'.*dtype 'int4' for activations \(only for weights\)"):
-        lower(graph, x, int4_output)
-    activations_int4_first = INT4_CAPABILITY.model_copy(deep=True)
-    activations_int4_first.ops["dense"].activation.dtype = ["int4", "int8"]
-    assert default_config(graph, activations_int4_first).nodes["fc"].activation.dtype == "int8"
+    int4_output = QuantConfig({"fc": NodeConfig(node.weight, QuantChoice("int4", "asym", "per_tensor", "minmax"))})
+    qgraph = lower(graph, x, int4_output)
+    y_q = run_integer(qgraph, quantize_input(qgraph, x))
+    assert qgraph.output_params.dtype == "int4" and y_q.dtype == np.int8
+    assert y_q.min() == -8 and y_q.max() == 7  # calibrated on these samples: both ends of int4 are reached
+    fp16_output = QuantConfig({"fc": NodeConfig(node.weight, QuantChoice("fp16", "asym", "per_tensor", "minmax"))})
+    with pytest.raises(BuildError, match=r"graph input 'x'.*dtype 'fp16' \(integer dtypes: int2\.\.int16"):
+        lower(graph, x, fp16_output)
+    fp16_first = INT4_CAPABILITY.model_copy(deep=True)
+    fp16_first.ops["dense"].activation.dtype = ["fp16", "int8"]
+    assert default_config(graph, fp16_first).nodes["fc"].activation.dtype == "int8"
 
 
-def test_space_offers_weight_only_dtypes_for_weights_alone() -> None:
-    """A capability listing int4 for activations too: the space keeps int4 weights but no int4 activation, and a
-    recipe asking for int4 activations is told which key and which dtypes dabuild lowers for activations."""
+def test_space_offers_the_integer_dtypes_dabuild_lowers() -> None:
+    """A capability listing int4 and fp16 activations: the space offers int4 activations but no fp16, and a
+    recipe asking for fp16 activations is told which key and which dtypes dabuild lowers."""
     both_int4 = INT4_CAPABILITY.model_copy(deep=True)
-    both_int4.ops["dense"].activation.dtype = ["int8", "int4"]
+    both_int4.ops["dense"].activation.dtype = ["int8", "int4", "fp16"]
     graph = dense_graph()
     candidates = build_space(graph, both_int4).nodes["fc"].candidates
-    assert {c.activation.dtype for c in candidates} == {"int8"}
+    assert {c.activation.dtype for c in candidates} == {"int8", "int4"}
     assert {c.weight.dtype for c in candidates} == {"int8", "int4"}
-    assert len(candidates) == len(build_space(graph, INT4_CAPABILITY).nodes["fc"].candidates)
-    asking = {"op_type": {"dense": {"activation": {"dtype": ["int4"]}}}}
+    assert len(candidates) == 2 * len(build_space(graph, INT4_CAPABILITY).nodes["fc"].candidates)
+    asking = {"op_type": {"dense": {"activation": {"dtype": ["fp16"]}}}}
     with pytest.raises(BuildError, match=r"tuning\.space\.op_type\.dense\.activation\.dtype: .* does not offer "
-                                         r"'int4' for activations .*dabuild lowers only int8 for activations"):
+                                         r"'fp16' for activations .*dabuild lowers only int2\.\.int16"):
         build_space(graph, both_int4, asking)
 
 

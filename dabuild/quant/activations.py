@@ -1,11 +1,12 @@
-"""How each activation is lowered: a clamp in the quantized domain, or a 256-entry lookup table.
+"""How each activation is lowered: a clamp in the quantized domain, or a lookup table.
 
 relu, relu6 and clip are clamps: with a tensor's params, their bounds are two
 integers, exact up to the rounding of the bounds themselves. Every other
 elementwise activation (leaky_relu, sigmoid, tanh, hard_sigmoid, hard_swish,
-gelu) is a function of one int8 value, so it becomes a table of its 256
-results, computed at quantize time with the float op of dabuild.ir.ops: exact
-by construction, and one load per value in C.
+gelu) is a function of one integer value, so it becomes a table of its
+results for every value of the input's dtype (256 for int8, 65536 for int16),
+computed at quantize time with the float op of dabuild.ir.ops: exact by
+construction, and one load per value in C.
 
 A table needs the params of its input. When conv or dense has such an
 activation fused, that input (the pre-activation) is no tensor of the float

@@ -25,7 +25,7 @@ from dabuild.progress import Progress
 from dabuild.quant.activations import with_table_activations_split
 from dabuild.quant.algorithms import ALGORITHMS, Levels, Range
 from dabuild.quant.histogram import Bins, Histogram
-from dabuild.quant.qgraph import INT_RANGES
+from dabuild.quant.dtypes import int_type
 
 STATS_FILE = "stats.npz"
 _RANGE = "range"
@@ -63,11 +63,10 @@ class TensorStats:
 
 
 def _levels(scheme: str, dtype: str) -> Levels:
-    if dtype not in INT_RANGES:
-        raise BuildError(f"calibration: no integer range for dtype {dtype!r} (known: {', '.join(INT_RANGES)})")
+    integer = int_type(dtype)
     if scheme not in ("sym", "asym"):
         raise BuildError(f"calibration: unknown scheme {scheme!r} (known: sym, asym)")
-    return Levels(*INT_RANGES[dtype], scheme)
+    return Levels(integer.qmin, integer.qmax, scheme)
 
 
 def _derive(bins: Bins, algorithm: str, levels: Levels, tensor: str, params: dict[str, Any]) -> Range:

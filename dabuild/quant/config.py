@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from dabuild.errors import BuildError
 from dabuild.ir.graph import Graph
-from dabuild.quant.qgraph import WEIGHT_ONLY_DTYPES
+from dabuild.quant.dtypes import NAMES_TEXT, is_int_type
 
 # Which tensors of each op type quantization touches; ops missing here have no integer lowering
 # (they can only run in fp32). Every quantized node has an activation choice, even where its output
@@ -33,7 +33,6 @@ QUANTIZABLE_OPS: dict[str, tuple[str, ...]] = {
     **{op: ("weight", "activation") for op in _WEIGHTED},
     **{op: ("activation",) for op in _ACTIVATION_ONLY},
 }
-LOWERED_DTYPES = ("int8", "int4")  # int4: weights only (qgraph.WEIGHT_ONLY_DTYPES), stored as int8
 
 
 @dataclass(frozen=True)
@@ -113,15 +112,14 @@ class _Capability(Protocol):
 
 
 def _first_choice(choices: _Choices | None, node: str, op: str, role: str, capability: str) -> QuantChoice:
-    """The default pick: the first entry of each list, with a dtype integer lowering supports."""
+    """The default pick: the first entry of each list, with a dtype integer lowering supports (dtypes.is_int_type)."""
     if choices is None:
         raise BuildError(f"node {node!r}: capability {capability!r} does not allow {role} quantization "
                          f"of op {op!r}")
-    lowered = [d for d in LOWERED_DTYPES if role == "weight" or d not in WEIGHT_ONLY_DTYPES]
-    dtypes = [d for d in choices.dtype if d in lowered]
+    dtypes = [d for d in choices.dtype if is_int_type(d)]
     if not dtypes:
         raise BuildError(f"node {node!r}: capability {capability!r} offers {role} dtypes {choices.dtype} "
-                         f"for op {op!r}; dabuild lowers only {lowered} for {role}s")
+                         f"for op {op!r}; dabuild lowers only {NAMES_TEXT}")
     return QuantChoice(dtypes[0], choices.scheme[0], choices.granularity[0], choices.algorithm[0])
 
 

@@ -8,7 +8,8 @@ implementation-defined in C99).
 
 A real factor r becomes a Q31 `multiplier` in [2**30, 2**31) and a right
 `shift`, r ≈ multiplier * 2**-shift; `requantize(acc, multiplier, shift)` is
-round(acc * r) computed in int64 the way the C kernels compute it.
+round(acc * r) computed in int64 the way the C kernels compute it (exactly
+beyond int64 too, for the wide accumulators of 9- to 16-bit types).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import numpy as np
 from dabuild.errors import BuildError
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+INT64_MAX = 2**63 - 1
 MAX_SHIFT = 62  # keeps |acc * multiplier| + rounding term inside int64
 
 
@@ -46,16 +48,45 @@ def quantize_multiplier(real: np.ndarray, where: str) -> tuple[np.ndarray, np.nd
 
 
 def requantize(accumulator: np.ndarray, multiplier: np.ndarray, shift: np.ndarray) -> np.ndarray:
-    """round(acc * multiplier / 2**shift), ties away from zero, in int64, as the C `requantize` does.
+    """round(acc * multiplier / 2**shift), ties away from zero, as the C `requantize` does it in int64.
 
     The magnitude is shifted and the sign put back, so C never right-shifts a
     negative number (implementation-defined in C99). `multiplier` and `shift`
     broadcast against `accumulator` (per-channel arrays come shaped to fit).
+    The trailing zero bits of the multiplier are shifted off first (the same
+    real factor, so the same result): a power-of-two factor becomes a pure
+    shift. When |acc| * multiplier could still leave int64 (the wide
+    accumulators of types over 8 bits), the product is taken in Python
+    integers: slower, never wrong; a result beyond int64 saturates there
+    (every caller clamps it to a type of at most 16 bits anyway).
     """
-    product = np.asarray(accumulator).astype(np.int64) * np.asarray(multiplier).astype(np.int64)
-    shift = np.asarray(shift).astype(np.int64)
-    rounded = (np.abs(product) + np.left_shift(np.int64(1), shift - 1)) >> shift
-    return np.where(product < 0, -rounded, rounded)
+    accumulator = np.asarray(accumulator).astype(np.int64)
+    multiplier, shift = _without_trailing_zeros(np.asarray(multiplier).astype(np.int64),
+                                                np.asarray(shift).astype(np.int64))
+    magnitude = np.abs(accumulator)
+    half = np.left_shift(np.int64(1), shift - 1)
+    peak = int(magnitude.max(initial=0)) * int(multiplier.max(initial=0)) + int(half.max(initial=0))
+    if peak <= INT64_MAX:
+        rounded = (magnitude * multiplier + half) >> shift
+    else:
+        exact = (magnitude.astype(object) * multiplier.astype(object) + half.astype(object)) >> shift.astype(object)
+        rounded = np.minimum(exact, INT64_MAX).astype(np.int64)
+    return np.where(accumulator < 0, -rounded, rounded)
+
+
+def _without_trailing_zeros(multiplier: np.ndarray, shift: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """multiplier / 2**t and shift - t for the most trailing zero bits t that keep the shift >= 1."""
+    lowest_bit = multiplier & -multiplier  # 0 for a zero multiplier, which stays as it is
+    zeros = np.where(lowest_bit > 0, np.log2(np.maximum(lowest_bit, 1)).astype(np.int64), 0)
+    drop = np.minimum(zeros, shift - 1)
+    return multiplier >> drop, shift - drop
+
+
+def accumulator_trace(values: np.ndarray) -> np.ndarray:
+    """An accumulator as traces show it: int32 as the C kernels hold it, int64 where a wide type's sum needs it."""
+    values = np.asarray(values)
+    fits = values.size == 0 or (values.min() >= INT32_MIN and values.max() <= INT32_MAX)
+    return values.astype(np.int32 if fits else np.int64)
 
 
 def saturate(values: np.ndarray, low: int, high: int, dtype: str) -> np.ndarray:

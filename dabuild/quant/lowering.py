@@ -20,8 +20,9 @@ from dabuild.ir.graph import Graph, Node, TensorSpec
 from dabuild.quant.algorithms import ALGORITHMS
 from dabuild.quant.calibrate import Stats
 from dabuild.quant.config import NodeConfig, QuantChoice
+from dabuild.quant.dtypes import NAMES_TEXT, int_type, is_int_type
 from dabuild.quant.fixed_point import round_half_away
-from dabuild.quant.qgraph import INT_RANGES, STORAGE_DTYPES, WEIGHT_ONLY_DTYPES, QLayer, QTensor, QuantParams
+from dabuild.quant.qgraph import QLayer, QTensor, QuantParams
 
 # A range the fp32 fallback and graph inputs without a quantized consumer use.
 MINMAX_INT8 = QuantChoice("int8", "asym", "per_tensor", "minmax")
@@ -41,14 +42,11 @@ def power_of_two_at_least(values: np.ndarray) -> np.ndarray:
     return 2.0 ** np.ceil(np.log2(np.asarray(values, dtype=np.float64)))
 
 
-def require(choice: QuantChoice, where: str, *, scheme: tuple[str, ...], granularity: tuple[str, ...],
-            weight: bool = False) -> None:
-    """Fail clearly on a choice the integer lowering cannot honour yet (`weight`: the choice is a weight's)."""
+def require(choice: QuantChoice, where: str, *, scheme: tuple[str, ...], granularity: tuple[str, ...]) -> None:
+    """Fail clearly on a choice the integer lowering cannot honour yet."""
     problems = []
-    if choice.dtype not in INT_RANGES:
-        problems.append(f"dtype {choice.dtype!r}")
-    elif choice.dtype in WEIGHT_ONLY_DTYPES and not weight:
-        problems.append(f"dtype {choice.dtype!r} for activations (only for weights)")
+    if not is_int_type(choice.dtype):
+        problems.append(f"dtype {choice.dtype!r} (integer dtypes: {NAMES_TEXT})")
     if choice.scheme not in scheme:
         problems.append(f"scheme {choice.scheme!r}")
     if choice.granularity not in granularity:
@@ -60,9 +58,13 @@ def require(choice: QuantChoice, where: str, *, scheme: tuple[str, ...], granula
 
 
 def activation_params(low: float, high: float, choice: QuantChoice, where: str) -> QuantParams:
-    """Scale and zero point covering [low, high] and always 0 (so zero padding and relu are exact)."""
+    """Scale and zero point covering [low, high] and always 0 (so zero padding and relu are exact).
+
+    sym and pot have zero point 0, so an unsigned dtype holds [0, high] and clips negatives; asym places
+    the zero point inside any dtype's range."""
     require(choice, where, scheme=("asym", "sym", POWER_OF_TWO), granularity=("per_tensor",))
-    qmin, qmax = INT_RANGES[choice.dtype]
+    dtype = int_type(choice.dtype)
+    qmin, qmax = dtype.qmin, dtype.qmax
     low, high = min(low, 0.0), max(high, 0.0)
     if choice.scheme in ("sym", POWER_OF_TWO):
         scale = max(-low, high) / qmax
@@ -96,11 +98,13 @@ def quantize_weight(weight: np.ndarray, choice: QuantChoice, where: str,
                     channel_axis: int = -1) -> tuple[np.ndarray, np.ndarray]:
     """Symmetric int weights and their scales: shape (1,) per tensor, one per output channel per channel.
 
-    The values lie in [-qmax, qmax] of the choice's dtype (int8: +-127, int4: +-7), stored in its
-    storage type (int8 for both), so the integer kernels need nothing new for narrower weights.
+    The values lie in [-qmax, qmax] of the choice's dtype (int8: +-127, int4: +-7; unsigned: [0, qmax],
+    negative weights clip to 0), stored in its storage type (int8 up to 8 bits), so the integer
+    kernels need nothing new for narrower weights.
     """
-    require(choice, where, scheme=("sym", POWER_OF_TWO), granularity=("per_tensor", "per_channel"), weight=True)
-    qmax = INT_RANGES[choice.dtype][1]
+    require(choice, where, scheme=("sym", POWER_OF_TWO), granularity=("per_tensor", "per_channel"))
+    dtype = int_type(choice.dtype)
+    qmax = dtype.qmax
     channel_axis %= weight.ndim
     peak = weight_peaks(weight, choice, channel_axis)
     scales = np.where(peak > 0, peak / qmax, 1.0)
@@ -108,7 +112,7 @@ def quantize_weight(weight: np.ndarray, choice: QuantChoice, where: str,
         scales = power_of_two_at_least(scales)
     shape = [1] * weight.ndim
     shape[channel_axis] = -1
-    q = np.clip(round_half_away(weight / scales.reshape(shape)), -qmax, qmax).astype(STORAGE_DTYPES[choice.dtype])
+    q = np.clip(round_half_away(weight / scales.reshape(shape)), max(dtype.qmin, -qmax), qmax).astype(dtype.storage)
     return q, scales
 
 
@@ -143,7 +147,7 @@ class Lowering:
         return len(self.shapes[tensor].shape)
 
     def params(self, tensor: str) -> QuantParams:
-        """The params of an already lowered (activation or int8 constant) tensor."""
+        """The params of an already lowered (activation or integer constant) tensor."""
         if tensor not in self.tensors:
             raise BuildError(f"{self.where}: input {tensor!r} is a constant where integer lowering needs an "
                              "activation; fold constants first (dabuild.ir.passes.optimize) or run it in fp32")
@@ -171,7 +175,7 @@ class Lowering:
         self.tensors[tensor] = QTensor(self.sample_shape(like or tensor), params)
 
     def int8_input(self, tensor: str) -> str:
-        """The name a layer reads `tensor` by: itself, or for a constant an int8 copy quantized with its
+        """The name a layer reads `tensor` by: itself, or for a constant an integer copy quantized with its
         own exact min/max (under the node's activation dtype and scheme), owned by this node."""
         if not self.is_constant(tensor):
             return tensor

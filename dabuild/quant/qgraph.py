@@ -1,14 +1,15 @@
 """QGraph: the integer-lowered graph that integer targets execute bit-exactly.
 
-A QGraph is a DAG: named int8 tensors, each with its per-tensor QuantParams,
+A QGraph is a DAG: named integer tensors (int8 by default; any type of
+`dabuild.quant.dtypes`), each with its per-tensor QuantParams,
 and layers in schedule order, each reading one or more tensors and writing one
 or more. Tensor names are the float graph's, so a per-layer trace of the
 integer reference lines up with the float interpreter's; the few tensors
 lowering adds (the input of an activation table split off a conv) carry a
-`:` suffix. Graph-level `constants` hold int8 constants a layer reads (an
+`:` suffix. Graph-level `constants` hold integer constants a layer reads (an
 addend, a concat piece) and the float constants of fp32 fallback layers.
 
-Everything a kernel needs is an integer here (int8 weights, int32 biases, Q31
+Everything a kernel needs is an integer here (integer weights, int32 biases, Q31
 multipliers with right shifts, lookup tables); the float scales stay to
 quantize inputs and dequantize outputs at the edges, and for reports. The
 arithmetic rules (rounding half away from zero, Q31 requantization) are in
@@ -25,23 +26,20 @@ import dataclasses
 import json
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
 
+from dabuild.errors import BuildError
 from dabuild.ir.npz import read_npz, write_npz
+from dabuild.quant.dtypes import int_type
 from dabuild.quant.fixed_point import round_half_away
 
 QGRAPH_FILE = "qgraph.json"
 QWEIGHTS_FILE = "qweights.npz"
 FORMAT_VERSION = 2
-INT_RANGES: dict[str, tuple[int, int]] = {"int8": (-128, 127), "int4": (-8, 7)}
-# The numpy type each dtype's values are stored in: int4 weights sit one per int8 byte, so every kernel
-# (the numpy reference and the C int8 kernels) runs them unchanged and only the range differs.
-STORAGE_DTYPES: dict[str, str] = {"int8": "int8", "int4": "int8"}
-# Dtypes only weights may use: activations flow between kernels that clamp to the int8 range.
-WEIGHT_ONLY_DTYPES = ("int4",)
 _CONSTANT_KEY = ":constant:"  # npz member prefix of graph constants (layer arrays are "<layer>/<field>")
 
 Trace = dict[str, np.ndarray]
@@ -57,11 +55,16 @@ class QuantParams:
 
     @property
     def qmin(self) -> int:
-        return INT_RANGES[self.dtype][0]
+        return int_type(self.dtype).qmin
 
     @property
     def qmax(self) -> int:
-        return INT_RANGES[self.dtype][1]
+        return int_type(self.dtype).qmax
+
+    @property
+    def storage(self) -> str:
+        """The numpy dtype the tensor's integers are stored in (int8 for int2..int8, ...)."""
+        return int_type(self.dtype).storage
 
     def quantize(self, x: np.ndarray) -> np.ndarray:
         """float -> int in float32, the way model_forward_float does it in C."""
@@ -70,7 +73,7 @@ class QuantParams:
         span = np.float32(self.qmax - self.qmin)
         scaled = np.minimum(np.where(scaled >= -span - 1, scaled, -span - 1), span)
         q = round_half_away(scaled) + np.float32(self.zero_point)
-        return np.clip(q, self.qmin, self.qmax).astype(self.dtype)
+        return np.clip(q, self.qmin, self.qmax).astype(self.storage)
 
     def dequantize(self, q: np.ndarray) -> np.ndarray:
         """int -> float32, the way model_forward_float does it in C."""
@@ -82,8 +85,8 @@ class QuantParams:
         return np.asarray(q).astype(np.int64) - self.zero_point
 
     def saturate(self, values: np.ndarray) -> np.ndarray:
-        """Integer values clamped to this dtype's range and stored in it."""
-        return np.clip(values, self.qmin, self.qmax).astype(self.dtype)
+        """Integer values clamped to this dtype's range, in its storage type."""
+        return np.clip(values, self.qmin, self.qmax).astype(self.storage)
 
     def all_values(self) -> np.ndarray:
         """Every integer of the dtype, ascending (the index set of a lookup table)."""
@@ -106,8 +109,8 @@ class QTensor:
 class QLayer(ABC):
     """Base of integer layers; array fields go to the npz file, the rest to JSON attrs.
 
-    `run` is the layer's numpy reference: the int8 (or int32 for nothing but
-    traces) arrays of its inputs, batch axis first, to those of its outputs.
+    `run` is the layer's numpy reference: the integer (or int32/int64 for nothing
+    but traces) arrays of its inputs, batch axis first, to those of its outputs.
     """
 
     op: ClassVar[str]
@@ -153,7 +156,7 @@ class QGraph:
     output: str
     tensors: dict[str, QTensor]
     layers: list[QLayer]
-    constants: dict[str, np.ndarray] = field(default_factory=dict)  # int8 ones also have an entry in tensors
+    constants: dict[str, np.ndarray] = field(default_factory=dict)  # integer ones also have an entry in tensors
 
     @property
     def input_names(self) -> list[str]:
@@ -167,6 +170,23 @@ class QGraph:
     @property
     def output_params(self) -> QuantParams:
         return self.tensors[self.output].params
+
+    def require_dtypes(self, target: str, activations: Collection[str], weights: Collection[str] = ("int8",)) -> None:
+        """BuildError naming the first layer that reads or writes a tensor whose dtype is not in `activations`,
+        or holds weights stored in a numpy type not in `weights` (int8 storage: any width up to 8 bits).
+
+        A target calls it on export for the dtypes its kernels run, so a type its capability does not list
+        fails there, by layer and type, instead of running with the wrong range."""
+        for layer in self.layers:
+            for name in (*layer.inputs, *layer.outputs):
+                dtype = self.tensors[name].params.dtype if name in self.tensors else None
+                if dtype is not None and dtype not in activations:
+                    raise BuildError(f"layer {layer.name!r} ({layer.op}): the {target} target cannot run tensor "
+                                     f"{name!r} of dtype {dtype} (it runs {', '.join(activations)})")
+            weight = getattr(layer, "weight", None)
+            if isinstance(weight, np.ndarray) and weight.dtype.name not in weights:
+                raise BuildError(f"layer {layer.name!r} ({layer.op}): the {target} target cannot run weights stored "
+                                 f"as {weight.dtype.name} (it runs weights stored as {', '.join(weights)})")
 
     def save(self, directory: Path) -> None:
         directory = Path(directory)

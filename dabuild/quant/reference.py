@@ -18,7 +18,9 @@ __all__ = ["dequantize_output", "quantize_input", "requantize", "run_integer", "
 
 
 def run_integer(qgraph: QGraph, x_q: np.ndarray, keep_intermediates: bool = False) -> np.ndarray | dict[str, np.ndarray]:
-    """int8 inputs (batch, *input shape) -> int8 outputs, layer by layer in schedule order.
+    """Integer inputs (batch, *input shape) -> integer outputs, layer by layer in schedule order.
+
+    Arrays are in their dtype's storage type (`QuantParams.storage`: int8 for int2..int8, ...).
 
     With keep_intermediates, every tensor by its name (the float graph's
     names, so traces line up with the float interpreter's) plus each
@@ -26,8 +28,8 @@ def run_integer(qgraph: QGraph, x_q: np.ndarray, keep_intermediates: bool = Fals
     """
     expected = qgraph.tensors[qgraph.input]
     x_q = np.asarray(x_q)
-    if x_q.dtype != np.dtype(expected.params.dtype) or x_q.shape[1:] != expected.shape:
-        raise ValueError(f"run_integer: expected {expected.params.dtype} inputs of shape (batch, "
+    if x_q.dtype != np.dtype(expected.params.storage) or x_q.shape[1:] != expected.shape:
+        raise ValueError(f"run_integer: expected {expected.params.storage} inputs of shape (batch, "
                          f"{', '.join(map(str, expected.shape))}), got {x_q.dtype} {x_q.shape}")
     values: dict[str, np.ndarray] = {**qgraph.constants, qgraph.input: x_q}
     trace: dict[str, np.ndarray] | None = {} if keep_intermediates else None
@@ -48,7 +50,7 @@ def dequantize_output(qgraph: QGraph, y_q: np.ndarray) -> np.ndarray:
 
 
 def run_quantized(qgraph: QGraph, x: np.ndarray) -> np.ndarray:
-    """Float in, float out through the exact integer path: what a deployed int8 model computes.
+    """Float in, float out through the exact integer path: what a deployed integer model computes.
 
     Used to measure the accuracy a quantization config really delivers.
     """

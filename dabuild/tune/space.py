@@ -20,7 +20,6 @@ import dataclasses
 import difflib
 import itertools
 import math
-import re
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -29,8 +28,8 @@ from dabuild.capability import CapabilitySpec, QuantChoices
 from dabuild.errors import BuildError
 from dabuild.ir.graph import Graph
 from dabuild.quant.calibrate import LAST_AXIS_OPS
-from dabuild.quant.config import LOWERED_DTYPES, QUANTIZABLE_OPS, NodeConfig, QuantChoice, QuantConfig
-from dabuild.quant.qgraph import WEIGHT_ONLY_DTYPES
+from dabuild.quant.config import QUANTIZABLE_OPS, NodeConfig, QuantChoice, QuantConfig
+from dabuild.quant.dtypes import NAMES_TEXT, int_type, is_int_type
 
 FP32 = NodeConfig(weight=None, activation=None)
 FLOAT_DTYPE = "fp32"
@@ -41,13 +40,8 @@ Narrowing = Mapping[str, Mapping[str, Mapping[str, list[str]]]]  # op type or no
 
 
 def dtype_bits(dtype: str | None) -> int:
-    """Bits of one stored value: int8 -> 8, int4 -> 4; None (float) -> 32."""
-    if dtype is None:
-        return 32
-    match = re.search(r"\d+", dtype)
-    if match is None:
-        raise BuildError(f"dtype {dtype!r}: cannot tell its width in bits")
-    return int(match.group())
+    """Bits of one value: int8 -> 8, uint5 -> 5 (dtypes.int_type; BuildError if unknown); None (float) -> 32."""
+    return 32 if dtype is None else int_type(dtype).bits
 
 
 @dataclass(frozen=True)
@@ -260,26 +254,19 @@ def _where(name: str, op: str, by_name: Mapping[str, Any], role: str, field: str
     return f"tuning.space.op_name.{name}.{key}" if from_name else f"tuning.space.op_type.{op}.{key}"
 
 
-def lowered_dtypes(role: str) -> list[str]:
-    """The dtypes dabuild lowers for `role`: weight-only ones (int4) never for activations, which the
-    lowering refuses, so a space offering them there would only hold configs that cannot run."""
-    return [d for d in LOWERED_DTYPES if role == "weight" or d not in WEIGHT_ONLY_DTYPES]
-
-
 def _narrow(offered: QuantChoices, wanted: Mapping[str, list[str]], name: str, op: str, role: str,
             capability: str, by_name: Mapping[str, Any]) -> list[list[str]]:
     """Each field's values: the capability's (dtypes dabuild lowers), kept in its order, cut to the recipe's."""
-    lowered = lowered_dtypes(role)
     lists = []
     for field in FIELDS:
         values = list(getattr(offered, field))
         if field == "dtype":
-            values = [d for d in values if d in lowered]
+            values = [d for d in values if is_int_type(d)]
         asked = [v for v in wanted.get(field, values) if not (field == "dtype" and v == FLOAT_DTYPE)]
         for value in asked:
             if value not in values:
                 offered_text = ", ".join(values) or "none"
-                hint = (f"; dabuild lowers only {', '.join(lowered)} for {role}s"
+                hint = (f"; dabuild lowers only {NAMES_TEXT}"
                         if field == "dtype" and value in getattr(offered, field) else "")
                 raise BuildError(f"{_where(name, op, by_name, role, field)}: capability {capability!r} does not "
                                  f"offer {value!r} for {role}s of op {op!r} (offers: {offered_text}){hint}")
@@ -287,5 +274,5 @@ def _narrow(offered: QuantChoices, wanted: Mapping[str, list[str]], name: str, o
     if not lists[0]:
         if "dtype" not in wanted:
             raise BuildError(f"node {name!r}: capability {capability!r} offers {role} dtypes "
-                             f"{list(offered.dtype)} for op {op!r}; dabuild lowers only {lowered} for {role}s")
+                             f"{list(offered.dtype)} for op {op!r}; dabuild lowers only {NAMES_TEXT}")
     return lists

@@ -1,16 +1,16 @@
-"""Elementwise layers: clamps, lookup tables, and add/sub/mul of two int8 tensors.
+"""Elementwise layers: clamps, lookup tables, and add/sub/mul of two integer tensors.
 
 relu keeps its input's params and clamps at the zero point; relu6 and clip
 keep them too and clamp at their quantized bounds (exact up to the rounding
-of the bounds). Every other activation is a 256-entry table (see
-`dabuild.quant.activations`).
+of the bounds). Every other activation is a table with one entry per value
+of the input's dtype (256 for int8; see `dabuild.quant.activations`).
 
 add/sub follow TFLite: both inputs, centred, are shifted left by LEFT_SHIFT
 bits and each scaled to the common scale 2 * max(s_a, s_b) / 2**LEFT_SHIFT
-(multipliers <= 1/2, so no bit is lost at int8), added in int32, and the sum
-requantized to the output. mul requantizes the int32 product of the centred
+(multipliers <= 1/2, so no bit is lost at int8), added in int32 (int64 for
+inputs wider than 8 bits), and the sum requantized to the output. mul requantizes the int32 product of the centred
 inputs by s_a * s_b / s_y. A constant operand is quantized with its own exact
-min/max into an int8 graph constant. Inputs broadcast as numpy does.
+min/max into an integer graph constant. Inputs broadcast as numpy does.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import numpy as np
 
 from dabuild.ir.ops import OPS
 from dabuild.quant.activations import clamp_bounds, is_table_activation, lookup_table
-from dabuild.quant.fixed_point import quantize_multiplier, requantize
+from dabuild.quant.fixed_point import accumulator_trace, quantize_multiplier, requantize
 from dabuild.quant.lowering import Lowering, lowers
 from dabuild.quant.qgraph import QGraph, QLayer, Trace, layer_type
 
@@ -53,11 +53,11 @@ class QRelu(QClamp):
 @layer_type
 @dataclass
 class QLookup(QLayer):
-    """y = table[x - qmin]: any function of one int8 value."""
+    """y = table[x - qmin]: any function of one integer value."""
 
     op: ClassVar[str] = "lookup"
     function: str       # the float op the table was computed from, for reports
-    table: np.ndarray   # int8 (256,)
+    table: np.ndarray   # (input levels,) in the output's storage: 256 int8 for int8 -> int8
 
     def run(self, inputs: list[np.ndarray], graph: QGraph, trace: Trace | None) -> list[np.ndarray]:
         return [self.table[inputs[0].astype(np.int64) - self.params(graph).qmin]]
@@ -105,7 +105,7 @@ class QAdd(QLayer):
                            self.input_multiplier[i], self.input_shift[i]) for i, x in enumerate(inputs))
         total = a + self.sign * b
         if trace is not None:
-            trace[f"{self.name}:accumulator"] = total.astype(np.int32)
+            trace[f"{self.name}:accumulator"] = accumulator_trace(total)
         target = self.output_params(graph)
         return [target.saturate(requantize(total, self.multiplier, self.shift) + target.zero_point)]
 
@@ -147,7 +147,7 @@ class QMul(QLayer):
     def run(self, inputs: list[np.ndarray], graph: QGraph, trace: Trace | None) -> list[np.ndarray]:
         product = self.params(graph, 0).centred(inputs[0]) * self.params(graph, 1).centred(inputs[1])
         if trace is not None:
-            trace[f"{self.name}:accumulator"] = product.astype(np.int32)
+            trace[f"{self.name}:accumulator"] = accumulator_trace(product)
         target = self.output_params(graph)
         return [target.saturate(requantize(product, self.multiplier, self.shift) + target.zero_point)]
 

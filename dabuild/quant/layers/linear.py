@@ -1,17 +1,18 @@
-"""dense and conv (and batch_norm, a depthwise 1x1 conv): int8 x int8 -> int32, requantized.
+"""dense and conv (and batch_norm, a depthwise 1x1 conv): int x int -> int32 (int64), requantized.
 
-acc = sum (x - x_zero_point) * w + bias, with symmetric int8 weights (per
-tensor or per output channel) and the bias in int32 units of s_x * s_w; then
+acc = sum (x - x_zero_point) * w + bias, with symmetric integer weights (per
+tensor or per output channel) and the bias in integer units of s_x * s_w; then
 y = requantize(acc, s_x * s_w / s_y) + y_zero_point, clamped to the fused
-activation's bounds (relu, relu6, clip) or the int8 range. A fused table
+activation's bounds (relu, relu6, clip) or the output dtype's range. A fused table
 activation (sigmoid, gelu, ...) becomes a lookup layer after the clamp-free
 layer. Conv pads with the input zero point (0 after centring), so padding is
 exactly a real 0.
 
 The reference computes the sums as float64 matrix products of the integer
-values: the lowering proves |acc| < 2**31 for every int8 input, so every
-partial sum is an integer far below 2**53 and float64 holds it exactly; the
-result equals int32 arithmetic bit for bit, at BLAS speed.
+values: the lowering proves |acc| < 2**31 for every input when weights and
+inputs have at most 8 bits (int32 accumulators, as in C), and |acc| < 2**53
+for wider types (int64), so every partial sum is an integer float64 holds
+exactly; the result equals integer arithmetic bit for bit, at BLAS speed.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ from dabuild.ir.ops.linear import batch_norm_affine
 from dabuild.quant.activations import clamp_bounds, is_table_activation, pre_activation
 from dabuild.quant.bias_correction import input_channel_means, mean_output_error
 from dabuild.quant.config import QuantChoice
-from dabuild.quant.fixed_point import INT32_MAX, quantize_multiplier, requantize, round_half_away
+from dabuild.quant.dtypes import accumulator_max
+from dabuild.quant.fixed_point import INT32_MAX, accumulator_trace, quantize_multiplier, requantize, round_half_away
 from dabuild.quant.layers.elementwise import lookup_layer
 from dabuild.quant.lowering import Lowering, lowers, quantize_weight
 from dabuild.quant.qgraph import QGraph, QLayer, Trace, layer_type
@@ -40,8 +42,8 @@ PER_CHANNEL_MINMAX = QuantChoice("int8", "sym", "per_channel", "minmax")
 class QWeighted(QLayer):
     """Fields shared by dense and conv."""
 
-    weight: np.ndarray        # int8, symmetric
-    bias: np.ndarray          # int32 (out_channels,), in units of s_in * s_w
+    weight: np.ndarray        # symmetric integers in the weight dtype's storage (int8 up to 8 bits)
+    bias: np.ndarray          # int32 (int64 where wide types need it) (out_channels,), in units of s_in * s_w
     multiplier: np.ndarray    # int32 (1 or out_channels,), Q31 mantissa of s_in * s_w / s_out
     shift: np.ndarray         # int32 (1 or out_channels,), total right shift (31 - exponent)
     weight_scale: np.ndarray  # float64 (1 or out_channels,), kept for reports and dequantization
@@ -61,11 +63,11 @@ class QWeighted(QLayer):
         channel[self.channel_axis] = -1
         accumulator += self.bias.astype(np.int64).reshape(channel)
         if trace is not None:
-            trace[f"{self.name}:accumulator"] = accumulator.astype(np.int32)
+            trace[f"{self.name}:accumulator"] = accumulator_trace(accumulator)
         target = self.output_params(graph)
         shape = channel if len(self.multiplier) > 1 else [1]
         y = requantize(accumulator, self.multiplier.reshape(shape), self.shift.reshape(shape)) + target.zero_point
-        return [np.clip(y, self.output_min, self.output_max).astype(target.dtype)]
+        return [np.clip(y, self.output_min, self.output_max).astype(target.storage)]
 
 
 @layer_type
@@ -123,16 +125,20 @@ def _weighted_layers(ctx: Lowering, layer_class: type[QWeighted], weight: np.nda
         bias = bias - _mean_weight_error(ctx, layer_class, weight, weight_q, weight_scale, channel_axis, geometry)
     accumulator_scale = source.scale * weight_scale
     bias_q = round_half_away(bias.astype(np.float64) / accumulator_scale)
-    # Worst |accumulator| over every int8 input: |bias| + sum |w| * 255; int32 overflow in C is undefined.
+    # Worst |accumulator| over every input: |bias| + sum |w| * (qmax - qmin); int32 overflow in C is undefined,
+    # and wide types must stay where float64 sums are exact (dtypes.accumulator_max).
     others = tuple(a for a in range(weight.ndim) if a != channel_axis)
     worst = np.abs(bias_q) + np.abs(weight_q.astype(np.int64)).sum(axis=others) * (source.qmax - source.qmin)
-    if np.any(worst > INT32_MAX):
-        raise BuildError(f"{ctx.where}: the int32 accumulator could overflow (worst case {int(worst.max())}); "
-                         "the bias or the number of input features is too large for int8 x int8 -> int32")
+    limit = accumulator_max(source.dtype, weight_choice.dtype)
+    if np.any(worst > limit):
+        raise BuildError(f"{ctx.where}: the accumulator could overflow (worst case {int(worst.max())} > {limit}); "
+                         f"the bias or the number of input features is too large for {source.dtype} x "
+                         f"{weight_choice.dtype} weights")
     multiplier, shift = quantize_multiplier(accumulator_scale / target.scale, ctx.where)
     low, high = clamp_bounds("none" if table else activation, activation_attrs, target)
     layers: list[QLayer] = [layer_class(
-        name=node.name, inputs=[node.inputs[0]], outputs=[written], weight=weight_q, bias=bias_q.astype(np.int32),
+        name=node.name, inputs=[node.inputs[0]], outputs=[written], weight=weight_q,
+        bias=bias_q.astype(np.int32 if np.all(np.abs(bias_q) <= INT32_MAX) else np.int64),
         multiplier=multiplier, shift=shift, weight_scale=weight_scale, output_min=low, output_max=high, **geometry)]
     if table:
         layers.append(lookup_layer(ctx, f"{node.name}:{activation}", written, output, activation, activation_attrs))

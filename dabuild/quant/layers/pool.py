@@ -1,7 +1,7 @@
 """Averages and sums: avg_pool, global_avg_pool, reduce_mean, reduce_sum.
 
-Each sums the centred int8 inputs of a window (or of the reduced axes) in
-int32, then requantizes with a Q31 multiplier that includes 1/count:
+Each sums the centred integer inputs of a window (or of the reduced axes) in
+int32 (int64 for inputs wider than 8 bits), then requantizes with a Q31 multiplier that includes 1/count:
 y = round(sum * s_x / (count * s_y)) + y_zero_point, one rounding, half away
 from zero (`fixed_point.requantize`). avg_pool's count varies near the border
 when padding does not count, so it keeps one multiplier per possible count
@@ -19,7 +19,8 @@ import numpy as np
 
 from dabuild.errors import BuildError
 from dabuild.ir.ops import OPS
-from dabuild.quant.fixed_point import INT32_MAX, quantize_multiplier, requantize
+from dabuild.quant.dtypes import accumulator_max
+from dabuild.quant.fixed_point import accumulator_trace, quantize_multiplier, requantize
 from dabuild.quant.lowering import Lowering, lowers
 from dabuild.quant.qgraph import QGraph, QLayer, QuantParams, Trace, layer_type
 
@@ -41,7 +42,7 @@ class QAvgPool(QLayer):
         total = np.sum(taps, axis=0)
         counts = pool.divisors(x.shape, self.op_attrs).astype(np.int64) - 1
         if trace is not None:
-            trace[f"{self.name}:accumulator"] = total.astype(np.int32)
+            trace[f"{self.name}:accumulator"] = accumulator_trace(total)
         target = self.output_params(graph)
         return [target.saturate(requantize(total, self.multiplier[counts], self.shift[counts]) + target.zero_point)]
 
@@ -71,7 +72,7 @@ class QMean(QLayer):
     def run(self, inputs: list[np.ndarray], graph: QGraph, trace: Trace | None) -> list[np.ndarray]:
         total = self.params(graph).centred(inputs[0]).sum(axis=tuple(self.axes), keepdims=self.keepdims)
         if trace is not None:
-            trace[f"{self.name}:accumulator"] = total.astype(np.int32)
+            trace[f"{self.name}:accumulator"] = accumulator_trace(total)
         target = self.output_params(graph)
         return [target.saturate(requantize(total, self.multiplier, self.shift) + target.zero_point)]
 
@@ -97,10 +98,10 @@ def lower_mean(ctx: Lowering) -> list[QLayer]:
 
 
 def _output(ctx: Lowering, count: int) -> QuantParams:
-    """Declare the calibrated output; refuse sums of `count` int8 values that could overflow int32."""
+    """Declare the calibrated output; refuse sums of `count` values that could overflow the accumulator."""
     source = ctx.params(ctx.node.inputs[0])
-    if count * (source.qmax - source.qmin) > INT32_MAX:
-        raise BuildError(f"{ctx.where}: a sum of {count} int8 values could overflow the int32 accumulator")
+    if count * (source.qmax - source.qmin) > accumulator_max(source.dtype):
+        raise BuildError(f"{ctx.where}: a sum of {count} {source.dtype} values could overflow the accumulator")
     target = ctx.calibrated(ctx.node.outputs[0])
     ctx.output(ctx.node.outputs[0], target)
     return target

@@ -1,11 +1,11 @@
-"""Layers that only move, copy or select int8 values, and concat.
+"""Layers that only move, copy or select integer values, and concat.
 
 Layout ops (identity, reshape, flatten, transpose, squeeze, unsqueeze, slice,
 split, pad) and the max ops (max_pool, reduce_max) output values of their
-input (pad: or its quantized pad value), so they run on int8 without any
+input (pad: or its quantized pad value), so they run on integers without any
 requantization and their outputs keep the input's params. The reference runs
-the IR op's own float kernel on the int8 values held in float32, which is
-exact: float32 holds every int8 value, and moving or comparing values never
+the IR op's own float kernel on the integer values held in float32, which
+is exact: float32 holds every value of a type up to 16 bits, and moving or comparing values never
 rounds. Constant padding pads with the quantized pad value (the zero point
 for the usual 0).
 
@@ -32,7 +32,7 @@ SELECTION_OPS = ("identity", "reshape", "flatten", "transpose", "squeeze", "unsq
 
 @dataclass
 class QSelection(QLayer):
-    """The IR op `op` applied to int8 values; `op_attrs` are its resolved attributes."""
+    """The IR op `op` applied to integer values; `op_attrs` are its resolved attributes."""
 
     op_attrs: dict[str, Any]
 

@@ -1,7 +1,7 @@
-"""Softmax in fixed point: int8 in, probabilities in steps of 1/256 out.
+"""Softmax in fixed point: integers in, probabilities in steps of 1/256 out (int8).
 
-Along `axis`, d = max(x) - x is an integer in [0, 255] whatever the zero
-point. A 256-entry table holds e[d] = round(exp(-s_x * d) * 2**EXP_BITS) (a
+Along `axis`, d = max(x) - x is an integer in [0, qmax - qmin] (255 for
+int8) whatever the zero point. A table with one entry per d holds e[d] = round(exp(-s_x * d) * 2**EXP_BITS) (a
 Q16 int32; e[0] = 2**16 is exactly 1.0), the sum of the e over the axis is
 an int32, and each output is the integer division
 y = (e * 256 + sum / 2) / sum - 128 (rounded to nearest, halves up; all
@@ -19,7 +19,7 @@ import numpy as np
 
 from dabuild.errors import BuildError
 from dabuild.ir.ops import OPS
-from dabuild.quant.fixed_point import INT32_MAX, round_half_away
+from dabuild.quant.fixed_point import INT32_MAX, accumulator_trace, round_half_away
 from dabuild.quant.lowering import Lowering, lowers
 from dabuild.quant.qgraph import QGraph, QLayer, QuantParams, Trace, layer_type
 
@@ -32,14 +32,14 @@ OUTPUT_PARAMS = QuantParams(1 / 256, -128)
 class QSoftmax(QLayer):
     op: ClassVar[str] = "softmax"
     axis: int               # batch-first numbering
-    exp_table: np.ndarray   # int32 (256,): round(exp(-s_x * d) * 2**EXP_BITS) for d = 0..255
+    exp_table: np.ndarray   # int32 (input levels,): round(exp(-s_x * d) * 2**EXP_BITS) for d = 0..qmax-qmin
 
     def run(self, inputs: list[np.ndarray], graph: QGraph, trace: Trace | None) -> list[np.ndarray]:
         x = inputs[0].astype(np.int64)
         e = self.exp_table.astype(np.int64)[x.max(axis=self.axis, keepdims=True) - x]
         total = e.sum(axis=self.axis, keepdims=True)
         if trace is not None:
-            trace[f"{self.name}:accumulator"] = total.astype(np.int32)
+            trace[f"{self.name}:accumulator"] = accumulator_trace(total)
         target = self.output_params(graph)
         return [target.saturate((e * 256 + total // 2) // total + target.zero_point)]
 

@@ -64,6 +64,7 @@ def _touches_batch(layer: QLayer, rank: int) -> bool:
 
 
 def build_program(qgraph: QGraph) -> Program:
+    qgraph.require_dtypes("C", activations=("int8",))  # int8 kernels; narrower weights are exact in int8
     storage = {qgraph.input: Storage.canonical(qgraph.tensors[qgraph.input].shape)}
     buffer = {qgraph.input: qgraph.input}
     steps: list[Step] = []

@@ -4,8 +4,8 @@ Export traces the QGraph through the `dabuild` DAIS tracer plugin (so the
 path is exactly da4ml's public `trace_model`), keeps da4ml's combinational
 program (`CombLogic`) as JSON and as the binary DAIS program, and records in
 hdl.json what the integer interface needs: the input and output fixed-point
-types (fractional bits), shapes, cost and latency. Running converts int8
-inputs to the real values da4ml's interpreter takes (q * 2**-f) and its real
+types (fractional bits, storage dtypes), shapes, cost and latency. Running
+converts integer inputs to the real values da4ml's interpreter takes (q * 2**-f) and its real
 outputs back to integers (exact: all are small dyadic numbers).
 """
 
@@ -35,7 +35,8 @@ class Manifest:
     output_shape: tuple[int, ...]
     input_fractional_bits: int
     output_fractional_bits: int
-    dtype: str            # of the integer inputs and outputs
+    input_dtype: str      # numpy storage dtype of the integer inputs (int8 for int2..int8, ...)
+    output_dtype: str     # and of the outputs
     cost: float           # da4ml's estimate, in LUTs
     latency: float        # the slowest output's combinational delay, in da4ml's adder-delay units
     adder_size: int
@@ -71,13 +72,11 @@ def pipelined(comb: CombLogic, latency_cutoff: float) -> CombLogic | Pipeline:
 
 def manifest_of(qgraph: QGraph, comb: CombLogic, solution: CombLogic | Pipeline, register_layers: int) -> Manifest:
     input_params, output_params = qgraph.input_params, qgraph.output_params
-    if input_params.dtype != output_params.dtype:
-        raise BuildError(f"the hdl target's integer interface needs one dtype; input is {input_params.dtype}, "
-                         f"output {output_params.dtype}")
     return Manifest(qgraph.tensors[qgraph.input].shape, qgraph.tensors[qgraph.output].shape,
                     fractional_bits(input_params, f"graph input {qgraph.input!r}"),
                     fractional_bits(output_params, f"graph output {qgraph.output!r}"),
-                    input_params.dtype, comb.cost, float(comb.latency[1]), comb.adder_size, comb.carry_size,
+                    input_params.storage, output_params.storage, comb.cost, float(comb.latency[1]), comb.adder_size,
+                    comb.carry_size,
                     len(solution.solutions) if isinstance(solution, Pipeline) else 0, register_layers)
 
 
@@ -100,13 +99,13 @@ def to_real(manifest: Manifest, inputs: np.ndarray) -> np.ndarray:
 
 
 def to_integer(manifest: Manifest, outputs: np.ndarray, where: str) -> np.ndarray:
-    """Real outputs of the logic as integers of the output's dtype; BuildError if any is off the grid."""
+    """Real outputs of the logic as integers in the output's storage dtype; BuildError if any is off the grid."""
     scaled = np.asarray(outputs, dtype=np.float64) * 2.0 ** manifest.output_fractional_bits
     integers = np.round(scaled)
     if not np.array_equal(integers, scaled):
         raise BuildError(f"{where} returned values off the output's fixed-point grid "
                          f"(2**-{manifest.output_fractional_bits})")
-    return integers.astype(manifest.dtype).reshape(len(scaled), *manifest.output_shape)
+    return integers.astype(manifest.output_dtype).reshape(len(scaled), *manifest.output_shape)
 
 
 def run_dais(directory: Path, inputs: np.ndarray) -> np.ndarray:

@@ -1,8 +1,9 @@
 """dabuild's integer layers as da4ml's symbolic fixed-point operations.
 
 A QGraph whose tensors all have power-of-two scales and zero point 0 (scheme
-`pot`) is a fixed-point network: an int8 tensor with scale 2**-f is the
-fixed-point type (signed, 7 - f integer bits, f fractional bits), and every
+`pot`) is a fixed-point network: a tensor of dtype intN with scale 2**-f is
+the fixed-point type (signed, N - 1 - f integer bits, f fractional bits), of
+dtype uintN the unsigned (N - f integer bits, f fractional bits), and every
 requantization is a shift. Each converter below maps one layer kind onto
 da4ml's `FixedVariableArray` arithmetic on the *real* values (q * 2**-f), so
 da4ml sees constant matrices, constant additions, rounding and saturation,
@@ -29,7 +30,8 @@ from dabuild.quant import layers  # noqa: F401  (registers every layer type)
 from dabuild.quant.layers.elementwise import QClamp
 from dabuild.quant.layers.linear import QDense
 from dabuild.quant.layers.shape import SELECTION_OPS, QSelection
-from dabuild.quant.qgraph import INT_RANGES, QGraph, QLayer, QuantParams
+from dabuild.quant.dtypes import int_type
+from dabuild.quant.qgraph import QGraph, QLayer, QuantParams
 
 try:
     from da4ml.trace import FixedVariable, FixedVariableArray
@@ -50,12 +52,15 @@ def fractional_bits(params: QuantParams, where: str) -> int:
     return -int(exponent)
 
 
-def fixed_type(params: QuantParams, where: str, signed: bool = True) -> tuple[int, int, int]:
-    """(k, i, f) of da4ml for a tensor: sign bit, integer bits without the sign, fractional bits."""
+def fixed_type(params: QuantParams, where: str, signed: bool | None = None) -> tuple[int, int, int]:
+    """(k, i, f) of da4ml for a tensor: sign bit, integer bits without the sign, fractional bits.
+
+    `signed` (default: the dtype's own) False on a signed dtype gives the unsigned type of the same width,
+    which holds the non-negative half and more (a clamp to the dtype's range follows where it matters)."""
     f = fractional_bits(params, where)
-    qmin, qmax = INT_RANGES[params.dtype]
-    bits = int(qmax - qmin).bit_length()
-    return int(signed), bits - int(signed) - f, f
+    dtype = int_type(params.dtype)
+    k = int(dtype.signed if signed is None else signed and dtype.signed)
+    return k, dtype.bits - k - f, f
 
 
 def _elementwise(array: FixedVariableArray, function: Callable[[FixedVariable], FixedVariable]) -> FixedVariableArray:

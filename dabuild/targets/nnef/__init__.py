@@ -59,6 +59,7 @@ def _tract() -> Any:
 def build_document(qgraph: QGraph, quantized_kernels: bool) -> tuple[Emitter, str, str, dict[str, str]]:
     """The emitter holding the exported graph, the input and output identifiers and, for traces, the
     identifier of every QGraph tensor's real value."""
+    qgraph.require_dtypes("nnef", activations=("int8",))  # graph.quant declares 8-bit signed tensors (QI8)
     e = Emitter(qgraph)
     source = e.external(f"{qgraph.input}_float", qgraph.tensors[qgraph.input].shape)
     e.set_real(qgraph.input, e.fake_quant(source, qgraph.input_params, qgraph.input))

@@ -257,7 +257,11 @@ def _float(w: QdqWriter, layer: Any) -> None:
 
 
 def to_qdq_onnx(qgraph: QGraph, opset: int | None = None, name: str = "dabuild") -> onnx.ModelProto:
-    """The QGraph as a checked QDQ model with a dynamic batch; BuildError naming layers it cannot write."""
+    """The QGraph as a checked QDQ model with a dynamic batch; BuildError naming layers it cannot write.
+
+    QuantizeLinear saturates to its zero point's full type, so activations must be exactly int8 or uint8
+    (opset 17 has no narrower or 16-bit types); weights of up to 8 bits are exact in int8."""
+    qgraph.require_dtypes("onnx", activations=[name for name in ONNX_TYPES if name != "int32"])
     missing = [f"{layer.name!r} ({layer.op})" for layer in qgraph.layers if layer.op not in WRITERS]
     if missing:
         raise BuildError(f"onnx export: no QDQ writer for layer {', '.join(missing)}")
