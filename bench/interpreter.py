@@ -5,7 +5,9 @@ conv + batch_norm + relu, global average pool, dense) built here with random
 weights, and the digits MLP traced from recipes/digits. Each is optimised by
 dabuild (batch norm folded, activations fused), exported with
 dabuild.targets.onnx_float and run by onnxruntime's CPUExecutionProvider with
-the same intra-op thread count as numpy's BLAS. Each side prepares the graph
+the same intra-op thread count as dabuild's: the Interpreter's `threads` (batch
+slices of a conv net on that many threads) under a BLAS limited to that many
+threads. Each side prepares the graph
 once (an Interpreter, an InferenceSession) outside the timed calls. Prints images/s for both and
 dabuild/onnxruntime (target: >= 0.5), each from the fastest call in the timed window.
 
@@ -101,7 +103,7 @@ def compare(name: str, graph: Graph, x: np.ndarray, threads: int, seconds: float
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     session = ort.InferenceSession(to_onnx(graph).SerializeToString(), options, providers=["CPUExecutionProvider"])
-    interpreter = Interpreter(graph)  # prepared once, as the onnxruntime session is
+    interpreter = Interpreter(graph, threads=threads)  # prepared once, as the onnxruntime session is
     feeds = {graph.inputs[0].name: x}
     ours_out = interpreter.run(feeds)[graph.outputs[0]]
     theirs_out = session.run(None, feeds)[0]

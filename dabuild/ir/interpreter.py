@@ -7,14 +7,22 @@ against it, and targets are checked against what it (or its integer twin) says.
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from dabuild.errors import UsageError
 from dabuild.ir.graph import Graph, TensorSpec
-from dabuild.ir.ops import OPS
+from dabuild.ir.ops import OPS, Activation
 from dabuild.ir.ops.base import Kernel
+from dabuild.ir.ops.linear import Conv
+
+try:
+    from threadpoolctl import ThreadpoolController
+except ImportError:  # only threaded runs need it
+    ThreadpoolController = None  # type: ignore[assignment,misc]
 
 
 def _shape_text(shape: tuple[int | None, ...]) -> str:
@@ -50,13 +58,13 @@ def validate_feeds(graph: Graph, feeds: dict[str, np.ndarray]) -> dict[str, np.n
 
 @dataclass
 class Step:
-    """One node of a plan: its prepared kernel, where its arrays come from and go, and what dies after it."""
+    """One step of a plan: a prepared kernel, where its arrays come from and go, and what dies after it."""
 
     kernel: Kernel
     inputs: list[str]
     outputs: list[str]
-    finished: list[str]  # tensors nothing after this node reads (graph outputs and constants excluded)
-    overwritable: list[int]  # positions of finished inputs an in-place op may write its output into
+    finished: list[str] = field(default_factory=list)  # tensors nothing later reads (outputs, constants excluded)
+    overwritable: list[int] = field(default_factory=list)  # positions of finished inputs the output may go into
 
 
 class Interpreter:
@@ -66,41 +74,144 @@ class Interpreter:
     reader, and an op that can (add, relu, conv, ...) writes its output into an
     input that dies with it when nothing else refers to that memory, so a
     residual block does not allocate (and page-fault in) a fresh tensor per op.
+    A residual block's conv -> add -> activation also runs as one step (see
+    `Conv.prepare_residual`); with `keep_intermediates` every node runs alone,
+    since the per-layer trace needs the tensors in between.
+
+    With `threads` > 1, a batch of a graph whose nodes all treat samples
+    independently and that has convs runs as that many slices at once, each on
+    its own thread with single-threaded BLAS (numpy releases the GIL in its
+    loops): images are independent, so every node's work splits evenly, where
+    threaded BLAS splits only the matmuls, each small one with its own
+    synchronisation. The slices compute exactly what the whole batch computes. Threads need
+    threadpoolctl (to limit BLAS); without it, or for graphs of dense layers
+    only (too little work per call to pay for dispatch), the run is serial.
     The graph must not change while an Interpreter of it is in use.
     """
 
-    def __init__(self, graph: Graph):
+    def __init__(self, graph: Graph, threads: int = 1):
         self.graph = graph
-        last: dict[str, int] = {}
-        for index, node in enumerate(graph.nodes):
-            for name in node.inputs:
-                last[name] = index
-        keep = set(graph.outputs) | set(graph.constants) | {spec.name for spec in graph.inputs}
-        self.steps: list[Step] = []
-        for index, node in enumerate(graph.nodes):
-            op = OPS[node.op]
-            finished = sorted({name for name in node.inputs if last[name] == index and name not in keep})
-            overwritable = [position for position in op.in_place
-                            if node.inputs[position] in finished and node.inputs.count(node.inputs[position]) == 1]
-            self.steps.append(Step(op.prepare(node.attrs), list(node.inputs), list(node.outputs), finished,
-                                   overwritable))
+        self.threads = threads
+        self.steps = _plan(graph, _fusions(graph))
+        self.separate_steps = _plan(graph, {})
+        self.splits = threads > 1 and _splittable(graph) and ThreadpoolController is not None
+        self._pool: ThreadPoolExecutor | None = None
 
     def run(self, feeds: dict[str, np.ndarray], keep_intermediates: bool = False) -> dict[str, np.ndarray]:
         """The graph outputs by name; with `keep_intermediates`, every input and node output as well."""
+        arrays = validate_feeds(self.graph, feeds)
+        if keep_intermediates:
+            return self._run(self.separate_steps, arrays, True)
+        batch = len(next(iter(arrays.values()))) if arrays else 0
+        if not self.splits or batch < 2 * self.threads:
+            return self._run(self.steps, arrays, False)
+        bounds = np.linspace(0, batch, self.threads + 1).astype(int)
+        slices = [{name: array[low:high] for name, array in arrays.items()} for low, high in zip(bounds, bounds[1:])]
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.threads - 1, thread_name_prefix="dabuild-interpreter")
+        with _blas_controller().limit(limits=1, user_api="blas"):
+            others = [self._pool.submit(self._run, self.steps, part, False) for part in slices[1:]]
+            parts = [self._run(self.steps, slices.pop(0), False)]  # this thread takes the first slice
+            parts += [future.result() for future in others]
+        return {name: np.concatenate([part[name] for part in parts]) for name in self.graph.outputs}
+
+    def _run(self, steps: list[Step], arrays: dict[str, np.ndarray], keep: bool) -> dict[str, np.ndarray]:
         graph = self.graph
         values: dict[str, np.ndarray] = dict(graph.constants)
-        values.update(validate_feeds(graph, feeds))
-        for step in self.steps:
-            arrays = [values[name] for name in step.inputs]
+        values.update(arrays)
+        for step in steps:
+            inputs = [values[name] for name in step.inputs]
             out = None
-            if not keep_intermediates:
+            if not keep:
                 for name in step.finished:
                     del values[name]
-                out = _overwritable(arrays, step.overwritable)
-            values.update(zip(step.outputs, step.kernel(arrays, out)))
-        if keep_intermediates:
+                out = _overwritable(inputs, step.overwritable)
+            values.update(zip(step.outputs, step.kernel(inputs, out)))
+        if keep:
             return {name: array for name, array in values.items() if name not in graph.constants}
         return {name: values[name] for name in graph.outputs}
+
+
+def _plan(graph: Graph, fusions: dict[int, Fusion]) -> list[Step]:
+    """The steps: one per node, except that a fused conv's step also does its add and activation."""
+    absorbed = {index for fusion in fusions.values() for index in fusion.absorbed}
+    steps: list[Step] = []
+    in_place: list[tuple[int, ...]] = []
+    for index, node in enumerate(graph.nodes):
+        op = OPS[node.op]
+        if index in fusions:
+            fusion = fusions[index]
+            assert isinstance(op, Conv)
+            steps.append(Step(op.prepare_residual(node.attrs, fusion.then), [*node.inputs, fusion.residual],
+                              fusion.outputs))
+        elif index not in absorbed:
+            steps.append(Step(op.prepare(node.attrs), list(node.inputs), list(node.outputs)))
+        else:
+            continue
+        in_place.append(op.in_place)
+    last = {name: index for index, step in enumerate(steps) for name in step.inputs}
+    keep = set(graph.outputs) | set(graph.constants) | {spec.name for spec in graph.inputs}
+    for index, (step, positions) in enumerate(zip(steps, in_place)):
+        step.finished = sorted({name for name in step.inputs if last[name] == index and name not in keep})
+        step.overwritable = [position for position in positions
+                             if step.inputs[position] in step.finished and step.inputs.count(step.inputs[position]) == 1]
+    return steps
+
+
+@dataclass
+class Fusion:
+    """A conv whose only reader is an add, run as one step with the add (and the add's activation, if any)."""
+
+    residual: str  # the add's other operand
+    then: tuple[str, dict[str, Any]]  # the activation after the add: op name and attributes, or ("none", {})
+    absorbed: list[int]  # the add's node index, and the activation's
+    outputs: list[str]  # the last absorbed node's outputs
+
+
+def _fusions(graph: Graph) -> dict[int, Fusion]:
+    """Fusions by conv node index: for each add, the operand computed last, if a conv made it for the add alone.
+
+    The other operand must exist when that conv runs, which holds for the one computed first (a projection
+    shortcut's conv often runs after the main path's last conv, so the shortcut conv is the fused one).
+    """
+    readers: dict[str, list[int]] = {}
+    for index, node in enumerate(graph.nodes):
+        for name in dict.fromkeys(node.inputs):
+            readers.setdefault(name, []).append(index)
+    made_at = {name: index for index, node in enumerate(graph.nodes) for name in node.outputs}
+    outputs = set(graph.outputs)
+    fusions: dict[int, Fusion] = {}
+    for index, node in enumerate(graph.nodes):
+        if node.op != "add" or node.inputs[0] == node.inputs[1]:
+            continue
+        (_, residual), (conv_at, made) = sorted((made_at.get(name, -1), name) for name in node.inputs)
+        conv = graph.nodes[conv_at] if conv_at >= 0 else None
+        if (conv is None or conv.op != "conv" or OPS["conv"].resolve(conv.attrs)["activation"] != "none"
+                or made in outputs or readers[made] != [index]):
+            continue
+        absorbed, result, then = [index], node.outputs[0], ("none", {})
+        following = readers.get(result, [])
+        if result not in outputs and len(following) == 1:
+            activation = graph.nodes[following[0]]
+            if isinstance(OPS[activation.op], Activation) and activation.inputs == [result]:
+                absorbed.append(following[0])
+                result, then = activation.outputs[0], (activation.op, dict(activation.attrs))
+        fusions[conv_at] = Fusion(residual, then, absorbed, [result])
+    return fusions
+
+
+SAMPLEWISE = frozenset({"conv", "dense", "batch_norm", "max_pool", "avg_pool", "global_avg_pool", "identity",
+                        "add", "sub", "mul", "div"})  # with the activations and flatten after axis 0
+
+
+def _splittable(graph: Graph) -> bool:
+    """Whether slices of a batch give the slices of its outputs: every node treats samples independently,
+    every input has a dynamic batch axis, and convs make slices worth their threads."""
+    return (any(node.op == "conv" for node in graph.nodes)
+            and all(spec.shape and spec.shape[0] is None for spec in graph.inputs)
+            and all(node.op in SAMPLEWISE or isinstance(OPS[node.op], Activation)
+                    or (node.op == "flatten" and OPS["flatten"].resolve(node.attrs)["axis"] != 0)
+                    for node in graph.nodes))
 
 
 def _overwritable(arrays: list[np.ndarray], positions: list[int]) -> np.ndarray | None:
@@ -121,6 +232,16 @@ def _overwritable(arrays: list[np.ndarray], positions: list[int]) -> np.ndarray 
         if array.base is None or (isinstance(array.base, np.ndarray) and _base_references(array) == _ALONE_BASE):
             return array
     return None
+
+
+_controller: list[Any] = []
+
+
+def _blas_controller() -> Any:
+    """One ThreadpoolController for the process: making one scans the loaded libraries, too slow per run."""
+    if not _controller:
+        _controller.append(ThreadpoolController())
+    return _controller[0]
 
 
 def _references(arrays: list[np.ndarray], position: int) -> int:

@@ -4,7 +4,8 @@ Conv runs as channels-last im2col + one BLAS matmul per block of images: each
 block is padded into a (block, *spatial, C) buffer, `windows_last` gives a
 strided view of every receptive field, one copy turns it into (rows, K) columns,
 and the matmul with the (K, O) weight writes (rows, O) straight into the
-output, where bias and activation are applied while the block is in cache.
+output, where bias and activation (and, in an interpreter plan, a residual
+block's add and the activation after it) are applied while the block is in cache.
 One tall (rows, K) @ (K, O) matmul per block ran about 1.4x faster in
 OpenBLAS than the (O, K) @ (K, H*W) per-image form; with fewer than 32
 output channels, each row computes two neighbouring outputs (see
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
     from dabuild.ir.graph import TensorSpec
 
 FUSED_ACTIVATION = {"activation": "none", "activation_attrs": {}}
+UNCHANGED = fused_activation(FUSED_ACTIVATION)
 
 
 @register
@@ -142,26 +144,80 @@ class Conv(Op):
         return self.prepare(attrs)(arrays, None)
 
     def prepare(self, attrs: dict[str, Any]) -> Kernel:
+        return self.prepare_residual(attrs, None)
+
+    def prepare_residual(self, attrs: dict[str, Any], then: tuple[str, dict[str, Any]] | None) -> Kernel:
+        """The kernel; with `then`, the kernel of activation(conv(x) + residual) instead, residual its last input.
+
+        `then` names the activation (op name, attributes; "none" for none) that follows the add. An
+        interpreter plan fuses conv -> add -> activation of a residual block into this kernel: the add and
+        the activation then run on each block of output rows while it is in cache, the same float
+        operations in the same order as the three separate nodes.
+        """
         attrs = self.resolve(attrs)
-        activation, groups = fused_activation(attrs), attrs["groups"]
+        groups = attrs["groups"]
+        activation = fused_activation(attrs if then is None else {"activation": then[0], "activation_attrs": then[1]})
 
         def conv(arrays: list[np.ndarray], out: np.ndarray | None) -> list[np.ndarray]:
             x, weight = arrays[0], arrays[1]
-            bias = arrays[2] if len(arrays) == 3 else None
+            residual = arrays[-1] if then is not None else None
+            bias = arrays[2] if len(arrays) - (then is not None) == 3 else None
             geometry = Geometry(list(weight.shape[2:]), *conv_geometry(attrs, weight.ndim - 2))
             # Concrete input sizes give concrete output sizes.
             sizes: list[int] = output_sizes(  # type: ignore[assignment]
                 x.shape, geometry.kernel, geometry.strides, geometry.pads, geometry.dilations)
-            if groups == x.shape[1] and weight.shape[1] == 1:
-                y = _depthwise(x, weight, geometry, sizes).reshape(x.shape[0], weight.shape[0], *sizes)
-                if bias is not None:
-                    y += bias.reshape(-1, *[1] * len(sizes))
-                return [activation(y)]
-            if groups == 1 and _pairs_columns(x, weight, geometry, sizes):
-                return [_paired_columns_conv(x, weight, bias, geometry, sizes, activation, out)]
-            return [_im2col_matmul(x, weight, bias, groups, geometry, sizes, activation, out)]
+            shape = (x.shape[0], weight.shape[0], *sizes)
+            if residual is not None and (residual.shape != shape or residual.dtype != np.result_type(x, weight)):
+                # A broadcasting or type-promoting add: conv, then the add and activation as the nodes would.
+                y = _conv(x, weight, bias, groups, geometry, sizes, Epilogue(bias, None, UNCHANGED), out)
+                return [activation(np.add(y, residual))]
+            return [_conv(x, weight, bias, groups, geometry, sizes, Epilogue(bias, residual, activation), out)]
 
         return conv
+
+
+def _conv(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None, groups: int, geometry: Geometry,
+          sizes: list[int], epilogue: Epilogue, out: np.ndarray | None) -> np.ndarray:
+    """The conv by the fastest method that applies to its shapes and memory order (see the module docstring)."""
+    if groups == x.shape[1] and weight.shape[1] == 1:
+        y = _depthwise(x, weight, geometry, sizes).reshape(x.shape[0], weight.shape[0], *sizes)
+        epilogue(channels_last(y), 0)
+        return y
+    if groups == 1 and _pairs_columns(x, weight, geometry, sizes):
+        return _paired_columns_conv(x, weight, geometry, sizes, epilogue, out)
+    return _im2col_matmul(x, weight, groups, geometry, sizes, epilogue, out)
+
+
+@dataclass
+class Epilogue:
+    """What a conv applies to each finished block of images while it is in cache: + bias, + residual, activation."""
+
+    bias: np.ndarray | None
+    residual: np.ndarray | None  # (N, O, *out), the other operand of a fused add
+    activation: Callable[[np.ndarray], np.ndarray]
+
+    def __call__(self, block: np.ndarray, start: int) -> None:
+        """Finish `block`, the (count, *out, O) channels-last outputs of images start, start + 1, ... in place."""
+        if self.bias is not None:
+            _add_bias(block, self.bias.astype(block.dtype, copy=False))
+        if self.residual is not None:
+            block += channels_last(self.residual)[start:start + len(block)]
+        self.activation(block)
+
+
+BIAS_TILE = 256  # the bias is tiled over up to this many rows
+
+
+def _add_bias(block: np.ndarray, bias: np.ndarray) -> None:
+    """block += bias along its last axis; a contiguous block as whole rows of a tiled bias, because numpy
+    adds two contiguous runs with SIMD but a broadcast (O,) row without."""
+    if not block.flags.c_contiguous:
+        block += bias
+        return
+    rows = block.reshape(-1, len(bias))
+    tile = math.gcd(len(rows), BIAS_TILE)
+    rows = rows.reshape(-1, tile * len(bias))
+    np.add(rows, np.tile(bias, tile), out=rows)
 
 
 @dataclass
@@ -184,10 +240,11 @@ COLUMN_BYTES = 1 << 20  # im2col works on blocks of images whose columns fit a c
 
 
 def _im2col_matmul(
-    x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None, groups: int, geometry: Geometry, out: list[int],
-    activation: Callable[[np.ndarray], np.ndarray], overwritable: np.ndarray | None = None,
+    x: np.ndarray, weight: np.ndarray, groups: int, geometry: Geometry, out: list[int],
+    finish: Callable[[np.ndarray, int], None], overwritable: np.ndarray | None = None,
 ) -> np.ndarray:
-    """activation(conv(x) + bias) as the (N, O, *out) view of an (N, *out, O) array (see the module docstring).
+    """conv(x), each block of images finished by `finish(block, start)` (an `Epilogue`), as the (N, O, *out)
+    view of an (N, *out, O) array (see the module docstring).
 
     `overwritable` is x when the caller no longer needs it: if the output has x's shape and x is channels
     last in memory, the output goes into x's memory. That is safe because block after block, the images
@@ -225,8 +282,6 @@ def _im2col_matmul(
         y = channels_last(overwritable)
     else:
         y = np.empty((batch, *out, out_channels), dtype)
-    # The bias repeated for every row of a block: numpy adds two contiguous arrays with SIMD, a broadcast row not.
-    biases = None if bias is None else np.tile(bias.astype(dtype, copy=False), (block * length, 1))
     for start in range(0, batch, block):
         count = min(block, batch - start)
         if pad.buffer is None:
@@ -243,10 +298,7 @@ def _im2col_matmul(
             matrices = part.reshape(count, groups, depth, length).transpose(0, 1, 3, 2)
         result = y[start:start + count]
         np.matmul(matrices, weights, out=result.reshape(images, -1, groups, group_out).transpose(0, 2, 1, 3))
-        result = result.reshape(-1, out_channels)
-        if biases is not None:
-            result += biases[:len(result)]
-        activation(result)
+        finish(result, start)
     return y.transpose(0, -1, *range(1, 1 + spatial))
 
 
@@ -261,8 +313,8 @@ def _pairs_columns(x: np.ndarray, weight: np.ndarray, geometry: Geometry, out: l
 
 
 def _paired_columns_conv(
-    x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None, geometry: Geometry, out: list[int],
-    activation: Callable[[np.ndarray], np.ndarray], overwritable: np.ndarray | None,
+    x: np.ndarray, weight: np.ndarray, geometry: Geometry, out: list[int], epilogue: Epilogue,
+    overwritable: np.ndarray | None,
 ) -> np.ndarray:
     """The conv as one that computes each pair of neighbouring outputs along the last axis at once.
 
@@ -288,9 +340,11 @@ def _paired_columns_conv(
         overwritable = overwritable.transpose(0, -1, *range(1, len(out) + 1))
     else:
         overwritable = None
-    paired_bias = None if bias is None else np.tile(bias, 2)
-    y = _im2col_matmul(x, paired.reshape(2 * out_channels, *paired.shape[2:]), paired_bias, 1, wide, half, activation,
-                       overwritable)
+
+    def finish(block: np.ndarray, start: int) -> None:  # the same bytes, seen as the conv's own output
+        epilogue(block.reshape(len(block), *out, out_channels), start)
+
+    y = _im2col_matmul(x, paired.reshape(2 * out_channels, *paired.shape[2:]), 1, wide, half, finish, overwritable)
     return channels_last(y).reshape(batch, *out, out_channels).transpose(0, -1, *range(1, len(out) + 1))
 
 
