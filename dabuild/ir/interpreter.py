@@ -19,10 +19,7 @@ from dabuild.ir.ops import OPS, Activation
 from dabuild.ir.ops.base import Kernel
 from dabuild.ir.ops.linear import Conv
 
-try:
-    from threadpoolctl import ThreadpoolController
-except ImportError:  # only threaded runs need it
-    ThreadpoolController = None  # type: ignore[assignment,misc]
+from threadpoolctl import ThreadpoolController
 
 
 def _shape_text(shape: tuple[int | None, ...]) -> str:
@@ -83,9 +80,9 @@ class Interpreter:
     its own thread with single-threaded BLAS (numpy releases the GIL in its
     loops): images are independent, so every node's work splits evenly, where
     threaded BLAS splits only the matmuls, each small one with its own
-    synchronisation. The slices compute exactly what the whole batch computes. Threads need
-    threadpoolctl (to limit BLAS); without it, or for graphs of dense layers
-    only (too little work per call to pay for dispatch), the run is serial.
+    synchronisation. The slices compute exactly what the whole batch computes.
+    Graphs of dense layers only run serially (too little work per call to pay
+    for the dispatch).
     The graph must not change while an Interpreter of it is in use.
     """
 
@@ -94,7 +91,7 @@ class Interpreter:
         self.threads = threads
         self.steps = _plan(graph, _fusions(graph))
         self.separate_steps = _plan(graph, {})
-        self.splits = threads > 1 and _splittable(graph) and ThreadpoolController is not None
+        self.splits = threads > 1 and _splittable(graph)
         self._pool: ThreadPoolExecutor | None = None
 
     def run(self, feeds: dict[str, np.ndarray], keep_intermediates: bool = False) -> dict[str, np.ndarray]:
