@@ -11,16 +11,16 @@ cheapest choice nearest the current one (int4 minmax from int8 minmax) may
 hurt far more than another at the same width (int4 mse). Then: probe each
 node's least harmful lower choice alone; rank the nodes by output-MSE
 increase per unit of cost saved; lower them cumulatively in that order while
-the goal holds; then refine: keep trying single steps down on the best config
-(the cheapest saving first, each node's choices in their ranked order) and
-keep each that passes, until none does.
+the goal holds; then refine: keep trying single steps down on the best config,
+the least increase of the node's own output error per unit of cost saved
+first, and keep each that passes, until none does.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar
 
-from dabuild.quant.config import NodeConfig, QuantConfig
+from dabuild.quant.config import QuantConfig
 from dabuild.tune.strategy import cheaper_choices, precise_choice, ranked_nodes
 
 if TYPE_CHECKING:
@@ -44,16 +44,21 @@ class MixedPrecisionStrategy:
         if start is None:
             return
 
-        def harm(name: str, choice: NodeConfig) -> float:
-            """Node `name`'s output error with `choice` alone on the start config (cached by the search)."""
-            return search.node_errors(space.with_node(start.config, name, choice)).get(name, 0.0)
+        def harm(config: QuantConfig, name: str) -> float:
+            """Node `name`'s output error under `config` (one inference, cached by the search)."""
+            return search.node_errors(config).get(name, 0.0)
 
         def steps_down(config: QuantConfig, name: str) -> list[QuantConfig]:
-            """`config` with node `name` one cost level cheaper, least harmful choice first."""
+            """`config` with node `name` one width cheaper, least harmful choice first; of choices alike in
+            harm and cost (power-of-two scales often make range algorithms agree) only the first."""
             candidates = space.nodes[name].candidates
-            choices = sorted(cheaper_choices(search, config, name),
-                             key=lambda choice: (harm(name, choice), candidates.index(choice)))
-            return [space.with_node(config, name, choice) for choice in choices]
+            choices = sorted(cheaper_choices(search, config, name), key=lambda choice: (
+                harm(space.with_node(config, name, choice), name), candidates.index(choice)))
+            steps = {}
+            for choice in choices:
+                step = space.with_node(config, name, choice)
+                steps.setdefault((harm(step, name), search.cost(step)), step)
+            return list(steps.values())
 
         probes = {name: steps[0] for name in space.nodes if (steps := steps_down(start.config, name))}
         trials = dict(zip(probes, search.evaluate(list(probes.values()), "probe")))
@@ -71,7 +76,12 @@ class MixedPrecisionStrategy:
         while True:
             best = search.best()
             assert best is not None
-            ranked = [(-search.cost(step), rank, step) for name in space.nodes
+
+            def increase_per_saving(name: str, step: QuantConfig) -> float:
+                increase = max(harm(step, name) - harm(best.config, name), 0.0)
+                return increase / max(best.cost - search.cost(step), 1)
+
+            ranked = [(increase_per_saving(name, step), rank, step) for name in space.nodes
                       for rank, step in enumerate(steps_down(best.config, name)) if search.seen(step) is None]
             steps = [step for *_, step in sorted(ranked, key=lambda entry: entry[:2])]
             if not steps or not any(t.passed for t in search.evaluate(steps, "refine", until_pass=True)):
