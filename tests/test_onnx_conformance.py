@@ -98,13 +98,6 @@ OUT_OF_SCOPE: list[tuple[str, Callable[[Any, dict[str, np.ndarray]], bool]]] = [
     ("Reshape allowzero with a zero-sized dimension", lambda case, feeds: "allowzero" in case.name),
 ]
 
-# Cases dabuild converts but its IR kernels get wrong today: each must still fail (strict), so a
-# fix shows up here and the entry is removed. Reported to the IR's owners.
-KNOWN_IR_GAPS: dict[str, str] = {
-    "test_averagepool_2d_ceil_last_window_starts_on_pad": "avg_pool kernel: ceil-mode window starting in the padding",
-}
-
-
 @dataclass
 class Outcome:
     passed: bool
@@ -198,15 +191,8 @@ def run_case(case: Any) -> Outcome:
     try:
         results = run(graph, feeds)
     except Exception as error:  # noqa: BLE001
-        if case.name in KNOWN_IR_GAPS:
-            return Outcome(passed=False, skipped=f"known IR gap: {KNOWN_IR_GAPS[case.name]}")
         return Outcome(passed=False, failure=f"interpreter: {type(error).__name__}: {error}")
     mismatch = compare(graph.outputs, results, expected, case)
-    if case.name in KNOWN_IR_GAPS:
-        gap = KNOWN_IR_GAPS[case.name]
-        if mismatch is None:
-            return Outcome(passed=False, failure=f"passes now: remove it from KNOWN_IR_GAPS ({gap})")
-        return Outcome(passed=False, skipped=f"known IR gap: {gap}")
     return Outcome(passed=mismatch is None, failure=mismatch)
 
 

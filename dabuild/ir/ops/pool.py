@@ -43,10 +43,16 @@ class Pool(Op):
         """One strided (N, C, *out) view per kernel tap of x padded with `fill`, and the output sizes."""
         kernel, strides, pads, dilations = self.geometry(attrs)
         out = output_sizes(x.shape, kernel, strides, pads, dilations, attrs["ceil_mode"])
-        widths = pad_widths(x.shape, kernel, strides, pads, dilations, out)  # type: ignore[arg-type]
-        padded = Padder(x.shape, len(x), widths, fill, x.dtype)(x)
-        view = windows(padded, kernel, strides, dilations, out)  # type: ignore[arg-type]
-        return [view[(slice(None), slice(None), *tap)] for tap in np.ndindex(*kernel)], out  # type: ignore[return-value]
+        return _taps(x, kernel, strides, pads, dilations, out, fill), out  # type: ignore[arg-type]
+
+
+def _taps(x: np.ndarray, kernel: list[int], strides: list[int], pads: list[int], dilations: list[int],
+          out: list[int], fill: float) -> list[np.ndarray]:
+    """One strided (N, C, *out) view per kernel tap of x padded with `fill` (pads, then out's overhang)."""
+    widths = pad_widths(x.shape, kernel, strides, pads, dilations, out)
+    padded = Padder(x.shape, len(x), widths, fill, x.dtype)(x)
+    view = windows(padded, kernel, strides, dilations, out)
+    return [view[(slice(None), slice(None), *tap)] for tap in np.ndindex(*kernel)]
 
 
 @register
@@ -81,14 +87,15 @@ class AvgPool(Pool):
 
     def divisors(self, shape: tuple[int, ...], attrs: dict[str, Any]) -> np.ndarray:
         """How many elements each window averages: pool a mask of the counted region with the same geometry."""
-        kernel, _, pads, _ = self.geometry(attrs)
+        kernel, strides, pads, dilations = self.geometry(attrs)
+        out = output_sizes(shape, kernel, strides, pads, dilations, attrs["ceil_mode"])
         spatial = len(kernel)
-        if attrs["count_include_pad"]:
+        if attrs["count_include_pad"]:  # the explicit pads as ones, so only the overhang pads with zeros
             counted = np.ones([shape[2 + a] + pads[a] + pads[a + spatial] for a in range(spatial)], np.float32)
-            mask_attrs = {**attrs, "pads": None}
+            pads = [0] * (2 * spatial)
         else:
-            counted, mask_attrs = np.ones(shape[2:], np.float32), attrs
-        taps, _ = self.tap_views(counted[None, None], mask_attrs, 0.0)
+            counted = np.ones(shape[2:], np.float32)
+        taps = _taps(counted[None, None], kernel, strides, pads, dilations, out, 0.0)  # type: ignore[arg-type]
         return np.sum(taps, axis=0)[0, 0]
 
 
