@@ -157,8 +157,23 @@ def _tune_stage(recipe: "Recipe", capability: "CapabilitySpec") -> Stage:
         },
         inputs={"graph": "trace", "stats": "calibrate"},
         files=files,
-        packages=("numpy", *plotting, *(("optuna",) if recipe.tuning.strategy == "bayesian" else ())),
+        packages=("numpy", *plotting, *(("optuna",) if recipe.tuning.strategy == "bayesian" else ()),
+                  *_cost_model_packages(recipe, capability)),
     )
+
+
+def _cost_model_packages(recipe: "Recipe", capability: "CapabilitySpec") -> tuple[str, ...]:
+    """The packages of the cost model the search minimises, when its objective is the capability's estimate."""
+    from dabuild.capability import COST_MODELS
+    from dabuild.plugins import load
+    from dabuild.tune.objective import ESTIMATE, resolve_objective
+
+    if resolve_objective(recipe.tuning.objective, capability) != ESTIMATE:
+        return ()
+    try:
+        return tuple(load(COST_MODELS, capability.cost_model).packages)
+    except ImportError:  # not installed: the tune stage fails and says which package to install
+        return ()
 
 
 def _target_stages(recipe: "Recipe", target: "TargetSpec", capability: str) -> list[Stage]:

@@ -36,6 +36,7 @@ class CostModel(Protocol):
     """A backend's cost estimate of a quantized graph (an entry point of `dabuild.cost_models`)."""
 
     unit: ClassVar[str]
+    packages: ClassVar[tuple[str, ...]]  # whose versions enter the tune stage's key: they decide the estimates
 
     def __call__(self, qgraph: QGraph) -> float: ...
 

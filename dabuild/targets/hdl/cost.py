@@ -52,6 +52,7 @@ class Da4mlCost:
     """
 
     unit: ClassVar[str] = "LUTs"
+    packages: ClassVar[tuple[str, ...]] = ("da4ml",)
 
     def __init__(self, hwconf: HWConfig = HWConfig(1, -1, -1), solver_options: dict | None = None) -> None:
         self.hwconf = hwconf
