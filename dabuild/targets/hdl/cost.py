@@ -3,12 +3,14 @@
 Tracing a whole graph through da4ml (what the hdl target exports) solves one
 constant-matrix problem per dense layer; on jet-mlp that takes seconds, and a
 tuning search asks the cost of dozens of configs that differ in one or two
-layers. So this model traces each layer alone, from a symbolic input whose
-range is the input tensor's fixed-point type (narrowed by the producing
-layer's clamp, e.g. [0, 127] after a fused relu), and keeps the layer's
-cost under a key of everything the trace reads: the layer's fields and
-arrays, its input and output quantization and that input range. A config
-that changes one layer's weights reprices that layer only.
+layers. So this model traces each layer alone, from one symbolic input per
+layer input whose range is that tensor's fixed-point type (narrowed by the
+producing layer's clamp, e.g. [0, 127] after a fused relu, and carried through
+layers that only move or select values), or the constant itself for a graph
+constant, and keeps the layer's cost under a key of everything the trace
+reads: the layer's fields and arrays, its inputs' shapes, quantization and
+ranges, its constants and its output quantization. A config that changes one
+layer's weights reprices that layer only.
 
 The sum is an estimate of the whole-graph trace, not equal to it: in the
 whole graph da4ml knows each input's arrival time and the value range the
@@ -27,10 +29,11 @@ from typing import ClassVar
 import numpy as np
 
 from dabuild.errors import BuildError
-from dabuild.quant.layers.elementwise import QClamp
+from dabuild.quant.layers.elementwise import QClamp, QLookup
 from dabuild.quant.layers.linear import QWeighted
+from dabuild.quant.layers.shape import QSelection
 from dabuild.quant.qgraph import QGraph, QLayer
-from dabuild.targets.hdl.symbolic import CONVERTERS
+from dabuild.targets.hdl.symbolic import CONVERTERS, constant_symbols
 
 try:
     from da4ml.trace import FixedVariableArray, HWConfig, comb_trace
@@ -62,61 +65,77 @@ class Da4mlCost:
 
     def __call__(self, qgraph: QGraph) -> float:
         ranges = output_ranges(qgraph)
-        return sum(self.layer_cost(qgraph, layer, ranges[layer.inputs[0]]) for layer in qgraph.layers)
+        return sum(self.layer_cost(qgraph, layer, [ranges[name] for name in layer.inputs]) for layer in qgraph.layers)
 
-    def layer_cost(self, qgraph: QGraph, layer: QLayer, input_range: tuple[int, int]) -> float:
-        """da4ml's cost of `layer` alone, its input spanning the integers `input_range` (cached)."""
-        key = layer_key(qgraph, layer, input_range)
+    def layer_cost(self, qgraph: QGraph, layer: QLayer, input_ranges: list[tuple[int, int]]) -> float:
+        """da4ml's cost of `layer` alone, input i spanning the integers `input_ranges[i]` (cached)."""
+        key = layer_key(qgraph, layer, input_ranges)
         if key not in self._layers:
-            self._layers[key] = self._trace(qgraph, layer, input_range)
+            self._layers[key] = self._trace(qgraph, layer, input_ranges)
             self.traced += 1
         return self._layers[key]
 
-    def _trace(self, qgraph: QGraph, layer: QLayer, input_range: tuple[int, int]) -> float:
-        tensor = qgraph.tensors[layer.inputs[0]]
-        step = tensor.params.scale
-        low, high = (np.full(tensor.shape, bound * step) for bound in input_range)
-        symbols = FixedVariableArray.from_lhs(low, high, np.full(tensor.shape, step), self.hwconf,
-                                              solver_options=self.solver_options)
+    def _trace(self, qgraph: QGraph, layer: QLayer, input_ranges: list[tuple[int, int]]) -> float:
+        symbols = {}
+        for name, (low, high) in zip(layer.inputs, input_ranges):
+            if name not in qgraph.constants:
+                tensor = qgraph.tensors[name]
+                step = tensor.params.scale
+                symbols[name] = FixedVariableArray.from_lhs(
+                    np.full(tensor.shape, low * step), np.full(tensor.shape, high * step),
+                    np.full(tensor.shape, step), self.hwconf, solver_options=self.solver_options)
+        like = next(iter(symbols.values()))
         converter = CONVERTERS.get(layer.op)
         if converter is None:
             raise BuildError(f"layer {layer.name!r}: op {layer.op!r} has no da4ml mapping, so da4ml cannot price it")
-        [output] = converter(layer, qgraph, [symbols])
-        return float(comb_trace(symbols, output).cost)
+        outputs = converter(layer, qgraph, [symbols[name] if name in symbols else constant_symbols(qgraph, name, like)
+                                            for name in layer.inputs])
+        inputs = np.concatenate([np.ravel(array._vars) for array in symbols.values()])
+        return float(comb_trace(inputs, np.concatenate([np.ravel(array._vars) for array in outputs])).cost)
 
 
 def output_ranges(qgraph: QGraph) -> dict[str, tuple[int, int]]:
-    """The integers each tensor can hold: its dtype's range, narrowed by the clamp of the layer that writes it."""
+    """The integers each tensor can hold: its dtype's range, narrowed by the clamp of the layer that writes it
+    (or its table's values), and carried through layers that only move or select values."""
     ranges = {name: (tensor.params.qmin, tensor.params.qmax) for name, tensor in qgraph.tensors.items()}
     for layer in qgraph.layers:
-        bounds = _clamp_of(layer)
+        bounds = _bounds_of(layer, ranges)
         if bounds is not None:
-            qmin, qmax = ranges[layer.outputs[0]]
-            ranges[layer.outputs[0]] = (max(qmin, bounds[0]), min(qmax, bounds[1]))
+            for output in layer.outputs:
+                qmin, qmax = ranges[output]
+                ranges[output] = (max(qmin, bounds[0]), min(qmax, bounds[1]))
     return ranges
 
 
-def _clamp_of(layer: QLayer) -> tuple[int, int] | None:
+def _bounds_of(layer: QLayer, ranges: dict[str, tuple[int, int]]) -> tuple[int, int] | None:
     if isinstance(layer, QWeighted):
         return layer.output_min, layer.output_max
     if isinstance(layer, QClamp):
-        return layer.low, layer.high
+        low, high = ranges[layer.inputs[0]]
+        return max(low, layer.low), min(high, layer.high)
+    if isinstance(layer, QLookup):
+        return int(layer.table.min()), int(layer.table.max())
+    if isinstance(layer, QSelection):  # outputs are input values (pad: or its pad value)
+        low, high = ranges[layer.inputs[0]]
+        value = int(layer.op_attrs.get("value", low)) if layer.op == "pad" else low
+        return min(low, value), max(high, value)
     return None
 
 
-def layer_key(qgraph: QGraph, layer: QLayer, input_range: tuple[int, int]) -> str:
+def layer_key(qgraph: QGraph, layer: QLayer, input_ranges: list[tuple[int, int]]) -> str:
     """A digest of everything tracing `layer` alone reads (not its name nor its tensors' names)."""
     digest = hashlib.sha256()
     quantization = [qgraph.tensors[name].params for name in (*layer.inputs, *layer.outputs)]
     description = {
         "op": layer.op,
         "attrs": layer.attrs(),
-        "shape": qgraph.tensors[layer.inputs[0]].shape,
+        "shapes": [qgraph.tensors[name].shape for name in layer.inputs],
         "quantization": [[p.scale, p.zero_point, p.dtype] for p in quantization],
-        "input_range": input_range,
+        "input_ranges": input_ranges,
     }
     digest.update(json.dumps(description, sort_keys=True, default=str).encode())
-    for name, array in sorted(layer.arrays().items()):
+    constants = {f"input{i}": qgraph.constants[name] for i, name in enumerate(layer.inputs) if name in qgraph.constants}
+    for name, array in sorted({**layer.arrays(), **constants}.items()):
         array = np.ascontiguousarray(array)
         digest.update(f"{name}{array.dtype}{array.shape}".encode() + array.tobytes())
     return digest.hexdigest()
