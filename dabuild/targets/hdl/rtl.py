@@ -42,6 +42,16 @@ def write_rtl(solution: CombLogic | Pipeline, path: Path, language: str, clock_p
     """da4ml's RTL project of `solution` (pipelined when it is a Pipeline) into `path`."""
     RTLModel(solution, PROJECT, path, flavor=language, print_latency=False, part_name=part_name,
              clock_period=clock_period, register_layers=register_layers).write()
+    for table in (Path(path) / "src" / "memfiles").glob("*"):
+        _end_with_newline(table)
+
+
+def _end_with_newline(table: Path) -> None:
+    """da4ml writes lookup-table memory files without a final newline, and verilator's $readmemh then drops
+    the last entry (the table's all-ones address); every reader accepts the file with one."""
+    text = table.read_text()
+    if text and not text.endswith("\n"):
+        table.write_text(text + "\n")
 
 
 def simulator_missing(language: str) -> str | None:
