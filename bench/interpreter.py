@@ -9,7 +9,8 @@ the same intra-op thread count as dabuild's: the Interpreter's `threads` (batch
 slices of a conv net on that many threads) under a BLAS limited to that many
 threads. Each side prepares the graph
 once (an Interpreter, an InferenceSession) outside the timed calls. Prints images/s for both and
-dabuild/onnxruntime (target: >= 0.5), each from the fastest call in the timed window.
+dabuild/onnxruntime (target: >= 0.5), each from the fastest call in the timed window,
+and which conv implementation the interpreter ran (compiled kernels or numpy).
 
 Usage: python bench/interpreter.py [--threads 1 2] [--seconds 3]
 """
@@ -28,6 +29,7 @@ from timing import fastest
 
 from dabuild.ir import Graph, Node, TensorSpec
 from dabuild.ir.interpreter import Interpreter
+from dabuild.ir.kernels.native import native_backend
 from dabuild.ir.passes import optimize
 from dabuild.targets.onnx_float import to_onnx
 from dabuild.trace import load_model, trace_model
@@ -127,6 +129,7 @@ def main() -> None:
     resnet, digits = resnet_graph(), digits_graph()
     print(f"resnet: {resnet.summary()}")
     print(f"digits: {digits.summary()}")
+    print(f"convs: {native_backend()}  (DABUILD_NATIVE_KERNELS=0 runs them in numpy)")
     images = rng.standard_normal((64, 3, 32, 32)).astype(np.float32)
     samples = rng.uniform(0, 16, (64, 64)).astype(np.float32)
     for threads in args.threads:

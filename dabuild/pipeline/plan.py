@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from dabuild.recipe import Recipe, TargetSpec
 
 # Bump a stage's version when its implementation changes what it writes.
-STAGE_VERSIONS = {"trace": 2, "calibrate": 3, "tune": 11, "export": 8, "check": 3}
+STAGE_VERSIONS = {"trace": 2, "calibrate": 4, "tune": 12, "export": 8, "check": 3}
 
 
 @dataclass(frozen=True)
@@ -109,6 +109,8 @@ def plan(recipe: "Recipe", capabilities: dict[str, "CapabilitySpec"], targets: l
             inputs={"graph": "trace"},
             files={"data": recipe.data.calibration.source},
             packages=("numpy",),
+            tools=_interpreter_tools,
+            programs=_interpreter_programs,
         ),
     ]
     chosen = [t for t in recipe.targets if targets is None or t.name in targets]
@@ -159,7 +161,25 @@ def _tune_stage(recipe: "Recipe", capability: "CapabilitySpec") -> Stage:
         files=files,
         packages=("numpy", *plotting, *(("optuna",) if recipe.tuning.strategy == "bayesian" else ()),
                   *_cost_model_packages(recipe, capability)),
+        tools=_interpreter_tools,
+        programs=_interpreter_programs,
     )
+
+
+def _interpreter_tools() -> dict[str, str]:
+    """How the interpreter runs convs here (compiled kernels and their compiler, or numpy): calibration and
+    tuning observe its outputs, whose float summation order that choice decides."""
+    from dabuild.ir.kernels.native import native_backend
+
+    return {"interpreter": native_backend()}
+
+
+def _interpreter_programs() -> list[Path]:
+    """The C compiler that builds the interpreter's kernels, if any: upgrading it must rerun those stages."""
+    from dabuild.ir.kernels.native import compiler_path
+
+    path = compiler_path()
+    return [path] if path else []
 
 
 def _cost_model_packages(recipe: "Recipe", capability: "CapabilitySpec") -> tuple[str, ...]:

@@ -15,6 +15,11 @@ a following conv reads that memory channels-last without a transpose.
 A depthwise conv (one input channel per group) instead accumulates its few
 kernel taps elementwise, which never builds the mostly-zero block-diagonal
 weight a single matmul would need.
+
+Where a C compiler is available, an ungrouped float32 conv over one or two
+spatial axes instead runs as a compiled direct convolution
+(dabuild.ir.kernels.native): about twice as fast as im2col + BLAS on a small
+CNN, with the same channels-last output memory and the same epilogue.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from dabuild.ir.kernels.native import native_conv
 from dabuild.ir.ops.activation import check_activation, fused_activation
 from dabuild.ir.ops.base import Kernel, Op, OutputSpec, ShapeError, broadcast_shapes, dims_agree, fits, register
 from dabuild.ir.ops.window import Padder, channels_last, output_sizes, pad_widths, window_attrs, windows, windows_last
@@ -156,7 +162,9 @@ class Conv(Op):
         """
         attrs = self.resolve(attrs)
         groups = attrs["groups"]
-        activation = fused_activation(attrs if then is None else {"activation": then[0], "activation_attrs": then[1]})
+        activation_attrs = attrs if then is None else {"activation": then[0], "activation_attrs": then[1]}
+        activation = fused_activation(activation_attrs)
+        relu = activation_attrs["activation"] == "relu"
 
         def conv(arrays: list[np.ndarray], out: np.ndarray | None) -> list[np.ndarray]:
             x, weight = arrays[0], arrays[1]
@@ -171,7 +179,7 @@ class Conv(Op):
                 # A broadcasting or type-promoting add: conv, then the add and activation as the nodes would.
                 y = _conv(x, weight, bias, groups, geometry, sizes, Epilogue(bias, None, UNCHANGED), out)
                 return [activation(np.add(y, residual))]
-            return [_conv(x, weight, bias, groups, geometry, sizes, Epilogue(bias, residual, activation), out)]
+            return [_conv(x, weight, bias, groups, geometry, sizes, Epilogue(bias, residual, activation, relu), out)]
 
         return conv
 
@@ -179,6 +187,9 @@ class Conv(Op):
 def _conv(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None, groups: int, geometry: Geometry,
           sizes: list[int], epilogue: Epilogue, out: np.ndarray | None) -> np.ndarray:
     """The conv by the fastest method that applies to its shapes and memory order (see the module docstring)."""
+    native = _native_conv(x, weight, groups, geometry, sizes, epilogue)
+    if native is not None:
+        return native
     if groups == x.shape[1] and weight.shape[1] == 1:
         y = _depthwise(x, weight, geometry, sizes).reshape(x.shape[0], weight.shape[0], *sizes)
         epilogue(channels_last(y), 0)
@@ -188,6 +199,37 @@ def _conv(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None, groups: in
     return _im2col_matmul(x, weight, groups, geometry, sizes, epilogue, out)
 
 
+def _native_conv(x: np.ndarray, weight: np.ndarray, groups: int, geometry: Geometry, sizes: list[int],
+                 epilogue: Epilogue) -> np.ndarray | None:
+    """The conv by the compiled direct conv of dabuild.ir.kernels, or None where that does not apply: grouped,
+    not float32, more than two spatial axes, DABUILD_NATIVE_KERNELS=0 or no C compiler.
+
+    The kernel adds the bias and the residual and applies relu; another activation runs afterwards in numpy.
+    A 1-D conv runs as a 2-D conv of height 1.
+    """
+    spatial = weight.ndim - 2
+    if groups != 1 or spatial not in (1, 2) or x.dtype != np.float32 or weight.dtype != np.float32:
+        return None
+    conv = native_conv()
+    if conv is None:
+        return None
+
+    def rows(a: np.ndarray) -> np.ndarray:  # (N, C, *spatial) as C-contiguous (N, H, W, C)
+        return np.ascontiguousarray(channels_last(a if spatial == 2 else a[:, :, None]))
+
+    lifted = 2 - spatial  # leading geometry entries of the height-1 axis
+    strides, dilations = [1] * lifted + geometry.strides, [1] * lifted + geometry.dilations
+    pads = [0] * lifted + geometry.pads[:spatial]  # the begin pads; the kernel bounds-checks the end
+    residual = None if epilogue.residual is None else rows(epilogue.residual)
+    bias = None if epilogue.bias is None else epilogue.bias.astype(np.float32, copy=False)
+    y = conv(rows(x), weight if spatial == 2 else weight[:, :, None], bias, residual, strides, pads, dilations,
+             [1] * lifted + sizes, epilogue.relu)
+    y = y.reshape(len(y), *sizes, y.shape[-1])
+    if not epilogue.relu:
+        epilogue.activation(y)
+    return y.transpose(0, -1, *range(1, 1 + spatial))
+
+
 @dataclass
 class Epilogue:
     """What a conv applies to each finished block of images while it is in cache: + bias, + residual, activation."""
@@ -195,6 +237,7 @@ class Epilogue:
     bias: np.ndarray | None
     residual: np.ndarray | None  # (N, O, *out), the other operand of a fused add
     activation: Callable[[np.ndarray], np.ndarray]
+    relu: bool = False  # the activation is relu, which the native kernel applies itself
 
     def __call__(self, block: np.ndarray, start: int) -> None:
         """Finish `block`, the (count, *out, O) channels-last outputs of images start, start + 1, ... in place."""

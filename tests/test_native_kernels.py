@@ -1,0 +1,147 @@
+"""The interpreter's compiled conv (dabuild.ir.kernels) against its numpy path, and the compiled library's cache."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dabuild.ir import Graph, Node, TensorSpec
+from dabuild.ir.interpreter import Interpreter
+from dabuild.ir.kernels import native
+from dabuild.ir.ops import OPS
+
+pytestmark = pytest.mark.skipif(shutil.which(native.COMPILER) is None, reason="no C compiler")
+
+
+def conv_both_ways(monkeypatch: pytest.MonkeyPatch, arrays: list[np.ndarray], attrs: dict,
+                   then: tuple[str, dict] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(native, numpy) results of one conv kernel call; `then` fuses a residual add (the last array) and activation."""
+    kernel = OPS["conv"].prepare_residual(attrs, then)
+    monkeypatch.delenv(native.SWITCH, raising=False)
+    assert native.native_conv() is not None
+    compiled = kernel([a.copy() for a in arrays], None)[0]
+    monkeypatch.setenv(native.SWITCH, "0")
+    reference = kernel([a.copy() for a in arrays], None)[0]
+    return compiled, reference
+
+
+def assert_close(compiled: np.ndarray, reference: np.ndarray) -> None:
+    """Equal up to float summation order: relative 1e-5 of the output's scale."""
+    assert compiled.shape == reference.shape and compiled.dtype == reference.dtype == np.float32
+    scale = float(np.max(np.abs(reference))) or 1.0
+    np.testing.assert_allclose(compiled, reference, rtol=1e-5, atol=1e-5 * scale)
+
+
+CASES = [  # batch, channels, out_channels, spatial size, kernel, strides, pads, dilations
+    (64, 3, 16, (32, 32), (3, 3), [1, 1], [1, 1, 1, 1], [1, 1]),  # the bench net's stem
+    (4, 16, 16, (32, 32), (3, 3), [1, 1], [1, 1, 1, 1], [1, 1]),
+    (4, 16, 32, (32, 32), (3, 3), [2, 2], [1, 1, 1, 1], [1, 1]),
+    (4, 16, 32, (32, 32), (1, 1), [2, 2], [0, 0, 0, 0], [1, 1]),
+    (4, 32, 64, (16, 16), (3, 3), [2, 2], [1, 1, 1, 1], [1, 1]),
+    (4, 64, 64, (8, 8), (3, 3), [1, 1], [1, 1, 1, 1], [1, 1]),
+    (3, 5, 10, (7, 9), (3, 2), [1, 2], [2, 0, 1, 1], [2, 1]),  # O not a whole vector, asymmetric everything
+    (2, 7, 40, (11, 13), (5, 5), [3, 1], [0, 2, 2, 4], [1, 2]),  # 2.5 vectors, pads wider than the stride
+    (1, 1, 1, (1, 1), (1, 1), [1, 1], [0, 0, 0, 0], [1, 1]),
+    (2, 4, 20, (5, 19), (3, 3), [1, 1], [3, 3, 3, 3], [1, 1]),  # pads larger than the kernel's reach
+    (5, 6, 48, (21,), (4,), [2], [1, 3], [3]),  # 1-D
+]
+
+
+@pytest.mark.parametrize("batch, channels, out_channels, size, kernel, strides, pads, dilations", CASES)
+@pytest.mark.parametrize("bias, activation", [(True, "relu"), (False, "none"), (True, "sigmoid")])
+def test_conv_matches_numpy(monkeypatch: pytest.MonkeyPatch, batch: int, channels: int, out_channels: int,
+                            size: tuple[int, ...], kernel: tuple[int, ...], strides: list[int], pads: list[int],
+                            dilations: list[int], bias: bool, activation: str) -> None:
+    rng = np.random.default_rng(channels * 100 + out_channels)
+    arrays = [rng.standard_normal((batch, channels, *size)).astype(np.float32),
+              rng.standard_normal((out_channels, channels, *kernel)).astype(np.float32)]
+    if bias:
+        arrays.append(rng.standard_normal(out_channels).astype(np.float32))
+    attrs = {"strides": strides, "pads": pads, "dilations": dilations, "activation": activation}
+    assert_close(*conv_both_ways(monkeypatch, arrays, attrs))
+
+
+@pytest.mark.parametrize("then", [("relu", {}), ("none", {}), ("leaky_relu", {"alpha": 0.1})])
+def test_fused_residual_matches_numpy(monkeypatch: pytest.MonkeyPatch, then: tuple[str, dict]) -> None:
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((6, 24, 12, 12)).astype(np.float32)
+    weight = rng.standard_normal((24, 24, 3, 3)).astype(np.float32)
+    bias = rng.standard_normal(24).astype(np.float32)
+    residual = rng.standard_normal((6, 24, 12, 12)).astype(np.float32) * 10
+    attrs = {"pads": [1, 1, 1, 1]}
+    assert_close(*conv_both_ways(monkeypatch, [x, weight, bias, residual], attrs, then))
+
+
+def test_relu_keeps_nan_as_numpy_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    x = np.ones((1, 2, 4, 4), np.float32)
+    x[0, 0, 1, 1] = np.nan
+    weight = np.ones((3, 2, 1, 1), np.float32)
+    compiled, reference = conv_both_ways(monkeypatch, [x, weight], {"activation": "relu"})
+    np.testing.assert_array_equal(np.isnan(compiled), np.isnan(reference))
+    assert np.isnan(compiled).sum() == 3
+
+
+def residual_net() -> Graph:
+    """conv+relu, conv, add of the block's input, relu: a residual block the interpreter fuses into one step."""
+    rng = np.random.default_rng(3)
+    constants = {name: rng.standard_normal(shape).astype(np.float32) for name, shape in
+                 {"w1": (16, 16, 3, 3), "b1": (16,), "w2": (16, 16, 3, 3), "b2": (16,)}.items()}
+    nodes = [Node("c1", "conv", ["x", "w1", "b1"], ["h"], {"pads": [1] * 4, "activation": "relu"}),
+             Node("c2", "conv", ["h", "w2", "b2"], ["g"], {"pads": [1] * 4}),
+             Node("sum", "add", ["g", "x"], ["s"], {}),
+             Node("out", "relu", ["s"], ["y"], {})]
+    return Graph([TensorSpec("x", (None, 16, 10, 10))], ["y"], nodes, constants)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_interpreter_runs_native_convs_like_numpy(monkeypatch: pytest.MonkeyPatch, threads: int) -> None:
+    graph = residual_net()
+    feeds = {"x": np.random.default_rng(4).standard_normal((8, 16, 10, 10)).astype(np.float32)}
+    monkeypatch.delenv(native.SWITCH, raising=False)
+    compiled = Interpreter(graph, threads).run(feeds)["y"]
+    traced = Interpreter(graph).run(feeds, keep_intermediates=True)["y"]  # every node alone
+    monkeypatch.setenv(native.SWITCH, "0")
+    reference = Interpreter(graph, threads).run(feeds)["y"]
+    assert_close(compiled, reference)
+    assert_close(traced, reference)
+
+
+def test_backend_names_the_compiler_or_numpy(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(native.SWITCH, raising=False)
+    version = native.native_conv().compiler
+    assert native.native_backend() == f"native kernels: {version}"
+    assert version
+    monkeypatch.setenv(native.SWITCH, "0")
+    assert native.native_conv() is None and native.native_backend() == "numpy"
+
+
+def test_library_is_compiled_once_into_the_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("DABUILD_CACHE", str(tmp_path))
+    compiler = shutil.which(native.COMPILER)
+    source = "int answer(void) { return 42; }\n"
+    library = native._build(compiler, "test compiler 1.0", source)
+    assert library.parent == tmp_path / "kernels" and library.suffix == ".so"
+    assert [p.name for p in library.parent.iterdir()] == [library.name]  # no temporary left behind
+    built = library.stat().st_mtime_ns
+    assert native._build(compiler, "test compiler 1.0", source) == library
+    assert library.stat().st_mtime_ns == built  # loaded from the cache, not compiled again
+    assert native._build(compiler, "test compiler 2.0", source) != library  # another compiler, another library
+
+
+def test_no_compiler_falls_back_to_numpy_with_a_debug_note(monkeypatch: pytest.MonkeyPatch,
+                                                            caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(native, "COMPILER", "no-such-c-compiler")
+    with caplog.at_level(logging.DEBUG, logger=native.__name__):
+        assert native._load.__wrapped__() is None
+    assert "no-such-c-compiler" in caplog.text and "numpy" in caplog.text
+
+
+def test_compile_errors_name_the_compiler(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("DABUILD_CACHE", str(tmp_path))
+    with pytest.raises(OSError, match="failed on conv.c"):
+        native._build(shutil.which(native.COMPILER), "test", "this is not C\n")
+    assert list((tmp_path / "kernels").iterdir()) == []
