@@ -13,6 +13,7 @@ from dabuild.ir import Graph, Node, TensorSpec
 from dabuild.ir.interpreter import Interpreter
 from dabuild.ir.kernels import native
 from dabuild.ir.ops import OPS
+from dabuild.ir.ops.linear import UNCHANGED, Epilogue, Geometry, _native_conv
 
 pytestmark = pytest.mark.skipif(shutil.which(native.COMPILER) is None, reason="no C compiler")
 
@@ -36,32 +37,37 @@ def assert_close(compiled: np.ndarray, reference: np.ndarray) -> None:
     np.testing.assert_allclose(compiled, reference, rtol=1e-5, atol=1e-5 * scale)
 
 
-CASES = [  # batch, channels, out_channels, spatial size, kernel, strides, pads, dilations
-    (64, 3, 16, (32, 32), (3, 3), [1, 1], [1, 1, 1, 1], [1, 1]),  # the bench net's stem
-    (4, 16, 16, (32, 32), (3, 3), [1, 1], [1, 1, 1, 1], [1, 1]),
-    (4, 16, 32, (32, 32), (3, 3), [2, 2], [1, 1, 1, 1], [1, 1]),
-    (4, 16, 32, (32, 32), (1, 1), [2, 2], [0, 0, 0, 0], [1, 1]),
-    (4, 32, 64, (16, 16), (3, 3), [2, 2], [1, 1, 1, 1], [1, 1]),
-    (4, 64, 64, (8, 8), (3, 3), [1, 1], [1, 1, 1, 1], [1, 1]),
-    (3, 5, 10, (7, 9), (3, 2), [1, 2], [2, 0, 1, 1], [2, 1]),  # O not a whole vector, asymmetric everything
-    (2, 7, 40, (11, 13), (5, 5), [3, 1], [0, 2, 2, 4], [1, 2]),  # 2.5 vectors, pads wider than the stride
-    (1, 1, 1, (1, 1), (1, 1), [1, 1], [0, 0, 0, 0], [1, 1]),
-    (2, 4, 20, (5, 19), (3, 3), [1, 1], [3, 3, 3, 3], [1, 1]),  # pads larger than the kernel's reach
-    (5, 6, 48, (21,), (4,), [2], [1, 3], [3]),  # 1-D
+CASES = [  # batch, channels, out_channels, spatial size, kernel, strides, pads, dilations, groups
+    (64, 3, 16, (32, 32), (3, 3), [1, 1], [1, 1, 1, 1], [1, 1], 1),  # the bench net's stem
+    (4, 16, 16, (32, 32), (3, 3), [1, 1], [1, 1, 1, 1], [1, 1], 1),
+    (4, 16, 32, (32, 32), (3, 3), [2, 2], [1, 1, 1, 1], [1, 1], 1),
+    (4, 16, 32, (32, 32), (1, 1), [2, 2], [0, 0, 0, 0], [1, 1], 1),
+    (4, 32, 64, (16, 16), (3, 3), [2, 2], [1, 1, 1, 1], [1, 1], 1),
+    (4, 64, 64, (8, 8), (3, 3), [1, 1], [1, 1, 1, 1], [1, 1], 1),
+    (3, 5, 10, (7, 9), (3, 2), [1, 2], [2, 0, 1, 1], [2, 1], 1),  # O not a whole vector, asymmetric everything
+    (2, 7, 40, (11, 13), (5, 5), [3, 1], [0, 2, 2, 4], [1, 2], 1),  # 2.5 vectors, pads wider than the stride
+    (1, 1, 1, (1, 1), (1, 1), [1, 1], [0, 0, 0, 0], [1, 1], 1),
+    (2, 4, 20, (5, 19), (3, 3), [1, 1], [3, 3, 3, 3], [1, 1], 1),  # pads larger than the kernel's reach
+    (5, 6, 48, (21,), (4,), [2], [1, 3], [3], 1),  # 1-D
+    (4, 32, 32, (16, 16), (3, 3), [1, 1], [1, 1, 1, 1], [1, 1], 32),  # depthwise
+    (3, 20, 20, (9, 11), (3, 5), [2, 1], [1, 2, 0, 3], [1, 2], 20),  # depthwise, a partial last vector
+    (2, 6, 6, (15,), (3,), [1], [1, 1], [2], 6),  # depthwise 1-D
+    (2, 8, 16, (6, 6), (3, 3), [1, 1], [1, 1, 1, 1], [1, 1], 8),  # two outputs per group: numpy runs it
+    (2, 8, 16, (6, 6), (3, 3), [1, 1], [1, 1, 1, 1], [1, 1], 2),  # grouped: numpy runs it
 ]
 
 
-@pytest.mark.parametrize("batch, channels, out_channels, size, kernel, strides, pads, dilations", CASES)
+@pytest.mark.parametrize("batch, channels, out_channels, size, kernel, strides, pads, dilations, groups", CASES)
 @pytest.mark.parametrize("bias, activation", [(True, "relu"), (False, "none"), (True, "sigmoid")])
 def test_conv_matches_numpy(monkeypatch: pytest.MonkeyPatch, batch: int, channels: int, out_channels: int,
                             size: tuple[int, ...], kernel: tuple[int, ...], strides: list[int], pads: list[int],
-                            dilations: list[int], bias: bool, activation: str) -> None:
+                            dilations: list[int], groups: int, bias: bool, activation: str) -> None:
     rng = np.random.default_rng(channels * 100 + out_channels)
     arrays = [rng.standard_normal((batch, channels, *size)).astype(np.float32),
-              rng.standard_normal((out_channels, channels, *kernel)).astype(np.float32)]
+              rng.standard_normal((out_channels, channels // groups, *kernel)).astype(np.float32)]
     if bias:
         arrays.append(rng.standard_normal(out_channels).astype(np.float32))
-    attrs = {"strides": strides, "pads": pads, "dilations": dilations, "activation": activation}
+    attrs = {"strides": strides, "pads": pads, "dilations": dilations, "groups": groups, "activation": activation}
     assert_close(*conv_both_ways(monkeypatch, arrays, attrs))
 
 
@@ -145,3 +151,17 @@ def test_compile_errors_name_the_compiler(monkeypatch: pytest.MonkeyPatch, tmp_p
     with pytest.raises(OSError, match="failed on conv.c"):
         native._build(shutil.which(native.COMPILER), "test", "this is not C\n")
     assert list((tmp_path / "kernels").iterdir()) == []
+
+
+@pytest.mark.parametrize("groups, out_channels, native_runs", [(1, 8, True), (8, 8, True), (8, 16, False),
+                                                                  (2, 8, False)])
+def test_which_convs_run_natively(monkeypatch: pytest.MonkeyPatch, groups: int, out_channels: int,
+                                  native_runs: bool) -> None:
+    monkeypatch.delenv(native.SWITCH, raising=False)
+    x = np.ones((2, 8, 5, 5), np.float32)
+    weight = np.ones((out_channels, 8 // groups, 3, 3), np.float32)
+    geometry = Geometry([3, 3], [1, 1], [1, 1, 1, 1], [1, 1])
+    y = _native_conv(x, weight, groups, geometry, [5, 5], Epilogue(None, None, UNCHANGED))
+    assert (y is not None) == native_runs
+    if native_runs:
+        assert y.shape == (2, out_channels, 5, 5) and y[0, 0, 2, 2] == 9 * 8 // groups

@@ -45,6 +45,31 @@ static inline vec relu(vec x)
     return (vec)((lanes_mask)x & keep);
 }
 
+/* y[pixel, first:first + VLEN] = relu?(sum + bias + residual), the channels past out_channels left out. */
+static inline void finish(const Conv *c, ptrdiff_t pixel, ptrdiff_t first, vec sum)
+{
+    if (c->bias)
+        sum += *(const vec_unaligned *)(c->bias + first);
+    float *y = c->y + pixel * c->out_channels + first;
+    const float *residual = c->residual ? c->residual + pixel * c->out_channels + first : NULL;
+    if (c->out_channels - first >= VLEN) {
+        if (residual)
+            sum += *(const vec_unaligned *)residual;
+        if (c->relu)
+            sum = relu(sum);
+        *(vec_unaligned *)y = sum;
+        return;
+    }
+    float lanes[VLEN];  /* the last, partial vector of an O that is not a multiple of VLEN */
+    memcpy(lanes, &sum, sizeof lanes);
+    for (ptrdiff_t lane = 0; lane < c->out_channels - first; lane++) {
+        float value = lanes[lane];
+        if (residual)
+            value += residual[lane];
+        y[lane] = c->relu && !(value > 0.0f) && value == value ? 0.0f : value;
+    }
+}
+
 /* acc += the products of `count` consecutive (tap, channel) inputs of each pixel p, against the weight rows from
  * w on. The inputs of pixel p are at rows[p], or with SPACED at rows[0] + p * step: one pointer for them all. */
 static inline __attribute__((always_inline)) void
@@ -99,35 +124,10 @@ block(const Conv *c, ptrdiff_t n, ptrdiff_t oh, ptrdiff_t ow, ptrdiff_t o, const
                 taps(acc, rows, 0, 0, w, c->channels, c, PIXELS, VECS);
         }
     }
-    for (int p = 0; p < PIXELS; p++) {
-        ptrdiff_t pixel = (n * c->out_h + oh) * c->out_w + ow + p;
-        for (int v = 0; v < VECS; v++) {
-            ptrdiff_t first = o + v * VLEN;
-            if (first >= c->out_channels)
-                break;
-            vec sum = acc[p][v];
-            if (c->bias)
-                sum += *(const vec_unaligned *)(c->bias + first);
-            float *y = c->y + pixel * c->out_channels + first;
-            const float *residual = c->residual ? c->residual + pixel * c->out_channels + first : NULL;
-            if (c->out_channels - first >= VLEN) {
-                if (residual)
-                    sum += *(const vec_unaligned *)residual;
-                if (c->relu)
-                    sum = relu(sum);
-                *(vec_unaligned *)y = sum;
-                continue;
-            }
-            float lanes[VLEN];  /* the last, partial vector of an O that is not a multiple of VLEN */
-            memcpy(lanes, &sum, sizeof lanes);
-            for (ptrdiff_t lane = 0; lane < c->out_channels - first; lane++) {
-                float value = lanes[lane];
-                if (residual)
-                    value += residual[lane];
-                y[lane] = c->relu && !(value > 0.0f) && value == value ? 0.0f : value;
-            }
-        }
-    }
+    UNROLL for (int p = 0; p < PIXELS; p++)
+        UNROLL for (int v = 0; v < VECS; v++)
+            if (o + v * VLEN < c->out_channels)
+                finish(c, (n * c->out_h + oh) * c->out_w + ow + p, o + v * VLEN, acc[p][v]);
 }
 
 /* One output row of image n: full blocks of PIXELS pixels, then single pixels for the rest. */
@@ -154,4 +154,35 @@ void conv2d_nhwc(const Conv *c, ptrdiff_t images)
             else
                 output_row(c, n, oh, 8, 1);
         }
+}
+
+/* Depthwise: one input channel per output channel (O == C, weight (KH, KW, OP)), so x's channels line up with
+ * the output's and each tap is one elementwise multiply-add of a vector of channels. */
+void depthwise2d_nhwc(const Conv *c, ptrdiff_t images)
+{
+    for (ptrdiff_t n = 0; n < images; n++)
+        for (ptrdiff_t oh = 0; oh < c->out_h; oh++)
+            for (ptrdiff_t ow = 0; ow < c->out_w; ow++)
+                for (ptrdiff_t o = 0; o < c->out_channels; o += VLEN) {
+                    ptrdiff_t count = c->out_channels - o < VLEN ? c->out_channels - o : VLEN;
+                    vec acc = {0};
+                    for (ptrdiff_t kh = 0; kh < c->kernel_h; kh++) {
+                        ptrdiff_t ih = oh * c->stride_h - c->pad_top + kh * c->dilation_h;
+                        if (ih < 0 || ih >= c->height)
+                            continue;
+                        for (ptrdiff_t kw = 0; kw < c->kernel_w; kw++) {
+                            ptrdiff_t iw = ow * c->stride_w - c->pad_left + kw * c->dilation_w;
+                            if (iw < 0 || iw >= c->width)
+                                continue;
+                            const float *x = c->x + ((n * c->height + ih) * c->width + iw) * c->channels + o;
+                            vec inputs = {0};  /* a partial last vector must not read past the tensor */
+                            if (count == VLEN)
+                                inputs = *(const vec_unaligned *)x;
+                            else
+                                memcpy(&inputs, x, count * sizeof(float));
+                            acc += inputs * *(const vec_unaligned *)(c->weight + (kh * c->kernel_w + kw) * c->padded_channels + o);
+                        }
+                    }
+                    finish(c, (n * c->out_h + oh) * c->out_w + ow, o, acc);
+                }
 }

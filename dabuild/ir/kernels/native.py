@@ -61,17 +61,19 @@ class ConvCall(ctypes.Structure):
 
 
 class NativeConv:
-    """conv.c's `conv2d_nhwc`, with numpy arrays in and out."""
+    """conv.c's `conv2d_nhwc` and `depthwise2d_nhwc`, with numpy arrays in and out."""
 
     def __init__(self, library: ctypes.CDLL, compiler: str):
         self.compiler = compiler
-        self._function = library.conv2d_nhwc
-        self._function.argtypes = [ctypes.POINTER(ConvCall), ctypes.c_ssize_t]
-        self._function.restype = None
+        self._dense, self._depthwise = library.conv2d_nhwc, library.depthwise2d_nhwc
+        for kernel in self._dense, self._depthwise:
+            kernel.argtypes = [ctypes.POINTER(ConvCall), ctypes.c_ssize_t]
+            kernel.restype = None
 
     def __call__(self, x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None, residual: np.ndarray | None,
-                 strides: list[int], pads: list[int], dilations: list[int], out: list[int], relu: bool) -> np.ndarray:
-        """y = relu?(conv(x) + bias + residual) as an (N, OH, OW, O) float32 array.
+                 strides: list[int], pads: list[int], dilations: list[int], out: list[int], relu: bool,
+                 depthwise: bool = False) -> np.ndarray:
+        """y = relu?(conv(x) + bias + residual) as an (N, OH, OW, O) float32 array; `depthwise`: groups == C == O.
 
         x is (N, H, W, C), weight (O, C, KH, KW) as in the graph, residual (N, OH, OW, O) or None, all float32,
         x and residual C-contiguous; pads are the (top, left) ones, `out` is (OH, OW).
@@ -79,8 +81,8 @@ class NativeConv:
         batch, height, width, channels = x.shape
         out_channels, _, kernel_h, kernel_w = weight.shape
         padded = -(-out_channels // VECTOR) * VECTOR
-        taps = np.zeros((kernel_h, kernel_w, channels, padded), np.float32)
-        taps[..., :out_channels] = weight.transpose(2, 3, 1, 0)
+        taps = np.zeros((kernel_h, kernel_w, *(() if depthwise else (channels,)), padded), np.float32)
+        taps[..., :out_channels] = weight[:, 0].transpose(1, 2, 0) if depthwise else weight.transpose(2, 3, 1, 0)
         if bias is not None:
             bias = np.concatenate([bias, np.zeros(padded - out_channels, np.float32)])
         zeros = np.zeros(channels, np.float32)
@@ -92,7 +94,8 @@ class NativeConv:
             y.ctypes.data, out[0], out[1], strides[0], strides[1], pads[0], pads[1], dilations[0], dilations[1],
             int(relu), zeros.ctypes.data,
         )
-        self._function(ctypes.byref(call), batch)  # ctypes releases the GIL for the call
+        function = self._depthwise if depthwise else self._dense
+        function(ctypes.byref(call), batch)  # ctypes releases the GIL for the call
         return y
 
 

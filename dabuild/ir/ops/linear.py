@@ -16,8 +16,8 @@ A depthwise conv (one input channel per group) instead accumulates its few
 kernel taps elementwise, which never builds the mostly-zero block-diagonal
 weight a single matmul would need.
 
-Where a C compiler is available, an ungrouped float32 conv over one or two
-spatial axes instead runs as a compiled direct convolution
+Where a C compiler is available, an ungrouped or depthwise (one output channel
+per input channel) float32 conv over one or two spatial axes instead runs as a compiled direct convolution
 (dabuild.ir.kernels.native): about twice as fast as im2col + BLAS on a small
 CNN, with the same channels-last output memory and the same epilogue.
 """
@@ -201,14 +201,17 @@ def _conv(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None, groups: in
 
 def _native_conv(x: np.ndarray, weight: np.ndarray, groups: int, geometry: Geometry, sizes: list[int],
                  epilogue: Epilogue) -> np.ndarray | None:
-    """The conv by the compiled direct conv of dabuild.ir.kernels, or None where that does not apply: grouped,
-    not float32, more than two spatial axes, DABUILD_NATIVE_KERNELS=0 or no C compiler.
+    """The conv by the compiled direct conv of dabuild.ir.kernels, or None where that does not apply: grouped
+    but not depthwise with one output channel per input channel, not float32, more than two spatial axes,
+    DABUILD_NATIVE_KERNELS=0 or no C compiler.
 
     The kernel adds the bias and the residual and applies relu; another activation runs afterwards in numpy.
     A 1-D conv runs as a 2-D conv of height 1.
     """
     spatial = weight.ndim - 2
-    if groups != 1 or spatial not in (1, 2) or x.dtype != np.float32 or weight.dtype != np.float32:
+    depthwise = groups == x.shape[1] == weight.shape[0] and weight.shape[1] == 1 and groups > 1
+    if (groups != 1 and not depthwise) or spatial not in (1, 2) or x.dtype != np.float32 \
+            or weight.dtype != np.float32:
         return None
     conv = native_conv()
     if conv is None:
@@ -223,7 +226,7 @@ def _native_conv(x: np.ndarray, weight: np.ndarray, groups: int, geometry: Geome
     residual = None if epilogue.residual is None else rows(epilogue.residual)
     bias = None if epilogue.bias is None else epilogue.bias.astype(np.float32, copy=False)
     y = conv(rows(x), weight if spatial == 2 else weight[:, :, None], bias, residual, strides, pads, dilations,
-             [1] * lifted + sizes, epilogue.relu)
+             [1] * lifted + sizes, epilogue.relu, depthwise)
     y = y.reshape(len(y), *sizes, y.shape[-1])
     if not epilogue.relu:
         epilogue.activation(y)
