@@ -46,7 +46,7 @@ static inline vec relu(vec x)
 }
 
 /* y[pixel, first:first + VLEN] = relu?(sum + bias + residual), the channels past out_channels left out. */
-static inline void finish(const Conv *c, ptrdiff_t pixel, ptrdiff_t first, vec sum)
+static inline __attribute__((always_inline)) void finish(const Conv *c, ptrdiff_t pixel, ptrdiff_t first, vec sum)
 {
     if (c->bias)
         sum += *(const vec_unaligned *)(c->bias + first);
@@ -124,10 +124,9 @@ block(const Conv *c, ptrdiff_t n, ptrdiff_t oh, ptrdiff_t ow, ptrdiff_t o, const
                 taps(acc, rows, 0, 0, w, c->channels, c, PIXELS, VECS);
         }
     }
-    UNROLL for (int p = 0; p < PIXELS; p++)
-        UNROLL for (int v = 0; v < VECS; v++)
-            if (o + v * VLEN < c->out_channels)
-                finish(c, (n * c->out_h + oh) * c->out_w + ow + p, o + v * VLEN, acc[p][v]);
+    for (int p = 0; p < PIXELS; p++)
+        for (int v = 0; v < VECS && o + v * VLEN < c->out_channels; v++)
+            finish(c, (n * c->out_h + oh) * c->out_w + ow + p, o + v * VLEN, acc[p][v]);
 }
 
 /* One output row of image n: full blocks of PIXELS pixels, then single pixels for the rest. */
