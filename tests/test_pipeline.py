@@ -267,3 +267,18 @@ def test_compiler_upgrade_alone_reruns_the_check(
     assert executed(build(digits, tmp_path / "build")) == {"check:mcu"}
     stamp_file = next((tmp_path / "build" / ".stamps").glob("*.json"))
     assert str(tools / "wrapped-cc") in json.loads(stamp_file.read_text())["read"]
+
+
+def test_switching_the_native_kernels_off_reruns_the_stages_that_use_the_interpreter(
+    digits: Path, tmp_path: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dabuild.ir.kernels.native import native_backend
+
+    build(digits, tmp_path / "build")
+    monkeypatch.setenv("DABUILD_NATIVE_KERNELS", "0")
+    rerun = executed(build(digits, tmp_path / "build"))
+    # The digits MLP has no conv, but the backend still enters the keys: the stages that run the interpreter rerun
+    # unless the native kernels were unavailable in the first place (then nothing changed).
+    monkeypatch.delenv("DABUILD_NATIVE_KERNELS")
+    expected = set() if native_backend() == "numpy" else {"calibrate", "tune:c"}
+    assert expected <= rerun and rerun <= {"calibrate", "tune:c", "export:mcu", "check:mcu"}

@@ -23,6 +23,7 @@ from typing import Any
 
 STAMPS = ".stamps"
 _CAPABILITY_ENV = "DABUILD_CAPABILITY_PATH"
+_NATIVE_ENV = "DABUILD_NATIVE_KERNELS"  # numpy or compiled convs in the interpreter (dabuild.ir.kernels.native)
 
 
 def stamp_path(recipe_path: Path, build_root: Path, targets: tuple[str, ...] | None) -> Path:
@@ -46,6 +47,7 @@ def _environment() -> dict[str, object]:
         "dabuild": __version__,
         "stages": STAGE_VERSIONS,
         _CAPABILITY_ENV: os.environ.get(_CAPABILITY_ENV, ""),
+        _NATIVE_ENV: os.environ.get(_NATIVE_ENV, ""),
     }
 
 
