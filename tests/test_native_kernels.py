@@ -126,11 +126,11 @@ def test_backend_names_the_compiler_or_numpy(monkeypatch: pytest.MonkeyPatch) ->
 
 
 def test_library_is_compiled_once_into_the_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setenv("DABUILD_CACHE", str(tmp_path))
+    monkeypatch.setenv(native.KERNEL_CACHE, str(tmp_path))
     compiler = shutil.which(native.COMPILER)
     source = "int answer(void) { return 42; }\n"
     library = native._build(compiler, "test compiler 1.0", source)
-    assert library.parent == tmp_path / "kernels" and library.suffix == ".so"
+    assert library.parent == tmp_path and library.suffix == ".so"
     assert [p.name for p in library.parent.iterdir()] == [library.name]  # no temporary left behind
     built = library.stat().st_mtime_ns
     assert native._build(compiler, "test compiler 1.0", source) == library
@@ -147,10 +147,10 @@ def test_no_compiler_falls_back_to_numpy_with_a_debug_note(monkeypatch: pytest.M
 
 
 def test_compile_errors_name_the_compiler(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setenv("DABUILD_CACHE", str(tmp_path))
+    monkeypatch.setenv(native.KERNEL_CACHE, str(tmp_path))
     with pytest.raises(OSError, match="failed on conv.c"):
         native._build(shutil.which(native.COMPILER), "test", "this is not C\n")
-    assert list((tmp_path / "kernels").iterdir()) == []
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize("groups, out_channels, native_runs", [(1, 8, True), (8, 8, True), (8, 16, False),

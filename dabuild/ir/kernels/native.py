@@ -4,9 +4,10 @@ numpy + BLAS run the interpreter's small convs far below this machine's peak,
 and their im2col copy costs as much as the matmul. conv.c is a direct
 convolution over channels-last tensors that the compiler vectorises over the
 output channels. It is compiled once per (source, compiler version, flags, CPU)
-into `<dabuild cache>/kernels/<sha256>.so` (written to a temporary file and
-renamed, so concurrent builds never load a half-written library) and loaded
-from there ever after.
+into `<kernel cache>/<sha256>.so` ($DABUILD_KERNEL_CACHE, else kernels/ in
+dabuild's user cache folder; written to a temporary file and renamed, so
+concurrent builds never load a half-written library) and loaded from there
+ever after.
 
 Flags: -O3 -march=native, so the vectors are as wide as this CPU's (one
 AVX-512 register holds 16 output channels), and the compiler's default
@@ -41,6 +42,7 @@ COMPILER = "cc"
 FLAGS = ("-O3", "-march=native", "-shared", "-fPIC")
 VECTOR = 16  # floats per vector in conv.c: the weight and bias are padded to whole vectors
 SWITCH = "DABUILD_NATIVE_KERNELS"
+KERNEL_CACHE = "DABUILD_KERNEL_CACHE"
 
 
 class ConvCall(ctypes.Structure):
@@ -137,7 +139,7 @@ def _load() -> NativeConv | None:
 def _build(compiler: str, version: str, source: str) -> Path:
     """The compiled library for this source, compiler, flags and CPU: from the cache, else compiled into it."""
     identity = "\n".join([source, version, " ".join(FLAGS), _cpu_identity()])
-    directory = _cache_root() / "kernels"
+    directory = _kernel_dir()
     library = directory / f"{hashlib.sha256(identity.encode()).hexdigest()}.so"
     if library.exists():
         return library
@@ -154,10 +156,18 @@ def _build(compiler: str, version: str, source: str) -> Path:
     return library
 
 
-def _cache_root() -> Path:
-    from dabuild.pipeline.store import default_root
+def _kernel_dir() -> Path:
+    """`$DABUILD_KERNEL_CACHE`, else `kernels/` in the platform's user cache folder of dabuild.
 
-    return default_root()
+    Apart from the run cache (`$DABUILD_CACHE`): a compiled kernel is a tool, not a result, so a private
+    run cache (a test's, a CI job's) still finds the library compiled before.
+    """
+    configured = os.environ.get(KERNEL_CACHE)
+    if configured:
+        return Path(configured).expanduser()
+    from platformdirs import user_cache_dir
+
+    return Path(user_cache_dir("dabuild")) / "kernels"
 
 
 def _cpu_identity() -> str:
