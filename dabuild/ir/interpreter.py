@@ -6,20 +6,20 @@ against it, and targets are checked against what it (or its integer twin) says.
 
 from __future__ import annotations
 
+import functools
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from threadpoolctl import ThreadpoolController
 
 from dabuild.errors import UsageError
 from dabuild.ir.graph import Graph, TensorSpec
 from dabuild.ir.ops import OPS, Activation
 from dabuild.ir.ops.base import Kernel
 from dabuild.ir.ops.linear import Conv
-
-from threadpoolctl import ThreadpoolController
 
 
 def _shape_text(shape: tuple[int | None, ...]) -> str:
@@ -231,14 +231,10 @@ def _overwritable(arrays: list[np.ndarray], positions: list[int]) -> np.ndarray 
     return None
 
 
-_controller: list[Any] = []
-
-
-def _blas_controller() -> Any:
+@functools.cache
+def _blas_controller() -> ThreadpoolController:
     """One ThreadpoolController for the process: making one scans the loaded libraries, too slow per run."""
-    if not _controller:
-        _controller.append(ThreadpoolController())
-    return _controller[0]
+    return ThreadpoolController()
 
 
 def _references(arrays: list[np.ndarray], position: int) -> int:

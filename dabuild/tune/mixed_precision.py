@@ -52,13 +52,12 @@ class MixedPrecisionStrategy:
             """`config` with node `name` one width cheaper, least harmful choice first; of choices alike in
             harm and cost (power-of-two scales often make range algorithms agree) only the first."""
             candidates = space.nodes[name].candidates
-            choices = sorted(cheaper_choices(search, config, name), key=lambda choice: (
-                harm(space.with_node(config, name, choice), name), candidates.index(choice)))
-            steps = {}
-            for choice in choices:
-                step = space.with_node(config, name, choice)
-                steps.setdefault((harm(step, name), search.cost(step)), step)
-            return list(steps.values())
+            steps = sorted((space.with_node(config, name, choice) for choice in cheaper_choices(search, config, name)),
+                           key=lambda step: (harm(step, name), candidates.index(step.nodes[name])))
+            distinct: dict[tuple[float, int], QuantConfig] = {}
+            for step in steps:
+                distinct.setdefault((harm(step, name), search.cost(step)), step)
+            return list(distinct.values())
 
         probes = {name: steps[0] for name in space.nodes if (steps := steps_down(start.config, name))}
         trials = dict(zip(probes, search.evaluate(list(probes.values()), "probe")))

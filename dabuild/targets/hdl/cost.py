@@ -28,12 +28,11 @@ from typing import ClassVar
 
 import numpy as np
 
-from dabuild.errors import BuildError
 from dabuild.quant.layers.elementwise import QClamp, QLookup
 from dabuild.quant.layers.linear import QWeighted
 from dabuild.quant.layers.shape import QSelection
 from dabuild.quant.qgraph import QGraph, QLayer
-from dabuild.targets.hdl.symbolic import CONVERTERS, constant_symbols
+from dabuild.targets.hdl.symbolic import constant_symbols, converter_of
 
 try:
     from da4ml.trace import FixedVariableArray, HWConfig, comb_trace
@@ -85,10 +84,7 @@ class Da4mlCost:
                     np.full(tensor.shape, low * step), np.full(tensor.shape, high * step),
                     np.full(tensor.shape, step), self.hwconf, solver_options=self.solver_options)
         like = next(iter(symbols.values()))
-        converter = CONVERTERS.get(layer.op)
-        if converter is None:
-            raise BuildError(f"layer {layer.name!r}: op {layer.op!r} has no da4ml mapping, so da4ml cannot price it")
-        outputs = converter(layer, qgraph, [symbols[name] if name in symbols else constant_symbols(qgraph, name, like)
+        outputs = converter_of(layer)(layer, qgraph, [symbols[name] if name in symbols else constant_symbols(qgraph, name, like)
                                             for name in layer.inputs])
         inputs = np.concatenate([np.ravel(array._vars) for array in symbols.values()])
         return float(comb_trace(inputs, np.concatenate([np.ravel(array._vars) for array in outputs])).cost)

@@ -81,13 +81,19 @@ def fixed_type(params: QuantParams, where: str, signed: bool | None = None) -> t
     return k, dtype.bits - k - f, f
 
 
+def _powers_of_two(values: np.ndarray) -> bool:
+    """Whether every value is a positive power of two (2**k for an integer k, negative k included)."""
+    exponents = np.log2(np.where(values > 0, values, np.nan))
+    return bool(np.all(exponents == np.round(exponents)))
+
+
 def power_of_two_factor(multiplier: np.ndarray, shift: np.ndarray, where: str) -> np.ndarray:
     """The real factors multiplier * 2**-shift of a layer's requantization; BuildError unless powers of two.
 
     With pot scales every factor a layer derives from its scales is one (the Q31 multiplier is 2**30); the
     converters read the layer's own integers, so they compute what its `run` computes."""
     factor = np.asarray(multiplier, dtype=np.float64) * 2.0 ** -np.asarray(shift, dtype=np.float64)
-    if np.any(factor <= 0) or not np.all(np.log2(factor) == np.round(np.log2(factor))):
+    if not _powers_of_two(factor):
         raise BuildError(f"{where}: requantization factors {factor.tolist()} are not powers of two; quantize with "
                          "scheme 'pot' for the hdl target")
     return factor
@@ -227,12 +233,19 @@ def _window_groups(layer: QSelection | QAvgPool, graph: QGraph) -> np.ndarray:
 # --- converters ------------------------------------------------------------------------------------------------
 
 
+def _input_scales(layer: QLayer, graph: QGraph, where: str) -> list[float]:
+    """The scale of each input, after checking each is a fixed-point type."""
+    for i, name in enumerate(layer.inputs):
+        fractional_bits(layer.params(graph, i), f"{where}, input {name!r}")
+    return [layer.params(graph, i).scale for i in range(len(layer.inputs))]
+
+
 def _accumulator_lsb(layer: QWeighted, graph: QGraph, where: str) -> np.ndarray:
     """s_in * s_w per output channel, after checking both are powers of two."""
     source = layer.params(graph)
     fractional_bits(source, f"{where}, input {layer.inputs[0]!r}")
     weight_scale = np.asarray(layer.weight_scale, dtype=np.float64)
-    if not np.all(np.log2(weight_scale) == np.round(np.log2(weight_scale))):
+    if not _powers_of_two(weight_scale):
         raise BuildError(f"{where}: weight scales {weight_scale.tolist()} are not powers of two; quantize its "
                          "weights with scheme 'pot' for the hdl target")
     return np.broadcast_to(source.scale * weight_scale, (len(layer.bias),))
@@ -409,9 +422,7 @@ def convert_add(layer: QAdd, graph: QGraph, inputs: list[FixedVariableArray]) ->
     than u, then rounded as the reference rounds it), the sum or difference, requantized to the output."""
     where = described(layer)
     factors = power_of_two_factor(layer.input_multiplier, layer.input_shift, where) * 2.0**layer.left_shift
-    scales = [layer.params(graph, i).scale for i in range(2)]
-    for i, scale in enumerate(scales):
-        fractional_bits(layer.params(graph, i), f"{where}, input {layer.inputs[i]!r}")
+    scales = _input_scales(layer, graph, where)
     unit = scales[0] / factors[0]
     _require_unit(scales[1] / factors[1], unit, where)
     target = layer.output_params(graph)
@@ -427,9 +438,7 @@ def convert_mul(layer: QMul, graph: QGraph, inputs: list[FixedVariableArray]) ->
     """The exact product of the two inputs (a multiplier circuit, or constant adders for a constant input),
     requantized by the power of two s_a * s_b / s_y."""
     where = described(layer)
-    scales = [layer.params(graph, i).scale for i in range(2)]
-    for i in range(2):
-        fractional_bits(layer.params(graph, i), f"{where}, input {layer.inputs[i]!r}")
+    scales = _input_scales(layer, graph, where)
     [factor] = power_of_two_factor(layer.multiplier, layer.shift, where)
     target = layer.output_params(graph)
     _require_unit(scales[0] * scales[1] / factor, target.scale, where)
@@ -450,9 +459,7 @@ def convert_concat(layer: QConcat, graph: QGraph, inputs: list[FixedVariableArra
     target = layer.output_params(graph)
     factors = power_of_two_factor(layer.multiplier, layer.shift, where)
     parts = []
-    for i, (x, factor) in enumerate(zip(inputs, factors)):
-        scale = layer.params(graph, i).scale
-        fractional_bits(layer.params(graph, i), f"{where}, input {layer.inputs[i]!r}")
+    for x, factor, scale in zip(inputs, factors, _input_scales(layer, graph, where)):
         _require_unit(scale / factor, target.scale, where)
         parts.append(saturate(x, scale, target, where))
     return [np.concatenate(parts, axis=layer.axis - 1)]
@@ -483,6 +490,15 @@ CONVERTERS["float"] = _refuse("an fp32 fallback layer runs float arithmetic, whi
                               "(capability 'da4ml' has no fp32 fallback)")
 
 
+def converter_of(layer: QLayer) -> Converter:
+    """The converter of `layer`'s op; BuildError listing the mapped ops for any other."""
+    converter = CONVERTERS.get(layer.op)
+    if converter is None:
+        raise BuildError(f"layer {layer.name!r}: op {layer.op!r} has no da4ml mapping (mapped: "
+                         f"{', '.join(sorted(CONVERTERS))}); the hdl target cannot build this graph")
+    return converter
+
+
 def constant_symbols(graph: QGraph, name: str, like: FixedVariableArray) -> FixedVariableArray:
     """An integer graph constant (a constant operand of add, mul, ...) as da4ml constants in real units."""
     return _array(graph.constants[name].astype(np.float64) * graph.tensors[name].params.scale, like)
@@ -497,9 +513,5 @@ def apply_qgraph(graph: QGraph, x: FixedVariableArray) -> dict[str, FixedVariabl
         if name in graph.tensors:
             values[name] = constant_symbols(graph, name, x)
     for layer in graph.layers:
-        converter = CONVERTERS.get(layer.op)
-        if converter is None:
-            raise BuildError(f"layer {layer.name!r}: op {layer.op!r} has no da4ml mapping (mapped: "
-                             f"{', '.join(sorted(CONVERTERS))}); the hdl target cannot build this graph")
-        values.update(zip(layer.outputs, converter(layer, graph, [values[name] for name in layer.inputs])))
+        values.update(zip(layer.outputs, converter_of(layer)(layer, graph, [values[name] for name in layer.inputs])))
     return values
