@@ -21,9 +21,9 @@ from dabuild.ir.interpreter import run
 from dabuild.ir.ops import OPS
 from dabuild.progress import Progress
 from dabuild.quant.calibrate import calibrate
-from dabuild.quant.config import QUANTIZABLE_OPS, NodeConfig, QuantChoice, QuantConfig, default_config
+from dabuild.quant.config import NodeConfig, QuantChoice, QuantConfig, default_config
 from dabuild.quant.layers.fallback import QFloat
-from dabuild.quant.lowering import LOWERINGS
+from dabuild.quant.lowering import LOWERINGS, quantizable_roles
 from dabuild.quant.qgraph import QGraph
 from dabuild.quant.quantize import quantize
 from dabuild.quant.reference import dequantize_output, quantize_input, run_integer, run_quantized
@@ -84,8 +84,11 @@ def image(n: int = 64, shape: tuple[int, ...] = (4, 7, 7), seed: int = 1) -> np.
     return np.random.default_rng(seed).normal(size=(n, *shape)).astype(np.float32)
 
 
-def test_every_quantizable_op_has_a_lowering() -> None:
-    assert set(QUANTIZABLE_OPS) == set(LOWERINGS)
+def test_quantized_roles_follow_the_lowerings() -> None:
+    weighted = {op for op in LOWERINGS if quantizable_roles(op) == ("weight", "activation")}
+    assert weighted == {"conv", "dense"}
+    assert all(quantizable_roles(op) == ("activation",) for op in set(LOWERINGS) - weighted)
+    assert quantizable_roles("no_such_op") is None
 
 
 CONV_CASES = {

@@ -147,9 +147,5 @@ def test_op_without_onnx_spelling_is_named() -> None:
     from dabuild.targets import onnx_float
 
     graph = CASES["relu"].graph()
-    spelling = onnx_float.EXPORTERS.pop("relu")
-    try:
-        with pytest.raises(BuildError, match=r"no ONNX spelling for node \(relu\)"):
-            to_onnx(graph)
-    finally:
-        onnx_float.EXPORTERS["relu"] = spelling
+    with onnx_float.EXPORTERS.without("relu"), pytest.raises(BuildError, match=r"no ONNX spelling for node \(relu\)"):
+        to_onnx(graph)

@@ -217,12 +217,8 @@ def test_a_layer_without_a_qdq_writer_is_named(tmp_path: Path) -> None:
     from dabuild.targets.onnx import qdq
 
     qgraph = lower(small_cnn())
-    writer = qdq.WRITERS.pop("softmax")
-    try:
-        with pytest.raises(BuildError, match=r"no QDQ writer for layer 'soft' \(softmax\)"):
-            OnnxTarget().export(qgraph, tmp_path)
-    finally:
-        qdq.WRITERS["softmax"] = writer
+    with qdq.WRITERS.without("softmax"), pytest.raises(BuildError, match=r"no QDQ writer for layer 'soft' \(softmax\)"):
+        OnnxTarget().export(qgraph, tmp_path)
     assert not (tmp_path / MODEL_FILE).exists()
 
 

@@ -197,18 +197,12 @@ def _fusions(graph: Graph) -> dict[int, Fusion]:
     return fusions
 
 
-SAMPLEWISE = frozenset({"conv", "dense", "batch_norm", "max_pool", "avg_pool", "global_avg_pool", "identity",
-                        "add", "sub", "mul", "div"})  # with the activations and flatten after axis 0
-
-
 def _splittable(graph: Graph) -> bool:
     """Whether slices of a batch give the slices of its outputs: every node treats samples independently,
     every input has a dynamic batch axis, and convs make slices worth their threads."""
     return (any(node.op == "conv" for node in graph.nodes)
             and all(spec.shape and spec.shape[0] is None for spec in graph.inputs)
-            and all(node.op in SAMPLEWISE or isinstance(OPS[node.op], Activation)
-                    or (node.op == "flatten" and OPS["flatten"].resolve(node.attrs)["axis"] != 0)
-                    for node in graph.nodes))
+            and all(OPS[node.op].samplewise(node.attrs) for node in graph.nodes))
 
 
 def _overwritable(arrays: list[np.ndarray], positions: list[int]) -> np.ndarray | None:

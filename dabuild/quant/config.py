@@ -22,17 +22,6 @@ from dabuild.quant.dtypes import NAMES_TEXT, is_int_type
 # (they can only run in fp32). Every quantized node has an activation choice, even where its output
 # keeps its input's params (layout ops, max_pool, relu/relu6/clip) or has fixed ones (softmax:
 # 1/256, -128): the choice's dtype still applies, and only NodeConfig(None, None) means fp32.
-_WEIGHTED = ("dense", "conv")
-_ACTIVATION_ONLY = (
-    "identity", "relu", "relu6", "clip", "leaky_relu", "sigmoid", "tanh", "hard_sigmoid", "hard_swish", "gelu",
-    "softmax", "add", "sub", "mul", "concat", "max_pool", "avg_pool", "global_avg_pool", "batch_norm",
-    "reduce_mean", "reduce_sum", "reduce_max",
-    "reshape", "flatten", "transpose", "squeeze", "unsqueeze", "slice", "split", "pad",
-)
-QUANTIZABLE_OPS: dict[str, tuple[str, ...]] = {
-    **{op: ("weight", "activation") for op in _WEIGHTED},
-    **{op: ("activation",) for op in _ACTIVATION_ONLY},
-}
 
 
 @dataclass(frozen=True)
@@ -125,12 +114,14 @@ def _first_choice(choices: _Choices | None, node: str, op: str, role: str, capab
 
 def default_config(graph: Graph, capability: _Capability) -> QuantConfig:
     """Every node quantized with the first choice its capability entry lists."""
+    from dabuild.quant.lowering import LOWERINGS, quantizable_roles  # lowering builds on this module
+
     nodes: dict[str, NodeConfig] = {}
     for node in graph.nodes:
-        roles = QUANTIZABLE_OPS.get(node.op)
+        roles = quantizable_roles(node.op)
         if roles is None:
             raise BuildError(f"node {node.name!r}: op {node.op!r} has no integer lowering yet "
-                             f"(quantizable ops: {', '.join(sorted(QUANTIZABLE_OPS))})")
+                             f"(quantizable ops: {', '.join(LOWERINGS.names())})")
         op_capability = capability.for_op(node.op)
         picks = {role: _first_choice(getattr(op_capability, role), node.name, node.op, role, capability.name)
                  for role in roles}

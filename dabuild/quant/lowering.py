@@ -23,6 +23,7 @@ from dabuild.quant.config import NodeConfig, QuantChoice
 from dabuild.quant.dtypes import NAMES_TEXT, int_type, is_int_type
 from dabuild.quant.fixed_point import round_half_away
 from dabuild.quant.qgraph import QLayer, QTensor, QuantParams
+from dabuild.registry import Registry
 
 # A range the fp32 fallback and graph inputs without a quantized consumer use.
 MINMAX_INT8 = QuantChoice("int8", "asym", "per_tensor", "minmax")
@@ -193,13 +194,34 @@ class Lowering:
 
 
 LowerFunction = Callable[[Lowering], list[QLayer]]
-LOWERINGS: dict[str, LowerFunction] = {}
 
 
-def lowers(*ops: str) -> Callable[[LowerFunction], LowerFunction]:
-    """Register a function as the integer lowering of the float ops `ops`."""
+@dataclass(frozen=True)
+class Lowerer:
+    """An op's lowering and the roles its config quantizes (a weight, an output activation)."""
+
+    lower: LowerFunction
+    roles: tuple[str, ...]
+
+
+LOWERINGS: Registry[Lowerer] = Registry("integer lowering", "dabuild's quantizer")
+
+
+def lowers(*ops: str, weighted: bool = False) -> Callable[[LowerFunction], LowerFunction]:
+    """Register a function as the integer lowering of the float ops `ops`; `weighted` ops (input 1 a
+    constant weight) quantize a weight as well as their output."""
+    roles = ("weight", "activation") if weighted else ("activation",)
+
     def register(function: LowerFunction) -> LowerFunction:
         for op in ops:
-            LOWERINGS[op] = function
+            LOWERINGS.add(op, Lowerer(function, roles))
         return function
     return register
+
+
+def quantizable_roles(op: str) -> tuple[str, ...] | None:
+    """The roles a config quantizes for `op`, or None when it has no integer lowering."""
+    from dabuild.quant import layers  # noqa: F401  (registers every lowering)
+
+    lowerer = LOWERINGS.get(op)
+    return lowerer.roles if lowerer else None

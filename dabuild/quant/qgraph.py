@@ -36,6 +36,7 @@ from dabuild.errors import BuildError
 from dabuild.ir.npz import read_npz, write_npz
 from dabuild.quant.dtypes import int_type
 from dabuild.quant.fixed_point import round_half_away
+from dabuild.registry import Registry
 
 QGRAPH_FILE = "qgraph.json"
 QWEIGHTS_FILE = "qweights.npz"
@@ -141,12 +142,12 @@ class QLayer(ABC):
         """The output arrays; layers with an accumulator add it to `trace` as `<layer>:accumulator`."""
 
 
-LAYER_TYPES: dict[str, type[QLayer]] = {}
+LAYER_TYPES: Registry[type[QLayer]] = Registry("integer layer type", "the QGraph")
 
 
 def layer_type(cls: type[QLayer]) -> type[QLayer]:
     """Class decorator registering a layer class under its `op`, so QGraph.load can rebuild it."""
-    LAYER_TYPES[cls.op] = cls
+    LAYER_TYPES.add(cls.op, cls)
     return cls
 
 

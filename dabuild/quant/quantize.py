@@ -39,7 +39,7 @@ def quantize(graph: Graph, stats: Stats, config: QuantConfig, bias_correction: b
             raise BuildError(f"node {node.name!r}: the quantization config has no entry for it")
         if not config.nodes[node.name].fp32 and node.op not in LOWERINGS:
             raise BuildError(f"node {node.name!r}: op {node.op!r} has no integer lowering "
-                             f"(lowered ops: {', '.join(sorted(LOWERINGS))}); run it in fp32 on a target that can")
+                             f"(lowered ops: {', '.join(LOWERINGS.names())}); run it in fp32 on a target that can")
 
     ctx = Lowering(graph, stats, graph.tensor_shapes(), {}, bias_correction=bias_correction)
     spec = graph.inputs[0]
@@ -49,5 +49,5 @@ def quantize(graph: Graph, stats: Stats, config: QuantConfig, bias_correction: b
     layers: list[QLayer] = []
     for node in graph.nodes:
         ctx.node, ctx.config = node, config.nodes[node.name]
-        layers.extend(lower_fp32(ctx) if ctx.config.fp32 else LOWERINGS[node.op](ctx))
+        layers.extend(lower_fp32(ctx) if ctx.config.fp32 else LOWERINGS[node.op].lower(ctx))
     return QGraph(spec.name, graph.outputs[0], ctx.tensors, layers, ctx.constants)

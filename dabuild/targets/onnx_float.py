@@ -21,6 +21,7 @@ from dabuild.errors import BuildError
 from dabuild.ir.graph import Graph, Node
 from dabuild.ir.ops import OPS
 from dabuild.names import unique_name
+from dabuild.registry import Registry
 
 OPSET = 17
 IR_VERSION = 8
@@ -62,16 +63,11 @@ class Emitter:
 
 
 NodeExporter = Callable[[Emitter, Node, dict[str, Any]], None]
-EXPORTERS: dict[str, NodeExporter] = {}
+EXPORTERS: Registry[NodeExporter] = Registry("float exporter", "the onnx target")
 
 
 def exports(*names: str) -> Callable[[NodeExporter], NodeExporter]:
-    def decorate(function: NodeExporter) -> NodeExporter:
-        for name in names:
-            EXPORTERS[name] = function
-        return function
-
-    return decorate
+    return EXPORTERS.register(*names)
 
 
 _DIRECT = {

@@ -28,7 +28,8 @@ from dabuild.capability import CapabilitySpec, QuantChoices
 from dabuild.errors import BuildError
 from dabuild.ir.graph import Graph
 from dabuild.quant.calibrate import LAST_AXIS_OPS
-from dabuild.quant.config import QUANTIZABLE_OPS, NodeConfig, QuantChoice, QuantConfig
+from dabuild.quant.config import NodeConfig, QuantChoice, QuantConfig
+from dabuild.quant.lowering import quantizable_roles
 from dabuild.quant.dtypes import NAMES_TEXT, int_type, is_int_type
 
 FP32 = NodeConfig(weight=None, activation=None)
@@ -179,7 +180,7 @@ def build_space(graph: Graph, capability: CapabilitySpec, narrowing: Mapping[str
     for node in graph.nodes:
         candidates = _candidates(node.name, node.op, capability, by_type.get(node.op, {}), by_name.get(node.name, {}))
         weight = graph.constants.get(node.inputs[1]) if len(node.inputs) > 1 else None
-        has_weight = weight is not None and "weight" in QUANTIZABLE_OPS.get(node.op, ())
+        has_weight = weight is not None and "weight" in (quantizable_roles(node.op) or ())
         macs = 0
         if has_weight:
             out = shapes[node.outputs[0]].shape
@@ -210,7 +211,7 @@ def _check_names(graph: Graph, by_type: dict[str, Any], by_name: dict[str, Any])
 def _candidates(name: str, op: str, capability: CapabilitySpec, by_type: Mapping[str, Any],
                 by_name: Mapping[str, Any]) -> tuple[NodeConfig, ...]:
     """The node's candidates: the product of its roles' narrowed choices, then fp32 if allowed and kept."""
-    roles = QUANTIZABLE_OPS.get(op)
+    roles = quantizable_roles(op)
     entry = capability.for_op(op)
     keys = {role: _merge(by_type.get(role) or {}, by_name.get(role) or {}) for role in ("weight", "activation")}
     for role, fields in keys.items():

@@ -23,6 +23,8 @@ if TYPE_CHECKING:
 class Activation(Op):
     """An elementwise op of one input that conv/dense may fuse (their `activation` attribute)."""
 
+    per_sample = True
+
     def shape_rule(self, inputs: list[TensorSpec], attrs: dict[str, Any]) -> list[OutputSpec]:
         self.validate(attrs)
         return [(tuple(inputs[0].shape), inputs[0].dtype)]

@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
+from dabuild.registry import Registry
+
 if TYPE_CHECKING:
     from dabuild.ir.graph import TensorSpec
 
@@ -49,6 +51,7 @@ class Op(ABC):
     rule: ClassVar[str] = "same shape as x"  # the shape rule in one line, for docs/ops.md
     required: ClassVar[frozenset[str]] = frozenset()  # the attributes without default, derived from `defaults`
     in_place: ClassVar[tuple[int, ...]] = ()  # inputs the prepared kernel may write its output into (see `prepare`)
+    per_sample: ClassVar[bool] = False  # output sample i depends on input sample i alone (batch axis 0)
 
     def infer(self, inputs: list[TensorSpec], attrs: dict[str, Any]) -> list[OutputSpec]:
         """(shape, dtype) of each output; ShapeError if the inputs or attributes do not fit."""
@@ -78,6 +81,10 @@ class Op(ABC):
     def kernel(self, arrays: list[np.ndarray], attrs: dict[str, Any]) -> list[np.ndarray]:
         """`run` with every attribute present."""
 
+    def samplewise(self, attrs: dict[str, Any]) -> bool:
+        """Whether slices of the batch give the slices of the outputs, so a batch may be split across threads."""
+        return self.per_sample
+
     def resolve(self, attrs: dict[str, Any]) -> dict[str, Any]:
         """`attrs` over the defaults; ShapeError naming unknown or missing attributes.
 
@@ -104,12 +111,12 @@ class Op(ABC):
             raise ShapeError(f"{self.name} takes {expected} inputs, got {count}")
 
 
-OPS: dict[str, Op] = {}
+OPS: Registry[Op] = Registry("IR op", "dabuild's op set")
 
 
 def register(cls: type[Op]) -> type[Op]:
     """Class decorator adding one instance of the op to `OPS` under `cls.name`."""
-    OPS[cls.name] = cls()
+    OPS.add(cls.name, cls())
     return cls
 
 

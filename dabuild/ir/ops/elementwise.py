@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 @register
 class Identity(Op):
     name = "identity"
+    per_sample = True
 
     def shape_rule(self, inputs: list[TensorSpec], attrs: dict[str, Any]) -> list[OutputSpec]:
         return [(tuple(inputs[0].shape), inputs[0].dtype)]
@@ -25,6 +26,8 @@ class Identity(Op):
 
 class Binary(Op):
     """Two inputs broadcast against each other, as numpy does."""
+
+    per_sample = True
 
     arity = (2, 2)
     in_place = (0, 1)

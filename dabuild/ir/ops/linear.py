@@ -77,6 +77,7 @@ class Dense(Op):
     """
 
     name = "dense"
+    per_sample = True
     arity = (2, 3)
     defaults = FUSED_ACTIVATION
     signature = "x, weight (in, out), bias? (out,)"
@@ -122,6 +123,7 @@ class Conv(Op):
     """Convolution over 1 or more spatial axes (ONNX Conv), with optional bias and fused activation."""
 
     name = "conv"
+    per_sample = True
     arity = (2, 3)
     in_place = (0,)
     defaults = {"strides": None, "pads": None, "dilations": None, "groups": 1, **FUSED_ACTIVATION}
@@ -426,6 +428,7 @@ class BatchNorm(Op):
     """Inference batch normalisation over channel axis 1 (ONNX BatchNormalization)."""
 
     name = "batch_norm"
+    per_sample = True
     arity = (5, 5)
     defaults = {"epsilon": 1e-5}
     signature = "x (N, C, ...), scale, bias, mean, var (each (C,))"

@@ -58,6 +58,7 @@ def _taps(x: np.ndarray, kernel: list[int], strides: list[int], pads: list[int],
 @register
 class MaxPool(Pool):
     name = "max_pool"
+    per_sample = True
     defaults = {**Pool.defaults, "dilations": None}
     rule = Pool.rule + "; padding never wins"
 
@@ -74,6 +75,7 @@ class AvgPool(Pool):
     """Average pooling; with count_include_pad the explicit pads count, the ceil-mode overhang never does."""
 
     name = "avg_pool"
+    per_sample = True
     defaults = {**Pool.defaults, "count_include_pad": False}
 
     def kernel(self, arrays: list[np.ndarray], attrs: dict[str, Any]) -> list[np.ndarray]:
@@ -102,6 +104,7 @@ class AvgPool(Pool):
 @register
 class GlobalAvgPool(Op):
     name = "global_avg_pool"
+    per_sample = True
     rule = "(N, C, *spatial) -> (N, C, 1, ...)"
 
     def shape_rule(self, inputs: list[TensorSpec], attrs: dict[str, Any]) -> list[OutputSpec]:

@@ -76,6 +76,9 @@ class Flatten(Op):
     defaults = {"axis": 1}
     rule = "(prod(shape[:axis]), prod(shape[axis:]))"
 
+    def samplewise(self, attrs: dict[str, Any]) -> bool:
+        return bool(self.resolve(attrs)["axis"] != 0)
+
     def shape_rule(self, inputs: list[TensorSpec], attrs: dict[str, Any]) -> list[OutputSpec]:
         shape = tuple(inputs[0].shape)
         axis = normalize_axis(attrs["axis"], len(shape) + 1, "flatten")

@@ -162,7 +162,7 @@ def _weight_choice(ctx: Lowering) -> QuantChoice:
     return ctx.config.weight
 
 
-@lowers("dense")
+@lowers("dense", weighted=True)
 def lower_dense(ctx: Lowering) -> list[QLayer]:
     inputs = ctx.node.inputs
     weight = ctx.constant(inputs[1])
@@ -170,7 +170,7 @@ def lower_dense(ctx: Lowering) -> list[QLayer]:
     return _weighted_layers(ctx, QDense, weight, bias, _weight_choice(ctx), 1, {})
 
 
-@lowers("conv")
+@lowers("conv", weighted=True)
 def lower_conv(ctx: Lowering) -> list[QLayer]:
     inputs = ctx.node.inputs
     weight = ctx.constant(inputs[1])

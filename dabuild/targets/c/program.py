@@ -21,7 +21,7 @@ from dabuild.targets.c.kernels.movement import conversion_storage
 from dabuild.targets.c.kernels.registry import ALIAS, ANY, CANONICAL, CHANNELS_LAST, SAME
 from dabuild.targets.c.layout import Storage
 
-CONVERT = next(k for k in KERNELS if k.op == ":convert")
+CONVERT = next(k for k in KERNELS.values() if k.op == ":convert")
 
 
 @dataclass

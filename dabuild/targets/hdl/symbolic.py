@@ -47,6 +47,7 @@ from dabuild.quant.layers.linear import QConv, QDense, QWeighted
 from dabuild.quant.layers.pool import QAvgPool, QMean
 from dabuild.quant.layers.shape import SELECTION_OPS, QConcat, QSelection
 from dabuild.quant.qgraph import QGraph, QLayer, QuantParams
+from dabuild.registry import Registry
 
 try:
     from da4ml.trace import FixedVariable, FixedVariableArray
@@ -162,15 +163,11 @@ def round_to(value: FixedVariableArray, lsb: float, step: float) -> FixedVariabl
 
 
 Converter = Callable[[QLayer, QGraph, list[FixedVariableArray]], list[FixedVariableArray]]
-CONVERTERS: dict[str, Converter] = {}
+CONVERTERS: Registry[Converter] = Registry("da4ml mapping", "the hdl target")
 
 
 def converts(*ops: str) -> Callable[[Converter], Converter]:
-    def register(function: Converter) -> Converter:
-        for op in ops:
-            CONVERTERS[op] = function
-        return function
-    return register
+    return CONVERTERS.register(*ops)
 
 
 def described(layer: QLayer) -> str:
@@ -483,11 +480,11 @@ def _refuse(why: str) -> Converter:
     return refuse
 
 
-CONVERTERS["softmax"] = _refuse(
+CONVERTERS.add("softmax", _refuse(
     "its integer reference divides each exponential by their sum, and da4ml has no division by a variable "
-    "(end the graph at the logits: the largest logit is the predicted class)")
-CONVERTERS["float"] = _refuse("an fp32 fallback layer runs float arithmetic, which fixed-point logic has not "
-                              "(capability 'da4ml' has no fp32 fallback)")
+    "(end the graph at the logits: the largest logit is the predicted class)"))
+CONVERTERS.add("float", _refuse("an fp32 fallback layer runs float arithmetic, which fixed-point logic has not "
+                                "(capability 'da4ml' has no fp32 fallback)"))
 
 
 def converter_of(layer: QLayer) -> Converter:
@@ -495,7 +492,7 @@ def converter_of(layer: QLayer) -> Converter:
     converter = CONVERTERS.get(layer.op)
     if converter is None:
         raise BuildError(f"layer {layer.name!r}: op {layer.op!r} has no da4ml mapping (mapped: "
-                         f"{', '.join(sorted(CONVERTERS))}); the hdl target cannot build this graph")
+                         f"{', '.join(CONVERTERS.names())}); the hdl target cannot build this graph")
     return converter
 
 

@@ -19,19 +19,15 @@ from typing import Any
 from dabuild.errors import BuildError
 from dabuild.ir.ops import OPS
 from dabuild.targets.nnef.emitter import Emitter, integers, number
+from dabuild.registry import Registry
 
 Shape = tuple[int | None, ...]  # batch-first, None for the batch
 FloatOp = Callable[[Emitter, str, list[str], dict[str, Any], list[Shape], str], list[str]]
-FLOAT_OPS: dict[str, FloatOp] = {}
+FLOAT_OPS: Registry[FloatOp] = Registry("float op exporter", "the nnef target")
 
 
 def emits(*names: str) -> Callable[[FloatOp], FloatOp]:
-    def decorate(function: FloatOp) -> FloatOp:
-        for name in names:
-            FLOAT_OPS[name] = function
-        return function
-
-    return decorate
+    return FLOAT_OPS.register(*names)
 
 
 def emit_float(e: Emitter, op: str, inputs: list[str], attrs: dict[str, Any], shapes: list[Shape], base: str,
@@ -39,7 +35,7 @@ def emit_float(e: Emitter, op: str, inputs: list[str], attrs: dict[str, Any], sh
     """The NNEF outputs of IR op `op`; BuildError naming `where` when NNEF has no spelling for it."""
     if op not in FLOAT_OPS:
         raise BuildError(f"nnef export: {where} runs op {op!r}, which the NNEF exporter cannot express; "
-                         f"it can: {', '.join(sorted(FLOAT_OPS))}")
+                         f"it can: {', '.join(FLOAT_OPS.names())}")
     return FLOAT_OPS[op](e, op, inputs, OPS[op].resolve(attrs), shapes, base)
 
 

@@ -39,18 +39,14 @@ from dabuild.quant.layers.softmax import QSoftmax
 from dabuild.quant.qgraph import QLayer, QuantParams
 from dabuild.targets.nnef.emitter import Emitter, number
 from dabuild.targets.nnef.float_ops import Shape, emit_float, reduce
+from dabuild.registry import Registry
 
 LayerExporter = Callable[[Emitter, Any, bool], None]
-LAYER_EXPORTERS: dict[str, LayerExporter] = {}
+LAYER_EXPORTERS: Registry[LayerExporter] = Registry("quantized layer exporter", "the nnef target")
 
 
 def exports(*ops: str) -> Callable[[LayerExporter], LayerExporter]:
-    def decorate(function: LayerExporter) -> LayerExporter:
-        for op in ops:
-            LAYER_EXPORTERS[op] = function
-        return function
-
-    return decorate
+    return LAYER_EXPORTERS.register(*ops)
 
 
 def export_layer(e: Emitter, layer: QLayer, quantized_kernels: bool) -> None:

@@ -47,6 +47,7 @@ from dabuild.quant.fixed_point import quantize_multiplier
 from dabuild.quant.layers.shape import SELECTION_OPS
 from dabuild.quant.qgraph import QGraph, QLayer, QuantParams
 from dabuild.targets.onnx_float import EXPORTERS, IR_VERSION, OPSET, Emitter, value_info
+from dabuild.registry import Registry
 
 QUANTIZED_TENSORS = "dabuild.quantized_tensors"  # metadata key: QGraph tensor -> name of its integers
 ONNX_TYPES = {"int8": TensorProto.INT8, "uint8": TensorProto.UINT8, "int32": TensorProto.INT32}
@@ -151,16 +152,12 @@ class QdqWriter:
 
 
 LayerWriter = Callable[[QdqWriter, Any], None]
-WRITERS: dict[str, LayerWriter] = {}
+WRITERS: Registry[LayerWriter] = Registry("QDQ writer", "the onnx target")
 
 
 def writes(*ops: str) -> Callable[[LayerWriter], LayerWriter]:
     """Register a function as the QDQ writer of the QGraph layer ops `ops`."""
-    def register(function: LayerWriter) -> LayerWriter:
-        for op in ops:
-            WRITERS[op] = function
-        return function
-    return register
+    return WRITERS.register(*ops)
 
 
 def clamp_activation(params: QuantParams, low: int, high: int) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from dabuild.registry import Registry
 from dabuild.trace.onnx_frontend.conversion import Conversion, Shape, Unsupported
 
 if TYPE_CHECKING:
@@ -31,13 +32,13 @@ class Converter:
     static: tuple[int, ...] = ()  # input positions that must be known when loading
 
 
-CONVERTERS: dict[str, Converter] = {}
+CONVERTERS: Registry[Converter] = Registry("converter", "the onnx frontend")
 
 
 def converts(*op_types: str, static: tuple[int, ...] = ()) -> Callable:
     def register(function: Callable[[Conversion, OnnxNode], None]) -> Callable[[Conversion, OnnxNode], None]:
         for op_type in op_types:
-            CONVERTERS[op_type] = Converter(function, static)
+            CONVERTERS.add(op_type, Converter(function, static))
         return function
 
     return register
@@ -448,4 +449,4 @@ def load_time_only(ctx: Conversion, node: OnnxNode) -> None:
     )
 
 
-SUPPORTED_OPS: tuple[str, ...] = tuple(sorted(CONVERTERS))
+SUPPORTED_OPS: tuple[str, ...] = tuple(CONVERTERS.names())

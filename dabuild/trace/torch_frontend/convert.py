@@ -27,6 +27,7 @@ from dabuild.errors import BuildError, UsageError
 from dabuild.ir.graph import Graph, Node, TensorSpec
 from dabuild.ir.ops import OPS, ShapeError
 from dabuild.names import unique_name
+from dabuild.registry import Registry
 from dabuild.trace.torch_frontend.capture import Capture, first_line, shape_text
 
 Shape = tuple["int | None", ...]
@@ -68,18 +69,12 @@ def bind(node: fx.Node) -> Call:
 
 
 Converter = Callable[["Builder", Call], Any]
-CONVERTERS: dict[str, Converter] = {}
+CONVERTERS: Registry[Converter] = Registry("converter", "the torch frontend")
 
 
 def aten(*names: str) -> Callable[[Converter], Converter]:
     """Register a converter for the ATen ops (overload packets) `names`."""
-
-    def decorate(function: Converter) -> Converter:
-        for name in names:
-            CONVERTERS[name] = function
-        return function
-
-    return decorate
+    return CONVERTERS.register(*names)
 
 
 def op_name(target: Any) -> str:
@@ -340,7 +335,7 @@ def _output(builder: Builder, node: Any) -> str:
 
 def _unsupported_message(failed: dict[fx.Node, str], origin: str) -> str:
     lines = [f"  {_node_label(node)}{': ' + reason if reason else ''}" for node, reason in failed.items()]
-    supported = ", ".join(sorted(CONVERTERS))
+    supported = ", ".join(CONVERTERS.names())
     return (
         f"{origin}: {len(lines)} torch op{'s' if len(lines) != 1 else ''} cannot be mapped to dabuild ops:\n"
         + "\n".join(lines)

@@ -20,6 +20,7 @@ from typing import Any
 
 from dabuild.errors import BuildError
 from dabuild.quant.qgraph import QGraph, QLayer, QuantParams
+from dabuild.registry import Registry
 from dabuild.targets.c.layout import Storage
 
 # The storage a kernel wants its activation inputs in, and the one its outputs get.
@@ -87,15 +88,20 @@ class Kernel:
                 f"{self.inputs} inputs)")
 
 
-KERNELS: list[Kernel] = []
+KERNELS: Registry[Kernel] = Registry("C kernel", "the c target")  # by "op/kernel name", in registration order
 
 
 def kernel(op: str, name: str, **spec: Any) -> Callable[[Context], Context]:
     """Register the decorated context function as kernel `name` of layer op `op`."""
     def register(context: Context) -> Context:
-        KERNELS.append(Kernel(op, name, context, **spec))
+        KERNELS.add(f"{op}/{name}", Kernel(op, name, context, **spec))
         return context
     return register
+
+
+def kernel_ops() -> list[str]:
+    """The layer ops some C kernel runs."""
+    return sorted({k.op for k in KERNELS.values()})
 
 
 def layer_spec(layer: QLayer, qgraph: QGraph) -> tuple[str, str]:
@@ -111,7 +117,7 @@ def select(layer: QLayer, qgraph: QGraph) -> Kernel:
     """The first registered kernel that runs `layer`, or a BuildError naming the layer and why none does."""
     dtype, granularity = layer_spec(layer, qgraph)
     reasons = []
-    for candidate in KERNELS:
+    for candidate in KERNELS.values():
         if candidate.op != layer.op:
             continue
         if dtype not in candidate.dtypes or granularity not in candidate.granularities:
@@ -121,8 +127,7 @@ def select(layer: QLayer, qgraph: QGraph) -> Kernel:
         if why is None:
             return candidate
         reasons.append(f"{candidate.name}: {why}")
-    known = sorted({k.op for k in KERNELS})
-    detail = "; ".join(reasons) if reasons else f"kernels exist for {', '.join(known)}"
+    detail = "; ".join(reasons) if reasons else f"kernels exist for {', '.join(kernel_ops())}"
     raise BuildError(f"layer {layer.name!r}: the C target has no kernel for op {layer.op!r} "
                      f"({dtype}, {granularity}): {detail}")
 

@@ -1,0 +1,96 @@
+"""The one registry type every per-op table uses (IR ops, lowerings, kernels, exporters, converters).
+
+A registry maps a name (an op, an ONNX op type, an ATen op) to what handles
+it. It refuses a second entry under a name it holds, so two modules cannot
+silently overwrite each other, lists its names for errors and for the
+coverage table (docs/ops.md), and says which names it has when asked for one
+it lacks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+F = TypeVar("F")
+
+
+class DuplicateEntry(ValueError):
+    """A second registration under a name the registry already holds (a programming error)."""
+
+
+class MissingEntry(KeyError):
+    """A lookup of a name the registry does not hold; its message lists the names it does."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class Registry(Generic[T]):
+    """Name -> entry, filled once at import by decorators; `what` and `where` make its messages read well.
+
+    `Registry("converter", "the onnx frontend")` answers a missing name with
+    "no converter for op 'Foo' in the onnx frontend; available: ...".
+    """
+
+    def __init__(self, what: str, where: str) -> None:
+        self.what = what
+        self.where = where
+        self._entries: dict[str, T] = {}
+
+    def add(self, name: str, entry: T) -> None:
+        """Register `entry` under `name`; DuplicateEntry if the name is taken."""
+        if name in self._entries:
+            raise DuplicateEntry(f"{self.where} already has a {self.what} for {name!r}")
+        self._entries[name] = entry
+
+    def register(self, *names: str) -> Callable[[F], F]:
+        """Decorator registering the decorated object under each of `names`."""
+        def decorate(entry: F) -> F:
+            for name in names:
+                self.add(name, entry)  # type: ignore[arg-type]
+            return entry
+        return decorate
+
+    def missing(self, name: str) -> str:
+        """The message for a lookup of `name`, which the registry lacks."""
+        return f"no {self.what} for op {name!r} in {self.where}; available: {', '.join(self.names()) or 'none'}"
+
+    def __getitem__(self, name: str) -> T:
+        try:
+            return self._entries[name]
+        except KeyError:
+            raise MissingEntry(self.missing(name)) from None
+
+    def get(self, name: str, default: T | None = None) -> T | None:
+        return self._entries.get(name, default)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._entries
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def names(self) -> list[str]:
+        """Every registered name, sorted."""
+        return sorted(self._entries)
+
+    def items(self) -> list[tuple[str, T]]:
+        return list(self._entries.items())
+
+    def values(self) -> list[T]:
+        return list(self._entries.values())
+
+    @contextmanager
+    def without(self, *names: str) -> Iterator[None]:
+        """The registry with `names` taken out for the duration (how tests reach a stage's "no entry" path)."""
+        taken = {name: self._entries.pop(name) for name in names}
+        try:
+            yield
+        finally:
+            self._entries.update(taken)
