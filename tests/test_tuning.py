@@ -16,6 +16,7 @@ from dabuild.capability import CapabilitySpec, load_capability
 from dabuild.cli import main
 from dabuild.errors import BuildError
 from dabuild.ir.graph import Graph
+from dabuild.pipeline.plan import tune_stage_of
 from dabuild.progress import Progress
 from dabuild.quant.config import default_config
 from dabuild.recipe import Recipe, load_recipe
@@ -86,7 +87,8 @@ def tune(stages: tuple[Path, Path], out: Path, recipe: Recipe, capability: Capab
     """Run the tune stage into `out`; its metrics plus the history lines."""
     out.mkdir(parents=True)
     journal = out.parent / f"{out.name}.history.jsonl"
-    tune_stage(recipe, capability, stages[0], stages[1], out, Progress.silent(), trials, jobs, keep, journal)
+    stage = tune_stage_of(recipe, capability)
+    tune_stage(stage.config, stage.files, stages[0], stages[1], out, Progress.silent(), trials, jobs, keep, journal)
     metrics = json.loads((out / "metrics.json").read_text())
     metrics["history"] = [json.loads(line) for line in journal.read_text().splitlines()] if journal.exists() else []
     metrics["evaluated"] = sum(not t["cached"] for t in metrics["history"])

@@ -82,7 +82,7 @@ def build(recipe: Recipe, options: BuildOptions, progress: Progress) -> BuildSum
         session = Session(
             workspace,
             store,
-            stage_functions(recipe, capabilities, options.jobs, store.root / "trials" if store else None),
+            stage_functions(options.jobs, store.root / "trials" if store else None),
             progress,
         )
         result = run_stages(stages, session, options.jobs)

@@ -39,6 +39,7 @@ class EvalSetup:
     base_dir: Path | None
     batch_size: int
     bias_correction: bool = False
+    metric_file: Path | None = None  # a file metric's .py as the tune stage declares it (else found from base_dir)
 
 
 @dataclass(frozen=True)
@@ -59,7 +60,7 @@ class Evaluator:
         self.setup = setup
         self.graph = Graph.load(setup.graph_dir)
         self.stats = Stats.load(setup.stats_dir)
-        self.metric: Metric = load_metric(setup.metric, setup.base_dir)
+        self.metric: Metric = load_metric(setup.metric, setup.base_dir, setup.metric_file)
         self.input = self.graph.inputs[0].name
         self.float_outputs = np.concatenate([interpreter.run(self.graph, {self.input: x})[self.graph.outputs[0]]
                                              for x in self._batches()])
