@@ -16,9 +16,9 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from dabuild import __version__
+from dabuild import __version__, notices
 from dabuild.errors import DabuildError, UsageError
-from dabuild.progress import Progress
+from dabuild.progress import Progress, human_size
 
 COMMANDS = ("build", "validate", "list", "graph", "clean", "capabilities", "init", "cache", "report")
 DEFAULT_RECIPE = Path("recipe.yaml")
@@ -88,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exit_:
         return 2 if exit_.code not in (0, None) else 0
     progress = Progress(level=0 if args.quiet else 2 if args.verbose else 1)
+    notices.print_to_stderr()
     try:
         return HANDLERS[args.command](args, progress)
     except DabuildError as error:
@@ -290,12 +291,16 @@ def _cache(args: argparse.Namespace, progress: Progress) -> int:
 
     store = Store()
     if args.cache_command == "info":
-        info = store.info()
-        print(json.dumps({"root": str(info.root), "entries": info.entries, "bytes": info.size}, indent=2))
+        for info in store.infos():
+            print(f"{info.name:<17} {human_size(info.size):>10}  {info.entries:>6} {_ENTRY_WORDS[info.name]:<8} "
+                  f"{info.root}")
     else:
         removed, freed = store.prune(parse_size(args.max_size))
-        progress.info(f"pruned {removed} entries, freed {freed} bytes")
+        progress.info(f"pruned {removed} items, freed {human_size(freed)}; temporary files removed")
     return 0
+
+
+_ENTRY_WORDS = {"run cache": "entries", "trial store": "contexts", "compiled kernels": "libraries"}
 
 
 def _report(args: argparse.Namespace, progress: Progress) -> int:

@@ -66,3 +66,12 @@ class Progress:
             self.stream.write("\r\x1b[K")
             self.stream.flush()
         self.debug(f"  {label}: {done} done in {elapsed:.2f}s")
+
+
+def human_size(size: float) -> str:
+    """1536 -> '1.5 KiB': sizes people read."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(size) < 1024 or unit == "TiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    raise AssertionError("unreachable")

@@ -9,7 +9,10 @@ packages, and the stage's adapter in pipeline/stages.py), and
 `stage_versions.json` records, per kind, that digest with the version it was
 recorded under. tests/test_stage_versions.py fails when a digest changed while
 the version did not ("bump STAGE_VERSIONS[...]"), and when a version changed
-but the record did not ("run python -m dabuild.pipeline.versions").
+but the record did not ("run python -m dabuild.pipeline.versions"). A branch
+bumps each stage once: for later changes on the same branch,
+`python -m dabuild.pipeline.versions --same-version` re-records the digest under
+the version it already bumped (a conscious statement, not a silent default).
 
 Python is hashed as its syntax tree without docstrings, so comments, docstrings
 and formatting never ask for a bump; any change to code does, even one that
@@ -176,11 +179,18 @@ def stale() -> list[str]:
     return problems
 
 
-def main() -> int:
-    """Record the current versions and digests, refusing a changed digest under an unchanged version."""
+def main(argv: list[str] | None = None) -> int:
+    """Record the current versions and digests.
+
+    A changed digest under an unchanged version is refused, unless `--same-version` says that this
+    branch has already bumped the stage for an earlier change since main (one bump per branch is enough:
+    the versions on main never saw this branch's code).
+    """
+    same_version = "--same-version" in (sys.argv[1:] if argv is None else argv)
     unbumped = [problem for problem in stale() if "bump" in problem]
-    if unbumped:
+    if unbumped and not same_version:
         print("\n".join(unbumped), file=sys.stderr)
+        print("(if this branch already bumped these versions since main, run with --same-version)", file=sys.stderr)
         return 1
     RECORD.write_text(json.dumps(current(), indent=2, sort_keys=True) + "\n")
     print(f"recorded {RECORD}")
