@@ -95,8 +95,25 @@ def main(argv: list[str] | None = None) -> int:
         print(f"dabuild: error: {error}" if "\n" not in str(error) else str(error), file=sys.stderr)
         return error.exit_code
     except KeyboardInterrupt:
-        print("dabuild: interrupted", file=sys.stderr)
-        return 130
+        return _interrupted()
+
+
+def _interrupted() -> int:
+    """One line and exit 130, however many stages and worker processes were running.
+
+    Tuning's worker processes finish their trial and exit (they ignore Ctrl-C themselves); under -j, stage
+    threads may still be running and would print after this line, so everything written after it goes to
+    /dev/null. Nothing is lost: every stage writes into a temporary folder the next build removes, and the
+    build lock dies with the process.
+    """
+    import os
+
+    print("dabuild: interrupted", file=sys.stderr, flush=True)
+    evaluate = sys.modules.get("dabuild.tune.evaluate")
+    if evaluate is not None:
+        evaluate.stop_scoring()
+    sys.stdout = sys.stderr = open(os.devnull, "w")
+    return 130
 
 
 def _recipe_paths(args: argparse.Namespace) -> list[Path]:
@@ -172,8 +189,9 @@ def _print_summary(summary: dict, elapsed: float) -> None:
         )
     for target, report in summary["checks"].items():
         verdict = "passed" if report.get("ok") else "FAILED"
+        not_run = "".join(f"; NOT RUN: {part}" for part in report.get("not_run", []))
         print(
-            f"  check:{target}: {report.get('tolerance')} {verdict} on {report.get('samples')} samples;"
+            f"  check:{target}: {report.get('tolerance')} {verdict} on {report.get('samples')} samples{not_run};"
             f" artifact {report['artifact']}"
         )
 

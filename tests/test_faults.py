@@ -253,3 +253,35 @@ def test_prune_covers_every_store_and_its_temporaries(digits: Path, tmp_path: Pa
     assert main(["cache", "prune", "--max-size", "0"]) == 0
     assert _files(cache_dir) == [] and _files(kernel_cache) == []
     assert list(kernel_cache.iterdir()) == []
+
+
+# ---------------------------------------------------------------- interrupts
+
+
+SLOW_TRACE = "import time\n\nfrom model import build as fast\n\n\ndef build(weights):\n    time.sleep({delay})\n    return fast(weights)\n"
+
+
+@pytest.mark.parametrize("moment", [0.3, 2.0, 3.0])
+def test_ctrl_c_under_j_ends_with_one_line_and_exit_130(digits: Path, tmp_path: Path, moment: float) -> None:
+    """SIGINT to the whole process group, as a terminal's Ctrl-C sends it: while tracing, calibrating or tuning
+    with worker processes (-j 2 scores trials in two spawned processes)."""
+    import signal
+    import sys
+    import time
+
+    (digits / "model_slow.py").write_text(SLOW_TRACE.format(delay=1.0))
+    recipe = digits / "recipe.yaml"
+    recipe.write_text(recipe.read_text().replace("source: model.py:build", "source: model_slow.py:build"))
+    env = dict(os.environ, DABUILD_CACHE=str(tmp_path / "cache"))
+    process = subprocess.Popen([sys.executable, "-m", "dabuild", "build", str(digits), "--build-dir",
+                                str(tmp_path / "build"), "-j", "2"], env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, start_new_session=True)
+    time.sleep(moment)
+    os.killpg(process.pid, signal.SIGINT)
+    out, err = process.communicate(timeout=120)
+    if process.returncode == 0:
+        pytest.skip(f"the build finished within {moment}s, before the interrupt")
+    assert process.returncode == 130, err
+    assert "Traceback" not in err and "Error" not in err
+    assert err.rstrip().splitlines()[-1] == "dabuild: interrupted"
+    assert err.count("dabuild: interrupted") == 1
