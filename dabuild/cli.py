@@ -19,6 +19,7 @@ from typing import Callable
 from dabuild import __version__, notices
 from dabuild.errors import DabuildError, UsageError
 from dabuild.progress import Progress, human_size
+from dabuild.userpaths import PathProblem, checked_path
 
 COMMANDS = ("build", "validate", "list", "graph", "clean", "capabilities", "init", "cache", "report")
 DEFAULT_RECIPE = Path("recipe.yaml")
@@ -121,8 +122,12 @@ def _recipe_paths(args: argparse.Namespace) -> list[Path]:
     resolved = []
     for path in paths or [DEFAULT_RECIPE]:
         path = path / "recipe.yaml" if path.is_dir() else path
-        if not path.is_file():
-            raise UsageError(f"{path}: no such recipe file (write one with `dabuild init`)")
+        try:
+            checked_path(path)
+        except PathProblem as problem:
+            if str(problem).startswith("file not found"):
+                raise UsageError(f"{path}: no such recipe file (write one with `dabuild init`)") from None
+            raise UsageError(str(problem)) from None
         resolved.append(path)
     return resolved
 

@@ -17,6 +17,7 @@ from dabuild.pipeline.execute import Outcome, Session, Workspace, write_failure
 from dabuild.pipeline import stamp
 from dabuild.pipeline.lock import BuildLock
 from dabuild.pipeline.plan import Stage, plan
+from dabuild.pipeline.preflight import preflight
 from dabuild.pipeline.stages import stage_functions
 from dabuild.pipeline.store import Store
 from dabuild.progress import Progress
@@ -101,7 +102,11 @@ def _build_locked(recipe: Recipe, options: BuildOptions, progress: Progress, sta
             stage_functions(options.jobs, store.trials_root if store else None),
             progress,
         )
-        result = run_stages(stages, session, options.jobs)
+        traced = [stage for stage in stages if stage.kind == "trace"]
+        _raise_first_failure(run_stages(traced, session, options.jobs))
+        preflight(recipe, workspace.stage_dir("trace"),
+                  [capabilities[stage.name.split(":", 1)[1]] for stage in stages if stage.kind == "tune"])
+        result = run_stages([stage for stage in stages if stage.kind != "trace"], session, options.jobs)
         _raise_first_failure(result)
         summary = _summarise(recipe, workspace, stages, session, warned)
         _link_reports(workspace, stages)
