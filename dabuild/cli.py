@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Callable
 
 from dabuild import __version__, notices
-from dabuild.errors import DabuildError, UsageError
+from dabuild.errors import BuildError, DabuildError, UsageError
 from dabuild.progress import Progress, human_size
 from dabuild.userpaths import PathProblem, checked_path
 
@@ -65,7 +65,7 @@ def _parser() -> argparse.ArgumentParser:
     recipes(clean)
     capabilities = commands.add_parser("capabilities", parents=[common], help="list the capability YAMLs found")
     recipes(capabilities)
-    init = commands.add_parser("init", parents=[common], help="write a commented starter recipe")
+    init = commands.add_parser("init", parents=[common], help="write a starter project that builds as written")
     init.add_argument("path", nargs="?", type=Path, default=DEFAULT_RECIPE)
     init.add_argument("--force", action="store_true", help="overwrite an existing file")
     report = commands.add_parser("report", parents=[common], help="print the tuning report (or open it as HTML)")
@@ -264,36 +264,31 @@ def _capabilities(args: argparse.Namespace, progress: Progress) -> int:
     return 0
 
 
-STARTER = '''\
-# dabuild recipe: one file says what to build; run `dabuild` in this folder.
-# Paths are relative to this file. Reference: schemas/recipe.schema.json.
-name: my-model                      # names the build folder: build/my-model/
-model:
-  framework: numpy                  # tracer plugin; `dabuild capabilities` and the docs list the rest
-  source: model.py:build            # file.py:function (runs your code, like a Makefile) or package.module:attr
-  weights: weights.npz              # optional: source is then a factory called with the arrays
-  inputs: {x: [1, 64]}              # input names and shapes when the model cannot tell
-data:
-  calibration: {source: data.npz, x: x_train, samples: 256}
-  evaluation: {source: data.npz, x: x_test, y: y_test}
-  metric: accuracy                  # accuracy | mse
-tuning:
-  strategy: basic
-  accuracy: {criterion: relative, tolerable_loss: 0.01}
-targets:
-  - name: mcu                       # names export:mcu and check:mcu
-    kind: c                         # C99 sources with integer-only kernels
-    options: {cflags: [-O2]}
-    check_io: {tolerance: exact}    # the compiled program must match dabuild's integer reference bit for bit
-'''
+
+
+STARTER = Path(__file__).resolve().parent / "starter"  # recipe.yaml, model.py, make_data.py
 
 
 def _init(args: argparse.Namespace, progress: Progress) -> int:
-    path: Path = args.path / "recipe.yaml" if args.path.is_dir() else args.path
-    if path.exists() and not args.force:
-        raise UsageError(f"{path} exists; pass --force to overwrite it")
-    path.write_text(STARTER)
-    progress.info(f"wrote {path}; edit it, then run `dabuild validate {path}`")
+    """A project that builds as written: the starter recipe, its numpy model, and a data script, run once
+    to write data.npz and weights.npz (replace them with yours)."""
+    import subprocess
+
+    path: Path = args.path if args.path.suffix in (".yaml", ".yml") else args.path / "recipe.yaml"
+    folder = path.parent
+    files = {path: STARTER / "recipe.yaml", folder / "model.py": STARTER / "model.py",
+             folder / "make_data.py": STARTER / "make_data.py"}
+    existing = [str(target) for target in files if target.exists()]
+    if existing and not args.force:
+        raise UsageError(f"{', '.join(existing)} exist{'s' * (len(existing) == 1)}; pass --force to overwrite")
+    folder.mkdir(parents=True, exist_ok=True)
+    for target, source in files.items():
+        target.write_text(source.read_text())
+    result = subprocess.run([sys.executable, "make_data.py"], cwd=folder, capture_output=True, text=True)
+    if result.returncode:
+        raise BuildError(f"{folder / 'make_data.py'} failed: {result.stderr.strip()}")
+    progress.info(f"wrote {', '.join(str(target) for target in files)}, data.npz and weights.npz; "
+                  f"run `dabuild build {folder}`")
     return 0
 
 

@@ -35,6 +35,12 @@ class Progress:
         if self.level >= 2:
             self._line(message)
 
+    def status(self, message: str) -> None:
+        """A line that replaces itself on a terminal (where a long loop stands); nothing in a log."""
+        if self.live and self.level >= 1:
+            self.stream.write("\r\x1b[K" + message)
+            self.stream.flush()
+
     def _line(self, message: str) -> None:
         if self.live:
             self.stream.write("\r\x1b[K")
