@@ -34,7 +34,7 @@ class DataFile:
     batch_size: int = 64
 
     @classmethod
-    def from_config(cls, config: dict[str, Any], source: Path) -> "DataFile":
+    def from_config(cls, config: dict[str, Any], source: Path) -> DataFile:
         return cls(Path(source), config["x"], config.get("y"), config.get("samples"), config["batch_size"])
 
 

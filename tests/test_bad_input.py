@@ -51,7 +51,7 @@ def _lines(path: Path, prefix: str) -> list[str]:
 
 def _matches(expected: list[str], reported: list[str]) -> None:
     assert len(reported) == len(expected), reported
-    for want, got in zip(expected, reported):
+    for want, got in zip(expected, reported, strict=True):
         assert got.startswith(want[:-3]) if want.endswith("...") else got == want, f"got {got!r}"
 
 

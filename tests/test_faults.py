@@ -224,8 +224,8 @@ def test_trial_store_that_cannot_be_written_warns_once(tmp_path: Path, monkeypat
 
 def test_trial_record_from_another_config_fails_its_proof(tmp_path: Path) -> None:
     from dabuild import notices
-    from dabuild.tune.trials import TrialStore
     from dabuild.tune.evaluate import Score
+    from dabuild.tune.trials import TrialStore
 
     store = TrialStore(tmp_path, "cd" * 32)
     store.put("good", Score(0.9, 0.01, 1.0))
@@ -258,7 +258,8 @@ def test_prune_covers_every_store_and_its_temporaries(digits: Path, tmp_path: Pa
 # ---------------------------------------------------------------- interrupts
 
 
-SLOW_TRACE = "import time\n\nfrom model import build as fast\n\n\ndef build(weights):\n    time.sleep({delay})\n    return fast(weights)\n"
+SLOW_TRACE = ("import time\n\nfrom model import build as fast\n\n\n"
+              "def build(weights):\n    time.sleep({delay})\n    return fast(weights)\n")
 
 
 @pytest.mark.parametrize("moment", [0.3, 2.0, 3.0])

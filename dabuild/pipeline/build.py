@@ -12,9 +12,9 @@ from typing import Any
 
 from dabuild import notices
 from dabuild.errors import BuildError, DabuildError, UsageError
+from dabuild.pipeline import stamp
 from dabuild.pipeline.doit_tasks import RunResult, run_stages
 from dabuild.pipeline.execute import Outcome, Session, Workspace, write_failure
-from dabuild.pipeline import stamp
 from dabuild.pipeline.lock import BuildLock
 from dabuild.pipeline.plan import Stage, plan
 from dabuild.pipeline.preflight import preflight

@@ -70,7 +70,7 @@ def _inputs(document: YamlDocument, loc: tuple, spec: Any, graph: Graph) -> list
     for tensor in graph.inputs:
         array = _used(spec, keys[tensor.name])
         want = tensor.shape[1:]
-        if len(array.shape) - 1 != len(want) or any(w is not None and w != d for w, d in zip(want, array.shape[1:])):
+        if not _fits(want, array.shape[1:]):
             shape = "x".join("?" if d is None else str(d) for d in want)
             found.append(document.diagnostic(where[tensor.name], f"array {keys[tensor.name]!r} has samples of shape "
                                              f"{list(array.shape[1:])}, but model input {tensor.name!r} takes "
@@ -82,6 +82,11 @@ def _inputs(document: YamlDocument, loc: tuple, spec: Any, graph: Graph) -> list
     return found
 
 
+def _fits(want: tuple[int | None, ...], got: tuple[int, ...]) -> bool:
+    """Does a per-sample shape `got` match `want`, where None (a dynamic dimension) matches any size?"""
+    return len(got) == len(want) and all(w is None or w == g for w, g in zip(want, got, strict=True))
+
+
 def _labels(document: YamlDocument, recipe: Recipe, output: tuple[int | None, ...]) -> list[Diagnostic]:
     """Labels against the model's output for the built-in metrics: shape, integer classes in range."""
     spec, metric = recipe.data.evaluation, recipe.data.metric
@@ -91,7 +96,7 @@ def _labels(document: YamlDocument, recipe: Recipe, output: tuple[int | None, ..
     labels = _used(spec, spec.y)
     if metric == "mse":
         want = output[1:]
-        if len(labels.shape) - 1 != len(want) or any(w is not None and w != d for w, d in zip(want, labels.shape[1:])):
+        if not _fits(want, labels.shape[1:]):
             return [document.diagnostic(loc, f"mse compares targets with the model's outputs, of shape {list(want)} "
                                              f"per sample; {spec.y!r} has {list(labels.shape[1:])}")]
         return []

@@ -14,6 +14,7 @@ build goes on without storing, and leaves nothing temporary behind.
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import stat
@@ -96,7 +97,10 @@ class Store:
                     os.link(entry / name, target)
                 except OSError:
                     shutil.copy2(entry / name, target)
-        except OSError as error:  # the entry vanished meanwhile (a concurrent prune): rebuild
+        except OSError as error:
+            if error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
+                raise  # the build folder cannot take the files: the build reports that, naming it
+            # the entry vanished meanwhile (a concurrent prune) or cannot be read: rebuild
             warn(f"run cache entry {key[:12]} ({manifest.stage}) could not be read ({error.strerror}); "
                  "the stage runs again", key=f"entry {key}")
             return None

@@ -31,6 +31,7 @@ import sys
 import textwrap
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent
 RECORD = Path(__file__).with_name("stage_versions.json")
@@ -82,7 +83,7 @@ def _imports(name: str) -> tuple[str, ...]:
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             found.add(node.module)
             found.update(f"{node.module}.{alias.name}" for alias in node.names)
-    modules = set()
+    modules: set[str] = set()
     for module in found:
         parts = module.split(".")
         modules.update(".".join(parts[:i]) for i in range(1, len(parts) + 1))
@@ -148,7 +149,10 @@ def implementation_digest(kind: str) -> str:
     return digest.hexdigest()
 
 
-def current() -> dict[str, dict[str, object]]:
+Record = dict[str, dict[str, Any]]  # stage kind -> {"version": int, "digest": str}
+
+
+def current() -> Record:
     """Per stage kind, its version now and the digest of its code now."""
     from dabuild.pipeline.plan import STAGE_VERSIONS
 
@@ -156,7 +160,7 @@ def current() -> dict[str, dict[str, object]]:
             for kind, version in sorted(STAGE_VERSIONS.items())}
 
 
-def recorded() -> dict[str, dict[str, object]]:
+def recorded() -> Record:
     return json.loads(RECORD.read_text()) if RECORD.is_file() else {}
 
 

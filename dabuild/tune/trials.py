@@ -28,8 +28,8 @@ from typing import Any
 import numpy as np
 
 from dabuild import __version__
-from dabuild.notices import warn
 from dabuild.ir.graph import Graph
+from dabuild.notices import warn
 from dabuild.quant.config import QuantConfig
 from dabuild.tune.evaluate import Score
 

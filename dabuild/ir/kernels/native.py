@@ -171,8 +171,8 @@ def _build(compiler: str, version: str, source: str) -> tuple[Path, Path | None]
             pass  # a read-only cache: compiled below for this run only
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(prefix=TEMPORARY_PREFIX, dir=directory) as scratch:
-            built = _compile(compiler, source, Path(scratch))
+        with tempfile.TemporaryDirectory(prefix=TEMPORARY_PREFIX, dir=directory) as building:
+            built = _compile(compiler, source, Path(building))
             library = directory / f"{identity}.{_content_hash(built)}.so"
             os.replace(built, library)
         return library, None
