@@ -108,11 +108,16 @@ def _interrupted() -> int:
     build lock dies with the process.
     """
     import os
+    import signal
+    import threading
 
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not interrupt the way out
     print("dabuild: interrupted", file=sys.stderr, flush=True)
-    evaluate = sys.modules.get("dabuild.tune.evaluate")
-    if evaluate is not None:
-        evaluate.stop_scoring()
+    # a module still being imported (in a stage thread) has started no scorer yet
+    stop_scoring = getattr(sys.modules.get("dabuild.tune.evaluate"), "stop_scoring", None)
+    if stop_scoring is not None:
+        stop_scoring()
     sys.stdout = sys.stderr = open(os.devnull, "w")
     return 130
 

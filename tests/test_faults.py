@@ -262,10 +262,11 @@ SLOW_TRACE = ("import time\n\nfrom model import build as fast\n\n\n"
               "def build(weights):\n    time.sleep({delay})\n    return fast(weights)\n")
 
 
-@pytest.mark.parametrize("moment", [0.3, 2.0, 3.0])
+@pytest.mark.parametrize("moment", [0.2, 1.5, 2.5])
 def test_ctrl_c_under_j_ends_with_one_line_and_exit_130(digits: Path, tmp_path: Path, moment: float) -> None:
-    """SIGINT to the whole process group, as a terminal's Ctrl-C sends it: while tracing, calibrating or tuning
-    with worker processes (-j 2 scores trials in two spawned processes)."""
+    """SIGINT to the whole process group, as a terminal's Ctrl-C sends it, `moment` seconds after the build
+    took its lock: while tracing (1 s), calibrating or tuning with worker processes (-j 2 scores trials in two
+    spawned processes)."""
     import signal
     import sys
     import time
@@ -277,6 +278,11 @@ def test_ctrl_c_under_j_ends_with_one_line_and_exit_130(digits: Path, tmp_path: 
     process = subprocess.Popen([sys.executable, "-m", "dabuild", "build", str(digits), "--build-dir",
                                 str(tmp_path / "build"), "-j", "2"], env=env, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+    lock = tmp_path / "build" / "digits-mlp" / ".lock"
+    started = time.monotonic()
+    while not (lock.exists() and lock.read_text().strip() == str(process.pid)):
+        assert time.monotonic() - started < 60 and process.poll() is None, "the build never took its lock"
+        time.sleep(0.01)
     time.sleep(moment)
     os.killpg(process.pid, signal.SIGINT)
     out, err = process.communicate(timeout=120)

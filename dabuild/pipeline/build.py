@@ -79,10 +79,10 @@ def build(recipe: Recipe, options: BuildOptions, progress: Progress) -> BuildSum
     Warnings (a cache entry dropped, a cache that cannot be written, a check that could not run a part)
     are printed as they happen and recorded in build.json.
     """
-    stages, capabilities = stages_for(recipe, options.targets)
-    workspace = workspace_for(recipe, options.build_root)
-    stamp_file = stamp.stamp_path(recipe.path, options.build_root, options.targets)
     with notices.collect() as warned:
+        stages, capabilities = stages_for(recipe, options.targets)
+        workspace = workspace_for(recipe, options.build_root)
+        stamp_file = stamp.stamp_path(recipe.path, options.build_root, options.targets)
         try:
             return _build_locked(recipe, options, progress, stages, capabilities, workspace, stamp_file, warned)
         except OSError as error:  # the build folder itself: not creatable, full, read-only
