@@ -29,6 +29,7 @@ from dabuild.errors import BuildError
 from dabuild.ir.graph import Graph
 from dabuild.quant.calibrate import LAST_AXIS_OPS
 from dabuild.quant.config import NodeConfig, QuantChoice, QuantConfig
+from dabuild.quant.given import given_choices
 from dabuild.quant.lowering import quantizable_roles
 from dabuild.quant.dtypes import NAMES_TEXT, int_type, is_int_type
 
@@ -176,9 +177,16 @@ def build_space(graph: Graph, capability: CapabilitySpec, narrowing: Mapping[str
     producers = graph.producers()
     input_consumers = {spec.name: next((n.name for n in graph.nodes if spec.name in n.inputs), None)
                        for spec in graph.inputs}
+    offered = {node.name: capability.for_op(node.op).activation.dtype for node in graph.nodes
+               if capability.for_op(node.op).activation is not None}
+    given = given_choices(graph, offered)
     nodes: dict[str, NodeSpace] = {}
     for node in graph.nodes:
-        candidates = _candidates(node.name, node.op, capability, by_type.get(node.op, {}), by_name.get(node.name, {}))
+        if node.op == "fake_quant":  # the model's own quantizer: nothing to choose
+            candidates: tuple[NodeConfig, ...] = (NodeConfig(None, given[node.name]["activation"]),)
+        else:
+            candidates = _with_given(_candidates(node.name, node.op, capability, by_type.get(node.op, {}),
+                                                 by_name.get(node.name, {})), given.get(node.name, {}))
         weight = graph.constants.get(node.inputs[1]) if len(node.inputs) > 1 else None
         has_weight = weight is not None and "weight" in (quantizable_roles(node.op) or ())
         macs = 0
@@ -191,6 +199,15 @@ def build_space(graph: Graph, capability: CapabilitySpec, narrowing: Mapping[str
         source = producers[first].name if first in producers else input_consumers.get(first or "")
         nodes[node.name] = NodeSpace(node.name, node.op, candidates, int(weight.size) if has_weight else 0, macs, source)
     return TuningSpace(nodes)
+
+
+def _with_given(candidates: tuple[NodeConfig, ...], roles: Mapping[str, QuantChoice]) -> tuple[NodeConfig, ...]:
+    """The candidates with each role the model quantizes fixed to its given choice (dabuild.quant.given)."""
+    if not roles:
+        return candidates
+    fixed = [NodeConfig(roles.get("weight", c.weight), roles.get("activation", c.activation))
+             for c in candidates if not c.fp32]
+    return tuple(dict.fromkeys(fixed)) or candidates
 
 
 def _check_names(graph: Graph, by_type: dict[str, Any], by_name: dict[str, Any]) -> None:
