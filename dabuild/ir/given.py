@@ -26,7 +26,7 @@ The contract every frontend keeps (the one thing a frontend does about it):
   tensor once lowered.
 * Over a constant it is a weight quantizer: `dabuild.ir.passes.fold_constants`
   folds it into a constant whose values lie on the grid and records the
-  parameters in `Graph.given[constant name]`. A transpose folded over such a
+  parameters in `Graph.given[constant name]`. An identity or transpose folded over such a
   constant carries the record along (its axis permuted); a pass that makes a
   new constant out of it otherwise (a batch norm folded into the weights)
   drops the record, and the new weight is quantized by tuning.

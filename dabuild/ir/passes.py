@@ -48,8 +48,8 @@ def fold_constants(graph: Graph) -> Graph:
     """Run every node whose inputs are all constants now, and keep its outputs as constants.
 
     Given quantization (ir/given.py) survives folding: a fake_quant over a
-    constant becomes a record in `Graph.given` for its result, and a transpose
-    of a recorded constant carries the record along.
+    constant becomes a record in `Graph.given` for its result, and an identity
+    or transpose of a recorded constant carries the record along.
     """
     constants = dict(graph.constants)
     given = dict(graph.given)
@@ -61,6 +61,8 @@ def fold_constants(graph: Graph) -> Graph:
             source = given.get(node.inputs[0])
             if node.op == FAKE_QUANT:
                 given[node.outputs[0]] = GivenQuant.from_attrs(node.attrs)
+            elif node.op == "identity" and source is not None:
+                given[node.outputs[0]] = source
             elif node.op == "transpose" and source is not None:
                 perm = OPS["transpose"].resolve(node.attrs)["perm"] or list(range(constants[node.inputs[0]].ndim))[::-1]
                 given[node.outputs[0]] = source.transposed(perm)

@@ -111,22 +111,43 @@ def carries_quantization(graph: Graph) -> bool:
     return bool(graph.given) or any(node.op == OP for node in graph.nodes)
 
 
+def nearest_power_of_two(scale: float) -> str:
+    exponent = int(np.round(np.log2(scale)))
+    return f"2**{exponent} = {2.0**exponent:g}"
+
+
+def check_scheme(choice: QuantChoice, given: GivenQuant, schemes: Collection[str], where: str,
+                 capability: str) -> None:
+    """BuildError unless a backend offering `schemes` represents the given quantization exactly: pot is sym with
+    power-of-two scales, sym is asym with zero point 0."""
+    accepted = {"pot": ("pot", "sym", "asym"), "sym": ("sym", "asym"), "asym": ("asym",)}[choice.scheme]
+    if any(scheme in schemes for scheme in accepted):
+        return
+    if "pot" in schemes and choice.scheme != "pot" and not _is_power_of_two(given.scale):
+        worst = next(s for s in given.scale if np.frexp(s)[0] != 0.5)
+        raise BuildError(f"{where}: parameter scale: {worst:g} is not a power of two, which capability "
+                         f"{capability!r} needs (scheme pot); nearest representable: {nearest_power_of_two(worst)}")
+    raise BuildError(f"{where}: parameter zero_point: {max(given.zero_point, key=abs)} makes the quantization "
+                     f"{choice.scheme}, capability {capability!r} offers only {', '.join(schemes)}; nearest "
+                     "representable: zero point 0")
+
+
 def given_choices(graph: Graph, offered: dict[str, Collection[str]] | None = None,
-                  ) -> dict[str, dict[str, QuantChoice]]:
-    """Node name -> role -> the QuantChoice the model fixes (roles it leaves in float are absent).
+                  ) -> dict[str, dict[str, tuple[QuantChoice, GivenQuant]]]:
+    """Node name -> role -> the QuantChoice the model fixes and what it was given (roles left in float are absent).
 
     `offered` maps a node to the activation dtypes its capability entry lists: a
     given type absent there but present in the other signedness is shifted to it.
     """
     reads = quantizers(graph)
-    choices: dict[str, dict[str, QuantChoice]] = {}
+    choices: dict[str, dict[str, tuple[QuantChoice, GivenQuant]]] = {}
     for node in graph.nodes:
-        roles: dict[str, QuantChoice] = {}
+        roles: dict[str, tuple[QuantChoice, GivenQuant]] = {}
         weight = node.inputs[1] if len(node.inputs) > 1 else None
         if weight in graph.given and node.op in ("dense", "conv"):
             given = graph.given[weight]
-            roles["weight"] = QuantChoice(given.dtype, scheme_of(given),
-                                          "per_channel" if given.per_channel else "per_tensor", GIVEN)
+            roles["weight"] = (QuantChoice(given.dtype, scheme_of(given),
+                                           "per_channel" if given.per_channel else "per_tensor", GIVEN), given)
         quantizer = node if node.op == OP else reads.get(node.outputs[0])
         if quantizer is not None:
             given = GivenQuant.from_attrs(quantizer.attrs)
@@ -136,7 +157,7 @@ def given_choices(graph: Graph, offered: dict[str, Collection[str]] | None = Non
             if types is not None and dtype not in types and other in types:
                 dtype = other
             scheme = "asym" if dtype != given.dtype else scheme_of(given)
-            roles["activation"] = QuantChoice(dtype, scheme, "per_tensor", GIVEN)
+            roles["activation"] = (QuantChoice(dtype, scheme, "per_tensor", GIVEN), given)
         if roles:
             choices[node.name] = roles
     return choices

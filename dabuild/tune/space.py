@@ -29,7 +29,7 @@ from dabuild.errors import BuildError
 from dabuild.ir.graph import Graph
 from dabuild.quant.calibrate import LAST_AXIS_OPS
 from dabuild.quant.config import NodeConfig, QuantChoice, QuantConfig
-from dabuild.quant.given import given_choices
+from dabuild.quant.given import check_scheme, given_choices
 from dabuild.quant.lowering import quantizable_roles
 from dabuild.quant.dtypes import NAMES_TEXT, int_type, is_int_type
 
@@ -182,11 +182,12 @@ def build_space(graph: Graph, capability: CapabilitySpec, narrowing: Mapping[str
     given = given_choices(graph, offered)
     nodes: dict[str, NodeSpace] = {}
     for node in graph.nodes:
+        fixed = _given_roles(node.name, node.op, capability, given.get(node.name, {}))
         if node.op == "fake_quant":  # the model's own quantizer: nothing to choose
-            candidates: tuple[NodeConfig, ...] = (NodeConfig(None, given[node.name]["activation"]),)
+            candidates: tuple[NodeConfig, ...] = (NodeConfig(None, fixed["activation"]),)
         else:
             candidates = _with_given(_candidates(node.name, node.op, capability, by_type.get(node.op, {}),
-                                                 by_name.get(node.name, {})), given.get(node.name, {}))
+                                                 by_name.get(node.name, {})), fixed)
         weight = graph.constants.get(node.inputs[1]) if len(node.inputs) > 1 else None
         has_weight = weight is not None and "weight" in (quantizable_roles(node.op) or ())
         macs = 0
@@ -199,6 +200,17 @@ def build_space(graph: Graph, capability: CapabilitySpec, narrowing: Mapping[str
         source = producers[first].name if first in producers else input_consumers.get(first or "")
         nodes[node.name] = NodeSpace(node.name, node.op, candidates, int(weight.size) if has_weight else 0, macs, source)
     return TuningSpace(nodes)
+
+
+def _given_roles(name: str, op: str, capability: CapabilitySpec,
+                 roles: Mapping[str, tuple[QuantChoice, Any]]) -> dict[str, QuantChoice]:
+    """The given choices of a node, each checked against the schemes the capability offers for its role."""
+    entry = capability.for_op(op)
+    for role, (choice, given) in roles.items():
+        offered = getattr(entry, role)
+        schemes = offered.scheme if offered is not None else ("pot", "sym", "asym")
+        check_scheme(choice, given, schemes, f"node {name!r} ({op}), {role}", capability.name)
+    return {role: choice for role, (choice, _) in roles.items()}
 
 
 def _with_given(candidates: tuple[NodeConfig, ...], roles: Mapping[str, QuantChoice]) -> tuple[NodeConfig, ...]:

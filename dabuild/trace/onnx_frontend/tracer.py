@@ -20,6 +20,7 @@ from dabuild.ir.graph import Graph, TensorSpec
 from dabuild.trace.base import Shape, TracerPlugin
 from dabuild.trace.onnx_frontend.conversion import Conversion, Unsupported
 from dabuild.trace.onnx_frontend.converters import CONVERTERS, SUPPORTED_OPS
+from dabuild.trace.onnx_frontend.quantized import QUANTIZATION_OPS
 
 if TYPE_CHECKING:
     from dabuild.trace.onnx_frontend.model_file import OnnxModel, OnnxNode
@@ -121,7 +122,8 @@ class OnnxTracer(TracerPlugin):
                 blocked.update(node.outputs)
                 continue
             try:
-                if node.domain in ("", "ai.onnx") and all(name in ctx.known for name in present):
+                if (node.domain in ("", "ai.onnx") and node.kind not in QUANTIZATION_OPS
+                        and all(name in ctx.known for name in present)):
                     values = evaluate(node, [ctx.known.get(name) if name else None for name in node.inputs], ctx.opset)
                     for name, value in zip(node.outputs, values):
                         ctx.bind(name, value)
