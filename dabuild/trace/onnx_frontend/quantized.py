@@ -109,6 +109,7 @@ def _quantized_output(ctx: Conversion, node: OnnxNode, source: str, scale_index:
     """fake_quant from the float result `source` to the node's output, at its output scale and zero point."""
     quant = given(ctx, node, scale_index, zp_index, ctx.rank(source))
     ctx.emit(node, "fake_quant", [source], quant.attrs(), node.outputs[:1])
+    ctx.quantized.add(node.outputs[0])
 
 
 def _run(ctx: Conversion, node: OnnxNode, op_type: str, inputs: list[str], attrs: dict | None = None) -> str:
@@ -144,11 +145,15 @@ def quantize_linear(ctx: Conversion, node: OnnxNode) -> None:
         raise Unsupported(f"parameter zero_point type: {quant.dtype} activations are wider than dabuild's widest "
                           f"type; nearest representable: {'' if quant.signed else 'u'}int16")
     ctx.emit(node, "fake_quant", node.inputs[:1], quant.attrs(), node.outputs)
+    ctx.quantized.add(node.outputs[0])
 
 
 @converts("DequantizeLinear", MICROSOFT + "DequantizeLinear", static=(1, 2))
 def dequantize_linear(ctx: Conversion, node: OnnxNode) -> None:
     name = real_input(ctx, node, 0, 1, 2)
+    if name not in ctx.known and not any(name in written.outputs for written in ctx.nodes):
+        raise Unsupported(f"it dequantizes the graph input {name!r}; dabuild graphs take real values: nearest "
+                          "representable: a float input (quantized inside the model)")
     if name in ctx.known:
         ctx.bind(node.outputs[0], ctx.known[name])
     else:

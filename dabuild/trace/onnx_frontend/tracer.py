@@ -161,6 +161,9 @@ class OnnxTracer(TracerPlugin):
         specs = {name: TensorSpec(name, shape) for name, shape in shapes.items()}
         ctx = self.apply_model(specs)
         for name in model.outputs:
+            if name in ctx.quantized:
+                raise UsageError(f"{model.where}: graph output {name!r} is an integer tensor (quantized); dabuild "
+                                 "graphs give real values: end the model with DequantizeLinear")
             try:
                 ctx.materialize(name)
             except Unsupported as reason:
