@@ -163,3 +163,21 @@ def test_a_qdq_pair_that_quantizes_twice_is_reported(tmp_path):
     onnx.save(model, tmp_path / "twice.onnx")
     with pytest.raises(BuildError, match="quantizes tensor .* a second time"):
         optimize(OnnxTracer(str(tmp_path / "twice.onnx")).trace())
+
+
+@pytest.mark.slow
+def test_digits_cnn_qdq_recipe_every_artifact_agrees_with_onnxruntime_on_the_original(tmp_path, cache_dir):
+    from conftest import copy_recipes
+    from imported_models import target_figures
+
+    from dabuild.cli import main
+    from dabuild.recipe import load_recipe
+
+    recipe = copy_recipes(tmp_path, "digits-cnn", "digits-cnn-qdq") / "digits-cnn-qdq"
+    assert main(["build", str(recipe), "--build-dir", str(tmp_path / "build"), "-q"]) == 0
+    build = tmp_path / "build" / "digits-cnn-qdq"
+    rows = target_figures(load_recipe(recipe / "recipe.yaml"), build, recipe / "model.onnx", "onnxruntime")
+    assert {row.kind for row in rows} == {"c", "onnx", "nnef"}
+    for row in rows:
+        assert row.steps_vs_reference <= (0 if row.kind == "c" else 1)  # what each check proved: exact / approximate
+        assert row.steps_vs_original <= 1 and abs(row.accuracy - row.original_accuracy) <= 0.005

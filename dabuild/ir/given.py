@@ -15,7 +15,7 @@ The contract every frontend keeps (the one thing a frontend does about it):
     (float8), naming the node;
   - `axis`: None (per tensor) or the axis the per-channel parameters run along,
     counted on the tensor as the IR sees it (batch axis included for activations);
-  - `narrow`: True for the symmetric signed range [-qmax, qmax];
+  - `narrow`: True for the symmetric signed range [-qmax, qmax] (unsigned: [0, qmax - 1]);
   - `rounding`: one of ROUNDINGS (`half_even` is ONNX QuantizeLinear's and
     QONNX `ROUND`; `half_away` is dabuild's own).
 * Over an activation the node stays in the graph: the float interpreter runs it,
@@ -100,9 +100,9 @@ class GivenQuant:
         return self.axis is not None
 
     def bounds(self) -> tuple[int, int]:
-        """The integer range [qmin, qmax], narrowed to [-qmax, qmax] for a narrow signed type."""
+        """The integer range [qmin, qmax]; narrow: [-qmax, qmax] signed, [0, qmax - 1] unsigned (as QONNX)."""
         if not self.signed:
-            return 0, 2**self.bits - 1
+            return 0, 2**self.bits - 1 - int(self.narrow)
         high = 2 ** (self.bits - 1) - 1
         return (-high if self.narrow else -high - 1), high
 

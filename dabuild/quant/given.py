@@ -67,7 +67,7 @@ def activation_params(given: GivenQuant, where: str, dtype: str | None = None) -
     if given.per_channel:
         raise BuildError(f"{where}: parameter axis: activations are quantized per tensor in dabuild (per-channel "
                          f"along axis {given.axis}); nearest representable: one scale for the tensor")
-    if given.narrow and given.signed:
+    if given.narrow:
         raise BuildError(f"{where}: parameter narrow: dabuild's activations use the full range of {given.dtype}; "
                          "nearest representable: narrow false")
     scale, zero_point = float(given.scale[0]), int(given.zero_point[0])
@@ -132,12 +132,13 @@ def check_scheme(choice: QuantChoice, given: GivenQuant, schemes: Collection[str
                      "representable: zero point 0")
 
 
-def given_choices(graph: Graph, offered: dict[str, Collection[str]] | None = None,
+def given_choices(graph: Graph, offered: dict[str, tuple[Collection[str], Collection[str]]] | None = None,
                   ) -> dict[str, dict[str, tuple[QuantChoice, GivenQuant]]]:
     """Node name -> role -> the QuantChoice the model fixes and what it was given (roles left in float are absent).
 
-    `offered` maps a node to the activation dtypes its capability entry lists: a
-    given type absent there but present in the other signedness is shifted to it.
+    `offered` maps a node to the activation dtypes and schemes its capability entry
+    lists: a given type absent there but present in the other signedness is
+    shifted to it where the entry takes a zero point (asym).
     """
     reads = quantizers(graph)
     choices: dict[str, dict[str, tuple[QuantChoice, GivenQuant]]] = {}
@@ -153,8 +154,8 @@ def given_choices(graph: Graph, offered: dict[str, Collection[str]] | None = Non
             given = GivenQuant.from_attrs(quantizer.attrs)
             dtype = given.dtype
             other = f"{'u' if given.signed else ''}int{given.bits}"
-            types = (offered or {}).get(node.name)
-            if types is not None and dtype not in types and other in types:
+            types, schemes = (offered or {}).get(node.name, ((), ()))
+            if dtype not in types and other in types and "asym" in schemes:
                 dtype = other
             scheme = "asym" if dtype != given.dtype else scheme_of(given)
             roles["activation"] = (QuantChoice(dtype, scheme, "per_tensor", GIVEN), given)

@@ -177,8 +177,8 @@ def build_space(graph: Graph, capability: CapabilitySpec, narrowing: Mapping[str
     producers = graph.producers()
     input_consumers = {spec.name: next((n.name for n in graph.nodes if spec.name in n.inputs), None)
                        for spec in graph.inputs}
-    offered = {node.name: capability.for_op(node.op).activation.dtype for node in graph.nodes
-               if capability.for_op(node.op).activation is not None}
+    offered = {node.name: (entry.dtype, entry.scheme) for node in graph.nodes
+               if (entry := capability.for_op(node.op).activation) is not None}
     given = given_choices(graph, offered)
     nodes: dict[str, NodeSpace] = {}
     for node in graph.nodes:

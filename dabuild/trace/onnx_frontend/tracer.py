@@ -64,7 +64,8 @@ class OnnxTracer(TracerPlugin):
         """Shapes from the graph inputs; model.inputs fills sizes the file leaves open and must agree with the rest.
 
         A leading axis the file leaves open is the dynamic batch (None), whatever
-        example size the recipe gives it.
+        example size the recipe gives it; so is a leading 1 (QONNX and Brevitas
+        files fix the batch at 1) where model.inputs gives null.
         """
         model = self.onnx_model()
         declared = self.inputs or {}
@@ -97,7 +98,8 @@ class OnnxTracer(TracerPlugin):
                     f"but model.inputs gives {_shape_text(wanted)}"
                 )
             shapes[graph_input.name] = tuple(
-                d if isinstance(d, int) else None if axis == 0 or wanted is None else wanted[axis]
+                None if axis == 0 and d == 1 and wanted is not None and wanted[0] is None  # asked: batch 1 -> any
+                else d if isinstance(d, int) else None if axis == 0 or wanted is None else wanted[axis]
                 for axis, d in enumerate(dims)
             )
         return shapes
