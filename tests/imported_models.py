@@ -59,12 +59,14 @@ def _steps(a: np.ndarray, b: np.ndarray, scale: float) -> int:
     return int(np.round(np.abs(a.astype(np.float64) - b.astype(np.float64)).max() / scale))
 
 
-def artifact_outputs(recipe: Recipe, build: Path, target_name: str, x: np.ndarray) -> tuple[np.ndarray, QGraph]:
+def artifact_outputs(recipe: Recipe, build: Path, target_name: str, x: np.ndarray,
+                     option_overrides: dict[str, dict] | None = None) -> tuple[np.ndarray, QGraph]:
     """The artifact of `target_name` run in its runtime on float `x`, as real values, and the QGraph it was built
-    from."""
+    from; `option_overrides` (target kind -> options) changes how it runs (e.g. hdl: simulate never)."""
     spec = next(t for t in recipe.targets if t.name == target_name)
     target_class = load(TARGETS, spec.kind)
-    target = target_class(target_class.Options.model_validate(spec.options))
+    options = {**spec.options, **(option_overrides or {}).get(spec.kind, {})}
+    target = target_class(target_class.Options.model_validate(options))
     capability = spec.capability or target_class.capability
     qgraph = QGraph.load(build / f"tune-{capability}" / "qgraph")
     with tempfile.TemporaryDirectory(prefix="dabuild-imported-") as work:
@@ -75,8 +77,8 @@ def artifact_outputs(recipe: Recipe, build: Path, target_name: str, x: np.ndarra
     return outputs, qgraph
 
 
-def target_figures(recipe: Recipe, build: Path, original: Path, runtime: str,
-                   targets: list[str] | None = None) -> list[TargetFigures]:
+def target_figures(recipe: Recipe, build: Path, original: Path, runtime: str, targets: list[str] | None = None,
+                   option_overrides: dict[str, dict] | None = None) -> list[TargetFigures]:
     """Per target of the built recipe: accuracy and output-step disagreement (module doc)."""
     spec = recipe.data.evaluation
     x = next(iter(load_inputs(spec, recipe.base_dir, [t.name for t in Graph.load(build / "trace").inputs]).values()))
@@ -84,7 +86,7 @@ def target_figures(recipe: Recipe, build: Path, original: Path, runtime: str,
     expected = ORIGINAL_RUNTIMES[runtime](original, x)
     rows = []
     for target in targets or [t.name for t in recipe.targets]:
-        outputs, qgraph = artifact_outputs(recipe, build, target, x)
+        outputs, qgraph = artifact_outputs(recipe, build, target, x, option_overrides)
         scale = qgraph.output_params.scale
         rows.append(TargetFigures(
             target, next(t.kind for t in recipe.targets if t.name == target),
