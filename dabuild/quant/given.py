@@ -112,8 +112,9 @@ def carries_quantization(graph: Graph) -> bool:
 
 
 def nearest_power_of_two(scale: float) -> str:
+    """The power of two nearest `scale` and the error taking it would introduce."""
     exponent = int(np.round(np.log2(scale)))
-    return f"2**{exponent} = {2.0**exponent:g}"
+    return f"2**{exponent} = {2.0**exponent:g} (every value {abs(2.0**exponent / scale - 1):.2%} off)"
 
 
 def check_scheme(choice: QuantChoice, given: GivenQuant, schemes: Collection[str], where: str,

@@ -101,6 +101,7 @@ def tune_stage(
         "precision": _precision(chosen.config),
         "goal_met": chosen.passed,
         "strategy": strategy_name,
+        "given": carries_quantization(graph),  # the baseline ("fp32") is the float run of the model's quantization
         "objective": objective.name,
         "cost": chosen.cost,
         "cost_unit": objective.unit,
