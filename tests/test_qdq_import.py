@@ -181,3 +181,23 @@ def test_digits_cnn_qdq_recipe_every_artifact_agrees_with_onnxruntime_on_the_ori
     for row in rows:
         assert row.steps_vs_reference <= (0 if row.kind == "c" else 1)  # what each check proved: exact / approximate
         assert row.steps_vs_original <= 1 and abs(row.accuracy - row.original_accuracy) <= 0.005
+
+
+def test_layers_the_file_leaves_in_float_are_calibrated_and_tunable(tmp_path):
+    """onnxruntime told to leave the Gemm in float: only that node offers choices; strategy given quantizes it
+    with the capability's default, calibrated, and the rest exactly as the file says."""
+    path = tmp_path / "partly.onnx"
+    source = str(REPO / "recipes" / "digits-cnn" / "model.onnx")
+    gemm = next(node.name for node in onnx.load(source).graph.node if node.op_type == "Gemm")
+    quantize_static(source, str(path), Batches(DIGITS["x_train"][:64].astype(np.float32)),
+                    quant_format=QuantFormat.QDQ, nodes_to_exclude=[gemm])
+    graph = optimize(OnnxTracer(str(path)).trace())
+    space = build_space(graph, CAPABILITIES["onnxruntime"])
+    choices = {node.op: len(node.candidates) for node in space.nodes.values()}
+    assert choices["dense"] > 1 and choices["conv"] == 1
+    stats = calibrate(graph, [{"x": X}], Progress.silent())
+    qgraph = quantize(graph, stats, space.default())
+    expected = ort.InferenceSession(str(path)).run(None, {"x": X})[0]
+    assert np.mean(run_quantized(qgraph, X).argmax(1) == expected.argmax(1)) >= 0.97
+    dense = next(config for name, config in space.default().nodes.items() if space.nodes[name].op == "dense")
+    assert dense.weight.algorithm != "given" and dense.activation.algorithm != "given"  # calibrated, tunable
