@@ -26,7 +26,7 @@ import numpy as np
 from dabuild.errors import BuildError
 from dabuild.ir.given import OP, GivenQuant
 from dabuild.ir.graph import Graph, Node
-from dabuild.quant.config import QuantChoice
+from dabuild.quant.config import QuantChoice, QuantConfig
 from dabuild.quant.dtypes import MAX_BITS, MIN_BITS, int_type
 from dabuild.quant.qgraph import QuantParams
 
@@ -104,6 +104,23 @@ def quantizers(graph: Graph) -> dict[str, Node]:
         if node.op == OP and node.inputs[0] not in graph.constants:
             found.setdefault(node.inputs[0], node)
     return found
+
+
+def given_tensor_params(graph: Graph, config: QuantConfig) -> dict[str, QuantParams]:
+    """Tensor -> the params the model fixes: each fake_quant's output, and the tensor it reads where it is the
+    first fake_quant to read it (in the dtype the node's config shifts it to)."""
+    first = quantizers(graph)
+    params: dict[str, QuantParams] = {}
+    for node in graph.nodes:
+        if node.op != OP or node.inputs[0] in graph.constants:
+            continue
+        activation = config.nodes[node.name].activation
+        value = activation_params(GivenQuant.from_attrs(node.attrs), f"node {node.name!r} (fake_quant)",
+                                  activation.dtype if activation else None)
+        params[node.outputs[0]] = value
+        if first.get(node.inputs[0]) is node:
+            params.setdefault(node.inputs[0], value)
+    return params
 
 
 def carries_quantization(graph: Graph) -> bool:

@@ -23,9 +23,7 @@ from dabuild.quant import layers  # noqa: F401  (registers every lowering)
 from dabuild.quant.calibrate import Stats
 from dabuild.quant.config import QuantConfig
 from dabuild.quant.fixed_point import quantize_multiplier
-from dabuild.quant.given import activation_params as given_params
-from dabuild.quant.given import quantizers
-from dabuild.ir.given import GivenQuant
+from dabuild.quant.given import given_tensor_params
 from dabuild.quant.layers.fallback import lower_fp32
 from dabuild.quant.lowering import LOWERINGS, MINMAX_INT8, Lowering, activation_params, quantize_weight
 from dabuild.quant.qgraph import QGraph, QLayer, QTensor
@@ -48,15 +46,7 @@ def quantize(graph: Graph, stats: Stats, config: QuantConfig, bias_correction: b
                              f"(lowered ops: {', '.join(LOWERINGS.names())}); run it in fp32 on a target that can")
 
     ctx = Lowering(graph, stats, graph.tensor_shapes(), {}, bias_correction=bias_correction)
-    for tensor, quantizer in quantizers(graph).items():
-        activation = config.nodes[quantizer.name].activation
-        params = given_params(GivenQuant.from_attrs(quantizer.attrs), f"node {quantizer.name!r} (fake_quant)",
-                              activation.dtype if activation else None)
-        ctx.given[tensor] = ctx.given[quantizer.outputs[0]] = params
-    for node in graph.nodes:  # a fake_quant reading what another fake_quant already quantized: its own params
-        if node.op == "fake_quant" and node.outputs[0] not in ctx.given:
-            ctx.given[node.outputs[0]] = given_params(GivenQuant.from_attrs(node.attrs),
-                                                      f"node {node.name!r} (fake_quant)")
+    ctx.given.update(given_tensor_params(graph, config))
     spec = graph.inputs[0]
     choice = next((config.nodes[n.name].activation for n in graph.nodes
                    if spec.name in n.inputs and config.nodes[n.name].activation is not None), MINMAX_INT8)
