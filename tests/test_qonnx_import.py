@@ -158,3 +158,33 @@ def test_digits_qonnx_recipe_builds_c_onnx_and_hdl_as_given(tmp_path, cache_dir)
     assert metrics["strategy"] == "given" and metrics["trials"] == 1
     expected = run_qonnx(recipe / "model.onnx", DIGITS["x_test"])
     assert metrics["quantized"] == pytest.approx(float(np.mean(expected.argmax(1) == DIGITS["y_test"])), abs=0.005)
+
+
+@pytest.mark.slow
+def test_a_real_brevitas_export_agrees_with_qonnx(tmp_path):
+    """Brevitas's own export_qonnx (QuantIdentity, 6-bit fixed-point QuantLinear, QuantReLU, output quantizer)."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("brevitas")
+    pytest.importorskip("onnxoptimizer")
+    import brevitas.nn as qnn
+    from brevitas.export import export_qonnx
+    from brevitas.quant import Int8ActPerTensorFixedPoint, Int8WeightPerTensorFixedPoint, Uint8ActPerTensorFixedPoint
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        qnn.QuantIdentity(act_quant=Uint8ActPerTensorFixedPoint, return_quant_tensor=True),
+        qnn.QuantLinear(64, 16, bias=True, weight_quant=Int8WeightPerTensorFixedPoint, weight_bit_width=6,
+                        return_quant_tensor=True),
+        qnn.QuantReLU(act_quant=Uint8ActPerTensorFixedPoint, return_quant_tensor=True),
+        qnn.QuantLinear(16, 10, bias=True, weight_quant=Int8WeightPerTensorFixedPoint, weight_bit_width=6,
+                        output_quant=Int8ActPerTensorFixedPoint)).eval()
+    path = tmp_path / "brevitas.onnx"
+    export_qonnx(model, torch.zeros(1, 64), export_path=str(path))
+    expected = run_qonnx(path, X)
+    name = onnx.load(path).graph.input[0].name
+    graph = optimize(OnnxTracer(str(path), {name: (None, 64)}).trace())
+    assert {given.dtype for given in graph.given.values()} == {"int6"}
+    assert np.array_equal(run(graph, {name: X})[graph.outputs[0]], expected)
+    stats = calibrate(graph, [{name: X}], Progress.silent())
+    qgraph = quantize(graph, stats, build_space(graph, CAPABILITIES["da4ml"]).default())
+    assert steps(run_quantized(qgraph, X), expected, qgraph.output_params.scale) <= 1
