@@ -115,3 +115,14 @@ def test_quantizing_twice_is_reported_not_merged():
     graph.nodes[3].inputs[0] = "xq2"
     with pytest.raises(BuildError, match="node 'again' \\(fake_quant\\) quantizes tensor 'xq' a second time.*'qx'"):
         optimize(graph)
+
+
+def test_narrowing_what_the_model_quantizes_itself_is_an_error():
+    graph = optimize(given_mlp(GivenQuant((0.03,), (0,), 8, True), GivenQuant((0.04,), (0,), 8, True),
+                               out_given=False))
+    with pytest.raises(BuildError, match="tuning.space.op_name.fc1.weight: the model quantizes this weight itself"):
+        build_space(graph, C_CAPABILITY, {"op_name": {"fc1": {"weight": {"granularity": ["per_channel"]}}}})
+    with pytest.raises(BuildError, match="tuning.space.op_type.dense.weight: the model quantizes the weight of every"):
+        build_space(graph, C_CAPABILITY, {"op_type": {"dense": {"weight": {"granularity": ["per_channel"]}}}})
+    space = build_space(graph, C_CAPABILITY, {"op_type": {"dense": {"activation": {"scheme": ["sym"]}}}})
+    assert {c.activation.scheme for c in space.nodes["fc2"].candidates} == {"sym"}  # fc2's output is the float one

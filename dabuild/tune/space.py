@@ -180,6 +180,7 @@ def build_space(graph: Graph, capability: CapabilitySpec, narrowing: Mapping[str
     offered = {node.name: (entry.dtype, entry.scheme) for node in graph.nodes
                if (entry := capability.for_op(node.op).activation) is not None}
     given = given_choices(graph, offered)
+    _check_given_narrowing(graph, given, by_type, by_name)
     nodes: dict[str, NodeSpace] = {}
     for node in graph.nodes:
         fixed = _given_roles(node.name, node.op, capability, given.get(node.name, {}))
@@ -200,6 +201,23 @@ def build_space(graph: Graph, capability: CapabilitySpec, narrowing: Mapping[str
         source = producers[first].name if first in producers else input_consumers.get(first or "")
         nodes[node.name] = NodeSpace(node.name, node.op, candidates, int(weight.size) if has_weight else 0, macs, source)
     return TuningSpace(nodes)
+
+
+def _check_given_narrowing(graph: Graph, given: Mapping[str, Mapping[str, Any]], by_type: Mapping[str, Any],
+                           by_name: Mapping[str, Any]) -> None:
+    """BuildError where tuning.space narrows a role the model quantizes itself (on that node, or on every node of
+    that op type): the model's quantization is kept, so the narrowing would do nothing."""
+    for name, roles in by_name.items():
+        for role in roles or {}:
+            if role in given.get(name, {}):
+                raise BuildError(f"tuning.space.op_name.{name}.{role}: the model quantizes this {role} itself "
+                                 "(given quantization), so there is nothing to narrow")
+    for op, roles in by_type.items():
+        members = [node.name for node in graph.nodes if node.op == op]
+        for role in roles or {}:
+            if members and all(role in given.get(name, {}) for name in members):
+                raise BuildError(f"tuning.space.op_type.{op}.{role}: the model quantizes the {role} of every {op} "
+                                 "node itself (given quantization), so there is nothing to narrow")
 
 
 def _given_roles(name: str, op: str, capability: CapabilitySpec,
