@@ -126,3 +126,16 @@ def test_narrowing_what_the_model_quantizes_itself_is_an_error():
         build_space(graph, C_CAPABILITY, {"op_type": {"dense": {"weight": {"granularity": ["per_channel"]}}}})
     space = build_space(graph, C_CAPABILITY, {"op_type": {"dense": {"activation": {"scheme": ["sym"]}}}})
     assert {c.activation.scheme for c in space.nodes["fc2"].candidates} == {"sym"}  # fc2's output is the float one
+
+
+def test_two_quantizers_of_one_tensor_with_equal_params_share_it():
+    """onnxruntime may write one QuantizeLinear per reader: both read the same integer tensor."""
+    same = GivenQuant((0.04,), (0,), 8, True)
+    graph = given_mlp(GivenQuant((0.03,), (0,), 8, True), same)
+    graph.nodes[4:5] = [Node("act", "relu", ["hq"], ["r1"]), fq("qh2", "h", "hq2", same),
+                        Node("act2", "relu", ["hq2"], ["r2"]), Node("sum", "add", ["r1", "r2"], ["r"])]
+    graph, qgraph = lowered(graph)
+    assert [layer.op for layer in qgraph.layers] == ["dense", "relu", "relu", "add", "dense"]
+    expected = run(graph, {"x": X})["out"]
+    got = qgraph.output_params.dequantize(run_integer(qgraph, quantize_input(qgraph, X)))
+    assert np.abs(got - expected).max() <= 0.05 * 2 + 1e-6

@@ -24,8 +24,8 @@ def lower_fake_quant(ctx: Lowering) -> list[QLayer]:
     before, after = ctx.params(source), ctx.calibrated(output)
     ctx.output(output, after, like=source)
     if before == after:
-        if source in {spec.name for spec in ctx.graph.inputs} or source in ctx.graph.outputs:
-            ctx.renames[output] = source  # interface names stay
+        if source in {spec.name for spec in ctx.graph.inputs} or source in ctx.graph.outputs or source in ctx.renames:
+            ctx.renames[output] = source  # interface names stay; a second quantizer of a tensor reads the first's
         else:
             ctx.renames[source] = output
         return []
