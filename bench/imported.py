@@ -12,13 +12,18 @@ same network written directly with da4ml's tracing API (bench/hdl.py's
 `mlp_by_hand`, from the given integer weights and fixed-point types).
 
 A frontend adds its models by appending an `Imported` row (and, for a new
-original runtime, an entry of tests/imported_models.py's ORIGINAL_RUNTIMES).
+original runtime, an entry of tests/imported_models.py's ORIGINAL_RUNTIMES); a
+`variant` builds a private copy of a recipe with its original file made
+another way (here: quantize_static's QOperator format, int8 per-channel,
+int4 weights).
 
 Usage: python bench/imported.py
 """
 
 from __future__ import annotations
 
+import importlib.util
+import shutil
 import sys
 import tempfile
 from collections.abc import Callable
@@ -44,6 +49,19 @@ class Imported:
     original: str                                   # the original file, in the recipe's folder
     runtime: str                                    # a key of imported_models.ORIGINAL_RUNTIMES
     by_hand: Callable[[QGraph, object], object] | None = None  # (qgraph, HWConfig) -> da4ml CombLogic
+    variant: Callable[[Path], None] | None = None   # rewrites the original file of a copy of the recipe
+
+
+def quantize_static_variant(**options: object) -> Callable[[Path], None]:
+    """recipes/digits-cnn-qdq's model made again by quantize_static with other options (format, types)."""
+    def make(path: Path) -> None:
+        from onnxruntime.quantization import QuantFormat, QuantType  # noqa: F401  (options name them)
+
+        spec = importlib.util.spec_from_file_location("make_model", REPO / "recipes" / "digits-cnn-qdq" / "make_model.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        module.make(path, **options)
+    return make
 
 
 def mlp_by_hand(qgraph: QGraph, hwconf: object) -> object:
@@ -52,10 +70,22 @@ def mlp_by_hand(qgraph: QGraph, hwconf: object) -> object:
     return written(qgraph, hwconf)
 
 
-MODELS = [
-    Imported("digits-cnn QDQ (onnxruntime quantize_static)", "digits-cnn-qdq", "model.onnx", "onnxruntime"),
-    Imported("digits MLP QONNX (Brevitas-style, pot)", "digits-qonnx", "model.onnx", "qonnx", mlp_by_hand),
-]
+def _variants() -> list[Imported]:
+    from onnxruntime.quantization import QuantFormat, QuantType
+
+    qdq = ("digits-cnn-qdq", "model.onnx", "onnxruntime")
+    return [
+        Imported("digits-cnn QDQ u8 (quantize_static)", *qdq),
+        Imported("digits-cnn QOperator u8", *qdq, variant=quantize_static_variant(quant_format=QuantFormat.QOperator)),
+        Imported("digits-cnn QDQ s8 per-channel", *qdq, variant=quantize_static_variant(
+            activation_type=QuantType.QInt8, per_channel=True)),
+        Imported("digits-cnn QDQ u8, int4 weights", *qdq, variant=quantize_static_variant(
+            weight_type=QuantType.QInt4, per_channel=True)),
+        Imported("digits MLP QONNX (Brevitas-style, pot)", "digits-qonnx", "model.onnx", "qonnx", mlp_by_hand),
+    ]
+
+
+MODELS = _variants()
 
 
 def hdl_row(recipe_folder: Path, build: Path, target: str, by_hand: Callable) -> str:
@@ -82,22 +112,27 @@ def hdl_row(recipe_folder: Path, build: Path, target: str, by_hand: Callable) ->
 
 def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="dabuild-bench-imported-"))
-    header = (f"{'model':46s} {'target':7s} {'kind':5s} {'acc artifact':>12s} {'acc original':>12s} "
+    header = (f"{'model':40s} {'target':7s} {'kind':5s} {'acc artifact':>12s} {'acc original':>12s} "
               f"{'steps vs ref':>12s} {'steps vs orig':>13s}")
     print(header)
     print("-" * len(header))
     notes = []
-    for model in MODELS:
+    for index, model in enumerate(MODELS):
         folder = REPO / "recipes" / model.recipe
-        if dabuild(["build", str(folder), "--build-dir", str(root), "-q"]) != 0:
+        if model.variant is not None:  # a private copy of the recipe (and the ones it reads data from)
+            copies = root / f"variant-{index}"
+            shutil.copytree(REPO / "recipes", copies, ignore=shutil.ignore_patterns("build", "__pycache__"))
+            folder = copies / model.recipe
+            model.variant(folder / model.original)
+        if dabuild(["build", str(folder), "--build-dir", str(root / f"build-{index}"), "-q"]) != 0:
             print(f"{model.name}: the build failed")
             continue
-        build = root / load_recipe(folder / "recipe.yaml").name
+        build = root / f"build-{index}" / load_recipe(folder / "recipe.yaml").name
         recipe = load_recipe(folder / "recipe.yaml")
         rows = target_figures(recipe, build, folder / model.original, model.runtime,
                               option_overrides={"hdl": {"simulate": "never"}})  # DAIS: what the RTL check matched
         for row in rows:
-            print(f"{model.name:46s} {row.target:7s} {row.kind:5s} {row.accuracy:12.4f} {row.original_accuracy:12.4f} "
+            print(f"{model.name:40s} {row.target:7s} {row.kind:5s} {row.accuracy:12.4f} {row.original_accuracy:12.4f} "
                   f"{row.steps_vs_reference:12d} {row.steps_vs_original:13d}")
             if row.kind == "hdl" and model.by_hand is not None:
                 notes.append(f"  {model.name}\n{hdl_row(folder, build, row.target, model.by_hand)}")

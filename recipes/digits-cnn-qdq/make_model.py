@@ -27,11 +27,12 @@ class TrainingDigits(CalibrationDataReader):
         return next(self.batches, None)
 
 
-def main() -> None:
+def make(path: Path, **options: object) -> None:
+    """digits-cnn's model through quantize_static into `path`; `options` override its keywords (bench variants)."""
     x = np.load(SOURCE / "data.npz")["x_train"][:64].astype(np.float32)
-    quantize_static(str(SOURCE / "model.onnx"), str(HERE / "model.onnx"), TrainingDigits(x),
-                    quant_format=QuantFormat.QDQ)
+    quantize_static(str(SOURCE / "model.onnx"), str(path), TrainingDigits(x),
+                    **{"quant_format": QuantFormat.QDQ, **options})
 
 
 if __name__ == "__main__":
-    main()
+    make(HERE / "model.onnx")
