@@ -23,6 +23,7 @@ Usage: python bench/imported.py
 from __future__ import annotations
 
 import importlib.util
+import logging
 import shutil
 import sys
 import tempfile
@@ -111,6 +112,7 @@ def hdl_row(recipe_folder: Path, build: Path, target: str, by_hand: Callable) ->
 
 
 def main() -> None:
+    logging.disable(logging.WARNING)  # onnxruntime's quantizer advises on every variant it makes
     root = Path(tempfile.mkdtemp(prefix="dabuild-bench-imported-"))
     header = (f"{'model':40s} {'target':7s} {'kind':5s} {'acc artifact':>12s} {'acc original':>12s} "
               f"{'steps vs ref':>12s} {'steps vs orig':>13s}")
