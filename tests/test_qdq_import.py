@@ -201,3 +201,47 @@ def test_layers_the_file_leaves_in_float_are_calibrated_and_tunable(tmp_path):
     assert np.mean(run_quantized(qgraph, X).argmax(1) == expected.argmax(1)) >= 0.97
     dense = next(config for name, config in space.default().nodes.items() if space.nodes[name].op == "dense")
     assert dense.weight.algorithm != "given" and dense.activation.algorithm != "given"  # calibrated, tunable
+
+
+def every_op_model() -> onnx.ModelProto:
+    """A small float CNN whose quantization uses every QOperator op onnxruntime's quantizer makes here: QLinearConv,
+    QLinearAdd, QLinearSigmoid, QLinearLeakyRelu, QLinearMul, QLinearConcat, QLinearAveragePool,
+    QLinearGlobalAveragePool, QGemm."""
+    rng = np.random.default_rng(0)
+
+    def weight(name: str, *shape: int) -> onnx.TensorProto:
+        return onnx.numpy_helper.from_array((rng.normal(size=shape) * 0.3).astype(np.float32), name)
+
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1]),
+             helper.make_node("Add", ["c2", "r1"], ["a"]),
+             helper.make_node("Sigmoid", ["a"], ["s"]),
+             helper.make_node("LeakyRelu", ["c2"], ["l"], alpha=0.1),
+             helper.make_node("Mul", ["s", "l"], ["m"]),
+             helper.make_node("Concat", ["m", "r1"], ["cat"], axis=1),
+             helper.make_node("AveragePool", ["cat"], ["ap"], kernel_shape=[2, 2], strides=[2, 2]),
+             helper.make_node("GlobalAveragePool", ["ap"], ["g"]),
+             helper.make_node("Flatten", ["g"], ["f"]),
+             helper.make_node("Gemm", ["f", "wd", "bd"], ["y"], transB=1)]
+    weights = [weight("w1", 4, 1, 3, 3), weight("b1", 4), weight("w2", 4, 4, 3, 3), weight("b2", 4),
+               weight("wd", 10, 8), weight("bd", 10)]
+    graph = helper.make_graph(nodes, "every_op", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 1, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 10])], weights)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=7)
+
+
+@pytest.mark.parametrize("quant_format", [QuantFormat.QOperator, QuantFormat.QDQ])
+def test_onnxruntimes_quantized_ops_agree_with_onnxruntime(quant_format, tmp_path):
+    onnx.save(every_op_model(), tmp_path / "float.onnx")
+    path = tmp_path / "quantized.onnx"
+    quantize_static(str(tmp_path / "float.onnx"), str(path), Batches(DIGITS["x_train"][:64].astype(np.float32)),
+                    quant_format=quant_format)
+    kinds = {node.op_type for node in onnx.load(path).graph.node}
+    if quant_format == QuantFormat.QOperator:
+        assert {"QLinearConv", "QLinearAdd", "QLinearSigmoid", "QLinearLeakyRelu", "QLinearMul", "QLinearConcat",
+                "QLinearAveragePool", "QLinearGlobalAveragePool", "QGemm"} <= kinds
+    expected = ort.InferenceSession(str(path)).run(None, {"x": X})[0]
+    graph, qgraph = given_qgraph(path)
+    assert output_steps(run(graph, {"x": X})[graph.outputs[0]], expected, qgraph.output_params.scale) <= 1
+    assert output_steps(run_quantized(qgraph, X), expected, qgraph.output_params.scale) <= 1
