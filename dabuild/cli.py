@@ -194,7 +194,8 @@ def _print_summary(summary: dict, elapsed: float) -> None:
     for stage, metrics in summary["metrics"].items():
         name = metrics.get("metric", "metric")
         print(
-            f"  {stage}: {name} fp32 {metrics['fp32']:.4f} -> quantized {metrics['quantized']:.4f}"
+            f"  {stage}: {name} {'float as given' if metrics.get('given') else 'fp32'} {metrics['fp32']:.4f} -> "
+            f"quantized {metrics['quantized']:.4f}"
             f" ({metrics.get('precision', 'int8')}, goal {'met' if metrics.get('goal_met') else 'MISSED'})"
         )
     for target, report in summary["checks"].items():

@@ -323,7 +323,11 @@ class TuningSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    strategy: str = Field(default="basic", description="An entry point of dabuild.strategies, e.g. basic.")
+    strategy: str | None = Field(
+        default=None,
+        description="An entry point of dabuild.strategies, e.g. basic. Default: given when the model carries "
+        "its own quantization (QDQ ONNX, QONNX, quantization-aware Keras layers), else basic.",
+    )
     accuracy: AccuracyGoal = Field(default_factory=AccuracyGoal, description="The goal every result must meet.")
     max_trials: PositiveInt = Field(default=100, description="Most candidate configurations to evaluate.")
     timeout: NonNegativeFloat = Field(default=0, description="Seconds before the search stops (0 = no limit).")

@@ -50,6 +50,7 @@ def tune_stage(
     from dabuild.ir.graph import Graph
     from dabuild.plugins import STRATEGIES, load
     from dabuild.quant.calibrate import STATS_FILE
+    from dabuild.quant.given import carries_quantization
     from dabuild.recipe import TuningSpec
     from dabuild.tune.evaluate import Evaluator, EvalSetup, Scorer
     from dabuild.tune.objective import make_objective
@@ -70,11 +71,12 @@ def tune_stage(
     space = build_space(graph, capability, tuning.space.model_dump(mode="json", exclude_none=True))
     store = TrialStore(trials_root, context_hash(graph, stats_dir / STATS_FILE, x, labels,
                                                  evaluator.metric.identity(), tuning.bias_correction))
-    strategy = load(STRATEGIES, tuning.strategy)()
+    strategy_name = tuning.strategy or ("given" if carries_quantization(graph) else "basic")
+    strategy = load(STRATEGIES, strategy_name)()
     objective = make_objective(tuning.objective, space, capability, evaluator.quantize)
     goal = Goal(tuning.accuracy.criterion, tuning.accuracy.tolerable_loss)
     where = f"tune:{capability.name}"
-    progress.debug(f"{where}: {space.total()} configs in the space, strategy {tuning.strategy}, "
+    progress.debug(f"{where}: {space.total()} configs in the space, strategy {strategy_name}, "
                    f"objective {objective.name} ({objective.unit})")
     if journal is not None:
         journal.parent.mkdir(parents=True, exist_ok=True)
@@ -101,7 +103,8 @@ def tune_stage(
         "threshold": threshold,
         "precision": _precision(chosen.config),
         "goal_met": chosen.passed,
-        "strategy": tuning.strategy,
+        "strategy": strategy_name,
+        "given": carries_quantization(graph),  # the baseline ("fp32") is the float run of the model's quantization
         "objective": objective.name,
         "cost": chosen.cost,
         "cost_unit": objective.unit,
