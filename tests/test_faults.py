@@ -292,3 +292,26 @@ def test_ctrl_c_under_j_ends_with_one_line_and_exit_130(digits: Path, tmp_path: 
     assert "Traceback" not in err and "Error" not in err
     assert err.rstrip().splitlines()[-1] == "dabuild: interrupted"
     assert err.count("dabuild: interrupted") == 1
+
+
+def test_build_folder_that_fills_up_is_one_error_naming_it(digits: Path, tmp_path: Path, cache_dir: Path,
+                                                           monkeypatch: pytest.MonkeyPatch,
+                                                           capsys: pytest.CaptureFixture) -> None:
+    """OSError(ENOSPC) injected where a stage's manifest is written into the build folder's .tmp/ (what a full
+    disk raises there; the tmpfs drill above does it for real where it may mount)."""
+    from dabuild.pipeline import manifest
+
+    write = manifest.Manifest.write
+
+    def full(self: manifest.Manifest, folder: Path) -> None:
+        if self.stage == "calibrate":
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(folder / manifest.MANIFEST))
+        write(self, folder)
+
+    monkeypatch.setattr(manifest.Manifest, "write", full)
+    code, err = _build(digits, tmp_path / "build", capsys)
+    assert code == 1 and "Traceback" not in err
+    [line] = [line for line in err.splitlines() if line.startswith("dabuild: error:")]
+    assert line.startswith("dabuild: error: calibrate: no space left on the device of ")
+    assert str(tmp_path / "build" / "digits-mlp" / ".tmp") in line and "free" in line and "it had written" in line
+    assert _files(tmp_path / "build" / "digits-mlp" / ".tmp") == []
