@@ -128,6 +128,7 @@ class OnnxTracer(TracerPlugin):
                 elif converter is None:
                     raise Unsupported(f"no converter for {node.kind}")
                 else:
+                    ctx.declared = converter.emits
                     converter.convert(ctx, node)
             except (Unsupported, DependsOnBatch) as reason:
                 problems.append(f"node {node.label!r} ({node.kind}): {reason}")
