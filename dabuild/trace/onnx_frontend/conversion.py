@@ -42,6 +42,8 @@ class Conversion:
         self.nodes: list[Node] = []
         self.constants: dict[str, np.ndarray] = {}
         self.declared: tuple[str, ...] | None = None  # the IR ops the running converter says it emits
+        self.relaxed_batch = False  # the file fixes the batch to 1 and this conversion lets it vary
+        self.read: set[str] = set()  # tensors some node or graph output reads (others need no value)
         self._taken = set(taken_names)
 
     # ------------------------------------------------------------ reading inputs

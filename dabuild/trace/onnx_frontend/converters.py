@@ -96,12 +96,12 @@ def identity(ctx: Conversion, node: OnnxNode) -> None:
 
 @converts("Dropout", static=(1, 2), emits=("identity",))
 def dropout(ctx: Conversion, node: OnnxNode) -> None:
-    """Inference-mode dropout is the identity; its mask, if asked for, is all true."""
+    """Inference-mode dropout is the identity; its mask, if something reads it, is all true."""
     training = ctx.static(node, 2, "training_mode") if ctx.opset >= 12 else None
     if training is not None and bool(training):
         raise Unsupported("training mode")
     ctx.emit(node, "identity", node.inputs[:1], outputs=node.outputs[:1])
-    if len(node.outputs) > 1 and node.outputs[1]:
+    if len(node.outputs) > 1 and node.outputs[1] in ctx.read:
         shape = ctx.shape(node.inputs[0])
         if None in shape:
             raise Unsupported("a mask output over a dynamic shape")
@@ -236,7 +236,7 @@ def conv(ctx: Conversion, node: OnnxNode) -> None:
 
 @converts("MaxPool", emits=("max_pool",))
 def max_pool(ctx: Conversion, node: OnnxNode) -> None:
-    if len(node.outputs) > 1 and node.outputs[1]:
+    if len(node.outputs) > 1 and node.outputs[1] in ctx.read:
         raise Unsupported("the Indices output")
     kernel = [int(k) for k in node.attrs["kernel_shape"]]
     attrs = {"kernel": kernel, **_window(ctx, node, kernel), "ceil_mode": bool(node.attrs.get("ceil_mode", 0))}
@@ -302,7 +302,24 @@ def reshape(ctx: Conversion, node: OnnxNode) -> None:
             raise Unsupported("allowzero with a zero-sized dimension")
         else:
             shape.append(int(size))
+    if ctx.relaxed_batch and _keeps_fixed_batch(source, shape):
+        shape[0] = 0  # the file's batch of 1, spelt as a constant: the batch axis passes through
     ctx.emit(node, "reshape", [x], {"shape": shape}, node.outputs)
+
+
+def _keeps_fixed_batch(source: Shape, shape: list[int]) -> bool:
+    """Whether a reshape of a batch-first tensor to a target starting with 1 reshapes each sample alone.
+
+    With the batch fixed to 1, exporters fold `x.view(x.size(0), ...)` to a constant target (1, ...).
+    When the rest of the target holds exactly the elements of one sample, the reshape never mixes
+    samples, so reading that 1 as "the batch" is what the file computes, for any batch.
+    """
+    if not source or source[0] is not None or not shape or shape[0] != 1 or None in source[1:]:
+        return False
+    per_sample = int(np.prod(source[1:], dtype=np.int64))
+    rest = [source[axis] if size == 0 and axis < len(source) else size for axis, size in enumerate(shape)][1:]
+    known = int(np.prod([size for size in rest if size != -1], dtype=np.int64))
+    return known == per_sample if -1 not in rest else known > 0 and per_sample % known == 0
 
 
 @converts("Flatten", emits=("flatten",))

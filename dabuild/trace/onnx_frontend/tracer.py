@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from dabuild.errors import BuildError, UsageError
 from dabuild.ir.graph import Graph, TensorSpec
+from dabuild.ir.ops import OPS
 from dabuild.trace.base import Shape, TracerPlugin
 from dabuild.trace.onnx_frontend.conversion import Conversion, Unsupported
 from dabuild.trace.onnx_frontend.converters import CONVERTERS, SUPPORTED_OPS
@@ -44,7 +45,7 @@ class OnnxTracer(TracerPlugin):
             try:
                 import onnx
 
-                from dabuild.trace.onnx_frontend.model_file import check_model, decode, read_model_file
+                from dabuild.trace.onnx_frontend.model_file import check_model, decode, read_model_file, upgrade
             except ImportError as error:
                 raise UsageError(f"the onnx frontend needs the onnx package ({error}): pip install 'dabuild[onnx]'") from None
             if isinstance(self.model, (str, Path)):
@@ -56,6 +57,9 @@ class OnnxTracer(TracerPlugin):
                 proto = self.model
             else:
                 raise UsageError(f"the onnx frontend reads .onnx files or onnx.ModelProto, got a {type(self.model).__name__}")
+            proto, note = upgrade(proto, where)
+            if note:
+                self.progress.info(note)
             self._decoded = decode(proto, where)
         return self._decoded
 
@@ -101,13 +105,15 @@ class OnnxTracer(TracerPlugin):
             )
         return shapes
 
-    def apply_model(self, inputs: dict[str, TensorSpec]) -> Conversion:
+    def apply_model(self, inputs: dict[str, TensorSpec], relaxed_batch: bool = False) -> Conversion:
         """Convert every node over the given input specs; UsageError listing all unsupported nodes."""
         from dabuild.trace.onnx_frontend.folding import DependsOnBatch, evaluate
 
         model = self.onnx_model()
         taken = {name for node in model.nodes for name in (*node.inputs, *node.outputs, node.label)}
         ctx = Conversion(model.where, model.opset, taken | set(inputs) | set(model.initializers))
+        ctx.relaxed_batch = relaxed_batch
+        ctx.read = {name for node in model.nodes for name in node.inputs} | set(model.outputs)
         ctx.specs.update(inputs)
         ctx.known.update(model.initializers)
         problems: list[str] = []
@@ -157,8 +163,44 @@ class OnnxTracer(TracerPlugin):
                     f"{model.where}: input {graph_input.name!r} has element type {graph_input.dtype}; "
                     "dabuild graphs take float inputs"
                 )
+        declared = self.inputs or {}
+        fixed = [name for name, shape in shapes.items() if shape and shape[0] == 1]
+        asked = [name for name in fixed if name in declared and declared[name] and declared[name][0] is None]
+        relaxable = [name for name in fixed if name not in declared or name in asked]
+        if relaxable and len(relaxable) == len(fixed):
+            relaxed = {name: (None, *shape[1:]) if name in relaxable else shape for name, shape in shapes.items()}
+            graph, why_not = self._relaxed(relaxed)
+            if graph is not None:
+                self.progress.info(f"{model.where}: the file fixes the batch of {', '.join(map(repr, relaxable))} "
+                                   "to 1; relaxed to any batch (every node treats samples independently)")
+                return graph
+            if asked:
+                raise UsageError(f"{model.where}: model.inputs gives {', '.join(map(repr, asked))} a free batch "
+                                 f"(null), but the graph cannot take one: {why_not}")
+            self.progress.info(f"{model.where}: the file fixes the batch to 1 and the graph cannot relax it "
+                               f"({why_not}); it runs sample by sample")
+        return self._convert(shapes)
+
+    def _relaxed(self, shapes: dict[str, Shape]) -> tuple[Graph | None, str]:
+        """The graph over a free batch, or None and why the file's fixed batch of 1 has to stay."""
+        try:
+            graph = self._convert(shapes, relaxed_batch=True)
+            outputs = graph.tensor_shapes()
+        except (UsageError, BuildError) as error:
+            lines = str(error).splitlines()
+            return None, lines[1].strip() if len(lines) > 1 else lines[0]  # the first node listed, if any
+        mixing = [f"{node.name} ({node.op})" for node in graph.nodes if not OPS[node.op].samplewise(node.attrs)]
+        if mixing:
+            return None, f"node {mixing[0]} mixes samples"
+        pinned = [name for name in graph.outputs if not outputs[name].shape or outputs[name].shape[0] is not None]
+        if pinned:
+            return None, f"output {pinned[0]!r} has no batch axis first"
+        return graph, ""
+
+    def _convert(self, shapes: dict[str, Shape], relaxed_batch: bool = False) -> Graph:
+        model = self.onnx_model()
         specs = {name: TensorSpec(name, shape) for name, shape in shapes.items()}
-        ctx = self.apply_model(specs)
+        ctx = self.apply_model(specs, relaxed_batch)
         for name in model.outputs:
             try:
                 ctx.materialize(name)
