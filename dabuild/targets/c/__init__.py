@@ -88,6 +88,7 @@ class CTarget(Target):
             "sources": ["main.c", *rendered.library_sources],
             "input_size": qgraph.tensors[qgraph.input].size,
             "output_size": qgraph.tensors[qgraph.output].size,
+            "output_shape": list(qgraph.tensors[qgraph.output].shape),
             "arena_bytes": rendered.arena.peak_bytes,
             "arena": rendered.arena.report(),
             "kernels": rendered.kernels,
@@ -126,10 +127,13 @@ class CTarget(Target):
         return np.fromfile(outputs_file, dtype=np.int8).reshape(len(samples), manifest["output_size"])
 
     def run(self, artifact_dir: Path, inputs: np.ndarray, work_dir: Path) -> np.ndarray:
+        """The program's outputs in the reference's shape (batch, *output shape), whatever their rank."""
         artifact_dir, work_dir = Path(artifact_dir), Path(work_dir)
         program = work_dir / PROGRAM
         self._compile(artifact_dir, program)
-        return self._execute(artifact_dir, program, inputs, work_dir)
+        rows = self._execute(artifact_dir, program, inputs, work_dir)
+        shape = json.loads((artifact_dir / MANIFEST).read_text())["output_shape"]
+        return rows.reshape(len(rows), *shape)
 
     def trace(self, artifact_dir: Path, inputs: np.ndarray, work_dir: Path) -> dict[str, np.ndarray] | None:
         """Every tensor a layer writes (and the input), from the test program built with -DDABUILD_TRACE.
