@@ -375,3 +375,20 @@ def test_cli_exits_2_and_leaves_no_trace_output(
     assert message in capsys.readouterr().err
     assert not (build_root / "broken-onnx" / "trace").exists()
     assert not list(cache_dir.rglob("graph.json"))  # nothing cached either
+
+
+def test_a_float64_model_is_refused_not_computed_in_float32() -> None:
+    net = Net(17)
+    net.initializers.append(numpy_helper.from_array(np.full(4, 1e30), "big"))
+    graph = helper.make_graph([helper.make_node("Mul", ["x", "big"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.DOUBLE, ["N", 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.DOUBLE, ["N", 4])], net.initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_operatorsetid("", 17)])
+    with pytest.raises(UsageError, match="input 'x' is float64: the model computes in float64"):
+        trace_model(model)
+    cast = Net(17)
+    wide = cast.op("Cast", "x", to=TensorProto.DOUBLE)
+    narrow = cast.model({"x": ["N", 4]}, cast.op("Cast", cast.op("Mul", wide, cast.const(np.full(4, 1e30), np.float64)),
+                                                 to=TensorProto.FLOAT))
+    with pytest.raises(UsageError, match="a cast of run-time tensors to float64"):
+        trace_model(narrow)

@@ -163,6 +163,12 @@ class OnnxTracer(TracerPlugin):
                     f"{model.where}: input {graph_input.name!r} has element type {graph_input.dtype}; "
                     "dabuild graphs take float inputs"
                 )
+            if graph_input.dtype is not None and graph_input.dtype.itemsize > 4:
+                raise UsageError(
+                    f"{model.where}: input {graph_input.name!r} is {graph_input.dtype}: the model computes in "
+                    f"{graph_input.dtype}, and dabuild computes in float32, which would change its results "
+                    "(overflow to inf, lost precision); export the model in float32 (torch: model.float())"
+                )
         declared = self.inputs or {}
         fixed = [name for name, shape in shapes.items() if shape and shape[0] == 1]
         asked = [name for name in fixed if name in declared and declared[name] and declared[name][0] is None]
