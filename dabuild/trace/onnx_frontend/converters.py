@@ -456,10 +456,11 @@ _FLOAT_TYPES = {1: "float32", 10: "float16", 11: "float64"}  # TensorProto eleme
 def cast(ctx: Conversion, node: OnnxNode) -> None:
     """Exporters cast floats to float; any other cast only happens in load-time shape arithmetic."""
     to = node.attrs["to"]
-    if _FLOAT_TYPES.get(to) != "float32" or ctx.specs[node.inputs[0]].dtype != "float32":
-        name = _FLOAT_TYPES.get(to, f"element type {to}")
-        raise Unsupported(f"a cast of run-time tensors to {name}: dabuild graphs compute in float32, "
-                          "and computing this model's part in float32 would change its results")
+    if to not in _FLOAT_TYPES or ctx.specs[node.inputs[0]].dtype != "float32":
+        raise Unsupported(f"a cast of run-time tensors to element type {to}: dabuild graphs compute in float32")
+    if _FLOAT_TYPES[to] == "float64":
+        raise Unsupported("a cast of run-time tensors to float64: the model computes in float64 from here, "
+                          "and dabuild's float32 would change its results")
     ctx.emit(node, "identity", node.inputs, outputs=node.outputs)
 
 
