@@ -20,7 +20,7 @@ import shlex
 import shutil
 import subprocess
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 from pydantic import Field
@@ -30,7 +30,7 @@ from dabuild.errors import BuildError
 from dabuild.quant.layers.fallback import QFloat
 from dabuild.quant.qgraph import QGraph
 from dabuild.resources import data_dir
-from dabuild.targets.base import Target
+from dabuild.targets.base import Target, refuse_ops_without_integers
 from dabuild.targets.c.codegen import PROGRAM, render, trace_file
 
 MANIFEST = "model.json"
@@ -76,6 +76,12 @@ class CTarget(Target):
     def programs(self) -> list[Path]:
         path = shutil.which(self.options.compiler)
         return [Path(path)] if path else []
+
+    def post_trace(self, graph: Any) -> None:
+        """Every op the C kernels cannot run, by node, before calibration and tuning spend any time."""
+        from dabuild.targets.c.kernels import KERNELS
+
+        refuse_ops_without_integers(graph, self.kind, {key.split("/", 1)[0] for key in KERNELS.names()})
 
     def export(self, qgraph: QGraph, out_dir: Path) -> None:
         refuse_float_layers(qgraph, self.capability)

@@ -12,6 +12,7 @@ suffixes must work without the `dabuild[onnx]` extra installed.
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -116,14 +117,14 @@ class OnnxTracer(TracerPlugin):
         ctx.read = {name for node in model.nodes for name in node.inputs} | set(model.outputs)
         ctx.specs.update(inputs)
         ctx.known.update(model.initializers)
-        problems: list[str] = []
+        problems: list[tuple[str, str]] = []  # (op, line), every node listed under its op
         blocked: set[str] = set()  # outputs of nodes that could not be converted
         for node in model.nodes:
             present = [name for name in node.inputs if name]
             converter = CONVERTERS.get(node.kind)
             if blocked.intersection(present):
                 if converter is None:
-                    problems.append(f"node {node.label!r} ({node.kind}): no converter for {node.kind}")
+                    problems.append((node.kind, f"node {node.label!r} ({node.kind}): no converter for {node.kind}"))
                 blocked.update(node.outputs)
                 continue
             try:
@@ -137,7 +138,7 @@ class OnnxTracer(TracerPlugin):
                     ctx.declared = converter.emits
                     converter.convert(ctx, node)
             except (Unsupported, DependsOnBatch) as reason:
-                problems.append(f"node {node.label!r} ({node.kind}): {reason}")
+                problems.append((node.kind, f"node {node.label!r} ({node.kind}): {reason}"))
                 blocked.update(node.outputs)
             except (BuildError, UsageError):
                 raise
@@ -147,9 +148,11 @@ class OnnxTracer(TracerPlugin):
                     f"{type(error).__name__}: {error}"
                 ) from error
         if problems:
+            kinds = Counter(kind for kind, _ in problems)
+            summary = ", ".join(f"{kind} ({count} node{'s' if count > 1 else ''})" for kind, count in kinds.items())
             raise UsageError(
-                f"{model.where}: {len(problems)} node(s) cannot be converted:\n  "
-                + "\n  ".join(problems)
+                f"{model.where}: {len(problems)} node(s) cannot be converted; ops: {summary}\n  "
+                + "\n  ".join(line for _, line in sorted(problems, key=lambda problem: problem[0]))
                 + f"\nsupported ops: {', '.join(SUPPORTED_OPS)}"
             )
         return ctx
