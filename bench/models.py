@@ -1,8 +1,9 @@
 """Classic architectures at their published size: trace time, fp32 speed against onnxruntime, memory, agreement.
 
 Each family of tests/architectures.py is built at full size with random weights, exported by torch.onnx with
-the batch fixed to 1 at opset 17 (as published files have it), and measured in a fresh process that imports
-no torch, so its peak RSS counts what dabuild holds: reading and converting the file (trace_model + optimize),
+the batch fixed to 1 at opset 17 (as published files have it) in one child process, and measured in another
+that imports no torch, so its peak RSS counts what dabuild holds (a child inherits its parent's peak, so the
+parent loads nothing either): reading and converting the file (trace_model + optimize),
 then one 224x224 image through the interpreter (1 thread), then the same file in onnxruntime (1 thread, all
 graph optimisations) on the same image. Times are the fastest of the calls within a short window
 (bench/timing.py); the speed column is dabuild's images per second over onnxruntime's, from this run.
@@ -88,22 +89,32 @@ def row(name: str, result: dict[str, object]) -> list[str]:
 
 
 def main() -> None:
-    from architectures import FAMILIES
-
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("families", nargs="*", help="names from tests/architectures.py (default: all)")
     parser.add_argument("--seconds", type=float, default=3.0, help="timing window per runtime and model")
     parser.add_argument("--one", type=Path, help=argparse.SUPPRESS)  # child: measure this file, print JSON
+    parser.add_argument("--export", nargs=2, help=argparse.SUPPRESS)  # child: export FAMILY to PATH
+    parser.add_argument("--list", action="store_true", help=argparse.SUPPRESS)  # child: the family names
     args = parser.parse_args()
     if args.one:
         print(json.dumps(measure(args.one, args.seconds)))
         return
-    names = args.families or [family.name for family in FAMILIES]
+    if args.export:
+        export(args.export[0], Path(args.export[1]))
+        return
+    if args.list:
+        from architectures import FAMILIES
+
+        print(json.dumps([family.name for family in FAMILIES]))
+        return
+    names = args.families or json.loads(subprocess.run([sys.executable, __file__, "--list"], check=True,
+                                                       capture_output=True, text=True).stdout)
     rows = []
     with tempfile.TemporaryDirectory(prefix="dabuild-bench-models-") as folder:
         for name in names:
             path = Path(folder) / f"{name}.onnx"
-            export(name, path)
+            # Children inherit the parent's peak RSS, so this process never loads torch or a model itself.
+            subprocess.run([sys.executable, __file__, "--export", name, str(path)], check=True)
             child = subprocess.run([sys.executable, __file__, "--one", str(path), "--seconds", str(args.seconds)],
                                    capture_output=True, text=True)
             if child.returncode != 0:
