@@ -128,7 +128,8 @@ def _trace_hooks(recipe: "Recipe") -> list[str]:
     """Target kinds whose `pre_trace`/`post_trace` hooks run in the trace stage.
 
     They enter the trace key, so a recipe with a hooked target never reuses a trace
-    made without its hooks; the built-in targets have none, so their recipes share traces.
+    made without its hooks. Of the built-in targets only c has one (its post_trace lists the ops its
+    integer kernels cannot take), so recipes without a c target share traces.
     """
     from dabuild.plugins import TARGETS, load
     from dabuild.targets.base import Target
