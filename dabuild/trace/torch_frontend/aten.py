@@ -34,19 +34,19 @@ def known(target: Any) -> bool:
 # ---------------------------------------------------------------- pass-through
 
 
-@aten("clone", "detach", "alias", "contiguous", "lift_fresh_copy")
+@aten("clone", "detach", "alias", "contiguous", "lift_fresh_copy", emits=())
 def passthrough(builder: Builder, call: Call) -> str:
     return builder.tensor(call["self"])
 
 
-@aten("dropout", "feature_dropout", "alpha_dropout", "feature_alpha_dropout")
+@aten("dropout", "feature_dropout", "alpha_dropout", "feature_alpha_dropout", emits=())
 def dropout(builder: Builder, call: Call) -> str:
     if call["train"]:
         raise Unsupported("dropout in training mode")
     return builder.tensor(call["input"])
 
 
-@aten("_to_copy", "to")
+@aten("_to_copy", "to", emits=())
 def to_float32(builder: Builder, call: Call) -> str:
     """A copy or conversion that keeps float32 (dabuild computes in float32 only)."""
     source, result = call.node.all_input_nodes[0].meta["val"], call.node.meta["val"]
@@ -68,34 +68,34 @@ def _scaled(builder: Builder, arg: Any, alpha: Any) -> str:
     return builder.emit1("mul", [builder.tensor(arg), builder.add_constant(np.float32(alpha), "alpha")])
 
 
-@aten("add")
+@aten("add", emits=("add", "mul"))
 def add(builder: Builder, call: Call) -> str:
     return builder.emit1("add", [builder.tensor(call["self"]), _scaled(builder, call["other"], call["alpha"])])
 
 
-@aten("sub")
+@aten("sub", emits=("sub", "mul"))
 def sub(builder: Builder, call: Call) -> str:
     return builder.emit1("sub", [builder.tensor(call["self"]), _scaled(builder, call["other"], call["alpha"])])
 
 
-@aten("rsub")
+@aten("rsub", emits=("sub", "mul"))
 def rsub(builder: Builder, call: Call) -> str:
     return builder.emit1("sub", [builder.tensor(call["other"]), _scaled(builder, call["self"], call["alpha"])])
 
 
-@aten("mul")
+@aten("mul", emits=("mul",))
 def mul(builder: Builder, call: Call) -> str:
     return builder.emit1("mul", [builder.tensor(call["self"]), builder.tensor(call["other"])])
 
 
-@aten("div")
+@aten("div", emits=("div",))
 def div(builder: Builder, call: Call) -> str:
     if call.args.get("rounding_mode") is not None:
         raise Unsupported(f"division with rounding_mode={call['rounding_mode']!r}")
     return builder.emit1("div", [builder.tensor(call["self"]), builder.tensor(call["other"])])
 
 
-@aten("neg")
+@aten("neg", emits=("mul",))
 def neg(builder: Builder, call: Call) -> str:
     return builder.emit1("mul", [builder.tensor(call["self"]), builder.add_constant(np.float32(-1), "minus_one")])
 
@@ -110,20 +110,20 @@ def _unary(op: str, **attrs: Any) -> Any:
     return converter
 
 
-aten("relu")(_unary("relu"))
-aten("relu6")(_unary("relu6"))
-aten("sigmoid")(_unary("sigmoid"))
-aten("tanh")(_unary("tanh"))
-aten("hardswish")(_unary("hard_swish"))
-aten("hardsigmoid")(_unary("hard_sigmoid", alpha=1 / 6, beta=0.5))
+aten("relu", emits=("relu",))(_unary("relu"))
+aten("relu6", emits=("relu6",))(_unary("relu6"))
+aten("sigmoid", emits=("sigmoid",))(_unary("sigmoid"))
+aten("tanh", emits=("tanh",))(_unary("tanh"))
+aten("hardswish", emits=("hard_swish",))(_unary("hard_swish"))
+aten("hardsigmoid", emits=("hard_sigmoid",))(_unary("hard_sigmoid", alpha=1 / 6, beta=0.5))
 
 
-@aten("leaky_relu")
+@aten("leaky_relu", emits=("leaky_relu",))
 def leaky_relu(builder: Builder, call: Call) -> str:
     return builder.emit1("leaky_relu", [builder.tensor(call["self"])], {"alpha": float(call["negative_slope"])})
 
 
-@aten("gelu")
+@aten("gelu", emits=("gelu",))
 def gelu(builder: Builder, call: Call) -> str:
     return builder.emit1("gelu", [builder.tensor(call["self"])], {"approximate": call["approximate"]})
 
@@ -139,6 +139,9 @@ def _bounds(builder: Builder, low: Any, high: Any) -> tuple[float | None, float 
     return result[0], result[1]
 
 
+_CLIPS = ("relu", "relu6", "clip")
+
+
 def _clip(builder: Builder, x: Any, low: Any, high: Any) -> str:
     """clamp/hardtanh as the most specific dabuild op: relu, relu6 or clip."""
     low_value, high_value = _bounds(builder, low, high)
@@ -150,27 +153,27 @@ def _clip(builder: Builder, x: Any, low: Any, high: Any) -> str:
     return builder.emit1("clip", [builder.tensor(x)], attrs)
 
 
-@aten("clamp")
+@aten("clamp", emits=_CLIPS)
 def clamp(builder: Builder, call: Call) -> str:
     return _clip(builder, call["self"], call["min"], call["max"])
 
 
-@aten("clamp_min")
+@aten("clamp_min", emits=_CLIPS)
 def clamp_min(builder: Builder, call: Call) -> str:
     return _clip(builder, call["self"], call["min"], None)
 
 
-@aten("clamp_max")
+@aten("clamp_max", emits=_CLIPS)
 def clamp_max(builder: Builder, call: Call) -> str:
     return _clip(builder, call["self"], None, call["max"])
 
 
-@aten("hardtanh")
+@aten("hardtanh", emits=_CLIPS)
 def hardtanh(builder: Builder, call: Call) -> str:
     return _clip(builder, call["self"], call["min_val"], call["max_val"])
 
 
-@aten("softmax", "_softmax")
+@aten("softmax", "_softmax", emits=("softmax",))
 def softmax(builder: Builder, call: Call) -> str:
     return builder.emit1("softmax", [builder.tensor(call["self"])], {"axis": int(call["dim"])})
 
@@ -192,7 +195,7 @@ def _matmul_add(builder: Builder, x: Any, weight: Any, bias: Any) -> str:
     return product if bias is None else builder.emit1("add", [product, builder.tensor(bias)])
 
 
-@aten("linear")
+@aten("linear", emits=("dense", "transpose", "matmul", "add"))
 def linear(builder: Builder, call: Call) -> str:
     weight = builder.constant(call["weight"])
     bias = None if call["bias"] is None else builder.constant(call["bias"])
@@ -204,7 +207,7 @@ def linear(builder: Builder, call: Call) -> str:
     return product if call["bias"] is None else builder.emit1("add", [product, builder.tensor(call["bias"])])
 
 
-@aten("addmm")
+@aten("addmm", emits=("dense", "matmul", "add"))
 def addmm(builder: Builder, call: Call) -> str:
     if call["beta"] != 1 or call["alpha"] != 1:
         raise Unsupported(f"addmm with beta={call['beta']}, alpha={call['alpha']}")
@@ -214,7 +217,7 @@ def addmm(builder: Builder, call: Call) -> str:
     return _matmul_add(builder, call["mat1"], call["mat2"], call["self"])
 
 
-@aten("mm", "bmm", "matmul")
+@aten("mm", "bmm", "matmul", emits=("dense", "matmul"))
 def matmul(builder: Builder, call: Call) -> str:
     other = call["mat2"] if "mat2" in call.args else call["other"]
     weight = builder.constant(other)
@@ -235,7 +238,7 @@ def _pads(padding: Any, weight_shape: tuple[int, ...], dilations: list[int]) -> 
     return values + values
 
 
-@aten("conv1d", "conv2d", "convolution")
+@aten("conv1d", "conv2d", "convolution", emits=("conv",))
 def conv(builder: Builder, call: Call) -> str:
     if call.args.get("transposed"):
         raise Unsupported("transposed convolution")
@@ -257,7 +260,7 @@ def conv(builder: Builder, call: Call) -> str:
     return builder.emit1("conv", inputs, attrs)
 
 
-@aten("batch_norm", "_native_batch_norm_legit_no_training", "native_batch_norm")
+@aten("batch_norm", "_native_batch_norm_legit_no_training", "native_batch_norm", emits=("batch_norm",))
 def batch_norm(builder: Builder, call: Call) -> Any:
     """Inference batch norm over axis 1 with the running statistics."""
     if call.args.get("training"):
@@ -290,7 +293,7 @@ def _pool_geometry(call: Call, spatial: int) -> dict[str, Any]:
     }
 
 
-@aten("max_pool1d", "max_pool2d", "max_pool2d_with_indices")
+@aten("max_pool1d", "max_pool2d", "max_pool2d_with_indices", emits=("max_pool",))
 def max_pool(builder: Builder, call: Call) -> Any:
     x = builder.tensor(call["self"])
     spatial = len(builder.shape(x)) - 2
@@ -299,7 +302,7 @@ def max_pool(builder: Builder, call: Call) -> Any:
     return [y, None] if call.name == "max_pool2d_with_indices" else y
 
 
-@aten("avg_pool1d", "avg_pool2d")
+@aten("avg_pool1d", "avg_pool2d", emits=("avg_pool",))
 def avg_pool(builder: Builder, call: Call) -> str:
     if call.args.get("divisor_override") is not None:
         raise Unsupported("average pooling with divisor_override")
@@ -308,7 +311,7 @@ def avg_pool(builder: Builder, call: Call) -> str:
     return builder.emit1("avg_pool", [x], attrs)
 
 
-@aten("adaptive_avg_pool1d", "adaptive_avg_pool2d", "_adaptive_avg_pool2d")
+@aten("adaptive_avg_pool1d", "adaptive_avg_pool2d", "_adaptive_avg_pool2d", emits=("global_avg_pool", "avg_pool"))
 def adaptive_avg_pool(builder: Builder, call: Call) -> str:
     """Output size 1 is a global average; other sizes that divide the input are a plain average pool."""
     x = builder.tensor(call["self"])
@@ -325,7 +328,7 @@ def adaptive_avg_pool(builder: Builder, call: Call) -> str:
 # ---------------------------------------------------------------- shape ops
 
 
-@aten("view", "reshape", "_unsafe_view", "view_copy", "unflatten")
+@aten("view", "reshape", "_unsafe_view", "view_copy", "unflatten", emits=("reshape",))
 def reshape(builder: Builder, call: Call) -> str:
     """A reshape to the shape torch recorded: sizes that follow the batch become 0 (copy) or -1 (infer)."""
     x = builder.tensor(call["self"])
@@ -343,7 +346,7 @@ def reshape(builder: Builder, call: Call) -> str:
     return builder.emit1("reshape", [x], {"shape": target})
 
 
-@aten("flatten")
+@aten("flatten", emits=("flatten", "reshape"))
 def flatten(builder: Builder, call: Call) -> str:
     x = builder.tensor(call["self"])
     rank = len(builder.shape(x))
@@ -352,14 +355,14 @@ def flatten(builder: Builder, call: Call) -> str:
     return reshape(builder, call)
 
 
-@aten("permute")
+@aten("permute", emits=("transpose",))
 def permute(builder: Builder, call: Call) -> str:
     x = builder.tensor(call["self"])
     rank = len(builder.shape(x))
     return builder.emit1("transpose", [x], {"perm": [normalize(d, rank) for d in call["dims"]]})
 
 
-@aten("transpose", "t")
+@aten("transpose", "t", emits=("transpose",))
 def transpose(builder: Builder, call: Call) -> str:
     x = builder.tensor(call["self"])
     rank = len(builder.shape(x))
@@ -371,14 +374,14 @@ def transpose(builder: Builder, call: Call) -> str:
     return builder.emit1("transpose", [x], {"perm": perm})
 
 
-@aten("cat", "concat")
+@aten("cat", "concat", emits=("concat",))
 def cat(builder: Builder, call: Call) -> str:
     inputs = [builder.tensor(t) for t in call["tensors"]]
     rank = len(builder.shape(inputs[0]))
     return builder.emit1("concat", inputs, {"axis": normalize(call["dim"], rank)})
 
 
-@aten("split", "split_with_sizes", "chunk", "tensor_split")
+@aten("split", "split_with_sizes", "chunk", "tensor_split", emits=("split",))
 def split(builder: Builder, call: Call) -> list[str | None]:
     """Every flavour of split, by the piece sizes torch recorded."""
     x = builder.tensor(call["self"])
@@ -400,7 +403,7 @@ def _bound(value: Any, axis_size: Any) -> int:
     return int(value)
 
 
-@aten("slice")
+@aten("slice", emits=("slice",))
 def slice_(builder: Builder, call: Call) -> str:
     x = builder.tensor(call["self"])
     shape = builder.shape(x)
@@ -415,7 +418,7 @@ def slice_(builder: Builder, call: Call) -> str:
     return builder.emit1("slice", [x], {"starts": [start], "ends": [end], "axes": [axis], "steps": [step]})
 
 
-@aten("select")
+@aten("select", emits=("slice", "squeeze"))
 def select(builder: Builder, call: Call) -> str:
     x = builder.tensor(call["self"])
     shape = builder.shape(x)
@@ -428,7 +431,7 @@ def select(builder: Builder, call: Call) -> str:
     return builder.emit1("squeeze", [piece], {"axes": [axis]})
 
 
-@aten("squeeze")
+@aten("squeeze", emits=("squeeze",))
 def squeeze(builder: Builder, call: Call) -> str:
     """torch ignores axes whose size is not 1; so do we."""
     x = builder.tensor(call["self"])
@@ -439,18 +442,18 @@ def squeeze(builder: Builder, call: Call) -> str:
     return builder.emit1("squeeze", [x], {"axes": axes}) if axes else x
 
 
-@aten("unsqueeze")
+@aten("unsqueeze", emits=("unsqueeze",))
 def unsqueeze(builder: Builder, call: Call) -> str:
     x = builder.tensor(call["self"])
     return builder.emit1("unsqueeze", [x], {"axes": [normalize(call["dim"], len(builder.shape(x)) + 1)]})
 
 
-@aten("constant_pad_nd")
+@aten("constant_pad_nd", emits=("pad",))
 def constant_pad(builder: Builder, call: Call) -> str:
     return _pad(builder, builder.tensor(call["self"]), call["pad"], "constant", float(call["value"]))
 
 
-@aten("reflection_pad1d", "reflection_pad2d", "replication_pad1d", "replication_pad2d")
+@aten("reflection_pad1d", "reflection_pad2d", "replication_pad1d", "replication_pad2d", emits=("pad",))
 def mode_pad(builder: Builder, call: Call) -> str:
     mode = "reflect" if call.name.startswith("reflection") else "edge"
     return _pad(builder, builder.tensor(call["self"]), call["padding"], mode, 0.0)
@@ -485,6 +488,6 @@ def _reduce(op: str) -> Any:
     return converter
 
 
-aten("mean")(_reduce("reduce_mean"))
-aten("sum")(_reduce("reduce_sum"))
-aten("amax")(_reduce("reduce_max"))
+aten("mean", emits=("reduce_mean",))(_reduce("reduce_mean"))
+aten("sum", emits=("reduce_sum",))(_reduce("reduce_sum"))
+aten("amax", emits=("reduce_max",))(_reduce("reduce_max"))
