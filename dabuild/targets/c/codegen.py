@@ -22,6 +22,7 @@ from dabuild.quant.qgraph import QGraph
 from dabuild.targets.c.arena import ArenaPlan, plan_arena
 from dabuild.targets.c.kernels import Step
 from dabuild.targets.c.layout import Storage
+from dabuild.targets.c.profiles import HOST, PROFILES, Profile
 from dabuild.targets.c.program import Program, build_program
 
 PROGRAM = "model_test"
@@ -34,6 +35,17 @@ def c_array(values: np.ndarray, per_line: int = 16) -> str:
     flat = [str(int(v)) for v in np.asarray(values).ravel()]
     lines = [", ".join(flat[i:i + per_line]) for i in range(0, len(flat), per_line)]
     return ",\n".join("    " + line for line in lines)
+
+
+def c_type(values: np.ndarray) -> str:
+    """The narrowest of int8_t, int16_t and int32_t that holds every value (constants take no more flash
+    than they need)."""
+    array = np.asarray(values)
+    low, high = (int(array.min()), int(array.max())) if array.size else (0, 0)
+    for bits in (8, 16, 32):
+        if -(1 << (bits - 1)) <= low and high < 1 << (bits - 1):
+            return f"int{bits}_t"
+    raise ValueError(f"constants from {low} to {high} do not fit int32")
 
 
 def c_float(value: float) -> str:
@@ -96,6 +108,7 @@ def _environment() -> jinja2.Environment:
                              trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
                              autoescape=False)
     env.filters["c_array"] = c_array
+    env.filters["c_type"] = c_type
     env.filters["c_comment"] = c_comment
     env.filters["c_string"] = c_string
     return env
@@ -120,10 +133,10 @@ def plan_memory(program: Program) -> ArenaPlan:
     return plan_arena(schedule, sizes, external={program.input, program.output}, wide=scratch)
 
 
-def render(qgraph: QGraph) -> Rendered:
+def render(qgraph: QGraph, profile: Profile = PROFILES[HOST]) -> Rendered:
     env = _environment()
     version = dabuild.__version__
-    program = build_program(qgraph)
+    program = build_program(qgraph, profile)
     arena = plan_memory(program)
     taken: set[str] = set()
     constant_names = {name: c_identifier(name, taken, "c_") for name in program.constants}

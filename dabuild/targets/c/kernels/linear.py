@@ -18,6 +18,14 @@ depth: int16 x int16 products summed pairwise, which compilers turn into
 pmaddwd (SSE2, at plain -O2) or its NEON/AVX counterparts, every loaded
 vector used by several sums and no horizontal sum until the end.
 
+On a Cortex-M profile the general conv is `conv_mcu`: the same tiled GEMM
+with int8 weights in flash and a register block sized for the core (2 x 2
+sums on the DSP cores and M0/M3, whose inner loop is SMLAD on int16 columns
+and SXTB16-widened weights; 2 channels x 4 pixels of 16-lane int8 vector
+MACs on Helium, whose columns stay int8 and whose input zero point is folded
+into the bias, the padding taps then holding the zero point). Its scratch is
+one block of pixels' windows, nothing more.
+
 Weights are laid out at export time so the inner loops are contiguous: dense
 [out][in]; depthwise [kh][kw][out], a vector multiply-add across the
 channels of one pixel.
@@ -34,6 +42,7 @@ from dabuild.quant.fixed_point import INT32_MAX
 from dabuild.quant.layers.linear import QConv, QDense, QWeighted
 from dabuild.quant.qgraph import QGraph
 from dabuild.targets.c.kernels.registry import CANONICAL, CHANNELS_LAST, Step, kernel
+from dabuild.targets.c.profiles import DSP, HOST, MVE, PORTABLE
 
 BOTH = ("per_tensor", "per_channel")
 
@@ -148,7 +157,7 @@ def conv_depthwise(step: Step) -> dict[str, Any]:
 
 
 @kernel("conv", "conv", config="weighted", inputs=CHANNELS_LAST, outputs=CHANNELS_LAST, granularities=BOTH, when=_planar,
-        scratch=_gemm_bytes)
+        scratch=_gemm_bytes, isas=(HOST,))
 def conv(step: Step) -> dict[str, Any]:
     layer: QConv = step.layer  # type: ignore[assignment]
     geometry = _gemm_geometry(step)
@@ -157,7 +166,58 @@ def conv(step: Step) -> dict[str, Any]:
     weight = np.zeros((groups, geometry["block_outputs"], geometry["depth"]), np.int16)
     weight[:, :outputs, :depth] = rows
     return {**geometry, "input_zero_point": step.inputs[0].params.zero_point, "groups": groups,
-            "channel_block": CHANNEL_BLOCK, "pixel_block": PIXEL_BLOCK,
+            "channel_block": CHANNEL_BLOCK, "pixel_block": PIXEL_BLOCK, "isa": HOST, "centred": True,
+            "column_type": "int16_t", "pad_value": 0,
             # one window row is contiguous in both source and columns when no group or dilation interleaves it
             "contiguous_rows": groups == 1 and geometry["dilation_width"] == 1,
             "weight": weight, **_requantization(step, layer, np.zeros(outputs * groups, np.int64))}  # centred input
+
+
+def _mcu_geometry(step: Step) -> dict[str, int]:
+    """The GEMM geometry of `conv_mcu` for the step's profile: its register block and depth multiple."""
+    layer: QConv = step.layer  # type: ignore[assignment]
+    profile = step.profile
+    channel_block, pixel_block = (2, 4) if profile.isa == MVE else (2, 2)
+    geometry = _conv_window(step)
+    group_channels = int(layer.weight.shape[1])
+    window_depth = geometry["kernel_height"] * geometry["kernel_width"] * group_channels
+    return {**geometry, "group_channels": group_channels, "window_depth": window_depth,
+            "depth": _round_up(window_depth, profile.depth_multiple),
+            "pixels": geometry["out_height"] * geometry["out_width"], "tile_pixels": pixel_block,
+            "channel_block": channel_block, "pixel_block": pixel_block,
+            "group_outputs": geometry["out_channels"] // layer.groups,
+            "block_outputs": _round_up(geometry["out_channels"] // layer.groups, channel_block)}
+
+
+def _mcu_bytes(step: Step) -> int:
+    geometry = _mcu_geometry(step)
+    column_bytes = 1 if step.profile.isa == MVE else 2
+    return column_bytes * geometry["tile_pixels"] * geometry["depth"]
+
+
+def interleave(rows: np.ndarray) -> np.ndarray:
+    """Each 4 weights of a row (w0, w1, w2, w3) stored as (w0, w2, w1, w3): SXTB16 of the word gives (w0, w1),
+    SXTB16 of it rotated by 8 gives (w2, w3), the pairs of int16 columns SMLAD multiplies. Its own inverse."""
+    shape = rows.shape
+    return rows.reshape(*shape[:-1], -1, 2, 2).swapaxes(-1, -2).reshape(shape)
+
+
+@kernel("conv", "conv_mcu", config="weighted", inputs=CHANNELS_LAST, outputs=CHANNELS_LAST, granularities=BOTH,
+        when=_planar, scratch=_mcu_bytes, isas=(PORTABLE, DSP, MVE))
+def conv_mcu(step: Step) -> dict[str, Any]:
+    layer: QConv = step.layer  # type: ignore[assignment]
+    geometry = _mcu_geometry(step)
+    groups, outputs, depth = layer.groups, geometry["group_outputs"], geometry["window_depth"]
+    rows = _planar_weight(layer).reshape(groups, outputs, depth)  # [group][out][kh][kw][in/groups]
+    weight = np.zeros((groups, geometry["block_outputs"], geometry["depth"]), np.int8)
+    weight[:, :outputs, :depth] = rows
+    if step.profile.interleaved:
+        weight = interleave(weight)
+    centred = step.profile.isa != MVE  # int16 columns x - zp; else int8 columns x with zp folded into the bias
+    weight_sums = np.zeros(outputs * groups, np.int64) if centred else rows.reshape(-1, depth).astype(np.int64).sum(1)
+    zero_point = step.inputs[0].params.zero_point
+    return {**geometry, "input_zero_point": zero_point, "groups": groups, "isa": step.profile.isa,
+            "centred": centred, "column_type": "int16_t" if centred else "int8_t",
+            "pad_value": 0 if centred else zero_point,
+            "contiguous_rows": groups == 1 and geometry["dilation_width"] == 1,
+            "weight": weight, **_requantization(step, layer, weight_sums)}
