@@ -77,6 +77,11 @@ class Target:
         """
         raise NotImplementedError(f"target {self.kind!r} does not implement run")
 
+    def measurements(self, artifact_dir: Path, inputs: np.ndarray, work_dir: Path) -> dict[str, Any]:
+        """Figures of the artifact measured where it runs (e.g. flash, RAM, instructions per inference), for the
+        check report; `inputs` as `run` takes them. Empty: the target measures nothing."""
+        return {}
+
     def trace(self, artifact_dir: Path, inputs: np.ndarray, work_dir: Path) -> dict[str, np.ndarray] | None:
         """Per-layer values from the runtime on `inputs` (as `run` takes them), where the runtime allows.
 

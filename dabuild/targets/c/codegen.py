@@ -20,6 +20,7 @@ import dabuild
 from dabuild.names import unique_name
 from dabuild.quant.qgraph import QGraph
 from dabuild.targets.c.arena import ArenaPlan, plan_arena
+from dabuild.targets.c.firmware import LINKER_SCRIPT, STACK_RESERVE, STARTUP
 from dabuild.targets.c.kernels import Step
 from dabuild.targets.c.layout import Storage
 from dabuild.targets.c.profiles import HOST, PROFILES, Profile
@@ -37,10 +38,15 @@ def c_array(values: np.ndarray, per_line: int = 16) -> str:
     return ",\n".join("    " + line for line in lines)
 
 
+KEPT_TYPES = ("int8", "int16", "uint8", "uint16")   # a kernel chose these element types (int16 pmaddwd weights)
+
+
 def c_type(values: np.ndarray) -> str:
-    """The narrowest of int8_t, int16_t and int32_t that holds every value (constants take no more flash
-    than they need)."""
+    """The C element type of a constant array: its own when a kernel chose a narrow one, else the narrowest of
+    int8_t, int16_t and int32_t that holds every value (constants take no more flash than they need)."""
     array = np.asarray(values)
+    if array.dtype.name in KEPT_TYPES:
+        return f"{array.dtype.name}_t"
     low, high = (int(array.min()), int(array.max())) if array.size else (0, 0)
     for bits in (8, 16, 32):
         if -(1 << (bits - 1)) <= low and high < 1 << (bits - 1):
@@ -94,6 +100,18 @@ class Traced:
         return {"tensor": self.tensor, "shape": list(self.storage.shape), "order": list(self.storage.order)}
 
 
+def c_bytes(values: np.ndarray) -> int:
+    """Bytes a constant array takes in the artifact (its c_type's width per element)."""
+    return int(np.asarray(values).size) * int(re.sub(r"\D", "", c_type(values))) // 8
+
+
+def constant_bytes(context: dict[str, Any]) -> int:
+    """Bytes of the constant arrays in a kernel's template context (every array there is one)."""
+    arrays = [v for v in context.values() if isinstance(v, np.ndarray)]
+    arrays += [a for v in context.values() if isinstance(v, list) for a in v if isinstance(a, np.ndarray)]
+    return sum(c_bytes(array) for array in arrays)
+
+
 @dataclass(frozen=True)
 class Rendered:
     files: dict[str, str]       # file name -> text
@@ -101,6 +119,7 @@ class Rendered:
     arena: ArenaPlan
     kernels: dict[str, str]     # step name -> kernel name
     traced: list[Traced]        # input, then layer outputs in schedule order; no aliases or layout conversions
+    weight_bytes: int           # bytes of every constant array: weights, biases, requantization, tables
 
 
 def _environment() -> jinja2.Environment:
@@ -153,6 +172,7 @@ def render(qgraph: QGraph, profile: Profile = PROFILES[HOST]) -> Rendered:
 
     files: dict[str, str] = {COMMON_HEADER: env.get_template(f"{COMMON_HEADER}.j2").render(version=version)}
     calls: list[dict[str, Any]] = []
+    weight_bytes = sum(qgraph.constants[name].size for name in program.constants)  # int8 graph constants
     traced = [Traced(qgraph.input, program.storage[qgraph.input])]
     for step in program.steps:
         ident = c_identifier(step.name, taken)
@@ -162,8 +182,10 @@ def render(qgraph: QGraph, profile: Profile = PROFILES[HOST]) -> Rendered:
         if step.scratch_bytes:
             parameters.append("int8_t *restrict scratch")
             arguments.append(pointer(scratch_name(step)))
+        kernel_context = step.kernel.context(step)
+        weight_bytes += constant_bytes(kernel_context)
         context: dict[str, Any] = {"version": version, "ident": ident, "name": step.name,
-                                   "signature": ", ".join(parameters), **step.kernel.context(step)}
+                                   "signature": ", ".join(parameters), **kernel_context}
         header = f"layer_{ident[2:]}.h"
         files[header] = env.get_template("layer.h.j2").render(
             context, kernel=step.kernel.name, config=_config_template(env, step),
@@ -202,7 +224,18 @@ def render(qgraph: QGraph, profile: Profile = PROFILES[HOST]) -> Rendered:
              "headers": sorted(name for name in files if name.endswith(".h"))}
     files["Makefile"] = env.get_template("Makefile.j2").render(build)
     files["CMakeLists.txt"] = env.get_template("CMakeLists.txt.j2").render(build)
-    return Rendered(files, library_sources, arena, {call["name"]: call["kernel"] for call in calls}, traced)
+    if profile.cortex_m:
+        board = {"version": version, "cpu": profile.name, "board": profile.board, "stack_reserve": STACK_RESERVE}
+        files[STARTUP] = env.get_template("firmware/startup.c.j2").render(board)
+        files[LINKER_SCRIPT] = env.get_template("firmware/link.ld.j2").render(board)
+    return Rendered(files, library_sources, arena, {call["name"]: call["kernel"] for call in calls}, traced,
+                    weight_bytes)
+
+
+def stored_bytes(qgraph: QGraph, cpu: str = HOST) -> int:
+    """Bytes the artifact for `cpu` stores for the QGraph's weights and parameters (weights in the profile's
+    layout, biases, requantization constants, tables): the c capability's `size`."""
+    return render(qgraph, PROFILES[cpu]).weight_bytes
 
 
 def _config_template(env: jinja2.Environment, step: Step) -> str | None:
