@@ -42,18 +42,27 @@ from dabuild.quant.fixed_point import INT32_MAX
 from dabuild.quant.layers.linear import QConv, QDense, QWeighted
 from dabuild.quant.qgraph import QGraph
 from dabuild.targets.c.kernels.registry import CANONICAL, CHANNELS_LAST, Step, kernel
-from dabuild.targets.c.profiles import DSP, HOST, MVE, PORTABLE
+from dabuild.targets.c.profiles import DSP, HOST, MVE, PORTABLE, Profile
 
 BOTH = ("per_tensor", "per_channel")
 
 
-def _requantization(step: Step, layer: QWeighted, weight_sums: np.ndarray) -> dict[str, Any]:
-    """Bias with the input zero point folded in, and the output's requantization constants."""
+def _requantization(step: Step, layer: QWeighted, weight_sums: np.ndarray, centred: bool = False) -> dict[str, Any]:
+    """Bias with the input zero point folded in, and the output's requantization constants.
+
+    `narrow_sum`: no raw sum plus bias can leave int32 (|x| <= 128, or |x - zp| <= 255 for centred inputs,
+    times the output's sum of |w|, plus |bias|), so the kernel adds them in int32.
+    """
     zero_point = step.inputs[0].params.zero_point
     bias = layer.bias.astype(np.int64) - zero_point * weight_sums
     if np.abs(bias).max(initial=0) > INT32_MAX:
         raise BuildError(f"layer {layer.name!r}: the bias with the input zero point folded in overflows int32")
+    magnitudes = np.abs(layer.weight.astype(np.int64))
+    per_output = magnitudes.sum(axis=0) if isinstance(layer, QDense) else magnitudes.reshape(len(magnitudes), -1).sum(1)
+    largest = (255 if centred else 128) * per_output.reshape(-1) + np.abs(bias).reshape(-1)
     return {"bias": bias, "multiplier": layer.multiplier, "shift": layer.shift,
+            "narrow_sum": bool(largest.max(initial=0) <= INT32_MAX),
+            "high_shift": bool(np.all((np.asarray(layer.shift) >= 32) & (np.asarray(layer.shift) <= 62))),
             "per_channel": len(layer.multiplier) > 1, "output_zero_point": step.outputs[0].params.zero_point,
             "output_min": layer.output_min, "output_max": layer.output_max}
 
@@ -67,15 +76,17 @@ def dense(step: Step) -> dict[str, Any]:
             **_requantization(step, layer, weight.astype(np.int64).sum(axis=1))}
 
 
-def _planar(layer: QConv, qgraph: QGraph) -> str | None:
+def _planar(layer: QConv, qgraph: QGraph, profile: Profile) -> str | None:
     return None if len(layer.strides) in (1, 2) else f"{len(layer.strides)}-D convolution (1-D and 2-D only)"
 
 
-def _depthwise(layer: QConv, qgraph: QGraph) -> str | None:
+def _depthwise(layer: QConv, qgraph: QGraph, profile: Profile) -> str | None:
     channels = qgraph.tensors[layer.inputs[0]].shape[0]
     if layer.groups != channels or layer.weight.shape[1] != 1:
         return "not depthwise (groups == input channels)"
-    return _planar(layer, qgraph)
+    if channels == 1 and profile.cortex_m:
+        return "one input channel: on a Cortex-M the GEMM conv's dot products over the window are faster"
+    return _planar(layer, qgraph, profile)
 
 
 def window(step: Step, kernel_shape: list[int], strides: list[int], pads: list[int],
@@ -170,7 +181,7 @@ def conv(step: Step) -> dict[str, Any]:
             "column_type": "int16_t", "pad_value": 0,
             # one window row is contiguous in both source and columns when no group or dilation interleaves it
             "contiguous_rows": groups == 1 and geometry["dilation_width"] == 1,
-            "weight": weight, **_requantization(step, layer, np.zeros(outputs * groups, np.int64))}  # centred input
+            "weight": weight, **_requantization(step, layer, np.zeros(outputs * groups, np.int64), centred=True)}
 
 
 def _mcu_geometry(step: Step) -> dict[str, int]:
@@ -220,4 +231,4 @@ def conv_mcu(step: Step) -> dict[str, Any]:
             "centred": centred, "column_type": "int16_t" if centred else "int8_t",
             "pad_value": 0 if centred else zero_point,
             "contiguous_rows": groups == 1 and geometry["dilation_width"] == 1,
-            "weight": weight, **_requantization(step, layer, weight_sums)}
+            "weight": weight, **_requantization(step, layer, weight_sums, centred)}

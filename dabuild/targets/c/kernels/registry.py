@@ -73,7 +73,7 @@ class Step:
 
 
 Context = Callable[[Step], dict[str, Any]]
-Condition = Callable[[QLayer, QGraph], "str | None"]   # why the kernel cannot run the layer; None: it can
+Condition = Callable[[QLayer, QGraph, Profile], "str | None"]   # why the kernel cannot run the layer there; None: it can
 
 
 @dataclass(frozen=True)
@@ -131,7 +131,7 @@ def select(layer: QLayer, qgraph: QGraph, profile: Profile = PROFILES[HOST]) -> 
         if dtype not in candidate.dtypes or granularity not in candidate.granularities:
             reasons.append(f"{candidate.describe()} does not take {dtype} {granularity}")
             continue
-        why = candidate.when(layer, qgraph) if candidate.when else None
+        why = candidate.when(layer, qgraph, profile) if candidate.when else None
         if why is None:
             return candidate
         reasons.append(f"{candidate.name}: {why}")
