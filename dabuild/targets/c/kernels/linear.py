@@ -188,13 +188,17 @@ def _mcu_geometry(step: Step) -> dict[str, int]:
     """The GEMM geometry of `conv_mcu` for the step's profile: its register block and depth multiple."""
     layer: QConv = step.layer  # type: ignore[assignment]
     profile = step.profile
-    channel_block, pixel_block = (2, 4) if profile.isa == MVE else (2, 2)
     geometry = _conv_window(step)
+    pixels = geometry["out_height"] * geometry["out_width"]
+    # Helium: 2 weight vectors and up to 4 pixel vectors of its 8; the block that wastes fewest pixel slots
+    # on the last partial tile (9 pixels: 3 x 3, not 4 + 4 + 1), larger first on a tie.
+    channel_block = 2
+    pixel_block = min((4, 3, 2), key=lambda block: (_round_up(pixels, block), -block)) if profile.isa == MVE else 2
     group_channels = int(layer.weight.shape[1])
     window_depth = geometry["kernel_height"] * geometry["kernel_width"] * group_channels
     return {**geometry, "group_channels": group_channels, "window_depth": window_depth,
             "depth": _round_up(window_depth, profile.depth_multiple),
-            "pixels": geometry["out_height"] * geometry["out_width"], "tile_pixels": pixel_block,
+            "pixels": pixels, "tile_pixels": pixel_block,
             "channel_block": channel_block, "pixel_block": pixel_block,
             "group_outputs": geometry["out_channels"] // layer.groups,
             "block_outputs": _round_up(geometry["out_channels"] // layer.groups, channel_block)}
