@@ -13,10 +13,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_c_kernels import STRICT, lowered, small_cnn
-from test_lowering import image, lower
+from test_c_kernels import CASES, STRICT, lowered, small_cnn, weights
+from test_lowering import graph_of, image, lower, with_weights
+from test_quantize import C_CAPABILITY
 
 from dabuild.errors import BuildError
+from dabuild.quant.config import default_config
 from dabuild.quant.reference import run_integer
 from dabuild.targets.c import CTarget, parse_bytes
 from dabuild.targets.c.codegen import stored_bytes
@@ -124,3 +126,15 @@ def test_runner_command_runs_the_users_program(tmp_path: Path) -> None:
     actual, expected, _, _ = run_in_qemu(lowered("conv 3x3 pad 1"), tmp_path, "cortex-m4", runner="command",
                                          command=command)
     assert np.array_equal(actual, expected)
+
+
+@pytest.mark.parametrize("features", [37, 20])
+def test_int4_dense_weights_are_packed_two_per_byte_and_exact(features: int, tmp_path: Path) -> None:
+    nodes, _, constants, _, _ = CASES["dense per channel relu6"]
+    graph = graph_of(nodes, (features,), {"w": weights(features, 5), "b": weights(5)})
+    config = with_weights(default_config(graph, C_CAPABILITY), dtype="int4", granularity="per_channel")
+    qgraph = lower(graph, image(128, (features,), seed=3) * 2, config)
+    actual, expected, manifest, _ = run_in_qemu(qgraph, tmp_path, "cortex-m4")
+    assert np.array_equal(actual, expected)
+    rows = 5 * -(-features // 2)   # packed bytes: half of the int8 weights, rounded up per row
+    assert stored_bytes(qgraph, "host") - stored_bytes(qgraph, "cortex-m4") == 5 * features - rows

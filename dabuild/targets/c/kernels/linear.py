@@ -71,9 +71,21 @@ def _requantization(step: Step, layer: QWeighted, weight_sums: np.ndarray, centr
 def dense(step: Step) -> dict[str, Any]:
     layer: QDense = step.layer  # type: ignore[assignment]
     weight = np.ascontiguousarray(layer.weight.T)  # [out][in]: each output one contiguous dot product
+    nibbles = step.profile.cortex_m and bool(np.all((weight >= -8) & (weight <= 7)))
     return {"in_features": layer.in_features, "out_features": layer.out_features,
-            "rows": step.inputs[0].size // layer.in_features, "weight": weight,
+            "rows": step.inputs[0].size // layer.in_features,
+            "weight": pack_nibbles(weight) if nibbles else weight, "nibbles": nibbles,
+            "row_bytes": -(-layer.in_features // 2) if nibbles else layer.in_features,
             **_requantization(step, layer, weight.astype(np.int64).sum(axis=1))}
+
+
+def pack_nibbles(rows: np.ndarray) -> np.ndarray:
+    """4-bit weights (int4 chosen, or any whose values fit) two per byte along each row, the even index in the
+    low nibble, a row of odd length padded with 0: what a Cortex-M profile stores in flash for a dense layer."""
+    padded = np.zeros((*rows.shape[:-1], rows.shape[-1] + rows.shape[-1] % 2), np.int64)
+    padded[..., :rows.shape[-1]] = rows
+    nibbles = padded & 15
+    return (nibbles[..., 0::2] | nibbles[..., 1::2] << 4).astype(np.uint8)
 
 
 def _planar(layer: QConv, qgraph: QGraph, profile: Profile) -> str | None:
