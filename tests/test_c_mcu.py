@@ -8,6 +8,7 @@ run in qemu-system-arm on a few random int8 inputs, all in one boot.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -17,6 +18,9 @@ from test_c_kernels import CASES, STRICT, lowered, small_cnn, weights
 from test_lowering import graph_of, image, lower, with_weights
 from test_quantize import C_CAPABILITY
 
+from conftest import REPO
+
+from dabuild.cli import main
 from dabuild.errors import BuildError
 from dabuild.quant.config import default_config
 from dabuild.quant.reference import run_integer
@@ -138,3 +142,53 @@ def test_int4_dense_weights_are_packed_two_per_byte_and_exact(features: int, tmp
     assert np.array_equal(actual, expected)
     rows = 5 * -(-features // 2)   # packed bytes: half of the int8 weights, rounded up per row
     assert stored_bytes(qgraph, "host") - stored_bytes(qgraph, "cortex-m4") == 5 * features - rows
+
+
+def _budget_recipe(folder: Path, budget: str) -> None:
+    """The digits MLP tuned for one Cortex-M4 target on a capability whose default is per-channel weights."""
+    capability = (REPO / "capabilities" / "c.yaml").read_text().replace("name: c\n", "name: c-m4\n")
+    (folder / "c-m4.yaml").write_text(capability.replace("granularity: [per_tensor, per_channel]",
+                                                         "granularity: [per_channel, per_tensor]"))
+    text = (REPO / "recipes" / "digits" / "recipe.yaml").read_text()
+    (folder / "recipe.yaml").write_text(text[:text.index("targets:")] + f"""capabilities: [c-m4.yaml]
+targets:
+  - name: m4
+    kind: c
+    capability: c-m4
+    options: {{cpu: cortex-m4{budget}}}
+    check_io: {{tolerance: exact, samples: 20}}
+""")
+
+
+def _tuned(build: Path) -> tuple[str, int, list[bool]]:
+    """The chosen config's hash, the exported image's flash, and whether each trial passed."""
+    root = build / "digits-mlp"
+    trials = [json.loads(line)["passed"] for line in (root / "history" / "tune-c-m4.jsonl").read_text().splitlines()]
+    flash = json.loads((root / "export-m4" / "model.json").read_text())["firmware"]["flash_bytes"]
+    return json.loads((root / "tune-c-m4" / "metrics.json").read_text())["config_hash"], flash, trials
+
+
+@pytest.mark.slow
+def test_a_flash_budget_changes_the_tuners_choice(digits: Path, tmp_path: Path, cache_dir: Path) -> None:
+    _budget_recipe(digits, "")
+    assert main(["build", str(digits), "--build-dir", str(tmp_path / "free"), "-q"]) == 0
+    free_choice, free_flash, free_trials = _tuned(tmp_path / "free")
+    assert free_trials[0]  # the default (per-channel int8) meets the goal and is what it takes
+
+    limit = free_flash - 100
+    _budget_recipe(digits, f", budget: {{flash: {limit}}}")
+    assert main(["build", str(digits), "--build-dir", str(tmp_path / "tight"), "-q"]) == 0
+    choice, flash, trials = _tuned(tmp_path / "tight")
+    assert choice != free_choice and flash <= limit
+    assert not trials[0]  # the same default meets the goal but not the budget
+
+
+
+@pytest.mark.slow
+def test_a_budget_no_config_meets_fails_tuning_naming_the_smallest(digits: Path, tmp_path: Path, cache_dir: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    _budget_recipe(digits, ", budget: {flash: 600}")
+    assert main(["build", str(digits), "--build-dir", str(tmp_path / "build"), "-q"]) == 1
+    assert re.search(r"tune:c-m4: no config that meets the accuracy goal fits the targets' budgets; the smallest "
+                     r"artifact found \(trial \d+, .*\): cortex-m4: flash \d+ bytes exceeds the budget of 600 by \d+",
+                     capsys.readouterr().err)

@@ -148,6 +148,9 @@ def _tune_stage(recipe: "Recipe", capability: "CapabilitySpec") -> Stage:
     if metric_source.endswith(".py"):
         files["metric"] = recipe.base_dir / metric_source
     plotting = ("matplotlib",)  # the report's plots exist only when it is installed
+    # Targets of this capability with a budget (c's flash/RAM): tuning never chooses a config that overflows one.
+    budgets = {t.name: t.options for t in recipe.targets
+               if _capability_name(t) == capability.name and (t.options or {}).get("budget")}
     return Stage(
         f"tune:{capability.name}",
         "tune",
@@ -156,6 +159,7 @@ def _tune_stage(recipe: "Recipe", capability: "CapabilitySpec") -> Stage:
             "capability": capability.model_dump(mode="json", exclude={"description"}),
             "metric": recipe.data.metric,
             "evaluation": _data_config(evaluation),
+            **({"budgets": budgets} if budgets else {}),
         },
         inputs={"graph": "trace", "stats": "calibrate"},
         files=files,

@@ -77,6 +77,11 @@ class Target:
         """
         raise NotImplementedError(f"target {self.kind!r} does not implement run")
 
+    def fits(self, qgraph: QGraph) -> str | None:
+        """Why the artifact of `qgraph` would overflow this target's budget (None: it fits, or there is none);
+        tuning never chooses a config whose artifact does not fit."""
+        return None
+
     def measurements(self, artifact_dir: Path, inputs: np.ndarray, work_dir: Path) -> dict[str, Any]:
         """Figures of the artifact measured where it runs (e.g. flash, RAM, instructions per inference), for the
         check report; `inputs` as `run` takes them. Empty: the target measures nothing."""

@@ -254,6 +254,16 @@ class CTarget(Target):
                              f"to {outputs_file}")
         return np.fromfile(outputs_file, dtype=np.int8).reshape(len(samples), manifest["output_size"])
 
+    def fits(self, qgraph: QGraph) -> str | None:
+        """With a budget: the artifact exported and linked for the profile, and what of it overflows."""
+        if self.options.budget is None:
+            return None
+        with tempfile.TemporaryDirectory(prefix="dabuild-fit-") as work:
+            self.export(qgraph, Path(work))
+            measured = json.loads((Path(work) / MANIFEST).read_text())["firmware"]
+        overflows = self.options.budget.overflows(measured)
+        return f"{self.options.cpu}: " + "; ".join(overflows) if overflows else None
+
     def _check_budget(self, artifact_dir: Path) -> None:
         budget = self.options.budget
         if budget is None:
