@@ -63,6 +63,16 @@ def test_kernel_variant_equals_the_integer_reference_in_qemu(case: str, cpu: str
         assert set(manifest["kernels"].values()) >= {"conv_mcu"}
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("case", sorted(set(CASES) - set(WEIGHTED)))
+def test_every_other_kernel_equals_the_integer_reference_in_qemu(case: str, tmp_path: Path) -> None:
+    """The kernels without an ISA-specific loop, cross-compiled once (for the core whose helpers use Helium)."""
+    actual, expected, manifest, _ = run_in_qemu(lowered(case), tmp_path, "cortex-m55")
+    assert np.array_equal(actual, expected), f"{np.sum(actual != expected)} of {expected.size} outputs differ"
+    expected_kernels = {"conv_mcu" if name == "conv" else name for name in CASES[case][4]}
+    assert expected_kernels <= set(manifest["kernels"].values())
+
+
 @pytest.mark.parametrize("cpu", VARIANTS)
 def test_small_cnn_is_exact_in_qemu_and_measured(cpu: str, tmp_path: Path) -> None:
     qgraph = lower(small_cnn(), image(200, (64,), seed=8) * 2)
