@@ -21,7 +21,7 @@ vector used by several sums and no horizontal sum until the end.
 On a Cortex-M profile the general conv is `conv_mcu`: the same tiled GEMM
 with int8 weights in flash and a register block sized for the core (2 x 2
 sums on the DSP cores and M0/M3, whose inner loop is SMLAD on int16 columns
-and SXTB16-widened weights; 2 channels x 4 pixels of 16-lane int8 vector
+and SXTB16-widened weights; 2 channels x 3 or 2 pixels of 16-lane int8 vector
 MACs on Helium, whose columns stay int8 and whose input zero point is folded
 into the bias, the padding taps then holding the zero point). Its scratch is
 one block of pixels' windows, nothing more.
@@ -202,10 +202,11 @@ def _mcu_geometry(step: Step) -> dict[str, int]:
     profile = step.profile
     geometry = _conv_window(step)
     pixels = geometry["out_height"] * geometry["out_width"]
-    # Helium: 2 weight vectors and up to 4 pixel vectors of its 8; the block that wastes fewest pixel slots
-    # on the last partial tile (9 pixels: 3 x 3, not 4 + 4 + 1), larger first on a tie.
+    # Helium: 2 channels x 3 or 2 pixels, the block that wastes fewest pixel slots on the last partial tile
+    # (9 pixels: 3 x 3), larger first on a tie. 4 pixels would need 8 accumulators and 6 row pointers
+    # beside the loop counter, more than the 13 general registers, and gcc spills one inside the loop.
     channel_block = 2
-    pixel_block = min((4, 3, 2), key=lambda block: (_round_up(pixels, block), -block)) if profile.isa == MVE else 2
+    pixel_block = min((3, 2), key=lambda block: (_round_up(pixels, block), -block)) if profile.isa == MVE else 2
     group_channels = int(layer.weight.shape[1])
     window_depth = geometry["kernel_height"] * geometry["kernel_width"] * group_channels
     return {**geometry, "group_channels": group_channels, "window_depth": window_depth,
