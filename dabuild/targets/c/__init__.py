@@ -45,7 +45,7 @@ from dabuild.quant.qgraph import QGraph
 from dabuild.resources import data_dir
 from dabuild.targets.base import Target
 from dabuild.targets.c import firmware
-from dabuild.targets.c.codegen import PROGRAM, render, trace_file
+from dabuild.targets.c.codegen import PROGRAM, WEIGHTS_FILE, render, trace_file
 from dabuild.targets.c.profiles import CPUS, PROFILES, Profile
 
 MANIFEST = "model.json"
@@ -181,7 +181,10 @@ class CTarget(Target):
         out_dir = Path(out_dir)
         for name, text in rendered.files.items():
             (out_dir / name).parent.mkdir(parents=True, exist_ok=True)
-            (out_dir / name).write_text(text)
+            if isinstance(text, bytes):
+                (out_dir / name).write_bytes(text)
+            else:
+                (out_dir / name).write_text(text)
         manifest = {
             "program": PROGRAM,
             "sources": ["main.c", *rendered.library_sources],
@@ -192,6 +195,7 @@ class CTarget(Target):
             "kernels": rendered.kernels,
             "traced": [traced.manifest() for traced in rendered.traced],
             "cpu": profile.name,
+            "assembler_flags": ["-I"] if WEIGHTS_FILE in rendered.files else [],  # .incbin finds weights.bin
             "weight_bytes": rendered.weight_bytes,
         }
         if profile.cortex_m:
@@ -204,6 +208,7 @@ class CTarget(Target):
         """The compile line of the host test program; sources are named `prefix/<file>`."""
         manifest = json.loads((artifact_dir / MANIFEST).read_text())
         flags = [] if self.profile.cortex_m else list(self.profile.flags)
+        flags += [f"-Wa,{flag}{prefix}" for flag in manifest.get("assembler_flags", [])]
         return [compiler, "-std=c99", *flags, *self.options.cflags, "-o", program,
                 *(f"{prefix}/{name}" for name in manifest["sources"])]
 

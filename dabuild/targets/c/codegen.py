@@ -27,6 +27,7 @@ from dabuild.targets.c.profiles import HOST, PROFILES, Profile
 from dabuild.targets.c.program import Program, build_program
 
 PROGRAM = "model_test"
+WEIGHTS_FILE, WEIGHTS_FALLBACK = "weights.bin", "weights.inc"
 COMMON_HEADER = "dabuild_kernels.h"
 _TEMPLATES = Path(__file__).parent / "templates"
 
@@ -114,7 +115,7 @@ def constant_bytes(context: dict[str, Any]) -> int:
 
 @dataclass(frozen=True)
 class Rendered:
-    files: dict[str, str]       # file name -> text
+    files: dict[str, str | bytes]   # file name -> text (weights.bin: bytes)
     library_sources: list[str]  # .c files of the model library (main.c excluded)
     arena: ArenaPlan
     kernels: dict[str, str]     # step name -> kernel name
@@ -152,6 +153,40 @@ def plan_memory(program: Program) -> ArenaPlan:
     return plan_arena(schedule, sizes, external={program.input, program.output}, wide=scratch)
 
 
+BLOB_THRESHOLD = 1 << 20   # weights of this many bytes or more leave the C source for weights.bin
+BLOB_ALIGNMENT = 16
+
+
+def weight_blob(contexts: list[dict[str, Any]], threshold: int | None = None) -> bytes:
+    """The weight arrays of a large model as one binary file, each at an offset its context now names
+    (`weight_offset`); empty (every array stays a C initialiser) below `threshold` bytes in all.
+
+    Written as integer initialisers, weights take 4 to 5 source bytes each and the compiler parses them
+    slowly; a ResNet-50 would be hundreds of megabytes of C. As a binary file the assembler pulls in
+    with `.incbin` they cost no source at all (model.c falls back to string literals in weights.inc where
+    the compiler is not GNU C on ELF).
+    """
+    weighted = [c for c in contexts if isinstance(c.get("weight"), np.ndarray)]
+    if sum(c["weight"].nbytes for c in weighted) < (BLOB_THRESHOLD if threshold is None else threshold) or not weighted:
+        return b""
+    chunks: list[bytes] = []
+    offset = 0
+    for context in weighted:
+        stored = np.ascontiguousarray(context["weight"], dtype=np.dtype(c_type(context["weight"])[:-2]).newbyteorder("<"))
+        context["weight_offset"] = offset
+        padded = stored.tobytes() + bytes(-stored.nbytes % BLOB_ALIGNMENT)
+        chunks.append(padded)
+        offset += len(padded)
+    return b"".join(chunks)
+
+
+def string_literal_lines(data: bytes, per_line: int = 32) -> str:
+    """`data` as adjacent C string literals of octal escapes (exactly len(data) chars, no terminating NUL
+    needed by a char array of that size)."""
+    return "\n".join('    "' + "".join(f"\\{byte:03o}" for byte in data[i:i + per_line]) + '"'
+                     for i in range(0, len(data), per_line))
+
+
 def render(qgraph: QGraph, profile: Profile = PROFILES[HOST]) -> Rendered:
     env = _environment()
     version = dabuild.__version__
@@ -170,11 +205,13 @@ def render(qgraph: QGraph, profile: Profile = PROFILES[HOST]) -> Rendered:
             return "out"
         return f"arena + {arena.placements[buffer].offset}"
 
-    files: dict[str, str] = {COMMON_HEADER: env.get_template(f"{COMMON_HEADER}.j2").render(version=version)}
+    files: dict[str, str | bytes] = {COMMON_HEADER: env.get_template(f"{COMMON_HEADER}.j2").render(version=version)}
     calls: list[dict[str, Any]] = []
     weight_bytes = sum(qgraph.constants[name].size for name in program.constants)  # int8 graph constants
     traced = [Traced(qgraph.input, program.storage[qgraph.input])]
-    for step in program.steps:
+    kernel_contexts = [step.kernel.context(step) for step in program.steps]
+    blob = weight_blob(kernel_contexts)
+    for step, kernel_context in zip(program.steps, kernel_contexts):
         ident = c_identifier(step.name, taken)
         parameters = [f"const int8_t *restrict in{k}" for k in range(len(step.inputs))]
         parameters += [f"int8_t *restrict out{k}" for k in range(len(step.outputs))]
@@ -182,7 +219,6 @@ def render(qgraph: QGraph, profile: Profile = PROFILES[HOST]) -> Rendered:
         if step.scratch_bytes:
             parameters.append("int8_t *restrict scratch")
             arguments.append(pointer(scratch_name(step)))
-        kernel_context = step.kernel.context(step)
         weight_bytes += constant_bytes(kernel_context)
         context: dict[str, Any] = {"version": version, "ident": ident, "name": step.name,
                                    "signature": ", ".join(parameters), **kernel_context}
@@ -215,12 +251,16 @@ def render(qgraph: QGraph, profile: Profile = PROFILES[HOST]) -> Rendered:
         "calls": calls,
         "input_name": qgraph.input,
         "common_header": COMMON_HEADER,
+        "blob_bytes": len(blob),
     }
+    if blob:
+        files[WEIGHTS_FILE] = blob
+        files[WEIGHTS_FALLBACK] = string_literal_lines(blob) + "\n"
     files["model.h"] = env.get_template("model.h.j2").render(model)
     files["model.c"] = env.get_template("model.c.j2").render(model)
     files["main.c"] = env.get_template("main.c.j2").render(version=version)
     library_sources = ["model.c"]
-    build = {"version": version, "library_sources": library_sources, "program": PROGRAM,
+    build = {"version": version, "library_sources": library_sources, "program": PROGRAM, "blob": bool(blob),
              "headers": sorted(name for name in files if name.endswith(".h"))}
     files["Makefile"] = env.get_template("Makefile.j2").render(build)
     files["CMakeLists.txt"] = env.get_template("CMakeLists.txt.j2").render(build)

@@ -58,7 +58,7 @@ def compile_lines(profile: Profile, cflags: list[str], artifact: str, out: str,
                   defines: tuple[str, ...] = ()) -> list[list[str]]:
     """The commands that build `out`/image.elf from the artifact folder `artifact` (paths as given)."""
     compiler = profile.compiler
-    flags = [*profile.flags, *defines]
+    flags = [*profile.flags, *defines, f"-Wa,-I{artifact}"]   # model.c's .incbin of weights.bin, if it has one
     model = [compiler, "-std=c99", *flags, *cflags, *SECTION_FLAGS, "-fstack-usage", "-c",
              f"{artifact}/model.c", "-o", f"{out}/model.o"]
     link = [compiler, "-std=c99", *flags, *cflags, *SECTION_FLAGS, *LINK_FLAGS, f"-Wl,-Map={out}/image.map",
