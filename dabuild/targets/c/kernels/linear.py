@@ -143,17 +143,36 @@ def _round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
 
 
-def _gemm_geometry(step: Step) -> dict[str, int]:
+def _gemm_shape(step: Step, channel_block: int, pixel_block: int, tile_pixels: int,
+                depth_multiple: int) -> dict[str, int]:
+    """The geometry of a GEMM conv with this register block, tile and depth multiple."""
     layer: QConv = step.layer  # type: ignore[assignment]
     geometry = _conv_window(step)
     group_channels = int(layer.weight.shape[1])
     window_depth = geometry["kernel_height"] * geometry["kernel_width"] * group_channels
-    pixels = geometry["out_height"] * geometry["out_width"]
-    tile = min(TILE_PIXELS, _round_up(pixels, PIXEL_BLOCK))
     return {**geometry, "group_channels": group_channels, "window_depth": window_depth,
-            "depth": _round_up(window_depth, DEPTH_MULTIPLE), "pixels": pixels, "tile_pixels": tile,
+            "depth": _round_up(window_depth, depth_multiple),
+            "pixels": geometry["out_height"] * geometry["out_width"], "tile_pixels": tile_pixels,
+            "channel_block": channel_block, "pixel_block": pixel_block,
             "group_outputs": geometry["out_channels"] // layer.groups,
-            "block_outputs": _round_up(geometry["out_channels"] // layer.groups, CHANNEL_BLOCK)}
+            "block_outputs": _round_up(geometry["out_channels"] // layer.groups, channel_block)}
+
+
+def _gemm_geometry(step: Step) -> dict[str, int]:
+    window = _conv_window(step)
+    tile = min(TILE_PIXELS, _round_up(window["out_height"] * window["out_width"], PIXEL_BLOCK))
+    return _gemm_shape(step, CHANNEL_BLOCK, PIXEL_BLOCK, tile, DEPTH_MULTIPLE)
+
+
+def _gemm_weight(step: Step, geometry: dict[str, int], dtype: type) -> tuple[np.ndarray, np.ndarray]:
+    """The weight rows [group][out][kh][kw][in/groups], and them as stored: outputs padded to whole channel
+    blocks and depth to its multiple, with zeros."""
+    layer: QConv = step.layer  # type: ignore[assignment]
+    groups, outputs, depth = layer.groups, geometry["group_outputs"], geometry["window_depth"]
+    rows = _planar_weight(layer).reshape(groups, outputs, depth)
+    weight = np.zeros((groups, geometry["block_outputs"], geometry["depth"]), dtype)
+    weight[:, :outputs, :depth] = rows
+    return rows, weight
 
 
 def _gemm_bytes(step: Step) -> int:
@@ -184,37 +203,26 @@ def conv_depthwise(step: Step) -> dict[str, Any]:
 def conv(step: Step) -> dict[str, Any]:
     layer: QConv = step.layer  # type: ignore[assignment]
     geometry = _gemm_geometry(step)
-    groups, outputs, depth = layer.groups, geometry["group_outputs"], geometry["window_depth"]
-    rows = _planar_weight(layer).reshape(groups, outputs, depth)  # [group][out][kh][kw][in/groups]
-    weight = np.zeros((groups, geometry["block_outputs"], geometry["depth"]), np.int16)
-    weight[:, :outputs, :depth] = rows
+    groups = layer.groups
+    _, weight = _gemm_weight(step, geometry, np.int16)
     return {**geometry, "input_zero_point": step.inputs[0].params.zero_point, "groups": groups,
             "channel_block": CHANNEL_BLOCK, "pixel_block": PIXEL_BLOCK, "isa": HOST, "centred": True,
             "column_type": "int16_t", "pad_value": 0,
             # one window row is contiguous in both source and columns when no group or dilation interleaves it
             "contiguous_rows": groups == 1 and geometry["dilation_width"] == 1,
-            "weight": weight, **_requantization(step, layer, np.zeros(outputs * groups, np.int64), centred=True)}
+            "weight": weight, **_requantization(step, layer, np.zeros(geometry["out_channels"], np.int64), centred=True)}
 
 
 def _mcu_geometry(step: Step) -> dict[str, int]:
-    """The GEMM geometry of `conv_mcu` for the step's profile: its register block and depth multiple."""
-    layer: QConv = step.layer  # type: ignore[assignment]
-    profile = step.profile
-    geometry = _conv_window(step)
-    pixels = geometry["out_height"] * geometry["out_width"]
+    """The GEMM geometry of `conv_mcu` for the step's profile: its register block and depth multiple; the
+    tile is one block of pixels (the least scratch)."""
+    window = _conv_window(step)
+    pixels = window["out_height"] * window["out_width"]
     # Helium: 2 channels x 3 or 2 pixels, the block that wastes fewest pixel slots on the last partial tile
     # (9 pixels: 3 x 3), larger first on a tie. 4 pixels would need 8 accumulators and 6 row pointers
     # beside the loop counter, more than the 13 general registers, and gcc spills one inside the loop.
-    channel_block = 2
-    pixel_block = min((3, 2), key=lambda block: (_round_up(pixels, block), -block)) if profile.isa == MVE else 2
-    group_channels = int(layer.weight.shape[1])
-    window_depth = geometry["kernel_height"] * geometry["kernel_width"] * group_channels
-    return {**geometry, "group_channels": group_channels, "window_depth": window_depth,
-            "depth": _round_up(window_depth, profile.depth_multiple),
-            "pixels": pixels, "tile_pixels": pixel_block,
-            "channel_block": channel_block, "pixel_block": pixel_block,
-            "group_outputs": geometry["out_channels"] // layer.groups,
-            "block_outputs": _round_up(geometry["out_channels"] // layer.groups, channel_block)}
+    pixel_block = min((3, 2), key=lambda block: (_round_up(pixels, block), -block)) if step.profile.isa == MVE else 2
+    return _gemm_shape(step, 2, pixel_block, pixel_block, step.profile.depth_multiple)
 
 
 def _mcu_bytes(step: Step) -> int:
@@ -235,14 +243,12 @@ def interleave(rows: np.ndarray) -> np.ndarray:
 def conv_mcu(step: Step) -> dict[str, Any]:
     layer: QConv = step.layer  # type: ignore[assignment]
     geometry = _mcu_geometry(step)
-    groups, outputs, depth = layer.groups, geometry["group_outputs"], geometry["window_depth"]
-    rows = _planar_weight(layer).reshape(groups, outputs, depth)  # [group][out][kh][kw][in/groups]
-    weight = np.zeros((groups, geometry["block_outputs"], geometry["depth"]), np.int8)
-    weight[:, :outputs, :depth] = rows
+    groups, depth = layer.groups, geometry["window_depth"]
+    rows, weight = _gemm_weight(step, geometry, np.int8)
     if step.profile.interleaved:
         weight = interleave(weight)
     centred = step.profile.isa != MVE  # int16 columns x - zp; else int8 columns x with zp folded into the bias
-    weight_sums = np.zeros(outputs * groups, np.int64) if centred else rows.reshape(-1, depth).astype(np.int64).sum(1)
+    weight_sums = np.zeros(geometry["out_channels"], np.int64) if centred else rows.reshape(-1, depth).astype(np.int64).sum(1)
     zero_point = step.inputs[0].params.zero_point
     return {**geometry, "input_zero_point": zero_point, "groups": groups, "isa": step.profile.isa,
             "centred": centred, "column_type": "int16_t" if centred else "int8_t",
