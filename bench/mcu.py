@@ -11,7 +11,8 @@ its activation peak and liveness lower bound, kernel scratch, stack).
 Ratios are to the figures of /work/shared/peers.md (CMSIS-NN alone on the digits CNN, TFLM + CMSIS-NN on
 (b)); goals: <= 0.9x CMSIS-NN on Cortex-M4, <= 1.0x on Cortex-M55.
 
-Usage: python bench/mcu.py [--cpus cortex-m4 cortex-m55] [--models digits-cnn resnet] [--cflags "-O2"]
+Usage: python bench/mcu.py [--cpus cortex-m4 cortex-m55] [--models digits-cnn resnet] [--cflags=-O2]
+(no CMSIS-NN column: CMSIS-NN was not available to build here; its figures come from peers.md)
 """
 
 from __future__ import annotations

@@ -23,9 +23,9 @@ from dabuild.quant.layers.shape import QSelection
 from dabuild.quant.layers.softmax import QSoftmax
 from dabuild.quant.qgraph import QGraph, QLayer
 from dabuild.targets.c.kernels.linear import window
-from dabuild.targets.c.profiles import Profile
 from dabuild.targets.c.kernels.registry import CANONICAL, CHANNELS_LAST, Step, kernel
 from dabuild.targets.c.layout import Storage, Walk
+from dabuild.targets.c.profiles import Profile
 
 
 def _planar_pool(layer: QLayer, qgraph: QGraph, profile: Profile) -> str | None:

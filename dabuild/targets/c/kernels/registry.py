@@ -25,7 +25,7 @@ from dabuild.errors import BuildError
 from dabuild.quant.qgraph import QGraph, QLayer, QuantParams
 from dabuild.registry import Registry
 from dabuild.targets.c.layout import Storage
-from dabuild.targets.c.profiles import HOST, MVE, PORTABLE, DSP, PROFILES, Profile
+from dabuild.targets.c.profiles import DSP, HOST, MVE, PORTABLE, PROFILES, Profile
 
 # The storage a kernel wants its activation inputs in, and the one its outputs get.
 CHANNELS_LAST, CANONICAL, ANY = "channels_last", "canonical", "any"
