@@ -330,3 +330,23 @@ def test_ops_along_the_batch_axis_are_refused(tmp_path: Path) -> None:
     qgraph = lower(graph, image(32, (4,)))
     with pytest.raises(BuildError, match=r"layer 'stack': concat along the batch axis"):
         CTarget().export(qgraph, tmp_path)
+
+
+@pytest.mark.parametrize("compiler, flags", [("cc", []), ("cc", ["-DDABUILD_NO_INCBIN"]), ("clang", [])])
+def test_large_weights_leave_the_source_for_weights_bin(compiler: str, flags: list[str], tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past the threshold the weights go to weights.bin (.incbin), or weights.inc's string literals without
+    it; both bit-exact, and the C source no longer grows with the weights."""
+    if shutil.which(compiler) is None:
+        pytest.skip(f"{compiler} is not installed")
+    monkeypatch.setattr("dabuild.targets.c.codegen.BLOB_THRESHOLD", 0)
+    qgraph = lower(small_cnn(), image(200, (64,), seed=8) * 2)
+    target = CTarget(CTarget.Options(compiler=compiler, cflags=[*STRICT, *flags]))
+    artifact = tmp_path / "artifact"
+    artifact.mkdir()
+    target.export(qgraph, artifact)
+    blob = (artifact / "weights.bin").read_bytes()
+    assert len(blob) >= sum(layer.weight.size for layer in qgraph.layers if getattr(layer, "weight", None) is not None)
+    assert "dabuild_weights + " in (artifact / "layer_pw.h").read_text()
+    x_q = np.random.default_rng(22).integers(-128, 128, (40, 64)).astype(np.int8)
+    assert np.array_equal(target.run(artifact, x_q, tmp_path), run_integer(qgraph, x_q))

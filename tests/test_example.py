@@ -21,7 +21,12 @@ def test_bundled_digits_example_builds_c_onnx_and_nnef(tmp_path: Path, cache_dir
         "mcu": (True, "exact"),
         "ort": (True, "approximate"),
         "tract": (True, "approximate"),
+        "cortex-m4": (True, "exact"),
+        "cortex-m55": (True, "exact"),
     }
+    for core in ("cortex-m4", "cortex-m55"):  # measured where it ran: qemu's instruction count, flash and RAM
+        firmware = checks[core]["firmware"]
+        assert firmware["instructions_per_inference"] > 0 and firmware["flash_bytes"] > firmware["rodata_bytes"] > 0
     for tune in ("tune:c", "tune:onnxruntime", "tune:tract"):
         metrics = summary["metrics"][tune]
         assert metrics["goal_met"] and metrics["quantized"] >= metrics["fp32"] - 0.01 * metrics["fp32"]

@@ -226,10 +226,12 @@ def test_digits_cnn_recipe_builds_end_to_end_and_checks_bit_exact(tmp_path: Path
     pytest.importorskip("tract", reason="the recipe's tract target needs dabuild[tract]")
     out, summary = build_cnn(tmp_path)
     stages = ("trace", "calibrate", "tune:c", "tune:onnxruntime", "tune:tract")
-    stages += tuple(f"{kind}:{target}" for target in ("mcu", "ort", "tract") for kind in ("export", "check"))
+    targets = ("mcu", "ort", "tract", "cortex-m4", "cortex-m55")
+    stages += tuple(f"{kind}:{target}" for target in targets for kind in ("export", "check"))
     assert summary["outcomes"] == {stage: "executed" for stage in stages}
     assert {name: (check["ok"], check["tolerance"]) for name, check in summary["checks"].items()} == {
-        "mcu": (True, "exact"), "ort": (True, "approximate"), "tract": (True, "approximate")}
+        "mcu": (True, "exact"), "ort": (True, "approximate"), "tract": (True, "approximate"),
+        "cortex-m4": (True, "exact"), "cortex-m55": (True, "exact")}  # the last two in qemu
     metrics = summary["metrics"]["tune:c"]
     assert metrics["fp32"] >= 0.97 and metrics["goal_met"]
     assert [node.op for node in Graph.load(out / "trace").nodes] == [

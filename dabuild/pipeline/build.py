@@ -17,7 +17,7 @@ from dabuild.pipeline.doit_tasks import RunResult, run_stages
 from dabuild.pipeline.execute import Outcome, Session, Workspace, write_failure
 from dabuild.pipeline.lock import BuildLock
 from dabuild.pipeline.plan import Stage, plan
-from dabuild.pipeline.preflight import preflight
+from dabuild.pipeline.preflight import preflight, refuse_unbuildable
 from dabuild.pipeline.stages import stage_functions
 from dabuild.pipeline.store import Store
 from dabuild.progress import Progress
@@ -106,6 +106,7 @@ def _build_locked(recipe: Recipe, options: BuildOptions, progress: Progress, sta
         _raise_first_failure(run_stages(traced, session, options.jobs))
         preflight(recipe, workspace.stage_dir("trace"),
                   [capabilities[stage.name.split(":", 1)[1]] for stage in stages if stage.kind == "tune"])
+        refuse_unbuildable(workspace.stage_dir("trace"), [stage for stage in stages if stage.kind == "export"])
         result = run_stages([stage for stage in stages if stage.kind != "trace"], session, options.jobs)
         _raise_first_failure(result)
         summary = _summarise(recipe, workspace, stages, session, warned)

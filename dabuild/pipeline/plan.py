@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from dabuild.recipe import Recipe, TargetSpec
 
 # Bump a stage's version when its code changes (tests/test_stage_versions.py enforces it; see pipeline/versions.py).
-STAGE_VERSIONS = {"trace": 5, "calibrate": 6, "tune": 15, "export": 10, "check": 5}
+STAGE_VERSIONS = {"trace": 5, "calibrate": 6, "tune": 16, "export": 11, "check": 6}
 
 
 @dataclass(frozen=True)
@@ -128,8 +128,8 @@ def _trace_hooks(recipe: "Recipe") -> list[dict[str, Any]]:
     """The targets (kind and options) whose `pre_trace`/`post_trace` hooks run in the trace stage.
 
     They enter the trace key, so a recipe with a hooked target never reuses a trace
-    made without its hooks. Of the built-in targets only c has one (its post_trace lists the ops its
-    integer kernels cannot take), so recipes without a c target share traces.
+    made without its hooks; the built-in targets have none, so their recipes share traces (the ops a
+    target cannot take are refused right after trace by `Target.refuse`, which changes nothing).
     """
     from dabuild.plugins import TARGETS, load
     from dabuild.targets.base import Target
@@ -152,6 +152,10 @@ def tune_stage_of(recipe: "Recipe", capability: "CapabilitySpec") -> Stage:
     if metric_source.endswith(".py"):
         files["metric"] = recipe.base_dir / metric_source
     plotting = ("matplotlib",)  # the report's plots exist only when it is installed
+    # Targets of this capability with a budget (c's flash/RAM): tuning never chooses a config that overflows one.
+    budgets = sorted(({"kind": t.kind, "options": t.options} for t in recipe.targets
+                      if _capability_name(t) == capability.name and (t.options or {}).get("budget")),
+                     key=canonical_json)
     return Stage(
         f"tune:{capability.name}",
         "tune",
@@ -160,6 +164,7 @@ def tune_stage_of(recipe: "Recipe", capability: "CapabilitySpec") -> Stage:
             "capability": capability.model_dump(mode="json", exclude={"description"}),
             "metric": recipe.data.metric,
             "evaluation": _data_config(evaluation),
+            **({"budgets": budgets} if budgets else {}),
         },
         inputs={"graph": "trace", "stats": "calibrate"},
         files=files,

@@ -45,6 +45,16 @@ def preflight(recipe: Recipe, graph_dir: Path, capabilities: list[Any]) -> None:
         raise ValidationError(sorted(set(diagnostics), key=lambda d: (d.line or 0, d.col or 0, d.message)))
 
 
+def refuse_unbuildable(graph_dir: Path, exports: list[Any]) -> None:
+    """Each target's `refuse` on the traced graph: a BuildError naming target, op and nodes it cannot build,
+    before calibration and tuning spend any time."""
+    from dabuild.pipeline.stages import target_of
+
+    graph = Graph.load(graph_dir)
+    for stage in exports:
+        target_of(stage.config).refuse(graph)
+
+
 def _used(spec: Any, key: str) -> np.ndarray:
     with np.load(spec.source, allow_pickle=False) as archive:
         array = archive[key]

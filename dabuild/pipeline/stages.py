@@ -28,10 +28,11 @@ def stage_functions(jobs: int = 1, trials_root: Path | None = None) -> dict[str,
     def tune(run: StageRun) -> None:
         from dabuild.tune.stage import tune_stage
 
+        constraints = [target_of(budgeted).fits for budgeted in run.stage.config.get("budgets", [])]
         tune_stage(run.stage.config, run.stage.files, run.inputs["graph"], run.inputs["stats"], run.out_dir,
                    run.progress, trials_root=trials_root, jobs=jobs,
                    keep_dir=run.build_dir / "debug" / run.stage.dirname,
-                   journal=run.build_dir / "history" / f"{run.stage.dirname}.jsonl")
+                   journal=run.build_dir / "history" / f"{run.stage.dirname}.jsonl", constraints=constraints)
 
     return {"trace": trace, "calibrate": calibrate, "tune": tune, "export": export, "check": check}
 

@@ -70,6 +70,11 @@ class Target:
     def post_trace(self, graph: Any) -> None:
         """Called with the traced graph (e.g. to reject ops early)."""
 
+    def refuse(self, graph: Any) -> None:
+        """Called with the traced graph before any other stage runs: raise a BuildError listing everything
+        the target cannot build (every node of every op it cannot take), so one run tells the user all of it.
+        It is no trace hook: it changes nothing, so the trace stays shared by every target."""
+
     def post_export(self, out_dir: Path) -> None:
         """Called after export with the finished artifact directory."""
 
@@ -84,6 +89,16 @@ class Target:
         for "fake_quant"; `work_dir` is a scratch folder the call may fill.
         """
         raise NotImplementedError(f"target {self.kind!r} does not implement run")
+
+    def fits(self, qgraph: QGraph) -> str | None:
+        """Why the artifact of `qgraph` would overflow this target's budget (None: it fits, or there is none);
+        tuning never chooses a config whose artifact does not fit."""
+        return None
+
+    def measurements(self, artifact_dir: Path, inputs: np.ndarray, work_dir: Path) -> dict[str, Any]:
+        """Figures of the artifact measured where it runs (e.g. flash, RAM, instructions per inference), for the
+        check report; `inputs` as `run` takes them. Empty: the target measures nothing."""
+        return {}
 
     def trace(self, artifact_dir: Path, inputs: np.ndarray, work_dir: Path) -> dict[str, np.ndarray] | None:
         """Per-layer values from the runtime on `inputs` (as `run` takes them), where the runtime allows.

@@ -185,6 +185,9 @@ def check_stage(target: Target, qgraph: QGraph, artifact_dir: Path, x: np.ndarra
     report = {"target": target.kind, "tolerance": level, "reference": target.reference, "samples": int(len(inputs)),
               "output_params": {"scale": params.scale, "zero_point": params.zero_point, "dtype": params.dtype},
               **comparison.to_dict(), "runtime": _versions(target), "not_run": not_run}
+    if comparison.ok:
+        with tempfile.TemporaryDirectory(prefix="dabuild-measure-") as work:
+            report.update(target.measurements(Path(artifact_dir), inputs, Path(work)))
     _write_json(Path(out_dir) / REPORT_FILE, report)
     if not comparison.ok:
         bundle, divergence = write_bundle(target, qgraph, Path(artifact_dir), inputs, expected, actual, report,
@@ -192,7 +195,9 @@ def check_stage(target: Target, qgraph: QGraph, artifact_dir: Path, x: np.ndarra
         raise CheckError(f"check {target.kind}: the artifact disagrees with dabuild's {REFERENCES[target.reference]}: "
                          f"{_describe(comparison, expected, actual)}; {divergence}; debug bundle: {bundle}")
     unproven = f"; not run: {'; '.join(not_run)}" if not_run else ""
-    progress.info(f"check {target.kind}: {len(inputs)} samples agree ({level}){unproven}")
+    progress.info(f"check {target.kind}: {len(inputs)} samples agree ({level})"
+                  + "".join(f"; {name} {value}" for name, value in sorted(report.get("firmware", {}).items()))
+                  + unproven)
     return report
 
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import IO
 
@@ -72,13 +72,17 @@ class Budget:
 class Search:
     def __init__(self, space: TuningSpace, evaluator: Evaluator, scorer: Scorer, store: TrialStore, goal: Goal,
                  objective: str | Objective, budget: Budget, progress: Progress, seed: int = 0,
-                 history: IO[str] | None = None):
-        """`objective`: an Objective, or the name of one the space counts (size, bops)."""
+                 history: IO[str] | None = None, fits: Callable[[QuantConfig], str | None] | None = None):
+        """`objective`: an Objective, or the name of one the space counts (size, bops). `fits`: why a config's
+        artifact would overflow a target's budget (None: it fits); a config that meets the goal but not the
+        budget does not pass, so it is never chosen."""
         self.space, self.evaluator, self.scorer, self.store = space, evaluator, scorer, store
         self.costing = counted(space, objective) if isinstance(objective, str) else objective
         self.objective = self.costing.name
         self.goal, self.budget, self.progress, self.seed = goal, budget, progress, seed
         self.history = history
+        self.fits = fits
+        self.misfits: dict[str, str] = {}  # config hash -> why its artifact overflows a budget
         self.trials: list[Trial] = []
         self.stop_reason = "the strategy finished"
         self.strategy_name = ""
@@ -199,6 +203,11 @@ class Search:
 
     def _commit(self, config: QuantConfig, key: str, score: Score, cached: bool, step: str) -> Trial:
         passed = self.goal.passes(self.baseline, score.metric, self.metric.higher_is_better)
+        if passed and self.fits is not None:
+            misfit = self.fits(config)
+            if misfit is not None:
+                self.misfits[key] = misfit
+                passed = False
         trial = Trial(len(self.trials), config, key, score.metric, score.mse, self.space.size(config),
                       self.space.bops(config), self.cost(config), passed, score.seconds, cached, step)
         self.trials.append(trial)
@@ -208,6 +217,7 @@ class Search:
             self.history.flush()
         self.progress.debug(f"trial {trial.index} ({step}): {self.metric.name} {trial.metric:.4f}, "
                             f"{self.objective} {trial.cost}, {'pass' if passed else 'fail'}"
+                            f"{' (' + self.misfits[key] + ')' if key in self.misfits else ''}"
                             f"{' (stored)' if cached else ''}")
         self.progress.status(self._status())
         return trial

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +26,7 @@ from dabuild.progress import Progress
 
 if TYPE_CHECKING:
     from dabuild.quant.config import QuantConfig
+    from dabuild.quant.qgraph import QGraph
 
 
 def tune_stage(
@@ -38,12 +40,15 @@ def tune_stage(
     jobs: int = 1,
     keep_dir: Path | None = None,
     journal: Path | None = None,
+    constraints: Sequence[Callable[["QGraph"], str | None]] = (),
 ) -> None:
     """Tune into `out_dir` from the stage's keyed inputs alone: `config` is the tune `Stage.config` (tuning,
     capability, metric, evaluation data settings), `files` its declared files (`evaluation`, and `metric` for a
     file metric). `trials_root` holds the trial store (None: remember nothing).
 
-    Every trial is appended to `journal` (a JSON line each) when one is given.
+    Every trial is appended to `journal` (a JSON line each) when one is given. `constraints` are the budgets
+    of the targets built from this tuning: each says why a quantized graph's artifact would not fit (None:
+    it fits), and a config that does not fit is never chosen.
     """
     from dabuild.capability import CapabilitySpec
     from dabuild.data import DataFile, load_inputs, load_labels
@@ -81,8 +86,13 @@ def tune_stage(
     if journal is not None:
         journal.parent.mkdir(parents=True, exist_ok=True)
     with open(journal or os.devnull, "a") as history, Scorer(evaluator, jobs) as scorer:
+        def fits(config: "QuantConfig") -> str | None:
+            qgraph = evaluator.quantize(config)
+            return next((why for why in (constraint(qgraph) for constraint in constraints) if why), None)
+
         search = Search(space, evaluator, scorer, store, goal, objective,
-                        Budget(tuning.max_trials, tuning.timeout), progress, tuning.seed, history)
+                        Budget(tuning.max_trials, tuning.timeout), progress, tuning.seed, history,
+                        fits if constraints else None)
         chosen = search.run(strategy)
     stored = sum(t.cached for t in search.trials)
     progress.info(f"{where}: {len(search.trials)} trials ({len(search.trials) - stored} evaluated, "
@@ -119,6 +129,11 @@ def tune_stage(
     (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
     if chosen.passed:
         return
+    if search.misfits:
+        smallest = min((t for t in search.trials if t.config_hash in search.misfits), key=lambda t: t.cost)
+        raise BuildError(f"{where}: no config that meets the accuracy goal fits the targets' budgets; the smallest "
+                         f"artifact found (trial {smallest.index}, {objective.name} {smallest.cost} {objective.unit}): "
+                         f"{search.misfits[smallest.config_hash]}")
     message = (f"{where}: no config meets the goal: {metric.name} must be "
                f"{'>=' if metric.higher_is_better else '<='} {threshold:.4f} (fp32 {evaluator.baseline:.4f}, "
                f"{goal.criterion} loss {goal.tolerable_loss:g}); best found: {chosen.metric:.4f} after "

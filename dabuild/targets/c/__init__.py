@@ -11,19 +11,32 @@ Built with -DDABUILD_TRACE, model_forward also hands every tensor a layer
 writes to a hook, which main.c then defines to append it to a file per tensor:
 `trace` builds that variant so a failed check can name the first layer that
 diverges. Without the macro the hook calls are no code at all.
+
+Option `cpu` picks a profile (profiles.py): `host` runs the test program on
+this machine; a Cortex-M profile cross-compiles, and `runner` says where the
+image runs: `qemu` (the default; firmware.py boots it on the profile's board
+with semihosting), `host` (the same sources built for this machine: their
+portable paths, not the core's), or `command` (the user's own, e.g. flashing a
+board: `{image}`, `{inputs}`, `{outputs}` in it are replaced, and it runs in
+a scratch folder). A Cortex-M export also measures the image (flash, RAM,
+stack) into model.json, and `budget: {flash, ram}` fails the check naming
+what overflows and by how much.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import re
 import shlex
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import numpy as np
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from dabuild.capability import load_capability
 from dabuild.errors import BuildError
@@ -31,7 +44,9 @@ from dabuild.quant.layers.fallback import QFloat
 from dabuild.quant.qgraph import QGraph
 from dabuild.resources import data_dir
 from dabuild.targets.base import Target, refuse_ops_without_integers
-from dabuild.targets.c.codegen import PROGRAM, render, trace_file
+from dabuild.targets.c import firmware
+from dabuild.targets.c.codegen import PROGRAM, WEIGHTS_FILE, render, trace_file
+from dabuild.targets.c.profiles import CPUS, PROFILES, Profile
 
 MANIFEST = "model.json"
 TRACE_PROGRAM = PROGRAM + "_trace"
@@ -50,34 +65,116 @@ def refuse_float_layers(qgraph: QGraph, capability_name: str) -> None:
                              "this node or build it for a target with fp32 fallback")
 
 
+_UNITS = {"": 1, "B": 1, "KB": 1000, "KIB": 1024, "MB": 1000**2, "MIB": 1024**2}
+
+
+def parse_bytes(value: int | str) -> int:
+    """A size as a recipe writes it: 65536, "64KiB", "1.5 MiB", "32kB"."""
+    if isinstance(value, int):
+        return value
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", str(value))
+    if match is None or match.group(2).upper() not in _UNITS:
+        raise ValueError(f"{value!r} is not a size (e.g. 65536, 64KiB, 2MiB, 32kB)")
+    return int(float(match.group(1)) * _UNITS[match.group(2).upper()])
+
+
+class Budget(BaseModel):
+    """What the model may take on the device: flash (code, constants, initialised data) and RAM (data, bss with
+    the arena, the stack of model_forward), in bytes or with a unit."""
+
+    model_config = ConfigDict(extra="forbid")
+    flash: int | None = None
+    ram: int | None = None
+
+    @field_validator("flash", "ram", mode="before")
+    @classmethod
+    def _size(cls, value: Any) -> int | None:
+        return None if value is None else parse_bytes(value)
+
+    def overflows(self, measured: dict[str, int]) -> list[str]:
+        """What exceeds the budget and by how much, in words."""
+        found = []
+        for name, limit in (("flash", self.flash), ("ram", self.ram)):
+            used = measured.get(f"{name}_bytes")
+            if limit is not None and used is not None and used > limit:
+                found.append(f"{name} {used} bytes exceeds the budget of {limit} by {used - limit}")
+        return found
+
+
 class CTarget(Target):
     kind: ClassVar[str] = "c"
     capability: ClassVar[str] = "c"
     default_tolerance: ClassVar[str] = "exact"
 
     class Options(Target.Options):
-        compiler: str = "cc"
-        cflags: list[str] = Field(default_factory=lambda: ["-O2"])
+        cpu: Literal[CPUS] = "host"  # type: ignore[valid-type]
+        compiler: str | None = None   # default: the profile's (cc, or arm-none-eabi-gcc for Cortex-M)
+        cflags: list[str] = Field(default_factory=lambda: ["-O2"])   # after the profile's own flags
+        runner: Literal["qemu", "host", "command"] | None = None   # default: host, or qemu for Cortex-M
+        command: list[str] | None = None   # runner command: argv with {image}, {inputs}, {outputs}
+        timeout: float = 600.0   # seconds one emulator or command run may take
+        budget: Budget | None = None
+
+        @model_validator(mode="after")
+        def _consistent(self) -> "CTarget.Options":
+            if self.runner == "command" and not self.command:
+                raise ValueError("runner: command needs options.command, the argv that runs {image} on "
+                                 "{inputs} and writes {outputs}")
+            if self.command and self.runner != "command":
+                raise ValueError("options.command is only used with runner: command")
+            if self.budget is not None and self.cpu == "host":
+                raise ValueError("a budget is measured on a Cortex-M image; set options.cpu (e.g. cortex-m4)")
+            return self
 
     options: Options
 
+    @property
+    def profile(self) -> Profile:
+        """The cpu's profile, its compiler replaced by options.compiler."""
+        profile = PROFILES[self.options.cpu]
+        if self.options.compiler:
+            return dataclasses.replace(profile, compiler=self.options.compiler)
+        return profile
+
+    @property
+    def runner(self) -> str:
+        return self.options.runner or ("qemu" if self.profile.cortex_m else "host")
+
+    @property
+    def compiler(self) -> str:
+        """The compiler of the program `run` builds: the profile's, or this machine's for runner host."""
+        if self.profile.cortex_m and self.runner == "host":
+            return "cc"
+        return self.profile.compiler
+
     def _compiler_path(self) -> str:
-        path = shutil.which(self.options.compiler)
+        path = shutil.which(self.compiler)
         if path is None:
-            raise BuildError(f"C compiler {self.options.compiler!r} was not found on PATH; install gcc or "
-                             "clang, or set options.compiler of this target to a compiler that exists")
+            packages = f"the Debian packages {firmware.ARM_PACKAGES}" if "arm-none-eabi" in self.compiler \
+                else "gcc or clang"
+            raise BuildError(f"C compiler {self.compiler!r} was not found on PATH; install {packages}, or set "
+                             "options.compiler of this target to a compiler that exists")
         return path
 
+    def _tools(self) -> list[str]:
+        tools = [self.compiler]
+        if self.profile.cortex_m and self.runner == "qemu":
+            tools.append(firmware.QEMU)
+        return tools
+
     def runtime_version(self) -> dict[str, str]:
-        result = subprocess.run([self._compiler_path(), "--version"], capture_output=True, text=True)
-        first_line = (result.stdout or result.stderr).strip().splitlines()
-        return {self.options.compiler: first_line[0] if first_line else "unknown"}
+        versions = {}
+        for tool in self._tools():
+            path = self._compiler_path() if tool == self.compiler else firmware.require(tool, firmware.QEMU_PACKAGE)
+            result = subprocess.run([path, "--version"], capture_output=True, text=True)
+            first_line = (result.stdout or result.stderr).strip().splitlines()
+            versions[tool] = first_line[0] if first_line else "unknown"
+        return versions
 
     def programs(self) -> list[Path]:
-        path = shutil.which(self.options.compiler)
-        return [Path(path)] if path else []
+        return [Path(path) for path in map(shutil.which, self._tools()) if path]
 
-    def post_trace(self, graph: Any) -> None:
+    def refuse(self, graph: Any) -> None:
         """Every op the C kernels cannot run, by node, before calibration and tuning spend any time."""
         from dabuild.targets.c.kernels import KERNELS
 
@@ -85,10 +182,15 @@ class CTarget(Target):
 
     def export(self, qgraph: QGraph, out_dir: Path) -> None:
         refuse_float_layers(qgraph, self.capability)
-        rendered = render(qgraph)
+        profile = self.profile
+        rendered = render(qgraph, profile)
         out_dir = Path(out_dir)
         for name, text in rendered.files.items():
-            (out_dir / name).write_text(text)
+            (out_dir / name).parent.mkdir(parents=True, exist_ok=True)
+            if isinstance(text, bytes):
+                (out_dir / name).write_bytes(text)
+            else:
+                (out_dir / name).write_text(text)
         manifest = {
             "program": PROGRAM,
             "sources": ["main.c", *rendered.library_sources],
@@ -99,25 +201,41 @@ class CTarget(Target):
             "arena": rendered.arena.report(),
             "kernels": rendered.kernels,
             "traced": [traced.manifest() for traced in rendered.traced],
+            "cpu": profile.name,
+            "assembler_flags": ["-I"] if WEIGHTS_FILE in rendered.files else [],  # .incbin finds weights.bin
+            "weight_bytes": rendered.weight_bytes,
         }
+        if profile.cortex_m:
+            with tempfile.TemporaryDirectory(prefix="dabuild-image-") as work:
+                image = firmware.build_image(profile, self.options.cflags, out_dir, Path(work))
+                manifest["firmware"] = {"board": profile.board.machine, **firmware.measure(image)}
         (out_dir / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
 
     def _build_command(self, compiler: str, artifact_dir: Path, prefix: str, program: str) -> list[str]:
-        """The compile line of the test program; sources are named `prefix/<file>`."""
+        """The compile line of the host test program; sources are named `prefix/<file>`."""
         manifest = json.loads((artifact_dir / MANIFEST).read_text())
-        return [compiler, "-std=c99", *self.options.cflags, "-o", program,
+        flags = [] if self.profile.cortex_m else list(self.profile.flags)
+        flags += [f"-Wa,{flag}{prefix}" for flag in manifest.get("assembler_flags", [])]
+        return [compiler, "-std=c99", *flags, *self.options.cflags, "-o", program,
                 *(f"{prefix}/{name}" for name in manifest["sources"])]
 
-    def _compile(self, artifact_dir: Path, program: Path, defines: tuple[str, ...] = ()) -> None:
+    def _build(self, artifact_dir: Path, work_dir: Path, defines: tuple[str, ...] = ()) -> Path:
+        """The test program (host) or image (qemu, command) of the artifact, built in `work_dir`."""
+        if self.runner != "host":
+            return firmware.build_image(self.profile, self.options.cflags, artifact_dir, work_dir / "image",
+                                        defines).elf
+        program = work_dir / (TRACE_PROGRAM if defines else PROGRAM)
         command = self._build_command(self._compiler_path(), artifact_dir, str(artifact_dir), str(program))
         build = subprocess.run([command[0], *defines, *command[1:]], capture_output=True, text=True)
         if build.returncode != 0:
-            raise BuildError(f"compiling the C artifact {artifact_dir} with {self.options.compiler!r} failed:\n"
+            raise BuildError(f"compiling the C artifact {artifact_dir} with {self.compiler!r} failed:\n"
                              f"{build.stderr.strip()}")
+        return program
 
     def _execute(self, artifact_dir: Path, program: Path, inputs: np.ndarray, work_dir: Path,
-                 *extra_arguments: str) -> np.ndarray:
-        """Run a compiled test program on `inputs` (int8 samples); its outputs, one row per sample."""
+                 traced: bool = False) -> np.ndarray:
+        """Run a built test program or image on `inputs` (int8 samples, all in one run); its outputs, one row
+        per sample. It reads work_dir/inputs.bin and writes work_dir/outputs.bin (and work_dir/trace/)."""
         manifest = json.loads((artifact_dir / MANIFEST).read_text())
         samples = np.ascontiguousarray(inputs, dtype=np.int8).reshape(len(inputs), -1)
         if samples.shape[1] != manifest["input_size"]:
@@ -125,21 +243,69 @@ class CTarget(Target):
                              f"got {samples.shape[1]}")
         inputs_file, outputs_file = work_dir / "inputs.bin", work_dir / "outputs.bin"
         samples.tofile(inputs_file)
-        result = subprocess.run([str(program), str(inputs_file), str(outputs_file), *extra_arguments],
-                                capture_output=True, text=True)
-        if result.returncode != 0:
-            raise BuildError(f"the C test program of {artifact_dir} failed (exit {result.returncode}): "
-                             f"{result.stderr.strip()}")
+        if self.runner == "qemu":
+            firmware.run_image(self.profile, program, work_dir, self.options.timeout)
+        else:
+            if self.runner == "host":
+                line = [str(program), str(inputs_file), str(outputs_file)]
+                line += [str(work_dir / TRACE_DIR)] if traced else []
+            else:
+                places = {"image": str(program), "inputs": str(inputs_file), "outputs": str(outputs_file)}
+                line = [argument.format(**places) for argument in self.options.command or []]
+            try:
+                result = subprocess.run(line, capture_output=True, text=True, cwd=work_dir,
+                                        timeout=self.options.timeout)
+            except subprocess.TimeoutExpired:
+                raise BuildError(f"the C test program of {artifact_dir} did not finish within "
+                                 f"{self.options.timeout:g} s") from None
+            if result.returncode != 0:
+                raise BuildError(f"the C test program of {artifact_dir} failed (exit {result.returncode}): "
+                                 f"{result.stderr.strip()}")
+        if not outputs_file.exists() or outputs_file.stat().st_size != len(samples) * manifest["output_size"]:
+            raise BuildError(f"the C test program of {artifact_dir} wrote no outputs for all {len(samples)} samples "
+                             f"to {outputs_file}")
         return np.fromfile(outputs_file, dtype=np.int8).reshape(len(samples), manifest["output_size"])
+
+    def fits(self, qgraph: QGraph) -> str | None:
+        """With a budget: the artifact exported and linked for the profile, and what of it overflows."""
+        if self.options.budget is None:
+            return None
+        with tempfile.TemporaryDirectory(prefix="dabuild-fit-") as work:
+            self.export(qgraph, Path(work))
+            measured = json.loads((Path(work) / MANIFEST).read_text())["firmware"]
+        overflows = self.options.budget.overflows(measured)
+        return f"{self.options.cpu}: " + "; ".join(overflows) if overflows else None
+
+    def _check_budget(self, artifact_dir: Path) -> None:
+        budget = self.options.budget
+        if budget is None:
+            return
+        measured = json.loads((artifact_dir / MANIFEST).read_text()).get("firmware", {})
+        overflows = budget.overflows(measured)
+        if overflows:
+            raise BuildError(f"the {self.profile.name} build of {artifact_dir} does not fit its budget: "
+                             + "; ".join(overflows))
 
     def run(self, artifact_dir: Path, inputs: np.ndarray, work_dir: Path) -> np.ndarray:
         """The program's outputs in the reference's shape (batch, *output shape), whatever their rank."""
         artifact_dir, work_dir = Path(artifact_dir), Path(work_dir)
-        program = work_dir / PROGRAM
-        self._compile(artifact_dir, program)
+        self._check_budget(artifact_dir)
+        program = self._build(artifact_dir, work_dir)
         rows = self._execute(artifact_dir, program, inputs, work_dir)
         shape = json.loads((artifact_dir / MANIFEST).read_text())["output_shape"]
         return rows.reshape(len(rows), *shape)
+
+    def measurements(self, artifact_dir: Path, inputs: np.ndarray, work_dir: Path) -> dict[str, Any]:
+        """model.json's firmware figures, and under qemu the instructions model_forward retires on the first
+        sample (a counting image: -DDABUILD_COUNT)."""
+        artifact_dir, work_dir = Path(artifact_dir), Path(work_dir)
+        measured = dict(json.loads((artifact_dir / MANIFEST).read_text()).get("firmware", {}))
+        if self.runner == "qemu" and len(inputs):
+            image = self._build(artifact_dir, work_dir, ("-DDABUILD_COUNT",))
+            np.ascontiguousarray(inputs[:1], dtype=np.int8).tofile(work_dir / "inputs.bin")
+            counts = firmware.count_instructions(self.profile, image, work_dir, self.options.timeout)
+            measured["instructions_per_inference"] = counts[0]
+        return {"firmware": measured} if measured else {}
 
     def trace(self, artifact_dir: Path, inputs: np.ndarray, work_dir: Path) -> dict[str, np.ndarray] | None:
         """Every tensor a layer writes (and the input), from the test program built with -DDABUILD_TRACE.
@@ -147,26 +313,34 @@ class CTarget(Target):
         The program appends each tensor's bytes as stored, some channels last; model.json's "traced"
         gives their shapes and memory orders, so they come back in the QGraph's (canonical) order.
         Zero-copy aliases and layout conversions are not traced. None for an artifact exported
-        before tracing existed (its manifest lists no traced tensors).
+        before tracing existed (its manifest lists no traced tensors), and for a user's runner command.
         """
         artifact_dir, work_dir = Path(artifact_dir), Path(work_dir)
         traced = json.loads((artifact_dir / MANIFEST).read_text()).get("traced")
-        if traced is None:
+        if traced is None or self.runner == "command":
             return None
-        program, trace_dir = work_dir / TRACE_PROGRAM, work_dir / TRACE_DIR
-        trace_dir.mkdir()
-        self._compile(artifact_dir, program, ("-DDABUILD_TRACE",))
-        self._execute(artifact_dir, program, inputs, work_dir, str(trace_dir))
+        (work_dir / TRACE_DIR).mkdir()
+        program = self._build(artifact_dir, work_dir, ("-DDABUILD_TRACE",))
+        self._execute(artifact_dir, program, inputs, work_dir, traced=True)
         values = {}
         for entry in traced:
             shape, order = entry["shape"], entry["order"]
-            stored = np.fromfile(trace_dir / trace_file(entry["tensor"]), dtype=np.int8)
+            stored = np.fromfile(work_dir / TRACE_DIR / trace_file(entry["tensor"]), dtype=np.int8)
             stored = stored.reshape(len(inputs), *(shape[axis] for axis in order))
             values[entry["tensor"]] = stored.transpose(0, *(1 + order.index(axis) for axis in range(len(shape))))
         return values
 
     def rerun_script(self, artifact_dir: Path, inputs_file: str, outputs_file: str) -> str:
         name = Path(artifact_dir).name
-        program = f"{name}/{PROGRAM}"
-        return (shlex.join(self._build_command(self.options.compiler, Path(artifact_dir), name, program)) + "\n"
-                + shlex.join([f"./{program}", inputs_file, outputs_file]) + "\n")
+        if self.runner == "host":
+            program = f"{name}/{PROGRAM}"
+            return (shlex.join(self._build_command(self.compiler, Path(artifact_dir), name, program)) + "\n"
+                    + shlex.join([f"./{program}", inputs_file, outputs_file]) + "\n")
+        lines = [["mkdir", "-p", "image"], *firmware.compile_lines(self.profile, self.options.cflags, name, "image"),
+                 ["cp", inputs_file, "image/inputs.bin"]]
+        if self.runner == "qemu":
+            run = ["sh", "-c", "cd image && " + shlex.join(firmware.qemu_line(self.profile, "image.elf"))]
+        else:
+            places = {"image": "image/image.elf", "inputs": "image/inputs.bin", "outputs": "image/outputs.bin"}
+            run = [argument.format(**places) for argument in self.options.command or []]
+        return "\n".join(shlex.join(line) for line in [*lines, run, ["cp", "image/outputs.bin", outputs_file]]) + "\n"

@@ -10,7 +10,9 @@ together.
 
 Three numbers judge a plan: its peak, the lower bound no placement can beat
 (the largest sum of the sizes of buffers alive at one step), and the naive sum
-of every buffer's size (what an allocator without reuse would take).
+of every buffer's size (what an allocator without reuse would take). Kernel
+scratch is planned with the activations; the report also gives the lower bound
+of the activations alone and the largest scratch, so each can be judged.
 """
 
 from __future__ import annotations
@@ -40,10 +42,13 @@ class ArenaPlan:
     peak_bytes: int
     lower_bound_bytes: int   # the largest sum of sizes alive at one step
     naive_bytes: int         # every buffer in its own bytes
+    activation_lower_bound_bytes: int = 0   # the same bound without kernel scratch
+    scratch_bytes: int = 0                  # the largest kernel scratch
 
     def report(self) -> dict[str, int]:
         return {"peak_bytes": self.peak_bytes, "lower_bound_bytes": self.lower_bound_bytes,
-                "naive_bytes": self.naive_bytes}
+                "naive_bytes": self.naive_bytes, "activation_lower_bound_bytes": self.activation_lower_bound_bytes,
+                "scratch_bytes": self.scratch_bytes}
 
 
 def alignment(size: int) -> int:
@@ -83,5 +88,8 @@ def plan_arena(steps: Sequence[tuple[Sequence[str], Sequence[str]]], sizes: dict
         placed.append(Placement(name, offset, candidate.size, candidate.first, candidate.last))
     peak = max((p.offset + p.size for p in placed), default=0)
     alive = [sum(p.size for p in placed if p.first <= index <= p.last) for index in range(len(steps))]
+    activations = [sum(p.size for p in placed if p.first <= index <= p.last and p.tensor not in wide)
+                   for index in range(len(steps))]
     return ArenaPlan({p.tensor: p for p in sorted(placed, key=lambda p: (p.first, p.tensor))}, peak,
-                     max(alive, default=0), sum(p.size for p in placed))
+                     max(alive, default=0), sum(p.size for p in placed), max(activations, default=0),
+                     max((p.size for p in placed if p.tensor in wide), default=0))

@@ -20,11 +20,14 @@ import dabuild
 from dabuild.names import unique_name
 from dabuild.quant.qgraph import QGraph
 from dabuild.targets.c.arena import ArenaPlan, plan_arena
+from dabuild.targets.c.firmware import LINKER_SCRIPT, STACK_RESERVE, STARTUP
 from dabuild.targets.c.kernels import Step
 from dabuild.targets.c.layout import Storage
+from dabuild.targets.c.profiles import HOST, PROFILES, Profile
 from dabuild.targets.c.program import Program, build_program
 
 PROGRAM = "model_test"
+WEIGHTS_FILE, WEIGHTS_FALLBACK = "weights.bin", "weights.inc"
 COMMON_HEADER = "dabuild_kernels.h"
 _TEMPLATES = Path(__file__).parent / "templates"
 
@@ -34,6 +37,22 @@ def c_array(values: np.ndarray, per_line: int = 16) -> str:
     flat = [str(int(v)) for v in np.asarray(values).ravel()]
     lines = [", ".join(flat[i:i + per_line]) for i in range(0, len(flat), per_line)]
     return ",\n".join("    " + line for line in lines)
+
+
+KEPT_TYPES = ("int8", "int16", "uint8", "uint16")   # a kernel chose these element types (int16 pmaddwd weights)
+
+
+def c_type(values: np.ndarray) -> str:
+    """The C element type of a constant array: its own when a kernel chose a narrow one, else the narrowest of
+    int8_t, int16_t and int32_t that holds every value (constants take no more flash than they need)."""
+    array = np.asarray(values)
+    if array.dtype.name in KEPT_TYPES:
+        return f"{array.dtype.name}_t"
+    low, high = (int(array.min()), int(array.max())) if array.size else (0, 0)
+    for bits in (8, 16, 32):
+        if -(1 << (bits - 1)) <= low and high < 1 << (bits - 1):
+            return f"int{bits}_t"
+    raise ValueError(f"constants from {low} to {high} do not fit int32")
 
 
 def c_float(value: float) -> str:
@@ -82,13 +101,26 @@ class Traced:
         return {"tensor": self.tensor, "shape": list(self.storage.shape), "order": list(self.storage.order)}
 
 
+def c_bytes(values: np.ndarray) -> int:
+    """Bytes a constant array takes in the artifact (its c_type's width per element)."""
+    return int(np.asarray(values).size) * int(re.sub(r"\D", "", c_type(values))) // 8
+
+
+def constant_bytes(context: dict[str, Any]) -> int:
+    """Bytes of the constant arrays in a kernel's template context (every array there is one)."""
+    arrays = [v for v in context.values() if isinstance(v, np.ndarray)]
+    arrays += [a for v in context.values() if isinstance(v, list) for a in v if isinstance(a, np.ndarray)]
+    return sum(c_bytes(array) for array in arrays)
+
+
 @dataclass(frozen=True)
 class Rendered:
-    files: dict[str, str]       # file name -> text
+    files: dict[str, str | bytes]   # file name -> text (weights.bin: bytes)
     library_sources: list[str]  # .c files of the model library (main.c excluded)
     arena: ArenaPlan
     kernels: dict[str, str]     # step name -> kernel name
     traced: list[Traced]        # input, then layer outputs in schedule order; no aliases or layout conversions
+    weight_bytes: int           # bytes of every constant array: weights, biases, requantization, tables
 
 
 def _environment() -> jinja2.Environment:
@@ -96,6 +128,7 @@ def _environment() -> jinja2.Environment:
                              trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
                              autoescape=False)
     env.filters["c_array"] = c_array
+    env.filters["c_type"] = c_type
     env.filters["c_comment"] = c_comment
     env.filters["c_string"] = c_string
     return env
@@ -120,10 +153,44 @@ def plan_memory(program: Program) -> ArenaPlan:
     return plan_arena(schedule, sizes, external={program.input, program.output}, wide=scratch)
 
 
-def render(qgraph: QGraph) -> Rendered:
+BLOB_THRESHOLD = 1 << 20   # weights of this many bytes or more leave the C source for weights.bin
+BLOB_ALIGNMENT = 16
+
+
+def weight_blob(contexts: list[dict[str, Any]], threshold: int | None = None) -> bytes:
+    """The weight arrays of a large model as one binary file, each at an offset its context now names
+    (`weight_offset`); empty (every array stays a C initialiser) below `threshold` bytes in all.
+
+    Written as integer initialisers, weights take 4 to 5 source bytes each and the compiler parses them
+    slowly; a ResNet-50 would be hundreds of megabytes of C. As a binary file the assembler pulls in
+    with `.incbin` they cost no source at all (model.c falls back to string literals in weights.inc where
+    the compiler is not GNU C on ELF).
+    """
+    weighted = [c for c in contexts if isinstance(c.get("weight"), np.ndarray)]
+    if sum(c["weight"].nbytes for c in weighted) < (BLOB_THRESHOLD if threshold is None else threshold) or not weighted:
+        return b""
+    chunks: list[bytes] = []
+    offset = 0
+    for context in weighted:
+        stored = np.ascontiguousarray(context["weight"], dtype=np.dtype(c_type(context["weight"])[:-2]).newbyteorder("<"))
+        context["weight_offset"] = offset
+        padded = stored.tobytes() + bytes(-stored.nbytes % BLOB_ALIGNMENT)
+        chunks.append(padded)
+        offset += len(padded)
+    return b"".join(chunks)
+
+
+def string_literal_lines(data: bytes, per_line: int = 32) -> str:
+    """`data` as adjacent C string literals of octal escapes (exactly len(data) chars, no terminating NUL
+    needed by a char array of that size)."""
+    return "\n".join('    "' + "".join(f"\\{byte:03o}" for byte in data[i:i + per_line]) + '"'
+                     for i in range(0, len(data), per_line))
+
+
+def render(qgraph: QGraph, profile: Profile = PROFILES[HOST]) -> Rendered:
     env = _environment()
     version = dabuild.__version__
-    program = build_program(qgraph)
+    program = build_program(qgraph, profile)
     arena = plan_memory(program)
     taken: set[str] = set()
     constant_names = {name: c_identifier(name, taken, "c_") for name in program.constants}
@@ -138,10 +205,13 @@ def render(qgraph: QGraph) -> Rendered:
             return "out"
         return f"arena + {arena.placements[buffer].offset}"
 
-    files: dict[str, str] = {COMMON_HEADER: env.get_template(f"{COMMON_HEADER}.j2").render(version=version)}
+    files: dict[str, str | bytes] = {COMMON_HEADER: env.get_template(f"{COMMON_HEADER}.j2").render(version=version)}
     calls: list[dict[str, Any]] = []
+    weight_bytes = sum(qgraph.constants[name].size for name in program.constants)  # int8 graph constants
     traced = [Traced(qgraph.input, program.storage[qgraph.input])]
-    for step in program.steps:
+    kernel_contexts = [step.kernel.context(step) for step in program.steps]
+    blob = weight_blob(kernel_contexts)
+    for step, kernel_context in zip(program.steps, kernel_contexts):
         ident = c_identifier(step.name, taken)
         parameters = [f"const int8_t *restrict in{k}" for k in range(len(step.inputs))]
         parameters += [f"int8_t *restrict out{k}" for k in range(len(step.outputs))]
@@ -149,8 +219,9 @@ def render(qgraph: QGraph) -> Rendered:
         if step.scratch_bytes:
             parameters.append("int8_t *restrict scratch")
             arguments.append(pointer(scratch_name(step)))
+        weight_bytes += constant_bytes(kernel_context)
         context: dict[str, Any] = {"version": version, "ident": ident, "name": step.name,
-                                   "signature": ", ".join(parameters), **step.kernel.context(step)}
+                                   "signature": ", ".join(parameters), **kernel_context}
         header = f"layer_{ident[2:]}.h"
         files[header] = env.get_template("layer.h.j2").render(
             context, kernel=step.kernel.name, config=_config_template(env, step),
@@ -180,16 +251,31 @@ def render(qgraph: QGraph) -> Rendered:
         "calls": calls,
         "input_name": qgraph.input,
         "common_header": COMMON_HEADER,
+        "blob_bytes": len(blob),
     }
+    if blob:
+        files[WEIGHTS_FILE] = blob
+        files[WEIGHTS_FALLBACK] = string_literal_lines(blob) + "\n"
     files["model.h"] = env.get_template("model.h.j2").render(model)
     files["model.c"] = env.get_template("model.c.j2").render(model)
     files["main.c"] = env.get_template("main.c.j2").render(version=version)
     library_sources = ["model.c"]
-    build = {"version": version, "library_sources": library_sources, "program": PROGRAM,
+    build = {"version": version, "library_sources": library_sources, "program": PROGRAM, "blob": bool(blob),
              "headers": sorted(name for name in files if name.endswith(".h"))}
     files["Makefile"] = env.get_template("Makefile.j2").render(build)
     files["CMakeLists.txt"] = env.get_template("CMakeLists.txt.j2").render(build)
-    return Rendered(files, library_sources, arena, {call["name"]: call["kernel"] for call in calls}, traced)
+    if profile.cortex_m:
+        board = {"version": version, "cpu": profile.name, "board": profile.board, "stack_reserve": STACK_RESERVE}
+        files[STARTUP] = env.get_template("firmware/startup.c.j2").render(board)
+        files[LINKER_SCRIPT] = env.get_template("firmware/link.ld.j2").render(board)
+    return Rendered(files, library_sources, arena, {call["name"]: call["kernel"] for call in calls}, traced,
+                    weight_bytes)
+
+
+def stored_bytes(qgraph: QGraph, cpu: str = HOST) -> int:
+    """Bytes the artifact for `cpu` stores for the QGraph's weights and parameters (weights in the profile's
+    layout, biases, requantization constants, tables): the c capability's `size`."""
+    return render(qgraph, PROFILES[cpu]).weight_bytes
 
 
 def _config_template(env: jinja2.Environment, step: Step) -> str | None:

@@ -20,6 +20,7 @@ from dabuild.targets.c.kernels import KERNELS, Kernel, Operand, Step, select
 from dabuild.targets.c.kernels.movement import conversion_storage
 from dabuild.targets.c.kernels.registry import ALIAS, ANY, CANONICAL, CHANNELS_LAST, SAME
 from dabuild.targets.c.layout import Storage
+from dabuild.targets.c.profiles import HOST, PROFILES, Profile
 
 CONVERT = next(k for k in KERNELS.values() if k.op == ":convert")
 
@@ -63,7 +64,7 @@ def _touches_batch(layer: QLayer, rank: int) -> bool:
     return False
 
 
-def build_program(qgraph: QGraph) -> Program:
+def build_program(qgraph: QGraph, profile: Profile = PROFILES[HOST]) -> Program:
     qgraph.require_dtypes("C", activations=("int8",))  # int8 kernels; narrower weights are exact in int8
     storage = {qgraph.input: Storage.canonical(qgraph.tensors[qgraph.input].shape)}
     buffer = {qgraph.input: qgraph.input}
@@ -94,7 +95,7 @@ def build_program(qgraph: QGraph) -> Program:
         if _touches_batch(layer, len(qgraph.tensors[layer.inputs[0]].shape) + 1):
             raise BuildError(f"layer {layer.name!r}: {layer.op} along the batch axis; the C model runs one sample "
                              "at a time")
-        chosen: Kernel = select(layer, qgraph)
+        chosen: Kernel = select(layer, qgraph, profile)
         rank = len(qgraph.tensors[layer.outputs[0]].shape)
         inputs = []
         for name in layer.inputs:
@@ -112,7 +113,7 @@ def build_program(qgraph: QGraph) -> Program:
             storage[name], buffer[name] = _output_storage(chosen.outputs, shape, inputs), name
             outputs.append(operand(name))
         if outputs:
-            steps.append(Step(chosen, layer.name, layer, inputs, outputs))
+            steps.append(Step(chosen, layer.name, layer, inputs, outputs, profile))
 
     output = in_storage(qgraph.output, CANONICAL)
     if buffer[output] == buffer[qgraph.input]:  # nothing but aliases of the input: `out` needs a copy

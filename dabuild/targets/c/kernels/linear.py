@@ -18,6 +18,14 @@ depth: int16 x int16 products summed pairwise, which compilers turn into
 pmaddwd (SSE2, at plain -O2) or its NEON/AVX counterparts, every loaded
 vector used by several sums and no horizontal sum until the end.
 
+On a Cortex-M profile the general conv is `conv_mcu`: the same tiled GEMM
+with int8 weights in flash and a register block sized for the core (2 x 2
+sums on the DSP cores and M0/M3, whose inner loop is SMLAD on int16 columns
+and SXTB16-widened weights; 2 channels x 3 or 2 pixels of 16-lane int8 vector
+MACs on Helium, whose columns stay int8 and whose input zero point is folded
+into the bias, the padding taps then holding the zero point). Its scratch is
+one block of pixels' windows, nothing more.
+
 Weights are laid out at export time so the inner loops are contiguous: dense
 [out][in]; depthwise [kh][kw][out], a vector multiply-add across the
 channels of one pixel.
@@ -34,17 +42,27 @@ from dabuild.quant.fixed_point import INT32_MAX
 from dabuild.quant.layers.linear import QConv, QDense, QWeighted
 from dabuild.quant.qgraph import QGraph
 from dabuild.targets.c.kernels.registry import CANONICAL, CHANNELS_LAST, Step, kernel
+from dabuild.targets.c.profiles import DSP, HOST, MVE, PORTABLE, Profile
 
 BOTH = ("per_tensor", "per_channel")
 
 
-def _requantization(step: Step, layer: QWeighted, weight_sums: np.ndarray) -> dict[str, Any]:
-    """Bias with the input zero point folded in, and the output's requantization constants."""
+def _requantization(step: Step, layer: QWeighted, weight_sums: np.ndarray, centred: bool = False) -> dict[str, Any]:
+    """Bias with the input zero point folded in, and the output's requantization constants.
+
+    `narrow_sum`: no raw sum plus bias can leave int32 (|x| <= 128, or |x - zp| <= 255 for centred inputs,
+    times the output's sum of |w|, plus |bias|), so the kernel adds them in int32.
+    """
     zero_point = step.inputs[0].params.zero_point
     bias = layer.bias.astype(np.int64) - zero_point * weight_sums
     if np.abs(bias).max(initial=0) > INT32_MAX:
         raise BuildError(f"layer {layer.name!r}: the bias with the input zero point folded in overflows int32")
+    magnitudes = np.abs(layer.weight.astype(np.int64))
+    per_output = magnitudes.sum(axis=0) if isinstance(layer, QDense) else magnitudes.reshape(len(magnitudes), -1).sum(1)
+    largest = (255 if centred else 128) * per_output.reshape(-1) + np.abs(bias).reshape(-1)
     return {"bias": bias, "multiplier": layer.multiplier, "shift": layer.shift,
+            "narrow_sum": bool(largest.max(initial=0) <= INT32_MAX),
+            "high_shift": bool(np.all((np.asarray(layer.shift) >= 32) & (np.asarray(layer.shift) <= 62))),
             "per_channel": len(layer.multiplier) > 1, "output_zero_point": step.outputs[0].params.zero_point,
             "output_min": layer.output_min, "output_max": layer.output_max}
 
@@ -53,20 +71,34 @@ def _requantization(step: Step, layer: QWeighted, weight_sums: np.ndarray) -> di
 def dense(step: Step) -> dict[str, Any]:
     layer: QDense = step.layer  # type: ignore[assignment]
     weight = np.ascontiguousarray(layer.weight.T)  # [out][in]: each output one contiguous dot product
+    nibbles = step.profile.cortex_m and bool(np.all((weight >= -8) & (weight <= 7)))
     return {"in_features": layer.in_features, "out_features": layer.out_features,
-            "rows": step.inputs[0].size // layer.in_features, "weight": weight,
+            "rows": step.inputs[0].size // layer.in_features,
+            "weight": pack_nibbles(weight) if nibbles else weight, "nibbles": nibbles,
+            "row_bytes": -(-layer.in_features // 2) if nibbles else layer.in_features,
             **_requantization(step, layer, weight.astype(np.int64).sum(axis=1))}
 
 
-def _planar(layer: QConv, qgraph: QGraph) -> str | None:
+def pack_nibbles(rows: np.ndarray) -> np.ndarray:
+    """4-bit weights (int4 chosen, or any whose values fit) two per byte along each row, the even index in the
+    low nibble, a row of odd length padded with 0: what a Cortex-M profile stores in flash for a dense layer."""
+    padded = np.zeros((*rows.shape[:-1], rows.shape[-1] + rows.shape[-1] % 2), np.int64)
+    padded[..., :rows.shape[-1]] = rows
+    nibbles = padded & 15
+    return (nibbles[..., 0::2] | nibbles[..., 1::2] << 4).astype(np.uint8)
+
+
+def _planar(layer: QConv, qgraph: QGraph, profile: Profile) -> str | None:
     return None if len(layer.strides) in (1, 2) else f"{len(layer.strides)}-D convolution (1-D and 2-D only)"
 
 
-def _depthwise(layer: QConv, qgraph: QGraph) -> str | None:
+def _depthwise(layer: QConv, qgraph: QGraph, profile: Profile) -> str | None:
     channels = qgraph.tensors[layer.inputs[0]].shape[0]
     if layer.groups != channels or layer.weight.shape[1] != 1:
         return "not depthwise (groups == input channels)"
-    return _planar(layer, qgraph)
+    if channels == 1 and profile.cortex_m:
+        return "one input channel: on a Cortex-M the GEMM conv's dot products over the window are faster"
+    return _planar(layer, qgraph, profile)
 
 
 def window(step: Step, kernel_shape: list[int], strides: list[int], pads: list[int],
@@ -111,17 +143,36 @@ def _round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
 
 
-def _gemm_geometry(step: Step) -> dict[str, int]:
+def _gemm_shape(step: Step, channel_block: int, pixel_block: int, tile_pixels: int,
+                depth_multiple: int) -> dict[str, int]:
+    """The geometry of a GEMM conv with this register block, tile and depth multiple."""
     layer: QConv = step.layer  # type: ignore[assignment]
     geometry = _conv_window(step)
     group_channels = int(layer.weight.shape[1])
     window_depth = geometry["kernel_height"] * geometry["kernel_width"] * group_channels
-    pixels = geometry["out_height"] * geometry["out_width"]
-    tile = min(TILE_PIXELS, _round_up(pixels, PIXEL_BLOCK))
     return {**geometry, "group_channels": group_channels, "window_depth": window_depth,
-            "depth": _round_up(window_depth, DEPTH_MULTIPLE), "pixels": pixels, "tile_pixels": tile,
+            "depth": _round_up(window_depth, depth_multiple),
+            "pixels": geometry["out_height"] * geometry["out_width"], "tile_pixels": tile_pixels,
+            "channel_block": channel_block, "pixel_block": pixel_block,
             "group_outputs": geometry["out_channels"] // layer.groups,
-            "block_outputs": _round_up(geometry["out_channels"] // layer.groups, CHANNEL_BLOCK)}
+            "block_outputs": _round_up(geometry["out_channels"] // layer.groups, channel_block)}
+
+
+def _gemm_geometry(step: Step) -> dict[str, int]:
+    window = _conv_window(step)
+    tile = min(TILE_PIXELS, _round_up(window["out_height"] * window["out_width"], PIXEL_BLOCK))
+    return _gemm_shape(step, CHANNEL_BLOCK, PIXEL_BLOCK, tile, DEPTH_MULTIPLE)
+
+
+def _gemm_weight(step: Step, geometry: dict[str, int], dtype: type) -> tuple[np.ndarray, np.ndarray]:
+    """The weight rows [group][out][kh][kw][in/groups], and them as stored: outputs padded to whole channel
+    blocks and depth to its multiple, with zeros."""
+    layer: QConv = step.layer  # type: ignore[assignment]
+    groups, outputs, depth = layer.groups, geometry["group_outputs"], geometry["window_depth"]
+    rows = _planar_weight(layer).reshape(groups, outputs, depth)
+    weight = np.zeros((groups, geometry["block_outputs"], geometry["depth"]), dtype)
+    weight[:, :outputs, :depth] = rows
+    return rows, weight
 
 
 def _gemm_bytes(step: Step) -> int:
@@ -148,16 +199,59 @@ def conv_depthwise(step: Step) -> dict[str, Any]:
 
 
 @kernel("conv", "conv", config="weighted", inputs=CHANNELS_LAST, outputs=CHANNELS_LAST, granularities=BOTH, when=_planar,
-        scratch=_gemm_bytes)
+        scratch=_gemm_bytes, isas=(HOST,))
 def conv(step: Step) -> dict[str, Any]:
     layer: QConv = step.layer  # type: ignore[assignment]
     geometry = _gemm_geometry(step)
-    groups, outputs, depth = layer.groups, geometry["group_outputs"], geometry["window_depth"]
-    rows = _planar_weight(layer).reshape(groups, outputs, depth)  # [group][out][kh][kw][in/groups]
-    weight = np.zeros((groups, geometry["block_outputs"], geometry["depth"]), np.int16)
-    weight[:, :outputs, :depth] = rows
+    groups = layer.groups
+    _, weight = _gemm_weight(step, geometry, np.int16)
     return {**geometry, "input_zero_point": step.inputs[0].params.zero_point, "groups": groups,
-            "channel_block": CHANNEL_BLOCK, "pixel_block": PIXEL_BLOCK,
+            "channel_block": CHANNEL_BLOCK, "pixel_block": PIXEL_BLOCK, "isa": HOST, "centred": True,
+            "column_type": "int16_t", "pad_value": 0,
             # one window row is contiguous in both source and columns when no group or dilation interleaves it
             "contiguous_rows": groups == 1 and geometry["dilation_width"] == 1,
-            "weight": weight, **_requantization(step, layer, np.zeros(outputs * groups, np.int64))}  # centred input
+            "weight": weight, **_requantization(step, layer, np.zeros(geometry["out_channels"], np.int64), centred=True)}
+
+
+def _mcu_geometry(step: Step) -> dict[str, int]:
+    """The GEMM geometry of `conv_mcu` for the step's profile: its register block and depth multiple; the
+    tile is one block of pixels (the least scratch)."""
+    window = _conv_window(step)
+    pixels = window["out_height"] * window["out_width"]
+    # Helium: 2 channels x 3 or 2 pixels, the block that wastes fewest pixel slots on the last partial tile
+    # (9 pixels: 3 x 3), larger first on a tie. 4 pixels would need 8 accumulators and 6 row pointers
+    # beside the loop counter, more than the 13 general registers, and gcc spills one inside the loop.
+    pixel_block = min((3, 2), key=lambda block: (_round_up(pixels, block), -block)) if step.profile.isa == MVE else 2
+    return _gemm_shape(step, 2, pixel_block, pixel_block, step.profile.depth_multiple)
+
+
+def _mcu_bytes(step: Step) -> int:
+    geometry = _mcu_geometry(step)
+    column_bytes = 1 if step.profile.isa == MVE else 2
+    return column_bytes * geometry["tile_pixels"] * geometry["depth"]
+
+
+def interleave(rows: np.ndarray) -> np.ndarray:
+    """Each 4 weights of a row (w0, w1, w2, w3) stored as (w0, w2, w1, w3): SXTB16 of the word gives (w0, w1),
+    SXTB16 of it rotated by 8 gives (w2, w3), the pairs of int16 columns SMLAD multiplies. Its own inverse."""
+    shape = rows.shape
+    return rows.reshape(*shape[:-1], -1, 2, 2).swapaxes(-1, -2).reshape(shape)
+
+
+@kernel("conv", "conv_mcu", config="weighted", inputs=CHANNELS_LAST, outputs=CHANNELS_LAST, granularities=BOTH,
+        when=_planar, scratch=_mcu_bytes, isas=(PORTABLE, DSP, MVE))
+def conv_mcu(step: Step) -> dict[str, Any]:
+    layer: QConv = step.layer  # type: ignore[assignment]
+    geometry = _mcu_geometry(step)
+    groups, depth = layer.groups, geometry["window_depth"]
+    rows, weight = _gemm_weight(step, geometry, np.int8)
+    if step.profile.interleaved:
+        weight = interleave(weight)
+    centred = step.profile.isa != MVE  # int16 columns x - zp; else int8 columns x with zp folded into the bias
+    weight_sums = np.zeros(geometry["out_channels"], np.int64) if centred else rows.reshape(-1, depth).astype(np.int64).sum(1)
+    zero_point = step.inputs[0].params.zero_point
+    return {**geometry, "input_zero_point": zero_point, "groups": groups, "isa": step.profile.isa,
+            "centred": centred, "column_type": "int16_t" if centred else "int8_t",
+            "pad_value": 0 if centred else zero_point,
+            "contiguous_rows": groups == 1 and geometry["dilation_width"] == 1,
+            "weight": weight, **_requantization(step, layer, weight_sums, centred)}

@@ -25,9 +25,10 @@ from dabuild.quant.qgraph import QGraph, QLayer
 from dabuild.targets.c.kernels.linear import window
 from dabuild.targets.c.kernels.registry import CANONICAL, CHANNELS_LAST, Step, kernel
 from dabuild.targets.c.layout import Storage, Walk
+from dabuild.targets.c.profiles import Profile
 
 
-def _planar_pool(layer: QLayer, qgraph: QGraph) -> str | None:
+def _planar_pool(layer: QLayer, qgraph: QGraph, profile: Profile) -> str | None:
     spatial = len(qgraph.tensors[layer.inputs[0]].shape) - 1
     return None if spatial in (1, 2) else f"{spatial}-D pooling (1-D and 2-D only)"
 

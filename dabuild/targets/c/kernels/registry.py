@@ -9,7 +9,10 @@ forward function, with every size a literal so compilers see the trip counts
 and vectorise the contiguous inner loops).
 
 The first registered kernel of a layer's op whose spec fits is chosen, so a
-specialised kernel (depthwise conv) is registered before the general one.
+specialised kernel (depthwise conv) is registered before the general one. A
+kernel also names the instruction-set families of the CPU profiles it serves
+(`isas`, see profiles.py): the host's int16 GEMM conv and the Cortex-M int8
+conv are two kernels of one op.
 """
 
 from __future__ import annotations
@@ -22,11 +25,13 @@ from dabuild.errors import BuildError
 from dabuild.quant.qgraph import QGraph, QLayer, QuantParams
 from dabuild.registry import Registry
 from dabuild.targets.c.layout import Storage
+from dabuild.targets.c.profiles import DSP, HOST, MVE, PORTABLE, PROFILES, Profile
 
 # The storage a kernel wants its activation inputs in, and the one its outputs get.
 CHANNELS_LAST, CANONICAL, ANY = "channels_last", "canonical", "any"
 SAME = "same"    # outputs: the storage order of the first input of the same shape (else canonical)
 ALIAS = "alias"  # outputs: the input's bytes themselves, reinterpreted (no code at all)
+ALL_ISAS = (HOST, PORTABLE, DSP, MVE)
 
 
 @dataclass(frozen=True)
@@ -60,6 +65,7 @@ class Step:
     layer: QLayer | None
     inputs: list[Operand]
     outputs: list[Operand]
+    profile: Profile = PROFILES[HOST]
 
     @property
     def scratch_bytes(self) -> int:
@@ -67,7 +73,7 @@ class Step:
 
 
 Context = Callable[[Step], dict[str, Any]]
-Condition = Callable[[QLayer, QGraph], "str | None"]   # why the kernel cannot run the layer; None: it can
+Condition = Callable[[QLayer, QGraph, Profile], "str | None"]   # why the kernel cannot run the layer there; None: it can
 
 
 @dataclass(frozen=True)
@@ -82,6 +88,7 @@ class Kernel:
     when: Condition | None = None
     scratch: Callable[[Step], int] | None = None   # bytes of arena scratch the forward function uses
     config: str | None = None   # stem of the constants template when kernels share one (default: `name`)
+    isas: tuple[str, ...] = ALL_ISAS   # the profiles' instruction-set families it is for
 
     def describe(self) -> str:
         return (f"{self.name} (dtype {'/'.join(self.dtypes)}, {'/'.join(self.granularities)}, "
@@ -113,21 +120,22 @@ def layer_spec(layer: QLayer, qgraph: QGraph) -> tuple[str, str]:
     return "/".join(sorted(dtypes)), "per_channel" if per_channel else "per_tensor"
 
 
-def select(layer: QLayer, qgraph: QGraph) -> Kernel:
-    """The first registered kernel that runs `layer`, or a BuildError naming the layer and why none does."""
+def select(layer: QLayer, qgraph: QGraph, profile: Profile = PROFILES[HOST]) -> Kernel:
+    """The first registered kernel of `profile` that runs `layer`, or a BuildError naming the layer, the
+    profile and why none does."""
     dtype, granularity = layer_spec(layer, qgraph)
     reasons = []
     for candidate in KERNELS.values():
-        if candidate.op != layer.op:
+        if candidate.op != layer.op or profile.isa not in candidate.isas:
             continue
         if dtype not in candidate.dtypes or granularity not in candidate.granularities:
             reasons.append(f"{candidate.describe()} does not take {dtype} {granularity}")
             continue
-        why = candidate.when(layer, qgraph) if candidate.when else None
+        why = candidate.when(layer, qgraph, profile) if candidate.when else None
         if why is None:
             return candidate
         reasons.append(f"{candidate.name}: {why}")
     detail = "; ".join(reasons) if reasons else f"kernels exist for {', '.join(kernel_ops())}"
     raise BuildError(f"layer {layer.name!r}: the C target has no kernel for op {layer.op!r} "
-                     f"({dtype}, {granularity}): {detail}")
+                     f"({dtype}, {granularity}) on cpu {profile.name!r}: {detail}")
 

@@ -1,0 +1,195 @@
+"""Cortex-M images of a C artifact: cross-compiled, linked for a qemu board, run and measured under qemu.
+
+The image is the artifact's own test driver (main.c) on bare metal: the
+artifact's firmware/startup.c (vector table, reset handler) and
+firmware/link.ld (the board's flash and RAM) around it, newlib with
+semihosting (librdimon) for the files. main.c reads inputs.bin and writes
+outputs.bin in the folder qemu runs in, all samples in one boot, so a check
+of many samples costs one emulator start.
+
+Measured for the firmware engineer: the model object's flash (text, rodata,
+data from the cross toolchain's `size`), RAM (bss, which holds the arena, and
+the stack model_forward needs, from -fstack-usage) and the instructions one
+inference retires. The count comes from qemu itself: one instruction per
+translation block (-singlestep) and a log line per block executed
+(-d exec,nochain), counted between two calls of dabuild_mark that a counting
+build (-DDABUILD_COUNT) places around model_forward. qemu 7.2's -icount
+only paces a virtual clock, and Debian ships no TCG plugins.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from dabuild.errors import BuildError
+from dabuild.targets.c.profiles import ARM_PACKAGES, QEMU_PACKAGE, Profile
+
+FIRMWARE = "firmware"
+STARTUP, LINKER_SCRIPT = f"{FIRMWARE}/startup.c", f"{FIRMWARE}/link.ld"
+STACK_RESERVE = 4096   # bytes of RAM the linker keeps free for newlib's heap (file buffers) and the stack
+QEMU = "qemu-system-arm"
+MARK = b"] dabuild_mark\n"
+LINK_FLAGS = ("--specs=rdimon.specs", "-nostartfiles", "-Wl,--gc-sections")
+SECTION_FLAGS = ("-ffunction-sections", "-fdata-sections")
+
+
+def require(program: str, packages: str) -> str:
+    path = shutil.which(program)
+    if path is None:
+        raise BuildError(f"{program} was not found on PATH; the c target's Cortex-M profiles need it: install the "
+                         f"Debian packages {packages} (apt-get install {packages})")
+    return path
+
+
+@dataclass(frozen=True)
+class Image:
+    elf: Path
+    model_object: Path
+    stack_usage: Path   # model.su from -fstack-usage
+    map_file: Path      # the linker's map
+
+
+def compile_lines(profile: Profile, cflags: list[str], artifact: str, out: str,
+                  defines: tuple[str, ...] = ()) -> list[list[str]]:
+    """The commands that build `out`/image.elf from the artifact folder `artifact` (paths as given)."""
+    compiler = profile.compiler
+    flags = [*profile.flags, *defines, f"-Wa,-I{artifact}"]   # model.c's .incbin of weights.bin, if it has one
+    model = [compiler, "-std=c99", *flags, *cflags, *SECTION_FLAGS, "-fstack-usage", "-c",
+             f"{artifact}/model.c", "-o", f"{out}/model.o"]
+    link = [compiler, "-std=c99", *flags, *cflags, *SECTION_FLAGS, *LINK_FLAGS, f"-Wl,-Map={out}/image.map",
+            "-T", f"{artifact}/{LINKER_SCRIPT}",
+            "-o", f"{out}/image.elf", f"{artifact}/main.c", f"{artifact}/{STARTUP}", f"{out}/model.o"]
+    return [model, link]
+
+
+def build_image(profile: Profile, cflags: list[str], artifact_dir: Path, work_dir: Path,
+                defines: tuple[str, ...] = ()) -> Image:
+    """Compile and link the artifact's image into `work_dir`; BuildError with the compiler's words on failure,
+    naming the board's memory when the image does not fit it."""
+    require(profile.compiler, ARM_PACKAGES)
+    work_dir.mkdir(parents=True, exist_ok=True)
+    for line in compile_lines(profile, cflags, str(artifact_dir), str(work_dir), defines):
+        result = subprocess.run(line, capture_output=True, text=True, cwd=work_dir)
+        if result.returncode == 0:
+            continue
+        message = result.stderr.strip()
+        if "rdimon.specs" in message:
+            raise BuildError(f"newlib for arm-none-eabi is missing ({message.splitlines()[0]}); install the Debian "
+                             f"packages {ARM_PACKAGES}")
+        overflow = re.findall(r"region `(\w+)' overflowed by (\d+) bytes|RAM overflowed[^\n]*", message)
+        if overflow and profile.board is not None:
+            board = profile.board
+            raise BuildError(f"the {profile.name} image of {artifact_dir} does not fit board {board.machine} "
+                             f"(flash {board.flash_bytes} bytes, RAM {board.ram_bytes} bytes): {message}")
+        raise BuildError(f"building the {profile.name} image of {artifact_dir} with {profile.compiler} failed:\n"
+                         f"{message}")
+    return Image(work_dir / "image.elf", work_dir / "model.o", work_dir / "model.su", work_dir / "image.map")
+
+
+def qemu_line(profile: Profile, image: str) -> list[str]:
+    assert profile.board is not None
+    return [QEMU, "-M", profile.board.machine, "-nographic", "-monitor", "none", "-serial", "none",
+            "-semihosting-config", "enable=on,target=native", "-kernel", image]
+
+
+def run_image(profile: Profile, image: Path, work_dir: Path, timeout: float) -> None:
+    """Boot `image` in qemu in `work_dir` (where main.c finds inputs.bin); BuildError on a failure or timeout."""
+    require(QEMU, QEMU_PACKAGE)
+    try:
+        result = subprocess.run(qemu_line(profile, str(image)), capture_output=True, text=True, cwd=work_dir,
+                                timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise BuildError(f"the {profile.name} image {image} did not finish in qemu within {timeout:g} s "
+                         "(options.timeout of the c target)") from None
+    if result.returncode != 0:
+        why = "a fault (exit 99)" if result.returncode == 99 else f"exit {result.returncode}"
+        raise BuildError(f"the {profile.name} image {image} failed in qemu {profile.board.machine} with {why}: "
+                         f"{(result.stderr + result.stdout).strip()[-2000:]}")
+
+
+def _count_between_marks(log: IO[bytes]) -> list[int]:
+    """Lines (executed instructions) between consecutive pairs of dabuild_mark lines of a qemu exec log."""
+    counts: list[int] = []
+    inside, running, carry = False, 0, b""
+    while chunk := log.read(1 << 22):
+        chunk = carry + chunk
+        cut = chunk.rfind(b"\n") + 1
+        chunk, carry = chunk[:cut], chunk[cut:]
+        start = 0
+        while (at := chunk.find(MARK, start)) >= 0:
+            if inside:
+                counts.append(running + chunk.count(b"\n", start, at))
+            inside, running = not inside, 0
+            start = at + len(MARK)
+        if inside:
+            running += chunk.count(b"\n", start)
+    return counts
+
+
+def count_instructions(profile: Profile, image: Path, work_dir: Path, timeout: float) -> list[int]:
+    """Instructions each model_forward call of a counting image retired, one entry per sample."""
+    require(QEMU, QEMU_PACKAGE)
+    line = [*qemu_line(profile, str(image)), "-singlestep", "-d", "exec,nochain", "-D", "/dev/stdout"]
+    with subprocess.Popen(line, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=work_dir) as process:
+        assert process.stdout is not None
+        try:
+            counts = _count_between_marks(process.stdout)
+            process.wait(timeout=timeout)
+        finally:
+            process.kill()
+    if process.returncode != 0 or not counts:
+        raise BuildError(f"counting the instructions of {image} in qemu failed (exit {process.returncode})")
+    return counts
+
+
+_INPUT_SECTION = re.compile(r"^ (\.\S+)\s+0x[0-9a-f]+\s+0x([0-9a-f]+)\s+(\S+)$", re.MULTILINE)
+
+
+def _linked_sections(map_file: Path, object_name: str) -> dict[str, int]:
+    """Sizes of the input sections of `object_name` the linker kept (its map after --gc-sections): what the
+    model costs in a firmware, without the float interface a program that never calls it drops."""
+    text = map_file.read_text()
+    kept = text[text.index("Linker script and memory map"):]
+    kept = re.sub(r"^( \.\S+)\n\s+0x", r"\1 0x", kept, flags=re.MULTILINE)  # a long name: the rest on the next line
+    sizes: dict[str, int] = {}
+    for section, size, source in _INPUT_SECTION.findall(kept):
+        if Path(source).name == object_name and int(size, 16):
+            sizes[section] = sizes.get(section, 0) + int(size, 16)
+    return sizes
+
+
+def _kind(section: str) -> str | None:
+    for kind in ("text", "rodata", "data", "bss"):
+        if section == f".{kind}" or section.startswith(f".{kind}."):
+            return kind
+    return None
+
+
+def stack_bytes(stack_usage: Path) -> int:
+    """model_forward's frame plus the deepest frame of any other function of the model (the layers it calls)."""
+    frames = {}
+    for line in stack_usage.read_text().splitlines():
+        fields = line.split("\t")
+        if len(fields) >= 2 and fields[1].isdigit():
+            frames[fields[0].rsplit(":", 1)[-1]] = int(fields[1])
+    own = frames.pop("model_forward", 0)
+    frames.pop("model_forward_float", None)
+    return own + max(frames.values(), default=0)
+
+
+def measure(image: Image) -> dict[str, int]:
+    """Flash and RAM of the model object (what a firmware links), and the stack of model_forward."""
+    totals = {"text": 0, "rodata": 0, "data": 0, "bss": 0}
+    for section, size in _linked_sections(image.map_file, image.model_object.name).items():
+        kind = _kind(section)
+        if kind:
+            totals[kind] += size
+    return {"text_bytes": totals["text"], "rodata_bytes": totals["rodata"], "data_bytes": totals["data"],
+            "bss_bytes": totals["bss"], "flash_bytes": totals["text"] + totals["rodata"] + totals["data"],
+            "stack_bytes": stack_bytes(image.stack_usage),
+            "ram_bytes": totals["data"] + totals["bss"] + stack_bytes(image.stack_usage)}
