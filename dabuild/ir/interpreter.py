@@ -17,6 +17,7 @@ from threadpoolctl import ThreadpoolController
 
 from dabuild.errors import UsageError
 from dabuild.ir.graph import Graph, TensorSpec
+from dabuild.ir.kernels.native import layer_threads
 from dabuild.ir.ops import OPS, Activation
 from dabuild.ir.ops.base import Kernel
 from dabuild.ir.ops.linear import Conv
@@ -82,7 +83,9 @@ class Interpreter:
     threaded BLAS splits only the matmuls, each small one with its own
     synchronisation. The slices compute exactly what the whole batch computes.
     Graphs of dense layers only run serially (too little work per call to pay
-    for the dispatch).
+    for the dispatch). A batch too small to split (one image, say) instead
+    splits the output rows of each large native conv among the threads
+    (`dabuild.ir.kernels.native.layer_threads`).
     The graph must not change while an Interpreter of it is in use.
     """
 
@@ -97,11 +100,12 @@ class Interpreter:
     def run(self, feeds: dict[str, np.ndarray], keep_intermediates: bool = False) -> dict[str, np.ndarray]:
         """The graph outputs by name; with `keep_intermediates`, every input and node output as well."""
         arrays = validate_feeds(self.graph, feeds)
-        if keep_intermediates:
-            return self._run(self.separate_steps, arrays, True)
         batch = len(next(iter(arrays.values()))) if arrays else 0
-        if not self.splits or batch < 2 * self.threads:
-            return self._run(self.steps, arrays, False)
+        if keep_intermediates or not self.splits or batch < 2 * self.threads:
+            with layer_threads(self.threads):
+                if keep_intermediates:
+                    return self._run(self.separate_steps, arrays, True)
+                return self._run(self.steps, arrays, False)
         bounds = np.linspace(0, batch, self.threads + 1).astype(int)
         slices = [{name: array[low:high] for name, array in arrays.items()} for low, high in zip(bounds, bounds[1:])]
         if self._pool is None:

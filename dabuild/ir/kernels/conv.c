@@ -1,18 +1,26 @@
 /* Direct 2-D convolution over channels-last float32 tensors, for dabuild's reference interpreter.
  *
- * x (N, H, W, C) and the weight (KH, KW, C, OP) give y (N, OH, OW, O): OP is O rounded up to a whole
- * number of vectors, its extra columns zero. The output channels are innermost, so one vector of
- * VLEN floats holds VLEN output channels of one pixel, and each multiply-add broadcasts one input
- * value against one weight vector. A block of PIXELS neighbouring output pixels times VECS vectors
- * of channels stays in registers over all taps and input channels. The summation order of every
- * output is fixed by this source (tap by tap, channel by channel), whatever the vector width the
- * compiler picks for the target machine.
+ * x (N, H, W, C) and a packed weight give y (N, OH, OW, O). The packed weight holds the output channels in
+ * blocks of up to BLOCK_VECS vectors of VLEN channels (the last block narrower, its columns past O zero):
+ * block b is a (KH, KW, C, width_b) array, so the weights one register block needs are one contiguous slab.
+ * One vector of VLEN floats holds VLEN output channels of one pixel, and each multiply-add broadcasts one
+ * input value against one weight vector. A register block of PIXELS neighbouring output pixels times VECS
+ * vectors of channels stays in registers over a run of (tap, channel) inputs.
+ *
+ * Blocking for cache: the reduction over (tap, channel) runs in K-blocks of about KBLOCK inputs (whole
+ * kernel rows when they are short, else one tap's channels in chunks), and each K-block's weight slab
+ * (KBLOCK x width floats) is used by every pixel of a chunk of output rows before the next is read, so
+ * the slab stays in L1. Between K-blocks the partial sums wait in a small scratch buffer. Storing and
+ * reloading a float is exact, so the summation order of every output is fixed by this source (tap by
+ * tap, channel by channel), whatever the blocking, the vector width the compiler picks or how many
+ * threads share the rows.
  *
  * Padding is not copied: a tap that falls outside the input reads a row of C zeros instead.
- * The epilogue adds the bias, then the residual (another (N, OH, OW, O) tensor), then applies relu,
- * the order of the graph nodes it replaces.
+ * The epilogue adds the bias, then the residual (another (N, OH, OW, O) tensor), then applies relu or a
+ * clamp to [low, high], the order of the graph nodes it replaces.
  */
 #include <stddef.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define VLEN 16
@@ -20,21 +28,27 @@
 #define UNROLL _Pragma("GCC unroll 16")
 #define MAX_PIXELS 8
 #define MAX_VECS 4
+#define BLOCK_VECS 4                  /* vectors of output channels per packed weight block */
+#define KBLOCK 128                    /* (tap, channel) inputs per K-block: a 128 x 64 float slab is 32 KiB */
+#define CHUNK_PIXELS 256              /* output pixels whose partial sums one K-block updates */
 typedef float vec __attribute__((vector_size(VLEN * sizeof(float))));
 typedef int lanes_mask __attribute__((vector_size(VLEN * sizeof(int))));
 typedef float vec_unaligned __attribute__((vector_size(VLEN * sizeof(float)), aligned(sizeof(float))));
 
+enum { NO_ACTIVATION, RELU, CLAMP };
+
 typedef struct {
     const float *x;
     ptrdiff_t height, width, channels;
-    const float *weight;
+    const float *weight;    /* packed, see above */
     ptrdiff_t kernel_h, kernel_w, out_channels, padded_channels;
     const float *bias;      /* (padded_channels,) or NULL */
     const float *residual;  /* (N, OH, OW, out_channels) or NULL */
     float *y;
     ptrdiff_t out_h, out_w;
     ptrdiff_t stride_h, stride_w, pad_top, pad_left, dilation_h, dilation_w;
-    int relu;
+    int activation;         /* NO_ACTIVATION, RELU or CLAMP */
+    float low, high;        /* CLAMP's bounds */
     const float *zeros;     /* channels zeros: what a tap in the padding reads */
 } Conv;
 
@@ -45,7 +59,21 @@ static inline vec relu(vec x)
     return (vec)((lanes_mask)x & keep);
 }
 
-/* y[pixel, first:first + VLEN] = relu?(sum + bias + residual), the channels past out_channels left out. */
+/* min(max(x, low), high) lane by lane, keeping NaN as numpy.clip does. */
+static inline vec clamp(vec x, float low, float high)
+{
+    vec lows = low - (vec){0}, highs = high - (vec){0};
+    lanes_mask below = x < lows, above = x > highs;
+    x = (vec)(((lanes_mask)lows & below) | ((lanes_mask)x & ~below));
+    return (vec)(((lanes_mask)highs & above) | ((lanes_mask)x & ~above));
+}
+
+static inline float clamp_one(float value, float low, float high)
+{
+    return value < low ? low : value > high ? high : value;
+}
+
+/* y[pixel, first:first + VLEN] = activation(sum + bias + residual), the channels past out_channels left out. */
 static inline __attribute__((always_inline)) void finish(const Conv *c, ptrdiff_t pixel, ptrdiff_t first, vec sum)
 {
     if (c->bias)
@@ -55,8 +83,10 @@ static inline __attribute__((always_inline)) void finish(const Conv *c, ptrdiff_
     if (c->out_channels - first >= VLEN) {
         if (residual)
             sum += *(const vec_unaligned *)residual;
-        if (c->relu)
+        if (c->activation == RELU)
             sum = relu(sum);
+        else if (c->activation == CLAMP)
+            sum = clamp(sum, c->low, c->high);
         *(vec_unaligned *)y = sum;
         return;
     }
@@ -66,17 +96,21 @@ static inline __attribute__((always_inline)) void finish(const Conv *c, ptrdiff_
         float value = lanes[lane];
         if (residual)
             value += residual[lane];
-        y[lane] = c->relu && !(value > 0.0f) && value == value ? 0.0f : value;
+        if (c->activation == RELU)
+            value = !(value > 0.0f) && value == value ? 0.0f : value;
+        else if (c->activation == CLAMP && value == value)
+            value = clamp_one(value, c->low, c->high);
+        y[lane] = value;
     }
 }
 
-/* acc += the products of `count` consecutive (tap, channel) inputs of each pixel p, against the weight rows from
- * w on. The inputs of pixel p are at rows[p], or with SPACED at rows[0] + p * step: one pointer for them all. */
+/* acc += the products of `count` consecutive inputs of each pixel p, against the weight rows from w on (`ld`
+ * floats apart). The inputs of pixel p are at rows[p], or with SPACED at rows[0] + p * step. */
 static inline __attribute__((always_inline)) void
 taps(vec acc[MAX_PIXELS][MAX_VECS], const float *const *rows, const int SPACED, ptrdiff_t step, const float *w,
-     ptrdiff_t count, const Conv *c, const int PIXELS, const int VECS)
+     ptrdiff_t ld, ptrdiff_t count, const int PIXELS, const int VECS)
 {
-    for (ptrdiff_t ci = 0; ci < count; ci++, w += c->padded_channels) {
+    for (ptrdiff_t ci = 0; ci < count; ci++, w += ld) {
         vec weights[MAX_VECS];
         UNROLL for (int v = 0; v < VECS; v++)
             weights[v] = *(const vec_unaligned *)(w + v * VLEN);
@@ -88,100 +122,180 @@ taps(vec acc[MAX_PIXELS][MAX_VECS], const float *const *rows, const int SPACED, 
     }
 }
 
+/* One K-block: the kernel rows [kh0, kh1) with all their taps and channels, or (kh1 == kh0 + 1, one_tap) the
+ * channels [c0, c1) of tap (kh0, kw0). */
+typedef struct {
+    ptrdiff_t kh0, kh1, kw0, c0, c1;
+    int one_tap, first, last;
+} KBlock;
+
+/* The register block of output pixels (n, oh, ow .. ow + PIXELS - 1) x channels o .. o + VECS * VLEN - 1 of
+ * weight block `w` (width `ld`) over one K-block: started from zero or from `partial`, left in `partial`
+ * or finished into y. */
 static inline __attribute__((always_inline)) void
-block(const Conv *c, ptrdiff_t n, ptrdiff_t oh, ptrdiff_t ow, ptrdiff_t o, const int PIXELS, const int VECS)
+block(const Conv *c, const KBlock *k, const float *w, ptrdiff_t ld, float *partial, ptrdiff_t n, ptrdiff_t oh,
+      ptrdiff_t ow, ptrdiff_t o, const int PIXELS, const int VECS)
 {
     vec acc[MAX_PIXELS][MAX_VECS];  /* fixed sizes: once unrolled, each element is a register */
     UNROLL for (int p = 0; p < PIXELS; p++)
         UNROLL for (int v = 0; v < VECS; v++)
-            acc[p][v] = (vec){0};
+            acc[p][v] = k->first ? (vec){0} : *(const vec *)(partial + (p * MAX_VECS + v) * VLEN);
     const float *rows[MAX_PIXELS];
-    for (ptrdiff_t kh = 0; kh < c->kernel_h; kh++) {
+    ptrdiff_t left = ow * c->stride_w - c->pad_left;  /* the first input column of the block's first pixel */
+    ptrdiff_t step = c->stride_w * c->channels;
+    for (ptrdiff_t kh = k->kh0; kh < k->kh1; kh++) {
         ptrdiff_t ih = oh * c->stride_h - c->pad_top + kh * c->dilation_h;
         int row_inside = ih >= 0 && ih < c->height;
         const float *row = row_inside ? c->x + (n * c->height + ih) * c->width * c->channels : c->zeros;
-        const float *w = c->weight + kh * c->kernel_w * c->channels * c->padded_channels + o;
-        ptrdiff_t left = ow * c->stride_w - c->pad_left;  /* the first input column of the block's first pixel */
-        ptrdiff_t step = c->stride_w * c->channels;
-        if (row_inside && c->dilation_w == 1 && left >= 0
+        if (!k->one_tap && row_inside && c->dilation_w == 1 && left >= 0
                 && left + (PIXELS - 1) * c->stride_w + c->kernel_w <= c->width) {
             /* the whole kernel row is inside for every pixel: its taps' channels are one contiguous run */
             rows[0] = row + left * c->channels;
-            taps(acc, rows, 1, step, w, c->kernel_w * c->channels, c, PIXELS, VECS);
+            taps(acc, rows, 1, step, w, ld, c->kernel_w * c->channels, PIXELS, VECS);
+            w += c->kernel_w * c->channels * ld;
             continue;
         }
-        for (ptrdiff_t kw = 0; kw < c->kernel_w; kw++, w += c->channels * c->padded_channels) {
+        ptrdiff_t kw_end = k->one_tap ? k->kw0 + 1 : c->kernel_w;
+        ptrdiff_t c0 = k->one_tap ? k->c0 : 0, count = k->one_tap ? k->c1 - k->c0 : c->channels;
+        for (ptrdiff_t kw = k->one_tap ? k->kw0 : 0; kw < kw_end; kw++, w += count * ld) {
             int inside = row_inside;
             UNROLL for (int p = 0; p < PIXELS; p++) {
                 ptrdiff_t iw = left + p * c->stride_w + kw * c->dilation_w;
                 int pixel_inside = row_inside && iw >= 0 && iw < c->width;
-                rows[p] = pixel_inside ? row + iw * c->channels : c->zeros;
+                rows[p] = pixel_inside ? row + iw * c->channels + c0 : c->zeros;
                 inside &= pixel_inside;
             }
             if (inside)  /* the block's inputs are equally spaced: one pointer reaches them all */
-                taps(acc, rows, 1, step, w, c->channels, c, PIXELS, VECS);
+                taps(acc, rows, 1, step, w, ld, count, PIXELS, VECS);
             else
-                taps(acc, rows, 0, 0, w, c->channels, c, PIXELS, VECS);
+                taps(acc, rows, 0, 0, w, ld, count, PIXELS, VECS);
         }
+    }
+    if (!k->last) {
+        UNROLL for (int p = 0; p < PIXELS; p++)
+            UNROLL for (int v = 0; v < VECS; v++)
+                *(vec *)(partial + (p * MAX_VECS + v) * VLEN) = acc[p][v];
+        return;
     }
     for (int p = 0; p < PIXELS; p++)
         for (int v = 0; v < VECS && o + v * VLEN < c->out_channels; v++)
             finish(c, (n * c->out_h + oh) * c->out_w + ow + p, o + v * VLEN, acc[p][v]);
 }
 
-/* One output row of image n: full blocks of PIXELS pixels, then single pixels for the rest. */
+/* Output rows [row0, row1) of the flattened (N * OH) rows, channels o .. o + VECS * VLEN - 1, over one K-block:
+ * full blocks of PIXELS pixels, then single pixels. `partial` holds the chunk's partial sums, pixel by pixel. */
 static inline __attribute__((always_inline)) void
-output_row(const Conv *c, ptrdiff_t n, ptrdiff_t oh, const int PIXELS, const int VECS)
+rows_of_kblock(const Conv *c, const KBlock *k, const float *w, ptrdiff_t ld, float *partial, ptrdiff_t row0,
+               ptrdiff_t row1, ptrdiff_t o, const int PIXELS, const int VECS)
 {
-    for (ptrdiff_t o = 0; o < c->padded_channels; o += VECS * VLEN) {
-        ptrdiff_t ow = 0;
+    for (ptrdiff_t row = row0; row < row1; row++) {
+        ptrdiff_t n = row / c->out_h, oh = row % c->out_h, ow = 0;
+        float *sums = partial + (row - row0) * c->out_w * MAX_VECS * VLEN;
         for (; ow + PIXELS <= c->out_w; ow += PIXELS)
-            block(c, n, oh, ow, o, PIXELS, VECS);
+            block(c, k, w, ld, sums + ow * MAX_VECS * VLEN, n, oh, ow, o, PIXELS, VECS);
         for (; ow < c->out_w; ow++)
-            block(c, n, oh, ow, o, 1, VECS);
+            block(c, k, w, ld, sums + ow * MAX_VECS * VLEN, n, oh, ow, o, 1, VECS);
     }
 }
 
-void conv2d_nhwc(const Conv *c, ptrdiff_t images)
+/* The K-blocks in order, each with the offset of its weights within a block's slab (in rows of the slab). */
+static ptrdiff_t kblocks(const Conv *c, KBlock *out, ptrdiff_t *offsets)
 {
-    for (ptrdiff_t n = 0; n < images; n++)
-        for (ptrdiff_t oh = 0; oh < c->out_h; oh++) {
-            if (c->padded_channels % (4 * VLEN) == 0)
-                output_row(c, n, oh, 4, 4);
-            else if (c->padded_channels % (2 * VLEN) == 0)
-                output_row(c, n, oh, 8, 2);
-            else
-                output_row(c, n, oh, 8, 1);
+    ptrdiff_t count = 0, row_length = c->kernel_w * c->channels;
+    if (row_length <= KBLOCK) {
+        ptrdiff_t rows = KBLOCK / row_length;
+        for (ptrdiff_t kh = 0; kh < c->kernel_h; kh += rows) {
+            ptrdiff_t end = kh + rows < c->kernel_h ? kh + rows : c->kernel_h;
+            if (out) {
+                out[count] = (KBlock){kh, end, 0, 0, c->channels, 0, 0, 0};
+                offsets[count] = kh * row_length;
+            }
+            count++;
         }
+    } else {
+        ptrdiff_t pieces = (c->channels + KBLOCK - 1) / KBLOCK, piece = (c->channels + pieces - 1) / pieces;
+        for (ptrdiff_t kh = 0; kh < c->kernel_h; kh++)
+            for (ptrdiff_t kw = 0; kw < c->kernel_w; kw++)
+                for (ptrdiff_t c0 = 0; c0 < c->channels; c0 += piece) {
+                    ptrdiff_t c1 = c0 + piece < c->channels ? c0 + piece : c->channels;
+                    if (out) {
+                        out[count] = (KBlock){kh, kh + 1, kw, c0, c1, 1, 0, 0};
+                        offsets[count] = kh * row_length + kw * c->channels + c0;
+                    }
+                    count++;
+                }
+    }
+    if (out) {
+        out[0].first = 1;
+        out[count - 1].last = 1;
+    }
+    return count;
+}
+
+static inline __attribute__((always_inline)) void
+weight_block(const Conv *c, const KBlock *ks, const ptrdiff_t *offsets, ptrdiff_t count, float *partial,
+             ptrdiff_t row0, ptrdiff_t row1, ptrdiff_t o, const int PIXELS, const int VECS)
+{
+    ptrdiff_t depth = c->kernel_h * c->kernel_w * c->channels, ld = VECS * VLEN;
+    const float *slab = c->weight + depth * o;  /* the blocks before this one are `o` channels wide in all */
+    for (ptrdiff_t b = 0; b < count; b++)
+        rows_of_kblock(c, &ks[b], slab + offsets[b] * ld, ld, partial, row0, row1, o, PIXELS, VECS);
+}
+
+/* Output rows [row0, row1) of the flattened (N * OH) rows: chunks of rows, each through every weight block. */
+void conv2d_nhwc(const Conv *c, ptrdiff_t row0, ptrdiff_t row1)
+{
+    ptrdiff_t count = kblocks(c, NULL, NULL);
+    KBlock *ks = malloc(count * sizeof *ks);
+    ptrdiff_t *offsets = malloc(count * sizeof *offsets);
+    ptrdiff_t chunk = CHUNK_PIXELS / c->out_w > 1 ? CHUNK_PIXELS / c->out_w : 1;
+    float *partial = count > 1 ? aligned_alloc(64, chunk * c->out_w * MAX_VECS * VLEN * sizeof(float)) : NULL;
+    kblocks(c, ks, offsets);
+    for (ptrdiff_t start = row0; start < row1; start += chunk) {
+        ptrdiff_t end = start + chunk < row1 ? start + chunk : row1;
+        for (ptrdiff_t o = 0; o < c->padded_channels; o += BLOCK_VECS * VLEN) {
+            switch ((c->padded_channels - o) / VLEN) {
+            case 1: weight_block(c, ks, offsets, count, partial, start, end, o, 8, 1); break;
+            case 2: weight_block(c, ks, offsets, count, partial, start, end, o, 8, 2); break;
+            case 3: weight_block(c, ks, offsets, count, partial, start, end, o, 6, 3); break;
+            default: weight_block(c, ks, offsets, count, partial, start, end, o, 4, 4); break;
+            }
+        }
+    }
+    free(partial);
+    free(offsets);
+    free(ks);
 }
 
 /* Depthwise: one input channel per output channel (O == C, weight (KH, KW, OP)), so x's channels line up with
- * the output's and each tap is one elementwise multiply-add of a vector of channels. */
-void depthwise2d_nhwc(const Conv *c, ptrdiff_t images)
+ * the output's and each tap is one elementwise multiply-add of a vector of channels. Rows [row0, row1) of the
+ * flattened (N * OH) rows. */
+void depthwise2d_nhwc(const Conv *c, ptrdiff_t row0, ptrdiff_t row1)
 {
-    for (ptrdiff_t n = 0; n < images; n++)
-        for (ptrdiff_t oh = 0; oh < c->out_h; oh++)
-            for (ptrdiff_t ow = 0; ow < c->out_w; ow++)
-                for (ptrdiff_t o = 0; o < c->out_channels; o += VLEN) {
-                    ptrdiff_t count = c->out_channels - o < VLEN ? c->out_channels - o : VLEN;
-                    vec acc = {0};
-                    for (ptrdiff_t kh = 0; kh < c->kernel_h; kh++) {
-                        ptrdiff_t ih = oh * c->stride_h - c->pad_top + kh * c->dilation_h;
-                        if (ih < 0 || ih >= c->height)
+    for (ptrdiff_t row = row0; row < row1; row++) {
+        ptrdiff_t n = row / c->out_h, oh = row % c->out_h;
+        for (ptrdiff_t ow = 0; ow < c->out_w; ow++)
+            for (ptrdiff_t o = 0; o < c->out_channels; o += VLEN) {
+                ptrdiff_t count = c->out_channels - o < VLEN ? c->out_channels - o : VLEN;
+                vec acc = {0};
+                for (ptrdiff_t kh = 0; kh < c->kernel_h; kh++) {
+                    ptrdiff_t ih = oh * c->stride_h - c->pad_top + kh * c->dilation_h;
+                    if (ih < 0 || ih >= c->height)
+                        continue;
+                    for (ptrdiff_t kw = 0; kw < c->kernel_w; kw++) {
+                        ptrdiff_t iw = ow * c->stride_w - c->pad_left + kw * c->dilation_w;
+                        if (iw < 0 || iw >= c->width)
                             continue;
-                        for (ptrdiff_t kw = 0; kw < c->kernel_w; kw++) {
-                            ptrdiff_t iw = ow * c->stride_w - c->pad_left + kw * c->dilation_w;
-                            if (iw < 0 || iw >= c->width)
-                                continue;
-                            const float *x = c->x + ((n * c->height + ih) * c->width + iw) * c->channels + o;
-                            vec inputs = {0};  /* a partial last vector must not read past the tensor */
-                            if (count == VLEN)
-                                inputs = *(const vec_unaligned *)x;
-                            else
-                                memcpy(&inputs, x, count * sizeof(float));
-                            acc += inputs * *(const vec_unaligned *)(c->weight + (kh * c->kernel_w + kw) * c->padded_channels + o);
-                        }
+                        const float *x = c->x + ((n * c->height + ih) * c->width + iw) * c->channels + o;
+                        vec inputs = {0};  /* a partial last vector must not read past the tensor */
+                        if (count == VLEN)
+                            inputs = *(const vec_unaligned *)x;
+                        else
+                            memcpy(&inputs, x, count * sizeof(float));
+                        acc += inputs * *(const vec_unaligned *)(c->weight + (kh * c->kernel_w + kw) * c->padded_channels + o);
                     }
-                    finish(c, (n * c->out_h + oh) * c->out_w + ow, o, acc);
                 }
+                finish(c, (n * c->out_h + oh) * c->out_w + ow, o, acc);
+            }
+    }
 }

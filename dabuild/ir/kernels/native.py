@@ -23,6 +23,7 @@ interpreter falls back to numpy, noting why once at debug level.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import hashlib
@@ -32,6 +33,10 @@ import platform
 import shutil
 import subprocess
 import tempfile
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
 
@@ -41,6 +46,7 @@ LOG = logging.getLogger(__name__)
 COMPILER = "cc"
 FLAGS = ("-O3", "-march=native", "-shared", "-fPIC")
 VECTOR = 16  # floats per vector in conv.c: the weight and bias are padded to whole vectors
+BLOCK = 4 * VECTOR  # output channels per block of the packed weight (conv.c's BLOCK_VECS vectors)
 SWITCH = "DABUILD_NATIVE_KERNELS"
 KERNEL_CACHE = "DABUILD_KERNEL_CACHE"
 
@@ -58,47 +64,105 @@ class ConvCall(ctypes.Structure):
         ("stride_h", ctypes.c_ssize_t), ("stride_w", ctypes.c_ssize_t),
         ("pad_top", ctypes.c_ssize_t), ("pad_left", ctypes.c_ssize_t),
         ("dilation_h", ctypes.c_ssize_t), ("dilation_w", ctypes.c_ssize_t),
-        ("relu", ctypes.c_int), ("zeros", ctypes.c_void_p),
+        ("activation", ctypes.c_int), ("low", ctypes.c_float), ("high", ctypes.c_float),
+        ("zeros", ctypes.c_void_p),
     ]
 
 
+RELU, CLAMP = 1, 2  # conv.c's activations: relu, or a clamp to [low, high]
+NativeActivation = tuple[int, float, float]  # (0 for none, RELU or CLAMP; low, high)
+NO_ACTIVATION: NativeActivation = (0, 0.0, 0.0)
+PARALLEL_MACS = 2_000_000  # a conv with fewer multiply-adds runs on one thread: not worth a dispatch
+
+
 class NativeConv:
-    """conv.c's `conv2d_nhwc` and `depthwise2d_nhwc`, with numpy arrays in and out."""
+    """conv.c's `conv2d_nhwc` and `depthwise2d_nhwc`, with numpy arrays in and out.
+
+    A prepared conv packs its weight into conv.c's layout once (`pack`) and passes the packed form. With `threads` > 1 (see `layer_threads`), a conv
+    with enough work splits its output rows among that many threads; every output is computed by the
+    same code in the same order whichever thread runs it, so the result does not depend on the split.
+    """
 
     def __init__(self, library: ctypes.CDLL, compiler: str):
         self.compiler = compiler
         self._dense, self._depthwise = library.conv2d_nhwc, library.depthwise2d_nhwc
         for kernel in self._dense, self._depthwise:
-            kernel.argtypes = [ctypes.POINTER(ConvCall), ctypes.c_ssize_t]
+            kernel.argtypes = [ctypes.POINTER(ConvCall), ctypes.c_ssize_t, ctypes.c_ssize_t]
             kernel.restype = None
+        self._pool: ThreadPoolExecutor | None = None
 
-    def __call__(self, x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None, residual: np.ndarray | None,
-                 strides: list[int], pads: list[int], dilations: list[int], out: list[int], relu: bool,
-                 depthwise: bool = False) -> np.ndarray:
-        """y = relu?(conv(x) + bias + residual) as an (N, OH, OW, O) float32 array; `depthwise`: groups == C == O.
+    def pack(self, weight: np.ndarray, depthwise: bool = False) -> PackedWeight:
+        """The (O, C, KH, KW) float32 weight in conv.c's layout: done once per weight by a prepared conv."""
+        out_channels, _, kernel_h, kernel_w = weight.shape
+        padded = -(-out_channels // VECTOR) * VECTOR
+        taps = np.zeros((kernel_h, kernel_w, *(() if depthwise else (weight.shape[1],)), padded), np.float32)
+        taps[..., :out_channels] = weight[:, 0].transpose(1, 2, 0) if depthwise else weight.transpose(2, 3, 1, 0)
+        if not depthwise:  # blocks of BLOCK channels, each a contiguous (KH * KW * C, width) slab
+            rows = taps.reshape(-1, padded)
+            taps = np.concatenate([rows[:, first:first + BLOCK].ravel() for first in range(0, padded, BLOCK)])
+        return PackedWeight(taps, weight.shape, depthwise)
 
-        x is (N, H, W, C), weight (O, C, KH, KW) as in the graph, residual (N, OH, OW, O) or None, all float32,
-        x and residual C-contiguous; pads are the (top, left) ones, `out` is (OH, OW).
+    def __call__(self, x: np.ndarray, weight: PackedWeight, bias: np.ndarray | None, residual: np.ndarray | None,
+                 strides: list[int], pads: list[int], dilations: list[int], out: list[int],
+                 activation: NativeActivation = NO_ACTIVATION) -> np.ndarray:
+        """y = activation(conv(x) + bias + residual) as an (N, OH, OW, O) float32 array.
+
+        x is (N, H, W, C), residual (N, OH, OW, O) or None, all float32, x and residual C-contiguous; pads
+        are the (top, left) ones, `out` is (OH, OW).
         """
         batch, height, width, channels = x.shape
         out_channels, _, kernel_h, kernel_w = weight.shape
         padded = -(-out_channels // VECTOR) * VECTOR
-        taps = np.zeros((kernel_h, kernel_w, *(() if depthwise else (channels,)), padded), np.float32)
-        taps[..., :out_channels] = weight[:, 0].transpose(1, 2, 0) if depthwise else weight.transpose(2, 3, 1, 0)
         if bias is not None:
             bias = np.concatenate([bias, np.zeros(padded - out_channels, np.float32)])
         zeros = np.zeros(channels, np.float32)
         y = np.empty((batch, *out, out_channels), np.float32)
         call = ConvCall(
             x.ctypes.data, height, width, channels,
-            taps.ctypes.data, kernel_h, kernel_w, out_channels, padded,
+            weight.taps.ctypes.data, kernel_h, kernel_w, out_channels, padded,
             None if bias is None else bias.ctypes.data, None if residual is None else residual.ctypes.data,
             y.ctypes.data, out[0], out[1], strides[0], strides[1], pads[0], pads[1], dilations[0], dilations[1],
-            int(relu), zeros.ctypes.data,
+            *activation, zeros.ctypes.data,
         )
-        function = self._depthwise if depthwise else self._dense
-        function(ctypes.byref(call), batch)  # ctypes releases the GIL for the call
+        function = self._depthwise if weight.depthwise else self._dense
+        rows = batch * out[0]
+        macs = y.size * kernel_h * kernel_w * (1 if weight.depthwise else channels)
+        parts = min(getattr(_LAYER_THREADS, "count", 1), rows) if macs >= PARALLEL_MACS else 1
+        if parts <= 1:
+            function(ctypes.byref(call), 0, rows)  # ctypes releases the GIL for the call
+            return y
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max(1, (os.cpu_count() or 2) - 1), thread_name_prefix="dabuild-conv")
+        bounds = [rows * part // parts for part in range(parts + 1)]
+        others = [self._pool.submit(function, ctypes.byref(call), low, high)
+                  for low, high in zip(bounds[1:-1], bounds[2:])]
+        function(ctypes.byref(call), 0, bounds[1])  # this thread takes the first rows
+        for future in others:
+            future.result()
         return y
+
+
+@dataclass(frozen=True)
+class PackedWeight:
+    """A conv weight in conv.c's layout, with the graph weight's (O, C/groups, KH, KW) shape."""
+
+    taps: np.ndarray
+    shape: tuple[int, ...]
+    depthwise: bool
+
+
+_LAYER_THREADS = threading.local()
+
+
+@contextlib.contextmanager
+def layer_threads(count: int) -> Iterator[None]:
+    """Within the block, this thread's native convs split each large layer among `count` threads."""
+    before = getattr(_LAYER_THREADS, "count", 1)
+    _LAYER_THREADS.count = count
+    try:
+        yield
+    finally:
+        _LAYER_THREADS.count = before
 
 
 def native_conv() -> NativeConv | None:
