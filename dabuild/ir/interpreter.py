@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import sys
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -54,6 +55,9 @@ def validate_feeds(graph: Graph, feeds: dict[str, np.ndarray]) -> dict[str, np.n
     return arrays
 
 
+Visitor = Callable[[str, np.ndarray], None]
+
+
 @dataclass
 class Step:
     """One step of a plan: a prepared kernel, where its arrays come from and go, and what dies after it."""
@@ -97,14 +101,20 @@ class Interpreter:
         self.splits = threads > 1 and _splittable(graph)
         self._pool: ThreadPoolExecutor | None = None
 
-    def run(self, feeds: dict[str, np.ndarray], keep_intermediates: bool = False) -> dict[str, np.ndarray]:
-        """The graph outputs by name; with `keep_intermediates`, every input and node output as well."""
+    def run(self, feeds: dict[str, np.ndarray], keep_intermediates: bool = False,
+            visit: Visitor | None = None) -> dict[str, np.ndarray]:
+        """The graph outputs by name; with `keep_intermediates`, every input and node output as well.
+
+        `visit(name, array)` sees each graph input and then every node output as soon as it is computed
+        (nodes run one by one, unfused), before any of them is freed: calibration takes its statistics that
+        way without holding a batch's intermediates. The visitor must not keep or change the arrays.
+        """
         arrays = validate_feeds(self.graph, feeds)
         batch = len(next(iter(arrays.values()))) if arrays else 0
-        if keep_intermediates or not self.splits or batch < 2 * self.threads:
+        if keep_intermediates or visit is not None or not self.splits or batch < 2 * self.threads:
             with layer_threads(self.threads):
-                if keep_intermediates:
-                    return self._run(self.separate_steps, arrays, True)
+                if keep_intermediates or visit is not None:
+                    return self._run(self.separate_steps, arrays, keep_intermediates, visit)
                 return self._run(self.steps, arrays, False)
         bounds = np.linspace(0, batch, self.threads + 1).astype(int)
         slices = [{name: array[low:high] for name, array in arrays.items()} for low, high in zip(bounds, bounds[1:])]
@@ -116,10 +126,14 @@ class Interpreter:
             parts += [future.result() for future in others]
         return {name: np.concatenate([part[name] for part in parts]) for name in self.graph.outputs}
 
-    def _run(self, steps: list[Step], arrays: dict[str, np.ndarray], keep: bool) -> dict[str, np.ndarray]:
+    def _run(self, steps: list[Step], arrays: dict[str, np.ndarray], keep: bool,
+             visit: Visitor | None = None) -> dict[str, np.ndarray]:
         graph = self.graph
         values: dict[str, np.ndarray] = dict(graph.constants)
         values.update(arrays)
+        if visit is not None:
+            for name, array in arrays.items():
+                visit(name, array)
         for step in steps:
             inputs = [values[name] for name in step.inputs]
             out = None
@@ -127,7 +141,12 @@ class Interpreter:
                 for name in step.finished:
                     del values[name]
                 out = _overwritable(inputs, step.overwritable)
-            values.update(zip(step.outputs, step.kernel(inputs, out)))
+            results = step.kernel(inputs, out)
+            del inputs, out
+            values.update(zip(step.outputs, results))
+            if visit is not None:
+                for name, array in zip(step.outputs, results):
+                    visit(name, array)
         if keep:
             return {name: array for name, array in values.items() if name not in graph.constants}
         return {name: values[name] for name in graph.outputs}

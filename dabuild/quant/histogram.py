@@ -129,16 +129,24 @@ class Histogram:
             raise ValueError(f"histogram has {self.channels} channels, got values for {values.shape[0]}")
         if values.shape[1] == 0:
             return
-        low = np.minimum(self.low, values.min(axis=1))
-        high = np.maximum(self.high, values.max(axis=1))
-        for channel in np.flatnonzero((low < self.low) | (high > self.high)):
-            self._fit(int(channel), float(low[channel]), float(high[channel]))
-        self.low, self.high = low, high
+        self.extend(values.min(axis=1), values.max(axis=1))
         gridded = self.width > 0
         safe_width = np.where(gridded, self.width, 1.0)[:, None]
         index = np.where(gridded[:, None], np.floor(values / safe_width).astype(np.int64) - self.offset[:, None], 0)
         flat = index + (np.arange(self.channels) * BINS)[:, None]
         self.counts += np.bincount(flat.ravel(), minlength=self.channels * BINS).reshape(self.channels, BINS)
+
+    def extend(self, lows: np.ndarray, highs: np.ndarray) -> None:
+        """Widen each channel's window to take values from lows[c] to highs[c] (counting them is the caller's)."""
+        low = np.minimum(self.low, lows)
+        high = np.maximum(self.high, highs)
+        for channel in np.flatnonzero((low < self.low) | (high > self.high)):
+            self._fit(int(channel), float(low[channel]), float(high[channel]))
+        self.low, self.high = low, high
+
+    def reciprocals(self) -> np.ndarray:
+        """1 / width per channel (exact: widths are powers of two), 0 for a channel still without a grid."""
+        return np.divide(1.0, self.width, out=np.zeros_like(self.width), where=self.width > 0)
 
     def _fit(self, channel: int, low: float, high: float) -> None:
         """Re-bin one channel so that its window covers [low, high] (which contains every value seen)."""

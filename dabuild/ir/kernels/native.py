@@ -27,6 +27,7 @@ import contextlib
 import ctypes
 import functools
 import hashlib
+import math
 import logging
 import os
 import platform
@@ -34,7 +35,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from importlib.resources import files
@@ -44,6 +45,7 @@ import numpy as np
 
 LOG = logging.getLogger(__name__)
 COMPILER = "cc"
+SOURCES = ("conv.c", "histogram.c")  # compiled together into one library
 FLAGS = ("-O3", "-march=native", "-shared", "-fPIC")
 VECTOR = 16  # floats per vector in conv.c: the weight and bias are padded to whole vectors
 BLOCK = 4 * VECTOR  # output channels per block of the packed weight (conv.c's BLOCK_VECS vectors)
@@ -90,6 +92,7 @@ class NativeConv:
             kernel.argtypes = [ctypes.POINTER(ConvCall), ctypes.c_ssize_t, ctypes.c_ssize_t]
             kernel.restype = None
         self._pool: ThreadPoolExecutor | None = None
+        self.histogram: NativeHistogram | None = None
 
     def pack(self, weight: np.ndarray, depthwise: bool = False) -> PackedWeight:
         """The (O, C, KH, KW) float32 weight in conv.c's layout: done once per weight by a prepared conv."""
@@ -132,7 +135,7 @@ class NativeConv:
             function(ctypes.byref(call), 0, rows)  # ctypes releases the GIL for the call
             return y
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(max(1, (os.cpu_count() or 2) - 1), thread_name_prefix="dabuild-conv")
+            self._pool = ThreadPoolExecutor(max(1, available_cores() - 1), thread_name_prefix="dabuild-conv")
         bounds = [rows * part // parts for part in range(parts + 1)]
         others = [self._pool.submit(function, ctypes.byref(call), low, high)
                   for low, high in zip(bounds[1:-1], bounds[2:])]
@@ -151,6 +154,11 @@ class PackedWeight:
     depthwise: bool
 
 
+def available_cores() -> int:
+    """The cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 _LAYER_THREADS = threading.local()
 
 
@@ -163,6 +171,89 @@ def layer_threads(count: int) -> Iterator[None]:
         yield
     finally:
         _LAYER_THREADS.count = before
+
+
+class TensorView(ctypes.Structure):
+    """histogram.c's `TensorView`: a float32 tensor as (outer, channels, inner)."""
+
+    _fields_ = [("x", ctypes.c_void_p), ("outer", ctypes.c_ssize_t), ("channels", ctypes.c_ssize_t),
+                ("inner", ctypes.c_ssize_t), ("outer_stride", ctypes.c_ssize_t), ("channel_stride", ctypes.c_ssize_t)]
+
+
+PARALLEL_VALUES = 1 << 18  # a tensor with fewer values is counted on one thread
+
+
+class NativeHistogram:
+    """histogram.c: per-channel extremes and bin counts of a float32 tensor, split by channel among threads."""
+
+    def __init__(self, library: ctypes.CDLL):
+        self._extremes, self._counts = library.channel_extremes, library.channel_counts
+        pointer, size = ctypes.c_void_p, ctypes.c_ssize_t
+        self._extremes.argtypes = [ctypes.POINTER(TensorView), pointer, pointer, size, size]
+        self._extremes.restype = size
+        self._counts.argtypes = [ctypes.POINTER(TensorView), pointer, pointer, pointer, ctypes.c_double,
+                                 ctypes.c_int64, pointer, size, size]
+        self._counts.restype = None
+        self._pool: ThreadPoolExecutor | None = None
+
+    @staticmethod
+    def view(values: np.ndarray, axis: int | None) -> tuple[TensorView, np.ndarray]:
+        """`values` as histogram.c's view with channels along `axis` (None: one channel), and the array the view
+        reads (a contiguous copy only when the memory fits neither layout)."""
+        if axis is None:
+            values = np.ascontiguousarray(values, np.float32).reshape(1, 1, -1)
+            axis = 1
+        last = np.moveaxis(values, axis, -1)
+        if last.dtype == np.float32 and last.flags.c_contiguous:  # channels innermost
+            channels = last.shape[-1]
+            return TensorView(last.ctypes.data, last.size // max(channels, 1), channels, 1, channels, 1), last
+        values = np.ascontiguousarray(values, np.float32)
+        channels, inner = values.shape[axis], math.prod(values.shape[axis + 1:])
+        return TensorView(values.ctypes.data, values.size // max(channels * inner, 1), channels, inner,
+                          channels * inner, inner), values
+
+    def _split(self, view: TensorView, function: Callable[[int, int, int], None]) -> None:
+        """function(part, first channel, end channel) over the channels, on two threads for a big tensor."""
+        parts = 2 if view.outer * view.channels * view.inner >= PARALLEL_VALUES and view.channels > 1 else 1
+        bounds = [view.channels * part // parts for part in range(parts + 1)]
+        if parts == 1:
+            function(0, 0, view.channels)
+            return
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="dabuild-histogram")
+        other = self._pool.submit(function, 1, bounds[1], bounds[2])
+        function(0, 0, bounds[1])
+        other.result()
+
+    def extremes(self, view: TensorView) -> tuple[np.ndarray, np.ndarray, int]:
+        """Each channel's (min, max) as float32 arrays, and how many values are NaN or infinite."""
+        low = np.full(view.channels, np.inf, np.float32)
+        high = np.full(view.channels, -np.inf, np.float32)
+        bad = [0, 0]
+
+        def part(index: int, first: int, end: int) -> None:
+            bad[index] = self._extremes(ctypes.byref(view), low.ctypes.data, high.ctypes.data, first, end)
+
+        self._split(view, part)
+        return low, high, sum(bad)
+
+    def count(self, view: TensorView, reciprocal: np.ndarray, offset: np.ndarray, counts: np.ndarray,
+              whole_reciprocal: float, whole_offset: int, whole: np.ndarray) -> None:
+        """counts (channels, BINS) and whole (BINS,) += the tensor's bin counts (int64, C-contiguous)."""
+        wholes = [whole, np.zeros_like(whole)]
+
+        def part(index: int, first: int, end: int) -> None:
+            self._counts(ctypes.byref(view), reciprocal.ctypes.data, offset.ctypes.data, counts.ctypes.data,
+                         whole_reciprocal, whole_offset, wholes[index].ctypes.data, first, end)
+
+        self._split(view, part)
+        whole += wholes[1]
+
+
+def native_histogram() -> NativeHistogram | None:
+    """The native histogram counter, or None when DABUILD_NATIVE_KERNELS=0 or no C compiler can build it."""
+    conv = native_conv()
+    return None if conv is None else conv.histogram
 
 
 def native_conv() -> NativeConv | None:
@@ -192,9 +283,11 @@ def _load() -> NativeConv | None:
             raise OSError(f"no C compiler {COMPILER!r} on PATH")
         version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=True,
                                  timeout=60).stdout.strip().partition("\n")[0]
-        source = files("dabuild.ir.kernels").joinpath("conv.c").read_text()
-        library = _build(compiler, version, source)
-        return NativeConv(ctypes.CDLL(str(library)), version)
+        source = "\n".join(files("dabuild.ir.kernels").joinpath(name).read_text() for name in SOURCES)
+        library = ctypes.CDLL(str(_build(compiler, version, source)))
+        conv = NativeConv(library, version)
+        conv.histogram = NativeHistogram(library)
+        return conv
     except (OSError, subprocess.SubprocessError) as error:
         LOG.debug("native kernels unavailable, the interpreter's convs run in numpy: %s", error)
         return None
