@@ -75,6 +75,8 @@ class TensorStats:
             return bad
         self.channels.extend(lows, highs)
         self.whole.extend(lows.min(keepdims=True), highs.max(keepdims=True))
+        if view.inner == 1 and view.channels > 1:  # counting wants each channel's values contiguous
+            view, _memory = native.view(values, self.axis, channels_inner=False)
         native.count(view, self.channels.reciprocals(), self.channels.offset, self.channels.counts,
                      float(self.whole.reciprocals()[0]), int(self.whole.offset[0]), self.whole.counts[0])
         return 0

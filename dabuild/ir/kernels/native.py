@@ -197,14 +197,15 @@ class NativeHistogram:
         self._pool: ThreadPoolExecutor | None = None
 
     @staticmethod
-    def view(values: np.ndarray, axis: int | None) -> tuple[TensorView, np.ndarray]:
+    def view(values: np.ndarray, axis: int | None, channels_inner: bool = True) -> tuple[TensorView, np.ndarray]:
         """`values` as histogram.c's view with channels along `axis` (None: one channel), and the array the view
-        reads (a contiguous copy only when the memory fits neither layout)."""
+        reads: `values` itself if its memory fits, else a contiguous copy with the channel axis outside the
+        axes after it (`channels_inner` allows channels-last memory as it is)."""
         if axis is None:
             values = np.ascontiguousarray(values, np.float32).reshape(1, 1, -1)
             axis = 1
         last = np.moveaxis(values, axis, -1)
-        if last.dtype == np.float32 and last.flags.c_contiguous:  # channels innermost
+        if channels_inner and last.dtype == np.float32 and last.flags.c_contiguous:
             channels = last.shape[-1]
             return TensorView(last.ctypes.data, last.size // max(channels, 1), channels, 1, channels, 1), last
         values = np.ascontiguousarray(values, np.float32)
