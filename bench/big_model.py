@@ -73,29 +73,35 @@ targets:
 def build(recipe: Path, build_dir: Path, jobs: int) -> tuple[float, dict[str, float], str]:
     """Wall seconds of the build, each stage's reported seconds, and its output."""
     start = time.perf_counter()
-    result = subprocess.run([sys.executable, "-m", "dabuild", "build", str(recipe), "--build-dir", str(build_dir),
-                             "--no-cache", "-j", str(jobs)], capture_output=True, text=True)
+    lines = []
+    with subprocess.Popen([sys.executable, "-m", "dabuild", "build", str(recipe), "--build-dir", str(build_dir),
+                           "--no-cache", "-j", str(jobs)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True) as child:
+        assert child.stdout is not None
+        for line in child.stdout:  # shown as it comes: a long build's progress is visible in a log
+            print(f"    | {line}", end="", flush=True)
+            lines.append(line)
     elapsed = time.perf_counter() - start
-    output = result.stdout + result.stderr
-    if result.returncode:
-        print(output)
-        raise SystemExit(f"the build failed (exit {result.returncode})")
+    output = "".join(lines)
+    if child.returncode:
+        raise SystemExit(f"the build failed (exit {child.returncode})")
     stages = {match[1]: float(match[2]) for match in re.finditer(r"^(\S+)\s+executed \(([\d.]+)s\)", output, re.M)}
     return elapsed, stages, output
 
 
 def inference_seconds(build_dir: Path, images: np.ndarray) -> float:
     """The Interpreter on the traced graph over `images`, batched and threaded as the calibrate stage runs it."""
-    from dabuild.data import DEFAULT_BATCH_SIZE
     from dabuild.ir.graph import Graph
     from dabuild.ir.interpreter import Interpreter
-    from dabuild.resources import threads
+    from dabuild.ir.kernels.native import available_cores
+    from dabuild.recipe import DataSpec
 
+    batch = DataSpec.model_fields["batch_size"].default
     graph = Graph.load(build_dir / "trace")
-    interpreter = Interpreter(graph, threads=threads())
+    interpreter = Interpreter(graph, threads=available_cores())
     start = time.perf_counter()
-    for low in range(0, len(images), DEFAULT_BATCH_SIZE):
-        interpreter.run({graph.inputs[0].name: images[low:low + DEFAULT_BATCH_SIZE]})
+    for low in range(0, len(images), batch):
+        interpreter.run({graph.inputs[0].name: images[low:low + batch]})
     return time.perf_counter() - start
 
 

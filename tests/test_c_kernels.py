@@ -329,3 +329,17 @@ def test_ops_along_the_batch_axis_are_refused(tmp_path: Path) -> None:
     qgraph = lower(graph, image(32, (4,)))
     with pytest.raises(BuildError, match=r"layer 'stack': concat along the batch axis"):
         CTarget().export(qgraph, tmp_path)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_native_integer_reference_equals_the_numpy_one(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """run_integer with the compiled conv and requantization against its pure numpy path, bit for bit."""
+    from dabuild.ir.kernels import native
+
+    qgraph = lowered(case)
+    x_q = np.random.default_rng(23).integers(-128, 128, (SAMPLES, *qgraph.tensors[qgraph.input].shape)).astype(np.int8)
+    monkeypatch.delenv(native.SWITCH, raising=False)
+    assert native.native_conv() is not None
+    compiled = run_integer(qgraph, x_q)
+    monkeypatch.setenv(native.SWITCH, "0")
+    np.testing.assert_array_equal(compiled, run_integer(qgraph, x_q))

@@ -189,3 +189,16 @@ def test_which_convs_run_natively(monkeypatch: pytest.MonkeyPatch, groups: int, 
     assert (y is not None) == native_runs
     if native_runs:
         assert y.shape == (2, out_channels, 5, 5) and y[0, 0, 2, 2] == 9 * 8 // groups
+
+
+@pytest.mark.parametrize("case", [CASES[2], CASES[6], CASES[12], CASES[14], CASES[15]])
+def test_float64_conv_of_integers_is_exact(monkeypatch: pytest.MonkeyPatch, case: tuple) -> None:
+    """The integer reference's sums: integer-valued float64 operands give exactly numpy's result."""
+    batch, channels, out_channels, size, kernel, strides, pads, dilations, groups = case
+    rng = np.random.default_rng(4)
+    arrays = [rng.integers(-255, 256, (batch, channels, *size)).astype(np.float64),
+              rng.integers(-127, 128, (out_channels, channels // groups, *kernel)).astype(np.float64)]
+    attrs = {"strides": strides, "pads": pads, "dilations": dilations, "groups": groups}
+    compiled, reference = conv_both_ways(monkeypatch, arrays, attrs)
+    assert compiled.dtype == np.float64
+    np.testing.assert_array_equal(compiled, reference)

@@ -40,37 +40,36 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 LOG = logging.getLogger(__name__)
 COMPILER = "cc"
-SOURCES = ("conv.c", "histogram.c")  # compiled together into one library
+VARIANTS = (("float", "int", "f32"), ("double", "long long", "f64"))  # conv.c's element types, its mask types, names
 FLAGS = ("-O3", "-march=native", "-shared", "-fPIC")
-VECTOR = 16  # floats per vector in conv.c: the weight and bias are padded to whole vectors
-BLOCK = 4 * VECTOR  # output channels per block of the packed weight (conv.c's BLOCK_VECS vectors)
+VECTOR_BYTES = 64  # conv.c's vectors: the weight and bias are padded to whole vectors of their element type
+BLOCK_VECTORS = 4  # vectors of output channels per block of the packed weight (conv.c's BLOCK_VECS)
 SWITCH = "DABUILD_NATIVE_KERNELS"
 KERNEL_CACHE = "DABUILD_KERNEL_CACHE"
 
 
-class ConvCall(ctypes.Structure):
-    """conv.c's `Conv`: one conv's tensors and geometry."""
-
-    _fields_ = [
-        ("x", ctypes.c_void_p), ("height", ctypes.c_ssize_t), ("width", ctypes.c_ssize_t),
-        ("channels", ctypes.c_ssize_t),
-        ("weight", ctypes.c_void_p), ("kernel_h", ctypes.c_ssize_t), ("kernel_w", ctypes.c_ssize_t),
-        ("out_channels", ctypes.c_ssize_t), ("padded_channels", ctypes.c_ssize_t),
-        ("bias", ctypes.c_void_p), ("residual", ctypes.c_void_p), ("y", ctypes.c_void_p),
-        ("out_h", ctypes.c_ssize_t), ("out_w", ctypes.c_ssize_t),
-        ("stride_h", ctypes.c_ssize_t), ("stride_w", ctypes.c_ssize_t),
-        ("pad_top", ctypes.c_ssize_t), ("pad_left", ctypes.c_ssize_t),
-        ("dilation_h", ctypes.c_ssize_t), ("dilation_w", ctypes.c_ssize_t),
-        ("activation", ctypes.c_int), ("low", ctypes.c_float), ("high", ctypes.c_float),
-        ("zeros", ctypes.c_void_p),
+def _conv_call(element: type[ctypes._SimpleCData]) -> type[ctypes.Structure]:
+    """conv.c's `Conv` of one element type: one conv's tensors and geometry."""
+    size = ctypes.c_ssize_t
+    fields = [
+        ("x", ctypes.c_void_p), ("height", size), ("width", size), ("channels", size),
+        ("weight", ctypes.c_void_p), ("kernel_h", size), ("kernel_w", size), ("out_channels", size),
+        ("padded_channels", size), ("bias", ctypes.c_void_p), ("residual", ctypes.c_void_p), ("y", ctypes.c_void_p),
+        ("out_h", size), ("out_w", size), ("stride_h", size), ("stride_w", size), ("pad_top", size), ("pad_left", size),
+        ("dilation_h", size), ("dilation_w", size),
+        ("activation", ctypes.c_int), ("low", element), ("high", element), ("zeros", ctypes.c_void_p),
     ]
+    return type(f"ConvCall_{element.__name__}", (ctypes.Structure,), {"_fields_": fields})
 
 
+ELEMENTS = {np.dtype(np.float32): ("f32", _conv_call(ctypes.c_float)),
+            np.dtype(np.float64): ("f64", _conv_call(ctypes.c_double))}  # conv.c's variants by numpy dtype
 RELU, CLAMP = 1, 2  # conv.c's activations: relu, or a clamp to [low, high]
 NativeActivation = tuple[int, float, float]  # (0 for none, RELU or CLAMP; low, high)
 NO_ACTIVATION: NativeActivation = (0, 0.0, 0.0)
@@ -87,47 +86,57 @@ class NativeConv:
 
     def __init__(self, library: ctypes.CDLL, compiler: str):
         self.compiler = compiler
-        self._dense, self._depthwise = library.conv2d_nhwc, library.depthwise2d_nhwc
-        for kernel in self._dense, self._depthwise:
-            kernel.argtypes = [ctypes.POINTER(ConvCall), ctypes.c_ssize_t, ctypes.c_ssize_t]
-            kernel.restype = None
+        self._kernels: dict[tuple[np.dtype, bool], Any] = {}  # (dtype, depthwise) -> conv.c function
+        for dtype, (suffix, call) in ELEMENTS.items():
+            for depthwise, name in ((False, "conv2d_nhwc"), (True, "depthwise2d_nhwc")):
+                kernel = getattr(library, f"{name}_{suffix}")
+                kernel.argtypes = [ctypes.POINTER(call), ctypes.c_ssize_t, ctypes.c_ssize_t]
+                kernel.restype = None
+                self._kernels[dtype, depthwise] = kernel
         self._pool: ThreadPoolExecutor | None = None
         self.histogram: NativeHistogram | None = None
+        self.requantize: NativeRequantize | None = None
+
+    @staticmethod
+    def takes(dtype: np.dtype) -> bool:
+        """Whether conv.c has a variant for this element type (float32, float64)."""
+        return np.dtype(dtype) in ELEMENTS
 
     def pack(self, weight: np.ndarray, depthwise: bool = False) -> PackedWeight:
-        """The (O, C, KH, KW) float32 weight in conv.c's layout: done once per weight by a prepared conv."""
+        """The (O, C, KH, KW) weight in conv.c's layout: done once per weight by a prepared conv."""
         out_channels, _, kernel_h, kernel_w = weight.shape
-        padded = -(-out_channels // VECTOR) * VECTOR
-        taps = np.zeros((kernel_h, kernel_w, *(() if depthwise else (weight.shape[1],)), padded), np.float32)
+        vector = VECTOR_BYTES // weight.itemsize
+        padded = -(-out_channels // vector) * vector
+        taps = np.zeros((kernel_h, kernel_w, *(() if depthwise else (weight.shape[1],)), padded), weight.dtype)
         taps[..., :out_channels] = weight[:, 0].transpose(1, 2, 0) if depthwise else weight.transpose(2, 3, 1, 0)
-        if not depthwise:  # blocks of BLOCK channels, each a contiguous (KH * KW * C, width) slab
-            rows = taps.reshape(-1, padded)
-            taps = np.concatenate([rows[:, first:first + BLOCK].ravel() for first in range(0, padded, BLOCK)])
-        return PackedWeight(taps, weight.shape, depthwise)
+        if not depthwise:  # blocks of BLOCK_VECTORS vectors of channels, each a contiguous (KH * KW * C, width) slab
+            rows, block = taps.reshape(-1, padded), BLOCK_VECTORS * vector
+            taps = np.concatenate([rows[:, first:first + block].ravel() for first in range(0, padded, block)])
+        return PackedWeight(taps, weight.shape, depthwise, padded)
 
     def __call__(self, x: np.ndarray, weight: PackedWeight, bias: np.ndarray | None, residual: np.ndarray | None,
                  strides: list[int], pads: list[int], dilations: list[int], out: list[int],
                  activation: NativeActivation = NO_ACTIVATION) -> np.ndarray:
-        """y = activation(conv(x) + bias + residual) as an (N, OH, OW, O) float32 array.
+        """y = activation(conv(x) + bias + residual) as an (N, OH, OW, O) array of x's dtype.
 
-        x is (N, H, W, C), residual (N, OH, OW, O) or None, all float32, x and residual C-contiguous; pads
-        are the (top, left) ones, `out` is (OH, OW).
+        x is (N, H, W, C), residual (N, OH, OW, O) or None, all of the packed weight's dtype, x and residual
+        C-contiguous; pads are the (top, left) ones, `out` is (OH, OW).
         """
         batch, height, width, channels = x.shape
         out_channels, _, kernel_h, kernel_w = weight.shape
-        padded = -(-out_channels // VECTOR) * VECTOR
+        dtype = weight.taps.dtype
         if bias is not None:
-            bias = np.concatenate([bias, np.zeros(padded - out_channels, np.float32)])
-        zeros = np.zeros(channels, np.float32)
-        y = np.empty((batch, *out, out_channels), np.float32)
-        call = ConvCall(
+            bias = np.concatenate([bias.astype(dtype, copy=False), np.zeros(weight.padded - out_channels, dtype)])
+        zeros = np.zeros(channels, dtype)
+        y = np.empty((batch, *out, out_channels), dtype)
+        call = ELEMENTS[dtype][1](
             x.ctypes.data, height, width, channels,
-            weight.taps.ctypes.data, kernel_h, kernel_w, out_channels, padded,
+            weight.taps.ctypes.data, kernel_h, kernel_w, out_channels, weight.padded,
             None if bias is None else bias.ctypes.data, None if residual is None else residual.ctypes.data,
             y.ctypes.data, out[0], out[1], strides[0], strides[1], pads[0], pads[1], dilations[0], dilations[1],
             *activation, zeros.ctypes.data,
         )
-        function = self._depthwise if weight.depthwise else self._dense
+        function = self._kernels[dtype, weight.depthwise]
         rows = batch * out[0]
         macs = y.size * kernel_h * kernel_w * (1 if weight.depthwise else channels)
         parts = min(getattr(_LAYER_THREADS, "count", 1), rows) if macs >= PARALLEL_MACS else 1
@@ -152,6 +161,7 @@ class PackedWeight:
     taps: np.ndarray
     shape: tuple[int, ...]
     depthwise: bool
+    padded: int  # output channels rounded up to whole vectors
 
 
 def available_cores() -> int:
@@ -251,6 +261,39 @@ class NativeHistogram:
         whole += wholes[1]
 
 
+class NativeRequantize:
+    """requantize.c: a weighted layer's exact float64 sums to clamped integers, as fixed_point.requantize does."""
+
+    def __init__(self, library: ctypes.CDLL):
+        self._function = library.requantize_channels
+        pointer, size, int64 = ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int64
+        self._function.argtypes = [pointer, size, size, size, pointer, pointer, pointer, size, int64, int64, int64,
+                                   pointer]
+        self._function.restype = ctypes.c_int
+
+    def __call__(self, accumulator: np.ndarray, axis: int, bias: np.ndarray, multiplier: np.ndarray,
+                 shift: np.ndarray, zero_point: int, low: int, high: int) -> np.ndarray | None:
+        """clamp(round((acc + bias) * multiplier / 2**shift) + zero_point) as int32 of the accumulator's shape,
+        bias, multiplier and shift along `axis` (multiplier and shift of length 1 or per channel); None where
+        the product could leave int64."""
+        axis %= accumulator.ndim
+        moved = np.moveaxis(accumulator, axis, -1)
+        if moved.flags.c_contiguous:  # channels innermost in memory, as the native conv leaves them
+            outer, channels, inner, logical = moved.size // moved.shape[-1], moved.shape[-1], 1, moved
+        else:
+            logical = np.ascontiguousarray(accumulator)
+            channels = accumulator.shape[axis]
+            inner = math.prod(accumulator.shape[axis + 1:])
+            outer = accumulator.size // max(channels * inner, 1)
+        y = np.empty(logical.shape, np.int32)
+        vectors = [np.ascontiguousarray(vector, np.int64) for vector in (bias, multiplier, shift)]
+        failed = self._function(logical.ctypes.data, outer, channels, inner, *(v.ctypes.data for v in vectors),
+                                len(vectors[1]) > 1, zero_point, low, high, y.ctypes.data)
+        if failed:
+            return None
+        return np.moveaxis(y, -1, axis) if logical is moved else y
+
+
 def native_histogram() -> NativeHistogram | None:
     """The native histogram counter, or None when DABUILD_NATIVE_KERNELS=0 or no C compiler can build it."""
     conv = native_conv()
@@ -284,10 +327,15 @@ def _load() -> NativeConv | None:
             raise OSError(f"no C compiler {COMPILER!r} on PATH")
         version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=True,
                                  timeout=60).stdout.strip().partition("\n")[0]
-        source = "\n".join(files("dabuild.ir.kernels").joinpath(name).read_text() for name in SOURCES)
+        kernels = files("dabuild.ir.kernels")
+        conv = kernels.joinpath("conv.c").read_text()
+        source = "\n".join([*(f"#undef ELEM\n#undef MASK\n#undef NAME\n#define ELEM {elem}\n#define MASK {mask}\n"
+                               f"#define NAME(name) name##_{suffix}\n{conv}" for elem, mask, suffix in VARIANTS),
+                             *(kernels.joinpath(name).read_text() for name in ("histogram.c", "requantize.c"))])
         library = ctypes.CDLL(str(_build(compiler, version, source)))
         conv = NativeConv(library, version)
         conv.histogram = NativeHistogram(library)
+        conv.requantize = NativeRequantize(library)
         return conv
     except (OSError, subprocess.SubprocessError) as error:
         LOG.debug("native kernels unavailable, the interpreter's convs run in numpy: %s", error)

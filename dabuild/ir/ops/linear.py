@@ -233,11 +233,10 @@ def _native_conv(x: np.ndarray, weight: np.ndarray, groups: int, geometry: Geome
     """
     spatial = weight.ndim - 2
     depthwise = groups == x.shape[1] == weight.shape[0] and weight.shape[1] == 1 and groups > 1
-    if (groups != 1 and not depthwise) or spatial not in (1, 2) or x.dtype != np.float32 \
-            or weight.dtype != np.float32:
+    if (groups != 1 and not depthwise) or spatial not in (1, 2) or x.dtype != weight.dtype:
         return None
     conv = native_conv()
-    if conv is None:
+    if conv is None or not conv.takes(x.dtype):
         return None
 
     def rows(a: np.ndarray) -> np.ndarray:  # (N, C, *spatial) as C-contiguous (N, H, W, C)
@@ -247,7 +246,7 @@ def _native_conv(x: np.ndarray, weight: np.ndarray, groups: int, geometry: Geome
     strides, dilations = [1] * lifted + geometry.strides, [1] * lifted + geometry.dilations
     pads = [0] * lifted + geometry.pads[:spatial]  # the begin pads; the kernel bounds-checks the end
     residual = None if epilogue.residual is None else rows(epilogue.residual)
-    bias = None if epilogue.bias is None else epilogue.bias.astype(np.float32, copy=False)
+    bias = None if epilogue.bias is None else epilogue.bias.astype(x.dtype, copy=False)
     entry = None if packs is None else packs.get(id(weight))
     if entry is None or entry[0] is not weight:
         entry = (weight, conv.pack(weight if spatial == 2 else weight[:, :, None], depthwise))
