@@ -17,14 +17,18 @@ from pathlib import Path
 
 import numpy as np
 
-from dabuild.ir import interpreter
 from dabuild.ir.graph import Graph
+from dabuild.ir.interpreter import Interpreter
+from dabuild.ir.kernels.native import available_cores
 from dabuild.quant.calibrate import Stats
 from dabuild.quant.config import QuantConfig
 from dabuild.quant.qgraph import QGraph
 from dabuild.quant.quantize import quantize
 from dabuild.quant.reference import quantize_input, run_integer, run_quantized
 from dabuild.tune.metric import Metric, load_metric
+
+
+TRACED_BATCH = 8  # samples per batch when every intermediate is kept (a ResNet-50 image's take ~0.1 GB)
 
 
 @dataclass(frozen=True)
@@ -61,12 +65,13 @@ class Evaluator:
         self.stats = Stats.load(setup.stats_dir)
         self.metric: Metric = load_metric(setup.metric, setup.base_dir)
         self.input = self.graph.inputs[0].name
-        self.float_outputs = np.concatenate([interpreter.run(self.graph, {self.input: x})[self.graph.outputs[0]]
+        self.interpreter = Interpreter(self.graph, threads=available_cores())  # prepared once for every batch
+        self.float_outputs = np.concatenate([self.interpreter.run({self.input: x})[self.graph.outputs[0]]
                                              for x in self._batches()])
         self.baseline = self.metric(self.float_outputs, setup.labels)
 
-    def _batches(self) -> list[np.ndarray]:
-        size = self.setup.batch_size
+    def _batches(self, size: int | None = None) -> list[np.ndarray]:
+        size = size or self.setup.batch_size
         return [self.setup.x[i:i + size] for i in range(0, len(self.setup.x), size)]
 
     def quantize(self, config: QuantConfig) -> QGraph:
@@ -86,11 +91,13 @@ class Evaluator:
         One run of each graph with every intermediate kept: how far quantization
         has pushed each node's output, the ranking the sensitivity-driven
         strategies fall back by, at the cost of one inference and no trial.
+        Batches of at most TRACED_BATCH samples bound the memory every
+        intermediate of both graphs takes.
         """
         qgraph = self.quantize(config)
         errors: dict[str, list[float]] = {}
-        for x in self._batches():
-            reference = interpreter.run(self.graph, {self.input: x}, keep_intermediates=True)
+        for x in self._batches(min(self.setup.batch_size, TRACED_BATCH)):
+            reference = self.interpreter.run({self.input: x}, keep_intermediates=True)
             quantized = run_integer(qgraph, quantize_input(qgraph, x), keep_intermediates=True)
             for node in self.graph.nodes:
                 tensor = node.outputs[0]
