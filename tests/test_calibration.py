@@ -323,3 +323,23 @@ def test_native_histograms_reject_non_finite_values_naming_the_tensor() -> None:
     values[1, 2, 0, 0] = np.inf
     with pytest.raises(BuildError, match="tensor 't' holds 1 NaN or infinite"):
         Stats().observe("t", values, axis=1)
+
+
+def test_batches_past_the_memory_budget_run_in_parts_with_the_same_statistics(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Convs compute each image alone, so cutting batches changes no bit (a dense layer's BLAS may)."""
+    from dabuild.ir.memory import BUDGET, sample_bytes
+
+    rng = np.random.default_rng(2)
+    constants = {"w1": rng.standard_normal((8, 3, 3, 3)).astype(np.float32),
+                 "w2": rng.standard_normal((4, 8, 3, 3)).astype(np.float32)}
+    nodes = [Node("c1", "conv", ["x", "w1"], ["h"], {"pads": [1] * 4, "activation": "relu"}),
+             Node("c2", "conv", ["h", "w2"], ["y"], {"strides": [2, 2]})]
+    graph = Graph([TensorSpec("x", (None, 3, 12, 12))], ["y"], nodes, constants)
+    batch = [{"x": rng.standard_normal((50, 3, 12, 12)).astype(np.float32)}]
+    whole = calibrate(graph, batch, Progress.silent())
+    weights = sum(array.nbytes for array in graph.constants.values())
+    monkeypatch.setenv(BUDGET, str(2 * weights + 7 * sample_bytes(graph)))  # room for 7 samples at a time
+    assert calibrate(graph, batch, Progress.silent()) == whole
+    monkeypatch.setenv(BUDGET, "1K")
+    with pytest.raises(BuildError, match=r"calibrate: the model needs about .* more than the memory budget"):
+        calibrate(graph, batch, Progress.silent())

@@ -21,6 +21,7 @@ from dabuild.errors import BuildError
 from dabuild.ir.graph import Graph
 from dabuild.ir.interpreter import Interpreter
 from dabuild.ir.kernels.native import available_cores, native_histogram
+from dabuild.ir.memory import samples_that_fit
 from dabuild.ir.npz import read_npz, write_npz
 from dabuild.progress import Progress
 from dabuild.quant.activations import with_table_activations_split
@@ -267,7 +268,8 @@ def calibrate(graph: Graph, batches: Iterable[dict[str, np.ndarray]], progress: 
     """Run every batch through the float interpreter and fold its tensors into the histograms.
 
     Each tensor is counted as soon as the interpreter computes it and freed after its last reader, so
-    memory holds one batch's live tensors, not all of them. Large convs split their rows among the
+    memory holds one batch's live tensors, not all of them; a batch whose activations would pass the
+    memory budget (dabuild.ir.memory) runs in parts. Large convs split their rows among the
     machine's cores (the results do not depend on the split).
 
     Table activations fused into conv/dense are split off first, so their
@@ -284,10 +286,14 @@ def calibrate(graph: Graph, batches: Iterable[dict[str, np.ndarray]], progress: 
         shapes[name] = values.shape
         stats.observe(name, values, axes(name, shapes), where[name])
 
+    fit: int | None = None
     with progress.track("calibrate", None) as advance:
         for batch in batches:
-            interpreter.run(batch, visit=observe)
-            advance(len(next(iter(batch.values()))))
+            count = len(next(iter(batch.values())))
+            fit = fit or samples_that_fit(graph, "calibrate", count)
+            for start in range(0, count, fit):  # the statistics do not depend on how batches are cut
+                interpreter.run({name: array[start:start + fit] for name, array in batch.items()}, visit=observe)
+            advance(count)
     if not stats.ranges:
         raise BuildError("calibration: no calibration samples were given")
     return stats

@@ -20,6 +20,7 @@ import numpy as np
 from dabuild.ir.graph import Graph
 from dabuild.ir.interpreter import Interpreter
 from dabuild.ir.kernels.native import available_cores
+from dabuild.ir.memory import samples_that_fit
 from dabuild.quant.calibrate import Stats
 from dabuild.quant.config import QuantConfig
 from dabuild.quant.qgraph import QGraph
@@ -66,12 +67,13 @@ class Evaluator:
         self.metric: Metric = load_metric(setup.metric, setup.base_dir)
         self.input = self.graph.inputs[0].name
         self.interpreter = Interpreter(self.graph, threads=available_cores())  # prepared once for every batch
+        self.batch_size = samples_that_fit(self.graph, "tune", setup.batch_size)
         self.float_outputs = np.concatenate([self.interpreter.run({self.input: x})[self.graph.outputs[0]]
                                              for x in self._batches()])
         self.baseline = self.metric(self.float_outputs, setup.labels)
 
     def _batches(self, size: int | None = None) -> list[np.ndarray]:
-        size = size or self.setup.batch_size
+        size = size or self.batch_size
         return [self.setup.x[i:i + size] for i in range(0, len(self.setup.x), size)]
 
     def quantize(self, config: QuantConfig) -> QGraph:
@@ -96,7 +98,7 @@ class Evaluator:
         """
         qgraph = self.quantize(config)
         errors: dict[str, list[float]] = {}
-        for x in self._batches(min(self.setup.batch_size, TRACED_BATCH)):
+        for x in self._batches(min(self.batch_size, TRACED_BATCH)):
             reference = self.interpreter.run({self.input: x}, keep_intermediates=True)
             quantized = run_integer(qgraph, quantize_input(qgraph, x), keep_intermediates=True)
             for node in self.graph.nodes:
