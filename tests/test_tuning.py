@@ -350,3 +350,23 @@ def test_metric_scores_are_what_the_integer_reference_delivers(digits_stages: tu
     qgraph = QGraph.load(tmp_path / "out" / "qgraph")
     accuracy = float(np.mean(run_quantized(qgraph, data["x_test"].astype(np.float32)).argmax(1) == data["y_test"]))
     assert metrics["quantized"] == accuracy and metrics["goal_met"]
+
+
+def test_a_hopeless_trial_stops_early_with_a_bound_that_already_misses(digits_stages: tuple[Path, Path]) -> None:
+    """Scored batch by batch against the least passing accuracy: stopped once even all-right remaining samples
+    could not reach it, with a bound at least the full score; a config that passes scores as without a floor."""
+    from dabuild.data import load_inputs, load_labels
+    from dabuild.quant.config import default_config
+    from dabuild.tune.evaluate import EvalSetup, Evaluator
+
+    recipe = digits_recipe()
+    spec = recipe.data.evaluation
+    x = load_inputs(spec, recipe.base_dir, ["x"])["x"]
+    evaluator = Evaluator(EvalSetup(digits_stages[0], digits_stages[1], x, load_labels(spec, recipe.base_dir),
+                                    "accuracy", recipe.base_dir, 50))
+    config = default_config(evaluator.graph, C)
+    full = evaluator.score(config)
+    assert evaluator.score(config, floor=full.metric).metric == full.metric  # it passes: scored to the end
+    early = evaluator.score(config, floor=full.metric + 0.01)
+    assert early.stopped and full.metric <= early.metric < full.metric + 0.01
+    assert not evaluator.score(config, floor=0.0).stopped

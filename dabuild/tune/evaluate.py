@@ -51,6 +51,7 @@ class Score:
     metric: float
     mse: float  # output MSE against the float graph, relative to the float outputs' mean square
     seconds: float
+    stopped: bool = False  # scoring stopped early: `metric` is an upper bound below the goal, mse of a part
 
 
 def relative_mse(values: np.ndarray, reference: np.ndarray) -> float:
@@ -80,10 +81,34 @@ class Evaluator:
         """The graph lowered under `config`, as it is scored (and as the tune stage writes it)."""
         return quantize(self.graph, self.stats, config, self.setup.bias_correction)
 
-    def score(self, config: QuantConfig) -> Score:
+    def score(self, config: QuantConfig, floor: float | None = None) -> Score:
+        """The config's metric on the evaluation data; with `floor` (the least passing score) and a metric
+        that is a mean over samples of 0 or 1 (accuracy, top_k), stopped after the first batch that
+        leaves it unable to reach the floor.
+
+        The bound: with c samples right of the s scored so far, the final score is at most
+        (c + n - s) / n, reached only if every remaining sample is right. Once that is below the floor
+        no remaining batch can make the config pass, so a hopeless config costs the batches it took to
+        show it (the first, for a config far from the goal).
+        """
         start = time.perf_counter()
         qgraph = self.quantize(config)
-        outputs = np.concatenate([run_quantized(qgraph, x) for x in self._batches()])
+        bounded = floor is not None and self.metric.counts_samples
+        parts: list[np.ndarray] = []
+        right, scored, total = 0, 0, len(self.setup.x)
+        for x in self._batches():
+            parts.append(run_quantized(qgraph, x))
+            if not bounded:
+                continue
+            labels = self.setup.labels[scored:scored + len(x)]
+            right += round(self.metric(parts[-1], labels) * len(x))
+            scored += len(x)
+            bound = (right + total - scored) / total
+            if scored < total and bound < floor:
+                outputs = np.concatenate(parts)
+                return Score(bound, relative_mse(outputs, self.float_outputs[:scored]), time.perf_counter() - start,
+                             stopped=True)
+        outputs = np.concatenate(parts)
         value = self.metric(outputs, self.setup.labels)
         return Score(value, relative_mse(outputs, self.float_outputs), time.perf_counter() - start)
 
@@ -120,9 +145,9 @@ def _start_worker(setup: EvalSetup) -> None:
     _worker = Evaluator(setup)
 
 
-def _score_in_worker(config: dict) -> Score:
+def _score_in_worker(config: dict, floor: float | None) -> Score:
     assert _worker is not None
-    return _worker.score(QuantConfig.from_dict(config))
+    return _worker.score(QuantConfig.from_dict(config), floor)
 
 
 class Scorer:
@@ -133,13 +158,15 @@ class Scorer:
         self.jobs = max(1, jobs)
         self._pool: ProcessPoolExecutor | None = None
 
-    def score(self, configs: list[QuantConfig]) -> list[Score]:
+    def score(self, configs: list[QuantConfig], floor: float | None = None) -> list[Score]:
+        """Each config's score; `floor` lets hopeless ones stop early (see `Evaluator.score`)."""
         if self.jobs == 1 or len(configs) < 2:
-            return [self.evaluator.score(config) for config in configs]
+            return [self.evaluator.score(config, floor) for config in configs]
         if self._pool is None:
             self._pool = ProcessPoolExecutor(self.jobs, mp_context=get_context("spawn"),
                                              initializer=_start_worker, initargs=(self.evaluator.setup,))
-        return list(self._pool.map(_score_in_worker, [config.to_dict() for config in configs]))
+        return list(self._pool.map(_score_in_worker, [config.to_dict() for config in configs],
+                                   [floor] * len(configs)))
 
     def close(self) -> None:
         if self._pool is not None:

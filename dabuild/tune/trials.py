@@ -43,6 +43,7 @@ class Trial:
     seconds: float  # time the evaluation took when it was first made
     cached: bool  # score read from the trial store, not evaluated in this run
     step: str  # which phase of the strategy proposed it
+    stopped: bool = False  # scored on part of the data: `metric` is a bound that already missed the goal
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -57,6 +58,7 @@ class Trial:
             "seconds": round(self.seconds, 6),
             "cached": self.cached,
             "step": self.step,
+            "stopped": self.stopped,
             "config": describe_config(self.config),
         }
 
@@ -98,20 +100,26 @@ class TrialStore:
     def __init__(self, root: Path | None, context: str):
         self.folder = None if root is None else Path(root) / context[:2] / context
 
-    def get(self, config_hash: str) -> Score | None:
+    def get(self, config_hash: str, floor: float | None = None) -> Score | None:
+        """The stored score; a stopped one (an upper bound) only while it still misses `floor`."""
         if self.folder is None:
             return None
         try:
             data = json.loads((self.folder / f"{config_hash}.json").read_text())
-            return Score(float(data["metric"]), float(data["mse"]), float(data["seconds"]))
+            score = Score(float(data["metric"]), float(data["mse"]), float(data["seconds"]),
+                          bool(data.get("stopped", False)))
         except (OSError, ValueError, KeyError, TypeError):
             return None  # absent or damaged: evaluate again
+        if score.stopped and (floor is None or score.metric >= floor):
+            return None  # a bound that no longer decides this goal: evaluate in full
+        return score
 
     def put(self, config_hash: str, score: Score) -> None:
         if self.folder is None:
             return
         self.folder.mkdir(parents=True, exist_ok=True)
-        text = json.dumps({"metric": score.metric, "mse": score.mse, "seconds": score.seconds})
+        text = json.dumps({"metric": score.metric, "mse": score.mse, "seconds": score.seconds,
+                           "stopped": score.stopped})
         handle, tmp = tempfile.mkstemp(prefix=".trial-", dir=self.folder)
         with os.fdopen(handle, "w") as stream:
             stream.write(text)
