@@ -5,9 +5,11 @@ ONNX, traces it with dabuild's ONNX frontend and optimises it as the trace
 stage does, then times one image (batch 1) through dabuild's Interpreter and
 through onnxruntime's CPUExecutionProvider on that same .onnx file, both with
 the same thread count (interleaved rounds, the fastest call of each). Prints
-ms per image and dabuild's speed / onnxruntime's (target >= 0.5). With
---profile, also the interpreter's time per op kind (and the five slowest
-steps with their shapes) at 1 thread.
+ms per image and dabuild's speed / onnxruntime's (target >= 0.5). At 1 thread
+both run on the calling thread, so each is also timed by that thread's CPU
+time (`cpu`), which waiting for a core on a loaded machine does not inflate;
+at 2 threads only wall time exists. With --profile, also the interpreter's CPU
+time per op kind (and the five slowest steps with their shapes) at 1 thread.
 
 Usage: python bench/model_speed.py [--models resnet50 ...] [--threads 1 2] [--seconds 4] [--profile]
 """
@@ -50,9 +52,9 @@ def profile(graph: Graph, interpreter: Interpreter, feeds: dict[str, np.ndarray]
         for index, (step, kernel) in enumerate(zip(interpreter.steps, kernels)):
 
             def timed(inputs: list[np.ndarray], out: np.ndarray | None, kernel=kernel, index=index) -> list:
-                start = time.perf_counter()
+                start = time.thread_time()
                 result = kernel(inputs, out)
-                elapsed = time.perf_counter() - start
+                elapsed = time.thread_time() - start
                 best[index] = min(best.get(index, elapsed), elapsed)
                 return result
 
@@ -87,13 +89,15 @@ def compare(name: str, path: Path, graph: Graph, threads_list: list[int], second
         ours_out = interpreter.run(feeds)[graph.outputs[0]]
         theirs_out = theirs_session.run(None, feeds)[0]
         error = float(np.abs(ours_out - theirs_out).max() / max(1e-12, np.abs(theirs_out).max()))
-        ours = theirs = float("inf")
-        for _ in range(2):  # interleaved, so a burst of load elsewhere does not favour one side
-            with threadpool_limits(limits=threads):
-                ours = min(ours, fastest(lambda: interpreter.run(feeds), seconds / 2))
-            theirs = min(theirs, fastest(lambda: theirs_session.run(None, feeds), seconds / 2))
-        print(f"{name:<14} threads={threads}  dabuild {ours * 1e3:8.1f} ms  onnxruntime {theirs * 1e3:8.1f} ms  "
-              f"speed ratio {theirs / ours:5.2f}  (max rel diff {error:.1e})", flush=True)
+        clocks = {"wall": time.perf_counter, **({"cpu": time.thread_time} if threads == 1 else {})}
+        for label, clock in clocks.items():
+            ours = theirs = float("inf")
+            for _ in range(2):  # interleaved, so a burst of load elsewhere does not favour one side
+                with threadpool_limits(limits=threads):
+                    ours = min(ours, fastest(lambda: interpreter.run(feeds), seconds / 2, clock))
+                theirs = min(theirs, fastest(lambda: theirs_session.run(None, feeds), seconds / 2, clock))
+            print(f"{name:<14} threads={threads} {label:<4}  dabuild {ours * 1e3:8.1f} ms  onnxruntime "
+                  f"{theirs * 1e3:8.1f} ms  speed ratio {theirs / ours:5.2f}  (max rel diff {error:.1e})", flush=True)
         if show and threads == 1:
             with threadpool_limits(limits=1):
                 profile(graph, interpreter, feeds)
