@@ -8,29 +8,40 @@
  */
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 int requantize_channels(const double *acc, ptrdiff_t outer, ptrdiff_t channels, ptrdiff_t inner, const int64_t *bias,
                         const int64_t *multiplier, const int64_t *shift, ptrdiff_t per_channel, int64_t zero_point,
                         int64_t low, int64_t high, int32_t *y)
 {
-    for (ptrdiff_t o = 0; o < outer; o++)
+    /* per channel: multiplier, shift, rounding half, bias, and the largest magnitude whose product fits */
+    int64_t *table = malloc(5 * channels * sizeof *table);
+    if (!table)
+        return 1;
+    int64_t *m = table, *s = table + channels, *half = table + 2 * channels, *b = table + 3 * channels;
+    int64_t *limit = table + 4 * channels;
+    for (ptrdiff_t c = 0; c < channels; c++) {
+        ptrdiff_t k = per_channel ? c : 0;
+        m[c] = multiplier[k];
+        s[c] = shift[k];
+        half[c] = (int64_t)1 << (s[c] - 1);
+        b[c] = bias[c];
+        limit[c] = (INT64_MAX - half[c]) / (m[c] > 0 ? m[c] : 1);
+    }
+    int failed = 0;
+    for (ptrdiff_t o = 0; o < outer && !failed; o++)
         for (ptrdiff_t c = 0; c < channels; c++) {
-            ptrdiff_t k = per_channel ? c : 0;
-            int64_t m = multiplier[k], s = shift[k], half = (int64_t)1 << (s - 1), b = bias[c];
-            int64_t limit = (INT64_MAX - half) / (m > 0 ? m : 1);
             const double *a = acc + (o * channels + c) * inner;
             int32_t *out = y + (o * channels + c) * inner;
             for (ptrdiff_t i = 0; i < inner; i++) {
-                if (!(a[i] > -9.0e18 && a[i] < 9.0e18))
-                    return 1;
-                int64_t sum = (int64_t)a[i] + b;
+                int64_t sum = (int64_t)a[i] + b[c];  /* |a| < 2^53: exact, checked below */
                 int64_t magnitude = sum < 0 ? -sum : sum;
-                if (magnitude > limit)
-                    return 1;
-                int64_t rounded = (magnitude * m + half) >> s;
+                failed |= !(a[i] > -9.0e15 && a[i] < 9.0e15) || magnitude > limit[c];
+                int64_t rounded = (magnitude * m[c] + half[c]) >> s[c];
                 int64_t value = (sum < 0 ? -rounded : rounded) + zero_point;
                 out[i] = (int32_t)(value < low ? low : value > high ? high : value);
             }
         }
-    return 0;
+    free(table);
+    return failed;
 }

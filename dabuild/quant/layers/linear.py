@@ -58,7 +58,7 @@ class QWeighted(QLayer):
         """sum (x - zp) * w without bias, as exact integers in float64."""
 
     def run(self, inputs: list[np.ndarray], graph: QGraph, trace: Trace | None) -> list[np.ndarray]:
-        centred = self.params(graph).centred(inputs[0]).astype(np.float64)
+        centred = np.subtract(inputs[0], self.params(graph).zero_point, dtype=np.float64)  # q - zp, exact
         sums = self.accumulate(centred)
         target = self.output_params(graph)
         native = native_conv()
