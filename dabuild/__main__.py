@@ -1,7 +1,5 @@
 """`python -m dabuild` runs the same command as the `dabuild` script."""
 
-import sys
+from dabuild.cli import run
 
-from dabuild.cli import main
-
-sys.exit(main())
+run()

@@ -99,6 +99,14 @@ def main(argv: list[str] | None = None) -> int:
         return _interrupted()
 
 
+def run() -> None:
+    """The `dabuild` command: `main`, then the exit, which a late Ctrl-C (the work is done) cannot turn into a
+    signal death."""
+    code = main()
+    _ignore_interrupts()
+    sys.exit(code)
+
+
 def _interrupted() -> int:
     """One line and exit 130, however many stages and worker processes were running.
 
@@ -108,18 +116,24 @@ def _interrupted() -> int:
     build lock dies with the process.
     """
     import os
-    import signal
-    import threading
 
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not interrupt the way out
+    _ignore_interrupts()  # a second Ctrl-C must not interrupt the way out
     print("dabuild: interrupted", file=sys.stderr, flush=True)
+    sys.stdout = sys.stderr = open(os.devnull, "w")  # before waiting for workers: stage threads print on meanwhile
     # a module still being imported (in a stage thread) has started no scorer yet
     stop_scoring = getattr(sys.modules.get("dabuild.tune.evaluate"), "stop_scoring", None)
     if stop_scoring is not None:
         stop_scoring()
-    sys.stdout = sys.stderr = open(os.devnull, "w")
     return 130
+
+
+def _ignore_interrupts() -> None:
+    """Ctrl-C is ignored from here to the exit (signal handlers belong to the main thread only)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _recipe_paths(args: argparse.Namespace) -> list[Path]:

@@ -17,9 +17,15 @@ class Progress:
     """Reports advancing work; `level` 0 is quiet, 1 normal, 2 verbose."""
 
     def __init__(self, stream: TextIO | None = None, level: int = 1, live: bool | None = None):
-        self.stream = stream if stream is not None else sys.stderr
+        self._stream = stream
         self.level = level
         self.live = self.stream.isatty() if live is None else live
+
+    @property
+    def stream(self) -> TextIO:
+        """The given stream, else whatever sys.stderr is now (an interrupted build points it at /dev/null, so
+        stage threads still finishing print nothing after its last line)."""
+        return self._stream if self._stream is not None else sys.stderr
 
     @classmethod
     def silent(cls) -> "Progress":

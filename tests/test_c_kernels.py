@@ -350,3 +350,17 @@ def test_large_weights_leave_the_source_for_weights_bin(compiler: str, flags: li
     assert "dabuild_weights + " in (artifact / "layer_pw.h").read_text()
     x_q = np.random.default_rng(22).integers(-128, 128, (40, 64)).astype(np.int8)
     assert np.array_equal(target.run(artifact, x_q, tmp_path), run_integer(qgraph, x_q))
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_native_integer_reference_equals_the_numpy_one(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """run_integer with the compiled conv and requantization against its pure numpy path, bit for bit."""
+    from dabuild.ir.kernels import native
+
+    qgraph = lowered(case)
+    x_q = np.random.default_rng(23).integers(-128, 128, (SAMPLES, *qgraph.tensors[qgraph.input].shape)).astype(np.int8)
+    monkeypatch.delenv(native.SWITCH, raising=False)
+    assert native.native_conv() is not None
+    compiled = run_integer(qgraph, x_q)
+    monkeypatch.setenv(native.SWITCH, "0")
+    np.testing.assert_array_equal(compiled, run_integer(qgraph, x_q))

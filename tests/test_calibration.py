@@ -289,3 +289,57 @@ def test_non_finite_values_during_calibration_name_the_tensor() -> None:
 def test_no_calibration_batches_is_an_error() -> None:
     with pytest.raises(BuildError, match="no calibration samples"):
         calibrate(mlp_graph([4, 2], ["none"]), [], Progress.silent())
+
+
+@pytest.mark.parametrize("layout", ["channels last", "channels first", "no channel axis"])
+def test_native_histograms_count_exactly_what_numpy_counts(monkeypatch: pytest.MonkeyPatch, layout: str) -> None:
+    """float32 tensors as the interpreter leaves them, big enough for two threads, in uneven batches."""
+    from dabuild.ir.kernels import native
+
+    rng = np.random.default_rng(11)
+    values = (rng.standard_t(3, size=(6, 20, 40, 90)) * rng.uniform(0.1, 10, 90)).astype(np.float32)
+    values[2, 3, 4, 5] = 300.0  # a late outlier: windows widen and rebin
+    values[:, :, :, 7] = 0.5  # a constant channel
+    if layout == "channels last":
+        values = values.transpose(0, 3, 1, 2)  # (N, C, H, W) seen over (N, H, W, C) memory, as after a conv
+    axis = None if layout == "no channel axis" else 1
+
+    def stats(batch: int) -> Stats:
+        result = Stats()
+        for start in range(0, len(values), batch):
+            result.observe("t", values[start:start + batch], axis=axis)
+        return result
+
+    monkeypatch.delenv(native.SWITCH, raising=False)
+    assert native.native_histogram() is not None
+    compiled = [stats(batch) for batch in (1, 4)]
+    monkeypatch.setenv(native.SWITCH, "0")
+    reference = stats(6)
+    assert compiled[0] == compiled[1] == reference
+
+
+def test_native_histograms_reject_non_finite_values_naming_the_tensor() -> None:
+    values = np.ones((2, 3, 4, 4), np.float32)
+    values[1, 2, 0, 0] = np.inf
+    with pytest.raises(BuildError, match="tensor 't' holds 1 NaN or infinite"):
+        Stats().observe("t", values, axis=1)
+
+
+def test_batches_past_the_memory_budget_run_in_parts_with_the_same_statistics(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Convs compute each image alone, so cutting batches changes no bit (a dense layer's BLAS may)."""
+    from dabuild.ir.memory import BUDGET, sample_bytes
+
+    rng = np.random.default_rng(2)
+    constants = {"w1": rng.standard_normal((8, 3, 3, 3)).astype(np.float32),
+                 "w2": rng.standard_normal((4, 8, 3, 3)).astype(np.float32)}
+    nodes = [Node("c1", "conv", ["x", "w1"], ["h"], {"pads": [1] * 4, "activation": "relu"}),
+             Node("c2", "conv", ["h", "w2"], ["y"], {"strides": [2, 2]})]
+    graph = Graph([TensorSpec("x", (None, 3, 12, 12))], ["y"], nodes, constants)
+    batch = [{"x": rng.standard_normal((50, 3, 12, 12)).astype(np.float32)}]
+    whole = calibrate(graph, batch, Progress.silent())
+    weights = sum(array.nbytes for array in graph.constants.values())
+    monkeypatch.setenv(BUDGET, str(2 * weights + 7 * sample_bytes(graph)))  # room for 7 samples at a time
+    assert calibrate(graph, batch, Progress.silent()) == whole
+    monkeypatch.setenv(BUDGET, "1K")
+    with pytest.raises(BuildError, match=r"calibrate: the model needs about .* more than the memory budget"):
+        calibrate(graph, batch, Progress.silent())

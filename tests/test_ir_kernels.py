@@ -10,6 +10,7 @@ import pytest
 
 from dabuild.ir import Graph, Node, TensorSpec
 from dabuild.ir.interpreter import Interpreter, _fusions
+from dabuild.ir.ops import OPS
 
 RNG = np.random.default_rng(7)
 
@@ -114,3 +115,15 @@ def test_graphs_that_mix_samples_or_have_no_conv_run_serially() -> None:
     assert not Interpreter(dense_only, threads=2).splits
     x = RNG.standard_normal((4, 8, 10, 12)).astype(np.float32)
     assert np.array_equal(Interpreter(mixing, threads=2).run({"x": x})["out"], _separately(mixing, x))
+
+
+@pytest.mark.parametrize("op, attrs", [("max_pool", {"kernel": [3, 3], "strides": [2, 2], "ceil_mode": True}),
+                                       ("avg_pool", {"kernel": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]})])
+def test_pooling_a_channels_last_tensor_keeps_its_memory_order(op: str, attrs: dict) -> None:
+    """A conv's output is channels-last memory: pooling it gives the same values, still channels-last."""
+    x = np.random.default_rng(6).standard_normal((2, 7, 11, 11)).astype(np.float32)
+    last = np.ascontiguousarray(x.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)
+    kernel = OPS[op].prepare(attrs)
+    y = kernel([last], None)[0]
+    np.testing.assert_array_equal(y, kernel([x], None)[0])
+    assert y.transpose(0, 2, 3, 1).flags.c_contiguous

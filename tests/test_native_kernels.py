@@ -54,19 +54,23 @@ CASES = [  # batch, channels, out_channels, spatial size, kernel, strides, pads,
     (4, 32, 32, (16, 16), (3, 3), [1, 1], [1, 1, 1, 1], [1, 1], 32),  # depthwise
     (3, 20, 20, (9, 11), (3, 5), [2, 1], [1, 2, 0, 3], [1, 2], 20),  # depthwise, a partial last vector
     (2, 6, 6, (15,), (3,), [1], [1, 1], [2], 6),  # depthwise 1-D
+    (1, 300, 70, (9, 7), (3, 3), [1, 1], [1, 1, 1, 1], [1, 1], 1),  # K in blocks of a tap's channel chunks
+    (2, 40, 150, (6, 5), (1, 1), [2, 2], [0, 0, 0, 0], [1, 1], 1),  # channel blocks of 4, 4 and 2 vectors
+    (1, 3, 24, (30, 30), (7, 7), [2, 2], [3, 3, 3, 3], [1, 1], 1),  # a stem: K in blocks of kernel rows
     (2, 8, 16, (6, 6), (3, 3), [1, 1], [1, 1, 1, 1], [1, 1], 8),  # two outputs per group: numpy runs it
     (2, 8, 16, (6, 6), (3, 3), [1, 1], [1, 1, 1, 1], [1, 1], 2),  # grouped: numpy runs it
 ]
 
 
 @pytest.mark.parametrize("batch, channels, out_channels, size, kernel, strides, pads, dilations, groups", CASES)
-@pytest.mark.parametrize("bias, activation", [(True, "relu"), (False, "none"), (True, "sigmoid")])
+@pytest.mark.parametrize("bias, activation", [(True, "relu"), (False, "none"), (True, "sigmoid"), (True, "relu6")])
 def test_conv_matches_numpy(monkeypatch: pytest.MonkeyPatch, batch: int, channels: int, out_channels: int,
                             size: tuple[int, ...], kernel: tuple[int, ...], strides: list[int], pads: list[int],
                             dilations: list[int], groups: int, bias: bool, activation: str) -> None:
     rng = np.random.default_rng(channels * 100 + out_channels)
     arrays = [rng.standard_normal((batch, channels, *size)).astype(np.float32),
-              rng.standard_normal((out_channels, channels // groups, *kernel)).astype(np.float32)]
+              (rng.standard_normal((out_channels, channels // groups, *kernel))
+               / np.sqrt(channels // groups * np.prod(kernel))).astype(np.float32)]  # outputs of order 1
     if bias:
         arrays.append(rng.standard_normal(out_channels).astype(np.float32))
     attrs = {"strides": strides, "pads": pads, "dilations": dilations, "groups": groups, "activation": activation}
@@ -82,6 +86,26 @@ def test_fused_residual_matches_numpy(monkeypatch: pytest.MonkeyPatch, then: tup
     residual = rng.standard_normal((6, 24, 12, 12)).astype(np.float32) * 10
     attrs = {"pads": [1, 1, 1, 1]}
     assert_close(*conv_both_ways(monkeypatch, [x, weight, bias, residual], attrs, then))
+
+
+def test_clip_bounds_match_numpy(monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(5)
+    arrays = [rng.standard_normal((2, 8, 6, 6)).astype(np.float32), rng.standard_normal((20, 8, 3, 3)).astype(np.float32)]
+    attrs = {"pads": [1] * 4, "activation": "clip", "activation_attrs": {"min": -0.5, "max": None}}
+    assert_close(*conv_both_ways(monkeypatch, arrays, attrs))
+
+
+def test_layer_threads_give_the_same_bits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rows split among threads: every output computed as on one thread, bit for bit."""
+    monkeypatch.delenv(native.SWITCH, raising=False)
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((1, 130, 17, 15)).astype(np.float32)
+    weight = rng.standard_normal((90, 130, 3, 3)).astype(np.float32)
+    kernel = OPS["conv"].prepare({"pads": [1] * 4, "activation": "relu"})
+    one = kernel([x, weight], None)[0]
+    with native.layer_threads(2):
+        two = kernel([x, weight], None)[0]
+    np.testing.assert_array_equal(one, two)
 
 
 def test_relu_keeps_nan_as_numpy_does(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -207,3 +231,16 @@ def test_which_convs_run_natively(monkeypatch: pytest.MonkeyPatch, groups: int, 
     assert (y is not None) == native_runs
     if native_runs:
         assert y.shape == (2, out_channels, 5, 5) and y[0, 0, 2, 2] == 9 * 8 // groups
+
+
+@pytest.mark.parametrize("case", [CASES[2], CASES[6], CASES[12], CASES[14], CASES[15]])
+def test_float64_conv_of_integers_is_exact(monkeypatch: pytest.MonkeyPatch, case: tuple) -> None:
+    """The integer reference's sums: integer-valued float64 operands give exactly numpy's result."""
+    batch, channels, out_channels, size, kernel, strides, pads, dilations, groups = case
+    rng = np.random.default_rng(4)
+    arrays = [rng.integers(-255, 256, (batch, channels, *size)).astype(np.float64),
+              rng.integers(-127, 128, (out_channels, channels // groups, *kernel)).astype(np.float64)]
+    attrs = {"strides": strides, "pads": pads, "dilations": dilations, "groups": groups}
+    compiled, reference = conv_both_ways(monkeypatch, arrays, attrs)
+    assert compiled.dtype == np.float64
+    np.testing.assert_array_equal(compiled, reference)

@@ -371,3 +371,23 @@ def test_a_terminal_sees_trial_n_of_n_the_best_so_far_and_the_time_left(
     logged = io.StringIO()  # not a terminal: no progress lines in the log
     tune_stage(stage.config, stage.files, digits_stages[0], digits_stages[1], tmp_path, Progress(logged, live=False))
     assert "tune: trial" not in logged.getvalue()
+
+
+def test_a_hopeless_trial_stops_early_with_a_bound_that_already_misses(digits_stages: tuple[Path, Path]) -> None:
+    """Scored batch by batch against the least passing accuracy: stopped once even all-right remaining samples
+    could not reach it, with a bound at least the full score; a config that passes scores as without a floor."""
+    from dabuild.data import load_inputs, load_labels
+    from dabuild.quant.config import default_config
+    from dabuild.tune.evaluate import EvalSetup, Evaluator
+
+    recipe = digits_recipe()
+    spec = recipe.data.evaluation
+    x = load_inputs(spec, recipe.base_dir, ["x"])["x"]
+    evaluator = Evaluator(EvalSetup(digits_stages[0], digits_stages[1], x, load_labels(spec, recipe.base_dir),
+                                    "accuracy", recipe.base_dir, 50))
+    config = default_config(evaluator.graph, C)
+    full = evaluator.score(config)
+    assert evaluator.score(config, floor=full.metric).metric == full.metric  # it passes: scored to the end
+    early = evaluator.score(config, floor=full.metric + 0.01)
+    assert early.stopped and full.metric <= early.metric < full.metric + 0.01
+    assert not evaluator.score(config, floor=0.0).stopped

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import sys
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,6 +18,7 @@ from threadpoolctl import ThreadpoolController
 
 from dabuild.errors import UsageError
 from dabuild.ir.graph import Graph, TensorSpec
+from dabuild.ir.kernels.native import layer_threads
 from dabuild.ir.ops import OPS, Activation
 from dabuild.ir.ops.base import Kernel
 from dabuild.ir.ops.linear import Conv
@@ -53,6 +55,9 @@ def validate_feeds(graph: Graph, feeds: dict[str, np.ndarray]) -> dict[str, np.n
     return arrays
 
 
+Visitor = Callable[[str, np.ndarray], None]
+
+
 @dataclass
 class Step:
     """One step of a plan: a prepared kernel, where its arrays come from and go, and what dies after it."""
@@ -82,7 +87,9 @@ class Interpreter:
     threaded BLAS splits only the matmuls, each small one with its own
     synchronisation. The slices compute exactly what the whole batch computes.
     Graphs of dense layers only run serially (too little work per call to pay
-    for the dispatch).
+    for the dispatch). A batch too small to split (one image, say) instead
+    splits the output rows of each large native conv among the threads
+    (`dabuild.ir.kernels.native.layer_threads`).
     The graph must not change while an Interpreter of it is in use.
     """
 
@@ -95,23 +102,29 @@ class Interpreter:
         self._pool: ThreadPoolExecutor | None = None
         self.single = _fixed_single(graph)
 
-    def run(self, feeds: dict[str, np.ndarray], keep_intermediates: bool = False) -> dict[str, np.ndarray]:
+    def run(self, feeds: dict[str, np.ndarray], keep_intermediates: bool = False,
+            visit: Visitor | None = None) -> dict[str, np.ndarray]:
         """The graph outputs by name; with `keep_intermediates`, every input and node output as well.
+
+        `visit(name, array)` sees each graph input and then every node output as soon as it is computed
+        (nodes run one by one, unfused), before any of them is freed: calibration takes its statistics that
+        way without holding a batch's intermediates. The visitor must not keep or change the arrays.
 
         A graph whose file fixes the batch to 1 (and whose tracer could not relax it) runs a larger batch
         sample by sample, so calibration and evaluation take any number of samples.
         """
         batch = _batch_size(self.graph, feeds) if self.single else 0
         if batch > 1:
-            parts = [self.run({name: np.asarray(array)[i:i + 1] for name, array in feeds.items()}, keep_intermediates)
-                     for i in range(batch)]
+            parts = [self.run({name: np.asarray(array)[i:i + 1] for name, array in feeds.items()}, keep_intermediates,
+                              visit) for i in range(batch)]
             return {name: np.concatenate([part[name] for part in parts]) for name in parts[0]}
         arrays = validate_feeds(self.graph, feeds)
-        if keep_intermediates:
-            return self._run(self.separate_steps, arrays, True)
         batch = len(next(iter(arrays.values()))) if arrays else 0
-        if not self.splits or batch < 2 * self.threads:
-            return self._run(self.steps, arrays, False)
+        if keep_intermediates or visit is not None or not self.splits or batch < 2 * self.threads:
+            with layer_threads(self.threads):
+                if keep_intermediates or visit is not None:
+                    return self._run(self.separate_steps, arrays, keep_intermediates, visit)
+                return self._run(self.steps, arrays, False)
         bounds = np.linspace(0, batch, self.threads + 1).astype(int)
         slices = [{name: array[low:high] for name, array in arrays.items()} for low, high in zip(bounds, bounds[1:])]
         if self._pool is None:
@@ -122,10 +135,14 @@ class Interpreter:
             parts += [future.result() for future in others]
         return {name: np.concatenate([part[name] for part in parts]) for name in self.graph.outputs}
 
-    def _run(self, steps: list[Step], arrays: dict[str, np.ndarray], keep: bool) -> dict[str, np.ndarray]:
+    def _run(self, steps: list[Step], arrays: dict[str, np.ndarray], keep: bool,
+             visit: Visitor | None = None) -> dict[str, np.ndarray]:
         graph = self.graph
         values: dict[str, np.ndarray] = dict(graph.constants)
         values.update(arrays)
+        if visit is not None:
+            for name, array in arrays.items():
+                visit(name, array)
         for step in steps:
             inputs = [values[name] for name in step.inputs]
             out = None
@@ -133,7 +150,12 @@ class Interpreter:
                 for name in step.finished:
                     del values[name]
                 out = _overwritable(inputs, step.overwritable)
-            values.update(zip(step.outputs, step.kernel(inputs, out)))
+            results = step.kernel(inputs, out)
+            del inputs, out
+            values.update(zip(step.outputs, results))
+            if visit is not None:
+                for name, array in zip(step.outputs, results):
+                    visit(name, array)
         if keep:
             return {name: array for name, array in values.items() if name not in graph.constants}
         return {name: values[name] for name in graph.outputs}

@@ -19,7 +19,9 @@ import numpy as np
 
 from dabuild.errors import BuildError
 from dabuild.ir.graph import Graph
-from dabuild.ir.interpreter import run
+from dabuild.ir.interpreter import Interpreter
+from dabuild.ir.kernels.native import available_cores, native_histogram
+from dabuild.ir.memory import samples_that_fit
 from dabuild.ir.npz import read_npz, write_npz
 from dabuild.progress import Progress
 from dabuild.quant.activations import with_table_activations_split
@@ -51,10 +53,34 @@ class TensorStats:
         axis %= values.ndim
         return cls(axis, Histogram.empty(1), Histogram.empty(values.shape[axis]))
 
-    def observe(self, values: np.ndarray) -> None:
-        self.whole.add(values.reshape(1, -1))
-        by_channel = values.reshape(1, -1) if self.axis is None else np.moveaxis(values, self.axis, 0)
-        self.channels.add(by_channel.reshape(self.channels.channels, -1))
+    def observe(self, values: np.ndarray) -> int:
+        """Count one batch of values; the number of NaN or infinite values instead, counting nothing, if any.
+
+        A float32 tensor is counted by the native kernel (dabuild.ir.kernels.histogram.c) where one is built,
+        in place in whatever memory order the interpreter left it: one pass for the extremes, one that bins
+        each value into the per-channel and the whole-tensor histogram. It counts exactly what the numpy
+        path (`Histogram.add`) counts.
+        """
+        native = native_histogram() if values.dtype == np.float32 else None
+        if native is None:
+            finite = np.isfinite(values)
+            if not finite.all():
+                return int(finite.size - finite.sum())
+            self.whole.add(values.reshape(1, -1))
+            by_channel = values.reshape(1, -1) if self.axis is None else np.moveaxis(values, self.axis, 0)
+            self.channels.add(by_channel.reshape(self.channels.channels, -1))
+            return 0
+        view, _memory = native.view(values, self.axis)
+        lows, highs, bad = native.extremes(view)
+        if bad:
+            return bad
+        self.channels.extend(lows, highs)
+        self.whole.extend(lows.min(keepdims=True), highs.max(keepdims=True))
+        if view.inner == 1 and view.channels > 1:  # counting wants each channel's values contiguous
+            view, _memory = native.view(values, self.axis, channels_inner=False)
+        native.count(view, self.channels.reciprocals(), self.channels.offset, self.channels.counts,
+                     float(self.whole.reciprocals()[0]), int(self.whole.offset[0]), self.whole.counts[0])
+        return 0
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, TensorStats):
@@ -97,13 +123,11 @@ class Stats:
         values = np.asarray(values)
         if values.size == 0:
             return
-        finite = np.isfinite(values)
-        if not finite.all():
-            raise BuildError(f"calibration: {where or f'tensor {name!r}'} holds {int(finite.size - finite.sum())} "
-                             "NaN or infinite values")
         if name not in self.tensors:
             self.tensors[name] = TensorStats.start(values, axis)
-        self.tensors[name].observe(values)
+        bad = self.tensors[name].observe(values)
+        if bad:
+            raise BuildError(f"calibration: {where or f'tensor {name!r}'} holds {bad} NaN or infinite values")
         whole = self.tensors[name].whole
         self.ranges[name] = (float(whole.low[0]), float(whole.high[0]))
         self._derived.clear()
@@ -191,34 +215,44 @@ def observed_tensors(graph: Graph) -> list[str]:
 
 
 def channel_axes(graph: Graph, shapes: dict[str, tuple[int, ...]]) -> dict[str, int | None]:
-    """Each observed tensor's channel axis, from its producer and its shape.
+    """Each observed tensor's channel axis, from its producer and its shape (see `ChannelAxes`)."""
+    axes = ChannelAxes(graph)
+    return {name: axes(name, shapes) for name in observed_tensors(graph)}
+
+
+class ChannelAxes:
+    """The channel axis of each observed tensor, from its producer and its shape, one tensor at a time in graph
+    order (so a calibration pass can ask as each tensor appears).
 
     dense/matmul outputs: the last axis (features). A shape-preserving op (relu,
     add, ...) keeps its input's axis. Anything else of rank >= 2: axis 1
     (NCHW). A graph input feeding a dense/matmul first: the last axis. Rank < 2:
     no channels.
     """
-    consumers = graph.consumers()
-    axes: dict[str, int | None] = {}
 
-    def default(rank: int) -> int | None:
-        return None if rank < 2 else 1
+    def __init__(self, graph: Graph):
+        self.consumers = graph.consumers()
+        self.producers = {out: node for node in graph.nodes for out in node.outputs}
+        self.axes: dict[str, int | None] = {}
 
-    for spec in graph.inputs:
-        rank = len(shapes[spec.name])
-        first = consumers.get(spec.name, [])
-        axes[spec.name] = rank - 1 if rank >= 2 and first and first[0].op in LAST_AXIS_OPS else default(rank)
-    for node in graph.nodes:
-        source = next((name for name in node.inputs if name in axes), None)
-        for out in node.outputs:
-            rank = len(shapes[out])
-            if node.op in LAST_AXIS_OPS:
-                axes[out] = rank - 1 if rank >= 2 else None
-            elif source is not None and shapes[source][1:] == shapes[out][1:]:
-                axes[out] = axes[source]
-            else:
-                axes[out] = default(rank)
-    return axes
+    def __call__(self, name: str, shapes: dict[str, tuple[int, ...]]) -> int | None:
+        """The axis of `name`, whose shape and whose producer's inputs' shapes are in `shapes`."""
+        if name in self.axes:
+            return self.axes[name]
+        rank = len(shapes[name])
+        default = None if rank < 2 else 1
+        node = self.producers.get(name)
+        if node is None:  # a graph input
+            first = self.consumers.get(name, [])
+            axis = rank - 1 if rank >= 2 and first and first[0].op in LAST_AXIS_OPS else default
+        elif node.op in LAST_AXIS_OPS:
+            axis = rank - 1 if rank >= 2 else None
+        else:
+            source = next((input_name for input_name in node.inputs if input_name in self.axes), None)
+            same = source is not None and tuple(shapes[source][1:]) == tuple(shapes[name][1:])
+            axis = self.axes[source] if same else default
+        self.axes[name] = axis
+        return axis
 
 
 def _describe(graph: Graph) -> dict[str, str]:
@@ -233,22 +267,33 @@ def _describe(graph: Graph) -> dict[str, str]:
 def calibrate(graph: Graph, batches: Iterable[dict[str, np.ndarray]], progress: Progress) -> Stats:
     """Run every batch through the float interpreter and fold its tensors into the histograms.
 
+    Each tensor is counted as soon as the interpreter computes it and freed after its last reader, so
+    memory holds one batch's live tensors, not all of them; a batch whose activations would pass the
+    memory budget (dabuild.ir.memory) runs in parts. Large convs split their rows among the
+    machine's cores (the results do not depend on the split).
+
     Table activations fused into conv/dense are split off first, so their
     inputs are observed too (as `activations.pre_activation(output)`).
     """
     graph = with_table_activations_split(graph)
     stats = Stats()
-    names = observed_tensors(graph)
     where = _describe(graph)
-    axes: dict[str, int | None] | None = None
+    axes = ChannelAxes(graph)
+    shapes: dict[str, tuple[int, ...]] = {}
+    interpreter = Interpreter(graph, threads=available_cores())
+
+    def observe(name: str, values: np.ndarray) -> None:
+        shapes[name] = values.shape
+        stats.observe(name, values, axes(name, shapes), where[name])
+
+    fit: int | None = None
     with progress.track("calibrate", None) as advance:
         for batch in batches:
-            values = run(graph, batch, keep_intermediates=True)
-            if axes is None:
-                axes = channel_axes(graph, {name: values[name].shape for name in names})
-            for name in names:
-                stats.observe(name, values[name], axes[name], where[name])
-            advance(len(next(iter(batch.values()))))
+            count = len(next(iter(batch.values())))
+            fit = fit or samples_that_fit(graph, "calibrate", count)
+            for start in range(0, count, fit):  # the statistics do not depend on how batches are cut
+                interpreter.run({name: array[start:start + fit] for name, array in batch.items()}, visit=observe)
+            advance(count)
     if not stats.ranges:
         raise BuildError("calibration: no calibration samples were given")
     return stats

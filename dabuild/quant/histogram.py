@@ -26,17 +26,27 @@ BINS = 2048
 _FINEST_RELATIVE_WIDTH = 2.0**-40
 
 
-def _fits(low: float, high: float, width: float) -> bool:
+def _fits(low: np.ndarray, high: np.ndarray, width: np.ndarray) -> np.ndarray:
     return np.floor(high / width) - np.floor(low / width) < BINS
 
 
-def _narrowest_width(low: float, high: float) -> float:
-    """The smallest power of two whose grid puts [low, high] (low < high) within BINS bins."""
+def _widened(low: np.ndarray, high: np.ndarray, width: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each width doubled until its grid puts [low, high] within BINS bins, and how many doublings that took
+    (fitting is monotone in the width, so this stops at the narrowest)."""
+    doublings = np.zeros(len(width), dtype=np.int64)
+    while True:
+        short = ~_fits(low, high, width)
+        if not short.any():
+            return width, doublings
+        width = np.where(short, width * 2, width)
+        doublings += short
+
+
+def _narrowest_width(low: np.ndarray, high: np.ndarray) -> np.ndarray:
+    """The smallest power of two whose grid puts [low, high] (low < high) within BINS bins, per channel."""
     width = 2.0 ** (np.floor(np.log2((high - low) / BINS)) - 1)
-    width = max(width, 2.0 ** np.floor(np.log2(max(abs(low), abs(high)) * _FINEST_RELATIVE_WIDTH)))
-    while not _fits(low, high, width):
-        width *= 2
-    return float(width)
+    width = np.maximum(width, 2.0 ** np.floor(np.log2(np.maximum(abs(low), abs(high)) * _FINEST_RELATIVE_WIDTH)))
+    return _widened(low, high, width)[0]
 
 
 @dataclass(frozen=True)
@@ -129,42 +139,57 @@ class Histogram:
             raise ValueError(f"histogram has {self.channels} channels, got values for {values.shape[0]}")
         if values.shape[1] == 0:
             return
-        low = np.minimum(self.low, values.min(axis=1))
-        high = np.maximum(self.high, values.max(axis=1))
-        for channel in np.flatnonzero((low < self.low) | (high > self.high)):
-            self._fit(int(channel), float(low[channel]), float(high[channel]))
-        self.low, self.high = low, high
+        self.extend(values.min(axis=1), values.max(axis=1))
         gridded = self.width > 0
         safe_width = np.where(gridded, self.width, 1.0)[:, None]
         index = np.where(gridded[:, None], np.floor(values / safe_width).astype(np.int64) - self.offset[:, None], 0)
         flat = index + (np.arange(self.channels) * BINS)[:, None]
         self.counts += np.bincount(flat.ravel(), minlength=self.channels * BINS).reshape(self.channels, BINS)
 
-    def _fit(self, channel: int, low: float, high: float) -> None:
-        """Re-bin one channel so that its window covers [low, high] (which contains every value seen)."""
-        if low == high:
-            return  # still a single value: its count stays in bin 0
-        width = float(self.width[channel])
-        counts = self.counts[channel]
-        if width == 0:
-            width = _narrowest_width(low, high)
-            seen = counts[0]
-            offset = int(np.floor(low / width))
-            counts[:] = 0
-            if seen:
-                counts[int(np.floor(self.low[channel] / width)) - offset] = seen
-        else:
-            doublings = 0
-            while not _fits(low, high, width):  # fitting is monotone in the width: this stops at the narrowest
-                width *= 2
-                doublings += 1
-            offset = int(np.floor(low / width))
-            occupied = np.flatnonzero(counts)
-            grid = (int(self.offset[channel]) + occupied) >> doublings  # floor division by 2**doublings
-            moved = np.zeros(BINS, dtype=np.int64)
-            np.add.at(moved, grid - offset, counts[occupied])
-            counts[:] = moved
-        self.width[channel], self.offset[channel] = width, offset
+    def extend(self, lows: np.ndarray, highs: np.ndarray) -> None:
+        """Widen each channel's window to take values from lows[c] to highs[c] (counting them is the caller's).
+
+        A channel whose range grew is re-binned (all such channels at once) so that its window covers the
+        new range, which contains every value seen. A channel still holding a single value keeps its
+        count in bin 0.
+        """
+        low = np.minimum(self.low, lows)
+        high = np.maximum(self.high, highs)
+        grown = ((low < self.low) | (high > self.high)) & (low != high)
+        fresh = np.flatnonzero(grown & (self.width == 0))
+        if len(fresh):
+            self._grid(fresh, low[fresh], high[fresh])
+        widened = np.flatnonzero(grown & (self.width > 0))
+        if len(widened):
+            self._rebin(widened, low[widened], high[widened])
+        self.low, self.high = low, high
+
+    def reciprocals(self) -> np.ndarray:
+        """1 / width per channel (exact: widths are powers of two), 0 for a channel still without a grid."""
+        return np.divide(1.0, self.width, out=np.zeros_like(self.width), where=self.width > 0)
+
+    def _grid(self, channels: np.ndarray, low: np.ndarray, high: np.ndarray) -> None:
+        """First grids for channels that held one value so far: its count moves to that value's bin."""
+        width = _narrowest_width(low, high)
+        offset = np.floor(low / width).astype(np.int64)
+        seen = self.counts[channels, 0].copy()
+        self.counts[channels] = 0
+        counted = seen > 0
+        bins = np.floor(self.low[channels][counted] / width[counted]).astype(np.int64) - offset[counted]
+        self.counts[channels[counted], bins] = seen[counted]
+        self.width[channels], self.offset[channels] = width, offset
+
+    def _rebin(self, channels: np.ndarray, low: np.ndarray, high: np.ndarray) -> None:
+        """Wider (or slid) windows for gridded channels: old bin k goes to (offset + k) >> doublings, exactly."""
+        width, doublings = _widened(low, high, self.width[channels])
+        offset = np.floor(low / width).astype(np.int64)
+        old = self.counts[channels]
+        rows, bins = np.nonzero(old)
+        grid = ((self.offset[channels][rows] + bins) >> doublings[rows]) - offset[rows]
+        moved = np.zeros_like(old)
+        np.add.at(moved, (rows, grid), old[rows, bins])
+        self.counts[channels] = moved
+        self.width[channels], self.offset[channels] = width, offset
 
     def bins(self, channel: int) -> Bins:
         """The occupied bins of one channel (a single bin of width 0 when all its values are equal)."""

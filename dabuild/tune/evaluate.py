@@ -22,14 +22,19 @@ from pathlib import Path
 
 import numpy as np
 
-from dabuild.ir import interpreter
 from dabuild.ir.graph import Graph
+from dabuild.ir.interpreter import Interpreter
+from dabuild.ir.kernels.native import available_cores
+from dabuild.ir.memory import samples_that_fit
 from dabuild.quant.calibrate import Stats
 from dabuild.quant.config import QuantConfig
 from dabuild.quant.qgraph import QGraph
 from dabuild.quant.quantize import quantize
 from dabuild.quant.reference import quantize_input, run_integer, run_quantized
 from dabuild.tune.metric import Metric, load_metric
+
+
+TRACED_BATCH = 8  # samples per batch when every intermediate is kept (a ResNet-50 image's take ~0.1 GB)
 
 
 @dataclass(frozen=True)
@@ -52,6 +57,7 @@ class Score:
     metric: float
     mse: float  # output MSE against the float graph, relative to the float outputs' mean square
     seconds: float
+    stopped: bool = False  # scoring stopped early: `metric` is an upper bound below the goal, mse of a part
 
 
 def relative_mse(values: np.ndarray, reference: np.ndarray) -> float:
@@ -67,22 +73,48 @@ class Evaluator:
         self.stats = Stats.load(setup.stats_dir)
         self.metric: Metric = load_metric(setup.metric, setup.base_dir, setup.metric_file)
         self.input = self.graph.inputs[0].name
-        self.float_outputs = np.concatenate([interpreter.run(self.graph, {self.input: x})[self.graph.outputs[0]]
+        self.interpreter = Interpreter(self.graph, threads=available_cores())  # prepared once for every batch
+        self.batch_size = samples_that_fit(self.graph, "tune", setup.batch_size)
+        self.float_outputs = np.concatenate([self.interpreter.run({self.input: x})[self.graph.outputs[0]]
                                              for x in self._batches()])
         self.baseline = self.metric(self.float_outputs, setup.labels)
 
-    def _batches(self) -> list[np.ndarray]:
-        size = self.setup.batch_size
+    def _batches(self, size: int | None = None) -> list[np.ndarray]:
+        size = size or self.batch_size
         return [self.setup.x[i:i + size] for i in range(0, len(self.setup.x), size)]
 
     def quantize(self, config: QuantConfig) -> QGraph:
         """The graph lowered under `config`, as it is scored (and as the tune stage writes it)."""
         return quantize(self.graph, self.stats, config, self.setup.bias_correction)
 
-    def score(self, config: QuantConfig) -> Score:
+    def score(self, config: QuantConfig, floor: float | None = None) -> Score:
+        """The config's metric on the evaluation data; with `floor` (the least passing score) and a metric
+        that is a mean over samples of 0 or 1 (accuracy, top_k), stopped after the first batch that
+        leaves it unable to reach the floor.
+
+        The bound: with c samples right of the s scored so far, the final score is at most
+        (c + n - s) / n, reached only if every remaining sample is right. Once that is below the floor
+        no remaining batch can make the config pass, so a hopeless config costs the batches it took to
+        show it (the first, for a config far from the goal).
+        """
         start = time.perf_counter()
         qgraph = self.quantize(config)
-        outputs = np.concatenate([run_quantized(qgraph, x) for x in self._batches()])
+        bounded = floor is not None and self.metric.counts_samples
+        parts: list[np.ndarray] = []
+        right, scored, total = 0, 0, len(self.setup.x)
+        for x in self._batches():
+            parts.append(run_quantized(qgraph, x))
+            if not bounded:
+                continue
+            labels = self.setup.labels[scored:scored + len(x)]
+            right += round(self.metric(parts[-1], labels) * len(x))
+            scored += len(x)
+            bound = (right + total - scored) / total
+            if scored < total and bound < floor:
+                outputs = np.concatenate(parts)
+                return Score(bound, relative_mse(outputs, self.float_outputs[:scored]), time.perf_counter() - start,
+                             stopped=True)
+        outputs = np.concatenate(parts)
         value = self.metric(outputs, self.setup.labels)
         return Score(value, relative_mse(outputs, self.float_outputs), time.perf_counter() - start)
 
@@ -92,11 +124,13 @@ class Evaluator:
         One run of each graph with every intermediate kept: how far quantization
         has pushed each node's output, the ranking the sensitivity-driven
         strategies fall back by, at the cost of one inference and no trial.
+        Batches of at most TRACED_BATCH samples bound the memory every
+        intermediate of both graphs takes.
         """
         qgraph = self.quantize(config)
         errors: dict[str, list[float]] = {}
-        for x in self._batches():
-            reference = interpreter.run(self.graph, {self.input: x}, keep_intermediates=True)
+        for x in self._batches(min(self.batch_size, TRACED_BATCH)):
+            reference = self.interpreter.run({self.input: x}, keep_intermediates=True)
             quantized = run_integer(qgraph, quantize_input(qgraph, x), keep_intermediates=True)
             for node in self.graph.nodes:
                 tensor = node.outputs[0]
@@ -117,9 +151,9 @@ def _start_worker(setup: EvalSetup) -> None:
     _worker = Evaluator(setup)
 
 
-def _score_in_worker(config: dict) -> Score:
+def _score_in_worker(config: dict, floor: float | None) -> Score:
     assert _worker is not None
-    return _worker.score(QuantConfig.from_dict(config))
+    return _worker.score(QuantConfig.from_dict(config), floor)
 
 
 @contextmanager
@@ -148,16 +182,17 @@ class Scorer:
         self._pool: ProcessPoolExecutor | None = None
         _live.add(self)
 
-    def score(self, configs: list[QuantConfig]) -> list[Score]:
+    def score(self, configs: list[QuantConfig], floor: float | None = None) -> list[Score]:
+        """Each config's score; `floor` lets hopeless ones stop early (see `Evaluator.score`)."""
         if self.jobs == 1 or len(configs) < 2:
-            return [self.evaluator.score(config) for config in configs]
+            return [self.evaluator.score(config, floor) for config in configs]
         if _stopping.is_set():  # interrupted: no new workers (the build is ending, see cli._interrupted)
             raise KeyboardInterrupt
         if self._pool is None:
             self._pool = ProcessPoolExecutor(self.jobs, mp_context=get_context("spawn"),
                                              initializer=_start_worker, initargs=(self.evaluator.setup,))
         with _interrupts_blocked():  # workers start (on submit) deaf to Ctrl-C: the parent alone handles it
-            futures = [self._pool.submit(_score_in_worker, config.to_dict()) for config in configs]
+            futures = [self._pool.submit(_score_in_worker, config.to_dict(), floor) for config in configs]
         return [future.result() for future in futures]
 
     def close(self) -> None:

@@ -50,6 +50,11 @@ class Metric:
             raise BuildError(f"metric {self.name!r} returned {value}")
         return value
 
+    @property
+    def counts_samples(self) -> bool:
+        """Whether the metric is the share of samples it calls right (accuracy, top_k), each worth 1/n."""
+        return self.file is None and (self.name == "accuracy" or top_k_of(self.name) is not None)
+
     def better(self, a: float, b: float) -> bool:
         """Is score `a` strictly better than `b`?"""
         return a > b if self.higher_is_better else a < b

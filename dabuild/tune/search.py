@@ -123,7 +123,7 @@ class Search:
         if not self.trials:
             return None
         sign = -1 if self.metric.higher_is_better else 1
-        return self.best() or min(self.trials, key=lambda t: (sign * t.metric, t.cost, t.index))
+        return self.best() or min(self.trials, key=lambda t: (t.stopped, sign * t.metric, t.cost, t.index))
 
     def could_improve(self, config: QuantConfig) -> bool:
         """Might `config` beat the best passing trial? Only a strictly cheaper one can."""
@@ -157,13 +157,14 @@ class Search:
                 unique[key] = config
         room = self.budget.max_trials - len(self.trials)
         fresh = dict(list(unique.items())[:room])
+        floor = self.goal.threshold(self.baseline, True) if self.metric.higher_is_better else None
         for key in fresh:
             if key not in self._scored:
-                stored = self.store.get(key)
+                stored = self.store.get(key, floor)
                 if stored is not None:
                     self._scored[key] = (stored, True)
         missing = [key for key in fresh if key not in self._scored]
-        for key, score in zip(missing, self.scorer.score([fresh[key] for key in missing])):
+        for key, score in zip(missing, self.scorer.score([fresh[key] for key in missing], floor)):
             self.store.put(key, score)
             self._scored[key] = (score, False)
         results: list[Trial] = []
@@ -209,7 +210,8 @@ class Search:
                 self.misfits[key] = misfit
                 passed = False
         trial = Trial(len(self.trials), config, key, score.metric, score.mse, self.space.size(config),
-                      self.space.bops(config), self.cost(config), passed, score.seconds, cached, step)
+                      self.space.bops(config), self.cost(config), passed, score.seconds, cached, step,
+                      score.stopped)
         self.trials.append(trial)
         self._seen[key] = trial
         if self.history is not None:

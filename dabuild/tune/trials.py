@@ -50,6 +50,7 @@ class Trial:
     seconds: float  # time the evaluation took when it was first made
     cached: bool  # score read from the trial store, not evaluated in this run
     step: str  # which phase of the strategy proposed it
+    stopped: bool = False  # scored on part of the data: `metric` is a bound that already missed the goal
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -64,6 +65,7 @@ class Trial:
             "seconds": round(self.seconds, 6),
             "cached": self.cached,
             "step": self.step,
+            "stopped": self.stopped,
             "config": describe_config(self.config),
         }
 
@@ -113,8 +115,9 @@ class TrialStore:
         self.folder = None if root is None else Path(root) / context[:2] / context
         self.writable = True  # until a write fails
 
-    def get(self, config_hash: str) -> Score | None:
-        """The stored score of `config_hash`, or None when absent or when the record fails its proof."""
+    def get(self, config_hash: str, floor: float | None = None) -> Score | None:
+        """The stored score of `config_hash`, or None when absent or when the record fails its proof; a
+        stopped score (an upper bound) only while it still misses `floor`."""
         if self.folder is None:
             return None
         path = self.folder / f"{config_hash}.json"
@@ -127,7 +130,7 @@ class TrialStore:
             proof = data.pop("proof")
             if proof != _proof(data) or data["config_hash"] != config_hash:
                 raise ValueError("its content does not match its hash")
-            score = Score(float(data["metric"]), float(data["mse"]), float(data["seconds"]))
+            score = Score(float(data["metric"]), float(data["mse"]), float(data["seconds"]), bool(data["stopped"]))
         except (ValueError, KeyError, TypeError, AttributeError) as error:
             warn(f"trial store record {path} is damaged ({error}); dropped, the config is evaluated again",
                  key=str(path))
@@ -137,13 +140,15 @@ class TrialStore:
             os.utime(self.folder)  # the context's last use, for `dabuild cache prune`
         except OSError:
             pass
+        if score.stopped and (floor is None or score.metric >= floor):
+            return None  # a bound that no longer decides this goal: evaluate in full
         return score
 
     def put(self, config_hash: str, score: Score) -> None:
         if self.folder is None or not self.writable:
             return
         record: dict[str, Any] = {"config_hash": config_hash, "metric": score.metric, "mse": score.mse,
-                                  "seconds": score.seconds}
+                                  "seconds": score.seconds, "stopped": score.stopped}
         record["proof"] = _proof(record)
         tmp: str | None = None
         try:

@@ -1,187 +1,309 @@
-/* Direct 2-D convolution over channels-last float32 tensors, for dabuild's reference interpreter.
+/* Direct 2-D convolution over channels-last tensors, for dabuild's reference interpreter.
  *
- * x (N, H, W, C) and the weight (KH, KW, C, OP) give y (N, OH, OW, O): OP is O rounded up to a whole
- * number of vectors, its extra columns zero. The output channels are innermost, so one vector of
- * VLEN floats holds VLEN output channels of one pixel, and each multiply-add broadcasts one input
- * value against one weight vector. A block of PIXELS neighbouring output pixels times VECS vectors
- * of channels stays in registers over all taps and input channels. The summation order of every
- * output is fixed by this source (tap by tap, channel by channel), whatever the vector width the
- * compiler picks for the target machine.
+ * A template: compiled once per element type ELEM (float for the float interpreter, double for the integer
+ * reference, whose sums of integer products are exact in double whatever their order), with MASK the
+ * integer of ELEM's width and NAME(x) the variant's name for x (see native.py). A vector is 64 bytes.
+ *
+ * x (N, H, W, C) and a packed weight give y (N, OH, OW, O). The packed weight holds the output channels in
+ * blocks of up to BLOCK_VECS vectors of VLEN channels (the last block narrower, its columns past O zero):
+ * block b is a (KH, KW, C, width_b) array, so the weights one register block needs are one contiguous slab.
+ * One vector of VLEN floats holds VLEN output channels of one pixel, and each multiply-add broadcasts one
+ * input value against one weight vector. A register block of PIXELS neighbouring output pixels times VECS
+ * vectors of channels stays in registers over a run of (tap, channel) inputs.
+ *
+ * Blocking for cache: the reduction over (tap, channel) runs in K-blocks of about KBLOCK inputs (whole
+ * kernel rows when they are short, else one tap's channels in chunks), and each K-block's weight slab
+ * (KBLOCK x width floats) is used by every pixel of a chunk of output rows before the next is read, so
+ * the slab stays in L1. Between K-blocks the partial sums wait in a small scratch buffer. Storing and
+ * reloading a float is exact, so the summation order of every output is fixed by this source (tap by
+ * tap, channel by channel), whatever the blocking, the vector width the compiler picks or how many
+ * threads share the rows.
  *
  * Padding is not copied: a tap that falls outside the input reads a row of C zeros instead.
- * The epilogue adds the bias, then the residual (another (N, OH, OW, O) tensor), then applies relu,
- * the order of the graph nodes it replaces.
+ * The epilogue adds the bias, then the residual (another (N, OH, OW, O) tensor), then applies relu or a
+ * clamp to [low, high], the order of the graph nodes it replaces.
  */
+#ifndef CONV_SHARED
+#define CONV_SHARED
 #include <stddef.h>
+#include <stdlib.h>
 #include <string.h>
 
-#define VLEN 16
 /* The register block's loops must unroll completely, or its accumulators live in memory. */
 #define UNROLL _Pragma("GCC unroll 16")
 #define MAX_PIXELS 8
 #define MAX_VECS 4
-typedef float vec __attribute__((vector_size(VLEN * sizeof(float))));
-typedef int lanes_mask __attribute__((vector_size(VLEN * sizeof(int))));
-typedef float vec_unaligned __attribute__((vector_size(VLEN * sizeof(float)), aligned(sizeof(float))));
+#define BLOCK_VECS 4                  /* vectors of output channels per packed weight block */
+#define KBLOCK 128                    /* (tap, channel) inputs per K-block: a 128 x 64 float slab is 32 KiB */
+#define CHUNK_PIXELS 256              /* output pixels whose partial sums one K-block updates */
+enum { NO_ACTIVATION, RELU, CLAMP };
+#endif
+
+#undef VLEN
+#define VLEN ((int)(64 / sizeof(ELEM)))  /* elements per vector */
+typedef ELEM NAME(vec) __attribute__((vector_size(VLEN * sizeof(ELEM))));
+typedef MASK NAME(lanes_mask) __attribute__((vector_size(VLEN * sizeof(MASK))));
+typedef ELEM NAME(vec_unaligned) __attribute__((vector_size(VLEN * sizeof(ELEM)), aligned(sizeof(ELEM))));
 
 typedef struct {
-    const float *x;
+    const ELEM *x;
     ptrdiff_t height, width, channels;
-    const float *weight;
+    const ELEM *weight;    /* packed, see above */
     ptrdiff_t kernel_h, kernel_w, out_channels, padded_channels;
-    const float *bias;      /* (padded_channels,) or NULL */
-    const float *residual;  /* (N, OH, OW, out_channels) or NULL */
-    float *y;
+    const ELEM *bias;      /* (padded_channels,) or NULL */
+    const ELEM *residual;  /* (N, OH, OW, out_channels) or NULL */
+    ELEM *y;
     ptrdiff_t out_h, out_w;
     ptrdiff_t stride_h, stride_w, pad_top, pad_left, dilation_h, dilation_w;
-    int relu;
-    const float *zeros;     /* channels zeros: what a tap in the padding reads */
-} Conv;
+    int activation;         /* NO_ACTIVATION, RELU or CLAMP */
+    ELEM low, high;        /* CLAMP's bounds */
+    const ELEM *zeros;     /* channels zeros: what a tap in the padding reads */
+} NAME(Conv);
 
 /* max(x, 0) lane by lane, keeping NaN as numpy.maximum does. */
-static inline vec relu(vec x)
+static inline NAME(vec) NAME(relu)(NAME(vec) x)
 {
-    lanes_mask keep = (x > 0.0f) | (x != x);
-    return (vec)((lanes_mask)x & keep);
+    NAME(lanes_mask) keep = (x > 0) | (x != x);
+    return (NAME(vec))((NAME(lanes_mask))x & keep);
 }
 
-/* y[pixel, first:first + VLEN] = relu?(sum + bias + residual), the channels past out_channels left out. */
-static inline __attribute__((always_inline)) void finish(const Conv *c, ptrdiff_t pixel, ptrdiff_t first, vec sum)
+/* min(max(x, low), high) lane by lane, keeping NaN as numpy.clip does. */
+static inline NAME(vec) NAME(clamp)(NAME(vec) x, ELEM low, ELEM high)
+{
+    NAME(vec) lows = low - (NAME(vec)){0}, highs = high - (NAME(vec)){0};
+    NAME(lanes_mask) below = x < lows, above = x > highs;
+    x = (NAME(vec))(((NAME(lanes_mask))lows & below) | ((NAME(lanes_mask))x & ~below));
+    return (NAME(vec))(((NAME(lanes_mask))highs & above) | ((NAME(lanes_mask))x & ~above));
+}
+
+static inline ELEM NAME(clamp_one)(ELEM value, ELEM low, ELEM high)
+{
+    return value < low ? low : value > high ? high : value;
+}
+
+/* y[pixel, first:first + VLEN] = activation(sum + bias + residual), the channels past out_channels left out. */
+static inline __attribute__((always_inline)) void NAME(finish)(const NAME(Conv) *c, ptrdiff_t pixel, ptrdiff_t first, NAME(vec) sum)
 {
     if (c->bias)
-        sum += *(const vec_unaligned *)(c->bias + first);
-    float *y = c->y + pixel * c->out_channels + first;
-    const float *residual = c->residual ? c->residual + pixel * c->out_channels + first : NULL;
+        sum += *(const NAME(vec_unaligned) *)(c->bias + first);
+    ELEM *y = c->y + pixel * c->out_channels + first;
+    const ELEM *residual = c->residual ? c->residual + pixel * c->out_channels + first : NULL;
     if (c->out_channels - first >= VLEN) {
         if (residual)
-            sum += *(const vec_unaligned *)residual;
-        if (c->relu)
-            sum = relu(sum);
-        *(vec_unaligned *)y = sum;
+            sum += *(const NAME(vec_unaligned) *)residual;
+        if (c->activation == RELU)
+            sum = NAME(relu)(sum);
+        else if (c->activation == CLAMP)
+            sum = NAME(clamp)(sum, c->low, c->high);
+        *(NAME(vec_unaligned) *)y = sum;
         return;
     }
-    float lanes[VLEN];  /* the last, partial vector of an O that is not a multiple of VLEN */
+    ELEM lanes[VLEN];  /* the last, partial vector of an O that is not a multiple of VLEN */
     memcpy(lanes, &sum, sizeof lanes);
     for (ptrdiff_t lane = 0; lane < c->out_channels - first; lane++) {
-        float value = lanes[lane];
+        ELEM value = lanes[lane];
         if (residual)
             value += residual[lane];
-        y[lane] = c->relu && !(value > 0.0f) && value == value ? 0.0f : value;
+        if (c->activation == RELU)
+            value = !(value > 0) && value == value ? 0 : value;
+        else if (c->activation == CLAMP && value == value)
+            value = NAME(clamp_one)(value, c->low, c->high);
+        y[lane] = value;
     }
 }
 
-/* acc += the products of `count` consecutive (tap, channel) inputs of each pixel p, against the weight rows from
- * w on. The inputs of pixel p are at rows[p], or with SPACED at rows[0] + p * step: one pointer for them all. */
+/* acc += the products of `count` consecutive inputs of each pixel p, against the weight rows from w on (`ld`
+ * floats apart). The inputs of pixel p are at rows[p], or with SPACED at rows[0] + p * step. */
 static inline __attribute__((always_inline)) void
-taps(vec acc[MAX_PIXELS][MAX_VECS], const float *const *rows, const int SPACED, ptrdiff_t step, const float *w,
-     ptrdiff_t count, const Conv *c, const int PIXELS, const int VECS)
+NAME(taps)(NAME(vec) acc[MAX_PIXELS][MAX_VECS], const ELEM *const *rows, const int SPACED, ptrdiff_t step, const ELEM *w,
+     ptrdiff_t ld, ptrdiff_t count, const int PIXELS, const int VECS)
 {
-    for (ptrdiff_t ci = 0; ci < count; ci++, w += c->padded_channels) {
-        vec weights[MAX_VECS];
+    for (ptrdiff_t ci = 0; ci < count; ci++, w += ld) {
+        NAME(vec) weights[MAX_VECS];
         UNROLL for (int v = 0; v < VECS; v++)
-            weights[v] = *(const vec_unaligned *)(w + v * VLEN);
+            weights[v] = *(const NAME(vec_unaligned) *)(w + v * VLEN);
         UNROLL for (int p = 0; p < PIXELS; p++) {
-            float value = SPACED ? rows[0][p * step + ci] : rows[p][ci];
+            ELEM value = SPACED ? rows[0][p * step + ci] : rows[p][ci];
             UNROLL for (int v = 0; v < VECS; v++)
                 acc[p][v] += value * weights[v];
         }
     }
 }
 
+/* One K-block: the kernel rows [kh0, kh1) with all their taps and channels, or (kh1 == kh0 + 1, one_tap) the
+ * channels [c0, c1) of tap (kh0, kw0). */
+typedef struct {
+    ptrdiff_t kh0, kh1, kw0, c0, c1;
+    int one_tap, first, last;
+} NAME(KBlock);
+
+/* The register block of output pixels (n, oh, ow .. ow + PIXELS - 1) x channels o .. o + VECS * VLEN - 1 of
+ * weight block `w` (width `ld`) over one K-block: started from zero or from `partial`, left in `partial`
+ * or finished into y. */
 static inline __attribute__((always_inline)) void
-block(const Conv *c, ptrdiff_t n, ptrdiff_t oh, ptrdiff_t ow, ptrdiff_t o, const int PIXELS, const int VECS)
+NAME(block)(const NAME(Conv) *c, const NAME(KBlock) *k, const ELEM *w, ptrdiff_t ld, ELEM *partial, ptrdiff_t n, ptrdiff_t oh,
+      ptrdiff_t ow, ptrdiff_t o, const int PIXELS, const int VECS)
 {
-    vec acc[MAX_PIXELS][MAX_VECS];  /* fixed sizes: once unrolled, each element is a register */
+    NAME(vec) acc[MAX_PIXELS][MAX_VECS];  /* fixed sizes: once unrolled, each element is a register */
     UNROLL for (int p = 0; p < PIXELS; p++)
         UNROLL for (int v = 0; v < VECS; v++)
-            acc[p][v] = (vec){0};
-    const float *rows[MAX_PIXELS];
-    for (ptrdiff_t kh = 0; kh < c->kernel_h; kh++) {
+            acc[p][v] = k->first ? (NAME(vec)){0} : *(const NAME(vec) *)(partial + (p * MAX_VECS + v) * VLEN);
+    const ELEM *rows[MAX_PIXELS];
+    ptrdiff_t left = ow * c->stride_w - c->pad_left;  /* the first input column of the block's first pixel */
+    ptrdiff_t step = c->stride_w * c->channels;
+    for (ptrdiff_t kh = k->kh0; kh < k->kh1; kh++) {
         ptrdiff_t ih = oh * c->stride_h - c->pad_top + kh * c->dilation_h;
         int row_inside = ih >= 0 && ih < c->height;
-        const float *row = row_inside ? c->x + (n * c->height + ih) * c->width * c->channels : c->zeros;
-        const float *w = c->weight + kh * c->kernel_w * c->channels * c->padded_channels + o;
-        ptrdiff_t left = ow * c->stride_w - c->pad_left;  /* the first input column of the block's first pixel */
-        ptrdiff_t step = c->stride_w * c->channels;
-        if (row_inside && c->dilation_w == 1 && left >= 0
+        const ELEM *row = row_inside ? c->x + (n * c->height + ih) * c->width * c->channels : c->zeros;
+        if (!k->one_tap && row_inside && c->dilation_w == 1 && left >= 0
                 && left + (PIXELS - 1) * c->stride_w + c->kernel_w <= c->width) {
             /* the whole kernel row is inside for every pixel: its taps' channels are one contiguous run */
             rows[0] = row + left * c->channels;
-            taps(acc, rows, 1, step, w, c->kernel_w * c->channels, c, PIXELS, VECS);
+            NAME(taps)(acc, rows, 1, step, w, ld, c->kernel_w * c->channels, PIXELS, VECS);
+            w += c->kernel_w * c->channels * ld;
             continue;
         }
-        for (ptrdiff_t kw = 0; kw < c->kernel_w; kw++, w += c->channels * c->padded_channels) {
+        ptrdiff_t kw_end = k->one_tap ? k->kw0 + 1 : c->kernel_w;
+        ptrdiff_t c0 = k->one_tap ? k->c0 : 0, count = k->one_tap ? k->c1 - k->c0 : c->channels;
+        for (ptrdiff_t kw = k->one_tap ? k->kw0 : 0; kw < kw_end; kw++, w += count * ld) {
             int inside = row_inside;
             UNROLL for (int p = 0; p < PIXELS; p++) {
                 ptrdiff_t iw = left + p * c->stride_w + kw * c->dilation_w;
                 int pixel_inside = row_inside && iw >= 0 && iw < c->width;
-                rows[p] = pixel_inside ? row + iw * c->channels : c->zeros;
+                rows[p] = pixel_inside ? row + iw * c->channels + c0 : c->zeros;
                 inside &= pixel_inside;
             }
             if (inside)  /* the block's inputs are equally spaced: one pointer reaches them all */
-                taps(acc, rows, 1, step, w, c->channels, c, PIXELS, VECS);
+                NAME(taps)(acc, rows, 1, step, w, ld, count, PIXELS, VECS);
             else
-                taps(acc, rows, 0, 0, w, c->channels, c, PIXELS, VECS);
+                NAME(taps)(acc, rows, 0, 0, w, ld, count, PIXELS, VECS);
         }
+    }
+    if (!k->last) {
+        UNROLL for (int p = 0; p < PIXELS; p++)
+            UNROLL for (int v = 0; v < VECS; v++)
+                *(NAME(vec) *)(partial + (p * MAX_VECS + v) * VLEN) = acc[p][v];
+        return;
     }
     for (int p = 0; p < PIXELS; p++)
         for (int v = 0; v < VECS && o + v * VLEN < c->out_channels; v++)
-            finish(c, (n * c->out_h + oh) * c->out_w + ow + p, o + v * VLEN, acc[p][v]);
+            NAME(finish)(c, (n * c->out_h + oh) * c->out_w + ow + p, o + v * VLEN, acc[p][v]);
 }
 
-/* One output row of image n: full blocks of PIXELS pixels, then single pixels for the rest. */
+/* Output rows [row0, row1) of the flattened (N * OH) rows, channels o .. o + VECS * VLEN - 1, over one K-block:
+ * full blocks of PIXELS pixels, then single pixels. `partial` holds the chunk's partial sums, pixel by pixel. */
 static inline __attribute__((always_inline)) void
-output_row(const Conv *c, ptrdiff_t n, ptrdiff_t oh, const int PIXELS, const int VECS)
+NAME(rows_of_kblock)(const NAME(Conv) *c, const NAME(KBlock) *k, const ELEM *w, ptrdiff_t ld, ELEM *partial, ptrdiff_t row0,
+               ptrdiff_t row1, ptrdiff_t o, const int PIXELS, const int VECS)
 {
-    for (ptrdiff_t o = 0; o < c->padded_channels; o += VECS * VLEN) {
-        ptrdiff_t ow = 0;
+    for (ptrdiff_t row = row0; row < row1; row++) {
+        ptrdiff_t n = row / c->out_h, oh = row % c->out_h, ow = 0;
+        ELEM *sums = partial + (row - row0) * c->out_w * MAX_VECS * VLEN;
         for (; ow + PIXELS <= c->out_w; ow += PIXELS)
-            block(c, n, oh, ow, o, PIXELS, VECS);
+            NAME(block)(c, k, w, ld, sums + ow * MAX_VECS * VLEN, n, oh, ow, o, PIXELS, VECS);
         for (; ow < c->out_w; ow++)
-            block(c, n, oh, ow, o, 1, VECS);
+            NAME(block)(c, k, w, ld, sums + ow * MAX_VECS * VLEN, n, oh, ow, o, 1, VECS);
     }
 }
 
-void conv2d_nhwc(const Conv *c, ptrdiff_t images)
+/* The K-blocks in order, each with the offset of its weights within a block's slab (in rows of the slab). */
+static ptrdiff_t NAME(kblocks)(const NAME(Conv) *c, NAME(KBlock) *out, ptrdiff_t *offsets)
 {
-    for (ptrdiff_t n = 0; n < images; n++)
-        for (ptrdiff_t oh = 0; oh < c->out_h; oh++) {
-            if (c->padded_channels % (4 * VLEN) == 0)
-                output_row(c, n, oh, 4, 4);
-            else if (c->padded_channels % (2 * VLEN) == 0)
-                output_row(c, n, oh, 8, 2);
-            else
-                output_row(c, n, oh, 8, 1);
+    ptrdiff_t count = 0, row_length = c->kernel_w * c->channels;
+    if (row_length <= KBLOCK) {
+        ptrdiff_t rows = KBLOCK / row_length;
+        for (ptrdiff_t kh = 0; kh < c->kernel_h; kh += rows) {
+            ptrdiff_t end = kh + rows < c->kernel_h ? kh + rows : c->kernel_h;
+            if (out) {
+                out[count] = (NAME(KBlock)){kh, end, 0, 0, c->channels, 0, 0, 0};
+                offsets[count] = kh * row_length;
+            }
+            count++;
         }
+    } else {
+        ptrdiff_t pieces = (c->channels + KBLOCK - 1) / KBLOCK, piece = (c->channels + pieces - 1) / pieces;
+        for (ptrdiff_t kh = 0; kh < c->kernel_h; kh++)
+            for (ptrdiff_t kw = 0; kw < c->kernel_w; kw++)
+                for (ptrdiff_t c0 = 0; c0 < c->channels; c0 += piece) {
+                    ptrdiff_t c1 = c0 + piece < c->channels ? c0 + piece : c->channels;
+                    if (out) {
+                        out[count] = (NAME(KBlock)){kh, kh + 1, kw, c0, c1, 1, 0, 0};
+                        offsets[count] = kh * row_length + kw * c->channels + c0;
+                    }
+                    count++;
+                }
+    }
+    if (out) {
+        out[0].first = 1;
+        out[count - 1].last = 1;
+    }
+    return count;
+}
+
+static inline __attribute__((always_inline)) void
+NAME(weight_block)(const NAME(Conv) *c, const NAME(KBlock) *ks, const ptrdiff_t *offsets, ptrdiff_t count, ELEM *partial,
+             ptrdiff_t row0, ptrdiff_t row1, ptrdiff_t o, const int PIXELS, const int VECS)
+{
+    ptrdiff_t depth = c->kernel_h * c->kernel_w * c->channels, ld = VECS * VLEN;
+    const ELEM *slab = c->weight + depth * o;  /* the blocks before this one are `o` channels wide in all */
+    for (ptrdiff_t b = 0; b < count; b++)
+        NAME(rows_of_kblock)(c, &ks[b], slab + offsets[b] * ld, ld, partial, row0, row1, o, PIXELS, VECS);
+}
+
+/* Output rows [row0, row1) of the flattened (N * OH) rows: chunks of rows, each through every weight block. */
+void NAME(conv2d_nhwc)(const NAME(Conv) *c, ptrdiff_t row0, ptrdiff_t row1)
+{
+    ptrdiff_t count = NAME(kblocks)(c, NULL, NULL);
+    NAME(KBlock) *ks = malloc(count * sizeof *ks);
+    ptrdiff_t *offsets = malloc(count * sizeof *offsets);
+    ptrdiff_t chunk = CHUNK_PIXELS / c->out_w > 1 ? CHUNK_PIXELS / c->out_w : 1;
+    ELEM *partial = count > 1 ? aligned_alloc(64, chunk * c->out_w * MAX_VECS * VLEN * sizeof(ELEM)) : NULL;
+    NAME(kblocks)(c, ks, offsets);
+    for (ptrdiff_t start = row0; start < row1; start += chunk) {
+        ptrdiff_t end = start + chunk < row1 ? start + chunk : row1;
+        for (ptrdiff_t o = 0; o < c->padded_channels; o += BLOCK_VECS * VLEN) {
+            switch ((c->padded_channels - o) / VLEN) {
+            case 1: NAME(weight_block)(c, ks, offsets, count, partial, start, end, o, 8, 1); break;
+            case 2: NAME(weight_block)(c, ks, offsets, count, partial, start, end, o, 8, 2); break;
+            case 3: NAME(weight_block)(c, ks, offsets, count, partial, start, end, o, 6, 3); break;
+            default: NAME(weight_block)(c, ks, offsets, count, partial, start, end, o, 4, 4); break;
+            }
+        }
+    }
+    free(partial);
+    free(offsets);
+    free(ks);
 }
 
 /* Depthwise: one input channel per output channel (O == C, weight (KH, KW, OP)), so x's channels line up with
- * the output's and each tap is one elementwise multiply-add of a vector of channels. */
-void depthwise2d_nhwc(const Conv *c, ptrdiff_t images)
+ * the output's and each tap is one elementwise multiply-add of a vector of channels. Rows [row0, row1) of the
+ * flattened (N * OH) rows. */
+void NAME(depthwise2d_nhwc)(const NAME(Conv) *c, ptrdiff_t row0, ptrdiff_t row1)
 {
-    for (ptrdiff_t n = 0; n < images; n++)
-        for (ptrdiff_t oh = 0; oh < c->out_h; oh++)
-            for (ptrdiff_t ow = 0; ow < c->out_w; ow++)
-                for (ptrdiff_t o = 0; o < c->out_channels; o += VLEN) {
-                    ptrdiff_t count = c->out_channels - o < VLEN ? c->out_channels - o : VLEN;
-                    vec acc = {0};
-                    for (ptrdiff_t kh = 0; kh < c->kernel_h; kh++) {
-                        ptrdiff_t ih = oh * c->stride_h - c->pad_top + kh * c->dilation_h;
-                        if (ih < 0 || ih >= c->height)
+    for (ptrdiff_t row = row0; row < row1; row++) {
+        ptrdiff_t n = row / c->out_h, oh = row % c->out_h;
+        for (ptrdiff_t ow = 0; ow < c->out_w; ow++)
+            for (ptrdiff_t o = 0; o < c->out_channels; o += VLEN) {
+                ptrdiff_t count = c->out_channels - o < VLEN ? c->out_channels - o : VLEN;
+                NAME(vec) acc = {0};
+                for (ptrdiff_t kh = 0; kh < c->kernel_h; kh++) {
+                    ptrdiff_t ih = oh * c->stride_h - c->pad_top + kh * c->dilation_h;
+                    if (ih < 0 || ih >= c->height)
+                        continue;
+                    for (ptrdiff_t kw = 0; kw < c->kernel_w; kw++) {
+                        ptrdiff_t iw = ow * c->stride_w - c->pad_left + kw * c->dilation_w;
+                        if (iw < 0 || iw >= c->width)
                             continue;
-                        for (ptrdiff_t kw = 0; kw < c->kernel_w; kw++) {
-                            ptrdiff_t iw = ow * c->stride_w - c->pad_left + kw * c->dilation_w;
-                            if (iw < 0 || iw >= c->width)
-                                continue;
-                            const float *x = c->x + ((n * c->height + ih) * c->width + iw) * c->channels + o;
-                            vec inputs = {0};  /* a partial last vector must not read past the tensor */
-                            if (count == VLEN)
-                                inputs = *(const vec_unaligned *)x;
-                            else
-                                memcpy(&inputs, x, count * sizeof(float));
-                            acc += inputs * *(const vec_unaligned *)(c->weight + (kh * c->kernel_w + kw) * c->padded_channels + o);
-                        }
+                        const ELEM *x = c->x + ((n * c->height + ih) * c->width + iw) * c->channels + o;
+                        NAME(vec) inputs = {0};  /* a partial last vector must not read past the tensor */
+                        if (count == VLEN)
+                            inputs = *(const NAME(vec_unaligned) *)x;
+                        else
+                            memcpy(&inputs, x, count * sizeof(ELEM));
+                        acc += inputs * *(const NAME(vec_unaligned) *)(c->weight + (kh * c->kernel_w + kw) * c->padded_channels + o);
                     }
-                    finish(c, (n * c->out_h + oh) * c->out_w + ow, o, acc);
                 }
+                NAME(finish)(c, (n * c->out_h + oh) * c->out_w + ow, o, acc);
+            }
+    }
 }

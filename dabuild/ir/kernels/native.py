@@ -28,83 +28,282 @@ record the backend, so nothing cached under the other one is reused).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import hashlib
+import math
 import os
 import platform
 import shutil
 import subprocess
 import tempfile
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from dabuild.notices import warn
 
 COMPILER = "cc"
+VARIANTS = (("float", "int", "f32"), ("double", "long long", "f64"))  # conv.c's element types, its mask types, names
 FLAGS = ("-O3", "-march=native", "-shared", "-fPIC")
-VECTOR = 16  # floats per vector in conv.c: the weight and bias are padded to whole vectors
+VECTOR_BYTES = 64  # conv.c's vectors: the weight and bias are padded to whole vectors of their element type
+BLOCK_VECTORS = 4  # vectors of output channels per block of the packed weight (conv.c's BLOCK_VECS)
 SWITCH = "DABUILD_NATIVE_KERNELS"
 KERNEL_CACHE = "DABUILD_KERNEL_CACHE"
 TEMPORARY_PREFIX = ".build-"
 
 
-class ConvCall(ctypes.Structure):
-    """conv.c's `Conv`: one conv's tensors and geometry."""
-
-    _fields_ = [
-        ("x", ctypes.c_void_p), ("height", ctypes.c_ssize_t), ("width", ctypes.c_ssize_t),
-        ("channels", ctypes.c_ssize_t),
-        ("weight", ctypes.c_void_p), ("kernel_h", ctypes.c_ssize_t), ("kernel_w", ctypes.c_ssize_t),
-        ("out_channels", ctypes.c_ssize_t), ("padded_channels", ctypes.c_ssize_t),
-        ("bias", ctypes.c_void_p), ("residual", ctypes.c_void_p), ("y", ctypes.c_void_p),
-        ("out_h", ctypes.c_ssize_t), ("out_w", ctypes.c_ssize_t),
-        ("stride_h", ctypes.c_ssize_t), ("stride_w", ctypes.c_ssize_t),
-        ("pad_top", ctypes.c_ssize_t), ("pad_left", ctypes.c_ssize_t),
-        ("dilation_h", ctypes.c_ssize_t), ("dilation_w", ctypes.c_ssize_t),
-        ("relu", ctypes.c_int), ("zeros", ctypes.c_void_p),
+def _conv_call(element: type[ctypes._SimpleCData]) -> type[ctypes.Structure]:
+    """conv.c's `Conv` of one element type: one conv's tensors and geometry."""
+    size = ctypes.c_ssize_t
+    fields = [
+        ("x", ctypes.c_void_p), ("height", size), ("width", size), ("channels", size),
+        ("weight", ctypes.c_void_p), ("kernel_h", size), ("kernel_w", size), ("out_channels", size),
+        ("padded_channels", size), ("bias", ctypes.c_void_p), ("residual", ctypes.c_void_p), ("y", ctypes.c_void_p),
+        ("out_h", size), ("out_w", size), ("stride_h", size), ("stride_w", size), ("pad_top", size), ("pad_left", size),
+        ("dilation_h", size), ("dilation_w", size),
+        ("activation", ctypes.c_int), ("low", element), ("high", element), ("zeros", ctypes.c_void_p),
     ]
+    return type(f"ConvCall_{element.__name__}", (ctypes.Structure,), {"_fields_": fields})
+
+
+ELEMENTS = {np.dtype(np.float32): ("f32", _conv_call(ctypes.c_float)),
+            np.dtype(np.float64): ("f64", _conv_call(ctypes.c_double))}  # conv.c's variants by numpy dtype
+RELU, CLAMP = 1, 2  # conv.c's activations: relu, or a clamp to [low, high]
+NativeActivation = tuple[int, float, float]  # (0 for none, RELU or CLAMP; low, high)
+NO_ACTIVATION: NativeActivation = (0, 0.0, 0.0)
+PARALLEL_MACS = 2_000_000  # a conv with fewer multiply-adds runs on one thread: not worth a dispatch
 
 
 class NativeConv:
-    """conv.c's `conv2d_nhwc` and `depthwise2d_nhwc`, with numpy arrays in and out."""
+    """conv.c's `conv2d_nhwc` and `depthwise2d_nhwc`, with numpy arrays in and out.
+
+    A prepared conv packs its weight into conv.c's layout once (`pack`) and passes the packed form. With `threads` > 1 (see `layer_threads`), a conv
+    with enough work splits its output rows among that many threads; every output is computed by the
+    same code in the same order whichever thread runs it, so the result does not depend on the split.
+    """
 
     def __init__(self, library: ctypes.CDLL, compiler: str):
         self.compiler = compiler
-        self._dense, self._depthwise = library.conv2d_nhwc, library.depthwise2d_nhwc
-        for kernel in self._dense, self._depthwise:
-            kernel.argtypes = [ctypes.POINTER(ConvCall), ctypes.c_ssize_t]
-            kernel.restype = None
+        self._kernels: dict[tuple[np.dtype, bool], Any] = {}  # (dtype, depthwise) -> conv.c function
+        for dtype, (suffix, call) in ELEMENTS.items():
+            for depthwise, name in ((False, "conv2d_nhwc"), (True, "depthwise2d_nhwc")):
+                kernel = getattr(library, f"{name}_{suffix}")
+                kernel.argtypes = [ctypes.POINTER(call), ctypes.c_ssize_t, ctypes.c_ssize_t]
+                kernel.restype = None
+                self._kernels[dtype, depthwise] = kernel
+        self._pool: ThreadPoolExecutor | None = None
+        self.histogram: NativeHistogram | None = None
+        self.requantize: NativeRequantize | None = None
 
-    def __call__(self, x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None, residual: np.ndarray | None,
-                 strides: list[int], pads: list[int], dilations: list[int], out: list[int], relu: bool,
-                 depthwise: bool = False) -> np.ndarray:
-        """y = relu?(conv(x) + bias + residual) as an (N, OH, OW, O) float32 array; `depthwise`: groups == C == O.
+    @staticmethod
+    def takes(dtype: np.dtype) -> bool:
+        """Whether conv.c has a variant for this element type (float32, float64)."""
+        return np.dtype(dtype) in ELEMENTS
 
-        x is (N, H, W, C), weight (O, C, KH, KW) as in the graph, residual (N, OH, OW, O) or None, all float32,
-        x and residual C-contiguous; pads are the (top, left) ones, `out` is (OH, OW).
+    def pack(self, weight: np.ndarray, depthwise: bool = False) -> PackedWeight:
+        """The (O, C, KH, KW) weight in conv.c's layout: done once per weight by a prepared conv."""
+        out_channels, _, kernel_h, kernel_w = weight.shape
+        vector = VECTOR_BYTES // weight.itemsize
+        padded = -(-out_channels // vector) * vector
+        taps = np.zeros((kernel_h, kernel_w, *(() if depthwise else (weight.shape[1],)), padded), weight.dtype)
+        taps[..., :out_channels] = weight[:, 0].transpose(1, 2, 0) if depthwise else weight.transpose(2, 3, 1, 0)
+        if not depthwise:  # blocks of BLOCK_VECTORS vectors of channels, each a contiguous (KH * KW * C, width) slab
+            rows, block = taps.reshape(-1, padded), BLOCK_VECTORS * vector
+            taps = np.concatenate([rows[:, first:first + block].ravel() for first in range(0, padded, block)])
+        return PackedWeight(taps, weight.shape, depthwise, padded)
+
+    def __call__(self, x: np.ndarray, weight: PackedWeight, bias: np.ndarray | None, residual: np.ndarray | None,
+                 strides: list[int], pads: list[int], dilations: list[int], out: list[int],
+                 activation: NativeActivation = NO_ACTIVATION) -> np.ndarray:
+        """y = activation(conv(x) + bias + residual) as an (N, OH, OW, O) array of x's dtype.
+
+        x is (N, H, W, C), residual (N, OH, OW, O) or None, all of the packed weight's dtype, x and residual
+        C-contiguous; pads are the (top, left) ones, `out` is (OH, OW).
         """
         batch, height, width, channels = x.shape
         out_channels, _, kernel_h, kernel_w = weight.shape
-        padded = -(-out_channels // VECTOR) * VECTOR
-        taps = np.zeros((kernel_h, kernel_w, *(() if depthwise else (channels,)), padded), np.float32)
-        taps[..., :out_channels] = weight[:, 0].transpose(1, 2, 0) if depthwise else weight.transpose(2, 3, 1, 0)
+        dtype = weight.taps.dtype
         if bias is not None:
-            bias = np.concatenate([bias, np.zeros(padded - out_channels, np.float32)])
-        zeros = np.zeros(channels, np.float32)
-        y = np.empty((batch, *out, out_channels), np.float32)
-        call = ConvCall(
+            bias = np.concatenate([bias.astype(dtype, copy=False), np.zeros(weight.padded - out_channels, dtype)])
+        zeros = np.zeros(channels, dtype)
+        y = np.empty((batch, *out, out_channels), dtype)
+        call = ELEMENTS[dtype][1](
             x.ctypes.data, height, width, channels,
-            taps.ctypes.data, kernel_h, kernel_w, out_channels, padded,
+            weight.taps.ctypes.data, kernel_h, kernel_w, out_channels, weight.padded,
             None if bias is None else bias.ctypes.data, None if residual is None else residual.ctypes.data,
             y.ctypes.data, out[0], out[1], strides[0], strides[1], pads[0], pads[1], dilations[0], dilations[1],
-            int(relu), zeros.ctypes.data,
+            *activation, zeros.ctypes.data,
         )
-        function = self._depthwise if depthwise else self._dense
-        function(ctypes.byref(call), batch)  # ctypes releases the GIL for the call
+        function = self._kernels[dtype, weight.depthwise]
+        rows = batch * out[0]
+        macs = y.size * kernel_h * kernel_w * (1 if weight.depthwise else channels)
+        parts = min(getattr(_LAYER_THREADS, "count", 1), rows) if macs >= PARALLEL_MACS else 1
+        if parts <= 1:
+            function(ctypes.byref(call), 0, rows)  # ctypes releases the GIL for the call
+            return y
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max(1, available_cores() - 1), thread_name_prefix="dabuild-conv")
+        bounds = [rows * part // parts for part in range(parts + 1)]
+        others = [self._pool.submit(function, ctypes.byref(call), low, high)
+                  for low, high in zip(bounds[1:-1], bounds[2:])]
+        function(ctypes.byref(call), 0, bounds[1])  # this thread takes the first rows
+        for future in others:
+            future.result()
         return y
+
+
+@dataclass(frozen=True)
+class PackedWeight:
+    """A conv weight in conv.c's layout, with the graph weight's (O, C/groups, KH, KW) shape."""
+
+    taps: np.ndarray
+    shape: tuple[int, ...]
+    depthwise: bool
+    padded: int  # output channels rounded up to whole vectors
+
+
+def available_cores() -> int:
+    """The cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+_LAYER_THREADS = threading.local()
+
+
+@contextlib.contextmanager
+def layer_threads(count: int) -> Iterator[None]:
+    """Within the block, this thread's native convs split each large layer among `count` threads."""
+    before = getattr(_LAYER_THREADS, "count", 1)
+    _LAYER_THREADS.count = count
+    try:
+        yield
+    finally:
+        _LAYER_THREADS.count = before
+
+
+class TensorView(ctypes.Structure):
+    """histogram.c's `TensorView`: a float32 tensor as (outer, channels, inner)."""
+
+    _fields_ = [("x", ctypes.c_void_p), ("outer", ctypes.c_ssize_t), ("channels", ctypes.c_ssize_t),
+                ("inner", ctypes.c_ssize_t), ("outer_stride", ctypes.c_ssize_t), ("channel_stride", ctypes.c_ssize_t)]
+
+
+PARALLEL_VALUES = 1 << 18  # a tensor with fewer values is counted on one thread
+
+
+class NativeHistogram:
+    """histogram.c: per-channel extremes and bin counts of a float32 tensor, split by channel among threads."""
+
+    def __init__(self, library: ctypes.CDLL):
+        self._extremes, self._counts = library.channel_extremes, library.channel_counts
+        pointer, size = ctypes.c_void_p, ctypes.c_ssize_t
+        self._extremes.argtypes = [ctypes.POINTER(TensorView), pointer, pointer, size, size]
+        self._extremes.restype = size
+        self._counts.argtypes = [ctypes.POINTER(TensorView), pointer, pointer, pointer, ctypes.c_double,
+                                 ctypes.c_int64, pointer, size, size]
+        self._counts.restype = None
+        self._pool: ThreadPoolExecutor | None = None
+
+    @staticmethod
+    def view(values: np.ndarray, axis: int | None, channels_inner: bool = True) -> tuple[TensorView, np.ndarray]:
+        """`values` as histogram.c's view with channels along `axis` (None: one channel), and the array the view
+        reads: `values` itself if its memory fits, else a contiguous copy with the channel axis outside the
+        axes after it (`channels_inner` allows channels-last memory as it is)."""
+        if axis is None:
+            values = np.ascontiguousarray(values, np.float32).reshape(1, 1, -1)
+            axis = 1
+        last = np.moveaxis(values, axis, -1)
+        if channels_inner and last.dtype == np.float32 and last.flags.c_contiguous:
+            channels = last.shape[-1]
+            return TensorView(last.ctypes.data, last.size // max(channels, 1), channels, 1, channels, 1), last
+        values = np.ascontiguousarray(values, np.float32)
+        channels, inner = values.shape[axis], math.prod(values.shape[axis + 1:])
+        return TensorView(values.ctypes.data, values.size // max(channels * inner, 1), channels, inner,
+                          channels * inner, inner), values
+
+    def _split(self, view: TensorView, function: Callable[[int, int, int], None]) -> None:
+        """function(part, first channel, end channel) over the channels, on two threads for a big tensor."""
+        parts = 2 if view.outer * view.channels * view.inner >= PARALLEL_VALUES and view.channels > 1 else 1
+        bounds = [view.channels * part // parts for part in range(parts + 1)]
+        if parts == 1:
+            function(0, 0, view.channels)
+            return
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="dabuild-histogram")
+        other = self._pool.submit(function, 1, bounds[1], bounds[2])
+        function(0, 0, bounds[1])
+        other.result()
+
+    def extremes(self, view: TensorView) -> tuple[np.ndarray, np.ndarray, int]:
+        """Each channel's (min, max) as float32 arrays, and how many values are NaN or infinite."""
+        low = np.full(view.channels, np.inf, np.float32)
+        high = np.full(view.channels, -np.inf, np.float32)
+        bad = [0, 0]
+
+        def part(index: int, first: int, end: int) -> None:
+            bad[index] = self._extremes(ctypes.byref(view), low.ctypes.data, high.ctypes.data, first, end)
+
+        self._split(view, part)
+        return low, high, sum(bad)
+
+    def count(self, view: TensorView, reciprocal: np.ndarray, offset: np.ndarray, counts: np.ndarray,
+              whole_reciprocal: float, whole_offset: int, whole: np.ndarray) -> None:
+        """counts (channels, BINS) and whole (BINS,) += the tensor's bin counts (int64, C-contiguous)."""
+        wholes = [whole, np.zeros_like(whole)]
+
+        def part(index: int, first: int, end: int) -> None:
+            self._counts(ctypes.byref(view), reciprocal.ctypes.data, offset.ctypes.data, counts.ctypes.data,
+                         whole_reciprocal, whole_offset, wholes[index].ctypes.data, first, end)
+
+        self._split(view, part)
+        whole += wholes[1]
+
+
+class NativeRequantize:
+    """requantize.c: a weighted layer's exact float64 sums to clamped integers, as fixed_point.requantize does."""
+
+    def __init__(self, library: ctypes.CDLL):
+        self._function = library.requantize_channels
+        pointer, size, int64 = ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int64
+        self._function.argtypes = [pointer, size, size, size, pointer, pointer, pointer, size, int64, int64, int64,
+                                   pointer]
+        self._function.restype = ctypes.c_int
+
+    def __call__(self, accumulator: np.ndarray, axis: int, bias: np.ndarray, multiplier: np.ndarray,
+                 shift: np.ndarray, zero_point: int, low: int, high: int) -> np.ndarray | None:
+        """clamp(round((acc + bias) * multiplier / 2**shift) + zero_point) as int32 of the accumulator's shape,
+        bias, multiplier and shift along `axis` (multiplier and shift of length 1 or per channel); None where
+        the product could leave int64."""
+        axis %= accumulator.ndim
+        moved = np.moveaxis(accumulator, axis, -1)
+        if moved.flags.c_contiguous:  # channels innermost in memory, as the native conv leaves them
+            outer, channels, inner, logical = moved.size // moved.shape[-1], moved.shape[-1], 1, moved
+        else:
+            logical = np.ascontiguousarray(accumulator)
+            channels = accumulator.shape[axis]
+            inner = math.prod(accumulator.shape[axis + 1:])
+            outer = accumulator.size // max(channels * inner, 1)
+        y = np.empty(logical.shape, np.int32)
+        vectors = [np.ascontiguousarray(vector, np.int64) for vector in (bias, multiplier, shift)]
+        failed = self._function(logical.ctypes.data, outer, channels, inner, *(v.ctypes.data for v in vectors),
+                                len(vectors[1]) > 1, zero_point, low, high, y.ctypes.data)
+        if failed:
+            return None
+        return np.moveaxis(y, -1, axis) if logical is moved else y
+
+
+def native_histogram() -> NativeHistogram | None:
+    """The native histogram counter, or None when DABUILD_NATIVE_KERNELS=0 or no C compiler can build it."""
+    conv = native_conv()
+    return None if conv is None else conv.histogram
 
 
 def native_conv() -> NativeConv | None:
@@ -134,13 +333,21 @@ def _load() -> NativeConv | None:
             raise OSError(f"no C compiler {COMPILER!r} on PATH")
         version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=True,
                                  timeout=60).stdout.strip().partition("\n")[0]
-        source = files("dabuild.ir.kernels").joinpath("conv.c").read_text()
+        kernels = files("dabuild.ir.kernels")
+        conv = kernels.joinpath("conv.c").read_text()
+        source = "\n".join([*(f"#undef ELEM\n#undef MASK\n#undef NAME\n#define ELEM {elem}\n#define MASK {mask}\n"
+                               f"#define NAME(name) name##_{suffix}\n{conv}" for elem, mask, suffix in VARIANTS),
+                             *(kernels.joinpath(name).read_text() for name in ("histogram.c", "requantize.c"))])
         library, scratch = _build(compiler, version, source)
         try:
-            return NativeConv(ctypes.CDLL(str(library)), version)
+            loaded = ctypes.CDLL(str(library))
         finally:
             if scratch is not None:
                 shutil.rmtree(scratch, ignore_errors=True)
+        native = NativeConv(loaded, version)
+        native.histogram = NativeHistogram(loaded)
+        native.requantize = NativeRequantize(loaded)
+        return native
     except (OSError, subprocess.SubprocessError) as error:
         warn(f"the interpreter's native conv kernels could not be built ({error}); its convs run in numpy, "
              f"more slowly (set {SWITCH}=0 to choose that and silence this warning)")

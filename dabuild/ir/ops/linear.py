@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from dabuild.ir.kernels.native import native_conv
+from dabuild.ir.kernels.native import CLAMP, NO_ACTIVATION, RELU, NativeActivation, PackedWeight, native_conv
 from dabuild.ir.ops.activation import check_activation, fused_activation
 from dabuild.ir.ops.base import Kernel, Op, OutputSpec, ShapeError, broadcast_shapes, dims_agree, fits, register
 from dabuild.ir.ops.window import Padder, channels_last, output_sizes, pad_widths, window_attrs, windows, windows_last
@@ -167,7 +167,8 @@ class Conv(Op):
         groups = attrs["groups"]
         activation_attrs = attrs if then is None else {"activation": then[0], "activation_attrs": then[1]}
         activation = fused_activation(activation_attrs)
-        relu = activation_attrs["activation"] == "relu"
+        native_activation = _native_activation(activation_attrs)
+        packs: dict[int, tuple[np.ndarray, PackedWeight]] = {}  # weights packed for the native conv, by id
 
         def conv(arrays: list[np.ndarray], out: np.ndarray | None) -> list[np.ndarray]:
             x, weight = arrays[0], arrays[1]
@@ -180,17 +181,35 @@ class Conv(Op):
             shape = (x.shape[0], weight.shape[0], *sizes)
             if residual is not None and (residual.shape != shape or residual.dtype != np.result_type(x, weight)):
                 # A broadcasting or type-promoting add: conv, then the add and activation as the nodes would.
-                y = _conv(x, weight, bias, groups, geometry, sizes, Epilogue(bias, None, UNCHANGED), out)
+                y = _conv(x, weight, bias, groups, geometry, sizes, Epilogue(bias, None, UNCHANGED), out, packs)
                 return [activation(np.add(y, residual))]
-            return [_conv(x, weight, bias, groups, geometry, sizes, Epilogue(bias, residual, activation, relu), out)]
+            epilogue = Epilogue(bias, residual, activation, native_activation)
+            return [_conv(x, weight, bias, groups, geometry, sizes, epilogue, out, packs)]
 
         return conv
 
 
+def _native_activation(attrs: dict[str, Any]) -> NativeActivation | None:
+    """The fused activation as the native conv applies it (relu, relu6, clip), or None if it cannot."""
+    name, params = attrs["activation"], attrs.get("activation_attrs") or {}
+    if name == "none":
+        return NO_ACTIVATION
+    if name == "relu":
+        return (RELU, 0.0, 0.0)
+    if name == "relu6":
+        return (CLAMP, 0.0, 6.0)
+    if name == "clip":
+        low, high = params.get("min"), params.get("max")
+        return (CLAMP, -math.inf if low is None else float(np.float32(low)),
+                math.inf if high is None else float(np.float32(high)))
+    return None
+
+
 def _conv(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None, groups: int, geometry: Geometry,
-          sizes: list[int], epilogue: Epilogue, out: np.ndarray | None) -> np.ndarray:
+          sizes: list[int], epilogue: Epilogue, out: np.ndarray | None,
+          packs: dict[int, tuple[np.ndarray, PackedWeight]]) -> np.ndarray:
     """The conv by the fastest method that applies to its shapes and memory order (see the module docstring)."""
-    native = _native_conv(x, weight, groups, geometry, sizes, epilogue)
+    native = _native_conv(x, weight, groups, geometry, sizes, epilogue, packs)
     if native is not None:
         return native
     if groups == x.shape[1] and weight.shape[1] == 1:
@@ -203,21 +222,22 @@ def _conv(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None, groups: in
 
 
 def _native_conv(x: np.ndarray, weight: np.ndarray, groups: int, geometry: Geometry, sizes: list[int],
-                 epilogue: Epilogue) -> np.ndarray | None:
+                 epilogue: Epilogue, packs: dict[int, tuple[np.ndarray, PackedWeight]] | None = None,
+                 ) -> np.ndarray | None:
     """The conv by the compiled direct conv of dabuild.ir.kernels, or None where that does not apply: grouped
     but not depthwise with one output channel per input channel, not float32, more than two spatial axes,
     DABUILD_NATIVE_KERNELS=0 or no C compiler.
 
-    The kernel adds the bias and the residual and applies relu; another activation runs afterwards in numpy.
-    A 1-D conv runs as a 2-D conv of height 1.
+    The kernel adds the bias and the residual and applies relu or a clamp (relu6, clip); another activation
+    runs afterwards in numpy. A 1-D conv runs as a 2-D conv of height 1. `packs` keeps each weight's packed
+    form by the weight's id for the next call (a prepared kernel's weight is the same graph constant each time).
     """
     spatial = weight.ndim - 2
     depthwise = groups == x.shape[1] == weight.shape[0] and weight.shape[1] == 1 and groups > 1
-    if (groups != 1 and not depthwise) or spatial not in (1, 2) or x.dtype != np.float32 \
-            or weight.dtype != np.float32:
+    if (groups != 1 and not depthwise) or spatial not in (1, 2) or x.dtype != weight.dtype:
         return None
     conv = native_conv()
-    if conv is None:
+    if conv is None or not conv.takes(x.dtype):
         return None
 
     def rows(a: np.ndarray) -> np.ndarray:  # (N, C, *spatial) as C-contiguous (N, H, W, C)
@@ -227,11 +247,17 @@ def _native_conv(x: np.ndarray, weight: np.ndarray, groups: int, geometry: Geome
     strides, dilations = [1] * lifted + geometry.strides, [1] * lifted + geometry.dilations
     pads = [0] * lifted + geometry.pads[:spatial]  # the begin pads; the kernel bounds-checks the end
     residual = None if epilogue.residual is None else rows(epilogue.residual)
-    bias = None if epilogue.bias is None else epilogue.bias.astype(np.float32, copy=False)
-    y = conv(rows(x), weight if spatial == 2 else weight[:, :, None], bias, residual, strides, pads, dilations,
-             [1] * lifted + sizes, epilogue.relu, depthwise)
+    bias = None if epilogue.bias is None else epilogue.bias.astype(x.dtype, copy=False)
+    entry = None if packs is None else packs.get(id(weight))
+    if entry is None or entry[0] is not weight:
+        entry = (weight, conv.pack(weight if spatial == 2 else weight[:, :, None], depthwise))
+        if packs is not None:
+            packs[id(weight)] = entry
+    native_activation = epilogue.native_activation
+    y = conv(rows(x), entry[1], bias, residual, strides, pads, dilations, [1] * lifted + sizes,
+             native_activation or NO_ACTIVATION)
     y = y.reshape(len(y), *sizes, y.shape[-1])
-    if not epilogue.relu:
+    if native_activation is None:
         epilogue.activation(y)
     return y.transpose(0, -1, *range(1, 1 + spatial))
 
@@ -243,7 +269,7 @@ class Epilogue:
     bias: np.ndarray | None
     residual: np.ndarray | None  # (N, O, *out), the other operand of a fused add
     activation: Callable[[np.ndarray], np.ndarray]
-    relu: bool = False  # the activation is relu, which the native kernel applies itself
+    native_activation: NativeActivation | None = None  # the activation as the native kernel applies it, if it can
 
     def __call__(self, block: np.ndarray, start: int) -> None:
         """Finish `block`, the (count, *out, O) channels-last outputs of images start, start + 1, ... in place."""

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from dabuild.ir.ops.base import REQUIRED, Op, OutputSpec, ShapeError, register
-from dabuild.ir.ops.window import Padder, output_sizes, pad_widths, window_attrs, windows
+from dabuild.ir.ops.window import Padder, channels_last, output_sizes, pad_widths, window_attrs, windows
 
 if TYPE_CHECKING:
     from dabuild.ir.graph import TensorSpec
@@ -48,9 +48,16 @@ class Pool(Op):
 
 def _taps(x: np.ndarray, kernel: list[int], strides: list[int], pads: list[int], dilations: list[int],
           out: list[int], fill: float) -> list[np.ndarray]:
-    """One strided (N, C, *out) view per kernel tap of x padded with `fill` (pads, then out's overhang)."""
+    """One strided (N, C, *out) view per kernel tap of x padded with `fill` (pads, then out's overhang).
+
+    A channels-last x (a conv's output) is padded channels-last, so the taps, and a result made like them
+    (`_like_taps`), keep that memory order for the next conv.
+    """
     widths = pad_widths(x.shape, kernel, strides, pads, dilations, out)
-    padded = Padder(x.shape, len(x), widths, fill, x.dtype)(x)
+    last = x.ndim > 2 and channels_last(x).flags.c_contiguous and not x.flags.c_contiguous
+    padded = Padder(x.shape, len(x), widths, fill, x.dtype, channels_last=last)(x)
+    if last:  # the (N, *spatial, C) buffer seen as (N, C, *spatial)
+        padded = padded.transpose(0, -1, *range(1, x.ndim - 1))
     view = windows(padded, kernel, strides, dilations, out)
     return [view[(slice(None), slice(None), *tap)] for tap in np.ndindex(*kernel)]
 
@@ -64,7 +71,7 @@ class MaxPool(Pool):
 
     def kernel(self, arrays: list[np.ndarray], attrs: dict[str, Any]) -> list[np.ndarray]:
         taps, _ = self.tap_views(arrays[0], attrs, -np.inf)
-        y = taps[0].copy()
+        y = taps[0].copy(order="K")  # the taps' memory order: channels last after a conv
         for tap in taps[1:]:
             np.maximum(y, tap, out=y)
         return [y]
@@ -81,7 +88,7 @@ class AvgPool(Pool):
     def kernel(self, arrays: list[np.ndarray], attrs: dict[str, Any]) -> list[np.ndarray]:
         x = arrays[0]
         taps, out = self.tap_views(x, attrs, 0.0)
-        y = taps[0].copy()
+        y = taps[0].copy(order="K")
         for tap in taps[1:]:
             y += tap
         y /= self.divisors(x.shape, attrs)

@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from dabuild.ir.kernels.native import native_conv
 from dabuild.ir.ops import OPS
 from dabuild.quant.activations import clamp_bounds, is_table_activation, lookup_table
 from dabuild.quant.fixed_point import accumulator_trace, quantize_multiplier, requantize
@@ -101,13 +102,37 @@ class QAdd(QLayer):
     shift: np.ndarray             # int32 (1,)
 
     def run(self, inputs: list[np.ndarray], graph: QGraph, trace: Trace | None) -> list[np.ndarray]:
-        a, b = (requantize(self.params(graph, i).centred(x) << self.left_shift,
-                           self.input_multiplier[i], self.input_shift[i]) for i, x in enumerate(inputs))
+        a, b = (self._rescaled(graph, i, x) for i, x in enumerate(inputs))
         total = a + self.sign * b
         if trace is not None:
-            trace[f"{self.name}:accumulator"] = accumulator_trace(total)
+            trace[f"{self.name}:accumulator"] = accumulator_trace(total.astype(np.int64))
         target = self.output_params(graph)
+        native = native_conv()
+        if native is not None and trace is None and total.ndim >= 2 and total.dtype == np.float64:  # compiled
+            y = native.requantize(total, 1, np.zeros(total.shape[1], np.int64), self.multiplier,
+                                  self.shift, int(target.zero_point), target.qmin, target.qmax)
+            if y is not None:
+                return [y.astype(target.storage)]
+        total = total.astype(np.int64)
         return [target.saturate(requantize(total, self.multiplier, self.shift) + target.zero_point)]
+
+    def _rescaled(self, graph: QGraph, index: int, x: np.ndarray) -> np.ndarray:
+        """Input `index` at the common scale: (q - zero point) << left_shift, requantized by its multiplier.
+
+        A function of q alone, so an 8-bit input looks its result up in a table indexed by its byte (as
+        float64: the values, and the sum of two, are integers far below 2**53).
+        """
+        params = self.params(graph, index)
+
+        def rescale(q: np.ndarray) -> np.ndarray:
+            return requantize(params.centred(q) << self.left_shift, self.input_multiplier[index],
+                              self.input_shift[index])
+
+        if np.dtype(params.storage).itemsize > 1:
+            return rescale(x)
+        as_stored = np.arange(256, dtype=np.uint8).view(params.storage)  # the value each byte holds
+        table = rescale(np.clip(as_stored, params.qmin, params.qmax)).astype(np.float64)
+        return table[np.asarray(x, params.storage).view(np.uint8)]
 
 
 @layer_type

@@ -24,6 +24,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from dabuild.errors import BuildError
+from dabuild.ir.kernels.native import native_conv
 from dabuild.ir.ops import OPS
 from dabuild.ir.ops.linear import batch_norm_affine
 from dabuild.quant.activations import clamp_bounds, is_table_activation, pre_activation
@@ -57,14 +58,21 @@ class QWeighted(QLayer):
         """sum (x - zp) * w without bias, as exact integers in float64."""
 
     def run(self, inputs: list[np.ndarray], graph: QGraph, trace: Trace | None) -> list[np.ndarray]:
-        centred = self.params(graph).centred(inputs[0]).astype(np.float64)
-        accumulator = self.accumulate(centred).astype(np.int64)
+        centred = np.subtract(inputs[0], self.params(graph).zero_point, dtype=np.float64)  # q - zp, exact
+        sums = self.accumulate(centred)
+        target = self.output_params(graph)
+        native = native_conv()
+        if trace is None and native is not None and sums.dtype == np.float64:  # the same bits, compiled
+            y = native.requantize(sums, self.channel_axis, self.bias, self.multiplier, self.shift,
+                                  int(target.zero_point), self.output_min, self.output_max)
+            if y is not None:
+                return [y.astype(target.storage)]
+        accumulator = sums.astype(np.int64)
         channel = [1] * accumulator.ndim
         channel[self.channel_axis] = -1
         accumulator += self.bias.astype(np.int64).reshape(channel)
         if trace is not None:
             trace[f"{self.name}:accumulator"] = accumulator_trace(accumulator)
-        target = self.output_params(graph)
         shape = channel if len(self.multiplier) > 1 else [1]
         y = requantize(accumulator, self.multiplier.reshape(shape), self.shift.reshape(shape)) + target.zero_point
         return [np.clip(y, self.output_min, self.output_max).astype(target.storage)]

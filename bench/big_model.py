@@ -1,0 +1,192 @@
+"""A ResNet-50 build end to end: each stage's time, calibration and trial cost against inference, peak memory.
+
+Builds ResNet-50 (bench/architectures.py, random weights) at 3x224x224 as a
+recipe: 512 calibration and 256 evaluation images (random normal pixels; the
+labels are the fp32 model's own top-1 classes, so fp32 accuracy is 1.0),
+strategy basic with max_trials 10 (allow_miss: a missed goal keeps the best
+config), targets c and onnx. Runs `dabuild build` in a child process and prints
+
+- each stage's time as the build reports it, and the whole build's (goal < 15 min);
+- calibrate time / interpreter inference of the same 512 images (goal <= 1.5):
+  the Interpreter run here on the traced graph, with the batch size and threads
+  the calibrate stage uses;
+- one full trial (the slowest trial of tune:c's history that scored every
+  evaluation image) / onnxruntime running the onnx target's int8 QDQ model on
+  the same 256 images (goal <= 2), both on the machine's cores;
+- the build's peak RSS (goal <= 2 GB; the largest of its processes);
+- C source bytes / weight bytes (goal <= 2; int8 weights, int32 biases) and the
+  time of compiling the generated C at -O2.
+
+Usage: python bench/big_model.py [--work DIR] [--calibration 512] [--evaluation 256] [--trials 10] [-j 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from architectures import IMAGE, export_onnx
+
+GOALS = {"build": 15 * 60, "calibrate": 1.5, "trial": 2.0, "rss": 2.0, "source": 2.0}
+
+
+def make_recipe(work: Path, calibration: int, evaluation: int, trials: int) -> Path:
+    """model.onnx, data.npz (labels from onnxruntime's fp32 run) and recipe.yaml in `work`."""
+    import onnxruntime as ort
+
+    model = export_onnx("resnet50", work / "model.onnx")
+    rng = np.random.default_rng(0)
+    x_cal = rng.standard_normal((calibration, *IMAGE), np.float32)
+    x_eval = rng.standard_normal((evaluation, *IMAGE), np.float32)
+    session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    labels = np.concatenate([session.run(None, {"x": x_eval[i:i + 32]})[0].argmax(1) for i in range(0, evaluation, 32)])
+    np.savez(work / "data.npz", x_cal=x_cal, x_eval=x_eval, y_eval=labels)
+    (work / "recipe.yaml").write_text(f"""\
+name: resnet50
+model: {{source: model.onnx}}
+data:
+  calibration: {{source: data.npz, x: x_cal, samples: {calibration}}}
+  evaluation: {{source: data.npz, x: x_eval, y: y_eval}}
+  metric: accuracy
+tuning:
+  strategy: basic
+  accuracy: {{criterion: relative, tolerable_loss: 0.01}}
+  max_trials: {trials}
+  allow_miss: true
+targets:
+  - {{name: mcu, kind: c, options: {{cflags: [-O2]}}, check_io: {{tolerance: exact}}}}
+  - {{name: ort, kind: onnx}}
+""")
+    return work
+
+
+def build(recipe: Path, build_dir: Path, jobs: int) -> tuple[float, dict[str, float], str]:
+    """Wall seconds of the build, each stage's reported seconds, and its output."""
+    start = time.perf_counter()
+    lines = []
+    with subprocess.Popen([sys.executable, "-m", "dabuild", "build", str(recipe), "--build-dir", str(build_dir),
+                           "--no-cache", "-j", str(jobs)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True) as child:
+        assert child.stdout is not None
+        for line in child.stdout:  # shown as it comes: a long build's progress is visible in a log
+            print(f"    | {line}", end="", flush=True)
+            lines.append(line)
+    elapsed = time.perf_counter() - start
+    output = "".join(lines)
+    if child.returncode:
+        raise SystemExit(f"the build failed (exit {child.returncode})")
+    stages = {match[1]: float(match[2]) for match in re.finditer(r"^(\S+)\s+executed \(([\d.]+)s\)", output, re.M)}
+    return elapsed, stages, output
+
+
+def inference_seconds(build_dir: Path, images: np.ndarray) -> float:
+    """The Interpreter on the traced graph over `images`, batched and threaded as the calibrate stage runs it."""
+    from dabuild.ir.graph import Graph
+    from dabuild.ir.interpreter import Interpreter
+    from dabuild.ir.kernels.native import available_cores
+    from dabuild.recipe import DataSpec
+
+    batch = DataSpec.model_fields["batch_size"].default
+    graph = Graph.load(build_dir / "trace")
+    interpreter = Interpreter(graph, threads=available_cores())
+    start = time.perf_counter()
+    for low in range(0, len(images), batch):
+        interpreter.run({graph.inputs[0].name: images[low:low + batch]})
+    return time.perf_counter() - start
+
+
+def qdq_seconds(model: Path, images: np.ndarray) -> float:
+    """onnxruntime (all cores) running the int8 QDQ model over `images` in batches of 32, after one warm-up."""
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    name = session.get_inputs()[0].name
+    session.run(None, {name: images[:1]})
+    start = time.perf_counter()
+    for low in range(0, len(images), 32):
+        session.run(None, {name: images[low:low + 32]})
+    return time.perf_counter() - start
+
+
+def full_trial_seconds(history: Path) -> float:
+    """The slowest evaluated trial of a tune history: one that scored every evaluation image."""
+    trials = [json.loads(line) for line in history.read_text().splitlines() if line.strip()]
+    return max(trial["seconds"] for trial in trials if not trial.get("cached"))
+
+
+def compile_seconds(export: Path) -> float:
+    sources = sorted(str(path) for path in export.glob("*.c"))
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory() as scratch:
+        subprocess.run(["cc", "-O2", "-c", *sources], cwd=scratch, check=True)
+    return time.perf_counter() - start
+
+
+def weight_bytes(build_dir: Path) -> int:
+    """int8 weights and int32 biases of the traced graph's convs and dense layers."""
+    from dabuild.ir.graph import Graph
+
+    graph = Graph.load(build_dir / "trace")
+    total = 0
+    for node in graph.nodes:
+        if node.op in ("conv", "dense"):
+            total += graph.constants[node.inputs[1]].size
+            if len(node.inputs) > 2:
+                total += 4 * graph.constants[node.inputs[2]].size
+    return total
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--work", type=Path, help="folder for the recipe and build (default: a temporary one)")
+    parser.add_argument("--calibration", type=int, default=512)
+    parser.add_argument("--evaluation", type=int, default=256)
+    parser.add_argument("--trials", type=int, default=10)
+    parser.add_argument("-j", "--jobs", type=int, default=1)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="dabuild-big-model-") as scratch:
+        work = args.work or Path(scratch)
+        work.mkdir(parents=True, exist_ok=True)
+        make_recipe(work, args.calibration, args.evaluation, args.trials)
+        print(f"ResNet-50, {args.calibration} calibration / {args.evaluation} evaluation images, basic, "
+              f"max_trials {args.trials}, targets c and onnx, -j {args.jobs}, {os.cpu_count()} cores", flush=True)
+        elapsed, stages, output = build(work, work / "build", args.jobs)
+        build_dir = work / "build" / "resnet50"
+        peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024 / 1e9  # Linux reports KiB
+        for stage, seconds in stages.items():
+            print(f"  {stage:<22} {seconds:8.1f} s")
+        print(f"whole build               {elapsed:8.1f} s   goal < {GOALS['build']} s")
+        for line in output.splitlines():
+            if line.startswith("  tune:"):
+                print(line)
+        with np.load(work / "data.npz") as data:
+            x_cal, x_eval = data["x_cal"], data["x_eval"]
+        inference = inference_seconds(build_dir, x_cal)
+        ratio = stages["calibrate"] / inference
+        print(f"calibrate {stages['calibrate']:.1f} s / interpreter inference of the same images {inference:.1f} s "
+              f"= {ratio:.2f}   goal <= {GOALS['calibrate']}")
+        trial = full_trial_seconds(build_dir / "history" / "tune-c.jsonl")
+        qdq = qdq_seconds(build_dir / "export-ort" / "model.onnx", x_eval)
+        print(f"one full trial {trial:.1f} s / onnxruntime int8 QDQ on the evaluation images {qdq:.1f} s "
+              f"= {trial / qdq:.2f}   goal <= {GOALS['trial']}")
+        print(f"peak RSS {peak:.2f} GB   goal <= {GOALS['rss']} GB")
+        export = build_dir / "export-mcu"
+        source = sum(path.stat().st_size for path in export.iterdir() if path.suffix in (".c", ".h"))
+        weights = weight_bytes(build_dir)
+        print(f"C source {source / 1e6:.1f} MB / weight bytes {weights / 1e6:.1f} MB = {source / weights:.2f}   "
+              f"goal <= {GOALS['source']}")
+        print(f"C compile at -O2 {compile_seconds(export):.1f} s   goal < 60 s", flush=True)
+
+
+if __name__ == "__main__":
+    main()

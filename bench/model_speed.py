@@ -1,0 +1,122 @@
+"""fp32 interpreter speed on real-size networks against onnxruntime, and where the interpreter's time goes.
+
+Exports each model of bench/architectures.py (random weights, 3x224x224) to
+ONNX, traces it with dabuild's ONNX frontend and optimises it as the trace
+stage does, then times one image (batch 1) through dabuild's Interpreter and
+through onnxruntime's CPUExecutionProvider on that same .onnx file, both with
+the same thread count (interleaved rounds, the fastest call of each). Prints
+ms per image and dabuild's speed / onnxruntime's (target >= 0.5). At 1 thread
+both run on the calling thread, so each is also timed by that thread's CPU
+time (`cpu`), which waiting for a core on a loaded machine does not inflate;
+at 2 threads only wall time exists. With --profile, also the interpreter's CPU
+time per op kind (and the five slowest steps with their shapes) at 1 thread.
+
+Usage: python bench/model_speed.py [--models resnet50 ...] [--threads 1 2] [--seconds 4] [--profile]
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+from threadpoolctl import threadpool_limits
+
+from architectures import ARCHITECTURES, IMAGE, export_onnx
+from timing import fastest
+
+from dabuild.ir.graph import Graph
+from dabuild.ir.interpreter import Interpreter
+from dabuild.ir.kernels.native import native_backend
+from dabuild.ir.passes import optimize
+from dabuild.trace import trace_model
+
+
+def session(path: Path, threads: int) -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def profile(graph: Graph, interpreter: Interpreter, feeds: dict[str, np.ndarray], rounds: int = 3) -> None:
+    """Per op kind: the fastest of `rounds` runs' seconds in each step, summed; the slowest steps named."""
+    best: dict[int, float] = {}
+    ops = {node.outputs[0]: node.op for node in graph.nodes}
+    kernels = [step.kernel for step in interpreter.steps]
+    for _ in range(rounds):
+        for index, (step, kernel) in enumerate(zip(interpreter.steps, kernels)):
+
+            def timed(inputs: list[np.ndarray], out: np.ndarray | None, kernel=kernel, index=index) -> list:
+                start = time.thread_time()
+                result = kernel(inputs, out)
+                elapsed = time.thread_time() - start
+                best[index] = min(best.get(index, elapsed), elapsed)
+                return result
+
+            step.kernel = timed
+        try:
+            interpreter.run(feeds)
+        finally:
+            for step, kernel in zip(interpreter.steps, kernels):
+                step.kernel = kernel
+    by_op: dict[str, float] = defaultdict(float)
+    for index, seconds in best.items():
+        step = interpreter.steps[index]
+        by_op[ops.get(step.outputs[0], "fused conv")] += seconds
+    total = sum(by_op.values())
+    print("    " + "  ".join(f"{op} {seconds * 1e3:.1f}" for op, seconds in sorted(by_op.items(), key=lambda i: -i[1]))
+          + f"  (ms; sum {total * 1e3:.1f})")
+    values = {**graph.constants, **feeds}
+    interpreter_all = Interpreter(graph).run(feeds, keep_intermediates=True)
+    values.update(interpreter_all)
+    slowest = sorted(best.items(), key=lambda item: -item[1])[:5]
+    for index, seconds in slowest:
+        step = interpreter.steps[index]
+        shapes = " ".join("x".join(map(str, np.shape(values[name]))) for name in step.inputs[:2] if name in values)
+        print(f"    {seconds * 1e3:6.2f} ms  {ops.get(step.outputs[0], 'fused conv'):<10} {shapes}")
+
+
+def compare(name: str, path: Path, graph: Graph, threads_list: list[int], seconds: float, show: bool) -> None:
+    x = np.random.default_rng(1).standard_normal((1, *IMAGE)).astype(np.float32)
+    feeds = {graph.inputs[0].name: x}
+    for threads in threads_list:
+        interpreter, theirs_session = Interpreter(graph, threads=threads), session(path, threads)
+        ours_out = interpreter.run(feeds)[graph.outputs[0]]
+        theirs_out = theirs_session.run(None, feeds)[0]
+        error = float(np.abs(ours_out - theirs_out).max() / max(1e-12, np.abs(theirs_out).max()))
+        clocks = {"wall": time.perf_counter, **({"cpu": time.thread_time} if threads == 1 else {})}
+        for label, clock in clocks.items():
+            ours = theirs = float("inf")
+            for _ in range(2):  # interleaved, so a burst of load elsewhere does not favour one side
+                with threadpool_limits(limits=threads):
+                    ours = min(ours, fastest(lambda: interpreter.run(feeds), seconds / 2, clock))
+                theirs = min(theirs, fastest(lambda: theirs_session.run(None, feeds), seconds / 2, clock))
+            print(f"{name:<14} threads={threads} {label:<4}  dabuild {ours * 1e3:8.1f} ms  onnxruntime "
+                  f"{theirs * 1e3:8.1f} ms  speed ratio {theirs / ours:5.2f}  (max rel diff {error:.1e})", flush=True)
+        if show and threads == 1:
+            with threadpool_limits(limits=1):
+                profile(graph, interpreter, feeds)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=list(ARCHITECTURES), choices=list(ARCHITECTURES))
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--seconds", type=float, default=4.0, help="timed seconds per measurement")
+    parser.add_argument("--profile", action="store_true", help="time per op kind at 1 thread")
+    args = parser.parse_args()
+    print(f"convs: {native_backend()}  (target: dabuild speed >= 0.5x onnxruntime's)")
+    with tempfile.TemporaryDirectory(prefix="dabuild-model-speed-") as work:
+        for name in args.models:
+            path = export_onnx(name, Path(work) / f"{name}.onnx")
+            graph = optimize(trace_model(path))
+            compare(name, path, graph, args.threads, args.seconds, args.profile)
+
+
+if __name__ == "__main__":
+    main()
