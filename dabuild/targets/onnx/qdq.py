@@ -192,7 +192,8 @@ def _clamp(w: QdqWriter, layer: Any) -> None:
 @writes("lookup")
 def _lookup(w: QdqWriter, layer: Any) -> None:
     source, target = layer.params(w.qgraph), layer.output_params(w.qgraph)
-    if np.array_equal(lookup_table(layer.function, OPS[layer.function].resolve({}), source, target), layer.table):
+    if not OPS[layer.function].required and np.array_equal(
+            lookup_table(layer.function, OPS[layer.function].resolve({}), source, target), layer.table):
         w.node(layer.function, layer, [w.read(layer.inputs[0])], {})
         return
     # A table the float op's default attributes do not reproduce: index it with the integers themselves.
