@@ -33,7 +33,9 @@ from dabuild.errors import BuildError
 from dabuild.quant.layers.elementwise import QAdd, QClamp, QLookup, QMul
 from dabuild.quant.layers.fallback import QFloat
 from dabuild.quant.layers.linear import QConv, QDense, QWeighted
+from dabuild.quant.layers.matmul import QMatMul
 from dabuild.quant.layers.pool import QAvgPool, QMean
+from dabuild.quant.layers.select import QPick, QWhere
 from dabuild.quant.layers.shape import SELECTION_OPS, QConcat, QSelection
 from dabuild.quant.layers.softmax import QSoftmax
 from dabuild.quant.qgraph import QLayer, QuantParams
@@ -152,9 +154,18 @@ def _lookup(e: Emitter, layer: QLookup, quantized_kernels: bool) -> None:
     e.set_real(layer.outputs[0], e.call(layer.outputs[0], "tract_core_gather", table, index, axis="0"))
 
 
-@exports("add", "sub", "mul")
-def _binary(e: Emitter, layer: QAdd | QMul, quantized_kernels: bool) -> None:
+@exports("add", "sub", "mul", "max", "min", "matmul")
+def _binary(e: Emitter, layer: QAdd | QMul | QPick | QMatMul, quantized_kernels: bool) -> None:
     _finish(e, layer, _float_op(e, layer, layer.op, {}))
+
+
+@exports("where")
+def _where(e: Emitter, layer: QWhere, quantized_kernels: bool) -> None:
+    condition = e.variable(f"{layer.name}_condition", layer.condition.astype(np.float32))
+    names = [condition, *(e.real(name) for name in layer.inputs)]
+    shapes = [tuple(layer.condition.shape), *(shape(e, name) for name in layer.inputs)]
+    _finish(e, layer, emit_float(e, "where", names, {}, shapes, f"{layer.outputs[0]}_float",
+                                 f"layer {layer.name!r}")[0])
 
 
 @exports("avg_pool")

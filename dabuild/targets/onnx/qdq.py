@@ -206,9 +206,15 @@ def _lookup(w: QdqWriter, layer: Any) -> None:
     e.add("Gather", [table, index], [w.integer_output(layer.outputs[0])], name, axis=0)
 
 
-@writes("add", "sub", "mul")
+@writes("add", "sub", "mul", "max", "min", "matmul")
 def _binary(w: QdqWriter, layer: Any) -> None:
     w.node(layer.op, layer, [w.read(name) for name in layer.inputs], {})
+
+
+@writes("where")
+def _where(w: QdqWriter, layer: Any) -> None:
+    condition = w.emitter.initializer(w.emitter.fresh(f"{layer.name}/condition"), layer.condition)
+    w.node("where", layer, [condition, *(w.read(name) for name in layer.inputs)], {})
 
 
 @writes("avg_pool")
