@@ -349,3 +349,13 @@ def test_ops_along_the_batch_axis_are_refused(tmp_path: Path) -> None:
     qgraph = lower(graph, image(32, (4,)))
     with pytest.raises(BuildError, match=r"layer 'stack': concat along the batch axis"):
         CTarget().export(qgraph, tmp_path)
+
+
+def test_new_integer_layers_are_exact_end_to_end(tmp_path: Path) -> None:
+    from test_onnx_target import DATA, new_ops_net
+
+    graph = new_ops_net()
+    qgraph = lower(graph, DATA["x_train"][:300], default_config(graph, C_CAPABILITY))
+    actual, expected, manifest = build_and_run(qgraph, tmp_path)
+    assert np.array_equal(actual, expected)
+    assert {"indexed", "pick", "matmul", "lookup"} <= set(manifest["kernels"].values())

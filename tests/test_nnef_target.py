@@ -258,3 +258,14 @@ def test_where_in_tract_agrees_with_the_reference(tmp_path: Path) -> None:
     qgraph = quantize(graph, calibrate(graph, [{"x": x}], Progress.silent()), QuantConfig({"node": NodeConfig(None, None)}))
     artifact = export(qgraph, tmp_path / "artifact", NnefTarget())
     assert steps_apart(qgraph, run_quantized(qgraph, x), NnefTarget().run(artifact, x, tmp_path)) <= 1.0
+
+
+def test_new_integer_layers_in_tract_are_within_one_step(tmp_path: Path) -> None:
+    from test_onnx_target import new_ops_net
+
+    x = digits_inputs()
+    qgraph = lower(new_ops_net(), x[:300], "per_tensor", TRACT)
+    assert {"resize", "gather", "max", "min", "where", "matmul", "expand"} <= {layer.op for layer in qgraph.layers}
+    target = NnefTarget()
+    artifact = export(qgraph, tmp_path / "artifact", target)
+    assert steps_apart(qgraph, run_quantized(qgraph, x[300:]), target.run(artifact, x[300:], tmp_path)) <= 1.0
