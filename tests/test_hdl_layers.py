@@ -128,6 +128,38 @@ def test_mul_of_two_activations() -> None:
     assert_exact(qgraph)
 
 
+@pytest.mark.parametrize("op", ["max", "min", "where"])
+def test_max_min_and_where_requantize_then_pick(op: str) -> None:
+    rng = np.random.default_rng(11)
+    nodes: list[Spec] = [("a", "dense", ["x", "wa"], {}), ("b", "dense", ["x", "wb"], {}),
+                         ("y", op, ["c", "a", "b"] if op == "where" else ["a", "b"], {})]
+    qgraph = fixed_point_graph((4,), nodes, {"wa": rng.normal(0, 4, (4, 3)), "wb": rng.normal(0, 0.3, (4, 3)),
+                                             "c": np.array([True, False, True])}, dtypes={"b": "int5"})
+    assert qgraph.layers[-1].op == op
+    assert_exact(qgraph)
+
+
+def test_matmul_of_two_activations() -> None:
+    rng = np.random.default_rng(12)
+    nodes: list[Spec] = [("a", "dense", ["x", "wa"], {}), ("b", "dense", ["x", "wb"], {}),
+                         ("bt", "transpose", ["b"], {"perm": [0, 2, 1]}), ("y", "matmul", ["a", "bt"], {})]
+    qgraph = fixed_point_graph((3, 4), nodes, {"wa": rng.normal(size=(4, 3)), "wb": rng.normal(size=(4, 3))},
+                               dtypes={"a": "int5", "b": "int5", "y": "int7"})
+    assert_exact(qgraph)
+
+
+@pytest.mark.parametrize(("op", "attrs"), [
+    ("gather", {"axis": 2, "indices": [[3, 0], [1, -1]]}),
+    ("tile", {"repeats": [1, 2, 1]}),
+    ("expand", {"shape": [1, 2, 3, 4]}),
+    ("resize", {"sizes": [1, 3, 9], "scales": [1, 1, 2.25], "coordinate_transformation_mode": "half_pixel"}),
+])
+def test_value_moves(op: str, attrs: dict[str, Any]) -> None:
+    shape = (1, 3, 4) if op == "expand" else (3, 4)
+    qgraph = fixed_point_graph(shape, [("y", op, ["x"], attrs)])
+    assert_exact(qgraph)
+
+
 def test_concat_requantizes_each_part() -> None:
     rng = np.random.default_rng(7)
     nodes: list[Spec] = [("a", "dense", ["x", "wa"], {}), ("b", "dense", ["x", "wb"], {}),
@@ -154,7 +186,7 @@ def test_pooling_and_reductions(op: str, attrs: dict[str, Any]) -> None:
     assert_exact(qgraph)
 
 
-@pytest.mark.parametrize("op", ["sigmoid", "tanh", "gelu"])
+@pytest.mark.parametrize("op", ["sigmoid", "tanh", "gelu", "elu", "softplus", "erf"])
 def test_table_activations(op: str) -> None:
     nodes: list[Spec] = [("h", "dense", ["x", "w"], {"activation": "relu"}), ("g", "dense", ["h", "v"], {}),
                          ("y", op, ["g"], {})]
