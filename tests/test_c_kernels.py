@@ -342,6 +342,14 @@ def test_a_layer_without_a_kernel_is_named(tmp_path: Path) -> None:
         CTarget().export(qgraph, tmp_path)
 
 
+def test_a_3d_conv_is_refused_naming_layer_and_op(tmp_path: Path) -> None:
+    graph = graph_of([conv_node("volume", "x", "y", pads=[1] * 6)], (2, 3, 4, 4),
+                     {"volume_w": weights(3, 2, 3, 3, 3), "volume_b": weights(3)})
+    qgraph = lower(graph, image(50, (2, 3, 4, 4)), default_config(graph, C_CAPABILITY))
+    with pytest.raises(BuildError, match=r"layer 'volume': the C target has no kernel for op 'conv'.*3-D convolution"):
+        CTarget().export(qgraph, tmp_path)
+
+
 def test_ops_along_the_batch_axis_are_refused(tmp_path: Path) -> None:
     graph = graph_of([Node("fa", "dense", ["x", "wa"], ["a"], {}), Node("fb", "dense", ["x", "wb"], ["b"], {}),
                       Node("stack", "concat", ["a", "b"], ["y"], {"axis": 0})], (4,),

@@ -90,6 +90,7 @@ def conv_weights(out_channels: int, in_channels: int, kernel: tuple[int, ...], s
     ((4, 5, 5), {"groups": 2, "pads": [1, 0, 0, 1]}, 4, "per_channel"),
     ((3, 5, 4), {"groups": 3, "pads": [1, 1, 1, 1], "activation": "relu"}, 3, "per_channel"),  # depthwise
     ((3, 9), {"strides": [2], "pads": [2, 1], "dilations": [2]}, 2, "per_tensor"),               # 1-D
+    ((2, 3, 4, 4), {"pads": [1, 0, 1, 1, 1, 0]}, 2, "per_channel"),                              # 3-D
 ])
 def test_conv(shape: tuple[int, ...], attrs: dict[str, Any], out_channels: int, granularity: str) -> None:
     kernel = (3,) * (len(shape) - 1)
