@@ -162,6 +162,12 @@ CASES: dict[str, tuple[list[Node], tuple[int, ...], dict[str, np.ndarray], str, 
                                Node("t", "transpose", ["b"], ["bt"], {"perm": [0, 2, 1]}),
                                Node("scores", "matmul", ["a", "bt"], ["y"], {})], (4, 6),
                               {"wq": weights(6, 5), "wk": weights(6, 5)}, "per_tensor", {"matmul"}),
+    "conv_transpose stride 2 groups output padding": (
+        [Node("up", "conv_transpose", ["x", "up_w", "up_b"], ["y"], {
+            "strides": [2, 2], "pads": [1, 0, 1, 1], "groups": 2, "output_padding": [1, 0]})],
+        (4, 3, 4), {"up_w": weights(4, 3, 3, 2), "up_b": weights(6)}, "per_channel", {"conv_transpose"}),
+    "conv_transpose 1-D dilated": ([Node("up", "conv_transpose", ["x", "up_w"], ["y"], {"dilations": [2], "strides": [3]})],
+                                   (3, 5), {"up_w": weights(3, 4, 3)}, "per_tensor", {"conv_transpose"}),
     "pad reflect of feature maps": ([conv_node("c", "x", "a"), Node("p", "pad", ["a"], ["y"], {
         "pads": [0, 0, 2, 1, 0, 0, 1, 2], "mode": "reflect"})], (3, 4, 5),
         {"c_w": weights(4, 3, 1, 1), "c_b": weights(4)}, "per_tensor", {"pad"}),

@@ -86,7 +86,7 @@ def image(n: int = 64, shape: tuple[int, ...] = (4, 7, 7), seed: int = 1) -> np.
 
 def test_quantized_roles_follow_the_lowerings() -> None:
     weighted = {op for op in LOWERINGS if quantizable_roles(op) == ("weight", "activation")}
-    assert weighted == {"conv", "dense"}
+    assert weighted == {"conv", "conv_transpose", "dense"}
     assert all(quantizable_roles(op) == ("activation",) for op in set(LOWERINGS) - weighted)
     assert quantizable_roles("no_such_op") is None
 
@@ -293,6 +293,18 @@ def test_matmul_of_two_activations_matches_float() -> None:
     qgraph = lower(graph, x)
     assert qgraph.layers[-1].op == "matmul"
     assert error_in_steps(graph, qgraph, x) <= 2.0  # q and k each carry their own rounding into the products
+
+
+@pytest.mark.parametrize("granularity", ["per_tensor", "per_channel"])
+def test_transposed_conv_matches_float_within_two_steps(granularity: str) -> None:
+    constants = {"w": RNG.normal(0, 0.4, (4, 3, 3, 3)), "b": RNG.normal(0, 0.2, 6)}
+    graph = graph_of([Node("up", "conv_transpose", ["x", "w", "b"], ["y"],
+                           {"strides": [2, 2], "pads": [1, 0, 1, 1], "groups": 2, "output_padding": [1, 0]})],
+                     (4, 3, 4), constants)
+    x = image(100, (4, 3, 4))
+    qgraph = lower(graph, x, with_weights(default_config(graph, C_CAPABILITY), granularity=granularity))
+    assert qgraph.layers[0].op == "conv_transpose"
+    assert error_in_steps(graph, qgraph, x) <= 2.0
 
 
 def test_where_with_a_constant_condition_picks_requantized_values() -> None:

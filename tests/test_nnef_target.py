@@ -269,3 +269,13 @@ def test_new_integer_layers_in_tract_are_within_one_step(tmp_path: Path) -> None
     target = NnefTarget()
     artifact = export(qgraph, tmp_path / "artifact", target)
     assert steps_apart(qgraph, run_quantized(qgraph, x[300:]), target.run(artifact, x[300:], tmp_path)) <= 1.0
+
+
+def test_transposed_conv_in_tract_is_within_one_step(tmp_path: Path) -> None:
+    from test_onnx_target import upsampling_net
+
+    x = digits_inputs()
+    qgraph = lower(upsampling_net(), x[:300], "per_channel", TRACT)
+    target = NnefTarget()
+    artifact = export(qgraph, tmp_path / "artifact", target)
+    assert steps_apart(qgraph, run_quantized(qgraph, x[300:]), target.run(artifact, x[300:], tmp_path)) <= 1.0

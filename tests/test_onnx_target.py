@@ -286,3 +286,37 @@ def test_new_integer_layers_export_as_qdq_within_one_step(tmp_path: Path) -> Non
     x = DATA["x_test"][:100]
     steps = np.abs(target.run(artifact, x, tmp_path) - run_quantized(qgraph, x)) / qgraph.output_params.scale
     assert steps.max() <= 1 + 1e-6
+
+
+def upsampling_net(groups: int = 2) -> Graph:
+    """A strided conv down, a grouped transposed conv (output padding) back up, a dense head."""
+    rng = np.random.default_rng(9)
+    constants = {"w1": rng.normal(0, 1 / 3, (4, 1, 3, 3)), "b1": rng.normal(0, 0.1, 4),
+                 "w2": rng.normal(0, 0.5, (4, 6 // groups, 3, 3)), "b2": rng.normal(0, 0.1, 6),
+                 "w3": rng.normal(0, 0.1, (6 * 8 * 8, 10))}
+    nodes = [
+        Node("image", "reshape", ["x"], ["image"], {"shape": [0, 1, 8, 8]}),
+        Node("down", "conv", ["image", "w1", "b1"], ["d"], {"strides": [2, 2], "pads": [1, 1, 1, 1],
+                                                             "activation": "relu"}),
+        Node("up", "conv_transpose", ["d", "w2", "b2"], ["u"], {"strides": [2, 2], "pads": [1, 1, 1, 1],
+                                                                 "groups": groups, "output_padding": [1, 1]}),
+        Node("flat", "flatten", ["u"], ["f"], {}),
+        Node("head", "dense", ["f", "w3"], ["y"], {}),
+    ]
+    return Graph([TensorSpec("x", (None, 64))], ["y"], nodes,
+                 {name: np.asarray(value, np.float32) for name, value in constants.items()})
+
+
+@pytest.mark.parametrize("groups,granularity", [(1, "per_channel"), (2, "per_channel"), (2, "per_tensor")])
+def test_transposed_conv_exports_as_qdq_within_one_step(tmp_path: Path, groups: int, granularity: str) -> None:
+    graph = upsampling_net(groups)
+    config = default_config(graph, CAPABILITY)
+    up = config.nodes["up"]
+    config.nodes["up"] = dataclasses.replace(up, weight=dataclasses.replace(up.weight, granularity=granularity))
+    qgraph = lower(graph, config)
+    assert "conv_transpose" in {layer.op for layer in qgraph.layers}
+    target = OnnxTarget()
+    artifact = export(qgraph, tmp_path / "artifact", target)
+    x = DATA["x_test"][:100]
+    steps = np.abs(target.run(artifact, x, tmp_path) - run_quantized(qgraph, x)) / qgraph.output_params.scale
+    assert steps.max() <= 1 + 1e-6

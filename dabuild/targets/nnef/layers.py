@@ -32,7 +32,7 @@ import numpy as np
 from dabuild.errors import BuildError
 from dabuild.quant.layers.elementwise import QAdd, QClamp, QLookup, QMul
 from dabuild.quant.layers.fallback import QFloat
-from dabuild.quant.layers.linear import QConv, QDense, QWeighted
+from dabuild.quant.layers.linear import QConv, QConvTranspose, QDense, QWeighted, transposed_layout
 from dabuild.quant.layers.matmul import QMatMul
 from dabuild.quant.layers.pool import QAvgPool, QMean
 from dabuild.quant.layers.select import QPick, QWhere
@@ -133,6 +133,20 @@ def _weighted(e: Emitter, layer: QWeighted, quantized_kernels: bool) -> None:
         _tract_quantized(e, layer)
     else:
         _fake_quantized(e, layer)
+
+
+@exports("conv_transpose")
+def _conv_transpose(e: Emitter, layer: QConvTranspose, quantized_kernels: bool) -> None:
+    """Fake-quant: the float deconv on the dequantized weight (back in ONNX's layout) and bias."""
+    channel = [-1, *[1] * (layer.weight.ndim - 1)]
+    weight = transposed_layout((layer.weight * layer.weight_scale.reshape(channel)).astype(np.float32), layer.groups)
+    bias = (layer.bias * e.params(layer.inputs[0]).scale * layer.weight_scale).astype(np.float32)
+    inputs = [e.real(layer.inputs[0]), e.variable(f"{layer.name}_weight", weight), e.variable(f"{layer.name}_bias", bias)]
+    attrs = {"strides": layer.strides, "pads": layer.pads, "dilations": layer.dilations, "groups": layer.groups,
+             "output_padding": layer.output_padding}
+    value = emit_float(e, "conv_transpose", inputs, attrs, [shape(e, layer.inputs[0]), weight.shape, bias.shape],
+                       f"{layer.outputs[0]}_float", f"layer {layer.name!r}")[0]
+    _finish(e, layer, value, layer.output_min, layer.output_max)
 
 
 @exports("relu", "clamp")

@@ -29,6 +29,7 @@ a per-layer trace finds them.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Callable
@@ -44,6 +45,7 @@ from dabuild.ir.graph import Node
 from dabuild.ir.ops import OPS
 from dabuild.quant.activations import lookup_table
 from dabuild.quant.fixed_point import quantize_multiplier
+from dabuild.quant.layers.linear import transposed_layout
 from dabuild.quant.layers.shape import SELECTION_OPS
 from dabuild.quant.qgraph import QGraph, QLayer, QuantParams
 from dabuild.targets.onnx_float import EXPORTERS, IR_VERSION, OPSET, Emitter, value_info
@@ -180,6 +182,31 @@ def _weighted(w: QdqWriter, layer: Any) -> None:
     inputs = [w.read(layer.inputs[0]), w.weight(layer, axis=0 if layer.op == "conv" else 1), w.bias(layer)]
     activation = clamp_activation(layer.output_params(w.qgraph), layer.output_min, layer.output_max)
     w.node(layer.op, layer, inputs, {**geometry, **activation})
+
+
+@writes("conv_transpose")
+def _conv_transpose(w: QdqWriter, layer: Any) -> None:
+    """ONNX's weight layout (C, O/groups, *kernel) has the output channels on axis 1 only without groups; a
+    grouped per-channel weight is written as its dequantized float values (the numbers DequantizeLinear gives)."""
+    e = w.emitter
+    onnx_weight = transposed_layout(layer.weight, layer.groups)
+    if layer.groups == 1 or len(layer.weight_scale) == 1:
+        weight = w.weight(dataclasses.replace(layer, weight=onnx_weight), axis=1)
+    else:
+        scales = transposed_layout(np.broadcast_to(layer.weight_scale.reshape(-1, *[1] * (layer.weight.ndim - 1)),
+                                                   layer.weight.shape), layer.groups)
+        weight = e.initializer(e.fresh(f"{layer.name}/weight/real"), (onnx_weight * scales).astype(np.float32))
+    inputs = [w.read(layer.inputs[0]), weight, w.bias(layer)]
+    activation = clamp_activation(layer.output_params(w.qgraph), layer.output_min, layer.output_max)
+    geometry = {"strides": layer.strides, "pads": layer.pads, "dilations": layer.dilations, "groups": layer.groups,
+                "output_padding": layer.output_padding}
+    if activation["activation"] == "none":
+        w.node("conv_transpose", layer, inputs, geometry)
+        return
+    raw = e.fresh(f"{layer.name}/linear")
+    node = Node(layer.name, "conv_transpose", inputs, [raw], geometry)
+    EXPORTERS["conv_transpose"](e, node, OPS["conv_transpose"].resolve(geometry))
+    w.node(activation["activation"], dataclasses.replace(layer, inputs=[raw]), [raw], activation["activation_attrs"])
 
 
 @writes("relu", "clamp")
