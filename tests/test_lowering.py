@@ -295,6 +295,17 @@ def test_matmul_of_two_activations_matches_float() -> None:
     assert error_in_steps(graph, qgraph, x) <= 2.0  # q and k each carry their own rounding into the products
 
 
+@pytest.mark.parametrize("slope", [[0.2], [0.25, -0.5, 0.0, 1.5]])
+def test_prelu_is_a_table_or_two_requantizations(slope: list[float]) -> None:
+    """One slope: the leaky_relu table (exact); one per channel, of any sign: within one step of float."""
+    graph = graph_of([Node("act", "prelu", ["x", "slope"], ["y"], {})], (4, 3),
+                     {"slope": np.array(slope).reshape(-1, 1)})
+    x = image(100, (4, 3)) * 2
+    qgraph = lower(graph, x)
+    assert qgraph.layers[0].op == ("lookup" if len(slope) == 1 else "prelu")
+    assert error_in_steps(graph, qgraph, x) <= 1.0
+
+
 @pytest.mark.parametrize("granularity", ["per_tensor", "per_channel"])
 def test_transposed_conv_matches_float_within_two_steps(granularity: str) -> None:
     constants = {"w": RNG.normal(0, 0.4, (4, 3, 3, 3)), "b": RNG.normal(0, 0.2, 6)}
@@ -318,7 +329,7 @@ def test_where_with_a_constant_condition_picks_requantized_values() -> None:
     assert error_in_steps(graph, qgraph, x) <= 1.0
 
 
-@pytest.mark.parametrize("op,attrs", [("layer_norm", {}), ("lrn", {"size": 3}),
+@pytest.mark.parametrize("op,attrs", [("layer_norm", {}), ("lrn", {"size": 3}), ("log_softmax", {}),
                                       ("resize", {"sizes": [1, 4, 4], "scales": [1, 1, 2], "mode": "linear"})])
 def test_float_only_ops_are_refused_saying_they_must_run_in_float(op: str, attrs: dict[str, object]) -> None:
     graph = graph_of([Node("norm", op, ["x"], ["y"], attrs)], (4, 2))

@@ -279,3 +279,14 @@ def test_transposed_conv_in_tract_is_within_one_step(tmp_path: Path) -> None:
     target = NnefTarget()
     artifact = export(qgraph, tmp_path / "artifact", target)
     assert steps_apart(qgraph, run_quantized(qgraph, x[300:]), target.run(artifact, x[300:], tmp_path)) <= 1.0
+
+
+def test_prelu_in_tract_is_within_one_step(tmp_path: Path) -> None:
+    from test_onnx_target import prelu_net
+
+    x = digits_inputs()
+    qgraph = lower(prelu_net(), x[:300], "per_tensor", TRACT)
+    assert qgraph.layers[-1].op == "prelu"
+    target = NnefTarget()
+    artifact = export(qgraph, tmp_path / "artifact", target)
+    assert steps_apart(qgraph, run_quantized(qgraph, x[300:]), target.run(artifact, x[300:], tmp_path)) <= 1.0

@@ -307,6 +307,27 @@ def upsampling_net(groups: int = 2) -> Graph:
                  {name: np.asarray(value, np.float32) for name, value in constants.items()})
 
 
+def prelu_net() -> Graph:
+    """A conv, then a prelu with one slope per channel: positive, negative, zero and above one."""
+    rng = np.random.default_rng(10)
+    return Graph([TensorSpec("x", (None, 64))], ["y"], [
+        Node("image", "reshape", ["x"], ["image"], {"shape": [0, 1, 8, 8]}),
+        Node("conv", "conv", ["image", "w"], ["c"], {"pads": [1, 1, 1, 1]}),
+        Node("act", "prelu", ["c", "slope"], ["y"], {})],
+        {"w": rng.normal(0, 0.5, (4, 1, 3, 3)).astype(np.float32),
+         "slope": np.array([0.25, -0.5, 0.0, 1.5], np.float32).reshape(4, 1, 1)})
+
+
+def test_prelu_exports_as_qdq_within_one_step(tmp_path: Path) -> None:
+    qgraph = lower(prelu_net())
+    assert qgraph.layers[-1].op == "prelu"
+    target = OnnxTarget()
+    artifact = export(qgraph, tmp_path / "artifact", target)
+    x = DATA["x_test"][:50]
+    steps = np.abs(target.run(artifact, x, tmp_path) - run_quantized(qgraph, x)) / qgraph.output_params.scale
+    assert steps.max() <= 1 + 1e-6
+
+
 @pytest.mark.parametrize("groups,granularity", [(1, "per_channel"), (2, "per_channel"), (2, "per_tensor")])
 def test_transposed_conv_exports_as_qdq_within_one_step(tmp_path: Path, groups: int, granularity: str) -> None:
     graph = upsampling_net(groups)

@@ -214,7 +214,6 @@ FLOAT_ONLY: dict[str, str] = {
     "group_norm": "it divides by a standard deviation computed from each sample",
     "lrn": "it divides by a power of a window sum of squares",
     "log_softmax": "it takes the log of a sum of exponentials",
-    "prelu": "dabuild has no per-channel integer slope yet",
 }
 
 

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from dabuild.errors import BuildError
-from dabuild.quant.layers.elementwise import QAdd, QClamp, QLookup, QMul
+from dabuild.quant.layers.elementwise import QAdd, QClamp, QLookup, QMul, QPrelu
 from dabuild.quant.layers.fallback import QFloat
 from dabuild.quant.layers.linear import QConv, QConvTranspose, QDense, QWeighted, transposed_layout
 from dabuild.quant.layers.matmul import QMatMul
@@ -147,6 +147,17 @@ def _conv_transpose(e: Emitter, layer: QConvTranspose, quantized_kernels: bool) 
     value = emit_float(e, "conv_transpose", inputs, attrs, [shape(e, layer.inputs[0]), weight.shape, bias.shape],
                        f"{layer.outputs[0]}_float", f"layer {layer.name!r}")[0]
     _finish(e, layer, value, layer.output_min, layer.output_max)
+
+
+@exports("prelu")
+def _prelu(e: Emitter, layer: QPrelu, quantized_kernels: bool) -> None:
+    """Fake-quant float prelu with the slopes the layer's multipliers stand for."""
+    source, target = e.params(layer.inputs[0]), e.params(layer.outputs[0])
+    magnitude = layer.negative_multiplier.astype(np.float64) / 2.0 ** layer.negative_shift.astype(np.float64)
+    slope = (layer.sign * magnitude * target.scale / source.scale).astype(np.float32)
+    names = [e.real(layer.inputs[0]), e.variable(f"{layer.name}_slope", slope)]
+    _finish(e, layer, emit_float(e, "prelu", names, {}, [shape(e, layer.inputs[0]), slope.shape],
+                                 f"{layer.outputs[0]}_float", f"layer {layer.name!r}")[0])
 
 
 @exports("relu", "clamp")

@@ -238,6 +238,16 @@ def _binary(w: QdqWriter, layer: Any) -> None:
     w.node(layer.op, layer, [w.read(name) for name in layer.inputs], {})
 
 
+@writes("prelu")
+def _prelu(w: QdqWriter, layer: Any) -> None:
+    """The float prelu with the real slopes (sign times |slope|, from the layer's own multipliers' source)."""
+    source, target = layer.params(w.qgraph), layer.output_params(w.qgraph)
+    magnitude = layer.negative_multiplier.astype(np.float64) / 2.0 ** layer.negative_shift.astype(np.float64)
+    slope = (layer.sign * magnitude * target.scale / source.scale).astype(np.float32)
+    slope_name = w.emitter.initializer(w.emitter.fresh(f"{layer.name}/slope"), slope)
+    w.node("prelu", layer, [w.read(layer.inputs[0]), slope_name], {})
+
+
 @writes("where")
 def _where(w: QdqWriter, layer: Any) -> None:
     condition = w.emitter.initializer(w.emitter.fresh(f"{layer.name}/condition"), layer.condition)
