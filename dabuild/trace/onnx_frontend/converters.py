@@ -163,43 +163,27 @@ def clip(ctx: Conversion, node: OnnxNode) -> None:
     ctx.emit(node, "clip", node.inputs[:1], attrs, node.outputs)
 
 
-@converts("Softmax")
+_SOFTMAXES = {"Softmax": "softmax", "LogSoftmax": "log_softmax"}
+
+
+@converts(*_SOFTMAXES)
 def softmax(ctx: Conversion, node: OnnxNode) -> None:
-    """Before opset 13, Softmax flattens to 2-D around `axis` (default 1) and normalises each row."""
-    x = node.inputs[0]
+    """Before opset 13, (Log)Softmax flattens to 2-D around `axis` (default 1) and normalises each row."""
+    op, x = _SOFTMAXES[node.op_type], node.inputs[0]
     shape = ctx.shape(x)
     if ctx.opset >= 13:
-        ctx.emit(node, "softmax", [x], {"axis": _axis(node.attrs.get("axis", -1), len(shape))}, node.outputs)
+        ctx.emit(node, op, [x], {"axis": _axis(node.attrs.get("axis", -1), len(shape))}, node.outputs)
         return
     axis = _axis(node.attrs.get("axis", 1), len(shape))
     if axis == len(shape) - 1:
-        ctx.emit(node, "softmax", [x], {"axis": axis}, node.outputs)
+        ctx.emit(node, op, [x], {"axis": axis}, node.outputs)
         return
     if shape.count(None) > 1:
-        raise Unsupported(f"opset {ctx.opset} Softmax over {shape}: more than one dynamic axis")
+        raise Unsupported(f"opset {ctx.opset} {node.op_type} over {shape}: more than one dynamic axis")
     (rows,) = ctx.emit(node, "flatten", [x], {"axis": axis})
-    (normalised,) = ctx.emit(node, "softmax", [rows], {"axis": 1})
+    (normalised,) = ctx.emit(node, op, [rows], {"axis": 1})
     back = [-1 if size is None else size for size in shape]
     ctx.emit(node, "reshape", [normalised], {"shape": back}, node.outputs)
-
-
-@converts("LogSoftmax")
-def log_softmax(ctx: Conversion, node: OnnxNode) -> None:
-    """As Softmax: before opset 13 it normalises the 2-D flattening around `axis`."""
-    x = node.inputs[0]
-    shape = ctx.shape(x)
-    if ctx.opset >= 13:
-        ctx.emit(node, "log_softmax", [x], {"axis": _axis(node.attrs.get("axis", -1), len(shape))}, node.outputs)
-        return
-    axis = _axis(node.attrs.get("axis", 1), len(shape))
-    if axis == len(shape) - 1:
-        ctx.emit(node, "log_softmax", [x], {"axis": axis}, node.outputs)
-        return
-    if shape.count(None) > 1:
-        raise Unsupported(f"opset {ctx.opset} LogSoftmax over {shape}: more than one dynamic axis")
-    (rows,) = ctx.emit(node, "flatten", [x], {"axis": axis})
-    (normalised,) = ctx.emit(node, "log_softmax", [rows], {"axis": 1})
-    ctx.emit(node, "reshape", [normalised], {"shape": [-1 if size is None else size for size in shape]}, node.outputs)
 
 
 # ---------------------------------------------------------------- normalisation
