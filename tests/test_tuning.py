@@ -279,12 +279,13 @@ def test_timeout_stops_the_search_and_keeps_the_best_so_far(digits_stages: tuple
                                                             tmp_path: Path) -> None:
     import shutil
 
-    # a metric no config can meet: each call scores lower than the float baseline, scored first
+    # a metric no config can meet: each call scores lower than the float baseline, scored first, and takes
+    # 20 ms, so 1000 trials need 20 s and only the 3 s clock can stop the search, however fast the machine
     folder = tmp_path / "digits"
     shutil.copytree(REPO / "recipes" / "digits", folder)
     (folder / "declining.py").write_text(
-        "import itertools\n_calls = itertools.count()\n\n\ndef score(outputs, labels):\n"
-        "    return -float(next(_calls))\n")
+        "import itertools\nimport time\n_calls = itertools.count()\n\n\ndef score(outputs, labels):\n"
+        "    time.sleep(0.02)\n    return -float(next(_calls))\n")
     recipe_file = folder / "recipe.yaml"
     recipe_file.write_text(recipe_file.read_text().replace("metric: accuracy", "metric: declining.py:score"))
     recipe = digits_recipe(folder, strategy="exhaustive", accuracy=STRICT, max_trials=1000, timeout=3,
