@@ -224,7 +224,7 @@ def test_digits_recipe_builds_and_checks_an_nnef_target(digits: Path, tmp_path: 
     assert check["ok"] and check["tolerance"] == "approximate" and check["mismatches"] == 0
 
 
-NEW_FLOAT_OPS = ("elu", "selu", "softplus", "softsign", "abs", "neg", "exp", "log", "sqrt", "reciprocal", "pow", "erf",
+NEW_FLOAT_OPS = ("slice", "elu", "selu", "softplus", "softsign", "abs", "neg", "exp", "log", "sqrt", "reciprocal", "pow", "erf",
                  "log_softmax", "min", "prelu", "instance_norm", "layer_norm", "group_norm", "lrn", "conv_transpose",
                  "conv3d", "max_pool3d", "resize", "gather", "tile", "expand")
 

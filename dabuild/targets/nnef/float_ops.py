@@ -236,15 +236,25 @@ def _squeeze(e: Emitter, op: str, inputs: list[str], attrs: dict[str, Any], shap
 
 @emits("slice")
 def _slice(e: Emitter, op: str, inputs: list[str], attrs: dict[str, Any], shapes: list[Shape], base: str) -> list[str]:
-    """ONNX-style bounds, resolved against the known per-sample shape into NNEF's begin/end/stride."""
+    """ONNX-style bounds, resolved against the known per-sample shape into NNEF's begin/end/stride; an axis
+    walked backwards (a flip) is a gather of the indices the IR op picks."""
     axes, begins, ends, strides = [], [], [], []
+    value = inputs[0]
     for axis, start, end, step in OPS["slice"].plan(len(shapes[0]), attrs):
-        if axis == 0 or step < 1:
-            raise BuildError(f"nnef export: {base} slices the batch axis or with a negative step")
+        if axis == 0:
+            raise BuildError(f"nnef export: {base} slices the batch axis")
         size = int(shapes[0][axis])  # type: ignore[arg-type]
+        if step < 0:
+            picked = OPS["slice"].run([np.arange(size)[None]], {"starts": [start], "ends": [end], "axes": [1],
+                                                                 "steps": [step]})[0][0]
+            value = e.call(f"{base}_reversed{axis}", "tract_core_gather", value,
+                           e.variable(f"{base}_indices{axis}", picked.astype(np.int64)), axis=str(axis))
+            continue
         start, end = (min(max(v + size if v < 0 else v, 0), size) for v in (start, end))
         axes.append(axis), begins.append(start), ends.append(max(end, start)), strides.append(step)
-    return [e.call(base, "slice", inputs[0], axes=integers(axes), begin=integers(begins), end=integers(ends),
+    if not axes:
+        return [value]
+    return [e.call(base, "slice", value, axes=integers(axes), begin=integers(begins), end=integers(ends),
                    stride=integers(strides))]
 
 
