@@ -151,6 +151,15 @@ CASES: dict[str, tuple[list[Node], tuple[int, ...], dict[str, np.ndarray], str, 
     "resize nearest": ([conv_node("c", "x", "a"), Node("r", "resize", ["a"], ["y"], {
         "sizes": [1, 4, 7, 10], "scales": [1, 1, 7 / 3, 2], "coordinate_transformation_mode": "half_pixel"})],
         (3, 3, 5), {"c_w": weights(4, 3, 1, 1), "c_b": weights(4)}, "per_tensor", {"indexed"}),
+    "resize linear two axes": ([conv_node("c", "x", "a"), Node("r", "resize", ["a"], ["y"], {
+        "sizes": [1, 4, 7, 10], "scales": [1, 1, 7 / 3, 2], "mode": "linear"})],
+        (3, 3, 5), {"c_w": weights(4, 3, 1, 1), "c_b": weights(4)}, "per_tensor", {"resize_linear"}),
+    "resize linear last axis align corners": ([Node("r", "resize", ["x"], ["y"], {
+        "sizes": [1, 3, 11], "scales": [1, 1, 11 / 4], "mode": "linear",
+        "coordinate_transformation_mode": "align_corners"})], (3, 4), {}, "per_tensor", {"resize_linear"}),
+    "resize linear rows only": ([Node("r", "resize", ["x"], ["y"], {
+        "sizes": [1, 2, 6, 3], "scales": [1, 1, 2, 1], "mode": "linear"})], (2, 3, 3), {}, "per_tensor",
+        {"resize_linear"}),
     "max min of feature maps": ([conv_node("c", "x", "a"), conv_node("d", "x", "b", pads=[1, 1, 1, 1]),
                                  Node("big", "max", ["a", "b"], ["m"], {}), Node("small", "min", ["m", "x"], ["y"], {})],
                                 (3, 5, 5), {"c_w": weights(3, 3, 1, 1), "c_b": weights(3), "d_w": weights(3, 3, 3, 3),

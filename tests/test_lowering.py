@@ -329,17 +329,27 @@ def test_where_with_a_constant_condition_picks_requantized_values() -> None:
     assert error_in_steps(graph, qgraph, x) <= 1.0
 
 
-@pytest.mark.parametrize("op,attrs", [("layer_norm", {}), ("lrn", {"size": 3}), ("log_softmax", {}),
-                                      ("resize", {"sizes": [1, 4, 4], "scales": [1, 1, 2], "mode": "linear"})])
+@pytest.mark.parametrize("mode", ["half_pixel", "align_corners"])
+def test_linear_resize_is_one_exact_sum_in_fixed_point(mode: str) -> None:
+    attrs = {"sizes": [1, 3, 7, 9], "scales": [1, 1, 7 / 4, 9 / 5], "mode": "linear",
+             "coordinate_transformation_mode": mode}
+    constants = {"w": RNG.normal(0, 0.5, (3, 3, 1, 1))}
+    graph = graph_of([Node("c", "conv", ["x", "w"], ["a"], {}), Node("up", "resize", ["a"], ["y"], attrs)],
+                     (3, 4, 5), constants)
+    x = image(100, (3, 4, 5))
+    qgraph = lower(graph, x)
+    assert qgraph.layers[-1].op == "resize_linear"
+    assert error_in_steps(graph, qgraph, x) <= 1.0
+
+
+@pytest.mark.parametrize("op,attrs", [("layer_norm", {}), ("lrn", {"size": 3}), ("log_softmax", {})])
 def test_float_only_ops_are_refused_saying_they_must_run_in_float(op: str, attrs: dict[str, object]) -> None:
     graph = graph_of([Node("norm", op, ["x"], ["y"], attrs)], (4, 2))
     stats = calibrate(graph, [{"x": image(10, (4, 2))}], Progress.silent())
     with pytest.raises(BuildError, match=rf"node 'norm'.*{op}.* must run in float .*float island"):
-        quantize(graph, stats, default_config(graph, C_CAPABILITY) if op == "resize" else
-                 QuantConfig({"norm": NodeConfig(weight=None, activation=INT8_ACTIVATION)}))
-    if op != "resize":
-        with pytest.raises(BuildError, match=rf"node 'norm': op '{op}' must run in float"):
-            default_config(graph, C_CAPABILITY)
+        quantize(graph, stats, QuantConfig({"norm": NodeConfig(weight=None, activation=INT8_ACTIVATION)}))
+    with pytest.raises(BuildError, match=rf"node 'norm': op '{op}' must run in float"):
+        default_config(graph, C_CAPABILITY)
 
 
 @pytest.mark.parametrize("shape,axis", [((10,), -1), ((3, 6), 1)])

@@ -267,7 +267,9 @@ def new_ops_net() -> Graph:
         Node("turn", "transpose", ["r"], ["rt"], {"perm": [0, 2, 1]}),
         Node("scores", "matmul", ["r", "rt"], ["sc"], {}),
         Node("level", "reduce_mean", ["r"], ["lv"], {"axes": [2], "keepdims": True}),
-        Node("spread", "expand", ["lv"], ["e"], {"shape": [1, 4, 4]}),
+        Node("smooth", "resize", ["lv"], ["ls"], {"sizes": [1, 4, 3], "scales": [1, 1, 3], "mode": "linear"}),
+        Node("back", "reduce_mean", ["ls"], ["lb"], {"axes": [2], "keepdims": True}),
+        Node("spread", "expand", ["lb"], ["e"], {"shape": [1, 4, 4]}),
         Node("sum", "add", ["sc", "e"], ["z"], {}),
         Node("flat", "flatten", ["z"], ["f"], {}),
         Node("head", "dense", ["f", "w3"], ["y"], {}),
@@ -278,7 +280,7 @@ def new_ops_net() -> Graph:
 
 def test_new_integer_layers_export_as_qdq_within_one_step(tmp_path: Path) -> None:
     qgraph = lower(new_ops_net())
-    assert {"lookup", "resize", "gather", "max", "tile", "min", "where", "matmul", "expand"} <= \
+    assert {"lookup", "resize", "resize_linear", "gather", "max", "tile", "min", "where", "matmul", "expand"} <= \
         {layer.op for layer in qgraph.layers}
     target = OnnxTarget()
     artifact = export(qgraph, tmp_path / "artifact", target)

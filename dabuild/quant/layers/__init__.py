@@ -7,6 +7,7 @@ from dabuild.quant.layers import (  # noqa: F401  (they register)
     linear,
     matmul,
     pool,
+    resize,
     select,
     shape,
     softmax,

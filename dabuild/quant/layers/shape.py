@@ -23,6 +23,7 @@ import numpy as np
 from dabuild.errors import BuildError
 from dabuild.ir.ops import OPS
 from dabuild.quant.fixed_point import quantize_multiplier, requantize
+from dabuild.quant.layers.resize import lower_linear_resize
 from dabuild.quant.lowering import Lowering, lowers
 from dabuild.quant.qgraph import LAYER_TYPES, QGraph, QLayer, Trace, layer_type
 
@@ -55,8 +56,7 @@ def lower_selection(ctx: Lowering) -> list[QLayer]:
     if node.op == "reduce_max" and 0 in OPS[node.op].axes(ctx.rank(node.inputs[0]), attrs):
         raise BuildError(f"{ctx.where}: integer lowering does not reduce over the batch axis 0")
     if node.op == "resize" and attrs["mode"] != "nearest":
-        raise BuildError(f"{ctx.where}: {attrs['mode']} resize interpolates between values, which has no exact "
-                         "integer form in dabuild; it must run in float (an fp32 node, a float island)")
+        return lower_linear_resize(ctx)
     if (node.op in ("gather", "tile") and not OPS[node.op].samplewise(attrs)) or (
             node.op == "expand" and len(attrs["shape"]) > ctx.rank(node.inputs[0])):
         raise BuildError(f"{ctx.where}: integer lowering does not move values across the batch axis 0")

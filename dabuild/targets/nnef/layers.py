@@ -35,6 +35,7 @@ from dabuild.quant.layers.fallback import QFloat
 from dabuild.quant.layers.linear import QConv, QConvTranspose, QDense, QWeighted, transposed_layout
 from dabuild.quant.layers.matmul import QMatMul
 from dabuild.quant.layers.pool import QAvgPool, QMean
+from dabuild.quant.layers.resize import QResizeLinear
 from dabuild.quant.layers.select import QPick, QWhere
 from dabuild.quant.layers.shape import SELECTION_OPS, QConcat, QSelection
 from dabuild.quant.layers.softmax import QSoftmax
@@ -193,9 +194,10 @@ def _where(e: Emitter, layer: QWhere, quantized_kernels: bool) -> None:
                                  f"layer {layer.name!r}")[0])
 
 
-@exports("avg_pool")
-def _avg_pool(e: Emitter, layer: QAvgPool, quantized_kernels: bool) -> None:
-    _finish(e, layer, _float_op(e, layer, "avg_pool", layer.op_attrs))
+@exports("avg_pool", "resize_linear")
+def _avg_pool(e: Emitter, layer: QAvgPool | QResizeLinear, quantized_kernels: bool) -> None:
+    """Layers that keep their float op's attributes: that op, fake-quantized."""
+    _finish(e, layer, _float_op(e, layer, "resize" if layer.op == "resize_linear" else "avg_pool", layer.op_attrs))
 
 
 @exports("mean")

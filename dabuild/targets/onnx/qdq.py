@@ -254,9 +254,11 @@ def _where(w: QdqWriter, layer: Any) -> None:
     w.node("where", layer, [condition, *(w.read(name) for name in layer.inputs)], {})
 
 
-@writes("avg_pool")
-def _avg_pool(w: QdqWriter, layer: Any) -> None:
-    w.node("avg_pool", layer, [w.read(layer.inputs[0])], layer.op_attrs)
+@writes("avg_pool", "resize_linear")
+def _float_op_of(w: QdqWriter, layer: Any) -> None:
+    """Layers that keep their float op's attributes: that op on the dequantized input."""
+    op = {"avg_pool": "avg_pool", "resize_linear": "resize"}[layer.op]
+    w.node(op, layer, [w.read(layer.inputs[0])], layer.op_attrs)
 
 
 @writes("mean")
