@@ -161,6 +161,25 @@ def test_value_moves(op: str, attrs: dict[str, Any]) -> None:
     assert_exact(qgraph)
 
 
+@pytest.mark.parametrize("groups", [1, 2])
+def test_transposed_conv_as_a_constant_linear_map(groups: int) -> None:
+    rng = np.random.default_rng(13)
+    attrs = {"strides": [2, 2], "pads": [1, 0, 1, 1], "groups": groups, "output_padding": [1, 0]}
+    qgraph = fixed_point_graph((2, 3, 3), [("y", "conv_transpose", ["x", "w", "b"], attrs)],
+                               {"w": rng.normal(0, 0.5, (2, 4 // groups, 3, 2)), "b": rng.normal(0, 0.2, 4)},
+                               granularity="per_channel", dtypes={"y": "int6"})
+    assert_exact(qgraph)
+
+
+@pytest.mark.parametrize("mode", ["half_pixel", "align_corners"])
+def test_linear_resize_as_a_constant_linear_map(mode: str) -> None:
+    attrs = {"sizes": [1, 2, 5, 7], "scales": [1, 1, 5 / 3, 7 / 4], "mode": "linear",
+             "coordinate_transformation_mode": mode}
+    qgraph = fixed_point_graph((2, 3, 4), [("y", "resize", ["x"], attrs)])
+    assert qgraph.layers[-1].op == "resize_linear"
+    assert_exact(qgraph)
+
+
 def test_concat_requantizes_each_part() -> None:
     rng = np.random.default_rng(7)
     nodes: list[Spec] = [("a", "dense", ["x", "wa"], {}), ("b", "dense", ["x", "wb"], {}),

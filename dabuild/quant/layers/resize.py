@@ -37,14 +37,19 @@ class QResizeLinear(QLayer):
     multiplier: np.ndarray     # int32 (1,): s_x / (s_y 2**(FRACTION_BITS * len(axes)))
     shift: np.ndarray          # int32 (1,)
 
-    def run(self, inputs: list[np.ndarray], graph: QGraph, trace: Trace | None) -> list[np.ndarray]:
-        total = self.params(graph).centred(inputs[0]).astype(np.int64)
+    def interpolate(self, centred: np.ndarray) -> np.ndarray:
+        """The exact integer sums (in units of 2**-(FRACTION_BITS * axes)) of a batch of centred inputs."""
+        total = centred.astype(np.int64)
         one = 1 << FRACTION_BITS
         for axis, lower, upper, weight in zip(self.axes, self.lower, self.upper, self.weight):
             shape = [1] * total.ndim
             shape[axis] = -1
             w = np.asarray(weight, np.int64).reshape(shape)
             total = np.take(total, lower, axis=axis) * (one - w) + np.take(total, upper, axis=axis) * w
+        return total
+
+    def run(self, inputs: list[np.ndarray], graph: QGraph, trace: Trace | None) -> list[np.ndarray]:
+        total = self.interpolate(self.params(graph).centred(inputs[0]))
         target = self.output_params(graph)
         return [target.saturate(requantize(total, self.multiplier, self.shift) + target.zero_point)]
 

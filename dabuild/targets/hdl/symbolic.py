@@ -25,8 +25,10 @@ implementation of it. A conv is then one constant matrix per output position
 Mapped: dense, conv, clamp/relu, add/sub, mul, concat, the layout ops
 (gather, tile, expand and nearest resize too), pad, max_pool, reduce_max,
 avg_pool, mean (global average pooling, reduce_mean, reduce_sum), lookup
-(table activations: every elementwise function), max, min, where and the
-matmul of two activations. Refused with a BuildError: softmax
+(table activations: every elementwise function), max, min, where, the
+matmul of two activations, and transposed conv and linear resize (each an
+integer linear map of its input, its constant matrix found by the layer's own
+arithmetic on the unit vectors). Refused with a BuildError: softmax
 (its integer reference divides by the sum of the exponentials, and da4ml has
 no division by a variable) and fp32 fallback layers (the logic has no float).
 """
@@ -45,9 +47,10 @@ from dabuild.quant import layers  # noqa: F401  (registers every layer type)
 from dabuild.quant.dtypes import int_type
 from dabuild.quant.fixed_point import requantize as requantize_integers
 from dabuild.quant.layers.elementwise import QAdd, QClamp, QLookup, QMul
-from dabuild.quant.layers.linear import QConv, QDense, QWeighted
+from dabuild.quant.layers.linear import QConv, QConvTranspose, QDense, QWeighted
 from dabuild.quant.layers.matmul import QMatMul
 from dabuild.quant.layers.pool import QAvgPool, QMean
+from dabuild.quant.layers.resize import FRACTION_BITS, QResizeLinear
 from dabuild.quant.layers.select import QPick, QWhere
 from dabuild.quant.layers.shape import SELECTION_OPS, QConcat, QSelection
 from dabuild.quant.qgraph import QGraph, QLayer, QuantParams
@@ -304,6 +307,49 @@ def convert_conv(layer: QConv, graph: QGraph, inputs: list[FixedVariableArray]) 
     accumulator = np.concatenate(parts, axis=1).T.reshape(out_channels, *out_shape)
     channel_lsb = lsb.reshape(-1, *[1] * len(out_shape))
     return _finish_weighted(layer, graph, _array(accumulator, inputs[0]), channel_lsb, where)
+
+
+def _linear_map(inputs: FixedVariableArray, matrix: np.ndarray, lsb: np.ndarray, constant: np.ndarray,
+                source_scale: float, out_shape: tuple[int, ...]) -> FixedVariableArray:
+    """x @ (matrix * lsb / s_x) + constant * lsb per output element: a layer that is an integer linear map of its
+    input, its matrix found by the layer's own arithmetic on the unit vectors (exact: integers)."""
+    rows = _array(np.ravel(inputs._vars), inputs)
+    lsb, constant = np.ravel(lsb), np.ravel(constant)
+    return _affine(rows, matrix, constant, lsb, source_scale).reshape(out_shape)
+
+
+@converts("conv_transpose")
+def convert_conv_transpose(layer: QConvTranspose, graph: QGraph,
+                           inputs: list[FixedVariableArray]) -> list[FixedVariableArray]:
+    """Each output the constant combination of the inputs that reach it (zero weights cost nothing)."""
+    where = described(layer)
+    channel_lsb = _accumulator_lsb(layer, graph, where)
+    shape, out_shape = graph.tensors[layer.inputs[0]].shape, graph.tensors[layer.outputs[0]].shape
+    size = math.prod(shape)
+    matrix = layer.accumulate(np.eye(size).reshape(size, *shape)).reshape(size, -1)
+    per_channel = (-1, *[1] * (len(out_shape) - 1))
+    lsb = np.broadcast_to(channel_lsb.reshape(per_channel), out_shape)
+    bias = np.broadcast_to(layer.bias.astype(np.float64).reshape(per_channel), out_shape)
+    accumulator = _linear_map(inputs[0], matrix, lsb, bias, layer.params(graph).scale, out_shape)
+    return _finish_weighted(layer, graph, accumulator, lsb, where)
+
+
+@converts("resize_linear")
+def convert_resize_linear(layer: QResizeLinear, graph: QGraph,
+                          inputs: list[FixedVariableArray]) -> list[FixedVariableArray]:
+    """The fixed-point weights as a constant matrix, then the power-of-two requantization."""
+    where = described(layer)
+    [source_scale] = _input_scales(layer, graph, where)
+    [factor] = power_of_two_factor(layer.multiplier, layer.shift, where)
+    target = layer.output_params(graph)
+    unit = source_scale * 2.0 ** -(FRACTION_BITS * len(layer.axes))
+    _require_unit(unit / factor, target.scale, where)
+    shape, out_shape = graph.tensors[layer.inputs[0]].shape, graph.tensors[layer.outputs[0]].shape
+    size = math.prod(shape)
+    matrix = layer.interpolate(np.eye(size, dtype=np.int64).reshape(size, *shape)).reshape(size, -1)
+    lsb = np.full(out_shape, unit)
+    accumulator = _linear_map(inputs[0], matrix, lsb, np.zeros(out_shape), source_scale, out_shape)
+    return [saturate(accumulator, lsb, target, where)]
 
 
 @converts("clamp", "relu")
