@@ -16,6 +16,7 @@ from dabuild.capability import CapabilitySpec, load_capability
 from dabuild.cli import main
 from dabuild.errors import BuildError
 from dabuild.ir.graph import Graph
+from dabuild.pipeline.plan import tune_stage_of
 from dabuild.progress import Progress
 from dabuild.quant.config import default_config
 from dabuild.recipe import Recipe, load_recipe
@@ -86,7 +87,8 @@ def tune(stages: tuple[Path, Path], out: Path, recipe: Recipe, capability: Capab
     """Run the tune stage into `out`; its metrics plus the history lines."""
     out.mkdir(parents=True)
     journal = out.parent / f"{out.name}.history.jsonl"
-    tune_stage(recipe, capability, stages[0], stages[1], out, Progress.silent(), trials, jobs, keep, journal)
+    stage = tune_stage_of(recipe, capability)
+    tune_stage(stage.config, stage.files, stages[0], stages[1], out, Progress.silent(), trials, jobs, keep, journal)
     metrics = json.loads((out / "metrics.json").read_text())
     metrics["history"] = [json.loads(line) for line in journal.read_text().splitlines()] if journal.exists() else []
     metrics["evaluated"] = sum(not t["cached"] for t in metrics["history"])
@@ -351,3 +353,21 @@ def test_metric_scores_are_what_the_integer_reference_delivers(digits_stages: tu
     qgraph = QGraph.load(tmp_path / "out" / "qgraph")
     accuracy = float(np.mean(run_quantized(qgraph, data["x_test"].astype(np.float32)).argmax(1) == data["y_test"]))
     assert metrics["quantized"] == accuracy and metrics["goal_met"]
+
+
+def test_a_terminal_sees_trial_n_of_n_the_best_so_far_and_the_time_left(
+        digits_stages: tuple[Path, Path], tmp_path: Path) -> None:
+    import io
+
+    recipe = digits_recipe(max_trials=5)
+    stage = tune_stage_of(recipe, C)
+    terminal = io.StringIO()
+    out = tmp_path / "tune"
+    out.mkdir()
+    tune_stage(stage.config, stage.files, digits_stages[0], digits_stages[1], out, Progress(terminal, live=True))
+    lines = [line for line in terminal.getvalue().split("\r\x1b[K") if line.startswith("  tune: trial")]
+    assert lines[0].startswith("  tune: trial 1 of at most 5, ") and "s left" in lines[0]
+    assert any("best accuracy 0." in line for line in lines)
+    logged = io.StringIO()  # not a terminal: no progress lines in the log
+    tune_stage(stage.config, stage.files, digits_stages[0], digits_stages[1], tmp_path, Progress(logged, live=False))
+    assert "tune: trial" not in logged.getvalue()

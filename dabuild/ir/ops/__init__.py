@@ -13,6 +13,7 @@ from dabuild.ir.ops import (  # noqa: F401  (they register)
     linear,
     normalization,
     pool,
+    quant,
     reduce,
     resize,
     shape,
