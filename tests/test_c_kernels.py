@@ -196,7 +196,7 @@ def build_and_run(qgraph: QGraph, folder: Path, compiler: str = "cc") -> tuple[n
     shape = qgraph.tensors[qgraph.input].shape
     x_q = np.random.default_rng(22).integers(-128, 128, (SAMPLES, *shape)).astype(np.int8)
     actual = target.run(artifact, x_q, folder)
-    expected = np.asarray(run_integer(qgraph, x_q)).reshape(SAMPLES, -1)
+    expected = np.asarray(run_integer(qgraph, x_q))  # run keeps the reference's shape, whatever its rank
     return actual, expected, json.loads((artifact / "model.json").read_text())
 
 
@@ -211,6 +211,7 @@ def lowered(case: str) -> QGraph:
 def test_kernel_equals_the_integer_reference(case: str, tmp_path: Path) -> None:
     qgraph = lowered(case)
     actual, expected, manifest = build_and_run(qgraph, tmp_path)
+    assert actual.shape == expected.shape
     assert np.array_equal(actual, expected), f"{np.sum(actual != expected)} of {expected.size} outputs differ"
     assert len(np.unique(expected)) > 3  # the case exercises real values, not one saturated constant
     assert CASES[case][4] <= set(manifest["kernels"].values())

@@ -217,3 +217,16 @@ def test_a_corrupted_layer_is_named_as_the_first_to_diverge(tmp_path: Path) -> N
     assert report["divergence"].startswith("first diverging layer 'dw'")
     target_trace, reference_trace = np.load(bundle / "target_trace.npz"), np.load(bundle / "reference_trace.npz")
     assert np.array_equal(target_trace["h1"], reference_trace["h1"])  # the layer before still agrees
+
+
+def test_ops_without_integer_form_are_refused_after_trace_naming_target_nodes_and_op() -> None:
+    from dabuild.ir import Graph, TensorSpec
+
+    scale = np.full(4, 2.0, np.float32)
+    graph = Graph([TensorSpec("x", (None, 4))], ["z"],
+                  [Node("half", "div", ["x", "two"], ["y"]), Node("act", "relu", ["y"], ["r"]),
+                   Node("again", "div", ["r", "two"], ["z"])], {"two": scale})
+    with pytest.raises(BuildError, match=r"target 'c' cannot build this model; ops it cannot take:\n"
+                                         r"  div: no exact integer form, .*; nodes 'half', 'again'$"):
+        CTarget(CTarget.Options()).post_trace(graph)
+    CTarget(CTarget.Options()).post_trace(mlp_graph([4, 8, 3], ["relu", "none"]))  # every op lowers to layers the C kernels run

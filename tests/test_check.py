@@ -54,6 +54,12 @@ def test_super_tolerates_a_fraction_of_outliers() -> None:
     assert compare(nan, nan, "exact").ok and not compare(nan, np.array([0.0, 1.0]), "exact").ok
 
 
+def test_a_comparison_is_strict_json_even_when_errors_are_not_finite() -> None:
+    report = compare(np.array([1.0, 0.0]), np.array([np.inf, 1.0]), "approximate", scale=0.1).to_dict()
+    text = json.dumps(report, allow_nan=False)  # raises on Infinity or NaN
+    assert json.loads(text)["max_abs_err"] is None and json.loads(text)["mismatches"] == 2
+
+
 def test_check_stage_writes_a_passing_report(tmp_path: Path) -> None:
     qgraph = random_mlp()
     target = CTarget(CTarget.Options(cflags=STRICT))

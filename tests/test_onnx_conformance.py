@@ -90,6 +90,11 @@ OUT_OF_SCOPE: list[tuple[str, Callable[[Any, dict[str, np.ndarray]], bool]]] = [
         "DequantizeLinear of a run-time input (dabuild graphs take real values)",
         lambda case, feeds: any(n.op_type == "DequantizeLinear" and n.input[0] in feeds for n in _nodes(case)),
     ),
+    (
+        "float64 computation (refused: dabuild computes in float32, which would change the results)",
+        lambda case, feeds: any(value.dtype == np.float64 for value in feeds.values())
+        or any(n.op_type == "Cast" and _attr(n, "to") == onnx.TensorProto.DOUBLE for n in _nodes(case)),
+    ),
     ("MaxPool's Indices output", lambda case, feeds: any(n.op_type == "MaxPool" and len(n.output) > 1 for n in _nodes(case))),
     (
         "Resize modes cubic and tf_crop_and_resize, and antialiasing (dabuild resizes nearest and linear)",

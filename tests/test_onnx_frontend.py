@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from dabuild.errors import UsageError  # noqa: E402
 from dabuild.ir import Graph  # noqa: E402
 from dabuild.ir.interpreter import run  # noqa: E402
 from dabuild.ir.passes import optimize  # noqa: E402
+from dabuild.progress import Progress  # noqa: E402
 from dabuild.trace import trace_model  # noqa: E402
 
 NEWEST = onnx.defs.onnx_opset_version()
@@ -267,10 +269,75 @@ def test_input_shape_contradicting_the_recipe_names_the_input() -> None:
         trace_model(model, inputs={"x": (1, 64)})
 
 
-def test_opset_older_than_9_is_refused() -> None:
-    net = Net(8)
-    with pytest.raises(UsageError, match="opset 8 is outside what dabuild reads"):
-        trace_model(net.model({"x": [1, 4]}, net.op("Relu", "x")))
+def flatten_by_shape(net: Net, x: str) -> str:
+    """x.view(x.size(0), -1) as exporters write it at this opset: Shape -> Gather -> Unsqueeze -> Concat -> Reshape."""
+    batch = net.op("Gather", net.op("Shape", x), net.const(0, np.int64), axis=0)
+    target = net.op("Concat", net.ints("Unsqueeze", batch, "axes", [0], 13), net.const([-1], np.int64), axis=0)
+    return net.op("Reshape", x, target)
+
+
+@pytest.mark.parametrize("opset", [7, 8])
+def test_opsets_older_than_9_are_upgraded_once_with_a_note(opset: int) -> None:
+    net = Net(opset)
+    y = flatten_by_shape(net, net.op("Relu", net.op("Conv", "x", net.weight(4, 3, 3, 3), net.weight(4))))
+    model = net.model({"x": ["N", 3, 6, 6]}, net.op("Gemm", y, net.weight(64, 5), net.weight(5)), ["N", 5])
+    log = io.StringIO()
+    graph = optimize(trace_model(model, progress=Progress(log, live=False)))
+    assert log.getvalue().count(f"opset {opset} upgraded to 9 with onnx's version converter") == 1
+    feeds = images(np.random.default_rng(0), 2, 3, 6, 6)
+    np.testing.assert_allclose(run(graph, feeds)[graph.outputs[0]], expected(model, feeds)[0], rtol=1e-4, atol=1e-4)
+
+
+def test_folding_evaluates_under_the_models_own_opset() -> None:
+    """An opset-9 Unsqueeze of a constant keeps `axes` as an attribute; the newest schema would want an input."""
+    net = Net(9)
+    shape = net.op("Concat", net.op("Unsqueeze", net.const(2, np.int64), axes=[0]), net.const([-1], np.int64), axis=0)
+    model = net.model({"x": [2, 6]}, net.op("Reshape", "x", shape), [2, 6])
+    graph = trace_model(model)
+    assert [node.op for node in graph.nodes] == ["reshape"]
+
+
+def test_fixed_batch_of_one_is_relaxed_when_every_node_keeps_samples_apart() -> None:
+    """Exporters fold x.view(x.size(0), -1) to the constant (1, -1) when the batch is fixed: still per sample."""
+    net = Net(13)
+    y = net.op("Reshape", net.op("Relu", "x"), net.const([1, -1], np.int64))
+    model = net.model({"x": [1, 3, 2, 2]}, net.op("Softmax", y, axis=1))
+    log = io.StringIO()
+    graph = trace_model(model, progress=Progress(log, live=False))
+    assert graph.inputs[0].shape == (None, 3, 2, 2)
+    assert "relaxed to any batch" in log.getvalue()
+    feeds = images(np.random.default_rng(1), 5, 3, 2, 2)
+    want = np.concatenate([expected(model, {"x": feeds["x"][i:i + 1]})[0] for i in range(5)])
+    np.testing.assert_allclose(run(graph, feeds)[graph.outputs[0]], want, rtol=1e-5)
+
+
+def test_fixed_batch_that_cannot_be_relaxed_runs_sample_by_sample() -> None:
+    """A reduction over the batch axis mixes samples: the fixed batch stays and larger batches run one by one."""
+    net = Net(13)
+    model = net.model({"x": [1, 4]}, net.ints("ReduceSum", net.op("Relu", "x"), "axes", [0], 13, keepdims=1))
+    log = io.StringIO()
+    graph = trace_model(model, progress=Progress(log, live=False))
+    assert graph.inputs[0].shape == (1, 4)
+    assert "cannot relax it" in log.getvalue() and "sample by sample" in log.getvalue()
+    x = np.random.default_rng(2).normal(size=(3, 4)).astype(np.float32)
+    np.testing.assert_allclose(run(graph, {"x": x})[graph.outputs[0]], np.maximum(x, 0), rtol=1e-6)
+    with pytest.raises(UsageError, match="model.inputs gives 'x' a free batch \\(null\\), but the graph cannot"):
+        trace_model(model, inputs={"x": (None, 4)})
+
+
+def test_model_inputs_null_relaxes_and_a_given_size_keeps_the_files_batch() -> None:
+    net = Net(13)
+    model = net.model({"x": [1, 4]}, net.op("Relu", "x"))
+    assert trace_model(model, inputs={"x": (None, 4)}).inputs[0].shape == (None, 4)
+    assert trace_model(model, inputs={"x": (1, 4)}).inputs[0].shape == (1, 4)
+
+
+def test_an_unread_dropout_mask_does_not_block_a_dynamic_batch() -> None:
+    net = Net(13)
+    kept, _mask = net.op("Dropout", "x", outputs=2)
+    model = net.model({"x": ["N", 4]}, net.op("Relu", kept))
+    graph = trace_model(model)
+    assert graph.inputs[0].shape == (None, 4) and [node.op for node in graph.nodes] == ["identity", "relu"]
 
 
 def write_recipe(folder: Path, model_bytes: bytes, inputs: str = "") -> Path:
@@ -308,3 +375,20 @@ def test_cli_exits_2_and_leaves_no_trace_output(
     assert message in capsys.readouterr().err
     assert not (build_root / "broken-onnx" / "trace").exists()
     assert not list(cache_dir.rglob("graph.json"))  # nothing cached either
+
+
+def test_a_float64_model_is_refused_not_computed_in_float32() -> None:
+    net = Net(17)
+    net.initializers.append(numpy_helper.from_array(np.full(4, 1e30), "big"))
+    graph = helper.make_graph([helper.make_node("Mul", ["x", "big"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.DOUBLE, ["N", 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.DOUBLE, ["N", 4])], net.initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_operatorsetid("", 17)])
+    with pytest.raises(UsageError, match="input 'x' is float64: the model computes in float64"):
+        trace_model(model)
+    cast = Net(17)
+    wide = cast.op("Cast", "x", to=TensorProto.DOUBLE)
+    narrow = cast.model({"x": ["N", 4]}, cast.op("Cast", cast.op("Mul", wide, cast.const(np.full(4, 1e30), np.float64)),
+                                                 to=TensorProto.FLOAT))
+    with pytest.raises(UsageError, match="a cast of run-time tensors to float64"):
+        trace_model(narrow)

@@ -506,3 +506,9 @@ def test_inputs_that_do_not_fit_the_model() -> None:
 def test_torch_needs_input_shapes() -> None:
     with pytest.raises(UsageError, match="model.inputs"):
         trace_model(nn.Linear(2, 2))
+
+
+def test_a_float64_module_is_refused_not_computed_in_float32() -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3)).double().eval()
+    with pytest.raises(UsageError, match=r"computes in torch.float64 \(0.weight, 0.bias\); dabuild computes in float32"):
+        trace_model(model, "torch", {"x": (None, 4)})

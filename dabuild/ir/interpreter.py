@@ -93,9 +93,19 @@ class Interpreter:
         self.separate_steps = _plan(graph, {})
         self.splits = threads > 1 and _splittable(graph)
         self._pool: ThreadPoolExecutor | None = None
+        self.single = _fixed_single(graph)
 
     def run(self, feeds: dict[str, np.ndarray], keep_intermediates: bool = False) -> dict[str, np.ndarray]:
-        """The graph outputs by name; with `keep_intermediates`, every input and node output as well."""
+        """The graph outputs by name; with `keep_intermediates`, every input and node output as well.
+
+        A graph whose file fixes the batch to 1 (and whose tracer could not relax it) runs a larger batch
+        sample by sample, so calibration and evaluation take any number of samples.
+        """
+        batch = _batch_size(self.graph, feeds) if self.single else 0
+        if batch > 1:
+            parts = [self.run({name: np.asarray(array)[i:i + 1] for name, array in feeds.items()}, keep_intermediates)
+                     for i in range(batch)]
+            return {name: np.concatenate([part[name] for part in parts]) for name in parts[0]}
         arrays = validate_feeds(self.graph, feeds)
         if keep_intermediates:
             return self._run(self.separate_steps, arrays, True)
@@ -195,6 +205,22 @@ def _fusions(graph: Graph) -> dict[int, Fusion]:
                 result, then = activation.outputs[0], (activation.op, dict(activation.attrs))
         fusions[conv_at] = Fusion(residual, then, absorbed, [result])
     return fusions
+
+
+def _fixed_single(graph: Graph) -> bool:
+    """Whether every input and output fixes its batch to 1 (a file whose tracer could not relax it)."""
+    if not graph.inputs or any(not spec.shape or spec.shape[0] != 1 for spec in graph.inputs):
+        return False
+    shapes = graph.tensor_shapes()
+    return all(shapes[name].shape and shapes[name].shape[0] == 1 for name in graph.outputs)
+
+
+def _batch_size(graph: Graph, feeds: dict[str, np.ndarray]) -> int:
+    """The common leading size of the feeds (0 if they are incomplete or disagree: validate_feeds says so)."""
+    if set(feeds) != {spec.name for spec in graph.inputs}:
+        return 0
+    sizes = {len(np.asarray(array)) for array in feeds.values()}
+    return sizes.pop() if len(sizes) == 1 else 0
 
 
 def _splittable(graph: Graph) -> bool:

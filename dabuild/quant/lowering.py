@@ -10,7 +10,7 @@ steps (output params from a calibrated range, constants, shapes).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -219,6 +219,16 @@ class Lowerer:
 
     lower: LowerFunction
     roles: tuple[str, ...]
+    layers: tuple[str, ...] | None = None  # the QLayer types it may make (docs/ops.md's coverage); None = undeclared
+
+    def __call__(self, ctx: Lowering) -> list[QLayer]:
+        """The node's layers, held to the declared layer types (the coverage table relies on them)."""
+        made = self.lower(ctx)
+        undeclared = sorted({layer.op for layer in made} - set(self.layers or ())) if self.layers is not None else []
+        if undeclared:
+            raise BuildError(f"node {ctx.node.name!r}: the {ctx.node.op} lowering makes {', '.join(undeclared)} "
+                             f"layers, which it does not declare ({', '.join(self.layers or ()) or 'none'})")
+        return made
 
 
 LOWERINGS: Registry[Lowerer] = Registry("integer lowering", "dabuild's quantizer")
@@ -240,14 +250,18 @@ def float_only_message(node: str, op: str) -> str:
             "on a target whose capability allows float")
 
 
-def lowers(*ops: str, weighted: bool = False) -> Callable[[LowerFunction], LowerFunction]:
+def lowers(*ops: str, weighted: bool = False,
+           layers: tuple[str, ...] | Mapping[str, tuple[str, ...]] | None = None,
+           ) -> Callable[[LowerFunction], LowerFunction]:
     """Register a function as the integer lowering of the float ops `ops`; `weighted` ops (input 1 a
-    constant weight) quantize a weight as well as their output."""
+    constant weight) quantize a weight as well as their output. `layers` names the QLayer types it makes
+    (for all ops, or per op): the targets' columns of the coverage table follow from it."""
     roles = ("weight", "activation") if weighted else ("activation",)
 
     def register(function: LowerFunction) -> LowerFunction:
         for op in ops:
-            LOWERINGS.add(op, Lowerer(function, roles))
+            made = layers.get(op, ()) if isinstance(layers, Mapping) else layers
+            LOWERINGS.add(op, Lowerer(function, roles, None if made is None else tuple(made)))
         return function
     return register
 

@@ -64,7 +64,7 @@ def quantize(graph: Graph, stats: Stats, config: QuantConfig, bias_correction: b
     layers: list[QLayer] = []
     for node in graph.nodes:
         ctx.node, ctx.config = node, config.nodes[node.name]
-        layers.extend(lower_fp32(ctx) if ctx.config.fp32 else LOWERINGS[node.op].lower(ctx))
+        layers.extend(lower_fp32(ctx) if ctx.config.fp32 else LOWERINGS[node.op](ctx))
     return _renamed(QGraph(spec.name, graph.outputs[0], ctx.tensors, layers, ctx.constants), ctx.renames)
 
 

@@ -22,11 +22,13 @@ which side of quantization the artifact's `run` faces:
 from __future__ import annotations
 
 from pathlib import Path
+from collections.abc import Collection
 from typing import Any, ClassVar
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
+from dabuild.errors import BuildError
 from dabuild.quant.qgraph import QGraph
 
 
@@ -99,3 +101,30 @@ class Target:
         The script runs in the parent of `artifact_dir`, so it names the artifact by its folder name.
         """
         raise NotImplementedError(f"target {self.kind!r} does not describe how to rerun its artifact")
+
+
+def refuse_ops_without_integers(graph: Any, target: str, layer_types: Collection[str]) -> None:
+    """BuildError, before any stage after trace runs, listing every node an integer-only target cannot take.
+
+    A node needs an integer lowering (the target runs no float) whose layer types the target writes; the
+    message names the target and, per op, every node using it, so one run tells the user all of it.
+    """
+    from dabuild.quant import layers  # noqa: F401  (registers every lowering)
+    from dabuild.quant.lowering import LOWERINGS
+
+    refused: dict[tuple[str, str], list[str]] = {}
+    for node in graph.nodes:
+        lowerer = LOWERINGS.get(node.op)
+        if lowerer is None:
+            why = "no exact integer form, and this target runs no float islands"
+        else:
+            missing = sorted(set(lowerer.layers or ()) - set(layer_types))
+            if not missing:
+                continue
+            why = f"its integer layers ({', '.join(missing)}) have no kernel here"
+        refused.setdefault((node.op, why), []).append(node.name)
+    if refused:
+        lines = [f"  {op}: {why}; node{'s' if len(names) > 1 else ''} {', '.join(map(repr, names))}"
+                 for (op, why), names in refused.items()]
+        raise BuildError(f"target {target!r} cannot build this model; ops it cannot take:\n" + "\n".join(lines))
+

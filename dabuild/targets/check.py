@@ -46,7 +46,7 @@ TRACE_SAMPLES = 64  # samples traced layer by layer, from the first one that fai
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
-    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    path.write_text(json.dumps(data, indent=2, sort_keys=True, allow_nan=False) + "\n")  # strict JSON
 
 
 def _versions(target: Target) -> dict[str, str]:

@@ -42,10 +42,15 @@ class Comparison:
     first_mismatch: tuple[int, ...] | None   # index of the first such element, C order
 
     def to_dict(self) -> dict[str, object]:
-        return {"level": self.level, "ok": self.ok, "max_abs_err": self.max_abs_err,
-                "max_rel_err": self.max_rel_err, "mismatches": self.mismatches,
+        """As strict JSON takes it: an error that is not finite (inf, nan) is null."""
+        return {"level": self.level, "ok": self.ok, "max_abs_err": _finite(self.max_abs_err),
+                "max_rel_err": _finite(self.max_rel_err), "mismatches": self.mismatches,
                 "outlier_fraction": self.outlier_fraction,
                 "first_mismatch": list(self.first_mismatch) if self.first_mismatch is not None else None}
+
+
+def _finite(value: float) -> float | None:
+    return value if np.isfinite(value) else None
 
 
 def compare(expected: np.ndarray, actual: np.ndarray, level: str, scale: float | None = None) -> Comparison:

@@ -331,6 +331,11 @@ class Softmax(Op):
     defaults = {"axis": -1}
     rule = "same shape as x"
 
+    def samplewise(self, attrs: dict[str, Any]) -> bool:
+        """Normalising along any axis but the batch."""
+        attrs = self.resolve(attrs)
+        return attrs["axis"] != 0
+
     def shape_rule(self, inputs: list[TensorSpec], attrs: dict[str, Any]) -> list[OutputSpec]:
         normalize_axis(attrs["axis"], len(inputs[0].shape), "softmax")
         return [(tuple(inputs[0].shape), inputs[0].dtype)]

@@ -48,6 +48,7 @@ class MatMul(Op):
     """numpy.matmul: 1-D operands are promoted and the promoted axis dropped again."""
 
     name = "matmul"
+    per_sample = True  # over batch-first operands: a stack of matrices per sample, or rows times a constant
     arity = (2, 2)
     signature = "a, b"
     rule = "numpy.matmul: (..., m, k) @ (..., k, n) -> (broadcast ..., m, n)"

@@ -19,6 +19,11 @@ class Reduce(Op):
     rule = "listed axes (None = all) become 1, or vanish without keepdims"
     reducer: ClassVar[Any]
 
+    def samplewise(self, attrs: dict[str, Any]) -> bool:
+        """Reducing listed axes other than the batch."""
+        attrs = self.resolve(attrs)
+        return bool(attrs["axes"]) and 0 not in attrs["axes"]
+
     def axes(self, rank: int, attrs: dict[str, Any]) -> tuple[int, ...]:
         if not attrs["axes"]:
             return tuple(range(rank))

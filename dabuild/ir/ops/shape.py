@@ -37,6 +37,11 @@ class Reshape(Op):
     defaults = {"shape": REQUIRED}
     rule = "shape, with 0 = the input's size at that axis and one -1 inferred"
 
+    def samplewise(self, attrs: dict[str, Any]) -> bool:
+        """A reshape that copies the batch size (0 first) keeps each sample's elements to itself."""
+        attrs = self.resolve(attrs)
+        return attrs["shape"][0] == 0
+
     def shape_rule(self, inputs: list[TensorSpec], attrs: dict[str, Any]) -> list[OutputSpec]:
         source = tuple(inputs[0].shape)
         target = list(attrs["shape"])
@@ -98,6 +103,11 @@ class Transpose(Op):
     defaults = {"perm": None}
     rule = "shape[perm]; perm None = reversed axes"
 
+    def samplewise(self, attrs: dict[str, Any]) -> bool:
+        """The batch axis must stay first."""
+        attrs = self.resolve(attrs)
+        return attrs["perm"] is not None and attrs["perm"][0] == 0
+
     def shape_rule(self, inputs: list[TensorSpec], attrs: dict[str, Any]) -> list[OutputSpec]:
         shape = tuple(inputs[0].shape)
         perm = attrs["perm"]
@@ -118,6 +128,11 @@ class Concat(Op):
     defaults = {"axis": REQUIRED}
     signature = "x1, ..., xn"
     rule = "inputs joined along axis; other axes equal"
+
+    def samplewise(self, attrs: dict[str, Any]) -> bool:
+        """Joining along any axis but the batch (a negative axis counts from the end, never the batch)."""
+        attrs = self.resolve(attrs)
+        return attrs["axis"] != 0
 
     def shape_rule(self, inputs: list[TensorSpec], attrs: dict[str, Any]) -> list[OutputSpec]:
         shapes = [tuple(spec.shape) for spec in inputs]
@@ -141,6 +156,11 @@ class Split(Op):
     name = "split"
     defaults = {"axis": 0, "sizes": REQUIRED}
     rule = "one output per entry of sizes, each that long along axis"
+
+    def samplewise(self, attrs: dict[str, Any]) -> bool:
+        """Splitting along any axis but the batch."""
+        attrs = self.resolve(attrs)
+        return attrs["axis"] != 0
 
     def shape_rule(self, inputs: list[TensorSpec], attrs: dict[str, Any]) -> list[OutputSpec]:
         shape = tuple(inputs[0].shape)
@@ -173,6 +193,11 @@ class Slice(Op):
     name = "slice"
     defaults = {"starts": REQUIRED, "ends": REQUIRED, "axes": None, "steps": None}
     rule = "per axis: len(range(start, end, step)) after ONNX clamping"
+
+    def samplewise(self, attrs: dict[str, Any]) -> bool:
+        """Slicing only axes listed explicitly, none of them the batch (no axes means the first ones)."""
+        attrs = self.resolve(attrs)
+        return attrs["axes"] is not None and 0 not in attrs["axes"]
 
     def plan(self, rank: int, attrs: dict[str, Any]) -> list[tuple[int, int, int, int]]:
         """(axis, start, end, step) per sliced axis."""
@@ -208,6 +233,11 @@ class Pad(Op):
     rule = "each axis grows by its begin and end pads; mode constant, reflect or edge"
     modes = ("constant", "reflect", "edge")
 
+    def samplewise(self, attrs: dict[str, Any]) -> bool:
+        """No padding of the batch axis."""
+        attrs = self.resolve(attrs)
+        return attrs["pads"][0] == 0 and attrs["pads"][len(attrs["pads"]) // 2] == 0
+
     def shape_rule(self, inputs: list[TensorSpec], attrs: dict[str, Any]) -> list[OutputSpec]:
         shape, pads = tuple(inputs[0].shape), attrs["pads"]
         rank = len(shape)
@@ -236,6 +266,11 @@ class Squeeze(Op):
     defaults = {"axes": None}
     rule = "shape without the listed size-1 axes (None = every size-1 axis)"
 
+    def samplewise(self, attrs: dict[str, Any]) -> bool:
+        """Squeezing listed axes other than the batch."""
+        attrs = self.resolve(attrs)
+        return attrs["axes"] is not None and 0 not in attrs["axes"]
+
     def axes(self, shape: tuple[int | None, ...], attrs: dict[str, Any]) -> tuple[int, ...]:
         if attrs["axes"] is None:
             return tuple(a for a, d in enumerate(shape) if d == 1)
@@ -258,6 +293,11 @@ class Unsqueeze(Op):
     name = "unsqueeze"
     defaults = {"axes": REQUIRED}
     rule = "size-1 axes inserted at the listed positions of the output"
+
+    def samplewise(self, attrs: dict[str, Any]) -> bool:
+        """Inserting axes after the batch."""
+        attrs = self.resolve(attrs)
+        return 0 not in attrs["axes"]
 
     def shape_rule(self, inputs: list[TensorSpec], attrs: dict[str, Any]) -> list[OutputSpec]:
         shape = list(inputs[0].shape)

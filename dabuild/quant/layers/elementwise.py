@@ -72,7 +72,7 @@ def lookup_layer(ctx: Lowering, name: str, source: str, output: str, op: str, at
     return QLookup(name=name, inputs=[source], outputs=[output], function=op, table=table)
 
 
-@lowers("relu", "relu6", "clip")
+@lowers("relu", "relu6", "clip", layers={"relu": ("relu",), "relu6": ("clamp",), "clip": ("clamp",)})
 def lower_clamp(ctx: Lowering) -> list[QLayer]:
     node = ctx.node
     source = ctx.params(node.inputs[0])
@@ -82,7 +82,7 @@ def lower_clamp(ctx: Lowering) -> list[QLayer]:
     return [layer_class(name=node.name, inputs=list(node.inputs), outputs=list(node.outputs), low=low, high=high)]
 
 
-@lowers(*(op for op in OPS if is_table_activation(op)))
+@lowers(*(op for op in OPS if is_table_activation(op)), layers=("lookup",))
 def lower_table(ctx: Lowering) -> list[QLayer]:
     node = ctx.node
     return [lookup_layer(ctx, node.name, node.inputs[0], node.outputs[0], node.op, node.attrs)]
@@ -120,7 +120,7 @@ class QSub(QAdd):
     sign: ClassVar[int] = -1
 
 
-@lowers("add", "sub")
+@lowers("add", "sub", layers={"add": ("add",), "sub": ("sub",)})
 def lower_add(ctx: Lowering) -> list[QLayer]:
     node = ctx.node
     inputs = [ctx.int8_input(name) for name in node.inputs]
@@ -153,7 +153,7 @@ class QMul(QLayer):
         return [target.saturate(requantize(product, self.multiplier, self.shift) + target.zero_point)]
 
 
-@lowers("mul")
+@lowers("mul", layers=("mul",))
 def lower_mul(ctx: Lowering) -> list[QLayer]:
     node = ctx.node
     inputs = [ctx.int8_input(name) for name in node.inputs]
@@ -186,7 +186,7 @@ class QPrelu(QLayer):
         return [target.saturate(np.where(centred >= 0, positive, negative) + target.zero_point)]
 
 
-@lowers("prelu")
+@lowers("prelu", layers=("lookup", "prelu"))
 def lower_prelu(ctx: Lowering) -> list[QLayer]:
     """One slope: a table (leaky_relu with that slope, exact); a slope tensor: QPrelu's two requantizations."""
     node = ctx.node

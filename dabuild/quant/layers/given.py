@@ -17,7 +17,7 @@ from dabuild.quant.lowering import Lowering, lowers
 from dabuild.quant.qgraph import QLayer
 
 
-@lowers("fake_quant")
+@lowers("fake_quant", layers=("concat",))
 def lower_fake_quant(ctx: Lowering) -> list[QLayer]:
     node = ctx.node
     source, output = node.inputs[0], node.outputs[0]

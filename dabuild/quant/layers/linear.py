@@ -200,7 +200,7 @@ def _weight_choice(ctx: Lowering) -> QuantChoice:
     return ctx.config.weight
 
 
-@lowers("dense", weighted=True)
+@lowers("dense", weighted=True, layers=("dense", "lookup"))
 def lower_dense(ctx: Lowering) -> list[QLayer]:
     inputs = ctx.node.inputs
     weight = ctx.constant(inputs[1])
@@ -208,7 +208,7 @@ def lower_dense(ctx: Lowering) -> list[QLayer]:
     return _weighted_layers(ctx, QDense, weight, bias, _weight_choice(ctx), 1, {})
 
 
-@lowers("conv", weighted=True)
+@lowers("conv", weighted=True, layers=("conv", "lookup"))
 def lower_conv(ctx: Lowering) -> list[QLayer]:
     inputs = ctx.node.inputs
     weight = ctx.constant(inputs[1])
@@ -222,7 +222,7 @@ def lower_conv(ctx: Lowering) -> list[QLayer]:
     return _weighted_layers(ctx, QConv, weight, bias, _weight_choice(ctx), 0, geometry)
 
 
-@lowers("conv_transpose", weighted=True)
+@lowers("conv_transpose", weighted=True, layers=("conv_transpose",))
 def lower_conv_transpose(ctx: Lowering) -> list[QLayer]:
     inputs = ctx.node.inputs
     attrs = OPS["conv_transpose"].resolve(ctx.node.attrs)
@@ -237,7 +237,7 @@ def lower_conv_transpose(ctx: Lowering) -> list[QLayer]:
     return _weighted_layers(ctx, QConvTranspose, weight, bias, _weight_choice(ctx), 0, geometry)
 
 
-@lowers("batch_norm")
+@lowers("batch_norm", layers=("conv",))
 def lower_batch_norm(ctx: Lowering) -> list[QLayer]:
     """A standalone batch_norm is x * m + b per channel: a depthwise 1x1 conv whose weight m is
     quantized per channel (always: one value per channel, so each lands on +-127 exactly) and whose

@@ -35,7 +35,7 @@ class QMatMul(QLayer):
         return [target.saturate(requantize(accumulator, self.multiplier, self.shift) + target.zero_point)]
 
 
-@lowers("matmul")
+@lowers("matmul", layers=("matmul",))
 def lower_matmul(ctx: Lowering) -> list[QLayer]:
     node = ctx.node
     if any(ctx.rank(name) < 2 for name in node.inputs if not ctx.is_constant(name)):

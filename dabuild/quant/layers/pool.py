@@ -47,7 +47,7 @@ class QAvgPool(QLayer):
         return [target.saturate(requantize(total, self.multiplier[counts], self.shift[counts]) + target.zero_point)]
 
 
-@lowers("avg_pool")
+@lowers("avg_pool", layers=("avg_pool",))
 def lower_avg_pool(ctx: Lowering) -> list[QLayer]:
     node = ctx.node
     attrs = OPS["avg_pool"].resolve(node.attrs)
@@ -77,7 +77,7 @@ class QMean(QLayer):
         return [target.saturate(requantize(total, self.multiplier, self.shift) + target.zero_point)]
 
 
-@lowers("global_avg_pool", "reduce_mean", "reduce_sum")
+@lowers("global_avg_pool", "reduce_mean", "reduce_sum", layers=("mean",))
 def lower_mean(ctx: Lowering) -> list[QLayer]:
     node = ctx.node
     rank = ctx.rank(node.inputs[0])

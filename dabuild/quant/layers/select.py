@@ -65,7 +65,7 @@ class QWhere(QPick):
         return [np.where(self.condition, x, y).astype(x.dtype)]
 
 
-@lowers("max", "min", "where")
+@lowers("max", "min", "where", layers={"max": ("max",), "min": ("min",), "where": ("where",)})
 def lower_pick(ctx: Lowering) -> list[QLayer]:
     node = ctx.node
     values = node.inputs[1:] if node.op == "where" else node.inputs

@@ -46,7 +46,7 @@ for _op in SELECTION_OPS:  # one registered layer class per op, so targets key t
     layer_type(type(f"Q{_op.title().replace('_', '')}", (QSelection,), {"op": _op, "__doc__": f"int8 {_op}."}))
 
 
-@lowers(*SELECTION_OPS)
+@lowers(*SELECTION_OPS, layers={**{op: (op,) for op in SELECTION_OPS}, "resize": ("resize", "resize_linear")})
 def lower_selection(ctx: Lowering) -> list[QLayer]:
     node = ctx.node
     source = ctx.params(node.inputs[0])
@@ -85,7 +85,7 @@ class QConcat(QLayer):
         return [np.concatenate(parts, axis=self.axis)]
 
 
-@lowers("concat")
+@lowers("concat", layers=("concat",))
 def lower_concat(ctx: Lowering) -> list[QLayer]:
     node = ctx.node
     constants = [name for name in node.inputs if ctx.is_constant(name)]

@@ -44,7 +44,7 @@ class QSoftmax(QLayer):
         return [target.saturate((e * 256 + total // 2) // total + target.zero_point)]
 
 
-@lowers("softmax")
+@lowers("softmax", layers=("softmax",))
 def lower_softmax(ctx: Lowering) -> list[QLayer]:
     node = ctx.node
     source = ctx.params(node.inputs[0])

@@ -20,7 +20,7 @@ import shlex
 import shutil
 import subprocess
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 from pydantic import Field
@@ -30,7 +30,7 @@ from dabuild.errors import BuildError
 from dabuild.quant.layers.fallback import QFloat
 from dabuild.quant.qgraph import QGraph
 from dabuild.resources import data_dir
-from dabuild.targets.base import Target
+from dabuild.targets.base import Target, refuse_ops_without_integers
 from dabuild.targets.c.codegen import PROGRAM, render, trace_file
 
 MANIFEST = "model.json"
@@ -77,6 +77,12 @@ class CTarget(Target):
         path = shutil.which(self.options.compiler)
         return [Path(path)] if path else []
 
+    def post_trace(self, graph: Any) -> None:
+        """Every op the C kernels cannot run, by node, before calibration and tuning spend any time."""
+        from dabuild.targets.c.kernels import KERNELS
+
+        refuse_ops_without_integers(graph, self.kind, {key.split("/", 1)[0] for key in KERNELS.names()})
+
     def export(self, qgraph: QGraph, out_dir: Path) -> None:
         refuse_float_layers(qgraph, self.capability)
         rendered = render(qgraph)
@@ -88,6 +94,7 @@ class CTarget(Target):
             "sources": ["main.c", *rendered.library_sources],
             "input_size": qgraph.tensors[qgraph.input].size,
             "output_size": qgraph.tensors[qgraph.output].size,
+            "output_shape": list(qgraph.tensors[qgraph.output].shape),
             "arena_bytes": rendered.arena.peak_bytes,
             "arena": rendered.arena.report(),
             "kernels": rendered.kernels,
@@ -126,10 +133,13 @@ class CTarget(Target):
         return np.fromfile(outputs_file, dtype=np.int8).reshape(len(samples), manifest["output_size"])
 
     def run(self, artifact_dir: Path, inputs: np.ndarray, work_dir: Path) -> np.ndarray:
+        """The program's outputs in the reference's shape (batch, *output shape), whatever their rank."""
         artifact_dir, work_dir = Path(artifact_dir), Path(work_dir)
         program = work_dir / PROGRAM
         self._compile(artifact_dir, program)
-        return self._execute(artifact_dir, program, inputs, work_dir)
+        rows = self._execute(artifact_dir, program, inputs, work_dir)
+        shape = json.loads((artifact_dir / MANIFEST).read_text())["output_shape"]
+        return rows.reshape(len(rows), *shape)
 
     def trace(self, artifact_dir: Path, inputs: np.ndarray, work_dir: Path) -> dict[str, np.ndarray] | None:
         """Every tensor a layer writes (and the input), from the test program built with -DDABUILD_TRACE.

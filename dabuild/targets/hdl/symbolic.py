@@ -575,6 +575,7 @@ def convert_lookup(layer: QLookup, graph: QGraph, inputs: list[FixedVariableArra
 def _refuse(why: str) -> Converter:
     def refuse(layer: QLayer, graph: QGraph, inputs: list[FixedVariableArray]) -> list[FixedVariableArray]:
         raise BuildError(f"{described(layer)}: {why}; the hdl target cannot build this graph")
+    refuse.refuses = True  # type: ignore[attr-defined]  (docs/ops.md shows the op as refused, not mapped)
     return refuse
 
 

@@ -148,12 +148,24 @@ def _conv(e: Emitter, op: str, inputs: list[str], attrs: dict[str, Any], shapes:
     return [_with_activation(e, attrs, value, shapes[0], base)]
 
 
-def _window(kind: str, e: Emitter, inputs: list[str], attrs: dict[str, Any], base: str) -> str:
-    """max_pool / avg_pool over the spatial axes: NNEF windows span every axis, so N and C get size 1."""
-    if attrs["ceil_mode"]:
-        raise BuildError(f"nnef export: {base} pools with ceil_mode, which NNEF's pooling cannot express")
+def _window(kind: str, e: Emitter, inputs: list[str], attrs: dict[str, Any], shape: Shape, base: str) -> str:
+    """max_pool / avg_pool over the spatial axes: NNEF windows span every axis, so N and C get size 1.
+
+    NNEF rounds window counts down; ceil_mode's extra window comes from padding the end by the overhang,
+    which border 'ignore' leaves out of the max and the average, as ONNX does.
+    """
     kernel, strides, pads, dilations = OPS[kind].geometry(attrs)
     border = "'ignore'" if kind == "max_pool" or not attrs["count_include_pad"] else "'constant'"
+    if attrs["ceil_mode"]:
+        if border != "'ignore'":
+            raise BuildError(f"nnef export: {base} averages with count_include_pad in ceil_mode, whose overhang "
+                             "NNEF's padding would count")
+        (out, _), = OPS[kind].infer([TensorSpec("x", shape)], attrs)
+        spatial = len(kernel)
+        for axis in range(spatial):
+            reach = (out[2 + axis] - 1) * strides[axis] + dilations[axis] * (kernel[axis] - 1) + 1
+            pads = [*pads]
+            pads[spatial + axis] += max(0, reach - (shape[2 + axis] + pads[axis] + pads[spatial + axis]))
     return e.call(base, kind, inputs[0], size=integers([1, 1, *kernel]), border=border,
                   padding=padding([0, 0, *pads[:len(kernel)], 0, 0, *pads[len(kernel):]]),
                   stride=integers([1, 1, *strides]), dilation=integers([1, 1, *dilations]))
@@ -161,7 +173,7 @@ def _window(kind: str, e: Emitter, inputs: list[str], attrs: dict[str, Any], bas
 
 @emits("max_pool", "avg_pool")
 def _pool(e: Emitter, op: str, inputs: list[str], attrs: dict[str, Any], shapes: list[Shape], base: str) -> list[str]:
-    return [_window(op, e, inputs, attrs, base)]
+    return [_window(op, e, inputs, attrs, shapes[0], base)]
 
 
 _REDUCERS = {"reduce_mean": "mean_reduce", "reduce_sum": "sum_reduce", "reduce_max": "max_reduce"}

@@ -42,6 +42,9 @@ class Conversion:
         self.nodes: list[Node] = []
         self.constants: dict[str, np.ndarray] = {}
         self.quantized: set[str] = set()  # ONNX integer tensors held as their real values (quantized.py)
+        self.declared: tuple[str, ...] | None = None  # the IR ops the running converter says it emits
+        self.relaxed_batch = False  # the file fixes the batch to 1 and this conversion lets it vary
+        self.read: set[str] = set()  # tensors some node or graph output reads (others need no value)
         self._taken = set(taken_names)
 
     # ------------------------------------------------------------ reading inputs
@@ -118,6 +121,9 @@ class Conversion:
         where = f"{self.where}: node {node.label!r} ({node.kind})"
         if op not in OPS:
             raise BuildError(f"{where}: dabuild's IR has no {op!r} op (known: {', '.join(sorted(OPS))})")
+        if self.declared is not None and op not in self.declared:
+            raise BuildError(f"{where}: its converter emits {op!r}, which it does not declare in `emits` "
+                             f"({', '.join(self.declared) or 'nothing'}); docs/ops.md would be wrong")
         try:
             OPS[op].check_arity(len(specs))
             inferred = OPS[op].infer(specs, attrs)

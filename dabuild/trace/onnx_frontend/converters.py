@@ -14,7 +14,7 @@ from whichever the model's opset uses.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -32,15 +32,23 @@ if TYPE_CHECKING:
 class Converter:
     convert: Callable[[Conversion, OnnxNode], None]
     static: tuple[int, ...] = ()  # input positions that must be known when loading
+    emits: tuple[str, ...] | None = None  # the IR ops it may emit (docs/ops.md's coverage); None = undeclared
 
 
 CONVERTERS: Registry[Converter] = Registry("converter", "the onnx frontend")
 
+Emits = tuple[str, ...] | Mapping[str, tuple[str, ...]]
 
-def converts(*op_types: str, static: tuple[int, ...] = ()) -> Callable:
+
+def converts(*op_types: str, static: tuple[int, ...] = (), emits: Emits | None = None) -> Callable:
+    """Register a converter for `op_types`; `emits` names the IR ops it may emit, for all of them or per op type.
+
+    The declaration feeds the coverage table and is held to: `Conversion.emit` refuses an op it does not list.
+    """
     def register(function: Callable[[Conversion, OnnxNode], None]) -> Callable[[Conversion, OnnxNode], None]:
         for op_type in op_types:
-            CONVERTERS.add(op_type, Converter(function, static))
+            declared = emits.get(op_type, ()) if isinstance(emits, Mapping) else emits
+            CONVERTERS.add(op_type, Converter(function, static, None if declared is None else tuple(declared)))
         return function
 
     return register
@@ -82,14 +90,14 @@ _UNARY = {
 _BINARY = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div"}
 
 
-@converts(*_UNARY)
+@converts(*_UNARY, emits={op_type: (op,) for op_type, (op, _) in _UNARY.items()})
 def unary(ctx: Conversion, node: OnnxNode) -> None:
     op, defaults = _UNARY[node.op_type]
     attrs = {name: node.attrs.get(name, default) for name, default in defaults.items()}
     ctx.emit(node, op, node.inputs[:1], attrs, node.outputs)
 
 
-@converts(*_BINARY)
+@converts(*_BINARY, emits={op_type: (op,) for op_type, op in _BINARY.items()})
 def binary(ctx: Conversion, node: OnnxNode) -> None:
     ctx.emit(node, _BINARY[node.op_type], node.inputs, outputs=node.outputs)
 
@@ -97,7 +105,8 @@ def binary(ctx: Conversion, node: OnnxNode) -> None:
 _VARIADIC = {"Sum": "add", "Mean": "add", "Max": "max", "Min": "min"}
 
 
-@converts(*_VARIADIC)
+@converts(*_VARIADIC, emits={"Sum": ("identity", "add"), "Mean": ("identity", "add", "mul"),
+                            "Max": ("identity", "max"), "Min": ("identity", "min")})
 def variadic(ctx: Conversion, node: OnnxNode) -> None:
     """Sum/Mean/Max/Min of any number of broadcasting inputs: a chain of binary nodes (Mean: then / count)."""
     inputs = _present(node)
@@ -113,7 +122,7 @@ def variadic(ctx: Conversion, node: OnnxNode) -> None:
         ctx.emit(node, "mul", [total, _scalar(ctx, node, 1 / len(inputs))], outputs=node.outputs)
 
 
-@converts("Pow", static=(1,))
+@converts("Pow", static=(1,), emits=("pow",))
 def power(ctx: Conversion, node: OnnxNode) -> None:
     """x ** y with y a known scalar (the form normalisations and activations use)."""
     exponent = ctx.static(node, 1, "exponent")
@@ -122,38 +131,38 @@ def power(ctx: Conversion, node: OnnxNode) -> None:
     ctx.emit(node, "pow", node.inputs[:1], {"exponent": float(np.ravel(exponent)[0])}, node.outputs)
 
 
-@converts("PRelu")
+@converts("PRelu", emits=("prelu",))
 def prelu(ctx: Conversion, node: OnnxNode) -> None:
     ctx.emit(node, "prelu", node.inputs, outputs=node.outputs)
 
 
-@converts("Where", static=(0,))
+@converts("Where", static=(0,), emits=("where",))
 def where(ctx: Conversion, node: OnnxNode) -> None:
     """A select by a condition known when loading (masks of attention, padding)."""
     ctx.static(node, 0, "condition")
     ctx.emit(node, "where", node.inputs, outputs=node.outputs)
 
 
-@converts("Identity")
+@converts("Identity", emits=("identity",))
 def identity(ctx: Conversion, node: OnnxNode) -> None:
     ctx.emit(node, "identity", node.inputs, outputs=node.outputs)
 
 
-@converts("Dropout", static=(1, 2))
+@converts("Dropout", static=(1, 2), emits=("identity",))
 def dropout(ctx: Conversion, node: OnnxNode) -> None:
-    """Inference-mode dropout is the identity; its mask, if asked for, is all true."""
+    """Inference-mode dropout is the identity; its mask, if something reads it, is all true."""
     training = ctx.static(node, 2, "training_mode") if ctx.opset >= 12 else None
     if training is not None and bool(training):
         raise Unsupported("training mode")
     ctx.emit(node, "identity", node.inputs[:1], outputs=node.outputs[:1])
-    if len(node.outputs) > 1 and node.outputs[1]:
+    if len(node.outputs) > 1 and node.outputs[1] in ctx.read:
         shape = ctx.shape(node.inputs[0])
         if None in shape:
             raise Unsupported("a mask output over a dynamic shape")
         ctx.bind(node.outputs[1], np.ones(shape, dtype=bool))
 
 
-@converts("Clip", static=(1, 2))
+@converts("Clip", static=(1, 2), emits=("clip",))
 def clip(ctx: Conversion, node: OnnxNode) -> None:
     if ctx.opset >= 11:
         bounds = {"min": ctx.static(node, 1, "min"), "max": ctx.static(node, 2, "max")}
@@ -166,7 +175,7 @@ def clip(ctx: Conversion, node: OnnxNode) -> None:
 _SOFTMAXES = {"Softmax": "softmax", "LogSoftmax": "log_softmax"}
 
 
-@converts(*_SOFTMAXES)
+@converts(*_SOFTMAXES, emits={op_type: (op, "flatten", "reshape") for op_type, op in _SOFTMAXES.items()})
 def softmax(ctx: Conversion, node: OnnxNode) -> None:
     """Before opset 13, (Log)Softmax flattens to 2-D around `axis` (default 1) and normalises each row."""
     op, x = _SOFTMAXES[node.op_type], node.inputs[0]
@@ -189,19 +198,19 @@ def softmax(ctx: Conversion, node: OnnxNode) -> None:
 # ---------------------------------------------------------------- normalisation
 
 
-@converts("LRN")
+@converts("LRN", emits=("lrn",))
 def lrn(ctx: Conversion, node: OnnxNode) -> None:
     attrs = {"size": int(node.attrs["size"]), "alpha": float(node.attrs.get("alpha", 1e-4)),
              "beta": float(node.attrs.get("beta", 0.75)), "bias": float(node.attrs.get("bias", 1.0))}
     ctx.emit(node, "lrn", node.inputs[:1], attrs, node.outputs)
 
 
-@converts("InstanceNormalization")
+@converts("InstanceNormalization", emits=("instance_norm",))
 def instance_norm(ctx: Conversion, node: OnnxNode) -> None:
     ctx.emit(node, "instance_norm", node.inputs, {"epsilon": float(node.attrs.get("epsilon", 1e-5))}, node.outputs)
 
 
-@converts("LayerNormalization")
+@converts("LayerNormalization", emits=("layer_norm", "reduce_mean", "sub", "mul", "add", "sqrt", "reciprocal"))
 def layer_norm(ctx: Conversion, node: OnnxNode) -> None:
     """The optional Mean and InvStdDev outputs are computed beside it with reductions, when a model reads them."""
     if node.attrs.get("stash_type", 1) != 1:
@@ -225,7 +234,7 @@ def layer_norm(ctx: Conversion, node: OnnxNode) -> None:
     ctx.emit(node, "reciprocal", [deviation], outputs=[wanted[1]])
 
 
-@converts("GroupNormalization", static=(1, 2))
+@converts("GroupNormalization", static=(1, 2), emits=("group_norm",))
 def group_norm(ctx: Conversion, node: OnnxNode) -> None:
     """Opset 18 gives scale and bias per group, opset 21 per channel; dabuild's group_norm takes them per channel."""
     groups = int(node.attrs["num_groups"])
@@ -247,12 +256,12 @@ def group_norm(ctx: Conversion, node: OnnxNode) -> None:
 # ---------------------------------------------------------------- linear algebra
 
 
-@converts("MatMul")
+@converts("MatMul", emits=("matmul",))
 def matmul(ctx: Conversion, node: OnnxNode) -> None:
     ctx.emit(node, "matmul", node.inputs, outputs=node.outputs)
 
 
-@converts("Gemm")
+@converts("Gemm", emits=("dense", "transpose", "matmul", "mul", "add", "identity"))
 def gemm(ctx: Conversion, node: OnnxNode) -> None:
     """alpha * A' @ B' + beta * C: one `dense` when B and C are known parameters, else matmul/mul/add."""
     alpha, beta = float(node.attrs.get("alpha", 1.0)), float(node.attrs.get("beta", 1.0))
@@ -333,14 +342,14 @@ def _window(ctx: Conversion, node: OnnxNode, kernel: list[int]) -> dict[str, lis
     return {"strides": strides, "pads": _explicit_pads(ctx, node, kernel, strides, dilations), "dilations": dilations}
 
 
-@converts("Conv")
+@converts("Conv", emits=("conv",))
 def conv(ctx: Conversion, node: OnnxNode) -> None:
     kernel = [int(k) for k in node.attrs.get("kernel_shape", ctx.shape(node.inputs[1])[2:])]
     attrs = {**_window(ctx, node, kernel), "groups": int(node.attrs.get("group", 1))}
     ctx.emit(node, "conv", _present(node), attrs, node.outputs)
 
 
-@converts("ConvTranspose")
+@converts("ConvTranspose", emits=("conv_transpose",))
 def conv_transpose(ctx: Conversion, node: OnnxNode) -> None:
     """pads come from `pads`, from auto_pad, or from `output_shape` (ONNX's rule: the total padding splits
     evenly, the odd unit at the end unless auto_pad is SAME_LOWER)."""
@@ -379,16 +388,16 @@ def conv_transpose(ctx: Conversion, node: OnnxNode) -> None:
     ctx.emit(node, "conv_transpose", _present(node), attrs, node.outputs)
 
 
-@converts("MaxPool")
+@converts("MaxPool", emits=("max_pool",))
 def max_pool(ctx: Conversion, node: OnnxNode) -> None:
-    if len(node.outputs) > 1 and node.outputs[1]:
+    if len(node.outputs) > 1 and node.outputs[1] in ctx.read:
         raise Unsupported("the Indices output")
     kernel = [int(k) for k in node.attrs["kernel_shape"]]
     attrs = {"kernel": kernel, **_window(ctx, node, kernel), "ceil_mode": bool(node.attrs.get("ceil_mode", 0))}
     ctx.emit(node, "max_pool", node.inputs[:1], attrs, node.outputs[:1])
 
 
-@converts("AveragePool")
+@converts("AveragePool", emits=("avg_pool",))
 def avg_pool(ctx: Conversion, node: OnnxNode) -> None:
     kernel = [int(k) for k in node.attrs["kernel_shape"]]
     window = _window(ctx, node, kernel)
@@ -403,18 +412,18 @@ def avg_pool(ctx: Conversion, node: OnnxNode) -> None:
     ctx.emit(node, "avg_pool", node.inputs[:1], attrs, node.outputs)
 
 
-@converts("GlobalAveragePool")
+@converts("GlobalAveragePool", emits=("global_avg_pool",))
 def global_avg_pool(ctx: Conversion, node: OnnxNode) -> None:
     ctx.emit(node, "global_avg_pool", node.inputs, outputs=node.outputs)
 
 
-@converts("GlobalMaxPool")
+@converts("GlobalMaxPool", emits=("reduce_max",))
 def global_max_pool(ctx: Conversion, node: OnnxNode) -> None:
     axes = list(range(2, ctx.rank(node.inputs[0])))
     ctx.emit(node, "reduce_max", node.inputs, {"axes": axes, "keepdims": True}, node.outputs)
 
 
-@converts("BatchNormalization")
+@converts("BatchNormalization", emits=("batch_norm",))
 def batch_norm(ctx: Conversion, node: OnnxNode) -> None:
     if node.attrs.get("training_mode", 0) or any(node.outputs[1:]):
         raise Unsupported("training mode (running statistics outputs)")
@@ -425,7 +434,7 @@ def batch_norm(ctx: Conversion, node: OnnxNode) -> None:
 # ---------------------------------------------------------------- shapes
 
 
-@converts("Reshape", static=(1,))
+@converts("Reshape", static=(1,), emits=("reshape",))
 def reshape(ctx: Conversion, node: OnnxNode) -> None:
     """A batch size read from the input's own shape becomes 0 ("copy"), so the graph stays batch-agnostic."""
     x = node.inputs[0]
@@ -447,30 +456,47 @@ def reshape(ctx: Conversion, node: OnnxNode) -> None:
             raise Unsupported("allowzero with a zero-sized dimension")
         else:
             shape.append(int(size))
+    if ctx.relaxed_batch and _keeps_fixed_batch(source, shape):
+        shape[0] = 0  # the file's batch of 1, spelt as a constant: the batch axis passes through
     ctx.emit(node, "reshape", [x], {"shape": shape}, node.outputs)
 
 
-@converts("Flatten")
+def _keeps_fixed_batch(source: Shape, shape: list[int]) -> bool:
+    """Whether a reshape of a batch-first tensor to a target starting with 1 reshapes each sample alone.
+
+    With the batch fixed to 1, exporters fold `x.view(x.size(0), ...)` to a constant target (1, ...).
+    When the rest of the target holds exactly the elements of one sample, the reshape never mixes
+    samples, so reading that 1 as "the batch" is what the file computes, for any batch.
+    """
+    if not source or source[0] is not None or not shape or shape[0] != 1 or None in source[1:]:
+        return False
+    per_sample = int(np.prod(source[1:], dtype=np.int64))
+    rest = [source[axis] if size == 0 and axis < len(source) else size for axis, size in enumerate(shape)][1:]
+    known = int(np.prod([size for size in rest if size != -1], dtype=np.int64))
+    return known == per_sample if -1 not in rest else known > 0 and per_sample % known == 0
+
+
+@converts("Flatten", emits=("flatten",))
 def flatten(ctx: Conversion, node: OnnxNode) -> None:
     rank = ctx.rank(node.inputs[0])
     axis = node.attrs.get("axis", 1)
     ctx.emit(node, "flatten", node.inputs, {"axis": axis + rank if axis < 0 else axis}, node.outputs)
 
 
-@converts("Transpose")
+@converts("Transpose", emits=("transpose",))
 def transpose(ctx: Conversion, node: OnnxNode) -> None:
     rank = ctx.rank(node.inputs[0])
     perm = [int(p) for p in node.attrs.get("perm", range(rank - 1, -1, -1))]
     ctx.emit(node, "transpose", node.inputs, {"perm": perm}, node.outputs)
 
 
-@converts("Concat")
+@converts("Concat", emits=("concat",))
 def concat(ctx: Conversion, node: OnnxNode) -> None:
     axis = _axis(node.attrs["axis"], ctx.rank(node.inputs[0]))
     ctx.emit(node, "concat", _present(node), {"axis": axis}, node.outputs)
 
 
-@converts("Split", static=(1,))
+@converts("Split", static=(1,), emits=("split",))
 def split(ctx: Conversion, node: OnnxNode) -> None:
     x = node.inputs[0]
     shape = ctx.shape(x)
@@ -485,7 +511,7 @@ def split(ctx: Conversion, node: OnnxNode) -> None:
     ctx.emit(node, "split", [x], {"axis": axis, "sizes": sizes}, node.outputs)
 
 
-@converts("Slice", static=(1, 2, 3, 4))
+@converts("Slice", static=(1, 2, 3, 4), emits=("slice",))
 def slice_(ctx: Conversion, node: OnnxNode) -> None:
     rank = ctx.rank(node.inputs[0])
     if ctx.opset >= 10:
@@ -501,7 +527,7 @@ def slice_(ctx: Conversion, node: OnnxNode) -> None:
     ctx.emit(node, "slice", node.inputs[:1], attrs, node.outputs)
 
 
-@converts("Pad", static=(1, 2, 3))
+@converts("Pad", static=(1, 2, 3), emits=("pad",))
 def pad(ctx: Conversion, node: OnnxNode) -> None:
     mode = node.attrs.get("mode", "constant")
     if mode not in ("constant", "reflect", "edge"):
@@ -522,7 +548,7 @@ def pad(ctx: Conversion, node: OnnxNode) -> None:
     ctx.emit(node, "pad", node.inputs[:1], attrs, node.outputs)
 
 
-@converts("Squeeze", static=(1,))
+@converts("Squeeze", static=(1,), emits=("squeeze",))
 def squeeze(ctx: Conversion, node: OnnxNode) -> None:
     shape = ctx.shape(node.inputs[0])
     axes = ctx.attr_or_input(node, "axes", 1, since=13)
@@ -531,7 +557,7 @@ def squeeze(ctx: Conversion, node: OnnxNode) -> None:
     ctx.emit(node, "squeeze", node.inputs[:1], {"axes": sorted(_axis(a, len(shape)) for a in axes)}, node.outputs)
 
 
-@converts("Unsqueeze", static=(1,))
+@converts("Unsqueeze", static=(1,), emits=("unsqueeze",))
 def unsqueeze(ctx: Conversion, node: OnnxNode) -> None:
     axes = ctx.attr_or_input(node, "axes", 1, since=13) or []
     rank = ctx.rank(node.inputs[0]) + len(axes)
@@ -541,7 +567,7 @@ def unsqueeze(ctx: Conversion, node: OnnxNode) -> None:
 _REDUCE = {"ReduceMean": ("reduce_mean", 18), "ReduceSum": ("reduce_sum", 13), "ReduceMax": ("reduce_max", 18)}
 
 
-@converts(*_REDUCE, static=(1,))
+@converts(*_REDUCE, static=(1,), emits={op_type: (op, "identity") for op_type, (op, _) in _REDUCE.items()})
 def reduce(ctx: Conversion, node: OnnxNode) -> None:
     """Axes moved from attribute to input in opset 13 (ReduceSum) or 18 (the others)."""
     op, since = _REDUCE[node.op_type]
@@ -597,7 +623,7 @@ def _resize(ctx: Conversion, node: OnnxNode, scales: list[float] | None, sizes: 
                                                **attrs}, node.outputs)
 
 
-@converts("Resize", static=(1, 2, 3))
+@converts("Resize", static=(1, 2, 3), emits=("resize",))
 def resize(ctx: Conversion, node: OnnxNode) -> None:
     """Opset 10 reads scales from input 1; 11 on from inputs 2 (scales) and 3 (sizes)."""
     mode = node.attrs.get("mode", "nearest")
@@ -621,7 +647,7 @@ def resize(ctx: Conversion, node: OnnxNode) -> None:
                                                "coordinate_transformation_mode": transform, "nearest_mode": nearest})
 
 
-@converts("Upsample", static=(1,))
+@converts("Upsample", static=(1,), emits=("resize",))
 def upsample(ctx: Conversion, node: OnnxNode) -> None:
     """Upsample (opsets 7-9): Resize with asymmetric coordinates and floor rounding."""
     mode = node.attrs.get("mode", "nearest")
@@ -632,7 +658,7 @@ def upsample(ctx: Conversion, node: OnnxNode) -> None:
             {"mode": _RESIZE_MODES[mode], "coordinate_transformation_mode": "asymmetric", "nearest_mode": "floor"})
 
 
-@converts("Gather", static=(1,))
+@converts("Gather", static=(1,), emits=("gather",))
 def gather(ctx: Conversion, node: OnnxNode) -> None:
     """Gather from a run-time tensor at indices known when loading (a Gather of known values folds)."""
     indices = ctx.static(node, 1, "indices")
@@ -642,12 +668,12 @@ def gather(ctx: Conversion, node: OnnxNode) -> None:
     ctx.emit(node, "gather", node.inputs[:1], attrs, node.outputs)
 
 
-@converts("Tile", static=(1,))
+@converts("Tile", static=(1,), emits=("tile",))
 def tile(ctx: Conversion, node: OnnxNode) -> None:
     ctx.emit(node, "tile", node.inputs[:1], {"repeats": ctx.ints(node, 1, "repeats")}, node.outputs)
 
 
-@converts("Expand", static=(1,))
+@converts("Expand", static=(1,), emits=("expand",))
 def expand(ctx: Conversion, node: OnnxNode) -> None:
     ctx.emit(node, "expand", node.inputs[:1], {"shape": ctx.ints(node, 1, "shape")}, node.outputs)
 
@@ -655,7 +681,7 @@ def expand(ctx: Conversion, node: OnnxNode) -> None:
 # ---------------------------------------------------------------- load-time only
 
 
-@converts("Shape")
+@converts("Shape", emits=())
 def shape_of(ctx: Conversion, node: OnnxNode) -> None:
     """The static shape of a run-time tensor; a dynamic size is None until a Reshape places it."""
     shape: Shape = ctx.shape(node.inputs[0])
@@ -664,7 +690,7 @@ def shape_of(ctx: Conversion, node: OnnxNode) -> None:
     ctx.bind(node.outputs[0], np.array(dims, dtype=object if None in dims else np.int64))
 
 
-@converts("Size")
+@converts("Size", emits=())
 def size_of(ctx: Conversion, node: OnnxNode) -> None:
     shape = ctx.shape(node.inputs[0])
     if None in shape:
@@ -675,12 +701,15 @@ def size_of(ctx: Conversion, node: OnnxNode) -> None:
 _FLOAT_TYPES = {1: "float32", 10: "float16", 11: "float64"}  # TensorProto element types numpy holds
 
 
-@converts("Cast")
+@converts("Cast", emits=("identity",))
 def cast(ctx: Conversion, node: OnnxNode) -> None:
     """Exporters cast floats to float; any other cast only happens in load-time shape arithmetic."""
     to = node.attrs["to"]
     if to not in _FLOAT_TYPES or ctx.specs[node.inputs[0]].dtype != "float32":
         raise Unsupported(f"a cast of run-time tensors to element type {to}: dabuild graphs compute in float32")
+    if _FLOAT_TYPES[to] == "float64":
+        raise Unsupported("a cast of run-time tensors to float64: the model computes in float64 from here, "
+                          "and dabuild's float32 would change its results")
     ctx.emit(node, "identity", node.inputs, outputs=node.outputs)
 
 
@@ -689,7 +718,7 @@ def cast(ctx: Conversion, node: OnnxNode) -> None:
 LOAD_TIME_OPS = ("Constant", "ConstantOfShape")
 
 
-@converts(*LOAD_TIME_OPS, static=(0, 1))
+@converts(*LOAD_TIME_OPS, static=(0, 1), emits=())
 def load_time_only(ctx: Conversion, node: OnnxNode) -> None:
     raise Unsupported(
         f"{node.op_type} is folded while loading, but here it reads run-time tensors "

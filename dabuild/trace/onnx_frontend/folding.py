@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+from onnx import helper
 from onnx.reference import ReferenceEvaluator
 
 from dabuild.trace.onnx_frontend.conversion import is_partial
@@ -40,8 +41,15 @@ def _substitute(value: np.ndarray, stand_in: int) -> np.ndarray:
 
 
 def _run(node: OnnxNode, inputs: list[np.ndarray | None], opset: int) -> list[np.ndarray]:
+    """Run the node under the model's own opset: wrapped in a one-node model that imports it (a bare
+    NodeProto would be evaluated under the newest schema, where an opset-9 Unsqueeze has no `axes` input)."""
     feeds: dict[str, Any] = {name: value for name, value in zip(node.inputs, inputs) if name}
-    evaluator = ReferenceEvaluator(node.proto, opsets={"": opset})
+    graph = helper.make_graph(
+        [node.proto], "fold", [helper.make_empty_tensor_value_info(name) for name in feeds],
+        [helper.make_empty_tensor_value_info(name) for name in node.outputs if name],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    evaluator = ReferenceEvaluator(model)
     return [np.asarray(result) for result in evaluator.run(None, feeds)]
 
 

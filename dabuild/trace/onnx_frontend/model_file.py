@@ -81,18 +81,42 @@ def check_model(model: onnx.ModelProto, where: str) -> None:
         raise UsageError(f"{where}: invalid ONNX model: {first}") from None
 
 
-def default_opset(model: onnx.ModelProto, where: str) -> int:
-    """The model's ai.onnx opset, which must lie between OLDEST_OPSET and what the installed onnx knows."""
+def _imported_opset(model: onnx.ModelProto, where: str) -> int:
     versions = [entry.version for entry in model.opset_import if entry.domain in _DEFAULT_DOMAINS]
     if not versions:
         raise UsageError(f"{where}: the model imports no ai.onnx opset")
-    opset, newest = max(versions), onnx.defs.onnx_opset_version()
+    return max(versions)
+
+
+def default_opset(model: onnx.ModelProto, where: str) -> int:
+    """The model's ai.onnx opset, which must lie between OLDEST_OPSET and what the installed onnx knows."""
+    opset, newest = _imported_opset(model, where), onnx.defs.onnx_opset_version()
     if not OLDEST_OPSET <= opset <= newest:
         raise UsageError(
             f"{where}: opset {opset} is outside what dabuild reads ({OLDEST_OPSET} to {newest}, "
             f"the newest the installed onnx {onnx.__version__} knows)"
         )
     return opset
+
+
+def upgrade(model: onnx.ModelProto, where: str) -> tuple[onnx.ModelProto, str | None]:
+    """A model below OLDEST_OPSET rewritten by onnx's version converter, and the note saying so (None if
+    the model was recent enough). Files from 2017-2019 exporters (opsets 1 to 8) load this way."""
+    opset = _imported_opset(model, where)
+    if opset >= OLDEST_OPSET:
+        return model, None
+    from onnx import version_converter
+
+    try:
+        upgraded = version_converter.convert_version(model, OLDEST_OPSET)
+        onnx.checker.check_model(upgraded)
+    except Exception as error:  # the converter's C++ adapters raise RuntimeError and others
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise UsageError(
+            f"{where}: opset {opset} is older than {OLDEST_OPSET}, and onnx {onnx.__version__}'s version "
+            f"converter cannot upgrade it: {first}"
+        ) from None
+    return upgraded, f"{where}: opset {opset} upgraded to {OLDEST_OPSET} with onnx's version converter"
 
 
 def _attribute(attr: onnx.AttributeProto) -> Any:

@@ -81,7 +81,7 @@ def _given(scale: np.ndarray, zero_point: np.ndarray, bits: int, signed: bool, n
                       rounding)
 
 
-@converts(*_names("Quant", "IntQuant"), static=(1, 2, 3))
+@converts(*_names("Quant", "IntQuant"), static=(1, 2, 3), emits=("fake_quant",))
 def quant(ctx: Conversion, node: OnnxNode) -> None:
     bits = int(_integer(np.ravel(ctx.static(node, 3, "bit_width")), "bit_width")[0])
     signed, narrow = bool(node.attrs.get("signed", 1)), bool(node.attrs.get("narrow", 0))
@@ -93,7 +93,7 @@ def quant(ctx: Conversion, node: OnnxNode) -> None:
     ctx.emit(node, "fake_quant", node.inputs[:1], given.attrs(), node.outputs)
 
 
-@converts(*_names("BipolarQuant"), static=(1,))
+@converts(*_names("BipolarQuant"), static=(1,), emits=("fake_quant",))
 def bipolar(ctx: Conversion, node: OnnxNode) -> None:
     """sign(x) * scale (x >= 0: +1): for a weight, +-scale quantized as narrow int2."""
     source = node.inputs[0]
@@ -109,7 +109,7 @@ def bipolar(ctx: Conversion, node: OnnxNode) -> None:
     ctx.emit(node, "fake_quant", [real], given.attrs(), node.outputs)
 
 
-@converts(*_names("Trunc"), static=(1, 2, 3, 4, 5))
+@converts(*_names("Trunc"), static=(1, 2, 3, 4, 5), emits=("fake_quant", "mul"))
 def trunc(ctx: Conversion, node: OnnxNode) -> None:
     """Drop low bits: v2 (six inputs) requantizes to its output scale and width; v1 (five) divides the integer by
     2**(input bits - output bits) and keeps the input scale, i.e. a fake_quant at the coarser scale, then * 2**-t.
@@ -144,7 +144,9 @@ _LAST_TO_FIRST = {3: [0, 2, 1], 4: [0, 3, 1, 2]}
 _FIRST_TO_LAST = {3: [0, 2, 1], 4: [0, 2, 3, 1]}
 
 
-@converts(*(f"{CHANNELS_LAST}.{op}" for op in ("Conv", "MaxPool", "BatchNormalization")))
+@converts(*(f"{CHANNELS_LAST}.{op}" for op in ("Conv", "MaxPool", "BatchNormalization")),
+          emits={f"{CHANNELS_LAST}.{op}": ("transpose", *(CONVERTERS[op].emits or ()))
+                 for op in ("Conv", "MaxPool", "BatchNormalization")})
 def channels_last(ctx: Conversion, node: OnnxNode) -> None:
     """The channels-first op between transposes: NHWC -> NCHW (and a conv's OHWI weight -> OIHW), op, back."""
     from dabuild.trace.onnx_frontend.model_file import OnnxNode

@@ -112,6 +112,12 @@ def _quantized_output(ctx: Conversion, node: OnnxNode, source: str, scale_index:
     ctx.quantized.add(node.outputs[0])
 
 
+def _around(op_type: str) -> tuple[str, ...]:
+    """The IR ops a QOperator node emits: its float op's (converted by `_run`), then a fake_quant (or, for a
+    float output, an identity)."""
+    return (*(CONVERTERS[op_type].emits or ()), "fake_quant", "identity")
+
+
 def _run(ctx: Conversion, node: OnnxNode, op_type: str, inputs: list[str], attrs: dict | None = None) -> str:
     """Convert `op_type` over `inputs` with the ordinary converter, into a fresh float tensor."""
     from dabuild.trace.onnx_frontend.model_file import OnnxNode
@@ -138,7 +144,7 @@ def _scale(ctx: Conversion, node: OnnxNode, index: int) -> np.ndarray:
 # ---------------------------------------------------------------- QDQ
 
 
-@converts("QuantizeLinear", MICROSOFT + "QuantizeLinear", static=(1, 2))
+@converts("QuantizeLinear", MICROSOFT + "QuantizeLinear", static=(1, 2), emits=("fake_quant",))
 def quantize_linear(ctx: Conversion, node: OnnxNode) -> None:
     quant = given(ctx, node, 1, 2, ctx.rank(node.inputs[0]))
     if quant.bits > WIDEST_GIVEN:
@@ -148,7 +154,7 @@ def quantize_linear(ctx: Conversion, node: OnnxNode) -> None:
     ctx.quantized.add(node.outputs[0])
 
 
-@converts("DequantizeLinear", MICROSOFT + "DequantizeLinear", static=(1, 2))
+@converts("DequantizeLinear", MICROSOFT + "DequantizeLinear", static=(1, 2), emits=("fake_quant", "identity"))
 def dequantize_linear(ctx: Conversion, node: OnnxNode) -> None:
     name = real_input(ctx, node, 0, 1, 2)
     if name not in ctx.known and not any(name in written.outputs for written in ctx.nodes):
@@ -163,21 +169,21 @@ def dequantize_linear(ctx: Conversion, node: OnnxNode) -> None:
 # ---------------------------------------------------------------- QOperator (onnxruntime's QuantFormat.QOperator)
 
 
-@converts("QLinearConv", static=(1, 2, 3, 4, 5, 6, 7, 8))
+@converts("QLinearConv", static=(1, 2, 3, 4, 5, 6, 7, 8), emits=_around("Conv"))
 def qlinear_conv(ctx: Conversion, node: OnnxNode) -> None:
     weight = real_input(ctx, node, 3, 4, 5, axis=0)
     bias = _bias(ctx, node, 8, _scale(ctx, node, 1) * _scale(ctx, node, 4))
     _quantized_output(ctx, node, _run(ctx, node, "Conv", [node.inputs[0], weight, *bias]), 6, 7)
 
 
-@converts("QLinearMatMul", static=(1, 2, 4, 5, 6, 7))
+@converts("QLinearMatMul", static=(1, 2, 4, 5, 6, 7), emits=_around("MatMul"))
 def qlinear_matmul(ctx: Conversion, node: OnnxNode) -> None:
     a = real_input(ctx, node, 0, 1, 2)
     b = real_input(ctx, node, 3, 4, 5, axis=-1)
     _quantized_output(ctx, node, _run(ctx, node, "MatMul", [a, b], {}), 6, 7)
 
 
-@converts(MICROSOFT + "QGemm", static=(1, 2, 3, 4, 5, 6, 7, 8))
+@converts(MICROSOFT + "QGemm", static=(1, 2, 3, 4, 5, 6, 7, 8), emits=_around("Gemm"))
 def qgemm(ctx: Conversion, node: OnnxNode) -> None:
     """alpha * A' B' + C, C int32 at scale alpha * a_scale * b_scale; a float output without y_scale."""
     a = real_input(ctx, node, 0, 1, 2)
@@ -195,7 +201,8 @@ def qgemm(ctx: Conversion, node: OnnxNode) -> None:
 _BINARY = {"QLinearAdd": "Add", "QLinearMul": "Mul"}
 
 
-@converts(*(MICROSOFT + name for name in _BINARY), static=(1, 2, 4, 5, 6, 7))
+@converts(*(MICROSOFT + name for name in _BINARY), static=(1, 2, 4, 5, 6, 7),
+          emits={MICROSOFT + name: _around(op) for name, op in _BINARY.items()})
 def qlinear_binary(ctx: Conversion, node: OnnxNode) -> None:
     a, b = real_input(ctx, node, 0, 1, 2), real_input(ctx, node, 3, 4, 5)
     _quantized_output(ctx, node, _run(ctx, node, _BINARY[node.op_type], [a, b], {}), 6, 7)
@@ -205,7 +212,8 @@ _UNARY = {"QLinearGlobalAveragePool": "GlobalAveragePool", "QLinearAveragePool":
           "QLinearSigmoid": "Sigmoid", "QLinearLeakyRelu": "LeakyRelu", "QLinearSoftmax": "Softmax"}
 
 
-@converts(*(MICROSOFT + name for name in _UNARY), static=(1, 2, 3, 4))
+@converts(*(MICROSOFT + name for name in _UNARY), static=(1, 2, 3, 4),
+          emits={MICROSOFT + name: _around(op) for name, op in _UNARY.items()})
 def qlinear_unary(ctx: Conversion, node: OnnxNode) -> None:
     """One float op between (X, x_scale, x_zero_point) and (y_scale, y_zero_point), channels first."""
     if node.attrs.get("channels_last", 0):
@@ -216,7 +224,7 @@ def qlinear_unary(ctx: Conversion, node: OnnxNode) -> None:
     _quantized_output(ctx, node, _run(ctx, node, _UNARY[node.op_type], [source], attrs), 3, 4)
 
 
-@converts(MICROSOFT + "QLinearConcat")
+@converts(MICROSOFT + "QLinearConcat", emits=_around("Concat"))
 def qlinear_concat(ctx: Conversion, node: OnnxNode) -> None:
     """(Y_scale, Y_zero_point, then X, x_scale, x_zero_point per input) -> concat, quantized to Y's."""
     parts = [real_input(ctx, node, i, i + 1, i + 2) for i in range(2, len(node.inputs), 3)]

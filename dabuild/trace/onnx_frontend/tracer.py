@@ -12,11 +12,13 @@ suffixes must work without the `dabuild[onnx]` extra installed.
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from dabuild.errors import BuildError, UsageError
 from dabuild.ir.graph import Graph, TensorSpec
+from dabuild.ir.ops import OPS
 from dabuild.trace.base import Shape, TracerPlugin
 from dabuild.trace.onnx_frontend.conversion import Conversion, Unsupported
 from dabuild.trace.onnx_frontend.converters import CONVERTERS, SUPPORTED_OPS
@@ -45,7 +47,7 @@ class OnnxTracer(TracerPlugin):
             try:
                 import onnx
 
-                from dabuild.trace.onnx_frontend.model_file import check_model, decode, read_model_file
+                from dabuild.trace.onnx_frontend.model_file import check_model, decode, read_model_file, upgrade
             except ImportError as error:
                 raise UsageError(f"the onnx frontend needs the onnx package ({error}): pip install 'dabuild[onnx]'") from None
             if isinstance(self.model, (str, Path)):
@@ -57,6 +59,9 @@ class OnnxTracer(TracerPlugin):
                 proto = self.model
             else:
                 raise UsageError(f"the onnx frontend reads .onnx files or onnx.ModelProto, got a {type(self.model).__name__}")
+            proto, note = upgrade(proto, where)
+            if note:
+                self.progress.info(note)
             self._decoded = decode(proto, where)
         return self._decoded
 
@@ -64,8 +69,9 @@ class OnnxTracer(TracerPlugin):
         """Shapes from the graph inputs; model.inputs fills sizes the file leaves open and must agree with the rest.
 
         A leading axis the file leaves open is the dynamic batch (None), whatever
-        example size the recipe gives it; so is a leading 1 (QONNX and Brevitas
-        files fix the batch at 1) where model.inputs gives null.
+        example size the recipe gives it. A fixed leading 1 (nearly every published
+        file, QONNX and Brevitas exports) is relaxed later, in `apply_model`, where
+        the graph allows it.
         """
         model = self.onnx_model()
         declared = self.inputs or {}
@@ -98,29 +104,30 @@ class OnnxTracer(TracerPlugin):
                     f"but model.inputs gives {_shape_text(wanted)}"
                 )
             shapes[graph_input.name] = tuple(
-                None if axis == 0 and d == 1 and wanted is not None and wanted[0] is None  # asked: batch 1 -> any
-                else d if isinstance(d, int) else None if axis == 0 or wanted is None else wanted[axis]
+                d if isinstance(d, int) else None if axis == 0 or wanted is None else wanted[axis]
                 for axis, d in enumerate(dims)
             )
         return shapes
 
-    def apply_model(self, inputs: dict[str, TensorSpec]) -> Conversion:
+    def apply_model(self, inputs: dict[str, TensorSpec], relaxed_batch: bool = False) -> Conversion:
         """Convert every node over the given input specs; UsageError listing all unsupported nodes."""
         from dabuild.trace.onnx_frontend.folding import DependsOnBatch, evaluate
 
         model = self.onnx_model()
         taken = {name for node in model.nodes for name in (*node.inputs, *node.outputs, node.label)}
         ctx = Conversion(model.where, model.opset, taken | set(inputs) | set(model.initializers))
+        ctx.relaxed_batch = relaxed_batch
+        ctx.read = {name for node in model.nodes for name in node.inputs} | set(model.outputs)
         ctx.specs.update(inputs)
         ctx.known.update(model.initializers)
-        problems: list[str] = []
+        problems: list[tuple[str, str]] = []  # (op, line), every node listed under its op
         blocked: set[str] = set()  # outputs of nodes that could not be converted
         for node in model.nodes:
             present = [name for name in node.inputs if name]
             converter = CONVERTERS.get(node.kind)
             if blocked.intersection(present):
                 if converter is None:
-                    problems.append(f"node {node.label!r} ({node.kind}): no converter for {node.kind}")
+                    problems.append((node.kind, f"node {node.label!r} ({node.kind}): no converter for {node.kind}"))
                 blocked.update(node.outputs)
                 continue
             try:
@@ -132,9 +139,10 @@ class OnnxTracer(TracerPlugin):
                 elif converter is None:
                     raise Unsupported(f"no converter for {node.kind}")
                 else:
+                    ctx.declared = converter.emits
                     converter.convert(ctx, node)
             except (Unsupported, DependsOnBatch) as reason:
-                problems.append(f"node {node.label!r} ({node.kind}): {reason}")
+                problems.append((node.kind, f"node {node.label!r} ({node.kind}): {reason}"))
                 blocked.update(node.outputs)
             except (BuildError, UsageError):
                 raise
@@ -144,9 +152,11 @@ class OnnxTracer(TracerPlugin):
                     f"{type(error).__name__}: {error}"
                 ) from error
         if problems:
+            kinds = Counter(kind for kind, _ in problems)
+            summary = ", ".join(f"{kind} ({count} node{'s' if count > 1 else ''})" for kind, count in kinds.items())
             raise UsageError(
-                f"{model.where}: {len(problems)} node(s) cannot be converted:\n  "
-                + "\n  ".join(problems)
+                f"{model.where}: {len(problems)} node(s) cannot be converted; ops: {summary}\n  "
+                + "\n  ".join(line for _, line in sorted(problems, key=lambda problem: problem[0]))
                 + f"\nsupported ops: {', '.join(SUPPORTED_OPS)}"
             )
         return ctx
@@ -160,8 +170,56 @@ class OnnxTracer(TracerPlugin):
                     f"{model.where}: input {graph_input.name!r} has element type {graph_input.dtype}; "
                     "dabuild graphs take float inputs"
                 )
+            if graph_input.dtype is not None and graph_input.dtype.itemsize > 4:
+                raise UsageError(
+                    f"{model.where}: input {graph_input.name!r} is {graph_input.dtype}: the model computes in "
+                    f"{graph_input.dtype}, and dabuild computes in float32, which would change its results "
+                    "(overflow to inf, lost precision); export the model in float32 (torch: model.float())"
+                )
+        declared = self.inputs or {}
+        fixed = [name for name, shape in shapes.items() if shape and shape[0] == 1]
+        asked = [name for name in fixed if name in declared and declared[name] and declared[name][0] is None]
+        relaxable = [name for name in fixed if name not in declared or name in asked]
+        if relaxable and len(relaxable) == len(fixed):
+            relaxed = {name: (None, *shape[1:]) if name in relaxable else shape for name, shape in shapes.items()}
+            graph, why_not = self._relaxed(relaxed)
+            if graph is not None:
+                self.progress.info(f"{model.where}: the file fixes the batch of {', '.join(map(repr, relaxable))} "
+                                   "to 1; relaxed to any batch (every node treats samples independently)")
+                return graph
+            if asked:
+                raise UsageError(f"{model.where}: model.inputs gives {', '.join(map(repr, asked))} a free batch "
+                                 f"(null), but the graph cannot take one: {why_not}")
+            self.progress.info(f"{model.where}: the file fixes the batch to 1 and the graph cannot relax it "
+                               f"({why_not}); it runs sample by sample")
+        return self._convert(shapes)
+
+    def _relaxed(self, shapes: dict[str, Shape]) -> tuple[Graph | None, str]:
+        """The graph over a free batch, or None and why the file's fixed batch of 1 has to stay."""
+        try:
+            graph = self._convert(shapes, relaxed_batch=True)
+            outputs = graph.tensor_shapes()
+        except (UsageError, BuildError) as error:
+            lines = str(error).splitlines()
+            return None, lines[1].strip() if len(lines) > 1 else lines[0]  # the first node listed, if any
+        varying = {spec.name for spec in graph.inputs}  # tensors that depend on an input (constants never mix)
+        mixing = []
+        for node in graph.nodes:
+            if varying.intersection(node.inputs):
+                varying.update(node.outputs)
+                if not OPS[node.op].samplewise(node.attrs):
+                    mixing.append(f"{node.name} ({node.op})")
+        if mixing:
+            return None, f"node {mixing[0]} mixes samples"
+        pinned = [name for name in graph.outputs if not outputs[name].shape or outputs[name].shape[0] is not None]
+        if pinned:
+            return None, f"output {pinned[0]!r} has no batch axis first"
+        return graph, ""
+
+    def _convert(self, shapes: dict[str, Shape], relaxed_batch: bool = False) -> Graph:
+        model = self.onnx_model()
         specs = {name: TensorSpec(name, shape) for name, shape in shapes.items()}
-        ctx = self.apply_model(specs)
+        ctx = self.apply_model(specs, relaxed_batch)
         for name in model.outputs:
             if name in ctx.quantized:
                 raise UsageError(f"{model.where}: graph output {name!r} is an integer tensor (quantized); dabuild "

@@ -35,19 +35,19 @@ def known(target: Any) -> bool:
 # ---------------------------------------------------------------- pass-through
 
 
-@aten("clone", "detach", "alias", "contiguous", "lift_fresh_copy")
+@aten("clone", "detach", "alias", "contiguous", "lift_fresh_copy", emits=())
 def passthrough(builder: Builder, call: Call) -> str:
     return builder.tensor(call["self"])
 
 
-@aten("dropout", "feature_dropout", "alpha_dropout", "feature_alpha_dropout")
+@aten("dropout", "feature_dropout", "alpha_dropout", "feature_alpha_dropout", emits=())
 def dropout(builder: Builder, call: Call) -> str:
     if call["train"]:
         raise Unsupported("dropout in training mode")
     return builder.tensor(call["input"])
 
 
-@aten("_to_copy", "to")
+@aten("_to_copy", "to", emits=())
 def to_float32(builder: Builder, call: Call) -> str:
     """A copy or conversion that keeps float32 (dabuild computes in float32 only)."""
     source, result = call.node.all_input_nodes[0].meta["val"], call.node.meta["val"]
@@ -69,44 +69,44 @@ def _scaled(builder: Builder, arg: Any, alpha: Any) -> str:
     return builder.emit1("mul", [builder.tensor(arg), builder.add_constant(np.float32(alpha), "alpha")])
 
 
-@aten("add")
+@aten("add", emits=("add", "mul"))
 def add(builder: Builder, call: Call) -> str:
     return builder.emit1("add", [builder.tensor(call["self"]), _scaled(builder, call["other"], call["alpha"])])
 
 
-@aten("sub")
+@aten("sub", emits=("sub", "mul"))
 def sub(builder: Builder, call: Call) -> str:
     return builder.emit1("sub", [builder.tensor(call["self"]), _scaled(builder, call["other"], call["alpha"])])
 
 
-@aten("rsub")
+@aten("rsub", emits=("sub", "mul"))
 def rsub(builder: Builder, call: Call) -> str:
     return builder.emit1("sub", [builder.tensor(call["other"]), _scaled(builder, call["self"], call["alpha"])])
 
 
-@aten("mul")
+@aten("mul", emits=("mul",))
 def mul(builder: Builder, call: Call) -> str:
     return builder.emit1("mul", [builder.tensor(call["self"]), builder.tensor(call["other"])])
 
 
-@aten("div")
+@aten("div", emits=("div",))
 def div(builder: Builder, call: Call) -> str:
     if call.args.get("rounding_mode") is not None:
         raise Unsupported(f"division with rounding_mode={call['rounding_mode']!r}")
     return builder.emit1("div", [builder.tensor(call["self"]), builder.tensor(call["other"])])
 
 
-@aten("maximum")
+@aten("maximum", emits=("max",))
 def maximum(builder: Builder, call: Call) -> str:
     return builder.emit1("max", [builder.tensor(call["self"]), builder.tensor(call["other"])])
 
 
-@aten("minimum")
+@aten("minimum", emits=("min",))
 def minimum(builder: Builder, call: Call) -> str:
     return builder.emit1("min", [builder.tensor(call["self"]), builder.tensor(call["other"])])
 
 
-@aten("where")
+@aten("where", emits=("where",))
 def where(builder: Builder, call: Call) -> str:
     """A select by a condition known while tracing (a mask), between tensors or numbers."""
     condition = builder.value(call["condition"]) if not builder.is_tensor(call["condition"]) else None
@@ -128,28 +128,28 @@ def _unary(op: str, **attrs: Any) -> Any:
     return converter
 
 
-aten("relu")(_unary("relu"))
-aten("relu6")(_unary("relu6"))
-aten("sigmoid")(_unary("sigmoid"))
-aten("tanh")(_unary("tanh"))
-aten("hardswish")(_unary("hard_swish"))
-aten("hardsigmoid")(_unary("hard_sigmoid", alpha=1 / 6, beta=0.5))
-aten("selu")(_unary("selu"))
-aten("abs")(_unary("abs"))
-aten("neg")(_unary("neg"))
-aten("exp")(_unary("exp"))
-aten("log")(_unary("log"))
-aten("sqrt")(_unary("sqrt"))
-aten("reciprocal")(_unary("reciprocal"))
-aten("erf")(_unary("erf"))
+aten("relu", emits=("relu",))(_unary("relu"))
+aten("relu6", emits=("relu6",))(_unary("relu6"))
+aten("sigmoid", emits=("sigmoid",))(_unary("sigmoid"))
+aten("tanh", emits=("tanh",))(_unary("tanh"))
+aten("hardswish", emits=("hard_swish",))(_unary("hard_swish"))
+aten("hardsigmoid", emits=("hard_sigmoid",))(_unary("hard_sigmoid", alpha=1 / 6, beta=0.5))
+aten("selu", emits=("selu",))(_unary("selu"))
+aten("abs", emits=("abs",))(_unary("abs"))
+aten("neg", emits=("neg",))(_unary("neg"))
+aten("exp", emits=("exp",))(_unary("exp"))
+aten("log", emits=("log",))(_unary("log"))
+aten("sqrt", emits=("sqrt",))(_unary("sqrt"))
+aten("reciprocal", emits=("reciprocal",))(_unary("reciprocal"))
+aten("erf", emits=("erf",))(_unary("erf"))
 
 
-@aten("rsqrt")
+@aten("rsqrt", emits=("sqrt", "reciprocal"))
 def rsqrt(builder: Builder, call: Call) -> str:
     return builder.emit1("reciprocal", [builder.emit1("sqrt", [builder.tensor(call["self"])])])
 
 
-@aten("elu")
+@aten("elu", emits=("elu", "selu"))
 def elu(builder: Builder, call: Call) -> str:
     """torch's elu is scale * elu(input_scale * x, alpha): selu when scaled, elu otherwise."""
     if float(call["input_scale"]) != 1:
@@ -160,7 +160,7 @@ def elu(builder: Builder, call: Call) -> str:
     return builder.emit1("selu", [x], {"alpha": alpha, "gamma": scale})
 
 
-@aten("softplus")
+@aten("softplus", emits=("softplus", "mul"))
 def softplus(builder: Builder, call: Call) -> str:
     """softplus(beta x) / beta; torch's threshold (x above it passes unchanged) differs from it below float32's
     resolution, so it is not modelled."""
@@ -171,7 +171,7 @@ def softplus(builder: Builder, call: Call) -> str:
     return builder.emit1("mul", [builder.emit1("softplus", [scaled]), builder.add_constant(np.float32(1 / beta), "beta")])
 
 
-@aten("pow")
+@aten("pow", emits=("pow",))
 def power(builder: Builder, call: Call) -> str:
     """A tensor to a known scalar power (pow.Tensor_Scalar, or pow.Tensor_Tensor with a known one-element exponent)."""
     exponent = builder.constant(call["exponent"])
@@ -180,7 +180,7 @@ def power(builder: Builder, call: Call) -> str:
     return builder.emit1("pow", [builder.tensor(call["self"])], {"exponent": float(exponent.reshape(()))})
 
 
-@aten("prelu", "_prelu_kernel")
+@aten("prelu", "_prelu_kernel", emits=("prelu",))
 def prelu(builder: Builder, call: Call) -> str:
     """nn.PReLU's weight has one slope (or one per channel, axis 1): shaped (C, 1, ...) to broadcast there."""
     x = builder.tensor(call["self"])
@@ -192,12 +192,12 @@ def prelu(builder: Builder, call: Call) -> str:
     return builder.emit1("prelu", [x, builder.add_constant(slope, builder.hint(call["weight"]))])
 
 
-@aten("leaky_relu")
+@aten("leaky_relu", emits=("leaky_relu",))
 def leaky_relu(builder: Builder, call: Call) -> str:
     return builder.emit1("leaky_relu", [builder.tensor(call["self"])], {"alpha": float(call["negative_slope"])})
 
 
-@aten("gelu")
+@aten("gelu", emits=("gelu",))
 def gelu(builder: Builder, call: Call) -> str:
     return builder.emit1("gelu", [builder.tensor(call["self"])], {"approximate": call["approximate"]})
 
@@ -213,6 +213,9 @@ def _bounds(builder: Builder, low: Any, high: Any) -> tuple[float | None, float 
     return result[0], result[1]
 
 
+_CLIPS = ("relu", "relu6", "clip")
+
+
 def _clip(builder: Builder, x: Any, low: Any, high: Any) -> str:
     """clamp/hardtanh as the most specific dabuild op: relu, relu6 or clip."""
     low_value, high_value = _bounds(builder, low, high)
@@ -224,37 +227,37 @@ def _clip(builder: Builder, x: Any, low: Any, high: Any) -> str:
     return builder.emit1("clip", [builder.tensor(x)], attrs)
 
 
-@aten("clamp")
+@aten("clamp", emits=_CLIPS)
 def clamp(builder: Builder, call: Call) -> str:
     return _clip(builder, call["self"], call["min"], call["max"])
 
 
-@aten("clamp_min")
+@aten("clamp_min", emits=_CLIPS)
 def clamp_min(builder: Builder, call: Call) -> str:
     return _clip(builder, call["self"], call["min"], None)
 
 
-@aten("clamp_max")
+@aten("clamp_max", emits=_CLIPS)
 def clamp_max(builder: Builder, call: Call) -> str:
     return _clip(builder, call["self"], None, call["max"])
 
 
-@aten("hardtanh")
+@aten("hardtanh", emits=_CLIPS)
 def hardtanh(builder: Builder, call: Call) -> str:
     return _clip(builder, call["self"], call["min_val"], call["max_val"])
 
 
-@aten("softmax", "_softmax")
+@aten("softmax", "_softmax", emits=("softmax",))
 def softmax(builder: Builder, call: Call) -> str:
     return builder.emit1("softmax", [builder.tensor(call["self"])], {"axis": int(call["dim"])})
 
 
-@aten("log_softmax", "_log_softmax")
+@aten("log_softmax", "_log_softmax", emits=("log_softmax",))
 def log_softmax(builder: Builder, call: Call) -> str:
     return builder.emit1("log_softmax", [builder.tensor(call["self"])], {"axis": int(call["dim"])})
 
 
-@aten("scaled_dot_product_attention")
+@aten("scaled_dot_product_attention", emits=("matmul", "transpose", "mul", "add", "softmax"))
 def attention(builder: Builder, call: Call) -> str:
     """softmax(q @ k^T * scale (+ mask)) @ v, as nn.MultiheadAttention runs in eval mode; the mask a constant."""
     if call.args.get("dropout_p"):
@@ -288,7 +291,7 @@ def attention(builder: Builder, call: Call) -> str:
 # ---------------------------------------------------------------- normalisation
 
 
-@aten("layer_norm", "native_layer_norm")
+@aten("layer_norm", "native_layer_norm", emits=("layer_norm",))
 def layer_norm(builder: Builder, call: Call) -> Any:
     x = builder.tensor(call["input"])
     rank = len(builder.shape(x))
@@ -316,7 +319,7 @@ def _channel_parameters(builder: Builder, call: Call, channels: int | None) -> l
     return names
 
 
-@aten("group_norm", "native_group_norm")
+@aten("group_norm", "native_group_norm", emits=("group_norm",))
 def group_norm(builder: Builder, call: Call) -> Any:
     x = builder.tensor(call["input"])
     groups = int(call["num_groups"] if "num_groups" in call.args else call["group"])
@@ -325,7 +328,7 @@ def group_norm(builder: Builder, call: Call) -> Any:
     return y if call.name == "group_norm" else [y, None, None]
 
 
-@aten("instance_norm")
+@aten("instance_norm", emits=("instance_norm",))
 def instance_norm(builder: Builder, call: Call) -> str:
     """nn.InstanceNorm (statistics of each sample); with running statistics it is a batch norm."""
     if not call["use_input_stats"]:
@@ -352,7 +355,7 @@ def _matmul_add(builder: Builder, x: Any, weight: Any, bias: Any) -> str:
     return product if bias is None else builder.emit1("add", [product, builder.tensor(bias)])
 
 
-@aten("linear")
+@aten("linear", emits=("dense", "transpose", "matmul", "add"))
 def linear(builder: Builder, call: Call) -> str:
     weight = builder.constant(call["weight"])
     bias = None if call["bias"] is None else builder.constant(call["bias"])
@@ -364,7 +367,7 @@ def linear(builder: Builder, call: Call) -> str:
     return product if call["bias"] is None else builder.emit1("add", [product, builder.tensor(call["bias"])])
 
 
-@aten("addmm")
+@aten("addmm", emits=("dense", "matmul", "add"))
 def addmm(builder: Builder, call: Call) -> str:
     if call["beta"] != 1 or call["alpha"] != 1:
         raise Unsupported(f"addmm with beta={call['beta']}, alpha={call['alpha']}")
@@ -374,7 +377,7 @@ def addmm(builder: Builder, call: Call) -> str:
     return _matmul_add(builder, call["mat1"], call["mat2"], call["self"])
 
 
-@aten("mm", "bmm", "matmul")
+@aten("mm", "bmm", "matmul", emits=("dense", "matmul"))
 def matmul(builder: Builder, call: Call) -> str:
     other = call["mat2"] if "mat2" in call.args else call["other"]
     weight = builder.constant(other)
@@ -395,7 +398,7 @@ def _pads(padding: Any, weight_shape: tuple[int, ...], dilations: list[int]) -> 
     return values + values
 
 
-@aten("conv_transpose1d", "conv_transpose2d", "conv_transpose3d")
+@aten("conv_transpose1d", "conv_transpose2d", "conv_transpose3d", emits=("conv_transpose",))
 def conv_transpose(builder: Builder, call: Call) -> str:
     """torch's padding p trims p from both ends of each axis (ONNX pads [p..., p...]); dilation as ONNX's."""
     weight = builder.tensor(call["weight"])
@@ -410,7 +413,7 @@ def conv_transpose(builder: Builder, call: Call) -> str:
     return builder.emit1("conv_transpose", inputs, attrs)
 
 
-@aten("conv1d", "conv2d", "conv3d", "convolution")
+@aten("conv1d", "conv2d", "conv3d", "convolution", emits=("conv", "conv_transpose"))
 def conv(builder: Builder, call: Call) -> str:
     if call.args.get("transposed"):
         return conv_transpose(builder, call)
@@ -432,7 +435,7 @@ def conv(builder: Builder, call: Call) -> str:
     return builder.emit1("conv", inputs, attrs)
 
 
-@aten("batch_norm", "_native_batch_norm_legit_no_training", "native_batch_norm")
+@aten("batch_norm", "_native_batch_norm_legit_no_training", "native_batch_norm", emits=("batch_norm",))
 def batch_norm(builder: Builder, call: Call) -> Any:
     """Inference batch norm over axis 1 with the running statistics."""
     if call.args.get("training"):
@@ -465,7 +468,7 @@ def _pool_geometry(call: Call, spatial: int) -> dict[str, Any]:
     }
 
 
-@aten("max_pool1d", "max_pool2d", "max_pool3d", "max_pool2d_with_indices", "max_pool3d_with_indices")
+@aten("max_pool1d", "max_pool2d", "max_pool3d", "max_pool2d_with_indices", "max_pool3d_with_indices", emits=("max_pool",))
 def max_pool(builder: Builder, call: Call) -> Any:
     x = builder.tensor(call["self"])
     spatial = len(builder.shape(x)) - 2
@@ -474,7 +477,7 @@ def max_pool(builder: Builder, call: Call) -> Any:
     return [y, None] if call.name.endswith("_with_indices") else y
 
 
-@aten("avg_pool1d", "avg_pool2d", "avg_pool3d")
+@aten("avg_pool1d", "avg_pool2d", "avg_pool3d", emits=("avg_pool",))
 def avg_pool(builder: Builder, call: Call) -> str:
     if call.args.get("divisor_override") is not None:
         raise Unsupported("average pooling with divisor_override")
@@ -483,7 +486,7 @@ def avg_pool(builder: Builder, call: Call) -> str:
     return builder.emit1("avg_pool", [x], attrs)
 
 
-@aten("adaptive_avg_pool1d", "adaptive_avg_pool2d", "_adaptive_avg_pool2d")
+@aten("adaptive_avg_pool1d", "adaptive_avg_pool2d", "_adaptive_avg_pool2d", emits=("global_avg_pool", "avg_pool"))
 def adaptive_avg_pool(builder: Builder, call: Call) -> str:
     """Output size 1 is a global average; other sizes that divide the input are a plain average pool."""
     x = builder.tensor(call["self"])
@@ -513,7 +516,7 @@ _INTERPOLATIONS = {  # ATen op -> (mode, coordinate transformation, nearest roun
 }
 
 
-@aten(*_INTERPOLATIONS)
+@aten(*_INTERPOLATIONS, emits=("resize",))
 def interpolate(builder: Builder, call: Call) -> str:
     """F.interpolate: the output sizes torch recorded; the scale factors, when given, drive the coordinates
     (torch uses 1/scale_factor, not in/out, unless recompute_scale_factor)."""
@@ -539,7 +542,7 @@ def interpolate(builder: Builder, call: Call) -> str:
 # ---------------------------------------------------------------- shape ops
 
 
-@aten("expand")
+@aten("expand", emits=("expand",))
 def expand_(builder: Builder, call: Call) -> str:
     """To the shape torch recorded (the batch axis stays dynamic)."""
     x = builder.tensor(call["self"])
@@ -547,7 +550,7 @@ def expand_(builder: Builder, call: Call) -> str:
     return builder.emit1("expand", [x], {"shape": shape})
 
 
-@aten("repeat")
+@aten("repeat", emits=("unsqueeze", "tile"))
 def repeat(builder: Builder, call: Call) -> str:
     """Tile; more repeats than axes first add leading axes of size 1."""
     x = builder.tensor(call["self"])
@@ -558,7 +561,7 @@ def repeat(builder: Builder, call: Call) -> str:
     return builder.emit1("tile", [x], {"repeats": repeats})
 
 
-@aten("index_select")
+@aten("index_select", emits=("gather",))
 def index_select(builder: Builder, call: Call) -> str:
     x = builder.tensor(call["self"])
     indices = builder.value(call["index"])
@@ -568,7 +571,7 @@ def index_select(builder: Builder, call: Call) -> str:
                                          "indices": indices.tolist()})
 
 
-@aten("index")
+@aten("index", emits=("gather",))
 def index(builder: Builder, call: Call) -> str:
     """x[..., idx] with one known index tensor (the other axes taken whole)."""
     x = builder.tensor(call["self"])
@@ -583,7 +586,7 @@ def index(builder: Builder, call: Call) -> str:
     return builder.emit1("gather", [x], {"axis": axis, "indices": indices.tolist()})
 
 
-@aten("view", "reshape", "_unsafe_view", "view_copy", "unflatten")
+@aten("view", "reshape", "_unsafe_view", "view_copy", "unflatten", emits=("reshape",))
 def reshape(builder: Builder, call: Call) -> str:
     """A reshape to the shape torch recorded: sizes that follow the batch become 0 (copy) or -1 (infer)."""
     x = builder.tensor(call["self"])
@@ -601,7 +604,7 @@ def reshape(builder: Builder, call: Call) -> str:
     return builder.emit1("reshape", [x], {"shape": target})
 
 
-@aten("flatten")
+@aten("flatten", emits=("flatten", "reshape"))
 def flatten(builder: Builder, call: Call) -> str:
     x = builder.tensor(call["self"])
     rank = len(builder.shape(x))
@@ -610,14 +613,14 @@ def flatten(builder: Builder, call: Call) -> str:
     return reshape(builder, call)
 
 
-@aten("permute")
+@aten("permute", emits=("transpose",))
 def permute(builder: Builder, call: Call) -> str:
     x = builder.tensor(call["self"])
     rank = len(builder.shape(x))
     return builder.emit1("transpose", [x], {"perm": [normalize(d, rank) for d in call["dims"]]})
 
 
-@aten("transpose", "t")
+@aten("transpose", "t", emits=("transpose",))
 def transpose(builder: Builder, call: Call) -> str:
     x = builder.tensor(call["self"])
     rank = len(builder.shape(x))
@@ -629,14 +632,14 @@ def transpose(builder: Builder, call: Call) -> str:
     return builder.emit1("transpose", [x], {"perm": perm})
 
 
-@aten("cat", "concat")
+@aten("cat", "concat", emits=("concat",))
 def cat(builder: Builder, call: Call) -> str:
     inputs = [builder.tensor(t) for t in call["tensors"]]
     rank = len(builder.shape(inputs[0]))
     return builder.emit1("concat", inputs, {"axis": normalize(call["dim"], rank)})
 
 
-@aten("split", "split_with_sizes", "chunk", "tensor_split")
+@aten("split", "split_with_sizes", "chunk", "tensor_split", emits=("split",))
 def split(builder: Builder, call: Call) -> list[str | None]:
     """Every flavour of split, by the piece sizes torch recorded."""
     x = builder.tensor(call["self"])
@@ -658,7 +661,7 @@ def _bound(value: Any, axis_size: Any) -> int:
     return int(value)
 
 
-@aten("slice")
+@aten("slice", emits=("slice",))
 def slice_(builder: Builder, call: Call) -> str:
     x = builder.tensor(call["self"])
     shape = builder.shape(x)
@@ -673,7 +676,7 @@ def slice_(builder: Builder, call: Call) -> str:
     return builder.emit1("slice", [x], {"starts": [start], "ends": [end], "axes": [axis], "steps": [step]})
 
 
-@aten("flip")
+@aten("flip", emits=("slice",))
 def flip(builder: Builder, call: Call) -> str:
     """A slice with step -1 along each listed axis."""
     x = builder.tensor(call["self"])
@@ -684,7 +687,7 @@ def flip(builder: Builder, call: Call) -> str:
                                         "steps": [-1] * len(axes)})
 
 
-@aten("select")
+@aten("select", emits=("slice", "squeeze"))
 def select(builder: Builder, call: Call) -> str:
     x = builder.tensor(call["self"])
     shape = builder.shape(x)
@@ -697,7 +700,7 @@ def select(builder: Builder, call: Call) -> str:
     return builder.emit1("squeeze", [piece], {"axes": [axis]})
 
 
-@aten("squeeze")
+@aten("squeeze", emits=("squeeze",))
 def squeeze(builder: Builder, call: Call) -> str:
     """torch ignores axes whose size is not 1; so do we."""
     x = builder.tensor(call["self"])
@@ -708,18 +711,18 @@ def squeeze(builder: Builder, call: Call) -> str:
     return builder.emit1("squeeze", [x], {"axes": axes}) if axes else x
 
 
-@aten("unsqueeze")
+@aten("unsqueeze", emits=("unsqueeze",))
 def unsqueeze(builder: Builder, call: Call) -> str:
     x = builder.tensor(call["self"])
     return builder.emit1("unsqueeze", [x], {"axes": [normalize(call["dim"], len(builder.shape(x)) + 1)]})
 
 
-@aten("constant_pad_nd")
+@aten("constant_pad_nd", emits=("pad",))
 def constant_pad(builder: Builder, call: Call) -> str:
     return _pad(builder, builder.tensor(call["self"]), call["pad"], "constant", float(call["value"]))
 
 
-@aten("reflection_pad1d", "reflection_pad2d", "replication_pad1d", "replication_pad2d")
+@aten("reflection_pad1d", "reflection_pad2d", "replication_pad1d", "replication_pad2d", emits=("pad",))
 def mode_pad(builder: Builder, call: Call) -> str:
     mode = "reflect" if call.name.startswith("reflection") else "edge"
     return _pad(builder, builder.tensor(call["self"]), call["padding"], mode, 0.0)
@@ -754,6 +757,6 @@ def _reduce(op: str) -> Any:
     return converter
 
 
-aten("mean")(_reduce("reduce_mean"))
-aten("sum")(_reduce("reduce_sum"))
-aten("amax")(_reduce("reduce_max"))
+aten("mean", emits=("reduce_mean",))(_reduce("reduce_mean"))
+aten("sum", emits=("reduce_sum",))(_reduce("reduce_sum"))
+aten("amax", emits=("reduce_max",))(_reduce("reduce_max"))

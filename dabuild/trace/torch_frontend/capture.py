@@ -151,6 +151,17 @@ def example_inputs(shapes: dict[str, Shape], batch: int) -> list[torch.Tensor]:
     return [torch.randn((batch, *shape[1:]), generator=generator) for shape in shapes.values()]  # type: ignore[misc]
 
 
+def _refuse_wide_floats(model: torch.nn.Module) -> None:
+    """UsageError for a module holding float64 parameters or buffers: dabuild computes in float32, which would
+    change what it computes (inf where the float64 answer is finite, lost digits), so it is never done silently."""
+    wide = [(name, tensor.dtype) for name, tensor in (*model.named_parameters(), *model.named_buffers())
+            if tensor.is_floating_point() and tensor.dtype.itemsize > 4]
+    if wide:
+        names = ", ".join(name for name, _ in wide[:3]) + (", ..." if len(wide) > 3 else "")
+        raise UsageError(f"{describe(model)} computes in {wide[0][1]} ({names}); dabuild computes in float32, "
+                         "which would change its results: convert it with model.float()")
+
+
 def capture_module(
     model: torch.nn.Module, shapes: dict[str, Shape], known: Callable[[Any], bool], progress: Progress
 ) -> Capture:
@@ -158,6 +169,7 @@ def capture_module(
 
     `known` tells which ATen ops the caller maps, so export decomposes only the others.
     """
+    _refuse_wide_floats(model)
     batch = example_batch(shapes)
     examples = example_inputs(shapes, batch)
     try:

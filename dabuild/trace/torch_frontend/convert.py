@@ -68,13 +68,28 @@ def bind(node: fx.Node) -> Call:
     return Call(node, args)
 
 
-Converter = Callable[["Builder", Call], Any]
+ConvertFunction = Callable[["Builder", Call], Any]
+
+
+@dataclass(frozen=True)
+class Converter:
+    convert: ConvertFunction
+    emits: tuple[str, ...] | None = None  # the IR ops it may emit (docs/ops.md's coverage); None = undeclared
+
+
 CONVERTERS: Registry[Converter] = Registry("converter", "the torch frontend")
 
 
-def aten(*names: str) -> Callable[[Converter], Converter]:
-    """Register a converter for the ATen ops (overload packets) `names`."""
-    return CONVERTERS.register(*names)
+def aten(*names: str, emits: tuple[str, ...] | None = None) -> Callable[[ConvertFunction], ConvertFunction]:
+    """Register a converter for the ATen ops (overload packets) `names`; `emits` names the IR ops it may emit.
+
+    The declaration feeds the coverage table and is held to: `Builder.emit` refuses an op it does not list.
+    """
+    def register(function: ConvertFunction) -> ConvertFunction:
+        for name in names:
+            CONVERTERS.add(name, Converter(function, emits))
+        return function
+    return register
 
 
 def op_name(target: Any) -> str:
@@ -99,6 +114,7 @@ class Builder:
         self.names = dict(capture.names)  # node -> state-dict key, also for values folded from one parameter
         self._constant_names: dict[tuple[tuple[int, ...], bytes], str] = {}
         self._used: set[str] = set(input_names)
+        self.declared: tuple[str, ...] | None = None  # the IR ops the running converter says it emits
         self.batch = {
             size.node.expr
             for node in capture.inputs
@@ -197,6 +213,9 @@ class Builder:
         implementation = OPS.get(op)
         if implementation is None:
             raise Unsupported(f"dabuild has no {op!r} op")
+        if self.declared is not None and op not in self.declared:
+            raise BuildError(f"torch frontend: a converter emits {op!r}, which it does not declare in `emits` "
+                             f"({', '.join(self.declared) or 'nothing'}); docs/ops.md would be wrong")
         name = self.fresh(hint or op)
         names = [name] if outputs == 1 else [self.fresh(f"{name}.{index}") for index in range(outputs)]
         try:
@@ -270,7 +289,9 @@ def _convert_call(builder: Builder, node: fx.Node) -> None:
         elif not _has_converter(node):
             raise Unsupported("")
         else:
-            result = CONVERTERS[op_name(node.target)](builder, bind(node))
+            converter = CONVERTERS[op_name(node.target)]
+            builder.declared = converter.emits
+            result = converter.convert(builder, bind(node))
         _check_shapes(builder, node, result)
     except Unsupported as reason:
         builder.failed[node] = str(reason)

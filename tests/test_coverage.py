@@ -1,0 +1,52 @@
+"""docs/ops.md (coverage table and op reference) is generated from the registries and kept current."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dabuild import coverage
+from dabuild.errors import BuildError
+from dabuild.ir.ops import OPS
+
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "ops.md"
+
+
+def test_docs_ops_md_is_current() -> None:
+    text = DOCS.read_text(encoding="utf-8")
+    assert text == coverage.page(), "docs/ops.md is stale: run `python -m dabuild.coverage > docs/ops.md`"
+    for name in OPS:
+        assert text.count(f"| `{name}` |") == 2  # a coverage row and a reference row
+
+
+def test_every_converter_and_lowering_declares_what_it_makes() -> None:
+    assert coverage.undeclared_converters() == []
+    assert coverage.undeclared_lowerings() == []
+
+
+def test_rows_follow_the_registries() -> None:
+    rows = {row["op"]: row for row in coverage.rows()}
+    assert set(rows) == set(OPS)
+    assert rows["conv"]["c"] == "int" and rows["conv"]["onnx"] == "int + float"
+    assert rows["div"]["integer lowering"] == "float island" and rows["div"]["c"] == "—"
+    assert rows["softmax"]["hdl"] == "—"  # registered only to refuse, with the reason
+    assert "Conv" in rows["conv"]["onnx frontend"] and "conv2d" in rows["conv"]["torch frontend"]
+
+
+def test_an_undeclared_emit_is_refused_while_converting() -> None:
+    onnx = pytest.importorskip("onnx")
+    from onnx import helper
+
+    from dabuild.trace.onnx_frontend.converters import CONVERTERS, Converter
+    from dabuild.trace.onnx_frontend.tracer import OnnxTracer
+
+    node = helper.make_node("Relu", ["x"], ["y"])
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 4])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    relu = CONVERTERS["Relu"]
+    with CONVERTERS.without("Relu"):  # its real entry comes back on exit, replacing this one
+        CONVERTERS.add("Relu", Converter(relu.convert, relu.static, ("sigmoid",)))
+        with pytest.raises(BuildError, match="emits 'relu', which it does not declare"):
+            OnnxTracer(model).trace()
