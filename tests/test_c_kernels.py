@@ -73,6 +73,8 @@ CASES: dict[str, tuple[list[Node], tuple[int, ...], dict[str, np.ndarray], str, 
     "clip": ([Node("a", "clip", ["x"], ["y"], {"min": -1.0, "max": 0.5})], (3, 4), {}, "per_tensor", {"clamp"}),
     "tanh": ([Node("a", "tanh", ["x"], ["y"], {})], (10,), {}, "per_tensor", {"lookup"}),
     "gelu": ([Node("a", "gelu", ["x"], ["y"], {})], (2, 5), {}, "per_tensor", {"lookup"}),
+    "elu then exp": ([Node("a", "elu", ["x"], ["e"], {"alpha": 0.5}), Node("b", "exp", ["e"], ["y"], {})], (2, 5), {},
+                     "per_tensor", {"lookup"}),
     "add broadcast constant": ([conv_node("c", "x", "c_out"), Node("plus", "add", ["c_out", "shift"], ["y"], {})],
                                (4, 5, 5), {"c_w": weights(4, 4, 1, 1), "c_b": weights(4),
                                            "shift": weights(4, 1, 1, scale=1.0)}, "per_tensor", {"add"}),
@@ -142,6 +144,43 @@ CASES: dict[str, tuple[list[Node], tuple[int, ...], dict[str, np.ndarray], str, 
                      "per_tensor", {"pad"}),
     "pad edge": ([Node("p", "pad", ["x"], ["y"], {"pads": [0, 0, 1, 1, 0, 0, 1, 1], "mode": "edge"})], (3, 2, 5),
                  {}, "per_tensor", {"pad"}),
+    "gather tile expand": ([Node("g", "gather", ["x"], ["a"], {"axis": 3, "indices": [[4, 0], [2, -1]]}),
+                            Node("t", "tile", ["a"], ["b"], {"repeats": [1, 1, 1, 2, 1]}),
+                            Node("e", "expand", ["b"], ["y"], {"shape": [1, 3, 4, 4, 2]})], (3, 1, 5), {},
+                           "per_tensor", {"indexed"}),
+    "resize nearest": ([conv_node("c", "x", "a"), Node("r", "resize", ["a"], ["y"], {
+        "sizes": [1, 4, 7, 10], "scales": [1, 1, 7 / 3, 2], "coordinate_transformation_mode": "half_pixel"})],
+        (3, 3, 5), {"c_w": weights(4, 3, 1, 1), "c_b": weights(4)}, "per_tensor", {"indexed"}),
+    "resize linear two axes": ([conv_node("c", "x", "a"), Node("r", "resize", ["a"], ["y"], {
+        "sizes": [1, 4, 7, 10], "scales": [1, 1, 7 / 3, 2], "mode": "linear"})],
+        (3, 3, 5), {"c_w": weights(4, 3, 1, 1), "c_b": weights(4)}, "per_tensor", {"resize_linear"}),
+    "resize linear last axis align corners": ([Node("r", "resize", ["x"], ["y"], {
+        "sizes": [1, 3, 11], "scales": [1, 1, 11 / 4], "mode": "linear",
+        "coordinate_transformation_mode": "align_corners"})], (3, 4), {}, "per_tensor", {"resize_linear"}),
+    "resize linear rows only": ([Node("r", "resize", ["x"], ["y"], {
+        "sizes": [1, 2, 6, 3], "scales": [1, 1, 2, 1], "mode": "linear"})], (2, 3, 3), {}, "per_tensor",
+        {"resize_linear"}),
+    "max min of feature maps": ([conv_node("c", "x", "a"), conv_node("d", "x", "b", pads=[1, 1, 1, 1]),
+                                 Node("big", "max", ["a", "b"], ["m"], {}), Node("small", "min", ["m", "x"], ["y"], {})],
+                                (3, 5, 5), {"c_w": weights(3, 3, 1, 1), "c_b": weights(3), "d_w": weights(3, 3, 3, 3),
+                                            "d_b": weights(3, scale=2.0)}, "per_tensor", {"pick"}),
+    "where constant condition": ([conv_node("c", "x", "a"), Node("w", "where", ["mask", "a", "x"], ["y"], {})],
+                                 (3, 4, 5), {"c_w": weights(3, 3, 1, 1), "c_b": weights(3),
+                                             "mask": RNG.uniform(size=(4, 5)) > 0.5}, "per_tensor", {"pick"}),
+    "matmul of activations": ([Node("q", "dense", ["x", "wq"], ["a"], {}), Node("k", "dense", ["x", "wk"], ["b"], {}),
+                               Node("t", "transpose", ["b"], ["bt"], {"perm": [0, 2, 1]}),
+                               Node("scores", "matmul", ["a", "bt"], ["y"], {})], (4, 6),
+                              {"wq": weights(6, 5), "wk": weights(6, 5)}, "per_tensor", {"matmul"}),
+    "conv_transpose stride 2 groups output padding": (
+        [Node("up", "conv_transpose", ["x", "up_w", "up_b"], ["y"], {
+            "strides": [2, 2], "pads": [1, 0, 1, 1], "groups": 2, "output_padding": [1, 0]})],
+        (4, 3, 4), {"up_w": weights(4, 3, 3, 2), "up_b": weights(6)}, "per_channel", {"conv_transpose"}),
+    "conv_transpose 1-D dilated": ([Node("up", "conv_transpose", ["x", "up_w"], ["y"], {"dilations": [2], "strides": [3]})],
+                                   (3, 5), {"up_w": weights(3, 4, 3)}, "per_tensor", {"conv_transpose"}),
+    "prelu per channel": ([conv_node("c", "x", "a", pads=[1, 1, 1, 1]), Node("p", "prelu", ["a", "slope"], ["y"], {})],
+                          (3, 4, 5), {"c_w": weights(4, 3, 3, 3), "c_b": weights(4),
+                                      "slope": np.array([0.25, -0.5, 0.0, 1.5]).reshape(4, 1, 1)}, "per_tensor",
+                          {"prelu"}),
     "pad reflect of feature maps": ([conv_node("c", "x", "a"), Node("p", "pad", ["a"], ["y"], {
         "pads": [0, 0, 2, 1, 0, 0, 1, 2], "mode": "reflect"})], (3, 4, 5),
         {"c_w": weights(4, 3, 1, 1), "c_b": weights(4)}, "per_tensor", {"pad"}),
@@ -323,6 +362,14 @@ def test_a_layer_without_a_kernel_is_named(tmp_path: Path) -> None:
         CTarget().export(qgraph, tmp_path)
 
 
+def test_a_3d_conv_is_refused_naming_layer_and_op(tmp_path: Path) -> None:
+    graph = graph_of([conv_node("volume", "x", "y", pads=[1] * 6)], (2, 3, 4, 4),
+                     {"volume_w": weights(3, 2, 3, 3, 3), "volume_b": weights(3)})
+    qgraph = lower(graph, image(50, (2, 3, 4, 4)), default_config(graph, C_CAPABILITY))
+    with pytest.raises(BuildError, match=r"layer 'volume': the C target has no kernel for op 'conv'.*3-D convolution"):
+        CTarget().export(qgraph, tmp_path)
+
+
 def test_ops_along_the_batch_axis_are_refused(tmp_path: Path) -> None:
     graph = graph_of([Node("fa", "dense", ["x", "wa"], ["a"], {}), Node("fb", "dense", ["x", "wb"], ["b"], {}),
                       Node("stack", "concat", ["a", "b"], ["y"], {"axis": 0})], (4,),
@@ -364,3 +411,13 @@ def test_native_integer_reference_equals_the_numpy_one(case: str, monkeypatch: p
     compiled = run_integer(qgraph, x_q)
     monkeypatch.setenv(native.SWITCH, "0")
     np.testing.assert_array_equal(compiled, run_integer(qgraph, x_q))
+
+
+def test_new_integer_layers_are_exact_end_to_end(tmp_path: Path) -> None:
+    from test_onnx_target import DATA, new_ops_net
+
+    graph = new_ops_net()
+    qgraph = lower(graph, DATA["x_train"][:300], default_config(graph, C_CAPABILITY))
+    actual, expected, manifest = build_and_run(qgraph, tmp_path)
+    assert np.array_equal(actual, expected)
+    assert {"indexed", "pick", "matmul", "lookup"} <= set(manifest["kernels"].values())

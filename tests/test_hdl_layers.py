@@ -90,6 +90,7 @@ def conv_weights(out_channels: int, in_channels: int, kernel: tuple[int, ...], s
     ((4, 5, 5), {"groups": 2, "pads": [1, 0, 0, 1]}, 4, "per_channel"),
     ((3, 5, 4), {"groups": 3, "pads": [1, 1, 1, 1], "activation": "relu"}, 3, "per_channel"),  # depthwise
     ((3, 9), {"strides": [2], "pads": [2, 1], "dilations": [2]}, 2, "per_tensor"),               # 1-D
+    ((2, 3, 4, 4), {"pads": [1, 0, 1, 1, 1, 0]}, 2, "per_channel"),                              # 3-D
 ])
 def test_conv(shape: tuple[int, ...], attrs: dict[str, Any], out_channels: int, granularity: str) -> None:
     kernel = (3,) * (len(shape) - 1)
@@ -128,6 +129,57 @@ def test_mul_of_two_activations() -> None:
     assert_exact(qgraph)
 
 
+@pytest.mark.parametrize("op", ["max", "min", "where"])
+def test_max_min_and_where_requantize_then_pick(op: str) -> None:
+    rng = np.random.default_rng(11)
+    nodes: list[Spec] = [("a", "dense", ["x", "wa"], {}), ("b", "dense", ["x", "wb"], {}),
+                         ("y", op, ["c", "a", "b"] if op == "where" else ["a", "b"], {})]
+    qgraph = fixed_point_graph((4,), nodes, {"wa": rng.normal(0, 4, (4, 3)), "wb": rng.normal(0, 0.3, (4, 3)),
+                                             "c": np.array([True, False, True])}, dtypes={"b": "int5"})
+    assert qgraph.layers[-1].op == op
+    assert_exact(qgraph)
+
+
+def test_matmul_of_two_activations() -> None:
+    rng = np.random.default_rng(12)
+    nodes: list[Spec] = [("a", "dense", ["x", "wa"], {}), ("b", "dense", ["x", "wb"], {}),
+                         ("bt", "transpose", ["b"], {"perm": [0, 2, 1]}), ("y", "matmul", ["a", "bt"], {})]
+    qgraph = fixed_point_graph((3, 4), nodes, {"wa": rng.normal(size=(4, 3)), "wb": rng.normal(size=(4, 3))},
+                               dtypes={"a": "int5", "b": "int5", "y": "int7"})
+    assert_exact(qgraph)
+
+
+@pytest.mark.parametrize(("op", "attrs"), [
+    ("gather", {"axis": 2, "indices": [[3, 0], [1, -1]]}),
+    ("tile", {"repeats": [1, 2, 1]}),
+    ("expand", {"shape": [1, 2, 3, 4]}),
+    ("resize", {"sizes": [1, 3, 9], "scales": [1, 1, 2.25], "coordinate_transformation_mode": "half_pixel"}),
+])
+def test_value_moves(op: str, attrs: dict[str, Any]) -> None:
+    shape = (1, 3, 4) if op == "expand" else (3, 4)
+    qgraph = fixed_point_graph(shape, [("y", op, ["x"], attrs)])
+    assert_exact(qgraph)
+
+
+@pytest.mark.parametrize("groups", [1, 2])
+def test_transposed_conv_as_a_constant_linear_map(groups: int) -> None:
+    rng = np.random.default_rng(13)
+    attrs = {"strides": [2, 2], "pads": [1, 0, 1, 1], "groups": groups, "output_padding": [1, 0]}
+    qgraph = fixed_point_graph((2, 3, 3), [("y", "conv_transpose", ["x", "w", "b"], attrs)],
+                               {"w": rng.normal(0, 0.5, (2, 4 // groups, 3, 2)), "b": rng.normal(0, 0.2, 4)},
+                               granularity="per_channel", dtypes={"y": "int6"})
+    assert_exact(qgraph)
+
+
+@pytest.mark.parametrize("mode", ["half_pixel", "align_corners"])
+def test_linear_resize_as_a_constant_linear_map(mode: str) -> None:
+    attrs = {"sizes": [1, 2, 5, 7], "scales": [1, 1, 5 / 3, 7 / 4], "mode": "linear",
+             "coordinate_transformation_mode": mode}
+    qgraph = fixed_point_graph((2, 3, 4), [("y", "resize", ["x"], attrs)])
+    assert qgraph.layers[-1].op == "resize_linear"
+    assert_exact(qgraph)
+
+
 def test_concat_requantizes_each_part() -> None:
     rng = np.random.default_rng(7)
     nodes: list[Spec] = [("a", "dense", ["x", "wa"], {}), ("b", "dense", ["x", "wb"], {}),
@@ -154,7 +206,7 @@ def test_pooling_and_reductions(op: str, attrs: dict[str, Any]) -> None:
     assert_exact(qgraph)
 
 
-@pytest.mark.parametrize("op", ["sigmoid", "tanh", "gelu"])
+@pytest.mark.parametrize("op", ["sigmoid", "tanh", "gelu", "elu", "softplus", "erf"])
 def test_table_activations(op: str) -> None:
     nodes: list[Spec] = [("h", "dense", ["x", "w"], {"activation": "relu"}), ("g", "dense", ["h", "v"], {}),
                          ("y", op, ["g"], {})]

@@ -86,7 +86,7 @@ def image(n: int = 64, shape: tuple[int, ...] = (4, 7, 7), seed: int = 1) -> np.
 
 def test_quantized_roles_follow_the_lowerings() -> None:
     weighted = {op for op in LOWERINGS if quantizable_roles(op) == ("weight", "activation")}
-    assert weighted == {"conv", "dense"}
+    assert weighted == {"conv", "conv_transpose", "dense"}
     assert all(quantizable_roles(op) == ("activation",) for op in set(LOWERINGS) - weighted)
     assert quantizable_roles("no_such_op") is None
 
@@ -197,15 +197,17 @@ def two_branches(op: str, width: int = 6, scale: float = 3.0, **attrs: object) -
     return graph_of(nodes, (8,), constants)
 
 
-@pytest.mark.parametrize("op,axis", [("add", None), ("sub", None), ("mul", None), ("concat", 1), ("concat", 0)])
+@pytest.mark.parametrize("op,axis", [("add", None), ("sub", None), ("mul", None), ("concat", 1), ("concat", 0),
+                                     ("max", None), ("min", None)])
 def test_binary_ops_on_inputs_with_different_scales(op: str, axis: int | None) -> None:
     graph = two_branches(op, **({} if axis is None else {"axis": axis}))
     x = image(200, (8,))
     qgraph = lower(graph, x)
     a, b = (qgraph.tensors[name].params for name in ("a", "b"))
     assert a.scale != b.scale
-    # add/sub round twice (each input to the common scale, then the sum), mul and concat once.
-    assert error_in_steps(graph, qgraph, x) <= (1.5 if op in ("add", "sub") else 1.0)
+    # add/sub round twice (each input to the common scale, then the sum), mul and concat once; max and min
+    # requantize each input to the output's scale, so one input's own half step of rounding comes through too.
+    assert error_in_steps(graph, qgraph, x) <= (1.5 if op in ("add", "sub", "max", "min") else 1.0)
 
 
 def test_add_of_a_broadcast_constant() -> None:
@@ -259,6 +261,98 @@ def test_table_activations_are_the_float_op_quantized(op: str, attrs: dict[str, 
     assert error_in_steps(graph, qgraph, x) <= 0.5 + 1e-6
 
 
+@pytest.mark.parametrize("op,attrs", [("elu", {"alpha": 0.5}), ("selu", {}), ("softplus", {}), ("softsign", {}),
+                                      ("abs", {}), ("neg", {}), ("exp", {}), ("log", {}), ("sqrt", {}),
+                                      ("reciprocal", {}), ("pow", {"exponent": 3.0}), ("pow", {"exponent": 0.5}),
+                                      ("erf", {})])
+def test_elementwise_functions_are_exact_lookup_tables(op: str, attrs: dict[str, object]) -> None:
+    """Every elementwise function of one value is a table of its quantized results: exact on all 256 inputs
+    (log, sqrt, reciprocal and fractional powers on a positive input range, where they are defined)."""
+    graph = graph_of([Node("act", op, ["x"], ["y"], attrs)], (10,))
+    x = image(100, (10,), seed=5) * 2
+    if op in ("log", "sqrt", "reciprocal") or attrs.get("exponent") == 0.5:
+        x = np.abs(x) + 0.3
+    qgraph = lower(graph, x)
+    assert [layer.op for layer in qgraph.layers] == ["lookup"]
+    source, target = qgraph.input_params, qgraph.output_params
+    every = np.arange(-128, 128, dtype=np.int8).reshape(-1, 1).repeat(10, axis=1)
+    exact = target.quantize(OPS[op].run([source.dequantize(every)], attrs)[0])
+    assert np.array_equal(run_integer(qgraph, every), exact)
+    if op not in ("log", "reciprocal"):  # steep near 0, where the input's own rounding dominates the error
+        assert error_in_steps(graph, qgraph, x) <= 0.5 + 1e-6
+
+
+def test_matmul_of_two_activations_matches_float() -> None:
+    """Attention scores: two projections of the input, one transposed, multiplied."""
+    constants = {"wq": RNG.normal(0, 0.5, (6, 5)), "wk": RNG.normal(0, 0.5, (6, 5))}
+    nodes = [Node("query", "dense", ["x", "wq"], ["q"], {}), Node("key", "dense", ["x", "wk"], ["k"], {}),
+             Node("turn", "transpose", ["k"], ["kt"], {"perm": [0, 2, 1]}),
+             Node("scores", "matmul", ["q", "kt"], ["y"], {})]
+    graph = graph_of(nodes, (4, 6), constants)
+    x = image(100, (4, 6))
+    qgraph = lower(graph, x)
+    assert qgraph.layers[-1].op == "matmul"
+    assert error_in_steps(graph, qgraph, x) <= 2.0  # q and k each carry their own rounding into the products
+
+
+@pytest.mark.parametrize("slope", [[0.2], [0.25, -0.5, 0.0, 1.5]])
+def test_prelu_is_a_table_or_two_requantizations(slope: list[float]) -> None:
+    """One slope: the leaky_relu table (exact); one per channel, of any sign: within one step of float."""
+    graph = graph_of([Node("act", "prelu", ["x", "slope"], ["y"], {})], (4, 3),
+                     {"slope": np.array(slope).reshape(-1, 1)})
+    x = image(100, (4, 3)) * 2
+    qgraph = lower(graph, x)
+    assert qgraph.layers[0].op == ("lookup" if len(slope) == 1 else "prelu")
+    assert error_in_steps(graph, qgraph, x) <= 1.0
+
+
+@pytest.mark.parametrize("granularity", ["per_tensor", "per_channel"])
+def test_transposed_conv_matches_float_within_two_steps(granularity: str) -> None:
+    constants = {"w": RNG.normal(0, 0.4, (4, 3, 3, 3)), "b": RNG.normal(0, 0.2, 6)}
+    graph = graph_of([Node("up", "conv_transpose", ["x", "w", "b"], ["y"],
+                           {"strides": [2, 2], "pads": [1, 0, 1, 1], "groups": 2, "output_padding": [1, 0]})],
+                     (4, 3, 4), constants)
+    x = image(100, (4, 3, 4))
+    qgraph = lower(graph, x, with_weights(default_config(graph, C_CAPABILITY), granularity=granularity))
+    assert qgraph.layers[0].op == "conv_transpose"
+    assert error_in_steps(graph, qgraph, x) <= 2.0
+
+
+def test_where_with_a_constant_condition_picks_requantized_values() -> None:
+    condition = np.arange(8) % 3 == 0
+    graph = Graph([TensorSpec("x", (None, 8))], ["y"],
+                  [Node("fc", "dense", ["x", "w"], ["h"], {}), Node("pick", "where", ["c", "h", "x"], ["y"], {})],
+                  {"w": RNG.normal(0, 0.5, (8, 8)).astype(np.float32), "c": condition})
+    x = image(100, (8,))
+    qgraph = lower(graph, x)
+    assert qgraph.layers[-1].op == "where"
+    assert error_in_steps(graph, qgraph, x) <= 1.0
+
+
+@pytest.mark.parametrize("mode", ["half_pixel", "align_corners"])
+def test_linear_resize_is_one_exact_sum_in_fixed_point(mode: str) -> None:
+    attrs = {"sizes": [1, 3, 7, 9], "scales": [1, 1, 7 / 4, 9 / 5], "mode": "linear",
+             "coordinate_transformation_mode": mode}
+    constants = {"w": np.random.default_rng(14).normal(0, 0.5, (3, 3, 1, 1))}
+    graph = graph_of([Node("c", "conv", ["x", "w"], ["a"], {}), Node("up", "resize", ["a"], ["y"], attrs)],
+                     (3, 4, 5), constants)
+    x = image(100, (3, 4, 5))
+    qgraph = lower(graph, x)
+    assert qgraph.layers[-1].op == "resize_linear"
+    # the conv output's own half step (interpolation keeps it: the weights sum to one) and the resize's half step
+    assert error_in_steps(graph, qgraph, x) <= 1.0 + 0.5
+
+
+@pytest.mark.parametrize("op,attrs", [("layer_norm", {}), ("lrn", {"size": 3}), ("log_softmax", {})])
+def test_float_only_ops_are_refused_saying_they_must_run_in_float(op: str, attrs: dict[str, object]) -> None:
+    graph = graph_of([Node("norm", op, ["x"], ["y"], attrs)], (4, 2))
+    stats = calibrate(graph, [{"x": image(10, (4, 2))}], Progress.silent())
+    with pytest.raises(BuildError, match=rf"node 'norm'.*{op}.* must run in float .*float island"):
+        quantize(graph, stats, QuantConfig({"norm": NodeConfig(weight=None, activation=INT8_ACTIVATION)}))
+    with pytest.raises(BuildError, match=rf"node 'norm': op '{op}' must run in float"):
+        default_config(graph, C_CAPABILITY)
+
+
 @pytest.mark.parametrize("shape,axis", [((10,), -1), ((3, 6), 1)])
 def test_softmax_in_fixed_point(shape: tuple[int, ...], axis: int) -> None:
     graph = graph_of([Node("probabilities", "softmax", ["x"], ["y"], {"axis": axis})], shape)
@@ -287,6 +381,11 @@ LAYOUT_CASES = {
     "slice": ("slice", {"starts": [1, 0], "ends": [3, 5], "axes": [1, 3], "steps": [1, 2]}),
     "pad": ("pad", {"pads": [0, 0, 1, 2, 0, 0, 3, 0]}),
     "pad edge": ("pad", {"pads": [0, 0, 1, 1, 0, 0, 1, 1], "mode": "edge"}),
+    "gather": ("gather", {"axis": 3, "indices": [[4, 0], [0, -2]]}),
+    "tile": ("tile", {"repeats": [1, 2, 3, 1]}),
+    "expand": ("expand", {"shape": [1, 3, 4, 5]}),
+    "resize nearest": ("resize", {"sizes": [1, 3, 2, 8], "scales": [1, 1, 2, 1.6],
+                                  "coordinate_transformation_mode": "half_pixel"}),
 }
 
 

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tarfile
 from collections.abc import Callable
+from typing import Any
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +23,7 @@ from dabuild.errors import BuildError, CheckError
 from dabuild.ir import Graph, Node, TensorSpec
 from dabuild.progress import Progress
 from dabuild.quant.calibrate import calibrate
-from dabuild.quant.config import NodeConfig, default_config
+from dabuild.quant.config import NodeConfig, QuantConfig, default_config
 from dabuild.quant.layers.fallback import QFloat
 from dabuild.quant.qgraph import QGraph
 from dabuild.quant.quantize import quantize
@@ -221,3 +222,71 @@ def test_digits_recipe_builds_and_checks_an_nnef_target(digits: Path, tmp_path: 
     assert summary["outcomes"]["export:tract"] == "executed" and summary["outcomes"]["tune:tract"] == "executed"
     check = summary["checks"]["tract"]
     assert check["ok"] and check["tolerance"] == "approximate" and check["mismatches"] == 0
+
+
+NEW_FLOAT_OPS = ("slice", "elu", "selu", "softplus", "softsign", "abs", "neg", "exp", "log", "sqrt", "reciprocal", "pow", "erf",
+                 "log_softmax", "min", "prelu", "instance_norm", "layer_norm", "group_norm", "lrn", "conv_transpose",
+                 "conv3d", "max_pool3d", "resize", "gather", "tile", "expand")
+
+
+def float_op_cases() -> dict[str, Any]:
+    """The one-node graphs of test_onnx_float with one dynamic input, for the ops NEW_FLOAT_OPS names."""
+    from test_onnx_float import CASES
+
+    return {name: case for name, case in CASES.items() if not case.extra_inputs and case.outputs == 1
+            and any(name.startswith(op) or case.op == op for op in NEW_FLOAT_OPS)}
+
+
+@pytest.mark.parametrize("name", sorted(float_op_cases()))
+def test_float_ops_in_tract_agree_with_the_reference(name: str, tmp_path: Path) -> None:
+    """Each op as an fp32-fallback layer between int8 tensors: tract's result within one output step."""
+    case = float_op_cases()[name]
+    graph = case.graph()
+    x = np.random.default_rng(5).standard_normal((64, *case.x[1:])).astype(np.float32)
+    if case.op in ("log", "sqrt", "reciprocal"):
+        x = np.abs(x) + 0.25
+    stats = calibrate(graph, [{"x": x}], Progress.silent())
+    qgraph = quantize(graph, stats, QuantConfig({"node": NodeConfig(None, None)}))
+    artifact = export(qgraph, tmp_path / "artifact", NnefTarget())
+    assert steps_apart(qgraph, run_quantized(qgraph, x[:8]), NnefTarget().run(artifact, x[:8], tmp_path)) <= 1.0
+
+
+def test_where_in_tract_agrees_with_the_reference(tmp_path: Path) -> None:
+    graph = Graph([TensorSpec("x", (None, 3, 4))], ["y"], [Node("node", "where", ["c", "x", "other"], ["y"], {})],
+                  {"c": np.arange(12).reshape(3, 4) % 3 == 0, "other": np.linspace(-1, 1, 4, dtype=np.float32)})
+    x = np.random.default_rng(6).standard_normal((16, 3, 4)).astype(np.float32)
+    qgraph = quantize(graph, calibrate(graph, [{"x": x}], Progress.silent()), QuantConfig({"node": NodeConfig(None, None)}))
+    artifact = export(qgraph, tmp_path / "artifact", NnefTarget())
+    assert steps_apart(qgraph, run_quantized(qgraph, x), NnefTarget().run(artifact, x, tmp_path)) <= 1.0
+
+
+def test_new_integer_layers_in_tract_are_within_one_step(tmp_path: Path) -> None:
+    from test_onnx_target import new_ops_net
+
+    x = digits_inputs()
+    qgraph = lower(new_ops_net(), x[:300], "per_tensor", TRACT)
+    assert {"resize", "gather", "max", "min", "where", "matmul", "expand"} <= {layer.op for layer in qgraph.layers}
+    target = NnefTarget()
+    artifact = export(qgraph, tmp_path / "artifact", target)
+    assert steps_apart(qgraph, run_quantized(qgraph, x[300:]), target.run(artifact, x[300:], tmp_path)) <= 1.0
+
+
+def test_transposed_conv_in_tract_is_within_one_step(tmp_path: Path) -> None:
+    from test_onnx_target import upsampling_net
+
+    x = digits_inputs()
+    qgraph = lower(upsampling_net(), x[:300], "per_channel", TRACT)
+    target = NnefTarget()
+    artifact = export(qgraph, tmp_path / "artifact", target)
+    assert steps_apart(qgraph, run_quantized(qgraph, x[300:]), target.run(artifact, x[300:], tmp_path)) <= 1.0
+
+
+def test_prelu_in_tract_is_within_one_step(tmp_path: Path) -> None:
+    from test_onnx_target import prelu_net
+
+    x = digits_inputs()
+    qgraph = lower(prelu_net(), x[:300], "per_tensor", TRACT)
+    assert qgraph.layers[-1].op == "prelu"
+    target = NnefTarget()
+    artifact = export(qgraph, tmp_path / "artifact", target)
+    assert steps_apart(qgraph, run_quantized(qgraph, x[300:]), target.run(artifact, x[300:], tmp_path)) <= 1.0

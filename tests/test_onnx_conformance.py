@@ -47,6 +47,13 @@ def _nodes(case: Any) -> list[Any]:
     return list(case.model.graph.node)
 
 
+def _static_size(case: Any, name: str) -> int:
+    """The element count of a case's input `name` (an initializer once its static inputs are baked)."""
+    names = [info.name for info in case.model.graph.input]
+    ((inputs, _),) = case.data_sets
+    return int(np.asarray(_array(inputs[names.index(name)])).size) if name in names else 1
+
+
 def _attr(node: Any, name: str, default: Any = None) -> Any:
     found = [a for a in node.attribute if a.name == name]
     return onnx.helper.get_attribute_value(found[0]) if found else default
@@ -90,10 +97,17 @@ OUT_OF_SCOPE: list[tuple[str, Callable[[Any, dict[str, np.ndarray]], bool]]] = [
     ),
     ("MaxPool's Indices output", lambda case, feeds: any(n.op_type == "MaxPool" and len(n.output) > 1 for n in _nodes(case))),
     (
-        "3-D windows (the IR has 1-D and 2-D conv and pooling)",
+        "Resize modes cubic and tf_crop_and_resize, and antialiasing (dabuild resizes nearest and linear)",
         lambda case, feeds: any(
-            n.op_type in ("Conv", "MaxPool", "AveragePool") and len(_attr(n, "kernel_shape", [0, 0])) > 2
+            n.op_type == "Resize" and (_attr(n, "mode") == b"cubic" or _attr(n, "antialias", 0)
+                                      or _attr(n, "coordinate_transformation_mode") == b"tf_crop_and_resize")
             for n in _nodes(case)
+        ),
+    ),
+    (
+        "Pow with an exponent that is not one number (dabuild raises to a constant power)",
+        lambda case, feeds: any(
+            n.op_type == "Pow" and (n.input[1] in feeds or _static_size(case, n.input[1]) != 1) for n in _nodes(case)
         ),
     ),
     (

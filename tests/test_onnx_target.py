@@ -241,3 +241,105 @@ def test_options_are_validated() -> None:
     for bad in ({"opset": 16}, {"threads": 0}, {"provider": "cuda"}):
         with pytest.raises(ValueError):
             OnnxTarget.Options.model_validate(bad)
+
+
+def new_ops_net() -> Graph:
+    """The integer layers of issue 10 in one net on the 8x8 digits: elu (a table), nearest resize, gather,
+    max, tile, min, where with a constant mask, an attention-like matmul of two activations and expand."""
+    rng = np.random.default_rng(8)
+    constants = {"w1": rng.normal(0, 1 / 3, (4, 1, 3, 3)), "b1": rng.normal(0, 0.1, 4),
+                 "w2": rng.normal(0, 1 / 3, (4, 8, 1, 1)), "b2": rng.normal(0, 0.1, 4),
+                 "mask": np.arange(64).reshape(8, 8) % 3 == 0, "w3": rng.normal(0, 0.3, (16, 10))}
+    nodes = [
+        Node("image", "reshape", ["x"], ["image"], {"shape": [0, 1, 8, 8]}),
+        Node("conv1", "conv", ["image", "w1", "b1"], ["c1"], {"pads": [1, 1, 1, 1]}),
+        Node("act", "elu", ["c1"], ["a"], {"alpha": 0.5}),
+        Node("up", "resize", ["a"], ["u"], {"sizes": [1, 4, 16, 16], "scales": [1, 1, 2, 2],
+                                            "coordinate_transformation_mode": "asymmetric", "nearest_mode": "floor"}),
+        Node("pool", "max_pool", ["u"], ["p"], {"kernel": [2, 2]}),
+        Node("pick", "gather", ["p"], ["g"], {"axis": 1, "indices": [3, 2, 1, 0]}),
+        Node("biggest", "max", ["p", "g"], ["m"], {}),
+        Node("twice", "tile", ["m"], ["t"], {"repeats": [1, 2, 1, 1]}),
+        Node("conv2", "conv", ["t", "w2", "b2"], ["c2"], {}),
+        Node("smallest", "min", ["c2", "a"], ["s"], {}),
+        Node("masked", "where", ["mask", "s", "m"], ["w"], {}),
+        Node("rows", "reshape", ["w"], ["r"], {"shape": [0, 4, 64]}),
+        Node("turn", "transpose", ["r"], ["rt"], {"perm": [0, 2, 1]}),
+        Node("scores", "matmul", ["r", "rt"], ["sc"], {}),
+        Node("level", "reduce_mean", ["r"], ["lv"], {"axes": [2], "keepdims": True}),
+        Node("smooth", "resize", ["lv"], ["ls"], {"sizes": [1, 4, 3], "scales": [1, 1, 3], "mode": "linear"}),
+        Node("back", "reduce_mean", ["ls"], ["lb"], {"axes": [2], "keepdims": True}),
+        Node("spread", "expand", ["lb"], ["e"], {"shape": [1, 4, 4]}),
+        Node("sum", "add", ["sc", "e"], ["z"], {}),
+        Node("flat", "flatten", ["z"], ["f"], {}),
+        Node("head", "dense", ["f", "w3"], ["y"], {}),
+    ]
+    return Graph([TensorSpec("x", (None, 64))], ["y"], nodes,
+                 {name: np.asarray(value, np.float32) for name, value in constants.items()})
+
+
+def test_new_integer_layers_export_as_qdq_within_one_step(tmp_path: Path) -> None:
+    qgraph = lower(new_ops_net())
+    assert {"lookup", "resize", "resize_linear", "gather", "max", "tile", "min", "where", "matmul", "expand"} <= \
+        {layer.op for layer in qgraph.layers}
+    target = OnnxTarget()
+    artifact = export(qgraph, tmp_path / "artifact", target)
+    onnx.checker.check_model(onnx.load(str(artifact / MODEL_FILE)), full_check=True)
+    x = DATA["x_test"][:100]
+    steps = np.abs(target.run(artifact, x, tmp_path) - run_quantized(qgraph, x)) / qgraph.output_params.scale
+    assert steps.max() <= 1 + 1e-6
+
+
+def upsampling_net(groups: int = 2) -> Graph:
+    """A strided conv down, a grouped transposed conv (output padding) back up, a dense head."""
+    rng = np.random.default_rng(9)
+    constants = {"w1": rng.normal(0, 1 / 3, (4, 1, 3, 3)), "b1": rng.normal(0, 0.1, 4),
+                 "w2": rng.normal(0, 0.5, (4, 6 // groups, 3, 3)), "b2": rng.normal(0, 0.1, 6),
+                 "w3": rng.normal(0, 0.1, (6 * 8 * 8, 10))}
+    nodes = [
+        Node("image", "reshape", ["x"], ["image"], {"shape": [0, 1, 8, 8]}),
+        Node("down", "conv", ["image", "w1", "b1"], ["d"], {"strides": [2, 2], "pads": [1, 1, 1, 1],
+                                                             "activation": "relu"}),
+        Node("up", "conv_transpose", ["d", "w2", "b2"], ["u"], {"strides": [2, 2], "pads": [1, 1, 1, 1],
+                                                                 "groups": groups, "output_padding": [1, 1]}),
+        Node("flat", "flatten", ["u"], ["f"], {}),
+        Node("head", "dense", ["f", "w3"], ["y"], {}),
+    ]
+    return Graph([TensorSpec("x", (None, 64))], ["y"], nodes,
+                 {name: np.asarray(value, np.float32) for name, value in constants.items()})
+
+
+def prelu_net() -> Graph:
+    """A conv, then a prelu with one slope per channel: positive, negative, zero and above one."""
+    rng = np.random.default_rng(10)
+    return Graph([TensorSpec("x", (None, 64))], ["y"], [
+        Node("image", "reshape", ["x"], ["image"], {"shape": [0, 1, 8, 8]}),
+        Node("conv", "conv", ["image", "w"], ["c"], {"pads": [1, 1, 1, 1]}),
+        Node("act", "prelu", ["c", "slope"], ["y"], {})],
+        {"w": rng.normal(0, 0.5, (4, 1, 3, 3)).astype(np.float32),
+         "slope": np.array([0.25, -0.5, 0.0, 1.5], np.float32).reshape(4, 1, 1)})
+
+
+def test_prelu_exports_as_qdq_within_one_step(tmp_path: Path) -> None:
+    qgraph = lower(prelu_net())
+    assert qgraph.layers[-1].op == "prelu"
+    target = OnnxTarget()
+    artifact = export(qgraph, tmp_path / "artifact", target)
+    x = DATA["x_test"][:50]
+    steps = np.abs(target.run(artifact, x, tmp_path) - run_quantized(qgraph, x)) / qgraph.output_params.scale
+    assert steps.max() <= 1 + 1e-6
+
+
+@pytest.mark.parametrize("groups,granularity", [(1, "per_channel"), (2, "per_channel"), (2, "per_tensor")])
+def test_transposed_conv_exports_as_qdq_within_one_step(tmp_path: Path, groups: int, granularity: str) -> None:
+    graph = upsampling_net(groups)
+    config = default_config(graph, CAPABILITY)
+    up = config.nodes["up"]
+    config.nodes["up"] = dataclasses.replace(up, weight=dataclasses.replace(up.weight, granularity=granularity))
+    qgraph = lower(graph, config)
+    assert "conv_transpose" in {layer.op for layer in qgraph.layers}
+    target = OnnxTarget()
+    artifact = export(qgraph, tmp_path / "artifact", target)
+    x = DATA["x_test"][:100]
+    steps = np.abs(target.run(artifact, x, tmp_path) - run_quantized(qgraph, x)) / qgraph.output_params.scale
+    assert steps.max() <= 1 + 1e-6

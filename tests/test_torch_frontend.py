@@ -200,7 +200,7 @@ class Unsupported(nn.Module):
         self.fc = nn.Linear(4, 4)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.exp(self.fc(x)) + torch.erf(x)
+        return torch.ceil(self.fc(x)) + torch.floor(x)
 
 
 class DataDependent(nn.Module):
@@ -392,6 +392,89 @@ def test_a_weights_file_that_is_not_a_state_dict(tmp_path: Path) -> None:
         load_model("model.py:build", tmp_path, Path("list.pt"))
 
 
+class MathActivations(nn.Module):
+    """The elementwise ops of issue 10, each on a branch of its own, summed (max/min/where too)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.prelu = nn.PReLU(8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        positive = x.abs() + 0.5
+        mask = torch.arange(8) % 2 == 0
+        terms = [F.elu(x, 0.7), F.selu(x), F.softplus(x), F.softsign(x), -x, torch.exp(x), torch.log(positive),
+                 torch.sqrt(positive), torch.rsqrt(positive), 1 / positive, x ** 3, torch.erf(x),
+                 F.log_softmax(x, dim=-1), torch.maximum(x, x.flip(-1)), torch.minimum(x, torch.zeros(8)),
+                 self.prelu(x), torch.where(mask, x, torch.ones(8))]
+        return torch.stack(terms, 1).sum(1)
+
+
+class Norms(nn.Module):
+    """LayerNorm, GroupNorm, InstanceNorm and LRN as torch spells them, after a conv."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 6, 3, padding=1)
+        self.group = nn.GroupNorm(3, 6)
+        self.instance = nn.InstanceNorm2d(6, affine=True)
+        self.lrn = nn.LocalResponseNorm(3, alpha=0.1)
+        self.layer = nn.LayerNorm([5, 5])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.conv(x)
+        return self.layer(self.lrn(self.instance(self.group(y)) + y))
+
+
+class Decoder(nn.Module):
+    """Transposed convs (grouped, output padding, 1-D), interpolation, a 3-D conv and pool, tile and gather."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.up = nn.ConvTranspose2d(4, 6, 3, stride=2, padding=1, output_padding=1, groups=2)
+        self.up1d = nn.ConvTranspose1d(6, 2, 3, stride=2, dilation=2)
+        self.conv3d = nn.Conv3d(1, 2, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        y = self.up(x)
+        nearest = F.interpolate(y, scale_factor=2, mode="nearest")
+        linear = F.interpolate(y, size=(11, 13), mode="bilinear", align_corners=False)
+        corners = F.interpolate(y, scale_factor=1.5, mode="bilinear", align_corners=True)
+        line = self.up1d(y.mean(-1))
+        volume = F.max_pool3d(self.conv3d(y[:, :1, None].expand(-1, -1, 3, -1, -1)), 2)
+        picked = y.index_select(1, torch.tensor([5, 0, 2])).repeat(1, 2, 1, 1)
+        return nearest, linear, corners, line, volume, picked
+
+
+def test_math_activations_prelu_max_min_and_where() -> None:
+    graph = assert_matches_torch(randomize(MathActivations()), {"x": [1, 8]})
+    assert {"elu", "selu", "softplus", "neg", "exp", "log", "sqrt", "reciprocal", "pow", "erf", "log_softmax", "max",
+            "min", "prelu", "where"} <= ops(graph)
+
+
+def test_layer_group_instance_norm_and_lrn() -> None:
+    graph = assert_matches_torch(randomize(Norms()), {"x": [1, 3, 5, 5]})
+    assert {"layer_norm", "group_norm", "instance_norm"} <= ops(graph)
+
+
+def test_transposed_convs_interpolation_3d_tile_and_gather() -> None:
+    graph = assert_matches_torch(randomize(Decoder()), {"x": [1, 4, 4, 5]})
+    assert {"conv_transpose", "resize", "tile", "gather", "max_pool"} <= ops(graph)
+
+
+def test_multihead_attention_in_eval_mode() -> None:
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.attention = nn.MultiheadAttention(8, 2, batch_first=True)
+            self.norm = nn.LayerNorm(8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.norm(x + self.attention(x, x, x, need_weights=False)[0])
+
+    graph = assert_matches_torch(randomize(Block()), {"x": [1, 5, 8]})
+    assert {"matmul", "softmax", "layer_norm"} <= ops(graph)
+
+
 # ---------------------------------------------------------------- errors
 
 
@@ -400,7 +483,7 @@ def test_unsupported_ops_are_listed_together_with_node_module_and_line() -> None
         trace_model(randomize(Unsupported()), inputs={"x": [1, 4]})
     message = str(caught.value)
     assert "2 torch ops cannot be mapped" in message
-    for op in ("exp", "erf"):
+    for op in ("ceil", "floor"):
         assert f"aten.{op} (node {op}, module <root> (Unsupported), at {__file__}:" in message
     assert caught.value.exit_code == 2
 

@@ -92,17 +92,17 @@ class Branchy(nn.Module):
         return -self.fc(x)
 
 
-class Erf(nn.Module):
+class Floor(nn.Module):
     def forward(self, x):
-        return torch.special.erf(x)
+        return torch.floor(x)
 
 
 def branchy():
     return Branchy()
 
 
-def erf():
-    return Erf()
+def floor():
+    return Floor()
 '''
 
 
@@ -110,7 +110,7 @@ def erf():
     ("factory", "exit_code", "expected"),
     [
         ("branchy", 1, "Branchy (defined in {model}) with inputs x[?, 64] cannot be captured: torch.export failed"),
-        ("erf", 2, "aten.erf (node erf, module <root> (Erf), at {model}:"),
+        ("floor", 2, "aten.floor (node floor, module <root> (Floor), at {model}:"),
     ],
 )
 def test_a_model_dabuild_cannot_trace_fails_the_build_and_leaves_nothing(
@@ -126,3 +126,52 @@ def test_a_model_dabuild_cannot_trace_fails_the_build_and_leaves_nothing(
     assert code == exit_code
     assert expected.format(model=model.resolve()) in capsys.readouterr().err
     assert not (tmp_path / "build" / "digits-torch" / "trace").exists()
+
+
+NEW_OPS_MODEL = '''
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+
+class NewOps(nn.Module):
+    """PReLU, a transposed conv, nearest interpolation, a channel flip with maximum, elu: random weights."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = nn.Conv2d(1, 8, 3, padding=1)
+        self.prelu = nn.PReLU(8)
+        self.up = nn.ConvTranspose2d(8, 4, 2, stride=2)
+        self.head = nn.Linear(64, 10)
+
+    def forward(self, x):
+        y = F.max_pool2d(self.prelu(self.conv(x.view(-1, 1, 8, 8))), 2)
+        y = F.interpolate(self.up(y), scale_factor=0.5, mode="nearest")
+        y = F.elu(torch.maximum(y, y.flip(1)))
+        return self.head(y.flatten(1))
+
+
+def new_ops():
+    return NewOps()
+'''
+
+
+@pytest.mark.slow
+def test_a_torch_model_of_the_new_ops_builds_and_checks_on_c_onnx_and_nnef(
+    recipes: Path, tmp_path: Path, cache_dir: Path,
+) -> None:
+    """trace -> calibrate -> tune -> export and check c (exact), onnx and nnef (approximate)."""
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("tract")
+    folder = recipes / "digits-torch"
+    (folder / "model.py").write_text((folder / "model.py").read_text() + NEW_OPS_MODEL)
+    recipe = (folder / "recipe.yaml").read_text().replace("model.py:build", "model.py:new_ops")
+    recipe = recipe.replace("  weights: state.pt\n", "").replace("tolerable_loss: 0.01", "tolerable_loss: 0.5")
+    recipe += "  - {name: ort, kind: onnx}\n  - {name: tract, kind: nnef}\n"
+    (folder / "recipe.yaml").write_text(recipe)
+    summary = build(folder, tmp_path / "build")
+    assert all(summary["checks"][name]["ok"] for name in ("mcu", "ort", "tract"))
+    traced = Graph.load(tmp_path / "build" / "digits-torch" / "trace")
+    assert {"prelu", "conv_transpose", "resize", "max", "elu"} <= {node.op for node in traced.nodes}

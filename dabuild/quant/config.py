@@ -114,11 +114,13 @@ def _first_choice(choices: _Choices | None, node: str, op: str, role: str, capab
 
 def default_config(graph: Graph, capability: _Capability) -> QuantConfig:
     """Every node quantized with the first choice its capability entry lists."""
-    from dabuild.quant.lowering import LOWERINGS, quantizable_roles  # lowering builds on this module
+    from dabuild.quant.lowering import FLOAT_ONLY, LOWERINGS, float_only_message, quantizable_roles
 
     nodes: dict[str, NodeConfig] = {}
     for node in graph.nodes:
         roles = quantizable_roles(node.op)
+        if roles is None and node.op in FLOAT_ONLY:
+            raise BuildError(float_only_message(node.name, node.op))
         if roles is None:
             raise BuildError(f"node {node.name!r}: op {node.op!r} has no integer lowering yet "
                              f"(quantizable ops: {', '.join(LOWERINGS.names())})")

@@ -233,6 +233,22 @@ class Lowerer:
 
 LOWERINGS: Registry[Lowerer] = Registry("integer lowering", "dabuild's quantizer")
 
+# Ops integer lowering refuses by design, with the reason: they have no exact integer form in dabuild and
+# run in float (a float island, on targets whose capability allows float). docs/ops.md lists them.
+FLOAT_ONLY: dict[str, str] = {
+    "layer_norm": "it divides by a standard deviation computed from each sample",
+    "instance_norm": "it divides by a standard deviation computed from each sample",
+    "group_norm": "it divides by a standard deviation computed from each sample",
+    "lrn": "it divides by a power of a window sum of squares",
+    "log_softmax": "it takes the log of a sum of exponentials",
+}
+
+
+def float_only_message(node: str, op: str) -> str:
+    """Why node `node` of float-only op `op` cannot be quantized, and what to do."""
+    return (f"node {node!r}: op {op!r} must run in float ({FLOAT_ONLY[op]}): keep it in fp32 (a float island) "
+            "on a target whose capability allows float")
+
 
 def lowers(*ops: str, weighted: bool = False,
            layers: tuple[str, ...] | Mapping[str, tuple[str, ...]] | None = None,

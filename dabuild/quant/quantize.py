@@ -25,7 +25,15 @@ from dabuild.quant.config import QuantConfig
 from dabuild.quant.fixed_point import quantize_multiplier
 from dabuild.quant.given import given_tensor_params
 from dabuild.quant.layers.fallback import lower_fp32
-from dabuild.quant.lowering import LOWERINGS, MINMAX_INT8, Lowering, activation_params, quantize_weight
+from dabuild.quant.lowering import (
+    FLOAT_ONLY,
+    LOWERINGS,
+    MINMAX_INT8,
+    Lowering,
+    activation_params,
+    float_only_message,
+    quantize_weight,
+)
 from dabuild.quant.qgraph import QGraph, QLayer, QTensor
 
 __all__ = ["activation_params", "quantize", "quantize_multiplier", "quantize_weight"]
@@ -41,6 +49,8 @@ def quantize(graph: Graph, stats: Stats, config: QuantConfig, bias_correction: b
     for node in graph.nodes:
         if node.name not in config.nodes:
             raise BuildError(f"node {node.name!r}: the quantization config has no entry for it")
+        if not config.nodes[node.name].fp32 and node.op in FLOAT_ONLY:
+            raise BuildError(float_only_message(node.name, node.op))
         if not config.nodes[node.name].fp32 and node.op not in LOWERINGS:
             raise BuildError(f"node {node.name!r}: op {node.op!r} has no integer lowering "
                              f"(lowered ops: {', '.join(LOWERINGS.names())}); run it in fp32 on a target that can")

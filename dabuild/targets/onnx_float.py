@@ -74,7 +74,9 @@ def exports(*names: str) -> Callable[[NodeExporter], NodeExporter]:
 _DIRECT = {
     "identity": "Identity", "add": "Add", "sub": "Sub", "mul": "Mul", "div": "Div", "matmul": "MatMul",
     "relu": "Relu", "sigmoid": "Sigmoid", "tanh": "Tanh", "hard_swish": "HardSwish",
-    "global_avg_pool": "GlobalAveragePool",
+    "global_avg_pool": "GlobalAveragePool", "softplus": "Softplus", "softsign": "Softsign", "abs": "Abs",
+    "neg": "Neg", "exp": "Exp", "log": "Log", "sqrt": "Sqrt", "reciprocal": "Reciprocal", "erf": "Erf",
+    "max": "Max", "min": "Min", "prelu": "PRelu", "where": "Where",
 }
 
 
@@ -91,6 +93,17 @@ def _leaky_relu(e: Emitter, node: Node, attrs: dict[str, Any]) -> None:
 @exports("hard_sigmoid")
 def _hard_sigmoid(e: Emitter, node: Node, attrs: dict[str, Any]) -> None:
     e.add("HardSigmoid", node.inputs, node.outputs, node.name, alpha=float(attrs["alpha"]), beta=float(attrs["beta"]))
+
+
+@exports("elu", "selu")
+def _exponential_unit(e: Emitter, node: Node, attrs: dict[str, Any]) -> None:
+    e.add(node.op.capitalize(), node.inputs, node.outputs, node.name, **{key: float(value) for key, value in attrs.items()})
+
+
+@exports("pow")
+def _pow(e: Emitter, node: Node, attrs: dict[str, Any]) -> None:
+    exponent = e.constant(attrs["exponent"], np.float32, f"{node.name}_exponent")
+    e.add("Pow", [node.inputs[0], exponent], node.outputs, node.name)
 
 
 @exports("clip", "relu6")
@@ -172,15 +185,94 @@ def _pool(e: Emitter, node: Node, attrs: dict[str, Any]) -> None:
               count_include_pad=int(attrs["count_include_pad"]), **common)
 
 
-@exports("softmax", "flatten", "concat")
+@exports("softmax", "log_softmax", "flatten", "concat")
 def _axis(e: Emitter, node: Node, attrs: dict[str, Any]) -> None:
-    op_type = {"softmax": "Softmax", "flatten": "Flatten", "concat": "Concat"}[node.op]
+    op_type = {"softmax": "Softmax", "log_softmax": "LogSoftmax", "flatten": "Flatten", "concat": "Concat"}[node.op]
     e.add(op_type, node.inputs, node.outputs, node.name, axis=attrs["axis"])
 
 
 @exports("batch_norm")
 def _batch_norm(e: Emitter, node: Node, attrs: dict[str, Any]) -> None:
     e.add("BatchNormalization", node.inputs, node.outputs, node.name, epsilon=float(attrs["epsilon"]))
+
+
+@exports("instance_norm")
+def _instance_norm(e: Emitter, node: Node, attrs: dict[str, Any]) -> None:
+    e.add("InstanceNormalization", node.inputs, node.outputs, node.name, epsilon=float(attrs["epsilon"]))
+
+
+@exports("layer_norm")
+def _layer_norm(e: Emitter, node: Node, attrs: dict[str, Any]) -> None:
+    """ONNX 17's LayerNormalization requires a scale; a missing one is ones of the normalized axes' shape."""
+    inputs = list(node.inputs)
+    if len(inputs) == 1:
+        raise BuildError(f"onnx export: node {node.name!r} (layer_norm) has no scale; give it one of ones")
+    e.add("LayerNormalization", inputs, node.outputs, node.name, axis=int(attrs["axis"]),
+          epsilon=float(attrs["epsilon"]))
+
+
+@exports("group_norm")
+def _group_norm(e: Emitter, node: Node, attrs: dict[str, Any]) -> None:
+    """GroupNormalization joined ONNX in 18: here InstanceNormalization over (N, groups, -1), then the
+    per-channel scale and bias."""
+    x, scale, bias = node.inputs
+    name, groups = node.name, int(attrs["groups"])
+    grouped, normalized, shape, restored, scaled = (e.fresh(f"{name}_{part}") for part in
+                                                    ("grouped", "normalized", "shape", "restored", "scaled"))
+    e.add("Reshape", [x, e.constant([0, groups, -1], np.int64, f"{name}_groups")], [grouped], name)
+    e.add("InstanceNormalization", [grouped, e.constant(np.ones(groups), np.float32, f"{name}_ones"),
+                                    e.constant(np.zeros(groups), np.float32, f"{name}_zeros")],
+          [normalized], name, epsilon=float(attrs["epsilon"]))
+    e.add("Shape", [x], [shape], name)
+    e.add("Reshape", [normalized, shape], [restored], name)
+    channel = e.fresh(f"{name}_channel_shape")
+    e.add("Unsqueeze", [scale, e.constant([1, 2], np.int64, f"{name}_axes")], [channel], name)
+    e.add("Mul", [restored, channel], [scaled], name)
+    shift = e.fresh(f"{name}_bias_shape")
+    e.add("Unsqueeze", [bias, e.constant([1, 2], np.int64, f"{name}_axes")], [shift], name)
+    e.add("Add", [scaled, shift], node.outputs, name)
+
+
+@exports("lrn")
+def _lrn(e: Emitter, node: Node, attrs: dict[str, Any]) -> None:
+    e.add("LRN", node.inputs, node.outputs, node.name, size=int(attrs["size"]), alpha=float(attrs["alpha"]),
+          beta=float(attrs["beta"]), bias=float(attrs["bias"]))
+
+
+@exports("conv_transpose")
+def _conv_transpose(e: Emitter, node: Node, attrs: dict[str, Any]) -> None:
+    e.add("ConvTranspose", node.inputs, node.outputs, node.name, strides=attrs["strides"], pads=attrs["pads"],
+          dilations=attrs["dilations"], group=attrs["groups"], output_padding=attrs["output_padding"])
+
+
+@exports("resize")
+def _resize(e: Emitter, node: Node, attrs: dict[str, Any]) -> None:
+    """As scales, so the coordinate formulas get the same factors (the batch axis 1); a float32 scale whose
+    floor(in * scale) falls short of the size is raised by one float32 step (a 1e-7 relative change)."""
+    factors = []
+    for size, scale in zip(attrs["sizes"], attrs["scales"]):
+        factor = np.float32(scale)
+        source = round(size / scale)
+        while math.floor(np.float32(source) * factor) < size:
+            factor = np.nextafter(factor, np.float32(np.inf))
+        factors.append(factor)
+    scales = e.constant(factors, np.float32, f"{node.name}_scales")
+    e.add("Resize", [node.inputs[0], "", scales], node.outputs, node.name, mode=attrs["mode"],
+          coordinate_transformation_mode=attrs["coordinate_transformation_mode"],
+          nearest_mode=attrs["nearest_mode"])
+
+
+@exports("gather")
+def _gather(e: Emitter, node: Node, attrs: dict[str, Any]) -> None:
+    indices = e.constant(attrs["indices"], np.int64, f"{node.name}_indices")
+    e.add("Gather", [node.inputs[0], indices], node.outputs, node.name, axis=int(attrs["axis"]))
+
+
+@exports("tile", "expand")
+def _repeat(e: Emitter, node: Node, attrs: dict[str, Any]) -> None:
+    key, op_type = ("repeats", "Tile") if node.op == "tile" else ("shape", "Expand")
+    e.add(op_type, [node.inputs[0], e.constant(attrs[key], np.int64, f"{node.name}_{key}")], node.outputs,
+          node.name)
 
 
 @exports("reshape")

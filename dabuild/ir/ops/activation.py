@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from dabuild.ir.ops.base import OPS, Kernel, Op, OutputSpec, ShapeError, normalize_axis, register
+from dabuild.ir.ops.base import OPS, REQUIRED, Kernel, Op, OutputSpec, ShapeError, normalize_axis, register
 
 if TYPE_CHECKING:
     from dabuild.ir.graph import TensorSpec
@@ -186,6 +186,107 @@ def _erf(z: np.ndarray) -> np.ndarray:
     return np.copysign(1 - poly * np.exp(-z * z), z)
 
 
+class Elementwise(Activation):
+    """An activation that is one numpy expression of x (`function`), computed in x's float type."""
+
+    def apply(self, x: np.ndarray, attrs: dict[str, Any], out: np.ndarray | None) -> np.ndarray:
+        y = np.asarray(self.function(x, attrs), dtype=x.dtype)
+        if out is None:
+            return y
+        out[...] = y
+        return out
+
+    @abstractmethod
+    def function(self, x: np.ndarray, attrs: dict[str, Any]) -> np.ndarray:
+        """The activation of x as a new array."""
+
+
+@register
+class Elu(Elementwise):
+    name = "elu"
+    defaults = {"alpha": 1.0}
+    rule = "same shape as x; x if x > 0 else alpha * (exp(x) - 1)"
+
+    def function(self, x: np.ndarray, attrs: dict[str, Any]) -> np.ndarray:
+        return np.where(x > 0, x, np.float32(attrs["alpha"]) * np.expm1(np.minimum(x, 0)))
+
+
+@register
+class Selu(Elementwise):
+    """ONNX's Selu; its defaults are torch's nn.SELU constants."""
+
+    name = "selu"
+    defaults = {"alpha": 1.67326319217681884765625, "gamma": 1.05070102214813232421875}
+    rule = "same shape as x; gamma * (x if x > 0 else alpha * (exp(x) - 1))"
+
+    def function(self, x: np.ndarray, attrs: dict[str, Any]) -> np.ndarray:
+        negative = np.float32(attrs["alpha"]) * np.expm1(np.minimum(x, 0))
+        return np.float32(attrs["gamma"]) * np.where(x > 0, x, negative)
+
+
+@register
+class Softplus(Elementwise):
+    """log(1 + exp(x)), written so exp never overflows."""
+
+    name = "softplus"
+    rule = "same shape as x; log(1 + exp(x))"
+
+    def function(self, x: np.ndarray, attrs: dict[str, Any]) -> np.ndarray:
+        return np.logaddexp(x, np.float32(0))
+
+
+@register
+class Softsign(Elementwise):
+    name = "softsign"
+    rule = "same shape as x; x / (1 + |x|)"
+
+    def function(self, x: np.ndarray, attrs: dict[str, Any]) -> np.ndarray:
+        return x / (1 + np.abs(x))
+
+
+def _numpy_unary(op_name: str, ufunc: np.ufunc, formula: str) -> type[Elementwise]:
+    """An activation that is one numpy ufunc (abs, neg, exp, ...): one line each instead of a class each."""
+
+    def function(self: Elementwise, x: np.ndarray, attrs: dict[str, Any]) -> np.ndarray:
+        with np.errstate(divide="ignore", invalid="ignore"):  # log(0), 1/0, sqrt(-1): inf and nan as ONNX gives
+            return ufunc(x)
+
+    cls = type(op_name.title(), (Elementwise,), {"name": op_name, "rule": f"same shape as x; {formula}",
+                                                 "function": function, "__module__": __name__})
+    return register(cls)  # type: ignore[return-value]
+
+
+for _name, _ufunc, _formula in (("abs", np.abs, "|x|"), ("neg", np.negative, "-x"), ("exp", np.exp, "e**x"),
+                                ("log", np.log, "natural log of x"), ("sqrt", np.sqrt, "square root of x"),
+                                ("reciprocal", np.reciprocal, "1 / x")):
+    _numpy_unary(_name, _ufunc, _formula)
+
+
+@register
+class Pow(Elementwise):
+    """x to a constant power (ONNX Pow with a known scalar exponent, torch's pow.Tensor_Scalar)."""
+
+    name = "pow"
+    defaults = {"exponent": REQUIRED}
+    rule = "same shape as x; x ** exponent"
+
+    def function(self, x: np.ndarray, attrs: dict[str, Any]) -> np.ndarray:
+        exponent = float(attrs["exponent"])
+        if exponent == 2:
+            return x * x
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.power(x, np.float32(exponent))
+
+
+@register
+class Erf(Elementwise):
+    name = "erf"
+    rule = "same shape as x; the error function"
+
+    def function(self, x: np.ndarray, attrs: dict[str, Any]) -> np.ndarray:
+        return _erf(x)
+
+
 @register
 class Gelu(Activation):
     """GELU, exact (x * Phi(x)) or with the tanh approximation ("tanh"), as ONNX and torch define both."""
@@ -244,3 +345,21 @@ class Softmax(Op):
         shifted = np.exp(arrays[0] - arrays[0].max(axis=axis, keepdims=True))
         shifted /= shifted.sum(axis=axis, keepdims=True)
         return [shifted]
+
+
+@register
+class LogSoftmax(Op):
+    """log(softmax(x)) along `axis`, as x - max - log(sum(exp(x - max))) (never log of an underflowed 0)."""
+
+    name = "log_softmax"
+    defaults = {"axis": -1}
+    rule = "same shape as x"
+
+    def shape_rule(self, inputs: list[TensorSpec], attrs: dict[str, Any]) -> list[OutputSpec]:
+        normalize_axis(attrs["axis"], len(inputs[0].shape), "log_softmax")
+        return [(tuple(inputs[0].shape), inputs[0].dtype)]
+
+    def kernel(self, arrays: list[np.ndarray], attrs: dict[str, Any]) -> list[np.ndarray]:
+        axis = attrs["axis"]
+        shifted = arrays[0] - arrays[0].max(axis=axis, keepdims=True)
+        return [shifted - np.log(np.exp(shifted).sum(axis=axis, keepdims=True))]

@@ -1,4 +1,5 @@
-"""Ops that move data without arithmetic: reshape, flatten, transpose, concat, split, slice, pad, squeeze, unsqueeze."""
+"""Ops that move data without arithmetic: reshape, flatten, transpose, concat, split, slice, pad, squeeze,
+unsqueeze, gather (constant indices), tile, expand."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from dabuild.ir.ops.base import (
     Op,
     OutputSpec,
     ShapeError,
+    broadcast_shapes,
     dims_agree,
     normalize_axes,
     normalize_axis,
@@ -306,3 +308,67 @@ class Unsqueeze(Op):
 
     def kernel(self, arrays: list[np.ndarray], attrs: dict[str, Any]) -> list[np.ndarray]:
         return [np.expand_dims(arrays[0], tuple(attrs["axes"]))]
+
+
+@register
+class Gather(Op):
+    """ONNX Gather with constant indices: x's entries at `indices` along `axis` (negative indices count
+    from the end); the indices' shape replaces that axis."""
+
+    name = "gather"
+    defaults = {"axis": 0, "indices": REQUIRED}
+    rule = "shape[:axis] + shape(indices) + shape[axis + 1:]"
+
+    def samplewise(self, attrs: dict[str, Any]) -> bool:
+        return bool(self.resolve(attrs)["axis"] != 0)
+
+    def shape_rule(self, inputs: list[TensorSpec], attrs: dict[str, Any]) -> list[OutputSpec]:
+        shape = tuple(inputs[0].shape)
+        axis = normalize_axis(attrs["axis"], len(shape), "gather")
+        indices = np.asarray(attrs["indices"], dtype=np.int64)
+        size = shape[axis]
+        if size is not None and indices.size and not (-size <= indices.min() and indices.max() < size):
+            raise ShapeError(f"gather indices {attrs['indices']} are out of range for axis {axis} of {shape}")
+        return [((*shape[:axis], *indices.shape, *shape[axis + 1:]), inputs[0].dtype)]
+
+    def kernel(self, arrays: list[np.ndarray], attrs: dict[str, Any]) -> list[np.ndarray]:
+        return [np.take(arrays[0], np.asarray(attrs["indices"], dtype=np.int64), axis=attrs["axis"])]
+
+
+@register
+class Tile(Op):
+    """ONNX Tile: each axis repeated `repeats` times (the batch axis must repeat once)."""
+
+    name = "tile"
+    per_sample = True
+    defaults = {"repeats": REQUIRED}
+    rule = "shape[i] * repeats[i] per axis"
+
+    def shape_rule(self, inputs: list[TensorSpec], attrs: dict[str, Any]) -> list[OutputSpec]:
+        shape, repeats = tuple(inputs[0].shape), list(attrs["repeats"])
+        if len(repeats) != len(shape) or any(r < 0 for r in repeats):
+            raise ShapeError(f"tile repeats {repeats} need one non-negative entry per axis of {shape}")
+        return [(tuple(None if d is None else d * r for d, r in zip(shape, repeats)), inputs[0].dtype)]
+
+    def samplewise(self, attrs: dict[str, Any]) -> bool:
+        return bool(self.resolve(attrs)["repeats"][0] == 1)
+
+    def kernel(self, arrays: list[np.ndarray], attrs: dict[str, Any]) -> list[np.ndarray]:
+        return [np.tile(arrays[0], attrs["repeats"])]
+
+
+@register
+class Expand(Op):
+    """ONNX Expand: x broadcast against `shape` (numpy rules, so the result may be larger than `shape`)."""
+
+    name = "expand"
+    per_sample = True
+    defaults = {"shape": REQUIRED}
+    rule = "numpy broadcast of x's shape and shape"
+
+    def shape_rule(self, inputs: list[TensorSpec], attrs: dict[str, Any]) -> list[OutputSpec]:
+        return [(broadcast_shapes(tuple(inputs[0].shape), tuple(attrs["shape"])), inputs[0].dtype)]
+
+    def kernel(self, arrays: list[np.ndarray], attrs: dict[str, Any]) -> list[np.ndarray]:
+        x = arrays[0]
+        return [np.array(np.broadcast_to(x, np.broadcast_shapes(x.shape, tuple(attrs["shape"]))))]

@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from dabuild.errors import BuildError
 from dabuild.ir.kernels.native import native_conv
 from dabuild.ir.ops import OPS
 from dabuild.quant.activations import clamp_bounds, is_table_activation, lookup_table
@@ -186,3 +187,49 @@ def lower_mul(ctx: Lowering) -> list[QLayer]:
     real = ctx.params(inputs[0]).scale * ctx.params(inputs[1]).scale / target.scale
     multiplier, shift = quantize_multiplier(real, ctx.where)
     return [QMul(name=node.name, inputs=inputs, outputs=list(node.outputs), multiplier=multiplier, shift=shift)]
+
+
+@layer_type
+@dataclass
+class QPrelu(QLayer):
+    """x * s_x / s_y where x >= 0, else x * slope * s_x / s_y, with one (broadcast) slope per position of
+    `sign` (a constant slope tensor, usually one per channel): both branches are requantizations of the centred
+    input, the negative one by |slope| s_x / s_y and then the slope's sign (0 for a zero slope)."""
+
+    op: ClassVar[str] = "prelu"
+    multiplier: np.ndarray           # int32 (1,): s_x / s_y, the positive branch
+    shift: np.ndarray                # int32 (1,)
+    negative_multiplier: np.ndarray  # int32, the slope's shape: |slope| s_x / s_y (any valid value where 0)
+    negative_shift: np.ndarray       # int32, the slope's shape
+    sign: np.ndarray                 # int32, the slope's shape: -1, 0 or 1
+
+    def run(self, inputs: list[np.ndarray], graph: QGraph, trace: Trace | None) -> list[np.ndarray]:
+        centred = self.params(graph).centred(inputs[0])
+        positive = requantize(centred, self.multiplier, self.shift)
+        negative = self.sign * requantize(centred, self.negative_multiplier, self.negative_shift)
+        target = self.output_params(graph)
+        return [target.saturate(np.where(centred >= 0, positive, negative) + target.zero_point)]
+
+
+@lowers("prelu", layers=("lookup", "prelu"))
+def lower_prelu(ctx: Lowering) -> list[QLayer]:
+    """One slope: a table (leaky_relu with that slope, exact); a slope tensor: QPrelu's two requantizations."""
+    node = ctx.node
+    slope = ctx.constant(node.inputs[1]).astype(np.float64)
+    if slope.size == 1:
+        return [lookup_layer(ctx, node.name, node.inputs[0], node.outputs[0], "leaky_relu",
+                             {"alpha": float(slope.ravel()[0])})]
+    rank = ctx.rank(node.inputs[0])
+    if slope.ndim == rank:  # a leading batch axis of the constant: it must be 1
+        if slope.shape[0] != 1:
+            raise BuildError(f"{ctx.where}: its slope differs from sample to sample of the batch")
+        slope = slope[0]
+    source = ctx.params(node.inputs[0])
+    target = ctx.calibrated(node.outputs[0])
+    ctx.output(node.outputs[0], target)
+    multiplier, shift = quantize_multiplier(source.scale / target.scale, ctx.where)
+    magnitude = np.abs(slope) * source.scale / target.scale
+    negative_multiplier, negative_shift = quantize_multiplier(np.where(magnitude > 0, magnitude, 1.0), ctx.where)
+    return [QPrelu(name=node.name, inputs=[node.inputs[0]], outputs=list(node.outputs), multiplier=multiplier,
+                   shift=shift, negative_multiplier=negative_multiplier.reshape(slope.shape),
+                   negative_shift=negative_shift.reshape(slope.shape), sign=np.sign(slope).astype(np.int32))]

@@ -1,4 +1,4 @@
-"""dense and conv (and batch_norm, a depthwise 1x1 conv): int x int -> int32 (int64), requantized.
+"""dense, conv and conv_transpose (and batch_norm, a depthwise 1x1 conv): int x int -> int32 (int64), requantized.
 
 acc = sum (x - x_zero_point) * w + bias, with symmetric integer weights (per
 tensor or per output channel) and the bias in integer units of s_x * s_w; then
@@ -115,6 +115,44 @@ class QConv(QWeighted):
         return OPS["conv"].run([centred, self.weight.astype(np.float64)], attrs)[0]
 
 
+def conv_layout(weight: np.ndarray, groups: int) -> np.ndarray:
+    """A transposed conv's (C, O/groups, *kernel) weight as (O, C/groups, *kernel), the layout of a conv's: one
+    slice per output channel, so per-channel quantization and the C kernel read it as they read a conv's."""
+    channels, group_out, *kernel = weight.shape
+    split = weight.reshape(groups, channels // groups, group_out, *kernel)
+    return np.ascontiguousarray(split.swapaxes(1, 2).reshape(groups * group_out, channels // groups, *kernel))
+
+
+def transposed_layout(weight: np.ndarray, groups: int) -> np.ndarray:
+    """The inverse of `conv_layout`: (O, C/groups, *kernel) back to ONNX's (C, O/groups, *kernel)."""
+    out_channels, group_in, *kernel = weight.shape
+    split = weight.reshape(groups, out_channels // groups, group_in, *kernel)
+    return np.ascontiguousarray(split.swapaxes(1, 2).reshape(groups * group_in, out_channels // groups, *kernel))
+
+
+@layer_type
+@dataclass
+class QConvTranspose(QWeighted):
+    """Transposed convolution over (N, C, *spatial); weight in conv layout (O, C/groups, *kernel) (see
+    `conv_layout`), ONNX geometry with output padding."""
+
+    op: ClassVar[str] = "conv_transpose"
+    channel_axis: ClassVar[int] = 1
+    strides: list[int]
+    pads: list[int]
+    dilations: list[int]
+    groups: int
+    output_padding: list[int]
+
+    def attrs_of_op(self) -> dict[str, Any]:
+        return {"strides": self.strides, "pads": self.pads, "dilations": self.dilations, "groups": self.groups,
+                "output_padding": self.output_padding}
+
+    def accumulate(self, centred: np.ndarray) -> np.ndarray:
+        weight = transposed_layout(self.weight.astype(np.float64), self.groups)
+        return OPS["conv_transpose"].run([centred, weight], self.attrs_of_op())[0]
+
+
 def _weighted_layers(ctx: Lowering, layer_class: type[QWeighted], weight: np.ndarray, bias: np.ndarray,
                      weight_choice: QuantChoice, channel_axis: int, geometry: dict[str, Any]) -> list[QLayer]:
     """The weighted layer, and a lookup layer after it when the node fuses a table activation."""
@@ -190,6 +228,21 @@ def lower_conv(ctx: Lowering) -> list[QLayer]:
                 "dilations": [int(d) for d in attrs["dilations"] or [1] * spatial],
                 "groups": int(attrs["groups"])}
     return _weighted_layers(ctx, QConv, weight, bias, _weight_choice(ctx), 0, geometry)
+
+
+@lowers("conv_transpose", weighted=True, layers=("conv_transpose",))
+def lower_conv_transpose(ctx: Lowering) -> list[QLayer]:
+    inputs = ctx.node.inputs
+    attrs = OPS["conv_transpose"].resolve(ctx.node.attrs)
+    groups = int(attrs["groups"])
+    weight = conv_layout(ctx.constant(inputs[1]), groups)
+    bias = ctx.constant(inputs[2]) if len(inputs) > 2 else np.zeros(weight.shape[0])
+    spatial = weight.ndim - 2
+    geometry = {"strides": [int(s) for s in attrs["strides"] or [1] * spatial],
+                "pads": [int(p) for p in attrs["pads"] or [0] * (2 * spatial)],
+                "dilations": [int(d) for d in attrs["dilations"] or [1] * spatial],
+                "groups": groups, "output_padding": [int(p) for p in attrs["output_padding"] or [0] * spatial]}
+    return _weighted_layers(ctx, QConvTranspose, weight, bias, _weight_choice(ctx), 0, geometry)
 
 
 @lowers("batch_norm", layers=("conv",))

@@ -1,7 +1,7 @@
 """Layers that only move, copy or select integer values, and concat.
 
 Layout ops (identity, reshape, flatten, transpose, squeeze, unsqueeze, slice,
-split, pad) and the max ops (max_pool, reduce_max) output values of their
+split, pad, gather with constant indices, tile, expand, nearest resize) and the max ops (max_pool, reduce_max) output values of their
 input (pad: or its quantized pad value), so they run on integers without any
 requantization and their outputs keep the input's params. The reference runs
 the IR op's own float kernel on the integer values held in float32, which
@@ -23,11 +23,12 @@ import numpy as np
 from dabuild.errors import BuildError
 from dabuild.ir.ops import OPS
 from dabuild.quant.fixed_point import quantize_multiplier, requantize
+from dabuild.quant.layers.resize import lower_linear_resize
 from dabuild.quant.lowering import Lowering, lowers
 from dabuild.quant.qgraph import LAYER_TYPES, QGraph, QLayer, Trace, layer_type
 
 SELECTION_OPS = ("identity", "reshape", "flatten", "transpose", "squeeze", "unsqueeze", "slice", "split", "pad",
-                 "max_pool", "reduce_max")
+                 "max_pool", "reduce_max", "gather", "tile", "expand", "resize")
 
 
 @dataclass
@@ -45,7 +46,7 @@ for _op in SELECTION_OPS:  # one registered layer class per op, so targets key t
     layer_type(type(f"Q{_op.title().replace('_', '')}", (QSelection,), {"op": _op, "__doc__": f"int8 {_op}."}))
 
 
-@lowers(*SELECTION_OPS, layers={op: (op,) for op in SELECTION_OPS})
+@lowers(*SELECTION_OPS, layers={**{op: (op,) for op in SELECTION_OPS}, "resize": ("resize", "resize_linear")})
 def lower_selection(ctx: Lowering) -> list[QLayer]:
     node = ctx.node
     source = ctx.params(node.inputs[0])
@@ -54,6 +55,11 @@ def lower_selection(ctx: Lowering) -> list[QLayer]:
         attrs = {**attrs, "value": float(source.quantize(np.float32(attrs["value"])))}
     if node.op == "reduce_max" and 0 in OPS[node.op].axes(ctx.rank(node.inputs[0]), attrs):
         raise BuildError(f"{ctx.where}: integer lowering does not reduce over the batch axis 0")
+    if node.op == "resize" and attrs["mode"] != "nearest":
+        return lower_linear_resize(ctx)
+    if (node.op in ("gather", "tile") and not OPS[node.op].samplewise(attrs)) or (
+            node.op == "expand" and len(attrs["shape"]) > ctx.rank(node.inputs[0])):
+        raise BuildError(f"{ctx.where}: integer lowering does not move values across the batch axis 0")
     if node.op == "squeeze" and attrs["axes"] is None:  # fix the axes now: a batch of 1 must stay a batch
         attrs = {**attrs, "axes": [a for a, d in enumerate(ctx.shapes[node.inputs[0]].shape) if a > 0 and d == 1]}
     for output in node.outputs:

@@ -22,9 +22,13 @@ gathered from them, so every geometry the IR knows maps without a second
 implementation of it. A conv is then one constant matrix per output position
 (per group), over the taps that are not padding.
 
-Mapped: dense, conv, clamp/relu, add/sub, mul, concat, the layout ops, pad,
-max_pool, reduce_max, avg_pool, mean (global average pooling, reduce_mean,
-reduce_sum) and lookup (table activations). Refused with a BuildError: softmax
+Mapped: dense, conv, clamp/relu, add/sub, mul, concat, the layout ops
+(gather, tile, expand and nearest resize too), pad, max_pool, reduce_max,
+avg_pool, mean (global average pooling, reduce_mean, reduce_sum), lookup
+(table activations: every elementwise function), max, min, where, the
+matmul of two activations, and transposed conv and linear resize (each an
+integer linear map of its input, its constant matrix found by the layer's own
+arithmetic on the unit vectors). Refused with a BuildError: softmax
 (its integer reference divides by the sum of the exponentials, and da4ml has
 no division by a variable) and fp32 fallback layers (the logic has no float).
 """
@@ -43,8 +47,11 @@ from dabuild.quant import layers  # noqa: F401  (registers every layer type)
 from dabuild.quant.dtypes import int_type
 from dabuild.quant.fixed_point import requantize as requantize_integers
 from dabuild.quant.layers.elementwise import QAdd, QClamp, QLookup, QMul
-from dabuild.quant.layers.linear import QConv, QDense, QWeighted
+from dabuild.quant.layers.linear import QConv, QConvTranspose, QDense, QWeighted
+from dabuild.quant.layers.matmul import QMatMul
 from dabuild.quant.layers.pool import QAvgPool, QMean
+from dabuild.quant.layers.resize import FRACTION_BITS, QResizeLinear
+from dabuild.quant.layers.select import QPick, QWhere
 from dabuild.quant.layers.shape import SELECTION_OPS, QConcat, QSelection
 from dabuild.quant.qgraph import QGraph, QLayer, QuantParams
 from dabuild.registry import Registry
@@ -302,6 +309,49 @@ def convert_conv(layer: QConv, graph: QGraph, inputs: list[FixedVariableArray]) 
     return _finish_weighted(layer, graph, _array(accumulator, inputs[0]), channel_lsb, where)
 
 
+def _linear_map(inputs: FixedVariableArray, matrix: np.ndarray, lsb: np.ndarray, constant: np.ndarray,
+                source_scale: float, out_shape: tuple[int, ...]) -> FixedVariableArray:
+    """x @ (matrix * lsb / s_x) + constant * lsb per output element: a layer that is an integer linear map of its
+    input, its matrix found by the layer's own arithmetic on the unit vectors (exact: integers)."""
+    rows = _array(np.ravel(inputs._vars), inputs)
+    lsb, constant = np.ravel(lsb), np.ravel(constant)
+    return _affine(rows, matrix, constant, lsb, source_scale).reshape(out_shape)
+
+
+@converts("conv_transpose")
+def convert_conv_transpose(layer: QConvTranspose, graph: QGraph,
+                           inputs: list[FixedVariableArray]) -> list[FixedVariableArray]:
+    """Each output the constant combination of the inputs that reach it (zero weights cost nothing)."""
+    where = described(layer)
+    channel_lsb = _accumulator_lsb(layer, graph, where)
+    shape, out_shape = graph.tensors[layer.inputs[0]].shape, graph.tensors[layer.outputs[0]].shape
+    size = math.prod(shape)
+    matrix = layer.accumulate(np.eye(size).reshape(size, *shape)).reshape(size, -1)
+    per_channel = (-1, *[1] * (len(out_shape) - 1))
+    lsb = np.broadcast_to(channel_lsb.reshape(per_channel), out_shape)
+    bias = np.broadcast_to(layer.bias.astype(np.float64).reshape(per_channel), out_shape)
+    accumulator = _linear_map(inputs[0], matrix, lsb, bias, layer.params(graph).scale, out_shape)
+    return _finish_weighted(layer, graph, accumulator, lsb, where)
+
+
+@converts("resize_linear")
+def convert_resize_linear(layer: QResizeLinear, graph: QGraph,
+                          inputs: list[FixedVariableArray]) -> list[FixedVariableArray]:
+    """The fixed-point weights as a constant matrix, then the power-of-two requantization."""
+    where = described(layer)
+    [source_scale] = _input_scales(layer, graph, where)
+    [factor] = power_of_two_factor(layer.multiplier, layer.shift, where)
+    target = layer.output_params(graph)
+    unit = source_scale * 2.0 ** -(FRACTION_BITS * len(layer.axes))
+    _require_unit(unit / factor, target.scale, where)
+    shape, out_shape = graph.tensors[layer.inputs[0]].shape, graph.tensors[layer.outputs[0]].shape
+    size = math.prod(shape)
+    matrix = layer.interpolate(np.eye(size, dtype=np.int64).reshape(size, *shape)).reshape(size, -1)
+    lsb = np.full(out_shape, unit)
+    accumulator = _linear_map(inputs[0], matrix, lsb, np.zeros(out_shape), source_scale, out_shape)
+    return [saturate(accumulator, lsb, target, where)]
+
+
 @converts("clamp", "relu")
 def convert_clamp(layer: QClamp, graph: QGraph, inputs: list[FixedVariableArray]) -> list[FixedVariableArray]:
     params = layer.params(graph)
@@ -460,6 +510,54 @@ def convert_concat(layer: QConcat, graph: QGraph, inputs: list[FixedVariableArra
         _require_unit(scale / factor, target.scale, where)
         parts.append(saturate(x, scale, target, where))
     return [np.concatenate(parts, axis=layer.axis - 1)]
+
+
+def _requantized_inputs(layer: QPick, graph: QGraph, inputs: list[FixedVariableArray],
+                        where: str) -> list[FixedVariableArray]:
+    """Each input requantized to the output's type (as concat), broadcast to the output's shape."""
+    target = layer.output_params(graph)
+    shape = graph.tensors[layer.outputs[0]].shape
+    results = []
+    for x, factor, scale in zip(inputs, power_of_two_factor(layer.multiplier, layer.shift, where),
+                                _input_scales(layer, graph, where)):
+        _require_unit(scale / factor, target.scale, where)
+        saturated = saturate(x, scale, target, where)
+        results.append(np.broadcast_to(saturated._vars, shape))
+    return results
+
+
+@converts("max", "min", "where")
+def convert_pick(layer: QPick, graph: QGraph, inputs: list[FixedVariableArray]) -> list[FixedVariableArray]:
+    """max/min: a comparator per element; where: the constant condition chooses the wire, no logic at all."""
+    where = described(layer)
+    a, b = _requantized_inputs(layer, graph, inputs, where)
+    if isinstance(layer, QWhere):
+        chosen = np.where(np.broadcast_to(layer.condition, a.shape), a, b)
+    else:
+        pick = (lambda u, v: u.max_of(v)) if layer.op == "max" else (lambda u, v: u.min_of(v))
+        chosen = np.array([pick(u, v) for u, v in zip(a.ravel(), b.ravel())], dtype=object).reshape(a.shape)
+    return [_array(chosen, inputs[0])]
+
+
+@converts("matmul")
+def convert_matmul(layer: QMatMul, graph: QGraph, inputs: list[FixedVariableArray]) -> list[FixedVariableArray]:
+    """The exact products and sums of the two inputs' variables, requantized by the power of two s_a s_b / s_y."""
+    where = described(layer)
+    scales = _input_scales(layer, graph, where)
+    [factor] = power_of_two_factor(layer.multiplier, layer.shift, where)
+    target = layer.output_params(graph)
+    _require_unit(scales[0] * scales[1] / factor, target.scale, where)
+    a, b = (x._vars for x in inputs)
+    batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    a, b = np.broadcast_to(a, (*batch, *a.shape[-2:])), np.broadcast_to(b, (*batch, *b.shape[-2:]))
+    try:
+        products = [(_array(left, inputs[0]) @ _array(right, inputs[0]))._vars
+                    for left, right in zip(a.reshape(-1, *a.shape[-2:]), b.reshape(-1, *b.shape[-2:]))]
+    except AssertionError as error:  # da4ml's way of saying a multiplier does not fit one pipeline stage
+        raise BuildError(f"{where}: da4ml cannot place the products of two variables: {error} (raise the hdl "
+                         "target's latency_cutoff, or narrow the inputs' types)") from error
+    product = _array(np.array(products, dtype=object).reshape(graph.tensors[layer.outputs[0]].shape), inputs[0])
+    return [saturate(product, scales[0] * scales[1], target, where)]
 
 
 @converts("lookup")

@@ -16,6 +16,8 @@ from collections.abc import Callable
 from itertools import accumulate
 from typing import Any
 
+import numpy as np
+
 from dabuild.errors import BuildError
 from dabuild.ir.graph import TensorSpec
 from dabuild.ir.ops import OPS
@@ -90,7 +92,7 @@ def _hard_swish(e: Emitter, op: str, inputs: list[str], attrs: dict[str, Any], s
 
 def _erf(e: Emitter, z: str, base: str) -> str:
     """erf(z) = sign(z) (1 - poly(t) exp(-z^2)), t = 1 / (1 + p |z|): dabuild's `_erf`, step for step."""
-    t = e.call(f"{base}_t", "rcp", e.call(f"{base}_tden", "add", e.call(f"{base}_pz", "mul",
+    t = e.call(f"{base}_t", "div", "1.0", e.call(f"{base}_tden", "add", e.call(f"{base}_pz", "mul",
                                                                         e.call(f"{base}_abs", "abs", z),
                                                                         number(0.3275911)), "1.0"))
     poly = number(1.061405429)
@@ -246,15 +248,25 @@ def _squeeze(e: Emitter, op: str, inputs: list[str], attrs: dict[str, Any], shap
 
 @emits("slice")
 def _slice(e: Emitter, op: str, inputs: list[str], attrs: dict[str, Any], shapes: list[Shape], base: str) -> list[str]:
-    """ONNX-style bounds, resolved against the known per-sample shape into NNEF's begin/end/stride."""
+    """ONNX-style bounds, resolved against the known per-sample shape into NNEF's begin/end/stride; an axis
+    walked backwards (a flip) is a gather of the indices the IR op picks."""
     axes, begins, ends, strides = [], [], [], []
+    value = inputs[0]
     for axis, start, end, step in OPS["slice"].plan(len(shapes[0]), attrs):
-        if axis == 0 or step < 1:
-            raise BuildError(f"nnef export: {base} slices the batch axis or with a negative step")
+        if axis == 0:
+            raise BuildError(f"nnef export: {base} slices the batch axis")
         size = int(shapes[0][axis])  # type: ignore[arg-type]
+        if step < 0:
+            picked = OPS["slice"].run([np.arange(size)[None]], {"starts": [start], "ends": [end], "axes": [1],
+                                                                 "steps": [step]})[0][0]
+            value = e.call(f"{base}_reversed{axis}", "tract_core_gather", value,
+                           e.variable(f"{base}_indices{axis}", picked.astype(np.int64)), axis=str(axis))
+            continue
         start, end = (min(max(v + size if v < 0 else v, 0), size) for v in (start, end))
         axes.append(axis), begins.append(start), ends.append(max(end, start)), strides.append(step)
-    return [e.call(base, "slice", inputs[0], axes=integers(axes), begin=integers(begins), end=integers(ends),
+    if not axes:
+        return [value]
+    return [e.call(base, "slice", value, axes=integers(axes), begin=integers(begins), end=integers(ends),
                    stride=integers(strides))]
 
 
@@ -274,3 +286,241 @@ def _pad(e: Emitter, op: str, inputs: list[str], attrs: dict[str, Any], shapes: 
     border = {"constant": "'constant'", "reflect": "'reflect'", "edge": "'replicated'"}[attrs["mode"]]
     return [e.call(base, "pad", inputs[0], padding=padding(attrs["pads"]), border=border,
                    value=number(attrs["value"]))]
+
+
+# ---------------------------------------------------------------- the ops of issue 10
+
+
+def aligned(e: Emitter, value: str, shape: Shape, rank: int, base: str) -> str:
+    """`value` reshaped to `rank` axes by leading 1s: NNEF broadcasts singleton axes, but aligns shapes from the
+    left, numpy from the right."""
+    if len(shape) >= rank:
+        return value
+    return e.call(f"{base}_aligned", "reshape", value, shape=integers([1] * (rank - len(shape)) + list(shape)))
+
+
+def _exponential_unit(e: Emitter, x: str, alpha: float, base: str) -> str:
+    """x if x > 0 else alpha * (exp(x) - 1), exp of min(x, 0) so it never overflows."""
+    negative = e.call(f"{base}_expm1", "sub", e.call(f"{base}_exp", "exp", e.call(f"{base}_neg_part", "min", x, "0.0")),
+                      "1.0")
+    return e.call(f"{base}_unit", "select", e.call(f"{base}_positive", "gt", x, "0.0"), x,
+                  e.call(f"{base}_scaled", "mul", negative, number(alpha)))
+
+
+@emits("elu", "selu")
+def _elu(e: Emitter, op: str, inputs: list[str], attrs: dict[str, Any], shapes: list[Shape], base: str) -> list[str]:
+    unit = _exponential_unit(e, inputs[0], attrs["alpha"], base)
+    return [unit if op == "elu" else e.call(base, "mul", unit, number(attrs["gamma"]))]
+
+
+@emits("softplus")
+def _softplus(e: Emitter, op: str, inputs: list[str], attrs: dict[str, Any], shapes: list[Shape],
+              base: str) -> list[str]:
+    """max(x, 0) + log(1 + exp(-|x|)): the same function as log(1 + exp(x)) without overflow."""
+    x = inputs[0]
+    tail = e.call(f"{base}_tail", "log", e.call(f"{base}_one_plus", "add", e.call(
+        f"{base}_exp", "exp", e.call(f"{base}_neg", "neg", e.call(f"{base}_abs", "abs", x))), "1.0"))
+    return [e.call(base, "add", e.call(f"{base}_relu", "max", x, "0.0"), tail)]
+
+
+@emits("softsign")
+def _softsign(e: Emitter, op: str, inputs: list[str], attrs: dict[str, Any], shapes: list[Shape],
+              base: str) -> list[str]:
+    return [e.call(base, "div", inputs[0], e.call(f"{base}_den", "add", e.call(f"{base}_abs", "abs", inputs[0]), "1.0"))]
+
+
+_UNARY = {"abs": "abs", "neg": "neg", "exp": "exp", "log": "log", "sqrt": "sqrt"}
+
+
+@emits(*_UNARY)
+def _unary(e: Emitter, op: str, inputs: list[str], attrs: dict[str, Any], shapes: list[Shape], base: str) -> list[str]:
+    return [e.call(base, _UNARY[op], inputs[0])]
+
+
+@emits("reciprocal")
+def _reciprocal(e: Emitter, op: str, inputs: list[str], attrs: dict[str, Any], shapes: list[Shape],
+                base: str) -> list[str]:
+    """1 / x (tract has no NNEF rcp)."""
+    return [e.call(base, "div", "1.0", inputs[0])]
+
+
+@emits("pow")
+def _pow(e: Emitter, op: str, inputs: list[str], attrs: dict[str, Any], shapes: list[Shape], base: str) -> list[str]:
+    if attrs["exponent"] == 2:
+        return [e.call(base, "sqr", inputs[0])]
+    return [e.call(base, "pow", inputs[0], number(attrs["exponent"]))]
+
+
+@emits("erf")
+def _erf_op(e: Emitter, op: str, inputs: list[str], attrs: dict[str, Any], shapes: list[Shape], base: str) -> list[str]:
+    return [_erf(e, inputs[0], base)]
+
+
+@emits("max", "min")
+def _extremum(e: Emitter, op: str, inputs: list[str], attrs: dict[str, Any], shapes: list[Shape],
+              base: str) -> list[str]:
+    rank = max(len(shape) for shape in shapes)
+    a, b = (aligned(e, name, shape, rank, f"{base}_{i}") for i, (name, shape) in enumerate(zip(inputs, shapes)))
+    return [e.call(base, op, a, b)]
+
+
+@emits("prelu")
+def _prelu(e: Emitter, op: str, inputs: list[str], attrs: dict[str, Any], shapes: list[Shape], base: str) -> list[str]:
+    x, slope = inputs[0], aligned(e, inputs[1], shapes[1], len(shapes[0]), base)
+    return [e.call(base, "select", e.call(f"{base}_negative", "lt", x, "0.0"), e.call(f"{base}_scaled", "mul", x, slope),
+                   x)]
+
+
+@emits("where")
+def _where(e: Emitter, op: str, inputs: list[str], attrs: dict[str, Any], shapes: list[Shape], base: str) -> list[str]:
+    """The condition arrives as a float tensor of 0 and 1 (NNEF variables hold numbers)."""
+    rank = max(len(shape) for shape in shapes)
+    condition, x, y = (aligned(e, name, shape, rank, f"{base}_{i}") for i, (name, shape) in enumerate(zip(inputs, shapes)))
+    return [e.call(base, "select", e.call(f"{base}_condition", "ne", condition, "0.0"), x, y)]
+
+
+@emits("log_softmax")
+def _log_softmax(e: Emitter, op: str, inputs: list[str], attrs: dict[str, Any], shapes: list[Shape],
+                 base: str) -> list[str]:
+    """x - max - log(sum(exp(x - max))), as dabuild's kernel."""
+    axes = integers([attrs["axis"] % len(shapes[0])])
+    shifted = e.call(f"{base}_shifted", "sub", inputs[0], e.call(f"{base}_max", "max_reduce", inputs[0], axes=axes))
+    total = e.call(f"{base}_sum", "sum_reduce", e.call(f"{base}_exp", "exp", shifted), axes=axes)
+    return [e.call(base, "sub", shifted, e.call(f"{base}_log", "log", total))]
+
+
+def _standardize(e: Emitter, x: str, axes: list[int], epsilon: float, base: str) -> str:
+    """(x - mean) / sqrt(var + epsilon) over `axes`."""
+    centred = e.call(f"{base}_centred", "sub", x, e.call(f"{base}_mean", "mean_reduce", x, axes=integers(axes)))
+    variance = e.call(f"{base}_variance", "mean_reduce", e.call(f"{base}_square", "sqr", centred), axes=integers(axes))
+    deviation = e.call(f"{base}_deviation", "sqrt", e.call(f"{base}_shifted", "add", variance, number(epsilon)))
+    return e.call(f"{base}_standard", "div", centred, deviation)
+
+
+def _channel_affine(e: Emitter, value: str, scale: str, bias: str, rank: int, base: str) -> str:
+    """value * scale + bias, scale and bias (C,) broadcast along axis 1."""
+    shape = integers([1, -1, *[1] * (rank - 2)])
+    scaled = e.call(f"{base}_scaled", "mul", value, e.call(f"{base}_scale", "reshape", scale, shape=shape))
+    return e.call(base, "add", scaled, e.call(f"{base}_bias", "reshape", bias, shape=shape))
+
+
+@emits("instance_norm")
+def _instance_norm(e: Emitter, op: str, inputs: list[str], attrs: dict[str, Any], shapes: list[Shape],
+                   base: str) -> list[str]:
+    rank = len(shapes[0])
+    standard = _standardize(e, inputs[0], list(range(2, rank)), attrs["epsilon"], base)
+    return [_channel_affine(e, standard, inputs[1], inputs[2], rank, base)]
+
+
+@emits("group_norm")
+def _group_norm(e: Emitter, op: str, inputs: list[str], attrs: dict[str, Any], shapes: list[Shape],
+                base: str) -> list[str]:
+    rank, groups = len(shapes[0]), attrs["groups"]
+    grouped = e.call(f"{base}_grouped", "reshape", inputs[0], shape=integers([0, groups, -1]))
+    standard = _standardize(e, grouped, [2], attrs["epsilon"], base)
+    restored = e.call(f"{base}_restored", "reshape", standard, shape=integers([0, *shapes[0][1:]]))  # type: ignore[list-item]
+    return [_channel_affine(e, restored, inputs[1], inputs[2], rank, base)]
+
+
+@emits("layer_norm")
+def _layer_norm(e: Emitter, op: str, inputs: list[str], attrs: dict[str, Any], shapes: list[Shape],
+                base: str) -> list[str]:
+    rank = len(shapes[0])
+    axis = attrs["axis"] % rank
+    value = _standardize(e, inputs[0], list(range(axis, rank)), attrs["epsilon"], base)
+    for index, fragment in ((1, "mul"), (2, "add")):
+        if len(inputs) > index:
+            value = e.call(f"{base}_{fragment}" if index < len(inputs) - 1 else base, fragment, value,
+                           aligned(e, inputs[index], shapes[index], rank, f"{base}_{index}"))
+    return [value]
+
+
+@emits("lrn")
+def _lrn(e: Emitter, op: str, inputs: list[str], attrs: dict[str, Any], shapes: list[Shape], base: str) -> list[str]:
+    """x / (bias + alpha / size * window sum of x**2 across channels) ** beta; the window sum is a 1x1 conv
+    with a banded (C, C) matrix of ones."""
+    channels = int(shapes[0][1])  # type: ignore[arg-type]
+    size, rank = attrs["size"], len(shapes[0])
+    before = (size - 1) // 2
+    band = np.array([[1.0 if -before <= j - i <= size - 1 - before else 0.0 for j in range(channels)]
+                     for i in range(channels)], np.float32) * np.float32(attrs["alpha"] / size)
+    weights = e.variable(f"{base}_band", band.reshape(channels, channels, *[1] * (rank - 2)))
+    total = e.call(f"{base}_window", "conv", e.call(f"{base}_square", "sqr", inputs[0]), weights, "0.0",
+                   border="'constant'", padding=padding([0] * (2 * (rank - 2))), stride=integers([1] * (rank - 2)),
+                   dilation=integers([1] * (rank - 2)), groups="1")
+    scale = e.call(f"{base}_scale", "pow", e.call(f"{base}_shifted", "add", total, number(attrs["bias"])),
+                   number(attrs["beta"]))
+    return [e.call(base, "div", inputs[0], scale)]
+
+
+@emits("conv_transpose")
+def _conv_transpose(e: Emitter, op: str, inputs: list[str], attrs: dict[str, Any], shapes: list[Shape],
+                    base: str) -> list[str]:
+    """NNEF deconv; an output padding beyond the end pad is added as zeros after it (bias added last)."""
+    spatial = len(shapes[0]) - 2
+    pads = list(attrs["pads"] or [0] * (2 * spatial))
+    extra = list(attrs["output_padding"] or [0] * spatial)
+    begins, ends = pads[:spatial], pads[spatial:]
+    trimmed = [max(end - more, 0) for end, more in zip(ends, extra)]
+    grown = [max(more - end, 0) for end, more in zip(ends, extra)]
+    groups, (channels, group_out, *kernel) = attrs["groups"], shapes[1]
+    # tract reads the filter as (O, C/groups, *kernel), the layout of the conv it transposes.
+    filter_ = e.call(f"{base}_filter", "reshape", e.call(
+        f"{base}_filter_groups", "transpose", e.call(f"{base}_filter_split", "reshape", inputs[1], shape=integers(
+            [groups, channels // groups, group_out, *kernel])), axes=integers([0, 2, 1, *range(3, 3 + spatial)])),
+        shape=integers([groups * group_out, channels // groups, *kernel]))  # type: ignore[operator]
+    value = e.call(f"{base}_deconv", "deconv", inputs[0], filter_, "0.0", border="'constant'",
+                   padding=padding(begins + trimmed), stride=integers(attrs["strides"] or [1] * spatial),
+                   dilation=integers(attrs["dilations"] or [1] * spatial), groups=str(attrs["groups"]))
+    if any(grown):
+        value = e.call(f"{base}_grown", "pad", value, padding=padding([0, 0, *[0] * spatial, 0, 0, *grown]),
+                       border="'constant'", value="0.0")
+    if len(inputs) > 2:
+        value = e.call(base, "add", value, e.call(f"{base}_bias", "reshape", inputs[2],
+                                                  shape=integers([1, -1, *[1] * spatial])))
+    return [value]
+
+
+@emits("resize")
+def _resize(e: Emitter, op: str, inputs: list[str], attrs: dict[str, Any], shapes: list[Shape], base: str) -> list[str]:
+    """Each resized axis as a matmul with its (in, out) interpolation matrix: one-hot columns for nearest,
+    the two linear weights for linear, computed by dabuild's own resize kernel on an identity."""
+    value, rank = inputs[0], len(shapes[0])
+    for axis in range(1, rank):
+        size, out = int(shapes[0][axis]), int(attrs["sizes"][axis])  # type: ignore[arg-type]
+        if size == out and attrs["scales"][axis] == 1:
+            continue
+        single = {**attrs, "sizes": [1, out], "scales": [1.0, attrs["scales"][axis]]}
+        matrix = OPS["resize"].run([np.eye(size, dtype=np.float32)], single)[0]  # (in, out): row i = input i's weights
+        perm = [*[a for a in range(rank) if a != axis], axis]
+        moved = e.call(f"{base}_last{axis}", "transpose", value, axes=integers(perm)) if axis != rank - 1 else value
+        matrix = matrix.reshape(*[1] * (rank - 2), *matrix.shape)  # tract's matmul wants equal ranks
+        product = e.call(f"{base}_axis{axis}", "matmul", moved, e.variable(f"{base}_matrix{axis}", matrix))
+        back = list(np.argsort(perm))
+        value = e.call(f"{base}_back{axis}", "transpose", product, axes=integers(back)) if axis != rank - 1 else product
+    return [value if value != inputs[0] else e.call(base, "copy", value)]
+
+
+@emits("gather")
+def _gather(e: Emitter, op: str, inputs: list[str], attrs: dict[str, Any], shapes: list[Shape], base: str) -> list[str]:
+    axis = attrs["axis"] % len(shapes[0])
+    if axis == 0:
+        raise BuildError(f"nnef export: {base} gathers along the batch axis")
+    indices = np.asarray(attrs["indices"], np.int64) % int(shapes[0][axis])  # type: ignore[arg-type]
+    return [e.call(base, "tract_core_gather", inputs[0], e.variable(f"{base}_indices", indices), axis=str(axis))]
+
+
+@emits("tile", "expand")
+def _tile(e: Emitter, op: str, inputs: list[str], attrs: dict[str, Any], shapes: list[Shape], base: str) -> list[str]:
+    """expand is a tile of its size-1 axes (after adding leading axes)."""
+    value, shape = inputs[0], shapes[0]
+    if op == "tile":
+        repeats = list(attrs["repeats"])
+    else:
+        target = OPS["expand"].infer([TensorSpec(base, shape)], attrs)[0][0]
+        value = aligned(e, value, shape, len(target), base)
+        shape = (*[1] * (len(target) - len(shape)), *shape)
+        repeats = [1 if t is None or t == d else int(t) for d, t in zip(shape, target)]
+    if repeats[0] != 1:
+        raise BuildError(f"nnef export: {base} repeats the batch axis")
+    return [e.call(base, "tile", value, repeats=integers(repeats))]

@@ -30,10 +30,13 @@ from typing import Any
 import numpy as np
 
 from dabuild.errors import BuildError
-from dabuild.quant.layers.elementwise import QAdd, QClamp, QLookup, QMul
+from dabuild.quant.layers.elementwise import QAdd, QClamp, QLookup, QMul, QPrelu
 from dabuild.quant.layers.fallback import QFloat
-from dabuild.quant.layers.linear import QConv, QDense, QWeighted
+from dabuild.quant.layers.linear import QConv, QConvTranspose, QDense, QWeighted, transposed_layout
+from dabuild.quant.layers.matmul import QMatMul
 from dabuild.quant.layers.pool import QAvgPool, QMean
+from dabuild.quant.layers.resize import QResizeLinear
+from dabuild.quant.layers.select import QPick, QWhere
 from dabuild.quant.layers.shape import SELECTION_OPS, QConcat, QSelection
 from dabuild.quant.layers.softmax import QSoftmax
 from dabuild.quant.qgraph import QLayer, QuantParams
@@ -133,6 +136,31 @@ def _weighted(e: Emitter, layer: QWeighted, quantized_kernels: bool) -> None:
         _fake_quantized(e, layer)
 
 
+@exports("conv_transpose")
+def _conv_transpose(e: Emitter, layer: QConvTranspose, quantized_kernels: bool) -> None:
+    """Fake-quant: the float deconv on the dequantized weight (back in ONNX's layout) and bias."""
+    channel = [-1, *[1] * (layer.weight.ndim - 1)]
+    weight = transposed_layout((layer.weight * layer.weight_scale.reshape(channel)).astype(np.float32), layer.groups)
+    bias = (layer.bias * e.params(layer.inputs[0]).scale * layer.weight_scale).astype(np.float32)
+    inputs = [e.real(layer.inputs[0]), e.variable(f"{layer.name}_weight", weight), e.variable(f"{layer.name}_bias", bias)]
+    attrs = {"strides": layer.strides, "pads": layer.pads, "dilations": layer.dilations, "groups": layer.groups,
+             "output_padding": layer.output_padding}
+    value = emit_float(e, "conv_transpose", inputs, attrs, [shape(e, layer.inputs[0]), weight.shape, bias.shape],
+                       f"{layer.outputs[0]}_float", f"layer {layer.name!r}")[0]
+    _finish(e, layer, value, layer.output_min, layer.output_max)
+
+
+@exports("prelu")
+def _prelu(e: Emitter, layer: QPrelu, quantized_kernels: bool) -> None:
+    """Fake-quant float prelu with the slopes the layer's multipliers stand for."""
+    source, target = e.params(layer.inputs[0]), e.params(layer.outputs[0])
+    magnitude = layer.negative_multiplier.astype(np.float64) / 2.0 ** layer.negative_shift.astype(np.float64)
+    slope = (layer.sign * magnitude * target.scale / source.scale).astype(np.float32)
+    names = [e.real(layer.inputs[0]), e.variable(f"{layer.name}_slope", slope)]
+    _finish(e, layer, emit_float(e, "prelu", names, {}, [shape(e, layer.inputs[0]), slope.shape],
+                                 f"{layer.outputs[0]}_float", f"layer {layer.name!r}")[0])
+
+
 @exports("relu", "clamp")
 def _clamp(e: Emitter, layer: QClamp, quantized_kernels: bool) -> None:
     """A clamp of values on the grid at two grid points: exact in float, no fake-quant needed."""
@@ -152,14 +180,24 @@ def _lookup(e: Emitter, layer: QLookup, quantized_kernels: bool) -> None:
     e.set_real(layer.outputs[0], e.call(layer.outputs[0], "tract_core_gather", table, index, axis="0"))
 
 
-@exports("add", "sub", "mul")
-def _binary(e: Emitter, layer: QAdd | QMul, quantized_kernels: bool) -> None:
+@exports("add", "sub", "mul", "max", "min", "matmul")
+def _binary(e: Emitter, layer: QAdd | QMul | QPick | QMatMul, quantized_kernels: bool) -> None:
     _finish(e, layer, _float_op(e, layer, layer.op, {}))
 
 
-@exports("avg_pool")
-def _avg_pool(e: Emitter, layer: QAvgPool, quantized_kernels: bool) -> None:
-    _finish(e, layer, _float_op(e, layer, "avg_pool", layer.op_attrs))
+@exports("where")
+def _where(e: Emitter, layer: QWhere, quantized_kernels: bool) -> None:
+    condition = e.variable(f"{layer.name}_condition", layer.condition.astype(np.float32))
+    names = [condition, *(e.real(name) for name in layer.inputs)]
+    shapes = [tuple(layer.condition.shape), *(shape(e, name) for name in layer.inputs)]
+    _finish(e, layer, emit_float(e, "where", names, {}, shapes, f"{layer.outputs[0]}_float",
+                                 f"layer {layer.name!r}")[0])
+
+
+@exports("avg_pool", "resize_linear")
+def _avg_pool(e: Emitter, layer: QAvgPool | QResizeLinear, quantized_kernels: bool) -> None:
+    """Layers that keep their float op's attributes: that op, fake-quantized."""
+    _finish(e, layer, _float_op(e, layer, "resize" if layer.op == "resize_linear" else "avg_pool", layer.op_attrs))
 
 
 @exports("mean")

@@ -29,6 +29,7 @@ a per-layer trace finds them.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Callable
@@ -44,6 +45,7 @@ from dabuild.ir.graph import Node
 from dabuild.ir.ops import OPS
 from dabuild.quant.activations import lookup_table
 from dabuild.quant.fixed_point import quantize_multiplier
+from dabuild.quant.layers.linear import transposed_layout
 from dabuild.quant.layers.shape import SELECTION_OPS
 from dabuild.quant.qgraph import QGraph, QLayer, QuantParams
 from dabuild.targets.onnx_float import EXPORTERS, IR_VERSION, OPSET, Emitter, value_info
@@ -182,6 +184,31 @@ def _weighted(w: QdqWriter, layer: Any) -> None:
     w.node(layer.op, layer, inputs, {**geometry, **activation})
 
 
+@writes("conv_transpose")
+def _conv_transpose(w: QdqWriter, layer: Any) -> None:
+    """ONNX's weight layout (C, O/groups, *kernel) has the output channels on axis 1 only without groups; a
+    grouped per-channel weight is written as its dequantized float values (the numbers DequantizeLinear gives)."""
+    e = w.emitter
+    onnx_weight = transposed_layout(layer.weight, layer.groups)
+    if layer.groups == 1 or len(layer.weight_scale) == 1:
+        weight = w.weight(dataclasses.replace(layer, weight=onnx_weight), axis=1)
+    else:
+        scales = transposed_layout(np.broadcast_to(layer.weight_scale.reshape(-1, *[1] * (layer.weight.ndim - 1)),
+                                                   layer.weight.shape), layer.groups)
+        weight = e.initializer(e.fresh(f"{layer.name}/weight/real"), (onnx_weight * scales).astype(np.float32))
+    inputs = [w.read(layer.inputs[0]), weight, w.bias(layer)]
+    activation = clamp_activation(layer.output_params(w.qgraph), layer.output_min, layer.output_max)
+    geometry = {"strides": layer.strides, "pads": layer.pads, "dilations": layer.dilations, "groups": layer.groups,
+                "output_padding": layer.output_padding}
+    if activation["activation"] == "none":
+        w.node("conv_transpose", layer, inputs, geometry)
+        return
+    raw = e.fresh(f"{layer.name}/linear")
+    node = Node(layer.name, "conv_transpose", inputs, [raw], geometry)
+    EXPORTERS["conv_transpose"](e, node, OPS["conv_transpose"].resolve(geometry))
+    w.node(activation["activation"], dataclasses.replace(layer, inputs=[raw]), [raw], activation["activation_attrs"])
+
+
 @writes("relu", "clamp")
 def _clamp(w: QdqWriter, layer: Any) -> None:
     activation = clamp_activation(layer.params(w.qgraph), layer.low, layer.high)
@@ -192,7 +219,8 @@ def _clamp(w: QdqWriter, layer: Any) -> None:
 @writes("lookup")
 def _lookup(w: QdqWriter, layer: Any) -> None:
     source, target = layer.params(w.qgraph), layer.output_params(w.qgraph)
-    if np.array_equal(lookup_table(layer.function, OPS[layer.function].resolve({}), source, target), layer.table):
+    if not OPS[layer.function].required and np.array_equal(
+            lookup_table(layer.function, OPS[layer.function].resolve({}), source, target), layer.table):
         w.node(layer.function, layer, [w.read(layer.inputs[0])], {})
         return
     # A table the float op's default attributes do not reproduce: index it with the integers themselves.
@@ -205,14 +233,32 @@ def _lookup(w: QdqWriter, layer: Any) -> None:
     e.add("Gather", [table, index], [w.integer_output(layer.outputs[0])], name, axis=0)
 
 
-@writes("add", "sub", "mul")
+@writes("add", "sub", "mul", "max", "min", "matmul")
 def _binary(w: QdqWriter, layer: Any) -> None:
     w.node(layer.op, layer, [w.read(name) for name in layer.inputs], {})
 
 
-@writes("avg_pool")
-def _avg_pool(w: QdqWriter, layer: Any) -> None:
-    w.node("avg_pool", layer, [w.read(layer.inputs[0])], layer.op_attrs)
+@writes("prelu")
+def _prelu(w: QdqWriter, layer: Any) -> None:
+    """The float prelu with the real slopes (sign times |slope|, from the layer's own multipliers' source)."""
+    source, target = layer.params(w.qgraph), layer.output_params(w.qgraph)
+    magnitude = layer.negative_multiplier.astype(np.float64) / 2.0 ** layer.negative_shift.astype(np.float64)
+    slope = (layer.sign * magnitude * target.scale / source.scale).astype(np.float32)
+    slope_name = w.emitter.initializer(w.emitter.fresh(f"{layer.name}/slope"), slope)
+    w.node("prelu", layer, [w.read(layer.inputs[0]), slope_name], {})
+
+
+@writes("where")
+def _where(w: QdqWriter, layer: Any) -> None:
+    condition = w.emitter.initializer(w.emitter.fresh(f"{layer.name}/condition"), layer.condition)
+    w.node("where", layer, [condition, *(w.read(name) for name in layer.inputs)], {})
+
+
+@writes("avg_pool", "resize_linear")
+def _float_op_of(w: QdqWriter, layer: Any) -> None:
+    """Layers that keep their float op's attributes: that op on the dequantized input."""
+    op = {"avg_pool": "avg_pool", "resize_linear": "resize"}[layer.op]
+    w.node(op, layer, [w.read(layer.inputs[0])], layer.op_attrs)
 
 
 @writes("mean")

@@ -13,12 +13,14 @@ from whichever the model's opset uses.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from dabuild.ir.ops.resize import COORDINATE_MODES, NEAREST_MODES, resize_scales, sizes_from_scales
 from dabuild.registry import Registry
 from dabuild.trace.onnx_frontend.conversion import Conversion, Shape, Unsupported
 
@@ -73,6 +75,17 @@ _UNARY = {
     "LeakyRelu": ("leaky_relu", {"alpha": 0.01}),
     "HardSigmoid": ("hard_sigmoid", {"alpha": 0.2, "beta": 0.5}),
     "Gelu": ("gelu", {"approximate": "none"}),
+    "Elu": ("elu", {"alpha": 1.0}),
+    "Selu": ("selu", {"alpha": 1.67326319217681884765625, "gamma": 1.05070102214813232421875}),
+    "Softplus": ("softplus", {}),
+    "Softsign": ("softsign", {}),
+    "Abs": ("abs", {}),
+    "Neg": ("neg", {}),
+    "Exp": ("exp", {}),
+    "Log": ("log", {}),
+    "Sqrt": ("sqrt", {}),
+    "Reciprocal": ("reciprocal", {}),
+    "Erf": ("erf", {}),
 }
 _BINARY = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div"}
 
@@ -87,6 +100,47 @@ def unary(ctx: Conversion, node: OnnxNode) -> None:
 @converts(*_BINARY, emits={op_type: (op,) for op_type, op in _BINARY.items()})
 def binary(ctx: Conversion, node: OnnxNode) -> None:
     ctx.emit(node, _BINARY[node.op_type], node.inputs, outputs=node.outputs)
+
+
+_VARIADIC = {"Sum": "add", "Mean": "add", "Max": "max", "Min": "min"}
+
+
+@converts(*_VARIADIC, emits={"Sum": ("identity", "add"), "Mean": ("identity", "add", "mul"),
+                            "Max": ("identity", "max"), "Min": ("identity", "min")})
+def variadic(ctx: Conversion, node: OnnxNode) -> None:
+    """Sum/Mean/Max/Min of any number of broadcasting inputs: a chain of binary nodes (Mean: then / count)."""
+    inputs = _present(node)
+    mean = node.op_type == "Mean" and len(inputs) > 1
+    if len(inputs) == 1:
+        ctx.emit(node, "identity", inputs, outputs=node.outputs)
+        return
+    total = inputs[0]
+    for position, name in enumerate(inputs[1:], start=2):
+        last = position == len(inputs) and not mean
+        (total,) = ctx.emit(node, _VARIADIC[node.op_type], [total, name], outputs=node.outputs if last else None)
+    if mean:
+        ctx.emit(node, "mul", [total, _scalar(ctx, node, 1 / len(inputs))], outputs=node.outputs)
+
+
+@converts("Pow", static=(1,), emits=("pow",))
+def power(ctx: Conversion, node: OnnxNode) -> None:
+    """x ** y with y a known scalar (the form normalisations and activations use)."""
+    exponent = ctx.static(node, 1, "exponent")
+    if exponent is None or exponent.size != 1:
+        raise Unsupported("an exponent that is not one known number")
+    ctx.emit(node, "pow", node.inputs[:1], {"exponent": float(np.ravel(exponent)[0])}, node.outputs)
+
+
+@converts("PRelu", emits=("prelu",))
+def prelu(ctx: Conversion, node: OnnxNode) -> None:
+    ctx.emit(node, "prelu", node.inputs, outputs=node.outputs)
+
+
+@converts("Where", static=(0,), emits=("where",))
+def where(ctx: Conversion, node: OnnxNode) -> None:
+    """A select by a condition known when loading (masks of attention, padding)."""
+    ctx.static(node, 0, "condition")
+    ctx.emit(node, "where", node.inputs, outputs=node.outputs)
 
 
 @converts("Identity", emits=("identity",))
@@ -118,24 +172,85 @@ def clip(ctx: Conversion, node: OnnxNode) -> None:
     ctx.emit(node, "clip", node.inputs[:1], attrs, node.outputs)
 
 
-@converts("Softmax", emits=("softmax", "flatten", "reshape"))
+_SOFTMAXES = {"Softmax": "softmax", "LogSoftmax": "log_softmax"}
+
+
+@converts(*_SOFTMAXES, emits={op_type: (op, "flatten", "reshape") for op_type, op in _SOFTMAXES.items()})
 def softmax(ctx: Conversion, node: OnnxNode) -> None:
-    """Before opset 13, Softmax flattens to 2-D around `axis` (default 1) and normalises each row."""
-    x = node.inputs[0]
+    """Before opset 13, (Log)Softmax flattens to 2-D around `axis` (default 1) and normalises each row."""
+    op, x = _SOFTMAXES[node.op_type], node.inputs[0]
     shape = ctx.shape(x)
     if ctx.opset >= 13:
-        ctx.emit(node, "softmax", [x], {"axis": _axis(node.attrs.get("axis", -1), len(shape))}, node.outputs)
+        ctx.emit(node, op, [x], {"axis": _axis(node.attrs.get("axis", -1), len(shape))}, node.outputs)
         return
     axis = _axis(node.attrs.get("axis", 1), len(shape))
     if axis == len(shape) - 1:
-        ctx.emit(node, "softmax", [x], {"axis": axis}, node.outputs)
+        ctx.emit(node, op, [x], {"axis": axis}, node.outputs)
         return
     if shape.count(None) > 1:
-        raise Unsupported(f"opset {ctx.opset} Softmax over {shape}: more than one dynamic axis")
+        raise Unsupported(f"opset {ctx.opset} {node.op_type} over {shape}: more than one dynamic axis")
     (rows,) = ctx.emit(node, "flatten", [x], {"axis": axis})
-    (normalised,) = ctx.emit(node, "softmax", [rows], {"axis": 1})
+    (normalised,) = ctx.emit(node, op, [rows], {"axis": 1})
     back = [-1 if size is None else size for size in shape]
     ctx.emit(node, "reshape", [normalised], {"shape": back}, node.outputs)
+
+
+# ---------------------------------------------------------------- normalisation
+
+
+@converts("LRN", emits=("lrn",))
+def lrn(ctx: Conversion, node: OnnxNode) -> None:
+    attrs = {"size": int(node.attrs["size"]), "alpha": float(node.attrs.get("alpha", 1e-4)),
+             "beta": float(node.attrs.get("beta", 0.75)), "bias": float(node.attrs.get("bias", 1.0))}
+    ctx.emit(node, "lrn", node.inputs[:1], attrs, node.outputs)
+
+
+@converts("InstanceNormalization", emits=("instance_norm",))
+def instance_norm(ctx: Conversion, node: OnnxNode) -> None:
+    ctx.emit(node, "instance_norm", node.inputs, {"epsilon": float(node.attrs.get("epsilon", 1e-5))}, node.outputs)
+
+
+@converts("LayerNormalization", emits=("layer_norm", "reduce_mean", "sub", "mul", "add", "sqrt", "reciprocal"))
+def layer_norm(ctx: Conversion, node: OnnxNode) -> None:
+    """The optional Mean and InvStdDev outputs are computed beside it with reductions, when a model reads them."""
+    if node.attrs.get("stash_type", 1) != 1:
+        raise Unsupported("stash_type other than float")
+    rank = ctx.rank(node.inputs[0])
+    axis, epsilon = _axis(node.attrs.get("axis", -1), rank), float(node.attrs.get("epsilon", 1e-5))
+    ctx.emit(node, "layer_norm", _present(node), {"axis": axis, "epsilon": epsilon}, node.outputs[:1])
+    wanted = node.outputs[1:3]
+    if not any(wanted):
+        return
+    axes = {"axes": list(range(axis, rank)), "keepdims": True}
+    mean_output = wanted[0] or None
+    (mean,) = ctx.emit(node, "reduce_mean", node.inputs[:1], axes, [mean_output] if mean_output else None)
+    if len(wanted) < 2 or not wanted[1]:
+        return
+    (centred,) = ctx.emit(node, "sub", [node.inputs[0], mean])
+    (square,) = ctx.emit(node, "mul", [centred, centred])
+    (variance,) = ctx.emit(node, "reduce_mean", [square], axes)
+    (shifted,) = ctx.emit(node, "add", [variance, _scalar(ctx, node, epsilon)])
+    (deviation,) = ctx.emit(node, "sqrt", [shifted])
+    ctx.emit(node, "reciprocal", [deviation], outputs=[wanted[1]])
+
+
+@converts("GroupNormalization", static=(1, 2), emits=("group_norm",))
+def group_norm(ctx: Conversion, node: OnnxNode) -> None:
+    """Opset 18 gives scale and bias per group, opset 21 per channel; dabuild's group_norm takes them per channel."""
+    groups = int(node.attrs["num_groups"])
+    channels = ctx.shape(node.inputs[0])[1]
+    if channels is None:
+        raise Unsupported("a dynamic channel count")
+    names = []
+    for index, what in ((1, "scale"), (2, "bias")):
+        value = ctx.static(node, index, what)
+        assert value is not None  # required inputs
+        if value.size == groups and groups != channels:
+            value = np.repeat(value, channels // groups)
+        names.append(ctx.fresh(f"{node.label}/{what}"))
+        ctx.bind(names[-1], np.asarray(value, np.float32).reshape(-1))
+    attrs = {"groups": groups, "epsilon": float(node.attrs.get("epsilon", 1e-5))}
+    ctx.emit(node, "group_norm", [node.inputs[0], *names], attrs, node.outputs)
 
 
 # ---------------------------------------------------------------- linear algebra
@@ -220,8 +335,8 @@ def _explicit_pads(ctx: Conversion, node: OnnxNode, kernel: list[int], strides: 
 
 def _window(ctx: Conversion, node: OnnxNode, kernel: list[int]) -> dict[str, list[int]]:
     spatial = len(kernel)
-    if spatial not in (1, 2):
-        raise Unsupported(f"{spatial}-D windows (dabuild has 1-D and 2-D)")
+    if spatial < 1:
+        raise Unsupported("a window without spatial axes")
     strides = [int(s) for s in node.attrs.get("strides", [1] * spatial)]
     dilations = [int(d) for d in node.attrs.get("dilations", [1] * spatial)]
     return {"strides": strides, "pads": _explicit_pads(ctx, node, kernel, strides, dilations), "dilations": dilations}
@@ -232,6 +347,45 @@ def conv(ctx: Conversion, node: OnnxNode) -> None:
     kernel = [int(k) for k in node.attrs.get("kernel_shape", ctx.shape(node.inputs[1])[2:])]
     attrs = {**_window(ctx, node, kernel), "groups": int(node.attrs.get("group", 1))}
     ctx.emit(node, "conv", _present(node), attrs, node.outputs)
+
+
+@converts("ConvTranspose", emits=("conv_transpose",))
+def conv_transpose(ctx: Conversion, node: OnnxNode) -> None:
+    """pads come from `pads`, from auto_pad, or from `output_shape` (ONNX's rule: the total padding splits
+    evenly, the odd unit at the end unless auto_pad is SAME_LOWER)."""
+    weight_shape = ctx.shape(node.inputs[1])
+    kernel = [int(k) for k in node.attrs.get("kernel_shape", weight_shape[2:])]
+    spatial = len(kernel)
+    strides = [int(v) for v in node.attrs.get("strides", [1] * spatial)]
+    dilations = [int(v) for v in node.attrs.get("dilations", [1] * spatial)]
+    output_padding = [int(v) for v in node.attrs.get("output_padding", [0] * spatial)]
+    sizes = ctx.shape(node.inputs[0])[2:]
+    auto_pad = node.attrs.get("auto_pad", "NOTSET")
+    wanted = node.attrs.get("output_shape")
+    if wanted is None and auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        wanted = [None if size is None else size * stride for size, stride in zip(sizes, strides)]
+    if wanted is not None:
+        wanted = list(wanted)[-spatial:]
+        if None in sizes or None in wanted:
+            raise Unsupported("output_shape or auto_pad over dynamic spatial sizes")
+        begins, ends = [], []
+        for a in range(spatial):
+            total = (strides[a] * (sizes[a] - 1) + output_padding[a] + (kernel[a] - 1) * dilations[a] + 1
+                     - int(wanted[a]))
+            if total < 0:  # a larger output than the kernel reaches: ONNX adds the difference as output padding
+                output_padding[a] -= total
+                total = 0
+            small, large = total // 2, total - total // 2
+            begins.append(large if auto_pad == "SAME_LOWER" else small)
+            ends.append(small if auto_pad == "SAME_LOWER" else large)
+        pads = begins + ends
+    elif auto_pad in ("NOTSET", "", "VALID"):
+        pads = [int(p) for p in node.attrs.get("pads", [0] * 2 * spatial)] if auto_pad != "VALID" else [0] * 2 * spatial
+    else:
+        raise Unsupported(f"auto_pad {auto_pad!r}")
+    attrs = {"strides": strides, "pads": pads, "dilations": dilations, "groups": int(node.attrs.get("group", 1)),
+             "output_padding": output_padding}
+    ctx.emit(node, "conv_transpose", _present(node), attrs, node.outputs)
 
 
 @converts("MaxPool", emits=("max_pool",))
@@ -429,6 +583,101 @@ def reduce(ctx: Conversion, node: OnnxNode) -> None:
     ctx.emit(node, op, node.inputs[:1], attrs, node.outputs)
 
 
+_RESIZE_MODES = {"nearest": "nearest", "linear": "linear", "bilinear": "linear"}
+
+
+def _resize(ctx: Conversion, node: OnnxNode, scales: list[float] | None, sizes: list[int] | None,
+            attrs: dict[str, str]) -> None:
+    """One resize node from ONNX's scales or sizes over `axes` (sizes win: the output shape they give is exact)."""
+    shape = ctx.shape(node.inputs[0])
+    rank = len(shape)
+    if None in shape[1:]:
+        raise Unsupported(f"resizing {shape}: only the batch axis may be dynamic")
+    known = [1 if size is None else int(size) for size in shape]
+    axes = [_axis(a, rank) for a in node.attrs.get("axes", range(rank))]
+    policy = node.attrs.get("keep_aspect_ratio_policy", "stretch")
+    if sizes is not None:
+        if len(sizes) != len(axes):
+            raise Unsupported(f"sizes {sizes} for axes {axes}")
+        if policy != "stretch":  # one scale for every listed axis, the output sizes rounded from it
+            ratios = [size / known[axis] for size, axis in zip(sizes, axes)]
+            common = min(ratios) if policy == "not_larger" else max(ratios)
+            sizes = [int(math.floor(known[axis] * common + 0.5)) for axis in axes]
+        full = list(known)
+        for axis, size in zip(axes, sizes):
+            full[axis] = int(size)
+        scales = resize_scales(known, full)
+        scales[0], sizes = 1.0, full
+    elif scales is not None:
+        if len(scales) != len(axes):
+            raise Unsupported(f"scales {scales} for axes {axes}")
+        full_scales = [1.0] * rank
+        for axis, scale in zip(axes, scales):
+            full_scales[axis] = float(scale)
+        scales, sizes = full_scales, sizes_from_scales(known, full_scales)
+    else:
+        raise Unsupported("neither scales nor sizes")
+    if scales[0] != 1 or (shape[0] is not None and sizes[0] != shape[0]):
+        raise Unsupported("resizing the batch axis")
+    ctx.emit(node, "resize", node.inputs[:1], {"sizes": [int(s) for s in sizes], "scales": [float(s) for s in scales],
+                                               **attrs}, node.outputs)
+
+
+@converts("Resize", static=(1, 2, 3), emits=("resize",))
+def resize(ctx: Conversion, node: OnnxNode) -> None:
+    """Opset 10 reads scales from input 1; 11 on from inputs 2 (scales) and 3 (sizes)."""
+    mode = node.attrs.get("mode", "nearest")
+    if mode not in _RESIZE_MODES:
+        raise Unsupported(f"mode {mode!r} (dabuild resizes nearest and linear)")
+    if node.attrs.get("antialias", 0):
+        raise Unsupported("antialias")
+    transform = node.attrs.get("coordinate_transformation_mode", "half_pixel" if ctx.opset >= 11 else "asymmetric")
+    if transform not in COORDINATE_MODES:
+        raise Unsupported(f"coordinate_transformation_mode {transform!r}")
+    nearest = node.attrs.get("nearest_mode", "round_prefer_floor")
+    if nearest not in NEAREST_MODES:
+        raise Unsupported(f"nearest_mode {nearest!r}")
+    if ctx.opset < 11:
+        scales, sizes = ctx.static(node, 1, "scales"), None
+    else:
+        scales, sizes = ctx.static(node, 2, "scales"), ctx.static(node, 3, "sizes")
+    scale_list = None if scales is None or scales.size == 0 else [float(v) for v in np.ravel(scales)]
+    size_list = None if sizes is None or sizes.size == 0 else [int(v) for v in np.ravel(sizes)]
+    _resize(ctx, node, scale_list, size_list, {"mode": _RESIZE_MODES[mode],
+                                               "coordinate_transformation_mode": transform, "nearest_mode": nearest})
+
+
+@converts("Upsample", static=(1,), emits=("resize",))
+def upsample(ctx: Conversion, node: OnnxNode) -> None:
+    """Upsample (opsets 7-9): Resize with asymmetric coordinates and floor rounding."""
+    mode = node.attrs.get("mode", "nearest")
+    if mode not in _RESIZE_MODES:
+        raise Unsupported(f"mode {mode!r}")
+    scales = node.attrs.get("scales") if ctx.opset < 9 else ctx.static(node, 1, "scales")
+    _resize(ctx, node, None if scales is None else [float(v) for v in np.ravel(scales)], None,
+            {"mode": _RESIZE_MODES[mode], "coordinate_transformation_mode": "asymmetric", "nearest_mode": "floor"})
+
+
+@converts("Gather", static=(1,), emits=("gather",))
+def gather(ctx: Conversion, node: OnnxNode) -> None:
+    """Gather from a run-time tensor at indices known when loading (a Gather of known values folds)."""
+    indices = ctx.static(node, 1, "indices")
+    assert indices is not None  # a required input
+    rank = ctx.rank(node.inputs[0])
+    attrs = {"axis": _axis(node.attrs.get("axis", 0), rank), "indices": np.asarray(indices, np.int64).tolist()}
+    ctx.emit(node, "gather", node.inputs[:1], attrs, node.outputs)
+
+
+@converts("Tile", static=(1,), emits=("tile",))
+def tile(ctx: Conversion, node: OnnxNode) -> None:
+    ctx.emit(node, "tile", node.inputs[:1], {"repeats": ctx.ints(node, 1, "repeats")}, node.outputs)
+
+
+@converts("Expand", static=(1,), emits=("expand",))
+def expand(ctx: Conversion, node: OnnxNode) -> None:
+    ctx.emit(node, "expand", node.inputs[:1], {"shape": ctx.ints(node, 1, "shape")}, node.outputs)
+
+
 # ---------------------------------------------------------------- load-time only
 
 
@@ -466,7 +715,7 @@ def cast(ctx: Conversion, node: OnnxNode) -> None:
 
 # Shape-arithmetic ops claimed as evaluated while loading (folding.py evaluates any op whose
 # inputs are all known; these are the ones exporters emit for shapes and that are tested so).
-LOAD_TIME_OPS = ("Constant", "ConstantOfShape", "Gather")
+LOAD_TIME_OPS = ("Constant", "ConstantOfShape")
 
 
 @converts(*LOAD_TIME_OPS, static=(0, 1), emits=())

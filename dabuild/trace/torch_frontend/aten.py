@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import torch
 
 from dabuild.trace.torch_frontend.convert import (
     CONVERTERS,
@@ -95,9 +96,26 @@ def div(builder: Builder, call: Call) -> str:
     return builder.emit1("div", [builder.tensor(call["self"]), builder.tensor(call["other"])])
 
 
-@aten("neg", emits=("mul",))
-def neg(builder: Builder, call: Call) -> str:
-    return builder.emit1("mul", [builder.tensor(call["self"]), builder.add_constant(np.float32(-1), "minus_one")])
+@aten("maximum", emits=("max",))
+def maximum(builder: Builder, call: Call) -> str:
+    return builder.emit1("max", [builder.tensor(call["self"]), builder.tensor(call["other"])])
+
+
+@aten("minimum", emits=("min",))
+def minimum(builder: Builder, call: Call) -> str:
+    return builder.emit1("min", [builder.tensor(call["self"]), builder.tensor(call["other"])])
+
+
+@aten("where", emits=("where",))
+def where(builder: Builder, call: Call) -> str:
+    """A select by a condition known while tracing (a mask), between tensors or numbers."""
+    condition = builder.value(call["condition"]) if not builder.is_tensor(call["condition"]) else None
+    if condition is None:
+        raise Unsupported("a condition computed from the inputs (dabuild selects by a constant condition)")
+    name = builder.fresh(builder.hint(call["condition"]))
+    array = np.asarray(condition.detach().numpy() if hasattr(condition, "detach") else condition, dtype=bool)
+    builder.constants[name], builder.shapes[name] = array, tuple(array.shape)
+    return builder.emit1("where", [name, builder.tensor(call["self"]), builder.tensor(call["other"])])
 
 
 # ---------------------------------------------------------------- activations
@@ -116,6 +134,62 @@ aten("sigmoid", emits=("sigmoid",))(_unary("sigmoid"))
 aten("tanh", emits=("tanh",))(_unary("tanh"))
 aten("hardswish", emits=("hard_swish",))(_unary("hard_swish"))
 aten("hardsigmoid", emits=("hard_sigmoid",))(_unary("hard_sigmoid", alpha=1 / 6, beta=0.5))
+aten("selu", emits=("selu",))(_unary("selu"))
+aten("abs", emits=("abs",))(_unary("abs"))
+aten("neg", emits=("neg",))(_unary("neg"))
+aten("exp", emits=("exp",))(_unary("exp"))
+aten("log", emits=("log",))(_unary("log"))
+aten("sqrt", emits=("sqrt",))(_unary("sqrt"))
+aten("reciprocal", emits=("reciprocal",))(_unary("reciprocal"))
+aten("erf", emits=("erf",))(_unary("erf"))
+
+
+@aten("rsqrt", emits=("sqrt", "reciprocal"))
+def rsqrt(builder: Builder, call: Call) -> str:
+    return builder.emit1("reciprocal", [builder.emit1("sqrt", [builder.tensor(call["self"])])])
+
+
+@aten("elu", emits=("elu", "selu"))
+def elu(builder: Builder, call: Call) -> str:
+    """torch's elu is scale * elu(input_scale * x, alpha): selu when scaled, elu otherwise."""
+    if float(call["input_scale"]) != 1:
+        raise Unsupported(f"elu with input_scale {call['input_scale']}")
+    x, alpha, scale = builder.tensor(call["self"]), float(call["alpha"]), float(call["scale"])
+    if scale == 1:
+        return builder.emit1("elu", [x], {"alpha": alpha})
+    return builder.emit1("selu", [x], {"alpha": alpha, "gamma": scale})
+
+
+@aten("softplus", emits=("softplus", "mul"))
+def softplus(builder: Builder, call: Call) -> str:
+    """softplus(beta x) / beta; torch's threshold (x above it passes unchanged) differs from it below float32's
+    resolution, so it is not modelled."""
+    x, beta = builder.tensor(call["self"]), float(call["beta"])
+    if beta == 1:
+        return builder.emit1("softplus", [x])
+    scaled = builder.emit1("mul", [x, builder.add_constant(np.float32(beta), "beta")])
+    return builder.emit1("mul", [builder.emit1("softplus", [scaled]), builder.add_constant(np.float32(1 / beta), "beta")])
+
+
+@aten("pow", emits=("pow",))
+def power(builder: Builder, call: Call) -> str:
+    """A tensor to a known scalar power (pow.Tensor_Scalar, or pow.Tensor_Tensor with a known one-element exponent)."""
+    exponent = builder.constant(call["exponent"])
+    if "self" not in call.args or not builder.is_tensor(call["self"]) or exponent is None or exponent.size != 1:
+        raise Unsupported("a power whose exponent is not one known number")
+    return builder.emit1("pow", [builder.tensor(call["self"])], {"exponent": float(exponent.reshape(()))})
+
+
+@aten("prelu", "_prelu_kernel", emits=("prelu",))
+def prelu(builder: Builder, call: Call) -> str:
+    """nn.PReLU's weight has one slope (or one per channel, axis 1): shaped (C, 1, ...) to broadcast there."""
+    x = builder.tensor(call["self"])
+    slope = builder.constant(call["weight"])
+    rank = len(builder.shape(x))
+    if slope is None:
+        raise Unsupported("a slope computed from the inputs")
+    slope = slope.reshape(-1, *[1] * max(rank - 2, 0)) if slope.size > 1 else slope.reshape(())
+    return builder.emit1("prelu", [x, builder.add_constant(slope, builder.hint(call["weight"]))])
 
 
 @aten("leaky_relu", emits=("leaky_relu",))
@@ -178,6 +252,92 @@ def softmax(builder: Builder, call: Call) -> str:
     return builder.emit1("softmax", [builder.tensor(call["self"])], {"axis": int(call["dim"])})
 
 
+@aten("log_softmax", "_log_softmax", emits=("log_softmax",))
+def log_softmax(builder: Builder, call: Call) -> str:
+    return builder.emit1("log_softmax", [builder.tensor(call["self"])], {"axis": int(call["dim"])})
+
+
+@aten("scaled_dot_product_attention", emits=("matmul", "transpose", "mul", "add", "softmax"))
+def attention(builder: Builder, call: Call) -> str:
+    """softmax(q @ k^T * scale (+ mask)) @ v, as nn.MultiheadAttention runs in eval mode; the mask a constant."""
+    if call.args.get("dropout_p"):
+        raise Unsupported("attention dropout (call model.eval())")
+    if call.args.get("enable_gqa"):
+        raise Unsupported("grouped-query attention")
+    query, key, value = (builder.tensor(call[part]) for part in ("query", "key", "value"))
+    rank = len(builder.shape(query))
+    depth = builder.shape(query)[-1]
+    scale = call.args.get("scale")
+    scale = 1 / np.sqrt(depth) if scale is None else float(scale)
+    perm = [*range(rank - 2), rank - 1, rank - 2]
+    scores = builder.emit1("matmul", [query, builder.emit1("transpose", [key], {"perm": perm})])
+    scores = builder.emit1("mul", [scores, builder.add_constant(np.float32(scale), "attention_scale")])
+    mask = call.args.get("attn_mask")
+    length, source = builder.shape(query)[-2], builder.shape(key)[-2]
+    if call.args.get("is_causal"):
+        causal = np.triu(np.full((length, source), -np.inf, np.float32), 1)
+        scores = builder.emit1("add", [scores, builder.add_constant(causal, "causal_mask")])
+    if mask is not None:
+        known = builder.constant(mask)
+        if known is None:
+            raise Unsupported("an attention mask computed from the inputs")
+        if builder.value(mask).dtype == torch.bool:
+            known = np.where(known > 0, 0.0, -np.inf).astype(np.float32)
+        scores = builder.emit1("add", [scores, builder.add_constant(known, builder.hint(mask))])
+    weights = builder.emit1("softmax", [scores], {"axis": rank - 1})
+    return builder.emit1("matmul", [weights, value])
+
+
+# ---------------------------------------------------------------- normalisation
+
+
+@aten("layer_norm", "native_layer_norm", emits=("layer_norm",))
+def layer_norm(builder: Builder, call: Call) -> Any:
+    x = builder.tensor(call["input"])
+    rank = len(builder.shape(x))
+    inputs = [x]
+    shape = [int(d) for d in call["normalized_shape"]]
+    for part, default in (("weight", np.ones), ("bias", np.zeros)):
+        value = np.asarray(default(shape), np.float32) if call[part] is None else builder.constant(call[part])
+        if value is None:
+            raise Unsupported(f"a layer norm {part} computed from the inputs")
+        inputs.append(builder.add_constant(value, builder.hint(call[part]) if call[part] is not None else part))
+    y = builder.emit1("layer_norm", inputs, {"axis": rank - len(shape), "epsilon": float(call["eps"])})
+    return y if call.name == "layer_norm" else [y, None, None]
+
+
+def _channel_parameters(builder: Builder, call: Call, channels: int | None) -> list[str]:
+    """A norm's per-channel weight and bias (ones and zeros when absent) as constants."""
+    if channels is None:
+        raise Unsupported("a dynamic channel count")
+    names = []
+    for part, default in (("weight", np.ones), ("bias", np.zeros)):
+        value = np.asarray(default(channels), np.float32) if call[part] is None else builder.constant(call[part])
+        if value is None:
+            raise Unsupported(f"a norm {part} computed from the inputs")
+        names.append(builder.add_constant(value, builder.hint(call[part]) if call[part] is not None else part))
+    return names
+
+
+@aten("group_norm", "native_group_norm", emits=("group_norm",))
+def group_norm(builder: Builder, call: Call) -> Any:
+    x = builder.tensor(call["input"])
+    groups = int(call["num_groups"] if "num_groups" in call.args else call["group"])
+    attrs = {"groups": groups, "epsilon": float(call["eps"])}
+    y = builder.emit1("group_norm", [x, *_channel_parameters(builder, call, builder.shape(x)[1])], attrs)
+    return y if call.name == "group_norm" else [y, None, None]
+
+
+@aten("instance_norm", emits=("instance_norm",))
+def instance_norm(builder: Builder, call: Call) -> str:
+    """nn.InstanceNorm (statistics of each sample); with running statistics it is a batch norm."""
+    if not call["use_input_stats"]:
+        raise Unsupported("instance norm with running statistics (track_running_stats=True in eval mode)")
+    x = builder.tensor(call["input"])
+    return builder.emit1("instance_norm", [x, *_channel_parameters(builder, call, builder.shape(x)[1])],
+                         {"epsilon": float(call["eps"])})
+
+
 # ---------------------------------------------------------------- linear algebra
 
 
@@ -238,10 +398,25 @@ def _pads(padding: Any, weight_shape: tuple[int, ...], dilations: list[int]) -> 
     return values + values
 
 
-@aten("conv1d", "conv2d", "convolution", emits=("conv",))
+@aten("conv_transpose1d", "conv_transpose2d", "conv_transpose3d", emits=("conv_transpose",))
+def conv_transpose(builder: Builder, call: Call) -> str:
+    """torch's padding p trims p from both ends of each axis (ONNX pads [p..., p...]); dilation as ONNX's."""
+    weight = builder.tensor(call["weight"])
+    spatial = len(builder.shape(weight)) - 2
+    padding = expand(call["padding"], spatial)
+    attrs = {"strides": expand(call["stride"], spatial), "pads": padding + padding,
+             "dilations": expand(call["dilation"], spatial), "groups": int(call["groups"]),
+             "output_padding": expand(call["output_padding"], spatial)}
+    inputs = [builder.tensor(call["input"]), weight]
+    if call["bias"] is not None:
+        inputs.append(builder.tensor(call["bias"]))
+    return builder.emit1("conv_transpose", inputs, attrs)
+
+
+@aten("conv1d", "conv2d", "conv3d", "convolution", emits=("conv", "conv_transpose"))
 def conv(builder: Builder, call: Call) -> str:
     if call.args.get("transposed"):
-        raise Unsupported("transposed convolution")
+        return conv_transpose(builder, call)
     if any(call.args.get("output_padding") or []):
         raise Unsupported("convolution with output_padding")
     weight = builder.tensor(call["weight"])
@@ -293,16 +468,16 @@ def _pool_geometry(call: Call, spatial: int) -> dict[str, Any]:
     }
 
 
-@aten("max_pool1d", "max_pool2d", "max_pool2d_with_indices", emits=("max_pool",))
+@aten("max_pool1d", "max_pool2d", "max_pool3d", "max_pool2d_with_indices", "max_pool3d_with_indices", emits=("max_pool",))
 def max_pool(builder: Builder, call: Call) -> Any:
     x = builder.tensor(call["self"])
     spatial = len(builder.shape(x)) - 2
     attrs = {**_pool_geometry(call, spatial), "dilations": expand(call["dilation"], spatial)}
     y = builder.emit1("max_pool", [x], attrs)
-    return [y, None] if call.name == "max_pool2d_with_indices" else y
+    return [y, None] if call.name.endswith("_with_indices") else y
 
 
-@aten("avg_pool1d", "avg_pool2d", emits=("avg_pool",))
+@aten("avg_pool1d", "avg_pool2d", "avg_pool3d", emits=("avg_pool",))
 def avg_pool(builder: Builder, call: Call) -> str:
     if call.args.get("divisor_override") is not None:
         raise Unsupported("average pooling with divisor_override")
@@ -325,7 +500,90 @@ def adaptive_avg_pool(builder: Builder, call: Call) -> str:
     return builder.emit1("avg_pool", [x], {"kernel": kernel, "strides": kernel})
 
 
+# ---------------------------------------------------------------- resizing
+
+
+_INTERPOLATIONS = {  # ATen op -> (mode, coordinate transformation, nearest rounding) as torch computes it
+    "upsample_nearest1d": ("nearest", "asymmetric", "floor"),
+    "upsample_nearest2d": ("nearest", "asymmetric", "floor"),
+    "upsample_nearest3d": ("nearest", "asymmetric", "floor"),
+    "_upsample_nearest_exact1d": ("nearest", "half_pixel", "round_prefer_ceil"),
+    "_upsample_nearest_exact2d": ("nearest", "half_pixel", "round_prefer_ceil"),
+    "_upsample_nearest_exact3d": ("nearest", "half_pixel", "round_prefer_ceil"),
+    "upsample_linear1d": ("linear", "pytorch_half_pixel", "floor"),
+    "upsample_bilinear2d": ("linear", "pytorch_half_pixel", "floor"),
+    "upsample_trilinear3d": ("linear", "pytorch_half_pixel", "floor"),
+}
+
+
+@aten(*_INTERPOLATIONS, emits=("resize",))
+def interpolate(builder: Builder, call: Call) -> str:
+    """F.interpolate: the output sizes torch recorded; the scale factors, when given, drive the coordinates
+    (torch uses 1/scale_factor, not in/out, unless recompute_scale_factor)."""
+    x = builder.tensor(call["input"])
+    shape = builder.shape(x)
+    if None in shape[1:]:
+        raise Unsupported("resizing with dynamic sizes besides the batch")
+    mode, transform, nearest = _INTERPOLATIONS[call.name]
+    if call.args.get("align_corners"):
+        transform = "align_corners"
+    out = builder.dims(call.node.meta["val"])
+    spatial = len(shape) - 2
+    given = call.args.get("scale_factors") or [call.args.get(f"scales_{axis}") for axis in ("d", "h", "w")[-spatial:]]
+    scales = [1.0, 1.0]
+    for axis in range(spatial):
+        factor = given[axis] if axis < len(given) else None
+        scales.append(float(factor) if factor else out[2 + axis] / shape[2 + axis])  # type: ignore[operator]
+    sizes = [0, int(shape[1]), *[int(size) for size in out[2:]]]  # type: ignore[arg-type]
+    return builder.emit1("resize", [x], {"sizes": sizes, "scales": scales, "mode": mode,
+                                         "coordinate_transformation_mode": transform, "nearest_mode": nearest})
+
+
 # ---------------------------------------------------------------- shape ops
+
+
+@aten("expand", emits=("expand",))
+def expand_(builder: Builder, call: Call) -> str:
+    """To the shape torch recorded (the batch axis stays dynamic)."""
+    x = builder.tensor(call["self"])
+    shape = [1 if size is None else int(size) for size in builder.dims(call.node.meta["val"])]
+    return builder.emit1("expand", [x], {"shape": shape})
+
+
+@aten("repeat", emits=("unsqueeze", "tile"))
+def repeat(builder: Builder, call: Call) -> str:
+    """Tile; more repeats than axes first add leading axes of size 1."""
+    x = builder.tensor(call["self"])
+    repeats = [int(r) for r in call["repeats"]]
+    extra = len(repeats) - len(builder.shape(x))
+    if extra > 0:
+        x = builder.emit1("unsqueeze", [x], {"axes": list(range(extra))})
+    return builder.emit1("tile", [x], {"repeats": repeats})
+
+
+@aten("index_select", emits=("gather",))
+def index_select(builder: Builder, call: Call) -> str:
+    x = builder.tensor(call["self"])
+    indices = builder.value(call["index"])
+    if not isinstance(indices, torch.Tensor):
+        raise Unsupported("indices computed from the inputs")
+    return builder.emit1("gather", [x], {"axis": normalize(call["dim"], len(builder.shape(x))),
+                                         "indices": indices.tolist()})
+
+
+@aten("index", emits=("gather",))
+def index(builder: Builder, call: Call) -> str:
+    """x[..., idx] with one known index tensor (the other axes taken whole)."""
+    x = builder.tensor(call["self"])
+    picks = [(axis, item) for axis, item in enumerate(call["indices"]) if item is not None]
+    if len(picks) != 1:
+        raise Unsupported("indexing with several index tensors")
+    axis, item = picks[0]
+    indices = builder.value(item)
+    if not isinstance(indices, torch.Tensor) or indices.dtype in (torch.bool, torch.uint8) \
+            or indices.dtype.is_floating_point:
+        raise Unsupported("indices computed from the inputs, or a boolean mask")
+    return builder.emit1("gather", [x], {"axis": axis, "indices": indices.tolist()})
 
 
 @aten("view", "reshape", "_unsafe_view", "view_copy", "unflatten", emits=("reshape",))
@@ -416,6 +674,17 @@ def slice_(builder: Builder, call: Call) -> str:
     if start == 0 and step == 1 and (end == INT64_MAX or end == shape[axis]):
         return x
     return builder.emit1("slice", [x], {"starts": [start], "ends": [end], "axes": [axis], "steps": [step]})
+
+
+@aten("flip", emits=("slice",))
+def flip(builder: Builder, call: Call) -> str:
+    """A slice with step -1 along each listed axis."""
+    x = builder.tensor(call["self"])
+    axes = [normalize(d, len(builder.shape(x))) for d in call["dims"]]
+    if any(builder.shape(x)[axis] is None for axis in axes):
+        raise Unsupported("flipping the batch axis")
+    return builder.emit1("slice", [x], {"starts": [-1] * len(axes), "ends": [-INT64_MAX] * len(axes), "axes": axes,
+                                        "steps": [-1] * len(axes)})
 
 
 @aten("select", emits=("slice", "squeeze"))

@@ -14,9 +14,9 @@ from typing import Any
 import numpy as np
 
 from dabuild.quant.fixed_point import requantize
-from dabuild.quant.layers.elementwise import QAdd, QClamp, QLookup, QMul
+from dabuild.quant.layers.elementwise import QAdd, QClamp, QLookup, QMul, QPrelu
 from dabuild.targets.c.kernels.registry import Operand, Step, kernel
-from dabuild.targets.c.layout import Walk, broadcast_strides
+from dabuild.targets.c.layout import Storage, Walk, broadcast_strides
 
 
 @kernel("relu", "clamp")
@@ -65,3 +65,17 @@ def mul(step: Step) -> dict[str, Any]:
     return {"walk": binary_walk(step), "zero_points": [operand.params.zero_point for operand in step.inputs],
             "multiplier": int(layer.multiplier[0]), "shift": int(layer.shift[0]),
             "output_zero_point": step.outputs[0].params.zero_point}
+
+
+@kernel("prelu", "prelu")
+def prelu(step: Step) -> dict[str, Any]:
+    """One walk over the output; the slope's constants (canonical, its own shape) at broadcast strides."""
+    layer: QPrelu = step.layer  # type: ignore[assignment]
+    source, out = step.inputs[0], step.outputs[0]
+    slopes = Storage.canonical(tuple(layer.sign.shape))
+    walk = Walk.over(out.shape, out.storage.order, {"o": out.strides, "i": broadcast_strides(source.storage, out.shape),
+                                                      "s": broadcast_strides(slopes, out.shape)})
+    return {"walk": walk, "zero_point": source.params.zero_point, "output_zero_point": out.params.zero_point,
+            "multiplier": int(layer.multiplier[0]), "shift": int(layer.shift[0]),
+            "negative_multiplier": layer.negative_multiplier.ravel(), "negative_shift": layer.negative_shift.ravel(),
+            "sign": layer.sign.ravel()}

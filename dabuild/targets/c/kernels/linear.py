@@ -39,7 +39,7 @@ import numpy as np
 
 from dabuild.errors import BuildError
 from dabuild.quant.fixed_point import INT32_MAX
-from dabuild.quant.layers.linear import QConv, QDense, QWeighted
+from dabuild.quant.layers.linear import QConv, QConvTranspose, QDense, QWeighted
 from dabuild.quant.qgraph import QGraph
 from dabuild.targets.c.kernels.registry import CANONICAL, CHANNELS_LAST, Step, kernel
 from dabuild.targets.c.profiles import DSP, HOST, MVE, PORTABLE, Profile
@@ -255,3 +255,44 @@ def conv_mcu(step: Step) -> dict[str, Any]:
             "pad_value": 0 if centred else zero_point,
             "contiguous_rows": groups == 1 and geometry["dilation_width"] == 1,
             "weight": weight, **_requantization(step, layer, weight_sums, centred)}
+
+
+def _transposed_taps(size: int, out: int, kernel: int, stride: int, pad: int, dilation: int) -> dict[str, np.ndarray]:
+    """Per output position along one axis, the (input index, tap) pairs that reach it: p + pad = i * stride +
+    k * dilation. `start` indexes `inputs` and `taps` (CSR: pairs of position p lie in start[p]:start[p + 1])."""
+    inputs, taps, start = [], [], [0]
+    for position in range(out):
+        for tap in range(kernel):
+            reach = position + pad - tap * dilation
+            if reach % stride == 0 and 0 <= reach // stride < size:
+                inputs.append(reach // stride)
+                taps.append(tap)
+        start.append(len(inputs))
+    return {"start": np.array(start, np.int32), "inputs": np.array(inputs or [0], np.int32),
+            "taps": np.array(taps or [0], np.int32)}
+
+
+def _planar_transposed(layer: QConvTranspose, qgraph: QGraph, profile: Profile) -> str | None:
+    return None if len(layer.strides) in (1, 2) else f"{len(layer.strides)}-D transposed convolution (1-D and 2-D only)"
+
+
+@kernel("conv_transpose", "conv_transpose", config="weighted", inputs=CANONICAL, outputs=CANONICAL,
+        granularities=BOTH, when=_planar_transposed)
+def conv_transpose(step: Step) -> dict[str, Any]:
+    """Each output gathers the inputs and taps that reach it (tables per axis), over its group's channels; the
+    input is centred in the loop (border outputs see fewer taps, so the zero point cannot join the bias)."""
+    layer: QConvTranspose = step.layer  # type: ignore[assignment]
+    x, y = step.inputs[0].shape, step.outputs[0].shape
+    kernel_shape = list(layer.weight.shape[2:])
+    spatial = len(kernel_shape)
+    lift = 2 - spatial  # a 1-D layer as a 2-D one of height 1
+    sizes, outs = [1] * lift + list(x[1:]), [1] * lift + list(y[1:])
+    kernels = [1] * lift + kernel_shape
+    strides, dilations = [1] * lift + layer.strides, [1] * lift + layer.dilations
+    pads = [0] * lift + layer.pads[:spatial]
+    axes = [_transposed_taps(sizes[a], outs[a], kernels[a], strides[a], pads[a], dilations[a]) for a in range(2)]
+    requantization = _requantization(step, layer, np.zeros(len(layer.bias), np.int64))
+    return {"channels": x[0], "height": sizes[0], "width": sizes[1], "out_channels": y[0], "out_height": outs[0],
+            "out_width": outs[1], "kernel_height": kernels[0], "kernel_width": kernels[1],
+            "group_in": x[0] // layer.groups, "group_out": y[0] // layer.groups, "rows": axes[0], "columns": axes[1],
+            "weight": layer.weight, "input_zero_point": step.inputs[0].params.zero_point, **requantization}

@@ -109,3 +109,14 @@ def concat(step: Step) -> dict[str, Any]:
 def conversion_storage(source: Storage, wanted: str) -> Storage:
     """The storage a layout conversion to `wanted` (channels_last or canonical) writes."""
     return Storage.channels_last(source.shape) if wanted == "channels_last" else Storage.canonical(source.shape)
+
+
+@kernel("gather", "indexed", outputs=CANONICAL)
+@kernel("tile", "indexed", outputs=CANONICAL)
+@kernel("expand", "indexed", outputs=CANONICAL)
+@kernel("resize", "indexed", outputs=CANONICAL)
+def indexed(step: Step) -> dict[str, Any]:
+    """A copy through a table holding, per output value, the input offset it reads: any selection of values
+    (constant indices, repeats, nearest resizing) in one loop, at four bytes of table per output value."""
+    (offsets,) = source_offsets(step)
+    return {"offsets": offsets.astype(np.int32), "size": offsets.size}

@@ -1,0 +1,48 @@
+"""matmul of two integer activations (attention scores q @ k^T, weights @ v).
+
+(a - z_a) @ (b - z_b) summed exactly in int64 (int32 suffices at int8 for
+inner sizes up to 2**15), requantized by s_a * s_b / s_y. A matmul with a
+constant operand became `dense` in the passes; one whose constant is the
+first operand reads it as an integer constant quantized with its own range.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from dabuild.errors import BuildError
+from dabuild.quant.fixed_point import accumulator_trace, quantize_multiplier, requantize
+from dabuild.quant.lowering import Lowering, lowers
+from dabuild.quant.qgraph import QGraph, QLayer, Trace, layer_type
+
+
+@layer_type
+@dataclass
+class QMatMul(QLayer):
+    op: ClassVar[str] = "matmul"
+    multiplier: np.ndarray  # int32 (1,): s_a * s_b / s_y
+    shift: np.ndarray       # int32 (1,)
+
+    def run(self, inputs: list[np.ndarray], graph: QGraph, trace: Trace | None) -> list[np.ndarray]:
+        a, b = (self.params(graph, i).centred(x).astype(np.int64) for i, x in enumerate(inputs))
+        accumulator = np.matmul(a, b)
+        if trace is not None:
+            trace[f"{self.name}:accumulator"] = accumulator_trace(accumulator)
+        target = self.output_params(graph)
+        return [target.saturate(requantize(accumulator, self.multiplier, self.shift) + target.zero_point)]
+
+
+@lowers("matmul", layers=("matmul",))
+def lower_matmul(ctx: Lowering) -> list[QLayer]:
+    node = ctx.node
+    if any(ctx.rank(name) < 2 for name in node.inputs if not ctx.is_constant(name)):
+        raise BuildError(f"{ctx.where}: integer matmul needs activations of rank >= 2 (batch and rows)")
+    inputs = [ctx.int8_input(name) for name in node.inputs]
+    target = ctx.calibrated(node.outputs[0])
+    ctx.output(node.outputs[0], target)
+    real = ctx.params(inputs[0]).scale * ctx.params(inputs[1]).scale / target.scale
+    multiplier, shift = quantize_multiplier(real, ctx.where)
+    return [QMatMul(name=node.name, inputs=inputs, outputs=list(node.outputs), multiplier=multiplier, shift=shift)]

@@ -1,0 +1,79 @@
+"""Linear resize in integers: the interpolation weights in fixed point, one exact sum, one requantization.
+
+Along each resized axis every output reads two neighbours with weights
+(1 - t, t) (the float op's own coordinates, `dabuild.ir.ops.resize`); here
+t becomes the integer round(t * 2**FRACTION_BITS), so an output is an exact
+integer sum of the centred inputs times products of integer weights, and one
+requantization by s_x / (s_y * 2**(FRACTION_BITS * axes)) puts it on the
+output's grid. The weights' rounding (2**-13 of the input range at most) is far
+below one output step. Nearest resize moves values and is a selection layer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+from dabuild.ir.ops import OPS
+from dabuild.ir.ops.resize import linear_taps, source_coordinates
+from dabuild.quant.fixed_point import quantize_multiplier, requantize, round_half_away
+from dabuild.quant.lowering import Lowering
+from dabuild.quant.qgraph import QGraph, QLayer, Trace, layer_type
+
+FRACTION_BITS = 12
+
+
+@layer_type
+@dataclass
+class QResizeLinear(QLayer):
+    op: ClassVar[str] = "resize_linear"
+    op_attrs: dict[str, Any]   # the float resize's attributes, which the float-op targets write
+    axes: list[int]            # the resized axes, batch-first numbering
+    lower: list[list[int]]     # per resized axis: the lower neighbour of each output
+    upper: list[list[int]]     # per resized axis: the upper neighbour
+    weight: list[list[int]]    # per resized axis: the upper neighbour's weight in units of 2**-FRACTION_BITS
+    multiplier: np.ndarray     # int32 (1,): s_x / (s_y 2**(FRACTION_BITS * len(axes)))
+    shift: np.ndarray          # int32 (1,)
+
+    def interpolate(self, centred: np.ndarray) -> np.ndarray:
+        """The exact integer sums (in units of 2**-(FRACTION_BITS * axes)) of a batch of centred inputs."""
+        total = centred.astype(np.int64)
+        one = 1 << FRACTION_BITS
+        for axis, lower, upper, weight in zip(self.axes, self.lower, self.upper, self.weight):
+            shape = [1] * total.ndim
+            shape[axis] = -1
+            w = np.asarray(weight, np.int64).reshape(shape)
+            total = np.take(total, lower, axis=axis) * (one - w) + np.take(total, upper, axis=axis) * w
+        return total
+
+    def run(self, inputs: list[np.ndarray], graph: QGraph, trace: Trace | None) -> list[np.ndarray]:
+        total = self.interpolate(self.params(graph).centred(inputs[0]))
+        target = self.output_params(graph)
+        return [target.saturate(requantize(total, self.multiplier, self.shift) + target.zero_point)]
+
+
+def lower_linear_resize(ctx: Lowering) -> list[QLayer]:
+    """The layer of a linear resize node (called by the resize lowering, which handles nearest itself)."""
+    node = ctx.node
+    attrs = OPS["resize"].resolve(node.attrs)
+    shape = (None, *ctx.sample_shape(node.inputs[0]))
+    axes, lowers_, uppers, weights = [], [], [], []
+    for axis in range(1, len(shape)):
+        size, out, scale = int(shape[axis]), int(attrs["sizes"][axis]), float(attrs["scales"][axis])  # type: ignore[arg-type]
+        if size == out and scale == 1:
+            continue
+        coordinates = source_coordinates(out, size, scale, attrs["coordinate_transformation_mode"])
+        lower, upper, t = linear_taps(coordinates, size)
+        axes.append(axis)
+        lowers_.append([int(i) for i in lower])
+        uppers.append([int(i) for i in upper])
+        weights.append([int(w) for w in round_half_away(t * (1 << FRACTION_BITS))])
+    source = ctx.params(node.inputs[0])
+    target = ctx.calibrated(node.outputs[0])
+    ctx.output(node.outputs[0], target)
+    multiplier, shift = quantize_multiplier(source.scale / (target.scale * 2.0 ** (FRACTION_BITS * len(axes))),
+                                            ctx.where)
+    return [QResizeLinear(name=node.name, inputs=[node.inputs[0]], outputs=list(node.outputs), op_attrs=attrs, axes=axes,
+                          lower=lowers_, upper=uppers, weight=weights, multiplier=multiplier, shift=shift)]
