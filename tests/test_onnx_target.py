@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 onnx = pytest.importorskip("onnx", reason="the onnx extra is not installed")
-pytest.importorskip("onnxruntime", reason="the onnx extra is not installed")
+ort = pytest.importorskip("onnxruntime", reason="the onnx extra is not installed")
 
 from onnx import numpy_helper  # noqa: E402
 from test_pipeline import build, executed  # noqa: E402
@@ -158,17 +158,48 @@ def test_fp32_fallback_layer_stays_a_float_op(tmp_path: Path) -> None:
     dense = default_config(first_dense, CAPABILITY).nodes["fc1"]  # div has no integer lowering: fp32
     config = QuantConfig({"fc1": dense, "scale": NodeConfig(weight=None, activation=None), "fc2": dense})
     qgraph = lower(graph, config)
+    assert qgraph.floats == {"h": (12,)}  # fc1 hands the island its float result
     artifact = export(qgraph, tmp_path / "artifact")
     model = onnx.load(str(artifact / MODEL_FILE))
     producers = {output: node for node in model.graph.node for output in node.output}
     div = next(node for node in model.graph.node if node.op_type == "Div")
-    assert producers[div.input[0]].op_type == "DequantizeLinear"  # reads h's real values
+    assert producers[div.input[0]].op_type == "Relu"  # reads fc1's float result, never quantized
     assert initializers(model)[div.input[1]].dtype == np.float32  # its constant stays float
     consumers = [node.op_type for node in model.graph.node if div.output[0] in node.input]
     assert consumers == ["QuantizeLinear"]  # and its output is quantized as the QGraph says
     x = DATA["x_test"]
     steps = np.abs(OnnxTarget().run(artifact, x, tmp_path) - run_quantized(qgraph, x)) / qgraph.output_params.scale
     assert steps.max() <= 1 + 1e-6
+
+
+@pytest.mark.parametrize("island", [["pointwise"], ["conv1"], ["conv1", "pool", "depthwise"], ["head"]])
+def test_float_islands_stay_float_in_onnxruntime_at_its_default_optimization(tmp_path: Path,
+                                                                                island: list[str]) -> None:
+    """onnxruntime's default optimizer turns DequantizeLinear -> float Conv -> QuantizeLinear into a QLinearConv
+    with a weight it quantizes itself; an island's convs must survive it as float convs, and agree with the
+    reference within one output step."""
+    graph = small_cnn()
+    config = default_config(graph, CAPABILITY)
+    for name in island:
+        config.nodes[name] = NodeConfig(weight=None, activation=None)
+    qgraph = lower(graph, config)
+    artifact = export(qgraph, tmp_path / "artifact")
+    options = ort.SessionOptions()  # default graph optimization level
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    session = ort.InferenceSession(str(artifact / MODEL_FILE), options, providers=["CPUExecutionProvider"])
+    x = DATA["x_test"]
+    steps = np.abs(session.run(None, {"x": x})[0] - run_quantized(qgraph, x)) / qgraph.output_params.scale
+    assert steps.max() <= 1 + 1e-6
+    optimized = [node.op_type for node in onnx.load(str(tmp_path / "optimized.onnx")).graph.node]
+    integer_convs = sum(layer.op == "conv" for layer in qgraph.layers)
+    float_convs = sum(layer.op in ("float", "float_weighted") and layer.float_op == "conv" for layer in qgraph.layers)
+    assert float_convs >= 1 or island == ["head"]
+    # Every conv is one node, integer or float; only the integer layers' may have become integer kernels.
+    assert optimized.count("QLinearConv") + optimized.count("Conv") + optimized.count("FusedConv") == \
+        integer_convs + float_convs
+    assert optimized.count("QLinearConv") <= integer_convs and "ConvInteger" not in optimized
+    if island == ["head"]:
+        assert "QGemm" not in optimized and "MatMulInteger" not in optimized
 
 
 def test_a_perturbed_weight_fails_check_naming_the_layer_and_a_reproducible_bundle(tmp_path: Path) -> None:

@@ -129,6 +129,8 @@ class Lowering:
     node: Node = field(default=None)  # type: ignore[assignment]  # the node being lowered (None: the graph input)
     config: NodeConfig = field(default=None)  # type: ignore[assignment]
     bias_correction: bool = False  # correct weighted layers' biases for their mean weight error (bias_correction)
+    island: set[str] = field(default_factory=set)  # tensors that stay float32 (layers.fallback.island_tensors)
+    floats: dict[str, tuple[int, ...]] = field(default_factory=dict)  # those lowered so far: per-sample shapes
 
     @property
     def where(self) -> str:

@@ -3,7 +3,8 @@
 Each node is lowered by the function registered for its op (see
 `dabuild.quant.lowering` and the layer modules of `dabuild.quant.layers`),
 or, when its config is fp32 (`NodeConfig(weight=None, activation=None)`), by
-the fp32 fallback. Activation tensors get their quantization from the node
+the fp32 fallback: fp32 nodes form float islands, with quantization only at
+their boundary (`dabuild.quant.layers.fallback`). Activation tensors get their quantization from the node
 that produces them; the graph input takes the activation choice of its first
 consumer that has one. Each choice's calibration algorithm picks the range
 from the stored statistics; weights, known exactly, get theirs from a
@@ -20,7 +21,7 @@ from dabuild.quant import layers  # noqa: F401  (registers every lowering)
 from dabuild.quant.calibrate import Stats
 from dabuild.quant.config import QuantConfig
 from dabuild.quant.fixed_point import quantize_multiplier
-from dabuild.quant.layers.fallback import lower_fp32
+from dabuild.quant.layers.fallback import island_tensors, lower_fp32
 from dabuild.quant.lowering import LOWERINGS, MINMAX_INT8, Lowering, activation_params, quantize_weight
 from dabuild.quant.qgraph import QGraph, QLayer, QTensor
 
@@ -41,7 +42,8 @@ def quantize(graph: Graph, stats: Stats, config: QuantConfig, bias_correction: b
             raise BuildError(f"node {node.name!r}: op {node.op!r} has no integer lowering "
                              f"(lowered ops: {', '.join(LOWERINGS.names())}); run it in fp32 on a target that can")
 
-    ctx = Lowering(graph, stats, graph.tensor_shapes(), {}, bias_correction=bias_correction)
+    ctx = Lowering(graph, stats, graph.tensor_shapes(), {}, bias_correction=bias_correction,
+                   island=island_tensors(graph, config))
     spec = graph.inputs[0]
     choice = next((config.nodes[n.name].activation for n in graph.nodes
                    if spec.name in n.inputs and config.nodes[n.name].activation is not None), MINMAX_INT8)
@@ -50,4 +52,4 @@ def quantize(graph: Graph, stats: Stats, config: QuantConfig, bias_correction: b
     for node in graph.nodes:
         ctx.node, ctx.config = node, config.nodes[node.name]
         layers.extend(lower_fp32(ctx) if ctx.config.fp32 else LOWERINGS[node.op].lower(ctx))
-    return QGraph(spec.name, graph.outputs[0], ctx.tensors, layers, ctx.constants)
+    return QGraph(spec.name, graph.outputs[0], ctx.tensors, layers, ctx.constants, ctx.floats)

@@ -26,7 +26,7 @@ from dabuild.ir.graph import Graph
 from dabuild.quant.config import QuantConfig
 from dabuild.tune.evaluate import Score
 
-TRIAL_FORMAT = 2  # bump when what a score means changes (quantize, reference, metric semantics)
+TRIAL_FORMAT = 3  # bump when what a score means changes (quantize, reference, metric semantics)
 
 
 @dataclass(frozen=True)

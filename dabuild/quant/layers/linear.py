@@ -32,6 +32,7 @@ from dabuild.quant.config import QuantChoice
 from dabuild.quant.dtypes import accumulator_max
 from dabuild.quant.fixed_point import INT32_MAX, accumulator_trace, quantize_multiplier, requantize, round_half_away
 from dabuild.quant.layers.elementwise import lookup_layer
+from dabuild.quant.layers.fallback import lower_float_weighted
 from dabuild.quant.lowering import Lowering, lowers, quantize_weight
 from dabuild.quant.qgraph import QGraph, QLayer, Trace, layer_type
 
@@ -109,8 +110,11 @@ class QConv(QWeighted):
 
 def _weighted_layers(ctx: Lowering, layer_class: type[QWeighted], weight: np.ndarray, bias: np.ndarray,
                      weight_choice: QuantChoice, channel_axis: int, geometry: dict[str, Any]) -> list[QLayer]:
-    """The weighted layer, and a lookup layer after it when the node fuses a table activation."""
+    """The weighted layer, and a lookup layer after it when the node fuses a table activation; a float
+    layer when only fp32 nodes read its output (it feeds a float island)."""
     node = ctx.node
+    if node.outputs[0] in ctx.island:
+        return lower_float_weighted(ctx, weight, bias, weight_choice, channel_axis)
     source = ctx.params(node.inputs[0])
     activation = node.attrs.get("activation", "none")
     activation_attrs = dict(node.attrs.get("activation_attrs", {}))

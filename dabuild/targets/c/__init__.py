@@ -27,7 +27,6 @@ from pydantic import Field
 
 from dabuild.capability import load_capability
 from dabuild.errors import BuildError
-from dabuild.quant.layers.fallback import QFloat
 from dabuild.quant.qgraph import QGraph
 from dabuild.resources import data_dir
 from dabuild.targets.base import Target
@@ -44,10 +43,11 @@ def refuse_float_layers(qgraph: QGraph, capability_name: str) -> None:
     if capability.fp32_fallback:
         return
     for layer in qgraph.layers:
-        if isinstance(layer, QFloat):
-            raise BuildError(f"node {layer.name!r} ({layer.float_op}) is configured to run in fp32, but target "
-                             f"capability {capability.name!r} cannot run float (fp32_fallback: false); quantize "
-                             "this node or build it for a target with fp32 fallback")
+        if getattr(layer, "computes_in_float", False):
+            raise BuildError(f"node {layer.name!r} ({layer.float_op}) computes in float (a float island, or the "
+                             f"layer feeding one), but target capability {capability.name!r} cannot run float "
+                             "(fp32_fallback: false); quantize the island or build it for a target with fp32 "
+                             "fallback")
 
 
 class CTarget(Target):

@@ -14,7 +14,9 @@ The ops between are written by the float exporter's op writers
 (`dabuild.targets.onnx_float`), from an IR node rebuilt out of each layer:
 clamps fused into dense/conv become Relu or Clip at their dequantized bounds
 (quantizing clip(y) equals clamping the quantized y, so they stay exact); an
-fp32-fallback layer is its float op as it was; a lookup table becomes its
+fp32 layer (a float island's) is its float op on float inputs: integer
+ones dequantized by plain Cast/Sub/Mul, so onnxruntime's QDQ fusions cannot
+turn the island into a quantized kernel (`QdqWriter.island_read`); a lookup table becomes its
 float activation when that op with its default attributes reproduces the
 table, otherwise an exact int8 Gather from the table. The integer reference
 rounds half away from zero with Q31 multipliers, onnxruntime rounds half to
@@ -69,6 +71,7 @@ class QdqWriter:
         self.integers: dict[str, str] = {}   # tensor -> the name of its quantized values
         self._pending: list[tuple[str, str, bool]] = []  # (tensor, name written, is it already quantized)
         self._param_names: dict[str, list[str]] = {}
+        self._island_inputs: dict[str, str] = {}  # integer tensor -> its float value as islands read it
 
     # Quantize / dequantize pairs
 
@@ -93,7 +96,7 @@ class QdqWriter:
 
     def read(self, tensor: str) -> str:
         """The float name a layer reads `tensor` by; constants become initializers on first use."""
-        if tensor not in self.real:
+        if tensor not in self.real and tensor not in self.qgraph.floats:
             values = self.qgraph.constants[tensor]
             if tensor in self.qgraph.tensors:  # an int8 constant (an addend, say): integers behind a dequantize
                 self._dequantize(tensor, self.emitter.initializer(self.emitter.fresh(f"{tensor}/int8"), values), tensor)
@@ -101,10 +104,32 @@ class QdqWriter:
                 self.real[tensor] = self.emitter.initializer(tensor, values)
         return self.real[tensor]
 
+    def island_read(self, tensor: str) -> str:
+        """The float name a float island's layer reads `tensor` by: an integer tensor is dequantized by Cast,
+        Sub and Mul, not by a DequantizeLinear, so onnxruntime's QDQ fusions (which quantize a float conv's
+        weight themselves when a DequantizeLinear feeds it and a QuantizeLinear follows) find no pattern."""
+        if tensor not in self.qgraph.tensors or tensor in self.qgraph.constants:
+            return self.read(tensor)
+        if tensor not in self._island_inputs:
+            self.read(tensor)
+            params, e = self.qgraph.tensors[tensor].params, self.emitter
+            wide, centred, real = (e.fresh(f"{tensor}/island/{part}") for part in ("cast", "centred", "real"))
+            e.add("Cast", [self.integers[tensor]], [wide], f"{tensor}/island/cast", to=TensorProto.FLOAT)
+            e.add("Sub", [wide, e.constant(float(params.zero_point), np.float32, f"{tensor}/island/zero_point")],
+                  [centred], f"{tensor}/island/centre")
+            e.add("Mul", [centred, e.constant(params.scale, np.float32, f"{tensor}/island/scale")], [real],
+                  f"{tensor}/island/scale")
+            self._island_inputs[tensor] = real
+        return self._island_inputs[tensor]
+
     def output(self, tensor: str) -> str:
-        """The name a layer writes the float value of its output `tensor` to (quantized after the layer)."""
+        """The name a layer writes the float value of its output `tensor` to (quantized after the layer, unless
+        it is a float island's tensor: that one the next float op reads as it is)."""
         name = self.emitter.fresh(f"{tensor}/float")
-        self._pending.append((tensor, name, False))
+        if tensor in self.qgraph.floats:
+            self.real[tensor] = name
+        else:
+            self._pending.append((tensor, name, False))
         return name
 
     def integer_output(self, tensor: str) -> str:
@@ -250,7 +275,16 @@ def _selection(w: QdqWriter, layer: Any) -> None:
 def _float(w: QdqWriter, layer: Any) -> None:
     if layer.float_op not in EXPORTERS:
         raise BuildError(f"layer {layer.name!r}: fp32 op {layer.float_op!r} has no ONNX spelling")
-    w.node(layer.float_op, layer, [w.read(name) for name in layer.inputs], layer.op_attrs)
+    w.node(layer.float_op, layer, [w.island_read(name) for name in layer.inputs], layer.op_attrs)
+
+
+@writes("float_weighted")
+def _float_weighted(w: QdqWriter, layer: Any) -> None:
+    """A dense or conv feeding a float island: its integer weights behind a DequantizeLinear, a float bias, and
+    a float output no QuantizeLinear follows (so no QDQ fusion can requantize it)."""
+    bias = w.emitter.initializer(w.emitter.fresh(f"{layer.name}/bias"), layer.bias.astype(np.float32))
+    w.node(layer.float_op, layer, [w.island_read(layer.inputs[0]), w.weight(layer, axis=layer.weight_axis), bias],
+           layer.op_attrs)
 
 
 def to_qdq_onnx(qgraph: QGraph, opset: int | None = None, name: str = "dabuild") -> onnx.ModelProto:
