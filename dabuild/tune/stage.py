@@ -109,14 +109,18 @@ def tune_stage(
         "size_ratio": chosen.size / fp32_size if fp32_size else 1.0,
         "bops": chosen.bops,
         "stop_reason": search.stop_reason,
+        "subset_evaluations": search.subset_evaluations,
     }
+    if not chosen.passed:
+        metrics["most_harmful"] = search.harmful_nodes()
     (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
     if chosen.passed:
         return
     message = (f"{where}: no config meets the goal: {metric.name} must be "
                f"{'>=' if metric.higher_is_better else '<='} {threshold:.4f} (fp32 {evaluator.baseline:.4f}, "
                f"{goal.criterion} loss {goal.tolerable_loss:g}); best found: {chosen.metric:.4f} after "
-               f"{len(search.trials)} trials ({search.stop_reason})")
+               f"{len(search.trials)} trials ({search.stop_reason}); most harmful nodes: "
+               f"{', '.join(metrics['most_harmful'])}")
     if tuning.allow_miss:
         progress.info(f"{message}; kept, as tuning.allow_miss is set")
         return
