@@ -202,6 +202,32 @@ def test_float_islands_stay_float_in_onnxruntime_at_its_default_optimization(tmp
         assert "QGemm" not in optimized and "MatMulInteger" not in optimized
 
 
+@pytest.mark.parametrize("opset", [None, 17])
+def test_int4_weights_are_int4_initializers_at_opset_21(tmp_path: Path, opset: int | None) -> None:
+    graph = small_cnn()
+    config = default_config(graph, CAPABILITY)
+    for name in ("conv1", "pointwise", "head"):
+        node = config.nodes[name]
+        config.nodes[name] = dataclasses.replace(node, weight=dataclasses.replace(node.weight, dtype="int4"))
+    qgraph = lower(graph, config)
+    target = OnnxTarget(OnnxTarget.Options(opset=opset))
+    artifact = export(qgraph, tmp_path / "artifact", target)
+    model = onnx.load(str(artifact / MODEL_FILE))
+    assert model.opset_import[0].version == (opset or 21)
+    stored = {tensor.name: tensor for tensor in model.graph.initializer}
+    layers = {layer.name: layer for layer in qgraph.layers}
+    for name in ("conv1", "pointwise", "head", "depthwise"):
+        tensor = stored[f"{name}/weight"]
+        narrow = name != "depthwise" and opset is None
+        assert tensor.data_type == (onnx.TensorProto.INT4 if narrow else onnx.TensorProto.INT8)
+        size = layers[name].weight.size
+        assert len(tensor.raw_data) == ((size + 1) // 2 if narrow else size)
+        assert np.array_equal(numpy_helper.to_array(tensor).astype(np.int8), layers[name].weight)
+    x = DATA["x_test"]
+    steps = np.abs(target.run(artifact, x, tmp_path) - run_quantized(qgraph, x)) / qgraph.output_params.scale
+    assert steps.max() <= 1 + 1e-6
+
+
 def test_a_perturbed_weight_fails_check_naming_the_layer_and_a_reproducible_bundle(tmp_path: Path) -> None:
     qgraph = lower(small_cnn())
     artifact = export(qgraph, tmp_path / "artifact")

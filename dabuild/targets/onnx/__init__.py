@@ -55,7 +55,8 @@ class OnnxTarget(Target):
 
     class Options(Target.Options):
         opset: int | None = Field(default=None, ge=17, le=21,
-                                  description="ONNX opset of the model; default 17 (onnxruntime >= 1.13 runs it).")
+                                  description="ONNX opset of the model; default 17 (onnxruntime >= 1.13 runs it), "
+                                  "21 where weights have 4 bits or fewer (stored as INT4; onnxruntime >= 1.20).")
         threads: int = Field(default=1, ge=1, description="onnxruntime intra-op threads when checking.")
 
     options: Options

@@ -72,6 +72,7 @@ class QdqWriter:
         self._pending: list[tuple[str, str, bool]] = []  # (tensor, name written, is it already quantized)
         self._param_names: dict[str, list[str]] = {}
         self._island_inputs: dict[str, str] = {}  # integer tensor -> its float value as islands read it
+        self.weights: list[tuple[str, str]] = []  # (integer weight, its zero point) initializers
 
     # Quantize / dequantize pairs
 
@@ -160,6 +161,7 @@ class QdqWriter:
         inputs = [e.initializer(e.fresh(f"{layer.name}/weight"), layer.weight),
                   e.constant(scale, np.float32, f"{layer.name}/weight_scale"),
                   e.constant(np.zeros_like(scale, np.int8), np.int8, f"{layer.name}/weight_zero_point")]
+        self.weights.append((inputs[0], inputs[2]))
         real = e.fresh(f"{layer.name}/weight/real")
         e.add("DequantizeLinear", inputs, [real], f"{layer.name}/weight/dequantize", axis=axis if scale.ndim else None)
         return real
@@ -287,11 +289,41 @@ def _float_weighted(w: QdqWriter, layer: Any) -> None:
            layer.op_attrs)
 
 
+INT4_OPSET = 21  # the first opset whose DequantizeLinear reads INT4 (onnxruntime >= 1.20 runs it)
+
+
+def fits_int4(values: np.ndarray) -> bool:
+    return bool(values.size) and int(values.min()) >= -8 and int(values.max()) <= 7
+
+
+def narrow_weights(qgraph: QGraph) -> bool:
+    """Does any layer hold weights of 4 bits or fewer? (An int8 weight always reaches +-127 at its peak.)"""
+    return any(isinstance(getattr(layer, "weight", None), np.ndarray) and fits_int4(layer.weight)
+               for layer in qgraph.layers)
+
+
+def _pack_int4(model: onnx.ModelProto, weights: list[tuple[str, str]]) -> None:
+    """Weights whose integers fit int4 (and their zero points) as INT4 initializers, two values a byte."""
+    import ml_dtypes  # onnx's own dependency for its 4-bit types
+
+    initializers = {tensor.name: tensor for tensor in model.graph.initializer}
+    for weight, zero_point in weights:
+        values = onnx.numpy_helper.to_array(initializers[weight])
+        if not fits_int4(values):
+            continue
+        for name, array in ((weight, values), (zero_point, onnx.numpy_helper.to_array(initializers[zero_point]))):
+            initializers[name].CopyFrom(onnx.numpy_helper.from_array(array.astype(ml_dtypes.int4), name))
+
+
 def to_qdq_onnx(qgraph: QGraph, opset: int | None = None, name: str = "dabuild") -> onnx.ModelProto:
     """The QGraph as a checked QDQ model with a dynamic batch; BuildError naming layers it cannot write.
 
     QuantizeLinear saturates to its zero point's full type, so activations must be exactly int8 or uint8
-    (opset 17 has no narrower or 16-bit types); weights of up to 8 bits are exact in int8."""
+    (opset 17 has no narrower or 16-bit types); weights of up to 8 bits are exact in int8. Weights of 4 bits
+    or fewer are INT4 initializers at opset 21 (the default opset then); at an opset asked below 21 they stay
+    in int8."""
+    if opset is None and narrow_weights(qgraph):
+        opset = INT4_OPSET
     qgraph.require_dtypes("onnx", activations=[name for name in ONNX_TYPES if name != "int32"])
     missing = [f"{layer.name!r} ({layer.op})" for layer in qgraph.layers if layer.op not in WRITERS]
     if missing:
@@ -320,6 +352,8 @@ def to_qdq_onnx(qgraph: QGraph, opset: int | None = None, name: str = "dabuild")
             raise BuildError(f"onnx export: converting the model from opset {OPSET} to {opset} failed: "
                              f"{error}") from error
         model.ir_version = helper.find_min_ir_version_for(list(model.opset_import))
+    if (opset or OPSET) >= INT4_OPSET:
+        _pack_int4(model, writer.weights)
     onnx.checker.check_model(model, full_check=True)
     return model
 
