@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from dabuild.quant.config import NodeConfig, QuantConfig
 from dabuild.tune.space import FP32, NodeSpace, dtype_bits
-from dabuild.tune.strategy import precise_choice
+from dabuild.tune.strategy import one_field_moves, precise_choice
 
 if TYPE_CHECKING:
     from dabuild.tune.search import Search
@@ -49,20 +49,9 @@ def cheapest_choice(node: NodeSpace) -> NodeConfig:
 def safer_choices(node: NodeSpace, current: NodeConfig) -> list[NodeConfig]:
     """The candidates differing from `current` in one field of one role (range algorithm, granularity, scheme,
     a wider type), and the node's safest candidate: the restorations worth measuring."""
-    moves = [c for c in node.candidates if not c.fp32 and c != current and _one_field_apart(c, current)
-             and _bits(c) >= _bits(current)]
+    moves = [c for c in one_field_moves(node, current) if _bits(c) >= _bits(current)]
     safest = precise_choice(node, current)
     return moves + ([safest] if safest != current and safest not in moves else [])
-
-
-def _one_field_apart(a: NodeConfig, b: NodeConfig) -> bool:
-    differences = 0
-    for x, y in ((a.weight, b.weight), (a.activation, b.activation)):
-        if (x is None) != (y is None):
-            return False
-        if x is not None:
-            differences += sum(getattr(x, f) != getattr(y, f) for f in ("dtype", "scheme", "granularity", "algorithm"))
-    return differences == 1
 
 
 class AccuracyControlStrategy:

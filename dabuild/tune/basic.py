@@ -9,8 +9,9 @@
    tuning, one field at a time), then a seeded sample of the remaining
    combinations, all together at most `OP_TYPE_SHARE` of `max_trials`;
 3. op-wise: each node's fp32 fallback (a float island), then each of its
-   other candidates, one node at a time on the base; nodes in order of their
-   measured impact (per-node output MSE), not graph order;
+   candidates one field away from the base's choice (not the whole product,
+   for the same reason), one node at a time on the base; nodes in order of
+   their measured impact (per-node output MSE), not graph order;
 4. accumulate: every node's best single-node change, applied cumulatively,
    best-scoring first, until the goal is met;
 5. cheaper: once a config passes, cheaper ones are still tried — every node
@@ -32,7 +33,7 @@ import numpy as np
 
 from dabuild.quant.config import QuantConfig
 from dabuild.tune.space import FP32, TuningSpace, dtype_bits
-from dabuild.tune.strategy import cheaper_choices, ranked_nodes
+from dabuild.tune.strategy import cheaper_choices, one_field_moves, ranked_nodes
 
 if TYPE_CHECKING:
     from dabuild.tune.search import Search
@@ -93,7 +94,7 @@ class BasicStrategy:
                 base = trial
         ranked = ranked_nodes(search)
         moves = [(name, FP32) for name in ranked if FP32 in space.nodes[name].candidates]
-        moves += [(name, c) for name in ranked for c in space.nodes[name].candidates if c != FP32]
+        moves += [(name, c) for name in ranked for c in one_field_moves(space.nodes[name], base.config.nodes[name])]
         moves = [(name, c) for name, c in moves if c != base.config.nodes[name]]
         configs = [space.with_node(base.config, name, choice) for name, choice in moves]
         search.evaluate_each(configs, "op-wise")
