@@ -119,7 +119,7 @@ def plan(recipe: "Recipe", capabilities: dict[str, "CapabilitySpec"], targets: l
         capability = _capability_name(target)
         if capability not in tuned:
             tuned.add(capability)
-            stages.append(_tune_stage(recipe, capabilities[capability]))
+            stages.append(_tune_stage(recipe, capabilities[capability], target))
         stages.extend(_target_stages(recipe, target, capability))
     return stages
 
@@ -141,7 +141,12 @@ def _trace_hooks(recipe: "Recipe") -> list[str]:
     return sorted(hooked)
 
 
-def _tune_stage(recipe: "Recipe", capability: "CapabilitySpec") -> Stage:
+def _tune_stage(recipe: "Recipe", capability: "CapabilitySpec", target: "TargetSpec") -> Stage:
+    """The tune stage of `capability`; `target`, the first recipe target built for it, measures the artifact
+    size objective `size` minimises (its kind, options and packages enter the key)."""
+    from dabuild.plugins import TARGETS, load
+
+    target_class = load(TARGETS, target.kind)
     evaluation = recipe.data.evaluation
     files = {"evaluation": evaluation.source}
     metric_source = recipe.data.metric.rpartition(":")[0]
@@ -156,11 +161,14 @@ def _tune_stage(recipe: "Recipe", capability: "CapabilitySpec") -> Stage:
             "capability": capability.model_dump(mode="json", exclude={"description"}),
             "metric": recipe.data.metric,
             "evaluation": _data_config(evaluation),
+            "stored_by": target.name,
+            "stored_by_target": {"kind": target.kind, "options": {
+                key: value for key, value in target.options.items() if key in target_class.size_options}},
         },
         inputs={"graph": "trace", "stats": "calibrate"},
         files=files,
         packages=("numpy", *plotting, *(("optuna",) if recipe.tuning.strategy == "bayesian" else ()),
-                  *_cost_model_packages(recipe, capability)),
+                  *_cost_model_packages(recipe, capability), *target_class.packages),
         tools=_interpreter_tools,
         programs=_interpreter_programs,
     )

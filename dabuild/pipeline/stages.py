@@ -54,9 +54,11 @@ def stage_functions(recipe: "Recipe", capabilities: dict[str, "CapabilitySpec"],
         from dabuild.tune.stage import tune_stage
 
         capability = capabilities[run.stage.name.split(":", 1)[1]]
+        stored_by = run.stage.config["stored_by"]
         tune_stage(recipe, capability, run.inputs["graph"], run.inputs["stats"], run.out_dir, run.progress,
                    trials_root=trials_root, jobs=jobs, keep_dir=run.build_dir / "debug" / run.stage.dirname,
-                   journal=run.build_dir / "history" / f"{run.stage.dirname}.jsonl")
+                   journal=run.build_dir / "history" / f"{run.stage.dirname}.jsonl",
+                   stored_bytes=_target(recipe, stored_by).stored_bytes if stored_by else None)
 
     def export(run: StageRun) -> None:
         from dabuild.quant.qgraph import QGraph

@@ -24,7 +24,10 @@ from dabuild.errors import BuildError
 from dabuild.progress import Progress
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from dabuild.capability import CapabilitySpec
+    from dabuild.quant.qgraph import QGraph
     from dabuild.quant.config import QuantConfig
     from dabuild.recipe import Recipe
 
@@ -40,10 +43,12 @@ def tune_stage(
     jobs: int = 1,
     keep_dir: Path | None = None,
     journal: Path | None = None,
+    stored_bytes: "Callable[[QGraph], int] | None" = None,
 ) -> None:
     """Tune for one capability into `out_dir`; `trials_root` holds the trial store (None: remember nothing).
 
-    Every trial is appended to `journal` (a JSON line each) when one is given.
+    Every trial is appended to `journal` (a JSON line each) when one is given. `stored_bytes` is the target's
+    measure of its artifact (`Target.stored_bytes`), which objective `size` minimises (None: weight bits).
     """
     from dabuild.data import load_inputs, load_labels
     from dabuild.ir.graph import Graph
@@ -68,7 +73,7 @@ def tune_stage(
     store = TrialStore(trials_root, context_hash(graph, stats_dir / STATS_FILE, x, labels,
                                                  evaluator.metric.identity(), tuning.bias_correction))
     strategy = load(STRATEGIES, tuning.strategy)()
-    objective = make_objective(tuning.objective, space, capability, evaluator.quantize)
+    objective = make_objective(tuning.objective, space, capability, evaluator.quantize, stored_bytes)
     goal = Goal(tuning.accuracy.criterion, tuning.accuracy.tolerable_loss)
     where = f"tune:{capability.name}"
     progress.debug(f"{where}: {space.total()} configs in the space, strategy {tuning.strategy}, "
@@ -106,6 +111,7 @@ def tune_stage(
         "chosen_trial": chosen.index,
         "config_hash": chosen.config_hash,
         "size_bits": chosen.size,
+        **({"size_bytes": chosen.cost} if objective.unit == "bytes" else {}),
         "size_ratio": chosen.size / fp32_size if fp32_size else 1.0,
         "bops": chosen.bops,
         "stop_reason": search.stop_reason,
