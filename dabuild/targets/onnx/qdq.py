@@ -72,7 +72,7 @@ class QdqWriter:
         self._pending: list[tuple[str, str, bool]] = []  # (tensor, name written, is it already quantized)
         self._param_names: dict[str, list[str]] = {}
         self._island_inputs: dict[str, str] = {}  # integer tensor -> its float value as islands read it
-        self.weights: list[tuple[str, str]] = []  # (integer weight, its zero point) initializers
+        self.weights: list[str] = []  # the integer weights' initializers
 
     # Quantize / dequantize pairs
 
@@ -159,9 +159,8 @@ class QdqWriter:
         e = self.emitter
         scale = _scalar_or_vector(layer.weight_scale, np.float32)
         inputs = [e.initializer(e.fresh(f"{layer.name}/weight"), layer.weight),
-                  e.constant(scale, np.float32, f"{layer.name}/weight_scale"),
-                  e.constant(np.zeros_like(scale, np.int8), np.int8, f"{layer.name}/weight_zero_point")]
-        self.weights.append((inputs[0], inputs[2]))
+                  e.constant(scale, np.float32, f"{layer.name}/weight_scale")]  # zero point: 0 by default
+        self.weights.append(inputs[0])
         real = e.fresh(f"{layer.name}/weight/real")
         e.add("DequantizeLinear", inputs, [real], f"{layer.name}/weight/dequantize", axis=axis if scale.ndim else None)
         return real
@@ -171,8 +170,7 @@ class QdqWriter:
         e = self.emitter
         scale = _scalar_or_vector(layer.params(self.qgraph).scale * layer.weight_scale, np.float32)
         inputs = [e.initializer(e.fresh(f"{layer.name}/bias"), layer.bias.astype(np.int32)),
-                  e.constant(scale, np.float32, f"{layer.name}/bias_scale"),
-                  e.constant(np.zeros_like(scale, np.int32), np.int32, f"{layer.name}/bias_zero_point")]
+                  e.constant(scale, np.float32, f"{layer.name}/bias_scale")]  # zero point: 0 by default
         real = e.fresh(f"{layer.name}/bias/real")
         e.add("DequantizeLinear", inputs, [real], f"{layer.name}/bias/dequantize", axis=0 if scale.ndim else None)
         return real
@@ -302,17 +300,16 @@ def narrow_weights(qgraph: QGraph) -> bool:
                for layer in qgraph.layers)
 
 
-def _pack_int4(model: onnx.ModelProto, weights: list[tuple[str, str]]) -> None:
-    """Weights whose integers fit int4 (and their zero points) as INT4 initializers, two values a byte."""
+def _pack_int4(model: onnx.ModelProto, weights: list[str]) -> None:
+    """Weights whose integers fit int4 as INT4 initializers, two values a byte (their DequantizeLinear has no
+    zero point: 0 of the weight's own type)."""
     import ml_dtypes  # onnx's own dependency for its 4-bit types
 
     initializers = {tensor.name: tensor for tensor in model.graph.initializer}
-    for weight, zero_point in weights:
+    for weight in weights:
         values = onnx.numpy_helper.to_array(initializers[weight])
-        if not fits_int4(values):
-            continue
-        for name, array in ((weight, values), (zero_point, onnx.numpy_helper.to_array(initializers[zero_point]))):
-            initializers[name].CopyFrom(onnx.numpy_helper.from_array(array.astype(ml_dtypes.int4), name))
+        if fits_int4(values):
+            initializers[weight].CopyFrom(onnx.numpy_helper.from_array(values.astype(ml_dtypes.int4), weight))
 
 
 def initializer_bytes(model: onnx.ModelProto) -> int:
