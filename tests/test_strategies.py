@@ -181,12 +181,11 @@ def test_accuracy_control_restores_the_harmful_node_in_few_full_evaluations(tmp_
     each node alone recovers on the subset finds fc2, whose float island keeps fc1's output in float."""
     evaluator, graph = spread_mlp(tmp_path)
     space = build_space(graph, C_FALLBACK)
-    search, chosen = run_search(evaluator, space, "accuracy-control", Goal("relative", 0.01))
+    search, chosen = run_search(evaluator, space, "accuracy-control", Goal("relative", 0.02))
     assert not search.trials[0].passed and search.trials[0].step == "cheapest"
     assert chosen is not None and chosen.passed and len(search.trials) <= 3
     assert search.harmful[0] == "fc2" and chosen.config.nodes["fc2"] == FP32
-    only_fc2 = space.with_node(search.trials[0].config, "fc2", FP32)  # every other restoration costs no bits
-    assert chosen.cost == space.size(only_fc2) and chosen.config.nodes["fc3"] == space.nodes["fc3"].candidates[0]
+    assert chosen.config == space.with_node(search.trials[0].config, "fc2", FP32)
     assert search.subset_evaluations > 0 and len(search.subset_rows) == 300
 
 

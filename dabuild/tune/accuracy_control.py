@@ -1,23 +1,25 @@
 """The `accuracy-control` strategy, in the spirit of NNCF's `quantize_with_accuracy_control`.
 
 1. cheapest: every node at its cheapest choice (fewest weight bits, then
-   activation bits; the capability's order among equals). One full
-   evaluation; done if it meets the goal.
+   activation bits; per-channel weights and then the capability's order
+   among equals). One full evaluation; done if it meets the goal.
 2. rank: each node's harm is what restoring it alone to its safest choice (a
    float island where the capability runs them, else its widest type)
    recovers of the metric, measured on a subset of the evaluation data
    (`Search.subset_metric`: a cheap estimate, not a trial); ties go to the
-   node's own output error. Nodes that recover nothing are not touched.
+   node's own output error.
 3. restore, most harmful first, one node at a time: the node's restoration
-   is the cheapest of its safer choices (another range algorithm or
-   granularity, a wider type, a float island: one-field moves from its
-   current choice plus the safest) whose subset score is within half the
-   tolerable loss of the best of them. After each restoration, a config
-   the subset says passes is confirmed on the full set (a trial); one it
-   says misses is not evaluated, until no node is left to restore.
-4. take back: restorations are undone again, least harmful first, each kept
-   undone when the full set still passes (only configs the subset says
-   pass are evaluated).
+   is the best-scoring on the subset of its safer choices (another range
+   algorithm or granularity, a wider type, a float island: one-field moves
+   from its current choice plus the safest), the cheapest among equals.
+   After each restoration, a config the subset says passes is confirmed on
+   the full set (a trial); one it says misses is not evaluated, until no
+   node is left to restore.
+4. take back: each restored node, least harmful first, is tried at cheaper
+   choices again (its cheapest first, then its safer choices by cost), the
+   first that the subset and then the full set pass kept: a float island
+   restored first may come back as per-channel weights once other
+   restorations carry the goal.
 
 So full evaluations are spent only on configs the subset expects to pass:
 two or three on a model where one node hurts. When nothing passes, the most
@@ -42,8 +44,11 @@ def _bits(choice: NodeConfig) -> tuple[int, int]:
 
 
 def cheapest_choice(node: NodeSpace) -> NodeConfig:
-    """The node's candidate with the fewest weight bits, then activation bits; the earliest among equals."""
-    return min(node.candidates, key=lambda c: (_bits(c), node.candidates.index(c)))
+    """The node's candidate with the fewest weight bits, then activation bits; among equals per-channel
+    weights (a scale per channel costs next to nothing and is where NNCF and onnxruntime's per_channel start),
+    then the capability's order."""
+    return min(node.candidates, key=lambda c: (_bits(c), c.weight is not None and c.weight.granularity != "per_channel",
+                                               node.candidates.index(c)))
 
 
 def safer_choices(node: NodeSpace, current: NodeConfig) -> list[NodeConfig]:
@@ -60,7 +65,6 @@ class AccuracyControlStrategy:
     def search(self, search: "Search") -> None:
         space = search.space
         sign = 1 if search.metric.higher_is_better else -1
-        slack = search.goal.tolerable_loss * (abs(search.baseline) if search.goal.criterion == "relative" else 1) / 2
         cheapest = QuantConfig({name: cheapest_choice(node) for name, node in space.nodes.items()})
         [start] = search.evaluate([cheapest], "cheapest")
         if start.passed:
@@ -74,8 +78,8 @@ class AccuracyControlStrategy:
         ranked = sorted(choosing, key=lambda name: (-recovered[name], -errors.get(name, 0.0)))
         search.harmful = ranked
         config, restored = cheapest, []
-        for name in [name for name in ranked if recovered[name] > 0] or ranked:
-            config = space.with_node(config, name, self._restoration(search, config, name, sign, slack))
+        for name in ranked:  # those that recover nothing alone last: together they may still
+            config = space.with_node(config, name, self._restoration(search, config, name, sign))
             restored.append(name)
             if search.subset_passes(config) and search.evaluate([config], f"restore {name}")[0].passed:
                 break
@@ -85,17 +89,19 @@ class AccuracyControlStrategy:
             best = search.best()
             if best is None:
                 return
-            undone = space.with_node(best.config, name, cheapest.nodes[name])
-            if undone != best.config and search.subset_passes(undone) and search.could_improve(undone):
-                search.evaluate([undone], f"take back {name}")
+            choices = [*safer_choices(space.nodes[name], cheapest.nodes[name]), cheapest.nodes[name]]
+            for choice in sorted(choices, key=lambda c: search.cost(space.with_node(best.config, name, c))):
+                undone = space.with_node(best.config, name, choice)
+                if not search.could_improve(undone) or not search.subset_passes(undone):
+                    continue
+                if search.evaluate([undone], f"take back {name}")[0].passed:
+                    break
 
     @staticmethod
-    def _restoration(search: "Search", config: QuantConfig, name: str, sign: int, slack: float) -> NodeConfig:
-        """The cheapest safer choice of node `name` scoring on the subset within `slack` of the best of them."""
+    def _restoration(search: "Search", config: QuantConfig, name: str, sign: int) -> NodeConfig:
+        """Node `name`'s safer choice scoring best on the subset (the cheapest of equals): take-back makes it
+        cheaper later, if the goal allows."""
         space = search.space
         options = [space.with_node(config, name, choice) for choice in safer_choices(space.nodes[name],
                                                                                     config.nodes[name])]
-        scores = {step.content_hash(): sign * search.subset_metric(step) for step in options}
-        best = max(scores.values())
-        good = [step for step in options if scores[step.content_hash()] >= best - slack]
-        return min(good, key=lambda step: (search.cost(step), -scores[step.content_hash()])).nodes[name]
+        return min(options, key=lambda step: (-sign * search.subset_metric(step), search.cost(step))).nodes[name]
