@@ -171,9 +171,11 @@ def _print_summary(summary: dict, elapsed: float) -> None:
         )
     for target, report in summary["checks"].items():
         verdict = "passed" if report.get("ok") else "FAILED"
+        metric = report.get("metric")
+        delivered = f" {metric['artifact']:.4f} in its runtime;" if metric else ""
         print(
             f"  check:{target}: {report.get('tolerance')} {verdict} on {report.get('samples')} samples;"
-            f" artifact {report['artifact']}"
+            f"{delivered} artifact {report['artifact']}"
         )
 
 

@@ -93,6 +93,9 @@ def test_digits_recipe_builds_and_checks_the_onnx_target(digits: Path, tmp_path:
     check = summary["checks"]["ort"]
     assert check["ok"] and check["tolerance"] == "approximate" and check["reference"] == "fake_quant"
     assert check["samples"] == len(DATA["x_test"]) and check["runtime"]["onnxruntime"]
+    # The accuracy the artifact delivers in onnxruntime, beside the integer reference's (the tuned one).
+    assert check["metric"]["reference"] == summary["metrics"]["tune:onnxruntime"]["quantized"]
+    assert abs(check["metric"]["artifact"] - check["metric"]["reference"]) <= 2 / len(DATA["x_test"])
     model = onnx.load(str(tmp_path / "build" / "digits-mlp" / "export-ort" / MODEL_FILE))
     onnx.checker.check_model(model, full_check=True)
     assert model.graph.input[0].type.tensor_type.shape.dim[0].dim_param == "N"

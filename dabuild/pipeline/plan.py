@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from dabuild.recipe import Recipe, TargetSpec
 
 # Bump a stage's version when its implementation changes what it writes.
-STAGE_VERSIONS = {"trace": 2, "calibrate": 4, "tune": 13, "export": 9, "check": 3}
+STAGE_VERSIONS = {"trace": 2, "calibrate": 4, "tune": 13, "export": 9, "check": 4}
 
 
 @dataclass(frozen=True)
@@ -148,10 +148,7 @@ def _tune_stage(recipe: "Recipe", capability: "CapabilitySpec", target: "TargetS
 
     target_class = load(TARGETS, target.kind)
     evaluation = recipe.data.evaluation
-    files = {"evaluation": evaluation.source}
-    metric_source = recipe.data.metric.rpartition(":")[0]
-    if metric_source.endswith(".py"):
-        files["metric"] = recipe.base_dir / metric_source
+    files = {"evaluation": evaluation.source, **_metric_file(recipe)}
     plotting = ("matplotlib",)  # the report's plots exist only when it is installed
     return Stage(
         f"tune:{capability.name}",
@@ -172,6 +169,12 @@ def _tune_stage(recipe: "Recipe", capability: "CapabilitySpec", target: "TargetS
         tools=_interpreter_tools,
         programs=_interpreter_programs,
     )
+
+
+def _metric_file(recipe: "Recipe") -> dict[str, Path]:
+    """The user's metric file, if the metric is one (`file.py:function`): tune and check read it."""
+    source = recipe.data.metric.rpartition(":")[0]
+    return {"metric": recipe.base_dir / source} if source.endswith(".py") else {}
 
 
 def _interpreter_tools() -> dict[str, str]:
@@ -232,9 +235,10 @@ def _target_stages(recipe: "Recipe", target: "TargetSpec", capability: str) -> l
             "tolerance": tolerance,
             "samples": target.check_io.samples,
             "evaluation": _data_config(evaluation),
+            "metric": recipe.data.metric,
         },
         inputs={"qgraph": f"tune:{capability}", "artifact": export.name},
-        files={"evaluation": evaluation.source},
+        files={"evaluation": evaluation.source, **_metric_file(recipe)},
         packages=("numpy", *target_class.packages),
         tools=lambda: instance().runtime_version(),
         programs=lambda: instance().programs(),

@@ -68,9 +68,10 @@ def stage_functions(recipe: "Recipe", capabilities: dict[str, "CapabilitySpec"],
         target.post_export(run.out_dir)
 
     def check(run: StageRun) -> None:
-        from dabuild.data import load_inputs
+        from dabuild.data import load_inputs, load_labels
         from dabuild.quant.qgraph import QGraph
         from dabuild.targets.check import check_stage
+        from dabuild.tune.metric import load_metric
 
         target = _target(recipe, run.stage.target)
         qgraph = QGraph.load(run.inputs["qgraph"] / "qgraph")
@@ -78,8 +79,10 @@ def stage_functions(recipe: "Recipe", capabilities: dict[str, "CapabilitySpec"],
         samples = run.stage.config["samples"]
         arrays = load_inputs(spec, recipe.base_dir, qgraph.input_names)
         x = next(iter(arrays.values()))
+        labels = load_labels(spec, recipe.base_dir)
         if samples is not None:
-            x = x[:samples]
+            x, labels = x[:samples], labels[:samples]
+        metric = load_metric(run.stage.config["metric"], recipe.base_dir)
         check_stage(
             target,
             qgraph,
@@ -89,6 +92,7 @@ def stage_functions(recipe: "Recipe", capabilities: dict[str, "CapabilitySpec"],
             run.out_dir,
             run.build_dir / "debug" / run.stage.dirname,
             run.progress,
+            lambda outputs: metric(outputs, labels),
         )
 
     return {"trace": trace, "calibrate": calibrate, "tune": tune, "export": export, "check": check}
