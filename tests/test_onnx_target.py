@@ -229,6 +229,12 @@ def test_int4_weights_are_int4_initializers_at_opset_21(tmp_path: Path, opset: i
     x = DATA["x_test"]
     steps = np.abs(target.run(artifact, x, tmp_path) - run_quantized(qgraph, x)) / qgraph.output_params.scale
     assert steps.max() <= 1 + 1e-6
+    # Objective size is what the file stores: packed int4 weights count half a byte each.
+    stored = target.stored_bytes(qgraph)
+    assert stored == sum(len(t.raw_data) or numpy_helper.to_array(t).nbytes for t in model.graph.initializer)
+    sizes = [layers[name].weight.size for name in ("conv1", "pointwise", "head")]
+    packed = sum(size - (size + 1) // 2 for size in sizes) if opset is None else 0
+    assert target.stored_bytes(lower(graph)) - stored == packed  # the all-int8 config's file stores more
 
 
 def test_a_perturbed_weight_fails_check_naming_the_layer_and_a_reproducible_bundle(tmp_path: Path) -> None:
