@@ -13,14 +13,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from dabuild import __version__
-from dabuild.pipeline.hashing import hash_file, hash_value
+from dabuild.pipeline.hashing import canonical_json, hash_file, hash_value
 
 if TYPE_CHECKING:
     from dabuild.capability import CapabilitySpec
     from dabuild.recipe import Recipe, TargetSpec
 
-# Bump a stage's version when its implementation changes what it writes.
-STAGE_VERSIONS = {"trace": 2, "calibrate": 4, "tune": 13, "export": 9, "check": 4}
+# Bump a stage's version when its code changes (tests/test_stage_versions.py enforces it; see pipeline/versions.py).
+STAGE_VERSIONS = {"trace": 4, "calibrate": 6, "tune": 14, "export": 10, "check": 5}
 
 
 @dataclass(frozen=True)
@@ -119,13 +119,13 @@ def plan(recipe: "Recipe", capabilities: dict[str, "CapabilitySpec"], targets: l
         capability = _capability_name(target)
         if capability not in tuned:
             tuned.add(capability)
-            stages.append(_tune_stage(recipe, capabilities[capability], target))
+            stages.append(tune_stage_of(recipe, capabilities[capability], target))
         stages.extend(_target_stages(recipe, target, capability))
     return stages
 
 
-def _trace_hooks(recipe: "Recipe") -> list[str]:
-    """Target kinds whose `pre_trace`/`post_trace` hooks run in the trace stage.
+def _trace_hooks(recipe: "Recipe") -> list[dict[str, Any]]:
+    """The targets (kind and options) whose `pre_trace`/`post_trace` hooks run in the trace stage.
 
     They enter the trace key, so a recipe with a hooked target never reuses a trace
     made without its hooks; the built-in targets have none, so their recipes share traces.
@@ -133,20 +133,24 @@ def _trace_hooks(recipe: "Recipe") -> list[str]:
     from dabuild.plugins import TARGETS, load
     from dabuild.targets.base import Target
 
-    hooked = set()
+    hooked = []
     for target in recipe.targets:
         cls = load(TARGETS, target.kind)
         if cls.pre_trace is not Target.pre_trace or cls.post_trace is not Target.post_trace:
-            hooked.add(target.kind)
-    return sorted(hooked)
+            hook = {"kind": target.kind, "options": target.options}
+            if hook not in hooked:
+                hooked.append(hook)
+    return sorted(hooked, key=canonical_json)
 
 
-def _tune_stage(recipe: "Recipe", capability: "CapabilitySpec", target: "TargetSpec") -> Stage:
-    """The tune stage of `capability`; `target`, the first recipe target built for it, measures the artifact
-    size objective `size` minimises (its kind, options and packages enter the key)."""
+def tune_stage_of(recipe: "Recipe", capability: "CapabilitySpec", target: "TargetSpec | None" = None) -> Stage:
+    """The tune stage for one capability: its config (tuning, capability, metric, data settings) and files.
+
+    `target`, the first recipe target built for the capability, measures the artifact size objective `size`
+    minimises (its kind, size options and packages enter the key); without one, `size` counts weight bits."""
     from dabuild.plugins import TARGETS, load
 
-    target_class = load(TARGETS, target.kind)
+    target_class = load(TARGETS, target.kind) if target is not None else None
     evaluation = recipe.data.evaluation
     files = {"evaluation": evaluation.source, **_metric_file(recipe)}
     plotting = ("matplotlib",)  # the report's plots exist only when it is installed
@@ -158,14 +162,13 @@ def _tune_stage(recipe: "Recipe", capability: "CapabilitySpec", target: "TargetS
             "capability": capability.model_dump(mode="json", exclude={"description"}),
             "metric": recipe.data.metric,
             "evaluation": _data_config(evaluation),
-            "stored_by": target.name,
-            "stored_by_target": {"kind": target.kind, "options": {
+            "stored_by_target": None if target is None else {"kind": target.kind, "options": {
                 key: value for key, value in target.options.items() if key in target_class.size_options}},
         },
         inputs={"graph": "trace", "stats": "calibrate"},
         files=files,
         packages=("numpy", *plotting, *(("optuna",) if recipe.tuning.strategy == "bayesian" else ()),
-                  *_cost_model_packages(recipe, capability), *target_class.packages),
+                  *_cost_model_packages(recipe, capability), *(target_class.packages if target_class else ())),
         tools=_interpreter_tools,
         programs=_interpreter_programs,
     )

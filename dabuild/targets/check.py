@@ -35,6 +35,7 @@ import numpy as np
 
 import dabuild
 from dabuild.errors import CheckError
+from dabuild.notices import warn
 from dabuild.progress import Progress
 from dabuild.quant.qgraph import QGraph, QuantParams
 from dabuild.quant.reference import dequantize_output, quantize_input, run_integer
@@ -174,6 +175,9 @@ def check_stage(target: Target, qgraph: QGraph, artifact_dir: Path, x: np.ndarra
     if target.reference not in REFERENCES:
         raise CheckError(f"target {target.kind!r} asks for a {target.reference!r} reference; check compares with "
                          f"{' or '.join(map(repr, REFERENCES))}")
+    not_run = target.not_run()
+    for part in not_run:
+        warn(f"check {target.kind}: not run: {part}")
     inputs = reference_inputs(target.reference, qgraph, x)
     with tempfile.TemporaryDirectory(prefix="dabuild-check-") as work:
         with progress.track(f"check {target.kind}", len(inputs)) as advance:
@@ -187,7 +191,7 @@ def check_stage(target: Target, qgraph: QGraph, artifact_dir: Path, x: np.ndarra
     comparison = _compare(expected, actual, params, level)
     report = {"target": target.kind, "tolerance": level, "reference": target.reference, "samples": int(len(inputs)),
               "output_params": {"scale": params.scale, "zero_point": params.zero_point, "dtype": params.dtype},
-              **comparison.to_dict(), "runtime": _versions(target)}
+              **comparison.to_dict(), "runtime": _versions(target), "not_run": not_run}
     if score is not None:
         real = (lambda y: y) if target.reference == "fake_quant" else params.dequantize
         report["metric"] = {"artifact": score(real(actual)), "reference": score(real(expected))}
@@ -197,7 +201,8 @@ def check_stage(target: Target, qgraph: QGraph, artifact_dir: Path, x: np.ndarra
                                           bundle_root)
         raise CheckError(f"check {target.kind}: the artifact disagrees with dabuild's {REFERENCES[target.reference]}: "
                          f"{_describe(comparison, expected, actual)}; {divergence}; debug bundle: {bundle}")
-    progress.info(f"check {target.kind}: {len(inputs)} samples agree ({level})")
+    unproven = f"; not run: {'; '.join(not_run)}" if not_run else ""
+    progress.info(f"check {target.kind}: {len(inputs)} samples agree ({level}){unproven}")
     return report
 
 
