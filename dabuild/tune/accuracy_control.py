@@ -12,9 +12,11 @@
    is the best-scoring on the subset of its safer choices (another range
    algorithm or granularity, a wider type, a float island: one-field moves
    from its current choice plus the safest), the cheapest among equals.
-   After each restoration, a config the subset says passes is confirmed on
-   the full set (a trial); one it says misses is not evaluated, until no
-   node is left to restore.
+   Once the subset says the config passes, the restorations are first
+   taken back on the subset (each restored node, least harmful first, at
+   its cheapest choice the subset still passes with) and that lighter
+   config is confirmed on the full set (a trial); if it misses, the config
+   as restored is; configs the subset says miss are not evaluated.
 4. take back: each restored node, least harmful first, is tried at cheaper
    choices again (its cheapest first, then its safer choices by cost), the
    first that the subset and then the full set pass kept: a float island
@@ -81,7 +83,12 @@ class AccuracyControlStrategy:
         for name in ranked:  # those that recover nothing alone last: together they may still
             config = space.with_node(config, name, self._restoration(search, config, name, sign))
             restored.append(name)
-            if search.subset_passes(config) and search.evaluate([config], f"restore {name}")[0].passed:
+            if not search.subset_passes(config):
+                continue
+            lighter = self._taken_back_on_subset(search, config, restored, cheapest)
+            if search.evaluate([lighter], f"restore {name}")[0].passed:
+                break
+            if lighter != config and search.evaluate([config], f"restore {name}")[0].passed:
                 break
         else:
             search.evaluate([config], "restore all")
@@ -96,6 +103,21 @@ class AccuracyControlStrategy:
                     continue
                 if search.evaluate([undone], f"take back {name}")[0].passed:
                     break
+
+    @staticmethod
+    def _taken_back_on_subset(search: "Search", config: QuantConfig, restored: list[str],
+                              cheapest: QuantConfig) -> QuantConfig:
+        """`config` with each restored node, least harmful first, at its cheapest choice the subset still
+        passes with: the take-back, judged on the subset before a full evaluation is spent."""
+        space = search.space
+        for name in reversed(restored):
+            choices = [*safer_choices(space.nodes[name], cheapest.nodes[name]), cheapest.nodes[name]]
+            for choice in sorted(choices, key=lambda c: search.cost(space.with_node(config, name, c))):
+                undone = space.with_node(config, name, choice)
+                if search.cost(undone) < search.cost(config) and search.subset_passes(undone):
+                    config = undone
+                    break
+        return config
 
     @staticmethod
     def _restoration(search: "Search", config: QuantConfig, name: str, sign: int) -> NodeConfig:
