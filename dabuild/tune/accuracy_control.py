@@ -2,9 +2,7 @@
 
 1. cheapest: every node at its cheapest choice (fewest weight bits, then
    activation bits; per-channel weights and then the capability's order
-   among equals), then, node by node, any one-field move costing no more
-   (a range algorithm, scheme or granularity) that scores better on the
-   subset. One full evaluation; done if it meets the goal.
+   among equals). One full evaluation; done if it meets the goal.
 2. rank: each node's harm is what restoring it alone to its safest choice (a
    float island where the capability runs them, else its widest type)
    recovers of the metric, measured on a subset of the evaluation data
@@ -69,8 +67,7 @@ class AccuracyControlStrategy:
     def search(self, search: "Search") -> None:
         space = search.space
         sign = 1 if search.metric.higher_is_better else -1
-        cheapest = self._best_of_equals(search, QuantConfig({name: cheapest_choice(node)
-                                                             for name, node in space.nodes.items()}), sign)
+        cheapest = QuantConfig({name: cheapest_choice(node) for name, node in space.nodes.items()})
         [start] = search.evaluate([cheapest], "cheapest")
         if start.passed:
             return
@@ -106,19 +103,6 @@ class AccuracyControlStrategy:
                     continue
                 if search.evaluate([undone], f"take back {name}")[0].passed:
                     break
-
-    @staticmethod
-    def _best_of_equals(search: "Search", config: QuantConfig, sign: int) -> QuantConfig:
-        """`config` with each node, in graph order, at the one-field move costing no more (another range
-        algorithm, scheme or granularity) that scores best on the subset, where it beats the node's choice."""
-        space = search.space
-        for name, node in space.nodes.items():
-            for choice in one_field_moves(node, config.nodes[name]):
-                moved = space.with_node(config, name, choice)
-                if (search.cost(moved) <= search.cost(config)
-                        and sign * search.subset_metric(moved) > sign * search.subset_metric(config)):
-                    config = moved
-        return config
 
     @staticmethod
     def _taken_back_on_subset(search: "Search", config: QuantConfig, restored: list[str],
