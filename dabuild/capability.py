@@ -92,7 +92,8 @@ class CapabilitySpec(BaseModel):
     version: str = Field(description="Version of the backend the capability was written for.")
     description: str = Field(default="", description="Free text for people.")
     precisions: list[str] = Field(min_length=1, description="Precisions the backend can run, e.g. [int8].")
-    fp32_fallback: bool = Field(default=False, description="Whether an op may stay in float32.")
+    fp32_fallback: bool = Field(default=False, description="Whether the backend runs float islands: nodes kept in float32, with "
+                                  "quantize/dequantize at the island's boundary (dabuild.quant.layers.fallback).")
     cost_model: str | None = Field(
         default=None,
         description="A cost estimate of the backend (an entry point of dabuild.cost_models, e.g. da4ml), which "

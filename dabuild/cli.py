@@ -214,10 +214,12 @@ def _print_summary(summary: dict, elapsed: float) -> None:
         )
     for target, report in summary["checks"].items():
         verdict = "passed" if report.get("ok") else "FAILED"
+        metric = report.get("metric")
+        delivered = f" {metric['artifact']:.4f} in its runtime;" if metric else ""
         not_run = "".join(f"; NOT RUN: {part}" for part in report.get("not_run", []))
         print(
             f"  check:{target}: {report.get('tolerance')} {verdict} on {report.get('samples')} samples{not_run};"
-            f" artifact {report['artifact']}"
+            f"{delivered} artifact {report['artifact']}"
         )
 
 

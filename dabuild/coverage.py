@@ -114,13 +114,13 @@ def _list(names: Iterable[str]) -> str:
 def rows() -> list[dict[str, str]]:
     """One dict per IR op: stage -> cell text (the table, as data, for tests and tools)."""
     from dabuild.quant import layers  # noqa: F401  (registers every lowering)
-    from dabuild.quant.lowering import LOWERINGS
+    from dabuild.quant.lowering import LOWERINGS, integer_layers
 
     targets, frontends = _targets(), _frontends()
     table = []
     for op in sorted(OPS):
         lowerer = LOWERINGS.get(op)
-        made = set(lowerer.layers or ()) if lowerer is not None else None
+        made = integer_layers(lowerer) if lowerer is not None else None
         row = {"op": op, "interpreter": "float"}
         row["integer lowering"] = "float island" if made is None else f"exact: {_list(sorted(made))}"
         for target in ("c", "onnx", "nnef", "hdl"):

@@ -443,6 +443,7 @@ def load_recipe(path: Path | str) -> Recipe:
     diagnostics += problems
     if recipe is not None and not problems:
         diagnostics += _check_objective(document, recipe.tuning.objective, recipe.targets, resolved, capabilities)
+        diagnostics += _check_float_islands(document, recipe.tuning.space, recipe.targets, resolved, capabilities)
     if recipe is not None:
         diagnostics += _check_space_op_types(document, recipe.tuning.space)
     if diagnostics:
@@ -517,6 +518,27 @@ def _check_objective(document: YamlDocument, objective: str | None, targets: lis
                        f"{target.name!r}) names no cost_model; use size or bops")
             return [document.diagnostic(("tuning", "objective"), message)]
     return []
+
+
+def _check_float_islands(document: YamlDocument, space: SpaceNarrowing, targets: list[TargetSpec],
+                         resolved: list[tuple[dict, str, str]], capabilities: dict[str, CapabilitySpec]) -> list[Diagnostic]:
+    """A dtype list naming fp32 asks for float islands: every tuned capability must run them."""
+    without = [(target.name, capability) for target, (_, capability, _) in zip(targets, resolved)
+               if capability in capabilities and not capabilities[capability].fp32_fallback]
+    if not without:
+        return []
+    diagnostics = []
+    for kind, entries in (("op_type", space.op_type), ("op_name", space.op_name)):
+        for key, narrowing in entries.items():
+            for role in ("weight", "activation"):
+                choices = getattr(narrowing, role)
+                if choices is not None and "fp32" in (choices.dtype or []):
+                    target, capability = without[0]
+                    diagnostics.append(document.diagnostic(
+                        ("tuning", "space", kind, key, role, "dtype"),
+                        f"fp32 asks for a float island, but capability {capability!r} (target {target!r}) does not "
+                        "run float islands (fp32_fallback: false)"))
+    return diagnostics
 
 
 def _check_space_op_types(document: YamlDocument, space: SpaceNarrowing) -> list[Diagnostic]:

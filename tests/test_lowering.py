@@ -22,7 +22,7 @@ from dabuild.ir.ops import OPS
 from dabuild.progress import Progress
 from dabuild.quant.calibrate import calibrate
 from dabuild.quant.config import NodeConfig, QuantChoice, QuantConfig, default_config
-from dabuild.quant.layers.fallback import QFloat
+from dabuild.quant.layers.fallback import QFloat, QFloatWeighted
 from dabuild.quant.lowering import LOWERINGS, quantizable_roles
 from dabuild.quant.qgraph import QGraph
 from dabuild.quant.quantize import quantize
@@ -439,22 +439,27 @@ def fallback_graph() -> tuple[Graph, QuantConfig, np.ndarray]:
     return graph, config, image(200, (6,))
 
 
-def test_fp32_fallback_runs_the_float_op_between_int8_tensors(tmp_path: Path) -> None:
+def test_an_fp32_node_is_a_float_island_quantized_only_at_its_boundary(tmp_path: Path) -> None:
     graph, config, x = fallback_graph()
     qgraph = lower(graph, x, config)
-    layer = next(layer for layer in qgraph.layers if layer.name == "scale")
-    assert isinstance(layer, QFloat) and layer.float_op == "div"
+    layers = {layer.name: layer for layer in qgraph.layers}
+    assert isinstance(layers["scale"], QFloat) and layers["scale"].float_op == "div"
+    # h, read only by the fp32 div, stays float: fc1 hands it its float result (dequantized int8 weights).
+    assert qgraph.floats == {"h": (5,)} and "h" not in qgraph.tensors
+    assert isinstance(layers["fc1"], QFloatWeighted)
     stats_range = calibrate(graph, [{"x": x}], Progress.silent()).ranges["s"]
     out = qgraph.tensors["s"].params
     assert out.scale == pytest.approx((max(stats_range[1], 0) - min(stats_range[0], 0)) / 255)  # its minmax range
     trace = run_integer(qgraph, quantize_input(qgraph, x), keep_intermediates=True)
-    real_input = qgraph.tensors["h"].params.dequantize(trace["h"])
-    float_output = real_input / graph.constants["d"]
+    assert trace["h"].dtype == np.float32
+    real_input = qgraph.input_params.dequantize(quantize_input(qgraph, x))
+    h = np.maximum(real_input @ layers["fc1"].real_weight(), 0)
+    np.testing.assert_allclose(trace["h"], h, rtol=1e-5, atol=1e-6)
+    float_output = trace["h"] / graph.constants["d"]
     assert np.array_equal(trace["s"], out.quantize(float_output))  # the float op, then its output quantized
-    assert np.max(np.abs(out.dequantize(trace["s"]) - float_output)) <= out.scale / 2 + 1e-6
     assert error_in_steps(graph, qgraph, x) <= 2.0
     # The C target cannot run float: it refuses at export, naming the node.
-    with pytest.raises(BuildError, match=r"node 'scale' \(div\).*fp32.*cannot run float"):
+    with pytest.raises(BuildError, match=r"node 'fc1' \(dense\) computes in float.*cannot run float"):
         CTarget().export(qgraph, tmp_path)
 
 

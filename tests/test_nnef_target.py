@@ -156,14 +156,22 @@ def test_export_is_byte_stable_and_needs_no_tract(tmp_path: Path, monkeypatch: p
         NnefTarget().run(second, np.zeros((1, 20), np.float32), tmp_path)
 
 
-def test_fp32_fallback_layers_run_as_float_ops(tmp_path: Path) -> None:
+@pytest.mark.parametrize("island", [["squash"], ["residual", "smooth", "squash"]])
+def test_float_islands_run_as_float_ops(tmp_path: Path, island: list[str]) -> None:
+    """An island's nodes run float ops on float tensors; the depthwise conv before the second island writes
+    its float result straight into it, and tract agrees with the reference within one output step."""
     x = digits_inputs()
     graph = small_cnn()
     config = default_config(graph, TRACT)
-    config.nodes["squash"] = NodeConfig(weight=None, activation=None)
+    for name in island:
+        config.nodes[name] = NodeConfig(weight=None, activation=None)
     stats = calibrate(graph, ({"x": x[i:i + 64]} for i in range(0, 300, 64)), Progress.silent())
     qgraph = quantize(graph, stats, config)
-    assert any(isinstance(layer, QFloat) for layer in qgraph.layers)
+    ops = {layer.name: layer.op for layer in qgraph.layers}
+    assert all(ops[name] == "float" for name in island)
+    assert (ops["depthwise"] == "float_weighted") == ("residual" in island)
+    assert set(qgraph.floats) == {"r", "s"} & {out for node in graph.nodes if node.name in island[:-1]
+                                              for out in node.outputs} | ({"c2"} if "residual" in island else set())
     target = NnefTarget()
     artifact = export(qgraph, tmp_path / "artifact", target)
     manifest = json.loads((artifact / "model.json").read_text())

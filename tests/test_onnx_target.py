@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 onnx = pytest.importorskip("onnx", reason="the onnx extra is not installed")
-pytest.importorskip("onnxruntime", reason="the onnx extra is not installed")
+ort = pytest.importorskip("onnxruntime", reason="the onnx extra is not installed")
 
 from onnx import numpy_helper  # noqa: E402
 from test_pipeline import build, executed  # noqa: E402
@@ -93,6 +93,9 @@ def test_digits_recipe_builds_and_checks_the_onnx_target(digits: Path, tmp_path:
     check = summary["checks"]["ort"]
     assert check["ok"] and check["tolerance"] == "approximate" and check["reference"] == "fake_quant"
     assert check["samples"] == len(DATA["x_test"]) and check["runtime"]["onnxruntime"]
+    # The accuracy the artifact delivers in onnxruntime, beside the integer reference's (the tuned one).
+    assert check["metric"]["reference"] == summary["metrics"]["tune:onnxruntime"]["quantized"]
+    assert abs(check["metric"]["artifact"] - check["metric"]["reference"]) <= 2 / len(DATA["x_test"])
     model = onnx.load(str(tmp_path / "build" / "digits-mlp" / "export-ort" / MODEL_FILE))
     onnx.checker.check_model(model, full_check=True)
     assert model.graph.input[0].type.tensor_type.shape.dim[0].dim_param == "N"
@@ -119,11 +122,10 @@ def test_small_cnn_exports_as_checked_qdq_within_one_step(tmp_path: Path, opset:
         node = dequantize_node(model, f"{name}/weight")
         assert next(a.i for a in node.attribute if a.name == "axis") == axis
         assert np.allclose(weights[node.input[1]], layers[name].weight_scale)
-        bias = weights[f"{name}/bias"]
-        assert bias.dtype == np.int32 and np.array_equal(bias, layers[name].bias)
+        bias = weights[f"{name}/bias"]  # float32, the int32 bias on its grid s_in * s_w
         input_scale = qgraph.tensors[layers[name].inputs[0]].params.scale
-        bias_scale = weights[dequantize_node(model, f"{name}/bias").input[1]]
-        assert np.allclose(bias_scale, input_scale * layers[name].weight_scale, rtol=1e-6)
+        assert bias.dtype == np.float32
+        assert np.array_equal(np.round(bias / (input_scale * layers[name].weight_scale)), layers[name].bias)
     ops = [node.op_type for node in model.graph.node]
     # Each activation's integers come from one QuantizeLinear, or for the exact table from a Gather.
     assert ops.count("QuantizeLinear") + ops.count("Gather") == len(qgraph.tensors) - len(qgraph.constants)
@@ -158,17 +160,80 @@ def test_fp32_fallback_layer_stays_a_float_op(tmp_path: Path) -> None:
     dense = default_config(first_dense, CAPABILITY).nodes["fc1"]  # div has no integer lowering: fp32
     config = QuantConfig({"fc1": dense, "scale": NodeConfig(weight=None, activation=None), "fc2": dense})
     qgraph = lower(graph, config)
+    assert qgraph.floats == {"h": (12,)}  # fc1 hands the island its float result
     artifact = export(qgraph, tmp_path / "artifact")
     model = onnx.load(str(artifact / MODEL_FILE))
     producers = {output: node for node in model.graph.node for output in node.output}
     div = next(node for node in model.graph.node if node.op_type == "Div")
-    assert producers[div.input[0]].op_type == "DequantizeLinear"  # reads h's real values
+    assert producers[div.input[0]].op_type == "Relu"  # reads fc1's float result, never quantized
     assert initializers(model)[div.input[1]].dtype == np.float32  # its constant stays float
     consumers = [node.op_type for node in model.graph.node if div.output[0] in node.input]
     assert consumers == ["QuantizeLinear"]  # and its output is quantized as the QGraph says
     x = DATA["x_test"]
     steps = np.abs(OnnxTarget().run(artifact, x, tmp_path) - run_quantized(qgraph, x)) / qgraph.output_params.scale
     assert steps.max() <= 1 + 1e-6
+
+
+@pytest.mark.parametrize("island", [["pointwise"], ["conv1"], ["conv1", "pool", "depthwise"], ["head"]])
+def test_float_islands_stay_float_in_onnxruntime_at_its_default_optimization(tmp_path: Path,
+                                                                                island: list[str]) -> None:
+    """onnxruntime's default optimizer turns DequantizeLinear -> float Conv -> QuantizeLinear into a QLinearConv
+    with a weight it quantizes itself; an island's convs must survive it as float convs, and agree with the
+    reference within one output step."""
+    graph = small_cnn()
+    config = default_config(graph, CAPABILITY)
+    for name in island:
+        config.nodes[name] = NodeConfig(weight=None, activation=None)
+    qgraph = lower(graph, config)
+    artifact = export(qgraph, tmp_path / "artifact")
+    options = ort.SessionOptions()  # default graph optimization level
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    session = ort.InferenceSession(str(artifact / MODEL_FILE), options, providers=["CPUExecutionProvider"])
+    x = DATA["x_test"]
+    steps = np.abs(session.run(None, {"x": x})[0] - run_quantized(qgraph, x)) / qgraph.output_params.scale
+    assert steps.max() <= 1 + 1e-6
+    optimized = [node.op_type for node in onnx.load(str(tmp_path / "optimized.onnx")).graph.node]
+    integer_convs = sum(layer.op == "conv" for layer in qgraph.layers)
+    float_convs = sum(layer.op in ("float", "float_weighted") and layer.float_op == "conv" for layer in qgraph.layers)
+    assert float_convs >= 1 or island == ["head"]
+    # Every conv is one node, integer or float; only the integer layers' may have become integer kernels.
+    assert optimized.count("QLinearConv") + optimized.count("Conv") + optimized.count("FusedConv") == \
+        integer_convs + float_convs
+    assert optimized.count("QLinearConv") <= integer_convs and "ConvInteger" not in optimized
+    if island == ["head"]:
+        assert "QGemm" not in optimized and "MatMulInteger" not in optimized
+
+
+@pytest.mark.parametrize("opset", [None, 17])
+def test_int4_weights_are_int4_initializers_at_opset_21(tmp_path: Path, opset: int | None) -> None:
+    graph = small_cnn()
+    config = default_config(graph, CAPABILITY)
+    for name in ("conv1", "pointwise", "head"):
+        node = config.nodes[name]
+        config.nodes[name] = dataclasses.replace(node, weight=dataclasses.replace(node.weight, dtype="int4"))
+    qgraph = lower(graph, config)
+    target = OnnxTarget(OnnxTarget.Options(opset=opset))
+    artifact = export(qgraph, tmp_path / "artifact", target)
+    model = onnx.load(str(artifact / MODEL_FILE))
+    assert model.opset_import[0].version == (opset or 21)
+    stored = {tensor.name: tensor for tensor in model.graph.initializer}
+    layers = {layer.name: layer for layer in qgraph.layers}
+    for name in ("conv1", "pointwise", "head", "depthwise"):
+        tensor = stored[f"{name}/weight"]
+        narrow = name != "depthwise" and opset is None
+        assert tensor.data_type == (onnx.TensorProto.INT4 if narrow else onnx.TensorProto.INT8)
+        size = layers[name].weight.size
+        assert len(tensor.raw_data) == ((size + 1) // 2 if narrow else size)
+        assert np.array_equal(numpy_helper.to_array(tensor).astype(np.int8), layers[name].weight)
+    x = DATA["x_test"]
+    steps = np.abs(target.run(artifact, x, tmp_path) - run_quantized(qgraph, x)) / qgraph.output_params.scale
+    assert steps.max() <= 1 + 1e-6
+    # Objective size is what the file stores: packed int4 weights count half a byte each.
+    stored = target.stored_bytes(qgraph)
+    assert stored == sum(len(t.raw_data) or numpy_helper.to_array(t).nbytes for t in model.graph.initializer)
+    sizes = [layers[name].weight.size for name in ("conv1", "pointwise", "head")]
+    packed = sum(size - (size + 1) // 2 for size in sizes) if opset is None else 0
+    assert target.stored_bytes(lower(graph)) - stored == packed  # the all-int8 config's file stores more
 
 
 def test_a_perturbed_weight_fails_check_naming_the_layer_and_a_reproducible_bundle(tmp_path: Path) -> None:

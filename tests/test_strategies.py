@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from test_mixed_precision import cnn  # noqa: E402,F401 - the digits CNN, traced and calibrated (needs torch)
 from test_tuning import C, C_FALLBACK, NLL_GOAL, digits_recipe, digits_stages, nll_recipe_dir, tune  # noqa: E402,F401
 
-STRATEGY_NAMES = ["basic", "sensitivity", "exhaustive", "random", "bayesian", "mixed-precision"]
+STRATEGY_NAMES = ["basic", "sensitivity", "exhaustive", "random", "bayesian", "mixed-precision", "accuracy-control"]
 
 
 def inc_basic_trials(space: TuningSpace, score, passes, higher_is_better: bool = False) -> int | None:  # noqa: ANN001
@@ -135,3 +135,103 @@ def test_basic_needs_no_more_trials_than_inc_basic_order(digits_stages: tuple[Pa
     metrics = tune(digits_stages, tmp_path / "out", recipe, C_FALLBACK, tmp_path / "t")
     first_pass = next(t["trial"] for t in metrics["history"] if t["passed"]) + 1
     assert inc is not None and first_pass <= inc
+
+
+# ---------------------------------------------------------------- accuracy-control and basic on small graphs
+
+
+def spread_mlp(tmp_path: Path, spread: float = 2.0 ** 7) -> tuple[Evaluator, object]:
+    """A dense MLP whose first hidden layer's units are rescaled over 1/spread..spread (the next layer divides
+    them back: the float function is unchanged), so its per-tensor output grid loses the small units; labels
+    are the float model's own argmax (fp32 accuracy 1). Saved and calibrated; its evaluator and graph."""
+    from dabuild.ir.graph import Graph
+    from dabuild.progress import Progress
+    from dabuild.quant.calibrate import calibrate
+    from test_quantize import mlp_graph
+
+    graph = mlp_graph([16, 24, 16, 10], ["relu", "relu", "none"], seed=5)
+    factor = (spread ** np.linspace(-1, 1, 24)).astype(np.float32)
+    graph.constants["w1"] = graph.constants["w1"] * factor
+    graph.constants["b1"] = graph.constants["b1"] * factor
+    graph.constants["w2"] = graph.constants["w2"] / factor[:, None]
+    x = np.random.default_rng(1).normal(size=(600, 16)).astype(np.float32)
+    graph.save(tmp_path / "graph")
+    calibrate(graph, [{"x": x[:200]}], Progress.silent()).save(tmp_path / "stats")
+    from dabuild.ir import interpreter
+
+    labels = interpreter.run(graph, {"x": x[200:]})["h3"].argmax(axis=1)
+    return Evaluator(EvalSetup(tmp_path / "graph", tmp_path / "stats", x[200:], labels, "accuracy", None, 200)), \
+        Graph.load(tmp_path / "graph")
+
+
+def run_search(evaluator: Evaluator, space: TuningSpace, strategy: str, goal: Goal, max_trials: int = 100):  # noqa: ANN201
+    from dabuild.plugins import load
+    from dabuild.progress import Progress
+    from dabuild.tune.evaluate import Scorer
+    from dabuild.tune.search import Budget, Search
+    from dabuild.tune.trials import TrialStore
+
+    search = Search(space, evaluator, Scorer(evaluator), TrialStore(None, "x"), goal, "size", Budget(max_trials),
+                    Progress.silent())
+    return search, search.run(load(STRATEGIES, strategy)())
+
+
+def test_accuracy_control_restores_the_harmful_node_in_few_full_evaluations(tmp_path: Path) -> None:
+    """Everything int8 misses (fc1's per-tensor output grid loses the small units); ranking by what restoring
+    each node alone recovers on the subset finds fc2, whose float island keeps fc1's output in float."""
+    evaluator, graph = spread_mlp(tmp_path)
+    space = build_space(graph, C_FALLBACK)
+    search, chosen = run_search(evaluator, space, "accuracy-control", Goal("relative", 0.02))
+    assert not search.trials[0].passed and search.trials[0].step == "cheapest"
+    assert chosen is not None and chosen.passed and len(search.trials) <= 3
+    assert search.harmful[0] == "fc2" and chosen.config.nodes["fc2"] == FP32
+    assert chosen.config == space.with_node(search.trials[0].config, "fc2", FP32)
+    assert search.subset_evaluations > 0 and len(search.subset_rows) == 300
+
+
+def test_accuracy_control_takes_back_restorations_no_longer_needed(tmp_path: Path) -> None:
+    """A loose goal the cheapest config already meets: one full evaluation, nothing restored."""
+    evaluator, graph = spread_mlp(tmp_path, spread=1.0)
+    space = build_space(graph, C_FALLBACK)
+    search, chosen = run_search(evaluator, space, "accuracy-control", Goal("relative", 0.05))
+    assert chosen is not None and chosen.passed and len(search.trials) == 1
+    assert "least size" in search.stop_reason and "phase cheapest" in search.stop_reason
+
+
+def test_a_goal_no_config_meets_keeps_the_best_and_names_the_most_harmful_nodes(tmp_path: Path) -> None:
+    evaluator, graph = spread_mlp(tmp_path)
+    space = build_space(graph, C)  # no float islands: fc1's output stays on one int8 grid
+    search, chosen = run_search(evaluator, space, "accuracy-control", Goal("absolute", 0.0))
+    assert chosen is not None and not chosen.passed and len(search.trials) <= 10
+    assert chosen.metric == max(t.metric for t in search.trials)
+    assert len(search.harmful_nodes()) == 3 and set(search.harmful_nodes()) == {"fc1", "fc2", "fc3"}
+
+
+def test_basic_reaches_fallback_within_the_default_budget_on_a_large_space(tmp_path: Path) -> None:
+    """onnxruntime's capability gives each node 64 integer candidates: INC's op-type-wise enumeration would
+    spend the whole budget; basic samples it within a quarter and reaches op-wise fp32 fallback, which meets
+    the goal, and its stop reason names the phase that ended it."""
+    from dabuild.capability import load_capability
+    from dabuild.resources import data_dir
+
+    evaluator, graph = spread_mlp(tmp_path)
+    space = build_space(graph, load_capability(data_dir("capabilities") / "onnxruntime.yaml"))
+    assert sum(len(node.candidates) - 1 for node in space.nodes.values()) > 100
+    search, chosen = run_search(evaluator, space, "basic", Goal("relative", 0.01))
+    steps = [t.step for t in search.trials]
+    assert steps.count("op-type-wise") <= 25 and "op-wise" in steps
+    assert chosen is not None and chosen.passed and any(c == FP32 for c in chosen.config.nodes.values())
+    assert "phase" in search.stop_reason
+
+
+def test_basic_tries_cheaper_configs_after_a_pass(tmp_path: Path) -> None:
+    """int8 passes a loose goal at once, and so does every weight at int4: basic keeps looking until every
+    layer is at the narrowest width that passes."""
+    from test_mixed_precision import INT4_CAPABILITY
+
+    evaluator, graph = spread_mlp(tmp_path, spread=1.0)
+    space = build_space(graph, INT4_CAPABILITY)
+    search, chosen = run_search(evaluator, space, "basic", Goal("relative", 0.5))
+    assert search.trials[0].passed
+    assert chosen is not None and chosen.passed and chosen.cost == space.floor("size")
+    assert all(c.weight.dtype == "int4" for c in chosen.config.nodes.values())

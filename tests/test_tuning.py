@@ -293,7 +293,7 @@ def test_timeout_stops_the_search_and_keeps_the_best_so_far(digits_stages: tuple
     recipe = digits_recipe(folder, strategy="exhaustive", accuracy=STRICT, max_trials=1000, timeout=3,
                            allow_miss=True)
     metrics = tune(digits_stages, tmp_path / "t", recipe, C)
-    assert metrics["stop_reason"] == "timeout (3 s) reached"
+    assert metrics["stop_reason"] == "timeout (3 s) reached in phase exhaustive"
     assert 1 <= metrics["trials"] < 1000 and metrics["history"]
     assert metrics["quantized"] == max(t["metric"] for t in metrics["history"]) and not metrics["goal_met"]
 

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from dabuild.recipe import Recipe, TargetSpec
 
 # Bump a stage's version when its code changes (tests/test_stage_versions.py enforces it; see pipeline/versions.py).
-STAGE_VERSIONS = {"trace": 7, "calibrate": 8, "tune": 18, "export": 13, "check": 8}
+STAGE_VERSIONS = {"trace": 8, "calibrate": 9, "tune": 19, "export": 14, "check": 9}
 
 
 @dataclass(frozen=True)
@@ -119,7 +119,7 @@ def plan(recipe: "Recipe", capabilities: dict[str, "CapabilitySpec"], targets: l
         capability = _capability_name(target)
         if capability not in tuned:
             tuned.add(capability)
-            stages.append(tune_stage_of(recipe, capabilities[capability]))
+            stages.append(tune_stage_of(recipe, capabilities[capability], target))
         stages.extend(_target_stages(recipe, target, capability))
     return stages
 
@@ -144,13 +144,16 @@ def _trace_hooks(recipe: "Recipe") -> list[dict[str, Any]]:
     return sorted(hooked, key=canonical_json)
 
 
-def tune_stage_of(recipe: "Recipe", capability: "CapabilitySpec") -> Stage:
-    """The tune stage for one capability: its config (tuning, capability, metric, data settings) and files."""
+def tune_stage_of(recipe: "Recipe", capability: "CapabilitySpec", target: "TargetSpec | None" = None) -> Stage:
+    """The tune stage for one capability: its config (tuning, capability, metric, data settings) and files.
+
+    `target`, the first recipe target built for the capability, measures the artifact size objective `size`
+    minimises (its kind, size options and packages enter the key); without one, `size` counts weight bits."""
+    from dabuild.plugins import TARGETS, load
+
+    target_class = load(TARGETS, target.kind) if target is not None else None
     evaluation = recipe.data.evaluation
-    files = {"evaluation": evaluation.source}
-    metric_source = recipe.data.metric.rpartition(":")[0]
-    if metric_source.endswith(".py"):
-        files["metric"] = recipe.base_dir / metric_source
+    files = {"evaluation": evaluation.source, **_metric_file(recipe)}
     plotting = ("matplotlib",)  # the report's plots exist only when it is installed
     # Targets of this capability with a budget (c's flash/RAM): tuning never chooses a config that overflows one.
     budgets = sorted(({"kind": t.kind, "options": t.options} for t in recipe.targets
@@ -165,14 +168,22 @@ def tune_stage_of(recipe: "Recipe", capability: "CapabilitySpec") -> Stage:
             "metric": recipe.data.metric,
             "evaluation": _data_config(evaluation),
             **({"budgets": budgets} if budgets else {}),
+            "stored_by_target": None if target is None else {"kind": target.kind, "options": {
+                key: value for key, value in target.options.items() if key in target_class.size_options}},
         },
         inputs={"graph": "trace", "stats": "calibrate"},
         files=files,
         packages=("numpy", *plotting, *(("optuna",) if recipe.tuning.strategy == "bayesian" else ()),
-                  *_cost_model_packages(recipe, capability)),
+                  *_cost_model_packages(recipe, capability), *(target_class.packages if target_class else ())),
         tools=_interpreter_tools,
         programs=_interpreter_programs,
     )
+
+
+def _metric_file(recipe: "Recipe") -> dict[str, Path]:
+    """The user's metric file, if the metric is one (`file.py:function`): tune and check read it."""
+    source = recipe.data.metric.rpartition(":")[0]
+    return {"metric": recipe.base_dir / source} if source.endswith(".py") else {}
 
 
 def _interpreter_tools() -> dict[str, str]:
@@ -233,9 +244,10 @@ def _target_stages(recipe: "Recipe", target: "TargetSpec", capability: str) -> l
             "tolerance": tolerance,
             "samples": target.check_io.samples,
             "evaluation": _data_config(evaluation),
+            "metric": recipe.data.metric,
         },
         inputs={"qgraph": f"tune:{capability}", "artifact": export.name},
-        files={"evaluation": evaluation.source},
+        files={"evaluation": evaluation.source, **_metric_file(recipe)},
         packages=("numpy", *target_class.packages),
         tools=lambda: instance().runtime_version(),
         programs=lambda: instance().programs(),

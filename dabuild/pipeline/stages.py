@@ -29,10 +29,12 @@ def stage_functions(jobs: int = 1, trials_root: Path | None = None) -> dict[str,
         from dabuild.tune.stage import tune_stage
 
         constraints = [target_of(budgeted).fits for budgeted in run.stage.config.get("budgets", [])]
+        stored_by = run.stage.config.get("stored_by_target")  # the target whose artifact size `size` counts
         tune_stage(run.stage.config, run.stage.files, run.inputs["graph"], run.inputs["stats"], run.out_dir,
                    run.progress, trials_root=trials_root, jobs=jobs,
                    keep_dir=run.build_dir / "debug" / run.stage.dirname,
-                   journal=run.build_dir / "history" / f"{run.stage.dirname}.jsonl", constraints=constraints)
+                   journal=run.build_dir / "history" / f"{run.stage.dirname}.jsonl", constraints=constraints,
+                   stored_bytes=target_of(stored_by).stored_bytes if stored_by else None)
 
     return {"trace": trace, "calibrate": calibrate, "tune": tune, "export": export, "check": check}
 
@@ -95,19 +97,22 @@ def export(run: StageRun) -> None:
 
 
 def check(run: StageRun) -> None:
-    from dabuild.data import DataFile, load_inputs
+    from dabuild.data import DataFile, load_inputs, load_labels
     from dabuild.quant.qgraph import QGraph
     from dabuild.targets.check import check_stage
+    from dabuild.tune.metric import load_metric
 
     config = run.stage.config
     target = target_of(config)
     qgraph = QGraph.load(run.inputs["qgraph"] / "qgraph")
     spec = DataFile.from_config(config["evaluation"], run.stage.files["evaluation"])
     x = next(iter(load_inputs(spec, None, qgraph.input_names).values()))
+    labels = load_labels(spec, None)
     if config["samples"] is not None:
-        x = x[: config["samples"]]
+        x, labels = x[: config["samples"]], labels[: config["samples"]]
+    metric = load_metric(config["metric"], None, run.stage.files.get("metric"))
     check_stage(target, qgraph, run.inputs["artifact"], x, config["tolerance"], run.out_dir,
-                run.build_dir / "debug" / run.stage.dirname, run.progress)
+                run.build_dir / "debug" / run.stage.dirname, run.progress, lambda outputs: metric(outputs, labels))
 
 
 def target_of(config: dict[str, Any]) -> Any:

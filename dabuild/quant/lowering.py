@@ -23,7 +23,7 @@ from dabuild.quant.config import NodeConfig, QuantChoice
 from dabuild.quant.dtypes import NAMES_TEXT, int_type, is_int_type
 from dabuild.quant.fixed_point import round_half_away
 from dabuild.quant.given import GIVEN, weight_integers
-from dabuild.quant.qgraph import QLayer, QTensor, QuantParams
+from dabuild.quant.qgraph import LAYER_TYPES, QLayer, QTensor, QuantParams
 from dabuild.registry import Registry
 
 # A range the fp32 fallback and graph inputs without a quantized consumer use.
@@ -132,6 +132,8 @@ class Lowering:
     bias_correction: bool = False  # correct weighted layers' biases for their mean weight error (bias_correction)
     given: dict[str, QuantParams] = field(default_factory=dict)  # tensors whose params the model fixes (quant/given.py)
     renames: dict[str, str] = field(default_factory=dict)  # tensor -> the name it goes by once lowered (fake_quant)
+    island: set[str] = field(default_factory=set)  # tensors that stay float32 (layers.fallback.island_tensors)
+    floats: dict[str, tuple[int, ...]] = field(default_factory=dict)  # those lowered so far: per-sample shapes
 
     @property
     def where(self) -> str:
@@ -264,6 +266,13 @@ def lowers(*ops: str, weighted: bool = False,
             LOWERINGS.add(op, Lowerer(function, roles, None if made is None else tuple(made)))
         return function
     return register
+
+
+def integer_layers(lowerer: Lowerer) -> set[str]:
+    """The integer layer types a lowering makes: those it declares, less the ones that compute in float (they
+    exist only beside float islands, which integer-only targets never get)."""
+    return {name for name in lowerer.layers or ()
+            if not getattr(LAYER_TYPES.get(name), "computes_in_float", False)}
 
 
 def quantizable_roles(op: str) -> tuple[str, ...] | None:

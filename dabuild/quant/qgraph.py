@@ -9,6 +9,10 @@ lowering adds (the input of an activation table split off a conv) carry a
 `:` suffix. Graph-level `constants` hold integer constants a layer reads (an
 addend, a concat piece) and the float constants of fp32 fallback layers.
 
+Float islands: `floats` holds the per-sample shapes of the tensors that stay
+in float32 (the inside of a float island, see `dabuild.quant.quantize`); no
+QuantParams exist for them, layers read and write them as float32 arrays.
+
 Everything a kernel needs is an integer here (integer weights, int32 biases, Q31
 multipliers with right shifts, lookup tables); the float scales stay to
 quantize inputs and dequantize outputs at the edges, and for reports. The
@@ -158,6 +162,12 @@ class QGraph:
     tensors: dict[str, QTensor]
     layers: list[QLayer]
     constants: dict[str, np.ndarray] = field(default_factory=dict)  # integer ones also have an entry in tensors
+    floats: dict[str, tuple[int, ...]] = field(default_factory=dict)  # float island tensors: per-sample shapes
+
+    @property
+    def has_float_islands(self) -> bool:
+        """Does any layer compute in float (an fp32 node, or a weighted layer writing a float island's input)?"""
+        return any(getattr(layer, "computes_in_float", False) for layer in self.layers)
 
     @property
     def input_names(self) -> list[str]:
@@ -199,6 +209,7 @@ class QGraph:
             "tensors": {name: {"shape": list(t.shape), **dataclasses.asdict(t.params)}
                         for name, t in self.tensors.items()},
             "constants": sorted(self.constants),
+            "floats": {name: list(shape) for name, shape in self.floats.items()},
             "layers": [{"name": layer.name, "op": layer.op, "inputs": layer.inputs,
                         "outputs": layer.outputs, "attrs": layer.attrs()} for layer in self.layers],
         }
@@ -228,4 +239,6 @@ class QGraph:
         layers = [LAYER_TYPES[entry["op"]](name=entry["name"], inputs=entry["inputs"], outputs=entry["outputs"],
                                            **entry["attrs"], **per_layer.get(entry["name"], {}))
                   for entry in doc["layers"]]
-        return cls(doc["input"], doc["output"], tensors, layers, {name: constants[name] for name in doc["constants"]})
+        floats = {name: tuple(shape) for name, shape in doc.get("floats", {}).items()}
+        return cls(doc["input"], doc["output"], tensors, layers, {name: constants[name] for name in doc["constants"]},
+                   floats)

@@ -3,7 +3,8 @@
 Each node is lowered by the function registered for its op (see
 `dabuild.quant.lowering` and the layer modules of `dabuild.quant.layers`),
 or, when its config is fp32 (`NodeConfig(weight=None, activation=None)`), by
-the fp32 fallback. Activation tensors get their quantization from the node
+the fp32 fallback: fp32 nodes form float islands, with quantization only at
+their boundary (`dabuild.quant.layers.fallback`). Activation tensors get their quantization from the node
 that produces them; the graph input takes the activation choice of its first
 consumer that has one. Each choice's calibration algorithm picks the range
 from the stored statistics; weights, known exactly, get theirs from a
@@ -24,7 +25,7 @@ from dabuild.quant.calibrate import Stats
 from dabuild.quant.config import QuantConfig
 from dabuild.quant.fixed_point import quantize_multiplier
 from dabuild.quant.given import given_tensor_params
-from dabuild.quant.layers.fallback import lower_fp32
+from dabuild.quant.layers.fallback import island_tensors, lower_fp32
 from dabuild.quant.lowering import (
     FLOAT_ONLY,
     LOWERINGS,
@@ -55,7 +56,8 @@ def quantize(graph: Graph, stats: Stats, config: QuantConfig, bias_correction: b
             raise BuildError(f"node {node.name!r}: op {node.op!r} has no integer lowering "
                              f"(lowered ops: {', '.join(LOWERINGS.names())}); run it in fp32 on a target that can")
 
-    ctx = Lowering(graph, stats, graph.tensor_shapes(), {}, bias_correction=bias_correction)
+    ctx = Lowering(graph, stats, graph.tensor_shapes(), {}, bias_correction=bias_correction,
+                   island=island_tensors(graph, config))
     ctx.given.update(given_tensor_params(graph, config))
     spec = graph.inputs[0]
     choice = next((config.nodes[n.name].activation for n in graph.nodes
@@ -65,7 +67,7 @@ def quantize(graph: Graph, stats: Stats, config: QuantConfig, bias_correction: b
     for node in graph.nodes:
         ctx.node, ctx.config = node, config.nodes[node.name]
         layers.extend(lower_fp32(ctx) if ctx.config.fp32 else LOWERINGS[node.op](ctx))
-    return _renamed(QGraph(spec.name, graph.outputs[0], ctx.tensors, layers, ctx.constants), ctx.renames)
+    return _renamed(QGraph(spec.name, graph.outputs[0], ctx.tensors, layers, ctx.constants, ctx.floats), ctx.renames)
 
 
 def _renamed(qgraph: QGraph, renames: dict[str, str]) -> QGraph:
@@ -81,4 +83,4 @@ def _renamed(qgraph: QGraph, renames: dict[str, str]) -> QGraph:
         layer.inputs = [final(name) for name in layer.inputs]
         layer.outputs = [final(name) for name in layer.outputs]
     tensors = {name: tensor for name, tensor in qgraph.tensors.items() if final(name) == name}
-    return QGraph(qgraph.input, final(qgraph.output), tensors, qgraph.layers, qgraph.constants)
+    return QGraph(qgraph.input, final(qgraph.output), tensors, qgraph.layers, qgraph.constants, qgraph.floats)

@@ -38,6 +38,7 @@ class Target:
     default_tolerance: ClassVar[str]   # a level of dabuild.targets.tolerance.LEVELS
     packages: ClassVar[tuple[str, ...]] = ()   # Python packages whose versions enter the export/check keys
     reference: ClassVar[str] = "integer"       # what check compares against: "integer" or "fake_quant" (see above)
+    size_options: ClassVar[tuple[str, ...]] = ()  # options that change `stored_bytes` (they enter the tune key)
 
     class Options(BaseModel):
         model_config = ConfigDict(extra="forbid")
@@ -77,6 +78,17 @@ class Target:
 
     def post_export(self, out_dir: Path) -> None:
         """Called after export with the finished artifact directory."""
+
+    def stored_bytes(self, qgraph: QGraph) -> int:
+        """Bytes the artifact of `qgraph` stores for weights and parameters: what tuning objective `size`
+        minimises for the capability this target is built for.
+
+        The default counts every array of every layer and every graph constant in the numpy type the
+        QGraph holds it in (int4 weights one a byte in int8 storage, int16-stored weights two bytes): what a
+        target that writes the arrays as they are stores. A target that packs or widens them says so.
+        """
+        arrays = [array for layer in qgraph.layers for array in layer.arrays().values()]
+        return int(sum(array.nbytes for array in [*arrays, *qgraph.constants.values()]))
 
     def export(self, qgraph: QGraph, out_dir: Path) -> None:
         """Write the artifact for `qgraph` into `out_dir`."""
@@ -125,7 +137,7 @@ def refuse_ops_without_integers(graph: Any, target: str, layer_types: Collection
     message names the target and, per op, every node using it, so one run tells the user all of it.
     """
     from dabuild.quant import layers  # noqa: F401  (registers every lowering)
-    from dabuild.quant.lowering import LOWERINGS
+    from dabuild.quant.lowering import LOWERINGS, integer_layers
 
     refused: dict[tuple[str, str], list[str]] = {}
     for node in graph.nodes:
@@ -133,7 +145,7 @@ def refuse_ops_without_integers(graph: Any, target: str, layer_types: Collection
         if lowerer is None:
             why = "no exact integer form, and this target runs no float islands"
         else:
-            missing = sorted(set(lowerer.layers or ()) - set(layer_types))
+            missing = sorted(integer_layers(lowerer) - set(layer_types))
             if not missing:
                 continue
             why = f"its integer layers ({', '.join(missing)}) have no kernel here"

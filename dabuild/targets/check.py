@@ -19,6 +19,8 @@ output differs beyond the same tolerance.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import hashlib
 import json
 import platform
@@ -160,8 +162,13 @@ def _describe(comparison: Comparison, expected: np.ndarray, actual: np.ndarray) 
 
 
 def check_stage(target: Target, qgraph: QGraph, artifact_dir: Path, x: np.ndarray, tolerance: str | None,
-                out_dir: Path, bundle_root: Path, progress: Progress) -> dict[str, Any]:
-    """Compare the artifact with the target's reference on `x` (float samples); write out_dir/report.json."""
+                out_dir: Path, bundle_root: Path, progress: Progress,
+                score: Callable[[np.ndarray], float] | None = None) -> dict[str, Any]:
+    """Compare the artifact with the target's reference on `x` (float samples); write out_dir/report.json.
+
+    With `score` (the recipe's metric on `x`'s labels), the report also gives the metric of the artifact's
+    own outputs in its runtime and of the reference's: the accuracy the artifact really delivers, which
+    may differ from the tuned one where the runtime rounds differently (onnxruntime, tract)."""
     level = tolerance or target.default_tolerance
     if level not in LEVELS:
         raise CheckError(f"unknown tolerance {level!r}; levels: {', '.join(LEVELS)}")
@@ -185,6 +192,9 @@ def check_stage(target: Target, qgraph: QGraph, artifact_dir: Path, x: np.ndarra
     report = {"target": target.kind, "tolerance": level, "reference": target.reference, "samples": int(len(inputs)),
               "output_params": {"scale": params.scale, "zero_point": params.zero_point, "dtype": params.dtype},
               **comparison.to_dict(), "runtime": _versions(target), "not_run": not_run}
+    if score is not None:
+        real = (lambda y: y) if target.reference == "fake_quant" else params.dequantize
+        report["metric"] = {"artifact": score(real(actual)), "reference": score(real(expected))}
     if comparison.ok:
         with tempfile.TemporaryDirectory(prefix="dabuild-measure-") as work:
             report.update(target.measurements(Path(artifact_dir), inputs, Path(work)))

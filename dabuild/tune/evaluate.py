@@ -118,6 +118,22 @@ class Evaluator:
         value = self.metric(outputs, self.setup.labels)
         return Score(value, relative_mse(outputs, self.float_outputs), time.perf_counter() - start)
 
+    def subset(self, rows: int) -> np.ndarray:
+        """`rows` evaluation rows spread evenly over the data (all of them if there are fewer)."""
+        total = len(self.setup.x)
+        return np.unique(np.linspace(0, total - 1, min(rows, total)).round().astype(np.int64))
+
+    def subset_baseline(self, rows: np.ndarray) -> float:
+        """The float graph's metric on the evaluation rows `rows`."""
+        return self.metric(self.float_outputs[rows], self.setup.labels[rows])
+
+    def subset_metric(self, config: QuantConfig, rows: np.ndarray) -> float:
+        """The metric of `config` on the evaluation rows `rows` only: a cheap estimate for ranking, not a trial."""
+        qgraph = self.quantize(config)
+        x, size = self.setup.x[rows], self.setup.batch_size
+        outputs = np.concatenate([run_quantized(qgraph, x[i:i + size]) for i in range(0, len(x), size)])
+        return self.metric(outputs, self.setup.labels[rows])
+
     def node_errors(self, config: QuantConfig) -> dict[str, float]:
         """Per node, the relative MSE of its output under `config` against the float graph's.
 

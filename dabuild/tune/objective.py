@@ -1,8 +1,11 @@
 """What "cheapest" means: the cost a search minimises among the configs that meet the accuracy goal.
 
-`size` (total weight bits) and `bops` (multiply-accumulates x weight bits x
-input bits) are counted from the tuning space and mean the same on every
-backend. `estimate` is the backend's own figure: a capability YAML may name a
+`size` is the bytes the target's artifact stores for weights and parameters
+(`Target.stored_bytes`: int4 packed two a byte where the target packs them,
+int16-stored weights counted as stored) when the tune stage knows the target
+it tunes for; without one (a bare `tune_stage` call) it is the total weight
+bits counted from the tuning space. `bops` (multiply-accumulates x weight bits
+x input bits) is counted from the space and means the same on every backend. `estimate` is the backend's own figure: a capability YAML may name a
 cost model (`cost_model: da4ml`), a class registered under the entry-point
 group `dabuild.cost_models` whose instances price a quantized graph
 (`model(qgraph) -> float`, in the model's `unit`, e.g. da4ml's LUTs). Where a
@@ -23,13 +26,14 @@ from typing import ClassVar, Protocol
 from dabuild import plugins
 from dabuild.capability import COST_MODELS, CapabilitySpec
 from dabuild.errors import BuildError
-from dabuild.quant.config import QuantConfig
+from dabuild.quant.config import NodeConfig, QuantConfig
 from dabuild.quant.qgraph import QGraph
-from dabuild.tune.space import TuningSpace
+from dabuild.tune.space import NodeSpace, TuningSpace
 
 ESTIMATE = "estimate"
 OBJECTIVES = ("size", "bops", ESTIMATE)
 UNITS = {"size": "bits", "bops": "bit operations"}
+StoredBytes = Callable[[QGraph], int]  # a target's `stored_bytes`
 
 
 class CostModel(Protocol):
@@ -71,7 +75,7 @@ def counted(space: TuningSpace, name: str) -> Objective:
 class Estimate:
     """A cost model over configs: each config quantized and priced once, remembered by its hash."""
 
-    def __init__(self, model: CostModel, quantize: Callable[[QuantConfig], QGraph]) -> None:
+    def __init__(self, model: Callable[[QGraph], float], quantize: Callable[[QuantConfig], QGraph]) -> None:
         self.model, self.quantize = model, quantize
         self._costs: dict[str, int] = {}
 
@@ -94,10 +98,31 @@ def load_cost_model(capability: CapabilitySpec) -> CostModel:
                          f"(is the package it needs, {error.name or 'unknown'}, installed?)") from error
 
 
+def artifact_size(space: TuningSpace, stored_bytes: StoredBytes, quantize: Callable[[QuantConfig], QGraph]) -> Objective:
+    """`size` as the artifact's bytes: each config quantized and measured by the target once (by its hash).
+
+    The floor is the bytes of every node at its fewest bits (per tensor, fewest scales, where offered), the
+    scale the default config's."""
+    cost = Estimate(stored_bytes, quantize)
+
+    def fewest(node: NodeSpace) -> NodeConfig:
+        def key(choice: NodeConfig) -> tuple[int, int, int]:
+            scales = sum(getattr(choice, role) is not None and getattr(choice, role).granularity != "per_tensor"
+                         for role in ("weight", "activation"))
+            return (node.weight_bits(choice), scales, node.candidates.index(choice))
+        return min(node.candidates, key=key)
+
+    floor = cost(QuantConfig({name: fewest(node) for name, node in space.nodes.items()}))
+    return Objective("size", "bytes", cost, floor, cost(space.default()))
+
+
 def make_objective(asked: str | None, space: TuningSpace, capability: CapabilitySpec,
-                   quantize: Callable[[QuantConfig], QGraph]) -> Objective:
-    """The recipe's objective for `capability` over `space`; `quantize` lowers a config for a cost model."""
+                   quantize: Callable[[QuantConfig], QGraph], stored_bytes: StoredBytes | None = None) -> Objective:
+    """The recipe's objective for `capability` over `space`; `quantize` lowers a config for a cost model, and
+    `stored_bytes` (the target's) measures its artifact for `size` (None: size counts weight bits)."""
     name = resolve_objective(asked, capability)
+    if name == "size" and stored_bytes is not None:
+        return artifact_size(space, stored_bytes, quantize)
     if name != ESTIMATE:
         return counted(space, name)
     model = load_cost_model(capability)

@@ -42,8 +42,10 @@ def sections(title: str, search: Search, chosen: Trial, threshold: float, plots:
     summary = Section(title, [
         f"Goal: {goal.criterion} loss of at most {goal.tolerable_loss:g} ({metric} {comparison} {threshold:.4f}): "
         + ("**met**." if chosen.passed else "**missed**; the best-found config is kept below."),
-        f"Strategy `{search.strategy_name}`, objective `{search.objective}`: {len(search.trials)} trials; "
-        f"stopped because {search.stop_reason}.",
+        f"Strategy `{search.strategy_name}`, objective `{search.objective}`: {len(search.trials)} trials"
+        + (f" and {search.subset_evaluations} scores on a {len(search.subset_rows)}-row subset"
+           if search.subset_evaluations else "") + f"; stopped because {search.stop_reason}.",
+        *([] if chosen.passed else [f"Most harmful nodes: {', '.join(search.harmful_nodes())}."]),
     ], ["", "fp32", "chosen"], [
         [metric, f"{search.baseline:.4f}", f"{chosen.metric:.4f}"],
         ["weight bits", f"{fp32_size}", f"{chosen.size} ({_percent(chosen.size, fp32_size)})"],

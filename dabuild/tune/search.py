@@ -40,6 +40,7 @@ from dabuild.tune.space import TuningSpace
 from dabuild.tune.trials import Trial, TrialStore
 
 
+SUBSET_ROWS = 300  # evaluation rows of a subset score (strategies rank by it before spending full evaluations)
 CHUNK = 32  # configs `evaluate_each` scores at once: enough for any -j, fixed so results never depend on it
 SAME_COST_TRIALS = 24  # the most trials spent on a better score at the least cost: a pass over a CNN's op types
 
@@ -92,6 +93,10 @@ class Search:
         self._start = time.monotonic()
         self._errors: dict[str, dict[str, float]] = {}
         self._scored: dict[str, tuple[Score, bool]] = {}  # scored in this run but not (yet) recorded; from store?
+        self._subset_metrics: dict[str, float] = {}
+        self.subset_rows = evaluator.subset(SUBSET_ROWS)
+        self.harmful: list[str] = []  # nodes a strategy found the most harmful, most first (named on a miss)
+        self.step = ""  # the phase the last evaluation belonged to (the stop reason names it)
 
     # ------------------------------------------------------------ what strategies read
 
@@ -141,6 +146,31 @@ class Search:
             self._errors[key] = self.evaluator.node_errors(config)
         return self._errors[key]
 
+    @property
+    def subset_evaluations(self) -> int:
+        """How many configs were scored on the subset (cheap estimates, not trials)."""
+        return len(self._subset_metrics)
+
+    def subset_metric(self, config: QuantConfig) -> float:
+        """`config`'s metric on `subset_rows` (a cheap estimate, no trial spent); remembered by config."""
+        key = config.content_hash()
+        if key not in self._subset_metrics:
+            self._check_budget()
+            self._subset_metrics[key] = self.evaluator.subset_metric(config, self.subset_rows)
+        return self._subset_metrics[key]
+
+    def subset_passes(self, config: QuantConfig) -> bool:
+        """Does `config` meet the goal on the subset, measured against the float graph on the same rows?"""
+        baseline = self.evaluator.subset_baseline(self.subset_rows)
+        return self.goal.passes(baseline, self.subset_metric(config), self.metric.higher_is_better)
+
+    def harmful_nodes(self, count: int = 3) -> list[str]:
+        """The `count` most harmful nodes: the strategy's ranking, else by per-node output MSE (default config)."""
+        if self.harmful:
+            return self.harmful[:count]
+        errors = self.node_errors()
+        return sorted(errors, key=lambda name: -errors[name])[:count]
+
     # ------------------------------------------------------------ the one thing strategies do
 
     def evaluate(self, configs: Sequence[QuantConfig], step: str, until_pass: bool = False,
@@ -149,6 +179,7 @@ class Search:
         earlier trial and costs nothing). With `until_pass`/`until_fail`, recording ends after the first
         passing/failing new trial; the rest of the batch is not recorded (though kept in the store).
         """
+        self.step = step
         self._check_budget()
         unique: dict[str, QuantConfig] = {}
         for config in configs:
@@ -172,7 +203,7 @@ class Search:
             key = config.content_hash()
             if key not in self._seen:
                 if key not in fresh:
-                    raise StopSearch(f"max_trials ({self.budget.max_trials}) reached")
+                    raise StopSearch(f"max_trials ({self.budget.max_trials}) reached in phase {step}")
                 score, cached = self._scored.pop(key)
                 trial = self._commit(config, key, score, cached=cached, step=step)
                 results.append(trial)
@@ -239,15 +270,16 @@ class Search:
     def _check_done(self) -> None:
         best = self.best()
         if self._at_floor_ends and best is not None and best.cost <= self._floor:
-            raise StopSearch(f"a passing config has the least {self.objective} the space allows")
+            raise StopSearch(f"a passing config has the least {self.objective} the space allows (phase {self.step})")
         if len(self._seen) >= self.space.total():
-            raise StopSearch("every config of the space was evaluated")
+            raise StopSearch(f"every config of the space was evaluated (phase {self.step})")
 
     def _check_budget(self) -> None:
+        phase = f" in phase {self.step}" if self.step else ""
         if len(self.trials) >= self.budget.max_trials:
-            raise StopSearch(f"max_trials ({self.budget.max_trials}) reached")
+            raise StopSearch(f"max_trials ({self.budget.max_trials}) reached{phase}")
         if self.budget.timeout and time.monotonic() - self._start > self.budget.timeout:
-            raise StopSearch(f"timeout ({self.budget.timeout:g} s) reached")
+            raise StopSearch(f"timeout ({self.budget.timeout:g} s) reached{phase}")
 
     # ------------------------------------------------------------ running a strategy
 
@@ -256,6 +288,8 @@ class Search:
         self.strategy_name = getattr(strategy, "name", type(strategy).__name__)
         try:
             strategy.search(self)  # type: ignore[attr-defined]
+            if self.step:
+                self.stop_reason = f"the strategy finished (last phase {self.step})"
         except StopSearch as stop:
             self.stop_reason = str(stop)
         best = self.best()

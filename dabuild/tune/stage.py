@@ -25,6 +25,9 @@ from dabuild.errors import BuildError
 from dabuild.progress import Progress
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from dabuild.quant.qgraph import QGraph
     from dabuild.quant.config import QuantConfig
     from dabuild.quant.qgraph import QGraph
 
@@ -41,6 +44,7 @@ def tune_stage(
     keep_dir: Path | None = None,
     journal: Path | None = None,
     constraints: Sequence[Callable[["QGraph"], str | None]] = (),
+    stored_bytes: "Callable[[QGraph], int] | None" = None,
 ) -> None:
     """Tune into `out_dir` from the stage's keyed inputs alone: `config` is the tune `Stage.config` (tuning,
     capability, metric, evaluation data settings), `files` its declared files (`evaluation`, and `metric` for a
@@ -48,7 +52,8 @@ def tune_stage(
 
     Every trial is appended to `journal` (a JSON line each) when one is given. `constraints` are the budgets
     of the targets built from this tuning: each says why a quantized graph's artifact would not fit (None:
-    it fits), and a config that does not fit is never chosen.
+    it fits), and a config that does not fit is never chosen. `stored_bytes` is the
+    target's measure of its artifact (`Target.stored_bytes`), which objective `size` minimises (None: weight bits).
     """
     from dabuild.capability import CapabilitySpec
     from dabuild.data import DataFile, load_inputs, load_labels
@@ -78,7 +83,7 @@ def tune_stage(
                                                  evaluator.metric.identity(), tuning.bias_correction))
     strategy_name = tuning.strategy or ("given" if carries_quantization(graph) else "basic")
     strategy = load(STRATEGIES, strategy_name)()
-    objective = make_objective(tuning.objective, space, capability, evaluator.quantize)
+    objective = make_objective(tuning.objective, space, capability, evaluator.quantize, stored_bytes)
     goal = Goal(tuning.accuracy.criterion, tuning.accuracy.tolerable_loss)
     where = f"tune:{capability.name}"
     progress.debug(f"{where}: {space.total()} configs in the space, strategy {strategy_name}, "
@@ -122,10 +127,14 @@ def tune_stage(
         "chosen_trial": chosen.index,
         "config_hash": chosen.config_hash,
         "size_bits": chosen.size,
+        **({"size_bytes": chosen.cost} if objective.unit == "bytes" else {}),
         "size_ratio": chosen.size / fp32_size if fp32_size else 1.0,
         "bops": chosen.bops,
         "stop_reason": search.stop_reason,
+        "subset_evaluations": search.subset_evaluations,
     }
+    if not chosen.passed:
+        metrics["most_harmful"] = search.harmful_nodes()
     (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
     if chosen.passed:
         return
@@ -137,7 +146,8 @@ def tune_stage(
     message = (f"{where}: no config meets the goal: {metric.name} must be "
                f"{'>=' if metric.higher_is_better else '<='} {threshold:.4f} (fp32 {evaluator.baseline:.4f}, "
                f"{goal.criterion} loss {goal.tolerable_loss:g}); best found: {chosen.metric:.4f} after "
-               f"{len(search.trials)} trials ({search.stop_reason})")
+               f"{len(search.trials)} trials ({search.stop_reason}); most harmful nodes: "
+               f"{', '.join(metrics['most_harmful'])}")
     if tuning.allow_miss:
         progress.info(f"{message}; kept, as tuning.allow_miss is set")
         return

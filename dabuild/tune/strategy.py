@@ -43,6 +43,22 @@ def _shared_fields(a: NodeConfig, b: NodeConfig) -> int:
     return shared
 
 
+def one_field_moves(node: NodeSpace, current: NodeConfig) -> list[NodeConfig]:
+    """The node's integer candidates that differ from `current` in exactly one field of one role (another
+    range algorithm, granularity, scheme or type): a handful, where the full product may hold hundreds."""
+    def apart(choice: NodeConfig) -> bool:
+        differences = 0
+        for x, y in ((choice.weight, current.weight), (choice.activation, current.activation)):
+            if (x is None) != (y is None):
+                return False
+            if x is not None:
+                differences += sum(getattr(x, f) != getattr(y, f) for f in ("dtype", "scheme", "granularity",
+                                                                              "algorithm"))
+        return differences == 1
+
+    return [choice for choice in node.candidates if not choice.fp32 and apart(choice)]
+
+
 def precise_choice(node: NodeSpace, current: NodeConfig) -> NodeConfig:
     """The node's safest candidate: fp32 when allowed, else the widest, closest to `current`."""
     if FP32 in node.candidates:

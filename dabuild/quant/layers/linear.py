@@ -33,7 +33,8 @@ from dabuild.quant.config import QuantChoice
 from dabuild.quant.dtypes import accumulator_max
 from dabuild.quant.fixed_point import INT32_MAX, accumulator_trace, quantize_multiplier, requantize, round_half_away
 from dabuild.quant.layers.elementwise import lookup_layer
-from dabuild.quant.lowering import Lowering, lowers
+from dabuild.quant.layers.fallback import lower_float_weighted
+from dabuild.quant.lowering import Lowering, lowers, quantize_weight
 from dabuild.quant.qgraph import QGraph, QLayer, Trace, layer_type
 
 PER_CHANNEL_MINMAX = QuantChoice("int8", "sym", "per_channel", "minmax")
@@ -155,8 +156,11 @@ class QConvTranspose(QWeighted):
 
 def _weighted_layers(ctx: Lowering, layer_class: type[QWeighted], weight: np.ndarray, bias: np.ndarray,
                      weight_choice: QuantChoice, channel_axis: int, geometry: dict[str, Any]) -> list[QLayer]:
-    """The weighted layer, and a lookup layer after it when the node fuses a table activation."""
+    """The weighted layer, and a lookup layer after it when the node fuses a table activation; a float
+    layer when only fp32 nodes read its output (it feeds a float island)."""
     node = ctx.node
+    if node.outputs[0] in ctx.island:
+        return lower_float_weighted(ctx, weight, bias, weight_choice, channel_axis)
     source = ctx.params(node.inputs[0])
     activation = node.attrs.get("activation", "none")
     activation_attrs = dict(node.attrs.get("activation_attrs", {}))
@@ -208,7 +212,7 @@ def _weight_choice(ctx: Lowering) -> QuantChoice:
     return ctx.config.weight
 
 
-@lowers("dense", weighted=True, layers=("dense", "lookup"))
+@lowers("dense", weighted=True, layers=("dense", "lookup", "float_weighted"))
 def lower_dense(ctx: Lowering) -> list[QLayer]:
     inputs = ctx.node.inputs
     weight = ctx.constant(inputs[1])
@@ -216,7 +220,7 @@ def lower_dense(ctx: Lowering) -> list[QLayer]:
     return _weighted_layers(ctx, QDense, weight, bias, _weight_choice(ctx), 1, {})
 
 
-@lowers("conv", weighted=True, layers=("conv", "lookup"))
+@lowers("conv", weighted=True, layers=("conv", "lookup", "float_weighted"))
 def lower_conv(ctx: Lowering) -> list[QLayer]:
     inputs = ctx.node.inputs
     weight = ctx.constant(inputs[1])
@@ -230,7 +234,7 @@ def lower_conv(ctx: Lowering) -> list[QLayer]:
     return _weighted_layers(ctx, QConv, weight, bias, _weight_choice(ctx), 0, geometry)
 
 
-@lowers("conv_transpose", weighted=True, layers=("conv_transpose",))
+@lowers("conv_transpose", weighted=True, layers=("conv_transpose", "float_weighted"))
 def lower_conv_transpose(ctx: Lowering) -> list[QLayer]:
     inputs = ctx.node.inputs
     attrs = OPS["conv_transpose"].resolve(ctx.node.attrs)

@@ -40,7 +40,6 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from dabuild.capability import load_capability
 from dabuild.errors import BuildError
-from dabuild.quant.layers.fallback import QFloat
 from dabuild.quant.qgraph import QGraph
 from dabuild.resources import data_dir
 from dabuild.targets.base import Target, refuse_ops_without_integers
@@ -59,10 +58,11 @@ def refuse_float_layers(qgraph: QGraph, capability_name: str) -> None:
     if capability.fp32_fallback:
         return
     for layer in qgraph.layers:
-        if isinstance(layer, QFloat):
-            raise BuildError(f"node {layer.name!r} ({layer.float_op}) is configured to run in fp32, but target "
-                             f"capability {capability.name!r} cannot run float (fp32_fallback: false); quantize "
-                             "this node or build it for a target with fp32 fallback")
+        if getattr(layer, "computes_in_float", False):
+            raise BuildError(f"node {layer.name!r} ({layer.float_op}) computes in float (a float island, or the "
+                             f"layer feeding one), but target capability {capability.name!r} cannot run float "
+                             "(fp32_fallback: false); quantize the island or build it for a target with fp32 "
+                             "fallback")
 
 
 _UNITS = {"": 1, "B": 1, "KB": 1000, "KIB": 1024, "MB": 1000**2, "MIB": 1024**2}

@@ -582,8 +582,10 @@ def _refuse(why: str) -> Converter:
 CONVERTERS.add("softmax", _refuse(
     "its integer reference divides each exponential by their sum, and da4ml has no division by a variable "
     "(end the graph at the logits: the largest logit is the predicted class)"))
-CONVERTERS.add("float", _refuse("an fp32 fallback layer runs float arithmetic, which fixed-point logic has not "
-                                "(capability 'da4ml' has no fp32 fallback)"))
+_FLOAT = _refuse("a float island's layer runs float arithmetic, which fixed-point logic has not "
+                 "(capability 'da4ml' has no fp32 fallback)")
+CONVERTERS.add("float", _FLOAT)
+CONVERTERS.add("float_weighted", _FLOAT)
 
 
 def converter_of(layer: QLayer) -> Converter:

@@ -99,6 +99,7 @@ class NnefTarget(Target):
     default_tolerance: ClassVar[str] = "approximate"
     reference: ClassVar[str] = "fake_quant"
     packages: ClassVar[tuple[str, ...]] = ("tract",)
+    size_options: ClassVar[tuple[str, ...]] = ("quantized_kernels",)
 
     class Options(Target.Options):
         quantized_kernels: bool = True  # tract's integer conv/linear where the weights are per tensor
@@ -107,6 +108,12 @@ class NnefTarget(Target):
 
     def runtime_version(self) -> dict[str, str]:
         return {"tract": str(_tract().version())}
+
+    def stored_bytes(self, qgraph: QGraph) -> int:
+        """The data of the archive's tensor files (headers aside): weights as tract reads them, dequantized
+        float32 where a layer runs fake-quant float, int8 where tract's quantized kernels do."""
+        e = build_document(qgraph, self.options.quantized_kernels)[0]
+        return int(sum(array.nbytes for array, _ in e.variables.values()))
 
     def export(self, qgraph: QGraph, out_dir: Path) -> None:
         e, source, output, traced = build_document(qgraph, self.options.quantized_kernels)

@@ -31,7 +31,7 @@ import numpy as np
 
 from dabuild.errors import BuildError
 from dabuild.quant.layers.elementwise import QAdd, QClamp, QLookup, QMul, QPrelu
-from dabuild.quant.layers.fallback import QFloat
+from dabuild.quant.layers.fallback import QFloat, QFloatWeighted
 from dabuild.quant.layers.linear import QConv, QConvTranspose, QDense, QWeighted, transposed_layout
 from dabuild.quant.layers.matmul import QMatMul
 from dabuild.quant.layers.pool import QAvgPool, QMean
@@ -62,6 +62,8 @@ def shape(e: Emitter, tensor: str) -> Shape:
     """Batch-first shape of a QGraph tensor or graph constant (constants have no batch axis of their own)."""
     if tensor in e.qgraph.constants:
         return tuple(e.qgraph.constants[tensor].shape)
+    if tensor in e.qgraph.floats:
+        return (None, *e.qgraph.floats[tensor])
     return (None, *e.qgraph.tensors[tensor].shape)
 
 
@@ -236,11 +238,26 @@ def _selection(e: Emitter, layer: QSelection, quantized_kernels: bool) -> None:
         e.set_real(output, name)
 
 
+def _island_outputs(e: Emitter, layer: QLayer, names: list[str]) -> None:
+    """A float island's results: fake-quantized where they leave the island, float inside it."""
+    for output, name in zip(layer.outputs, names):
+        e.set_real(output, name if output in e.qgraph.floats else e.fake_quant(name, e.params(output), output))
+
+
 @exports("float")
 def _float(e: Emitter, layer: QFloat, quantized_kernels: bool) -> None:
-    """fp32 fallback: the IR op on real inputs and float constants, each output fake-quantized."""
+    """A float island's node: the IR op on real inputs and float constants."""
     names = emit_float(e, layer.float_op, [e.real(name) for name in layer.inputs], layer.op_attrs,
                        [shape(e, name) for name in layer.inputs], f"{layer.outputs[0]}_float",
                        f"layer {layer.name!r}")
-    for output, name in zip(layer.outputs, names):
-        e.set_real(output, e.fake_quant(name, e.params(output), output))
+    _island_outputs(e, layer, names)
+
+
+@exports("float_weighted")
+def _float_weighted(e: Emitter, layer: QFloatWeighted, quantized_kernels: bool) -> None:
+    """A dense or conv feeding a float island: its dequantized weights and float bias, a float result."""
+    rank = len(shape(e, layer.inputs[0]))
+    bias_shape = [1] * (rank - 1) + [-1] if layer.float_op == "dense" else [1, -1]
+    inputs = [e.real(layer.inputs[0]), e.variable(f"{layer.name}_weight", layer.real_weight()),
+              e.variable(f"{layer.name}_bias", layer.bias.astype(np.float32).reshape(bias_shape))]
+    _island_outputs(e, layer, [_float_op(e, layer, layer.float_op, layer.op_attrs, inputs)])

@@ -52,10 +52,12 @@ class OnnxTarget(Target):
     default_tolerance: ClassVar[str] = "approximate"
     packages: ClassVar[tuple[str, ...]] = PACKAGES
     reference: ClassVar[str] = "fake_quant"
+    size_options: ClassVar[tuple[str, ...]] = ("opset",)
 
     class Options(Target.Options):
         opset: int | None = Field(default=None, ge=17, le=21,
-                                  description="ONNX opset of the model; default 17 (onnxruntime >= 1.13 runs it).")
+                                  description="ONNX opset of the model; default 17 (onnxruntime >= 1.13 runs it), "
+                                  "21 where weights have 4 bits or fewer (stored as INT4; onnxruntime >= 1.20).")
         threads: int = Field(default=1, ge=1, description="onnxruntime intra-op threads when checking.")
 
     options: Options
@@ -73,6 +75,12 @@ class OnnxTarget(Target):
         qdq = _import("dabuild.targets.onnx.qdq")
         model = qdq.to_qdq_onnx(qgraph, self.options.opset)
         (Path(out_dir) / MODEL_FILE).write_bytes(model.SerializeToString())
+
+    def stored_bytes(self, qgraph: QGraph) -> int:
+        """The model's initializers as stored: int8 weights a byte each, INT4 ones two a byte, int32 biases, float32
+        scales and float islands' constants."""
+        qdq = _import("dabuild.targets.onnx.qdq")
+        return qdq.initializer_bytes(qdq.to_qdq_onnx(qgraph, self.options.opset, check=False))
 
     def _run(self, model: str | bytes, artifact_dir: Path, inputs: np.ndarray,
              outputs: list[str] | None = None) -> list[np.ndarray]:

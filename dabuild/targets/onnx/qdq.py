@@ -6,15 +6,18 @@ integers, with the QGraph's scale and zero point) and the DequantizeLinear
 output the next ops read (`T` itself, so the model's output keeps the QGraph's
 name; the float graph input `x` is read as `x/real`). Weights are int8
 initializers (per tensor, or per output channel: axis 0 of a conv weight,
-axis 1 of a dense (in, out) weight) and biases int32 initializers with scale
-s_in * s_w, each behind a DequantizeLinear: the convention onnxruntime's QDQ
-optimizer fuses into its integer kernels (QLinearConv, QLinearMatMul, ...).
+axis 1 of a dense (in, out) weight) behind a DequantizeLinear, and biases as
+float32 (the int32 bias times s_in * s_w), which onnxruntime's QDQ optimizer
+quantizes back to the same int32 when it fuses the layer into its integer
+kernels (QLinearConv, QGemm, ...).
 
 The ops between are written by the float exporter's op writers
 (`dabuild.targets.onnx_float`), from an IR node rebuilt out of each layer:
 clamps fused into dense/conv become Relu or Clip at their dequantized bounds
 (quantizing clip(y) equals clamping the quantized y, so they stay exact); an
-fp32-fallback layer is its float op as it was; a lookup table becomes its
+fp32 layer (a float island's) is its float op on float inputs: integer
+ones dequantized by plain Cast/Sub/Mul, so onnxruntime's QDQ fusions cannot
+turn the island into a quantized kernel (`QdqWriter.island_read`); a lookup table becomes its
 float activation when that op with its default attributes reproduces the
 table, otherwise an exact int8 Gather from the table. The integer reference
 rounds half away from zero with Q31 multipliers, onnxruntime rounds half to
@@ -71,6 +74,8 @@ class QdqWriter:
         self.integers: dict[str, str] = {}   # tensor -> the name of its quantized values
         self._pending: list[tuple[str, str, bool]] = []  # (tensor, name written, is it already quantized)
         self._param_names: dict[str, list[str]] = {}
+        self._island_inputs: dict[str, str] = {}  # integer tensor -> its float value as islands read it
+        self.weights: list[str] = []  # the integer weights' initializers
 
     # Quantize / dequantize pairs
 
@@ -95,7 +100,7 @@ class QdqWriter:
 
     def read(self, tensor: str) -> str:
         """The float name a layer reads `tensor` by; constants become initializers on first use."""
-        if tensor not in self.real:
+        if tensor not in self.real and tensor not in self.qgraph.floats:
             values = self.qgraph.constants[tensor]
             if tensor in self.qgraph.tensors:  # an int8 constant (an addend, say): integers behind a dequantize
                 self._dequantize(tensor, self.emitter.initializer(self.emitter.fresh(f"{tensor}/int8"), values), tensor)
@@ -103,10 +108,32 @@ class QdqWriter:
                 self.real[tensor] = self.emitter.initializer(tensor, values)
         return self.real[tensor]
 
+    def island_read(self, tensor: str) -> str:
+        """The float name a float island's layer reads `tensor` by: an integer tensor is dequantized by Cast,
+        Sub and Mul, not by a DequantizeLinear, so onnxruntime's QDQ fusions (which quantize a float conv's
+        weight themselves when a DequantizeLinear feeds it and a QuantizeLinear follows) find no pattern."""
+        if tensor not in self.qgraph.tensors or tensor in self.qgraph.constants:
+            return self.read(tensor)
+        if tensor not in self._island_inputs:
+            self.read(tensor)
+            params, e = self.qgraph.tensors[tensor].params, self.emitter
+            wide, centred, real = (e.fresh(f"{tensor}/island/{part}") for part in ("cast", "centred", "real"))
+            e.add("Cast", [self.integers[tensor]], [wide], f"{tensor}/island/cast", to=TensorProto.FLOAT)
+            e.add("Sub", [wide, e.constant(float(params.zero_point), np.float32, f"{tensor}/island/zero_point")],
+                  [centred], f"{tensor}/island/centre")
+            e.add("Mul", [centred, e.constant(params.scale, np.float32, f"{tensor}/island/scale")], [real],
+                  f"{tensor}/island/scale")
+            self._island_inputs[tensor] = real
+        return self._island_inputs[tensor]
+
     def output(self, tensor: str) -> str:
-        """The name a layer writes the float value of its output `tensor` to (quantized after the layer)."""
+        """The name a layer writes the float value of its output `tensor` to (quantized after the layer, unless
+        it is a float island's tensor: that one the next float op reads as it is)."""
         name = self.emitter.fresh(f"{tensor}/float")
-        self._pending.append((tensor, name, False))
+        if tensor in self.qgraph.floats:
+            self.real[tensor] = name
+        else:
+            self._pending.append((tensor, name, False))
         return name
 
     def integer_output(self, tensor: str) -> str:
@@ -135,14 +162,28 @@ class QdqWriter:
         e = self.emitter
         scale = _scalar_or_vector(layer.weight_scale, np.float32)
         inputs = [e.initializer(e.fresh(f"{layer.name}/weight"), layer.weight),
-                  e.constant(scale, np.float32, f"{layer.name}/weight_scale"),
-                  e.constant(np.zeros_like(scale, np.int8), np.int8, f"{layer.name}/weight_zero_point")]
+                  e.constant(scale, np.float32, f"{layer.name}/weight_scale")]  # zero point: 0 by default
+        self.weights.append(inputs[0])
         real = e.fresh(f"{layer.name}/weight/real")
         e.add("DequantizeLinear", inputs, [real], f"{layer.name}/weight/dequantize", axis=axis if scale.ndim else None)
         return real
 
     def bias(self, layer: QLayer) -> str:
-        """The int32 bias behind a DequantizeLinear with scale s_in * s_w (per channel: axis 0)."""
+        """The bias as float32: the int32 bias times s_in * s_w, as a DequantizeLinear of it would compute.
+
+        onnxruntime quantizes a float bias between a dequantized input and weight back to the same int32
+        when it fuses the layer (round(b / (s_in * s_w)) recovers it: |bias| << 2**24), and adds it as it
+        is where it does not; stored like this it costs 4 bytes a channel, not 8 (int32 and a scale).
+        """
+        scale = layer.params(self.qgraph).scale * layer.weight_scale.astype(np.float32)
+        real = (layer.bias.astype(np.float32) * np.asarray(scale, np.float32)).astype(np.float32)
+        return self.emitter.initializer(self.emitter.fresh(f"{layer.name}/bias"), real)
+
+
+    def dequantized_bias(self, layer: QLayer) -> str:
+        """The int32 bias behind a DequantizeLinear with scale s_in * s_w (per channel: axis 0): the QDQ
+        pattern onnxruntime fuses into an integer kernel where it has one for the op but does not recover
+        from a float bias (ConvTranspose: a float bias leaves it a float conv, up to 2 steps off after it)."""
         e = self.emitter
         scale = _scalar_or_vector(layer.params(self.qgraph).scale * layer.weight_scale, np.float32)
         inputs = [e.initializer(e.fresh(f"{layer.name}/bias"), layer.bias.astype(np.int32)),
@@ -196,7 +237,7 @@ def _conv_transpose(w: QdqWriter, layer: Any) -> None:
         scales = transposed_layout(np.broadcast_to(layer.weight_scale.reshape(-1, *[1] * (layer.weight.ndim - 1)),
                                                    layer.weight.shape), layer.groups)
         weight = e.initializer(e.fresh(f"{layer.name}/weight/real"), (onnx_weight * scales).astype(np.float32))
-    inputs = [w.read(layer.inputs[0]), weight, w.bias(layer)]
+    inputs = [w.read(layer.inputs[0]), weight, w.dequantized_bias(layer)]
     activation = clamp_activation(layer.output_params(w.qgraph), layer.output_min, layer.output_max)
     geometry = {"strides": layer.strides, "pads": layer.pads, "dilations": layer.dilations, "groups": layer.groups,
                 "output_padding": layer.output_padding}
@@ -296,14 +337,61 @@ def _selection(w: QdqWriter, layer: Any) -> None:
 def _float(w: QdqWriter, layer: Any) -> None:
     if layer.float_op not in EXPORTERS:
         raise BuildError(f"layer {layer.name!r}: fp32 op {layer.float_op!r} has no ONNX spelling")
-    w.node(layer.float_op, layer, [w.read(name) for name in layer.inputs], layer.op_attrs)
+    w.node(layer.float_op, layer, [w.island_read(name) for name in layer.inputs], layer.op_attrs)
 
 
-def to_qdq_onnx(qgraph: QGraph, opset: int | None = None, name: str = "dabuild") -> onnx.ModelProto:
+@writes("float_weighted")
+def _float_weighted(w: QdqWriter, layer: Any) -> None:
+    """A dense or conv feeding a float island: its integer weights behind a DequantizeLinear, a float bias, and
+    a float output no QuantizeLinear follows (so no QDQ fusion can requantize it)."""
+    bias = w.emitter.initializer(w.emitter.fresh(f"{layer.name}/bias"), layer.bias.astype(np.float32))
+    w.node(layer.float_op, layer, [w.island_read(layer.inputs[0]), w.weight(layer, axis=layer.weight_axis), bias],
+           layer.op_attrs)
+
+
+INT4_OPSET = 21  # the first opset whose DequantizeLinear reads INT4 (onnxruntime >= 1.20 runs it)
+
+
+def fits_int4(values: np.ndarray) -> bool:
+    return bool(values.size) and int(values.min()) >= -8 and int(values.max()) <= 7
+
+
+def narrow_weights(qgraph: QGraph) -> bool:
+    """Does any layer hold weights of 4 bits or fewer? (An int8 weight always reaches +-127 at its peak.)"""
+    return any(isinstance(getattr(layer, "weight", None), np.ndarray) and fits_int4(layer.weight)
+               for layer in qgraph.layers)
+
+
+def _pack_int4(model: onnx.ModelProto, weights: list[str]) -> None:
+    """Weights whose integers fit int4 as INT4 initializers, two values a byte (their DequantizeLinear has no
+    zero point: 0 of the weight's own type)."""
+    import ml_dtypes  # onnx's own dependency for its 4-bit types
+
+    initializers = {tensor.name: tensor for tensor in model.graph.initializer}
+    for weight in weights:
+        values = onnx.numpy_helper.to_array(initializers[weight])
+        if fits_int4(values):
+            initializers[weight].CopyFrom(onnx.numpy_helper.from_array(values.astype(ml_dtypes.int4), weight))
+
+
+def initializer_bytes(model: onnx.ModelProto) -> int:
+    """Bytes of the model's initializers' values (raw data, or the typed fields' values)."""
+    total = 0
+    for tensor in model.graph.initializer:
+        total += len(tensor.raw_data) if tensor.raw_data else onnx.numpy_helper.to_array(tensor).nbytes
+    return total
+
+
+def to_qdq_onnx(qgraph: QGraph, opset: int | None = None, name: str = "dabuild",
+                check: bool = True) -> onnx.ModelProto:
     """The QGraph as a checked QDQ model with a dynamic batch; BuildError naming layers it cannot write.
 
     QuantizeLinear saturates to its zero point's full type, so activations must be exactly int8 or uint8
-    (opset 17 has no narrower or 16-bit types); weights of up to 8 bits are exact in int8."""
+    (opset 17 has no narrower or 16-bit types); weights of up to 8 bits are exact in int8. Weights of 4 bits
+    or fewer are INT4 initializers at opset 21 (the default opset then); at an opset asked below 21 they stay
+    in int8. `check=False` skips onnx's checker (for sizing a model nobody runs)."""
+    if opset is None and narrow_weights(qgraph):
+        opset = INT4_OPSET
     qgraph.require_dtypes("onnx", activations=[name for name in ONNX_TYPES if name != "int32"])
     missing = [f"{layer.name!r} ({layer.op})" for layer in qgraph.layers if layer.op not in WRITERS]
     if missing:
@@ -332,7 +420,10 @@ def to_qdq_onnx(qgraph: QGraph, opset: int | None = None, name: str = "dabuild")
             raise BuildError(f"onnx export: converting the model from opset {OPSET} to {opset} failed: "
                              f"{error}") from error
         model.ir_version = helper.find_min_ir_version_for(list(model.opset_import))
-    onnx.checker.check_model(model, full_check=True)
+    if (opset or OPSET) >= INT4_OPSET:
+        _pack_int4(model, writer.weights)
+    if check:
+        onnx.checker.check_model(model, full_check=True)
     return model
 
 
