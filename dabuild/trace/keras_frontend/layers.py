@@ -15,11 +15,6 @@ import numpy as np
 from dabuild.trace.keras_frontend.walk import Builder, Call, Unsupported, Value, converts
 
 
-def weights(layer: object) -> dict[str, np.ndarray]:
-    """The layer's variables by their short name (kernel, bias, gamma, moving_mean, ...), as numpy arrays."""
-    return {variable.name.split("/")[-1]: np.asarray(variable.numpy()) for variable in layer.weights}
-
-
 # ---------------------------------------------------------------- activations
 
 
@@ -129,7 +124,7 @@ def inference_identity(b: Builder, call: Call) -> Value:
 def dense(b: Builder, call: Call) -> Value:
     """Dense over the last axis, any rank: Keras's own layout."""
     x = b.keras_layout(call.inputs[0])
-    w = weights(call.layer)
+    w = call.weights
     names = [x.name, b.constant(w["kernel"], "kernel")]
     if "bias" in w:
         names.append(b.constant(w["bias"], "bias"))
@@ -157,7 +152,7 @@ def _einsum_as_dense(equation: str, kernel_shape: tuple[int, ...]) -> tuple[list
 def einsum_dense(b: Builder, call: Call) -> Value:
     """EinsumDense that is a dense over the last axis (possibly to several new axes): dense, then reshape."""
     layer = call.layer
-    w = weights(layer)
+    w = call.weights
     kernel = w["kernel"]
     free_shape, free = _einsum_as_dense(layer.equation, kernel.shape)
     x = b.keras_layout(call.inputs[0])
@@ -235,7 +230,7 @@ def _depthwise_kernel(kernel: np.ndarray) -> np.ndarray:
 def conv(b: Builder, call: Call) -> Value:
     layer = call.layer
     x = _channels_first_input(b, layer, call.inputs[0])
-    w = weights(layer)
+    w = call.weights
     y = _conv(b, layer, x, _to_oihw(w["kernel"]), w.get("bias"), int(layer.groups))
     return _spatial_output(layer, activate(b, layer, y))
 
@@ -244,7 +239,7 @@ def conv(b: Builder, call: Call) -> Value:
 def depthwise_conv(b: Builder, call: Call) -> Value:
     layer = call.layer
     x = _channels_first_input(b, layer, call.inputs[0])
-    w = weights(layer)
+    w = call.weights
     kernel = _depthwise_kernel(w["kernel"])
     y = _conv(b, layer, x, kernel, w.get("bias"), int(b.shape(x)[1]))
     return _spatial_output(layer, activate(b, layer, y))
@@ -255,7 +250,7 @@ def separable_conv(b: Builder, call: Call) -> Value:
     """A depthwise conv (no bias) then a 1x1 conv with the bias and the activation."""
     layer = call.layer
     x = _channels_first_input(b, layer, call.inputs[0])
-    w = weights(layer)
+    w = call.weights
     depthwise = _conv(b, layer, x, _depthwise_kernel(w["depthwise_kernel"]), None, int(b.shape(x)[1]))
     pointwise = _to_oihw(w["pointwise_kernel"])
     ones = [1] * (pointwise.ndim - 2)
@@ -275,7 +270,7 @@ def batch_norm(b: Builder, call: Call) -> Value:
         x = b.channels_first(x)
     if axis is None or x.axis(axis) != 1:
         raise Unsupported(f"axis {layer.axis} (only the channel axis is mapped)")
-    w = weights(layer)
+    w = call.weights
     channels = w["moving_mean"].shape[0]
     scale = w.get("gamma", np.ones(channels, np.float32))
     offset = w.get("beta", np.zeros(channels, np.float32))

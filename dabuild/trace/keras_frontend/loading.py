@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 import traceback
 from pathlib import Path
 from typing import Any
@@ -15,10 +16,13 @@ from dabuild.trace.base import user_location
 def import_keras() -> Any:
     """keras, on the torch backend unless KERAS_BACKEND already names another; UsageError if it is missing."""
     os.environ.setdefault("KERAS_BACKEND", "torch")
-    try:
+    stderr, sys.stderr = sys.stderr, sys.__stderr__  # absl's log handler (keras imports it) keeps the stream it
+    try:                                              # sees; a stage's captured stderr is gone by exit, when it closes
         import keras
     except ImportError as error:
         raise UsageError(f"the keras frontend needs keras 3 ({error}): pip install 'dabuild[keras]'") from None
+    finally:
+        sys.stderr = stderr
     if not keras.__version__.startswith("3."):
         raise UsageError(f"the keras frontend reads Keras 3 models; keras {keras.__version__} is installed")
     return keras

@@ -74,6 +74,13 @@ class Call:
     inputs: list[Value]
     args: tuple[Any, ...] = ()  # positional arguments, Keras tensors replaced by their Values
     kwargs: dict[str, Any] = field(default_factory=dict)
+    parameters: dict[str, np.ndarray] = field(default_factory=dict)  # replace the layer's variables of these names
+
+    @property
+    def weights(self) -> dict[str, np.ndarray]:
+        """The layer's variables by short name (kernel, bias, gamma, moving_mean, ...) as numpy, or `parameters`."""
+        variables = {v.name.split("/")[-1]: np.asarray(v.numpy()) for v in self.layer.weights}
+        return {**variables, **self.parameters}
 
 
 Converter = Callable[["Builder", Call], "Value | list[Value]"]
@@ -95,6 +102,7 @@ class Builder:
         self._taken = set(taken)
         self._moved: dict[tuple[str, bool], Value] = {}  # (tensor, to channels first) -> its transpose
         self.layer = "<model>"  # the layer being converted: names its nodes and its errors
+        self.given_weights: dict[str, dict[str, Any]] = {}  # constant kind -> fake_quant attrs over it (HGQ2)
 
     def fresh(self, base: str) -> str:
         return unique_name(base, self._taken)
@@ -103,11 +111,14 @@ class Builder:
         return tuple(self.specs[value.name if isinstance(value, Value) else value].shape)
 
     def constant(self, array: np.ndarray, what: str) -> str:
-        """An IR constant holding `array` (float arrays as float32)."""
+        """An IR constant holding `array` (float arrays as float32), read through a fake_quant where
+        `given_weights` names its kind: the layer came with it quantized."""
         array = np.ascontiguousarray(array, dtype=np.float32 if np.asarray(array).dtype.kind == "f" else None)
         name = self.fresh(f"{self.layer}/{what}")
         self.constants[name] = array
         self.specs[name] = TensorSpec(name, tuple(array.shape), str(array.dtype))
+        if what in self.given_weights:
+            return self.emit("fake_quant", [name], self.given_weights[what])
         return name
 
     def emit(self, op: str, inputs: Sequence[str], attrs: dict[str, Any] | None = None,
@@ -270,7 +281,7 @@ class _Walk:
 
 def convert(model: Any, shapes: dict[str, Shape], progress: Progress) -> Graph:
     """The Graph computing `model` on inputs of `shapes` (Keras layout); UsageError naming every unsupported layer."""
-    from dabuild.trace.keras_frontend import layers  # noqa: F401  (registers the converters)
+    from dabuild.trace.keras_frontend import hgq, layers  # noqa: F401  (they register the converters)
 
     names = input_names(model)
     outputs = output_names(model)
