@@ -110,7 +110,8 @@ def test_an_hgq_model_is_refused_by_layer_and_quantizer() -> None:
 def test_hgq_cnn_traces_to_what_hgq_computes() -> None:
     model = _hgq_cnn()
     graph = trace_model(model)
-    assert sum(node.op == "fake_quant" for node in graph.nodes) >= 3 + 3  # iq of each layer and each kernel
+    quantizers = sum(bool(getattr(layer, "enable_iq", False)) + hasattr(layer, "qkernel") for layer in model.layers)
+    assert sum(node.op == "fake_quant" for node in graph.nodes) == quantizers == 5  # conv, pool, dense iq; 2 kernels
     x = np.random.default_rng(1).uniform(0, 4, (16, 8, 8, 1)).astype(np.float32)
     expected = model.predict(x, verbose=0)
     for candidate in (graph, optimize(graph)):
