@@ -226,22 +226,17 @@ def _depthwise_kernel(kernel: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(moved.reshape(-1, 1, *moved.shape[2:]))
 
 
-@converts("Conv1D", "Conv2D", "Conv3D")
+@converts("Conv1D", "Conv2D", "Conv3D", "DepthwiseConv1D", "DepthwiseConv2D")
 def conv(b: Builder, call: Call) -> Value:
+    """Convolutions; a depthwise one is a conv with one group per input channel."""
     layer = call.layer
     x = _channels_first_input(b, layer, call.inputs[0])
     w = call.weights
-    y = _conv(b, layer, x, _to_oihw(w["kernel"]), w.get("bias"), int(layer.groups))
-    return _spatial_output(layer, activate(b, layer, y))
-
-
-@converts("DepthwiseConv1D", "DepthwiseConv2D")
-def depthwise_conv(b: Builder, call: Call) -> Value:
-    layer = call.layer
-    x = _channels_first_input(b, layer, call.inputs[0])
-    w = call.weights
-    kernel = _depthwise_kernel(w["kernel"])
-    y = _conv(b, layer, x, kernel, w.get("bias"), int(b.shape(x)[1]))
+    if hasattr(layer, "depth_multiplier"):
+        kernel, groups = _depthwise_kernel(w["kernel"]), int(b.shape(x)[1])
+    else:
+        kernel, groups = _to_oihw(w["kernel"]), int(layer.groups)
+    y = _conv(b, layer, x, kernel, w.get("bias"), groups)
     return _spatial_output(layer, activate(b, layer, y))
 
 
