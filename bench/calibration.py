@@ -248,6 +248,7 @@ def cnn_basic_tune(graph_dir: Path, calibration: np.ndarray, out: Path) -> tuple
     in `graph_dir`, calibrated on `calibration`; its metrics and the chosen config's per-node choices."""
     from dabuild.capability import load_capability
     from dabuild.ir.graph import Graph
+    from dabuild.pipeline.plan import tune_stage_of
     from dabuild.progress import Progress
     from dabuild.quant.calibrate import calibrate
     from dabuild.quant.config import NodeConfig, QuantConfig
@@ -259,8 +260,8 @@ def cnn_basic_tune(graph_dir: Path, calibration: np.ndarray, out: Path) -> tuple
     batches = ({"x": calibration[i:i + BATCH]} for i in range(0, len(calibration), BATCH))
     calibrate(Graph.load(graph_dir), batches, Progress.silent()).save(out / "calibrate")
     (out / "tune").mkdir()
-    tune_stage(recipe, load_capability(data_dir("capabilities") / "c.yaml"), graph_dir, out / "calibrate",
-               out / "tune", Progress.silent())
+    stage = tune_stage_of(recipe, load_capability(data_dir("capabilities") / "c.yaml"))
+    tune_stage(stage.config, stage.files, graph_dir, out / "calibrate", out / "tune", Progress.silent())
     config = QuantConfig.load(out / "tune" / "config.json")
 
     def choices(node: NodeConfig) -> str:

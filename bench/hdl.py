@@ -88,7 +88,7 @@ def dense_by_hand(x: FixedVariableArray, weight: np.ndarray, weight_scale: np.nd
 def mlp_by_hand(qgraph: QGraph, hwconf: HWConfig) -> CombLogic:
     """The tuned MLP written directly with da4ml, from its integer weights and fixed-point types."""
     inputs = FixedVariableArrayInput(qgraph.tensors[qgraph.input].shape, hwconf=hwconf)
-    x = inputs.quantize(*fixed(qgraph.input_params))
+    x = inputs.quantize(*fixed(qgraph.input_params, qgraph.input_params.qmin < 0))  # uint inputs: no sign bit
     for layer in qgraph.layers:
         x_params = qgraph.tensors[layer.inputs[0]].params
         x = dense_by_hand(x, layer.weight.astype(np.float64), np.asarray(layer.weight_scale, dtype=np.float64),

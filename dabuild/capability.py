@@ -36,7 +36,13 @@ SLUG_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 _SLUG = re.compile(SLUG_PATTERN)
 
 
+MAX_NAME = 100  # names become folder names with a prefix (export-<target>): far below a file system's 255
+
+
 def _check_slug(value: str) -> str:
+    if len(value) > MAX_NAME:
+        raise user_error(f"name of {len(value)} characters: at most {MAX_NAME} (names become file names "
+                         "inside the build directory)")
     if not _SLUG.match(value):
         raise user_error(
             f"invalid name {value!r}: use letters, digits, '.', '_' and '-', starting with a letter or digit"
@@ -193,7 +199,28 @@ def _read(path: Path) -> tuple[CapabilitySpec | None, YamlDocument | None, list[
         spec = CapabilitySpec.model_validate(data)
     except PydanticValidationError as exc:
         return None, None, diagnostics + pydantic_diagnostics(document, exc, CapabilitySpec)
+    diagnostics += _unknown_names(document, spec)
     if diagnostics:
         return None, None, diagnostics
     spec._path = path.resolve()
     return spec, document, []
+
+
+def _unknown_names(document: YamlDocument, spec: CapabilitySpec) -> list[Diagnostic]:
+    """Op types the IR does not have and dtypes dabuild cannot lower, each at its line: a misspelt name
+    would otherwise match nothing and silently leave its op on the `default` entry."""
+    from dabuild.ir.ops import OPS
+    from dabuild.quant.dtypes import type_names
+
+    found = []
+    for op, capability in spec.ops.items():
+        if op != "default" and op not in OPS:
+            message = unknown_name_message("op type", op, OPS.names()).replace("; available:", "; IR op types:")
+            found.append(document.diagnostic(("ops", op), message, key=True))
+        for role in ("weight", "activation"):
+            choices = getattr(capability, role)
+            for index, dtype in enumerate(choices.dtype if choices is not None else []):
+                if dtype not in type_names():
+                    message = unknown_name_message("dtype", dtype, type_names())
+                    found.append(document.diagnostic(("ops", op, role, "dtype", index), message))
+    return found

@@ -16,9 +16,10 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from dabuild import __version__
-from dabuild.errors import DabuildError, UsageError
-from dabuild.progress import Progress
+from dabuild import __version__, notices
+from dabuild.errors import BuildError, DabuildError, UsageError
+from dabuild.progress import Progress, human_size
+from dabuild.userpaths import PathProblem, checked_path
 
 COMMANDS = ("build", "validate", "list", "graph", "clean", "capabilities", "init", "cache", "report")
 DEFAULT_RECIPE = Path("recipe.yaml")
@@ -64,7 +65,7 @@ def _parser() -> argparse.ArgumentParser:
     recipes(clean)
     capabilities = commands.add_parser("capabilities", parents=[common], help="list the capability YAMLs found")
     recipes(capabilities)
-    init = commands.add_parser("init", parents=[common], help="write a commented starter recipe")
+    init = commands.add_parser("init", parents=[common], help="write a starter project that builds as written")
     init.add_argument("path", nargs="?", type=Path, default=DEFAULT_RECIPE)
     init.add_argument("--force", action="store_true", help="overwrite an existing file")
     report = commands.add_parser("report", parents=[common], help="print the tuning report (or open it as HTML)")
@@ -88,14 +89,37 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exit_:
         return 2 if exit_.code not in (0, None) else 0
     progress = Progress(level=0 if args.quiet else 2 if args.verbose else 1)
+    notices.print_to_stderr()
     try:
         return HANDLERS[args.command](args, progress)
     except DabuildError as error:
         print(f"dabuild: error: {error}" if "\n" not in str(error) else str(error), file=sys.stderr)
         return error.exit_code
     except KeyboardInterrupt:
-        print("dabuild: interrupted", file=sys.stderr)
-        return 130
+        return _interrupted()
+
+
+def _interrupted() -> int:
+    """One line and exit 130, however many stages and worker processes were running.
+
+    Tuning's worker processes finish their trial and exit (they ignore Ctrl-C themselves); under -j, stage
+    threads may still be running and would print after this line, so everything written after it goes to
+    /dev/null. Nothing is lost: every stage writes into a temporary folder the next build removes, and the
+    build lock dies with the process.
+    """
+    import os
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not interrupt the way out
+    print("dabuild: interrupted", file=sys.stderr, flush=True)
+    # a module still being imported (in a stage thread) has started no scorer yet
+    stop_scoring = getattr(sys.modules.get("dabuild.tune.evaluate"), "stop_scoring", None)
+    if stop_scoring is not None:
+        stop_scoring()
+    sys.stdout = sys.stderr = open(os.devnull, "w")
+    return 130
 
 
 def _recipe_paths(args: argparse.Namespace) -> list[Path]:
@@ -103,8 +127,12 @@ def _recipe_paths(args: argparse.Namespace) -> list[Path]:
     resolved = []
     for path in paths or [DEFAULT_RECIPE]:
         path = path / "recipe.yaml" if path.is_dir() else path
-        if not path.is_file():
-            raise UsageError(f"{path}: no such recipe file (write one with `dabuild init`)")
+        try:
+            checked_path(path)
+        except PathProblem as problem:
+            if str(problem).startswith("file not found"):
+                raise UsageError(f"{path}: no such recipe file (write one with `dabuild init`)") from None
+            raise UsageError(str(problem)) from None
         resolved.append(path)
     return resolved
 
@@ -166,13 +194,15 @@ def _print_summary(summary: dict, elapsed: float) -> None:
     for stage, metrics in summary["metrics"].items():
         name = metrics.get("metric", "metric")
         print(
-            f"  {stage}: {name} fp32 {metrics['fp32']:.4f} -> quantized {metrics['quantized']:.4f}"
+            f"  {stage}: {name} {'float as given' if metrics.get('given') else 'fp32'} {metrics['fp32']:.4f} -> "
+            f"quantized {metrics['quantized']:.4f}"
             f" ({metrics.get('precision', 'int8')}, goal {'met' if metrics.get('goal_met') else 'MISSED'})"
         )
     for target, report in summary["checks"].items():
         verdict = "passed" if report.get("ok") else "FAILED"
+        not_run = "".join(f"; NOT RUN: {part}" for part in report.get("not_run", []))
         print(
-            f"  check:{target}: {report.get('tolerance')} {verdict} on {report.get('samples')} samples;"
+            f"  check:{target}: {report.get('tolerance')} {verdict} on {report.get('samples')} samples{not_run};"
             f" artifact {report['artifact']}"
         )
 
@@ -240,36 +270,31 @@ def _capabilities(args: argparse.Namespace, progress: Progress) -> int:
     return 0
 
 
-STARTER = '''\
-# dabuild recipe: one file says what to build; run `dabuild` in this folder.
-# Paths are relative to this file. Reference: schemas/recipe.schema.json.
-name: my-model                      # names the build folder: build/my-model/
-model:
-  framework: numpy                  # tracer plugin; `dabuild capabilities` and the docs list the rest
-  source: model.py:build            # file.py:function (runs your code, like a Makefile) or package.module:attr
-  weights: weights.npz              # optional: source is then a factory called with the arrays
-  inputs: {x: [1, 64]}              # input names and shapes when the model cannot tell
-data:
-  calibration: {source: data.npz, x: x_train, samples: 256}
-  evaluation: {source: data.npz, x: x_test, y: y_test}
-  metric: accuracy                  # accuracy | mse
-tuning:
-  strategy: basic
-  accuracy: {criterion: relative, tolerable_loss: 0.01}
-targets:
-  - name: mcu                       # names export:mcu and check:mcu
-    kind: c                         # C99 sources with integer-only kernels
-    options: {cflags: [-O2]}
-    check_io: {tolerance: exact}    # the compiled program must match dabuild's integer reference bit for bit
-'''
+
+
+STARTER = Path(__file__).resolve().parent / "starter"  # recipe.yaml, model.py, make_data.py
 
 
 def _init(args: argparse.Namespace, progress: Progress) -> int:
-    path: Path = args.path / "recipe.yaml" if args.path.is_dir() else args.path
-    if path.exists() and not args.force:
-        raise UsageError(f"{path} exists; pass --force to overwrite it")
-    path.write_text(STARTER)
-    progress.info(f"wrote {path}; edit it, then run `dabuild validate {path}`")
+    """A project that builds as written: the starter recipe, its numpy model, and a data script, run once
+    to write data.npz and weights.npz (replace them with yours)."""
+    import subprocess
+
+    path: Path = args.path if args.path.suffix in (".yaml", ".yml") else args.path / "recipe.yaml"
+    folder = path.parent
+    files = {path: STARTER / "recipe.yaml", folder / "model.py": STARTER / "model.py",
+             folder / "make_data.py": STARTER / "make_data.py"}
+    existing = [str(target) for target in files if target.exists()]
+    if existing and not args.force:
+        raise UsageError(f"{', '.join(existing)} exist{'s' * (len(existing) == 1)}; pass --force to overwrite")
+    folder.mkdir(parents=True, exist_ok=True)
+    for target, source in files.items():
+        target.write_text(source.read_text())
+    result = subprocess.run([sys.executable, "make_data.py"], cwd=folder, capture_output=True, text=True)
+    if result.returncode:
+        raise BuildError(f"{folder / 'make_data.py'} failed: {result.stderr.strip()}")
+    progress.info(f"wrote {', '.join(str(target) for target in files)}, data.npz and weights.npz; "
+                  f"run `dabuild build {folder}`")
     return 0
 
 
@@ -290,12 +315,16 @@ def _cache(args: argparse.Namespace, progress: Progress) -> int:
 
     store = Store()
     if args.cache_command == "info":
-        info = store.info()
-        print(json.dumps({"root": str(info.root), "entries": info.entries, "bytes": info.size}, indent=2))
+        for info in store.infos():
+            print(f"{info.name:<17} {human_size(info.size):>10}  {info.entries:>6} {_ENTRY_WORDS[info.name]:<8} "
+                  f"{info.root}")
     else:
         removed, freed = store.prune(parse_size(args.max_size))
-        progress.info(f"pruned {removed} entries, freed {freed} bytes")
+        progress.info(f"pruned {removed} items, freed {human_size(freed)}; temporary files removed")
     return 0
+
+
+_ENTRY_WORDS = {"run cache": "entries", "trial store": "contexts", "compiled kernels": "libraries"}
 
 
 def _report(args: argparse.Namespace, progress: Progress) -> int:

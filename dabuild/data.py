@@ -10,6 +10,7 @@ the file and the key.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +19,27 @@ import numpy as np
 from dabuild.errors import UsageError
 
 
-def _path(spec: Any, base_dir: Path) -> Path:
-    return Path(base_dir, spec.source)
+@dataclass(frozen=True)
+class DataFile:
+    """A data spec as a stage sees it: the keyed settings (x, y, samples, batch_size) and the declared file.
+
+    The recipe's `DataSpec` has the same attributes; stages build this one from their
+    `Stage.config` and `Stage.files`, so they read nothing their key does not hold.
+    """
+
+    source: Path
+    x: str | dict[str, str] = "x"
+    y: str | None = None
+    samples: int | None = None
+    batch_size: int = 64
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any], source: Path) -> DataFile:
+        return cls(Path(source), config["x"], config.get("y"), config.get("samples"), config["batch_size"])
+
+
+def _path(spec: Any, base_dir: Path | None) -> Path:
+    return Path(spec.source) if base_dir is None else Path(base_dir, spec.source)
 
 
 def _read(path: Path, key: str) -> np.ndarray:
@@ -64,7 +84,7 @@ def _samples(array: np.ndarray, spec: Any) -> np.ndarray:
     return array if spec.samples is None else array[: spec.samples]
 
 
-def load_inputs(spec: Any, base_dir: Path, input_names: list[str]) -> dict[str, np.ndarray]:
+def load_inputs(spec: Any, base_dir: Path | None, input_names: list[str]) -> dict[str, np.ndarray]:
     """Graph input name -> float32 array (first `spec.samples` rows), all with one length."""
     path = _path(spec, base_dir)
     keys = _input_keys(spec, input_names)
@@ -76,7 +96,7 @@ def load_inputs(spec: Any, base_dir: Path, input_names: list[str]) -> dict[str, 
     return arrays
 
 
-def load_labels(spec: Any, base_dir: Path) -> np.ndarray | None:
+def load_labels(spec: Any, base_dir: Path | None) -> np.ndarray | None:
     """The labels `spec.y` (first `spec.samples` rows), or None; must match x in length."""
     if spec.y is None:
         return None

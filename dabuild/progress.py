@@ -35,6 +35,12 @@ class Progress:
         if self.level >= 2:
             self._line(message)
 
+    def status(self, message: str) -> None:
+        """A line that replaces itself on a terminal (where a long loop stands); nothing in a log."""
+        if self.live and self.level >= 1:
+            self.stream.write("\r\x1b[K" + message)
+            self.stream.flush()
+
     def _line(self, message: str) -> None:
         if self.live:
             self.stream.write("\r\x1b[K")
@@ -66,3 +72,12 @@ class Progress:
             self.stream.write("\r\x1b[K")
             self.stream.flush()
         self.debug(f"  {label}: {done} done in {elapsed:.2f}s")
+
+
+def human_size(size: float) -> str:
+    """1536 -> '1.5 KiB': sizes people read."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(size) < 1024 or unit == "TiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    raise AssertionError("unreachable")

@@ -40,10 +40,14 @@ from pydantic import ValidationError as PydanticValidationError
 from dabuild import plugins
 from dabuild.capability import CapabilitySpec, Slug, collect_capabilities
 from dabuild.errors import Diagnostic, ValidationError, unknown_name_message
+from dabuild.userpaths import PathProblem, checked_path
 from dabuild.yamlpos import YamlDocument, load_yaml, pydantic_diagnostics, require_mapping, user_error
 
 Tolerance = Literal["exact", "close", "approximate", "very", "super", "ultra"]
-PositiveInt = Annotated[int, Field(gt=0)]
+# Strict: YAML's `true` is not 1, and `2.0` samples or `"64"` rows mean a mistake, not a number.
+PositiveInt = Annotated[int, Field(gt=0, strict=True)]
+NonNegativeFloat = Annotated[float, Field(ge=0, strict=True)]
+StrictBool = Annotated[bool, Field(strict=True)]
 
 
 def _base_dir(info: ValidationInfo) -> Path:
@@ -52,19 +56,35 @@ def _base_dir(info: ValidationInfo) -> Path:
     return Path(context.get("base_dir") or Path.cwd())
 
 
-def _resolve(base_dir: Path, value: Path | str) -> Path:
-    return (base_dir / Path(value).expanduser()).resolve()
+def _readable(base_dir: Path, value: Path | str) -> Path | None:
+    """A capability file or folder the recipe lists, resolved, or None when it cannot be read."""
+    try:
+        return checked_path(base_dir / Path(value).expanduser(), folder_ok=True)
+    except PathProblem:
+        return None
+
+
+def _user_file(base_dir: Path, value: Path | str, folder_ok: bool = False) -> Path:
+    """`value` (relative to `base_dir`) resolved, if it is a regular file (or folder, when `folder_ok`):
+    no FIFO, device, symlink loop, over-long name or oversized file gets past validation (userpaths.py)."""
+    try:
+        return checked_path(Path(base_dir, Path(value).expanduser()), folder_ok, shown=str(value))
+    except PathProblem as problem:
+        message = str(problem)
+        raise user_error(f"file not found: {value}" if message.startswith("file not found") else message) from None
 
 
 def _existing_path(value: Path, info: ValidationInfo) -> Path:
-    resolved = _resolve(_base_dir(info), value)
-    if not resolved.exists():
-        raise user_error(f"file not found: {value}")
-    return resolved
+    return _user_file(_base_dir(info), value)
 
 
-# A path written relative to the recipe's folder; absolute and known to exist after validation.
+def _existing_file_or_folder(value: Path, info: ValidationInfo) -> Path:
+    return _user_file(_base_dir(info), value, folder_ok=True)
+
+
+# A file named relative to the recipe's folder; absolute, existing and regular after validation.
 ExistingPath = Annotated[Path, AfterValidator(_existing_path)]
+ExistingFileOrFolder = Annotated[Path, AfterValidator(_existing_file_or_folder)]
 
 
 def _plugin_name(group: str):
@@ -76,6 +96,14 @@ def _plugin_name(group: str):
         return name
 
     return check
+
+
+def _is_regular(path: Path) -> bool:
+    try:
+        checked_path(path)
+        return True
+    except PathProblem:
+        return False
 
 
 # ---------------------------------------------------------------- model
@@ -118,11 +146,11 @@ class ModelSpec(BaseModel):
         base = _base_dir(info)
         target, colon, name = source.rpartition(":")
         is_file = target.endswith(".py") or "/" in target or "\\" in target
-        if colon and (is_file or _PYTHON_NAME.match(target)) and not (base / source).is_file():
+        if colon and (is_file or _PYTHON_NAME.match(target)) and not _is_regular(base / source):
             if not _PYTHON_NAME.match(name):
                 raise user_error(f"model source {source!r}: {name!r} is not a Python name")
-            if is_file and not (base / target).is_file():
-                raise user_error(f"file not found: {target}")
+            if is_file:
+                _user_file(base, target)
             return source
         path = base / source
         if path.suffix == ".py":
@@ -132,8 +160,7 @@ class ModelSpec(BaseModel):
                 f"model source {source!r}: expected 'file.py:name', 'package.module:name' "
                 "or a model file with a suffix such as model.onnx"
             )
-        if not path.is_file():
-            raise user_error(f"file not found: {source}")
+        _user_file(base, source)
         return source
 
 
@@ -224,8 +251,11 @@ class DataSection(BaseModel):
             raise user_error(f"data.metric: input should be one of {METRIC_FORMS} (got {metric!r})")
         if not _PYTHON_NAME.match(name) or not (target.endswith(".py") or _PYTHON_NAME.match(target)):
             raise user_error(f"data.metric: {metric!r} is none of {METRIC_FORMS}")
-        if target.endswith(".py") and not (_base_dir(info) / target).is_file():
-            raise user_error(f"metric {metric!r}: file not found: {target}")
+        if target.endswith(".py"):
+            try:
+                checked_path(_base_dir(info) / target, shown=target)
+            except PathProblem as problem:
+                raise user_error(f"metric {metric!r}: {problem}") from None
         return metric
 
     @field_validator("evaluation")
@@ -284,7 +314,8 @@ class AccuracyGoal(BaseModel):
     criterion: Literal["relative", "absolute"] = Field(
         default="relative", description="relative: a fraction of the float score; absolute: score points."
     )
-    tolerable_loss: float = Field(default=0.01, ge=0, description="The largest accepted loss (0.01 = 1% relative).")
+    tolerable_loss: NonNegativeFloat = Field(default=0.01,
+                                             description="The largest accepted loss (0.01 = 1% relative).")
 
 
 class TuningSpec(BaseModel):
@@ -292,10 +323,14 @@ class TuningSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    strategy: str = Field(default="basic", description="An entry point of dabuild.strategies, e.g. basic.")
+    strategy: str | None = Field(
+        default=None,
+        description="An entry point of dabuild.strategies, e.g. basic. Default: given when the model carries "
+        "its own quantization (QDQ ONNX, QONNX, quantization-aware Keras layers), else basic.",
+    )
     accuracy: AccuracyGoal = Field(default_factory=AccuracyGoal, description="The goal every result must meet.")
     max_trials: PositiveInt = Field(default=100, description="Most candidate configurations to evaluate.")
-    timeout: float = Field(default=0, ge=0, description="Seconds before the search stops (0 = no limit).")
+    timeout: NonNegativeFloat = Field(default=0, description="Seconds before the search stops (0 = no limit).")
     objective: Literal["size", "bops", "estimate"] | None = Field(
         default=None,
         description="What 'cheapest' means among configs meeting the goal: size (total weight bits), bops "
@@ -303,11 +338,12 @@ class TuningSpec(BaseModel):
         "the capability names, e.g. da4ml's LUTs). Default: estimate where the capability names a cost_model, "
         "else size.",
     )
-    seed: int = Field(default=0, description="Seed of the random and bayesian strategies.")
-    allow_miss: bool = Field(
+    seed: int = Field(default=0, ge=0, lt=2**32, strict=True,
+                      description="Seed of the random and bayesian strategies (0 to 2**32 - 1).")
+    allow_miss: StrictBool = Field(
         default=False, description="Accept the best-found config when none meets the goal (else the build fails)."
     )
-    bias_correction: bool = Field(
+    bias_correction: StrictBool = Field(
         default=False,
         description="Correct each dense and conv bias for the mean output error its quantized weights cause: "
         "b - E[x] (W_q s_w - W), with the input mean E[x] per channel from the calibration statistics. "
@@ -359,13 +395,19 @@ class Recipe(BaseModel):
     model: ModelSpec = Field(description="The model to trace.")
     data: DataSection = Field(description="Calibration and evaluation data.")
     tuning: TuningSpec = Field(default_factory=TuningSpec, description="The quantization search.")
-    capabilities: list[ExistingPath] = Field(
+    capabilities: list[ExistingFileOrFolder] = Field(
         default=[], description="Extra capability YAML files (or folders of them), relative to the recipe."
     )
     targets: list[TargetSpec] = Field(min_length=1, description="Artifacts to build; at least one.")
 
     _path: Path | None = PrivateAttr(default=None)
     _base_dir: Path | None = PrivateAttr(default=None)
+    _document: YamlDocument | None = PrivateAttr(default=None)
+
+    @property
+    def document(self) -> YamlDocument | None:
+        """The recipe file as read, with every value's line: later checks report at the line to edit."""
+        return self._document
 
     @property
     def path(self) -> Path | None:
@@ -394,19 +436,21 @@ def load_recipe(path: Path | str) -> Recipe:
     except PydanticValidationError as exc:
         diagnostics += pydantic_diagnostics(document, exc, Recipe)
     listed = data.get("capabilities")
-    extra = [_resolve(base_dir, p) for p in listed if isinstance(p, str)] if isinstance(listed, list) else []
-    capabilities, problems = collect_capabilities([p for p in extra if p.exists()])
+    extra = [_readable(base_dir, p) for p in listed if isinstance(p, str)] if isinstance(listed, list) else []
+    capabilities, problems = collect_capabilities([p for p in extra if p is not None])  # the rest: pydantic's
     diagnostics += problems
     resolved, problems = _check_targets(document, data.get("targets"), base_dir, None if problems else capabilities)
     diagnostics += problems
     if recipe is not None and not problems:
         diagnostics += _check_objective(document, recipe.tuning.objective, recipe.targets, resolved, capabilities)
+    if recipe is not None:
+        diagnostics += _check_space_op_types(document, recipe.tuning.space)
     if diagnostics:
         raise ValidationError(diagnostics)
     assert recipe is not None
     for target, (options, capability, tolerance) in zip(recipe.targets, resolved):
         target.options, target.capability, target.check_io.tolerance = options, capability, tolerance
-    recipe._path, recipe._base_dir = path.resolve(), base_dir
+    recipe._path, recipe._base_dir, recipe._document = path.resolve(), base_dir, document
     return recipe
 
 
@@ -473,6 +517,18 @@ def _check_objective(document: YamlDocument, objective: str | None, targets: lis
                        f"{target.name!r}) names no cost_model; use size or bops")
             return [document.diagnostic(("tuning", "objective"), message)]
     return []
+
+
+def _check_space_op_types(document: YamlDocument, space: SpaceNarrowing) -> list[Diagnostic]:
+    """`tuning.space.op_type` keys must be IR op types: a misspelt one would narrow nothing. (What the
+    capability offers and which nodes exist is checked against the traced graph: pipeline/preflight.py.)"""
+    if not space.op_type:
+        return []
+    from dabuild.ir.ops import OPS
+
+    return [document.diagnostic(("tuning", "space", "op_type", op), unknown_name_message("op type", op, OPS.names())
+                                .replace("; available:", "; IR op types:"), key=True)
+            for op in space.op_type if op not in OPS]
 
 
 # ---------------------------------------------------------------- .npz headers

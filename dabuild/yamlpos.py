@@ -20,13 +20,16 @@ from typing import Annotated, Any, Union, get_args, get_origin
 import yaml
 
 from dabuild.errors import Diagnostic, ValidationError
+from dabuild.userpaths import PathProblem, checked_path
 
 Loc = tuple[Any, ...]
 Position = tuple[int, int]
 
 # Aliases can expand a small file into an enormous tree ("billion laughs");
-# no honest recipe comes near this many nodes.
+# no honest recipe comes near this many nodes, this depth or this size.
 MAX_NODES = 100_000
+MAX_DEPTH = 50
+MAX_YAML_BYTES = 1024**2
 
 # Errors raised by dabuild's own validators carry this pydantic error type;
 # their message is already written for the user and is shown unchanged.
@@ -71,9 +74,13 @@ def load_yaml(path: Path | str) -> YamlDocument:
     """Read one YAML document with positions; ValidationError if it cannot be read or parsed."""
     file = str(path)
     try:
+        checked_path(path, max_bytes=MAX_YAML_BYTES)
         text = Path(path).read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ValidationError([Diagnostic(file, None, None, "file not found")]) from None
+    except PathProblem as problem:
+        message = "file not found" if str(problem).startswith("file not found") else str(problem)
+        raise ValidationError([Diagnostic(file, None, None, message)]) from None
     except UnicodeDecodeError as exc:
         raise ValidationError([Diagnostic(file, None, None, f"not UTF-8 text ({exc.reason})")]) from None
     except OSError as exc:
@@ -103,12 +110,33 @@ def parse_yaml(text: str, file: str) -> YamlDocument:
 
 
 def _parse(loader_class: type, text: str, file: str) -> YamlDocument:
+    _check_depth(loader_class, text, file)
     loader = loader_class(text)
     try:
         root = loader.get_single_node()
         document = YamlDocument(file, None)
         document.data = _Builder(loader, document).build(root, ()) if root is not None else None
         return document
+    finally:
+        loader.dispose()
+
+
+def _check_depth(loader_class: type, text: str, file: str) -> None:
+    """Refuse nesting deeper than MAX_DEPTH at its line, from the event stream (composing such a tree
+    would recurse past Python's stack limit)."""
+    depth = 0
+    loader = loader_class(text)
+    try:
+        while loader.check_event():
+            event = loader.get_event()
+            if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+                depth += 1
+                if depth > MAX_DEPTH:
+                    line, col = _pos(event.start_mark)
+                    raise ValidationError([Diagnostic(file, line, col, f"nested more than {MAX_DEPTH} levels "
+                                                                       "deep; no recipe or capability needs that")])
+            elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+                depth -= 1
     finally:
         loader.dispose()
 

@@ -93,3 +93,21 @@ def test_missing_da4ml_says_how_to_install_it(tmp_path: Path, monkeypatch: pytes
     monkeypatch.setitem(sys.modules, "da4ml", None)  # import da4ml now raises ImportError
     with pytest.raises(BuildError, match=r"pip install dabuild\[hdl\]"):
         HdlTarget().export(fixed_point_mlp(), tmp_path)
+
+
+@pytest.mark.parametrize("simulate", ["auto", "never"])
+def test_check_without_the_simulation_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, simulate: str) -> None:
+    """No verilator or iverilog on PATH (an empty one): the check still passes on DAIS, and says what it did not
+    run in its report and as a warning, instead of a bare "exact passed"."""
+    from dabuild import notices
+
+    artifact = export(HdlTarget(HdlTarget.Options(simulate=simulate)), tmp_path / "artifact")
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    target = HdlTarget(HdlTarget.Options(simulate=simulate))
+    x = np.random.default_rng(11).normal(0, 2, (20, 6)).astype(np.float32)
+    with notices.collect() as warned:
+        report = check_stage(target, fixed_point_mlp(), artifact, x, None, tmp_path, tmp_path / "b", Progress.silent())
+    assert report["ok"] and len(report["not_run"]) == 1 and "RTL simulation" in report["not_run"][0]
+    assert len(warned) == 1 and "not run: RTL simulation" in warned[0] and f"simulate: {simulate}" in warned[0]
+    if simulate == "auto":
+        assert "neither verilator nor iverilog" in report["not_run"][0]

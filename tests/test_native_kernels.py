@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-import logging
+import errno
+import os
 import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from dabuild import notices
 from dabuild.ir import Graph, Node, TensorSpec
 from dabuild.ir.interpreter import Interpreter
 from dabuild.ir.kernels import native
@@ -129,21 +131,61 @@ def test_library_is_compiled_once_into_the_cache(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setenv(native.KERNEL_CACHE, str(tmp_path))
     compiler = shutil.which(native.COMPILER)
     source = "int answer(void) { return 42; }\n"
-    library = native._build(compiler, "test compiler 1.0", source)
-    assert library.parent == tmp_path and library.suffix == ".so"
+    library, scratch = native._build(compiler, "test compiler 1.0", source)
+    assert library.parent == tmp_path and library.suffix == ".so" and scratch is None
     assert [p.name for p in library.parent.iterdir()] == [library.name]  # no temporary left behind
-    built = library.stat().st_mtime_ns
-    assert native._build(compiler, "test compiler 1.0", source) == library
-    assert library.stat().st_mtime_ns == built  # loaded from the cache, not compiled again
-    assert native._build(compiler, "test compiler 2.0", source) != library  # another compiler, another library
+    built = library.stat().st_ino
+    assert native._build(compiler, "test compiler 1.0", source)[0] == library
+    assert library.stat().st_ino == built  # loaded from the cache, not compiled again
+    assert native._build(compiler, "test compiler 2.0", source)[0] != library  # another compiler, another library
 
 
-def test_no_compiler_falls_back_to_numpy_with_a_debug_note(monkeypatch: pytest.MonkeyPatch,
-                                                            caplog: pytest.LogCaptureFixture) -> None:
+def test_damaged_library_is_deleted_warned_about_and_compiled_again(monkeypatch: pytest.MonkeyPatch,
+                                                                     tmp_path: Path) -> None:
+    """A truncated library would crash the loader (bus error): it must fail its proof before it is loaded."""
+    monkeypatch.setenv(native.KERNEL_CACHE, str(tmp_path))
+    compiler = shutil.which(native.COMPILER)
+    source = "int answer(void) { return 42; }\n"
+    library, _ = native._build(compiler, "v", source)
+    good = library.read_bytes()
+    library.chmod(0o644)
+    library.write_bytes(good[: len(good) // 2])
+    with notices.collect() as warned:
+        rebuilt, _ = native._build(compiler, "v", source)
+    assert rebuilt.read_bytes() == good and rebuilt.name == library.name
+    assert len(warned) == 1 and "damaged" in warned[0] and library.name in warned[0]
+    assert [p.name for p in tmp_path.iterdir()] == [library.name]
+
+
+def test_read_only_kernel_cache_compiles_for_the_run_and_leaves_nothing(monkeypatch: pytest.MonkeyPatch,
+                                                                       tmp_path: Path) -> None:
+    cache = tmp_path / "kernels"
+    cache.mkdir()
+    monkeypatch.setenv(native.KERNEL_CACHE, str(cache))
+    monkeypatch.setattr(native, "_compile", _failing_in(cache, native._compile))
+    with notices.collect() as warned:
+        conv = native._load.__wrapped__()
+    assert conv is not None  # still the native kernels: results do not silently change backend
+    assert len(warned) == 1 and "cannot be written" in warned[0] and str(cache) in warned[0]
+    assert list(cache.iterdir()) == []
+
+
+def _failing_in(folder: Path, compile_):  # noqa: ANN001, ANN202 - wraps native._compile
+    """native._compile, but a disk full inside `folder`: the OSError the write boundary would raise there
+    (injected, as a real full disk needs a mount; tests/test_faults.py drills a real one where it can)."""
+    def compile_elsewhere(compiler: str, source: str, target: Path) -> Path:
+        if folder in target.parents:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(target))
+        return compile_(compiler, source, target)
+
+    return compile_elsewhere
+
+
+def test_no_compiler_falls_back_to_numpy_with_a_warning_naming_why(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(native, "COMPILER", "no-such-c-compiler")
-    with caplog.at_level(logging.DEBUG, logger=native.__name__):
+    with notices.collect() as warned:
         assert native._load.__wrapped__() is None
-    assert "no-such-c-compiler" in caplog.text and "numpy" in caplog.text
+    assert len(warned) == 1 and "no-such-c-compiler" in warned[0] and "numpy" in warned[0]
 
 
 def test_compile_errors_name_the_compiler(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ ort = pytest.importorskip("onnxruntime", reason="the onnx extra is not installed
 
 from dabuild.errors import BuildError  # noqa: E402
 from dabuild.ir import Graph, Node, TensorSpec  # noqa: E402
+from dabuild.ir.given import GivenQuant  # noqa: E402
 from dabuild.ir.interpreter import run  # noqa: E402
 from dabuild.ir.ops import OPS  # noqa: E402
 from dabuild.targets.onnx_float import to_onnx  # noqa: E402
@@ -108,6 +109,12 @@ CASES: dict[str, Case] = {
     "reduce_mean": Case("reduce_mean", (2, 3, 4), {"axes": [1, 2]}),
     "reduce_sum": Case("reduce_sum", (2, 3, 4), {"axes": [-1], "keepdims": False}),
     "reduce_max": Case("reduce_max", (2, 3, 4), {"axes": [1]}),
+    "fake_quant": Case("fake_quant", (2, 5, 3), GivenQuant((0.1,), (3,), 5, True).attrs()),
+    "fake_quant_half_away_narrow": Case("fake_quant", (2, 5), GivenQuant((0.25,), (0,), 4, False, narrow=True,
+                                                                         rounding="half_away").attrs()),
+    "fake_quant_to_zero": Case("fake_quant", (2, 5), GivenQuant((0.125,), (-2,), 6, True, rounding="to_zero").attrs()),
+    "fake_quant_per_channel": Case("fake_quant", (2, 3, 4), GivenQuant((0.1, 0.02, 0.5), (0, 5, -3), 8, True,
+                                                                      axis=1).attrs()),
     "clip": Case("clip", (2, 5), {"min": -0.5, "max": 0.25}),
     "clip_low_only": Case("clip", (2, 5), {"min": -0.5}),
 }

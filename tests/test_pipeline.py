@@ -173,15 +173,16 @@ def test_clean_removes_the_build_folder(digits: Path, tmp_path: Path, cache_dir:
     assert restored(summary) == ALL_STAGES
 
 
-def test_init_writes_a_recipe_that_validates_once_its_files_exist(tmp_path: Path) -> None:
-    from conftest import DIGITS
-
-    assert main(["init", str(tmp_path), "-q"]) == 0
-    assert main(["init", str(tmp_path), "-q"]) == 2  # refuses to overwrite
-    assert main(["validate", str(tmp_path), "-q"]) == 2  # model.py, data.npz... do not exist yet
-    for name in ("model.py", "weights.npz", "data.npz"):
-        shutil.copy(DIGITS / name, tmp_path / name)
-    assert main(["validate", str(tmp_path), "-q"]) == 0
+def test_init_writes_a_project_that_builds_as_written(tmp_path: Path, cache_dir: Path) -> None:
+    project = tmp_path / "project"
+    assert main(["init", str(project), "-q"]) == 0
+    assert {p.name for p in project.iterdir()} >= {"recipe.yaml", "model.py", "make_data.py", "data.npz",
+                                                   "weights.npz"}
+    assert main(["init", str(project), "-q"]) == 2  # refuses to overwrite
+    assert main(["build", str(project), "--build-dir", str(tmp_path / "build"), "-q"]) == 0
+    summary = json.loads((tmp_path / "build" / "my-model" / "build.json").read_text())
+    assert summary["checks"]["mcu"]["ok"] and summary["metrics"]["tune:c"]["goal_met"]
+    assert summary["metrics"]["tune:c"]["fp32"] > 0.9
 
 
 def test_capabilities_lists_the_bundled_c_backend(capsys: pytest.CaptureFixture) -> None:

@@ -84,3 +84,22 @@ def test_wheel_install_carries_capabilities_and_schemas(tmp_path: Path) -> None:
         [str(venv / "bin" / "python"), "-c", "from dabuild.resources import data_dir; print(data_dir('schemas'))"],
         cwd=outside, capture_output=True, text=True, check=True,
     ).stdout
+
+
+def test_readme_names_the_extras_each_example_recipe_needs() -> None:
+    """Every recipe under recipes/ is in the README's table, with the extras its framework and targets need."""
+    import yaml
+
+    text = (REPO / "README.md").read_text()
+    rows = dict(re.findall(r"^\| `(recipes/[\w-]+)` \| [^|]+ \| `([\w,]+)`", text, re.MULTILINE))
+    recipes = sorted(p.parent for p in (REPO / "recipes").glob("*/recipe.yaml"))
+    assert set(rows) == {f"recipes/{p.name}" for p in recipes}
+    by_target = {"c": set(), "onnx": {"onnx"}, "nnef": {"tract"}, "hdl": {"hdl"}}
+    for folder in recipes:
+        recipe = yaml.safe_load((folder / "recipe.yaml").read_text())
+        model = recipe["model"]
+        framework = model.get("framework") or ("onnx" if model["source"].endswith(".onnx") else "numpy")
+        needed = {"torch": {"torch"}, "onnx": {"onnx"}}.get(framework, set())
+        for target in recipe["targets"]:
+            needed |= by_target[target["kind"]]
+        assert needed <= set(rows[f"recipes/{folder.name}"].split(",")), folder.name

@@ -58,7 +58,7 @@ def test_minimal_recipe_gets_documented_defaults(folder: Path) -> None:
         "x", None, 64,
     )
     tuning = recipe.tuning
-    assert (tuning.strategy, tuning.max_trials, tuning.timeout) == ("basic", 100, 0)
+    assert (tuning.strategy, tuning.max_trials, tuning.timeout) == (None, 100, 0)  # given or basic, by the model
     assert (tuning.accuracy.criterion, tuning.accuracy.tolerable_loss) == ("relative", 0.01)
     assert recipe.capabilities == []
 

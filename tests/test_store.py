@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from dabuild.pipeline.hashing import hash_value
 from dabuild.pipeline.manifest import Manifest
 from dabuild.pipeline.store import Store
 
@@ -19,10 +20,12 @@ def _stage_folder(root: Path, content: bytes = b"weights") -> Path:
     return folder
 
 
-def _stored(tmp_path: Path, key: str = "ab" * 32, content: bytes = b"weights") -> tuple[Store, Manifest]:
+def _stored(tmp_path: Path, config: int = 1, content: bytes = b"weights") -> tuple[Store, Manifest]:
     store = Store(tmp_path / "cache")
+    parts = {"config": config}
+    key = hash_value(parts)
     folder = _stage_folder(tmp_path / key[:4], content)
-    manifest = Manifest.of_folder(folder, "trace", key, {"config": 1})
+    manifest = Manifest.of_folder(folder, "trace", key, parts)
     store.save(folder, manifest)
     return store, manifest
 
@@ -57,7 +60,7 @@ def test_corrupted_entry_is_detected_and_dropped(tmp_path: Path) -> None:
 
 def test_partial_entry_without_manifest_is_ignored_and_replaced(tmp_path: Path) -> None:
     store = Store(tmp_path / "cache")
-    key = "cd" * 32
+    key = hash_value({})
     partial = store.root / "entries" / key[:2] / key
     partial.mkdir(parents=True)
     (partial / "graph.json").write_text("half")
@@ -77,11 +80,19 @@ def test_missing_file_in_entry_fails_verification(tmp_path: Path) -> None:
     assert store.restore(manifest.key, dest) is None
 
 
-def test_prune_drops_least_recently_used_first(tmp_path: Path) -> None:
-    keys = ["11" * 32, "22" * 32, "33" * 32]
+@pytest.fixture
+def kernels(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A kernel cache of the test's own: prune covers it, and must not empty the user's."""
+    folder = tmp_path / "kernels"
+    monkeypatch.setenv("DABUILD_KERNEL_CACHE", str(folder))
+    return folder
+
+
+def test_prune_drops_least_recently_used_first(tmp_path: Path, kernels: Path) -> None:
+    keys = [hash_value({"config": n}) for n in range(3)]
     store = Store(tmp_path / "cache")
     for age, key in enumerate(keys):
-        _, manifest = _stored(tmp_path, key, content=b"x" * 1000)
+        _, manifest = _stored(tmp_path, age, content=b"x" * 1000)
         entry_manifest = store.root / "entries" / key[:2] / key / ".manifest.json"
         os.utime(entry_manifest, (1_000_000 + age, 1_000_000 + age))
     # using the oldest entry makes it the most recently used
@@ -95,7 +106,7 @@ def test_prune_drops_least_recently_used_first(tmp_path: Path) -> None:
     assert store.lookup(keys[1]) is None and store.lookup(keys[2]) is None
 
 
-def test_prune_to_zero_empties_the_store(tmp_path: Path) -> None:
+def test_prune_to_zero_empties_the_store(tmp_path: Path, kernels: Path) -> None:
     store, _ = _stored(tmp_path)
     store.prune(0)
     assert store.info().entries == 0

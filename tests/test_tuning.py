@@ -16,6 +16,7 @@ from dabuild.capability import CapabilitySpec, load_capability
 from dabuild.cli import main
 from dabuild.errors import BuildError
 from dabuild.ir.graph import Graph
+from dabuild.pipeline.plan import tune_stage_of
 from dabuild.progress import Progress
 from dabuild.quant.config import default_config
 from dabuild.recipe import Recipe, load_recipe
@@ -86,7 +87,8 @@ def tune(stages: tuple[Path, Path], out: Path, recipe: Recipe, capability: Capab
     """Run the tune stage into `out`; its metrics plus the history lines."""
     out.mkdir(parents=True)
     journal = out.parent / f"{out.name}.history.jsonl"
-    tune_stage(recipe, capability, stages[0], stages[1], out, Progress.silent(), trials, jobs, keep, journal)
+    stage = tune_stage_of(recipe, capability)
+    tune_stage(stage.config, stage.files, stages[0], stages[1], out, Progress.silent(), trials, jobs, keep, journal)
     metrics = json.loads((out / "metrics.json").read_text())
     metrics["history"] = [json.loads(line) for line in journal.read_text().splitlines()] if journal.exists() else []
     metrics["evaluated"] = sum(not t["cached"] for t in metrics["history"])
@@ -279,12 +281,13 @@ def test_timeout_stops_the_search_and_keeps_the_best_so_far(digits_stages: tuple
                                                             tmp_path: Path) -> None:
     import shutil
 
-    # a metric no config can meet: each call scores lower than the float baseline, scored first
+    # a metric no config can meet: each call scores lower than the float baseline, scored first, and takes
+    # 20 ms, so 1000 trials need 20 s and only the 3 s clock can stop the search, however fast the machine
     folder = tmp_path / "digits"
     shutil.copytree(REPO / "recipes" / "digits", folder)
     (folder / "declining.py").write_text(
-        "import itertools\n_calls = itertools.count()\n\n\ndef score(outputs, labels):\n"
-        "    return -float(next(_calls))\n")
+        "import itertools\nimport time\n_calls = itertools.count()\n\n\ndef score(outputs, labels):\n"
+        "    time.sleep(0.02)\n    return -float(next(_calls))\n")
     recipe_file = folder / "recipe.yaml"
     recipe_file.write_text(recipe_file.read_text().replace("metric: accuracy", "metric: declining.py:score"))
     recipe = digits_recipe(folder, strategy="exhaustive", accuracy=STRICT, max_trials=1000, timeout=3,
@@ -350,3 +353,21 @@ def test_metric_scores_are_what_the_integer_reference_delivers(digits_stages: tu
     qgraph = QGraph.load(tmp_path / "out" / "qgraph")
     accuracy = float(np.mean(run_quantized(qgraph, data["x_test"].astype(np.float32)).argmax(1) == data["y_test"]))
     assert metrics["quantized"] == accuracy and metrics["goal_met"]
+
+
+def test_a_terminal_sees_trial_n_of_n_the_best_so_far_and_the_time_left(
+        digits_stages: tuple[Path, Path], tmp_path: Path) -> None:
+    import io
+
+    recipe = digits_recipe(max_trials=5)
+    stage = tune_stage_of(recipe, C)
+    terminal = io.StringIO()
+    out = tmp_path / "tune"
+    out.mkdir()
+    tune_stage(stage.config, stage.files, digits_stages[0], digits_stages[1], out, Progress(terminal, live=True))
+    lines = [line for line in terminal.getvalue().split("\r\x1b[K") if line.startswith("  tune: trial")]
+    assert lines[0].startswith("  tune: trial 1 of at most 5, ") and "s left" in lines[0]
+    assert any("best accuracy 0." in line for line in lines)
+    logged = io.StringIO()  # not a terminal: no progress lines in the log
+    tune_stage(stage.config, stage.files, digits_stages[0], digits_stages[1], tmp_path, Progress(logged, live=False))
+    assert "tune: trial" not in logged.getvalue()

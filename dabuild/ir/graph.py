@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from dabuild.errors import BuildError
+from dabuild.ir.given import GivenQuant
 from dabuild.ir.npz import read_npz, write_npz
 from dabuild.ir.ops import OPS, ShapeError
 
@@ -67,6 +68,7 @@ class Graph:
     outputs: list[str]
     nodes: list[Node]  # topologically ordered
     constants: dict[str, np.ndarray]
+    given: dict[str, GivenQuant] = field(default_factory=dict)  # constant -> its upstream quantization (ir/given.py)
 
     # ------------------------------------------------------------ structure
 
@@ -120,7 +122,9 @@ class Graph:
     # ------------------------------------------------------------ files
 
     def to_json(self) -> dict[str, Any]:
+        given = {"given": {name: quant.to_json() for name, quant in sorted(self.given.items())}} if self.given else {}
         return {
+            **given,
             "format": FORMAT,
             "version": FORMAT_VERSION,
             "inputs": [spec.to_json() for spec in self.inputs],
@@ -162,6 +166,7 @@ class Graph:
             outputs=list(data["outputs"]),
             nodes=[Node.from_json(node) for node in data["nodes"]],
             constants={name: constants[name] for name in data["constants"]},
+            given={name: GivenQuant.from_attrs(attrs) for name, attrs in data.get("given", {}).items()},
         )
 
     # ------------------------------------------------------------ identity
@@ -202,6 +207,8 @@ class Graph:
             "constants": constants,
             "outputs": [rename(name) for name in self.outputs],
         }
+        if self.given:  # absent from graphs without given quantization, so their hashes stay as they were
+            form["given"] = sorted([rename(name), quant.to_json()] for name, quant in self.given.items())
         text = json.dumps(form, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()
 

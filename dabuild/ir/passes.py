@@ -16,6 +16,8 @@ from dataclasses import replace
 
 import numpy as np
 
+from dabuild.ir.given import OP as FAKE_QUANT
+from dabuild.ir.given import GivenQuant, check_given
 from dabuild.ir.graph import Graph, Node, TensorSpec
 from dabuild.ir.ops import OPS, Activation
 from dabuild.ir.ops.linear import batch_norm_affine
@@ -38,20 +40,35 @@ def remove_dead_code(graph: Graph) -> Graph:
             kept.append(node)
             needed.update(node.inputs)
     constants = {name: array for name, array in graph.constants.items() if name in needed}
-    return replace(graph, nodes=kept[::-1], constants=constants)
+    given = {name: quant for name, quant in graph.given.items() if name in constants}
+    return replace(graph, nodes=kept[::-1], constants=constants, given=given)
 
 
 def fold_constants(graph: Graph) -> Graph:
-    """Run every node whose inputs are all constants now, and keep its outputs as constants."""
+    """Run every node whose inputs are all constants now, and keep its outputs as constants.
+
+    Given quantization (ir/given.py) survives folding: a fake_quant over a
+    constant becomes a record in `Graph.given` for its result, and an identity
+    or transpose of a recorded constant carries the record along.
+    """
     constants = dict(graph.constants)
+    given = dict(graph.given)
     nodes: list[Node] = []
     for node in graph.nodes:
         if node.inputs and all(name in constants for name in node.inputs):
             results = OPS[node.op].run([constants[name] for name in node.inputs], node.attrs)
             constants.update((name, np.ascontiguousarray(array)) for name, array in zip(node.outputs, results))
+            source = given.get(node.inputs[0])
+            if node.op == FAKE_QUANT:
+                given[node.outputs[0]] = GivenQuant.from_attrs(node.attrs)
+            elif node.op == "identity" and source is not None:
+                given[node.outputs[0]] = source
+            elif node.op == "transpose" and source is not None:
+                perm = OPS["transpose"].resolve(node.attrs)["perm"] or list(range(constants[node.inputs[0]].ndim))[::-1]
+                given[node.outputs[0]] = source.transposed(perm)
         else:
             nodes.append(node)
-    return remove_dead_code(replace(graph, nodes=nodes, constants=constants))
+    return remove_dead_code(replace(graph, nodes=nodes, constants=constants, given=given))
 
 
 def _renamed(nodes: list[Node], old: str, new: str) -> list[Node]:
@@ -81,7 +98,8 @@ def remove_identities(graph: Graph) -> Graph:
             graph = replace(graph, nodes=_renamed(others, target, source))
         elif source not in interface:
             constants = {target if k == source else k: v for k, v in graph.constants.items()}
-            graph = replace(graph, nodes=_renamed(others, source, target), constants=constants)
+            given = {target if k == source else k: v for k, v in graph.given.items()}
+            graph = replace(graph, nodes=_renamed(others, source, target), constants=constants, given=given)
         else:
             kept.add(node.name)
 
@@ -247,4 +265,5 @@ def optimize(graph: Graph) -> Graph:
         if json.dumps(graph.to_json(), sort_keys=True) == before:
             break
     check_shapes(graph)
+    check_given(graph.nodes)
     return graph

@@ -10,12 +10,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dabuild import notices
 from dabuild.errors import BuildError, DabuildError, UsageError
-from dabuild.pipeline.doit_tasks import RunResult, run_stages
-from dabuild.pipeline.execute import Outcome, Session, Workspace
 from dabuild.pipeline import stamp
+from dabuild.pipeline.doit_tasks import RunResult, run_stages
+from dabuild.pipeline.execute import Outcome, Session, Workspace, write_failure
 from dabuild.pipeline.lock import BuildLock
 from dabuild.pipeline.plan import Stage, plan
+from dabuild.pipeline.preflight import preflight
 from dabuild.pipeline.stages import stage_functions
 from dabuild.pipeline.store import Store
 from dabuild.progress import Progress
@@ -38,6 +40,7 @@ class BuildSummary:
     counts: dict[str, int]
     metrics: dict[str, Any]
     checks: dict[str, Any]
+    warnings: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -47,6 +50,7 @@ class BuildSummary:
             "counts": self.counts,
             "metrics": self.metrics,
             "checks": self.checks,
+            "warnings": list(self.warnings),
         }
 
 
@@ -70,10 +74,23 @@ def stages_for(recipe: Recipe, targets: tuple[str, ...] | None) -> tuple[list[St
 
 
 def build(recipe: Recipe, options: BuildOptions, progress: Progress) -> BuildSummary:
-    """Build the recipe; raises the first stage's DabuildError (exit 1 or 2) when a stage fails."""
-    stages, capabilities = stages_for(recipe, options.targets)
-    workspace = workspace_for(recipe, options.build_root)
-    stamp_file = stamp.stamp_path(recipe.path, options.build_root, options.targets)
+    """Build the recipe; raises the first stage's DabuildError (exit 1 or 2) when a stage fails.
+
+    Warnings (a cache entry dropped, a cache that cannot be written, a check that could not run a part)
+    are printed as they happen and recorded in build.json.
+    """
+    with notices.collect() as warned:
+        stages, capabilities = stages_for(recipe, options.targets)
+        workspace = workspace_for(recipe, options.build_root)
+        stamp_file = stamp.stamp_path(recipe.path, options.build_root, options.targets)
+        try:
+            return _build_locked(recipe, options, progress, stages, capabilities, workspace, stamp_file, warned)
+        except OSError as error:  # the build folder itself: not creatable, full, read-only
+            raise BuildError(write_failure("build", error, workspace.build_dir)) from None
+
+
+def _build_locked(recipe: Recipe, options: BuildOptions, progress: Progress, stages: list[Stage],
+                  capabilities: dict, workspace: Workspace, stamp_file: Path, warned: list[str]) -> BuildSummary:
     with BuildLock(workspace.build_dir, progress):
         stamp.remove(stamp_file)
         workspace.clear_leftovers()
@@ -82,15 +99,21 @@ def build(recipe: Recipe, options: BuildOptions, progress: Progress) -> BuildSum
         session = Session(
             workspace,
             store,
-            stage_functions(recipe, capabilities, options.jobs, store.root / "trials" if store else None),
+            stage_functions(options.jobs, store.trials_root if store else None),
             progress,
         )
-        result = run_stages(stages, session, options.jobs)
+        traced = [stage for stage in stages if stage.kind == "trace"]
+        _raise_first_failure(run_stages(traced, session, options.jobs))
+        preflight(recipe, workspace.stage_dir("trace"),
+                  [capabilities[stage.name.split(":", 1)[1]] for stage in stages if stage.kind == "tune"])
+        result = run_stages([stage for stage in stages if stage.kind != "trace"], session, options.jobs)
         _raise_first_failure(result)
-        summary = _summarise(recipe, workspace, stages, session)
+        summary = _summarise(recipe, workspace, stages, session, warned)
         _link_reports(workspace, stages)
         (workspace.build_dir / "build.json").write_text(json.dumps(summary.to_json(), indent=2) + "\n")
-        stamp.write(stamp_file, _files_read(recipe, stages, capabilities), _files_written(workspace, stages), summary.to_json())
+        if not warned:  # a build that warned is not taken as a no-op next time: its warnings show again
+            stamp.write(stamp_file, _files_read(recipe, stages, capabilities), _files_written(workspace, stages),
+                        summary.to_json())
     return summary
 
 
@@ -164,7 +187,8 @@ def _raise_first_failure(result: RunResult) -> None:
     raise BuildError(f"stage {failure.stage} failed:\n{failure.message}")
 
 
-def _summarise(recipe: Recipe, workspace: Workspace, stages: list[Stage], session: Session) -> BuildSummary:
+def _summarise(recipe: Recipe, workspace: Workspace, stages: list[Stage], session: Session,
+               warned: list[str]) -> BuildSummary:
     outcomes = {s.name: session.outcomes.get(s.name, (Outcome.UP_TO_DATE, 0.0))[0].value for s in stages}
     counts = {o.value: sum(1 for v in outcomes.values() if v == o.value) for o in Outcome}
     metrics = {}
@@ -176,7 +200,7 @@ def _summarise(recipe: Recipe, workspace: Workspace, stages: list[Stage], sessio
         elif stage.kind == "check":
             checks[stage.target] = _read_json(folder / "report.json")
             checks[stage.target]["artifact"] = str(workspace.stage_dir(f"export:{stage.target}"))
-    return BuildSummary(recipe.name, workspace.build_dir, outcomes, counts, metrics, checks)
+    return BuildSummary(recipe.name, workspace.build_dir, outcomes, counts, metrics, checks, tuple(warned))
 
 
 def _read_json(path: Path) -> dict[str, Any]:

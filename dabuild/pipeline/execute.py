@@ -11,6 +11,7 @@ folder, which the next build removes.
 from __future__ import annotations
 
 import enum
+import errno
 import os
 import shutil
 import tempfile
@@ -24,7 +25,7 @@ from dabuild.errors import BuildError
 from dabuild.pipeline.manifest import Manifest
 from dabuild.pipeline.plan import Stage, cache_key, key_parts
 from dabuild.pipeline.store import Store
-from dabuild.progress import Progress
+from dabuild.progress import Progress, human_size
 
 
 class Outcome(enum.Enum):
@@ -108,6 +109,12 @@ class Session:
         return outcome
 
     def _run(self, stage: Stage) -> Outcome:
+        try:
+            return self._run_in_place(stage)
+        except OSError as error:  # the build folder (or a scratch folder) failed to take the outputs
+            raise BuildError(write_failure(stage.name, error, self.workspace.build_dir)) from None
+
+    def _run_in_place(self, stage: Stage) -> Outcome:
         inputs = self.input_manifests(stage)
         parts = key_parts(stage, {role: m.digest for role, m in inputs.items()})
         key = cache_key(parts)
@@ -140,5 +147,28 @@ class Session:
                 self.store.save(tmp, manifest)
             self.workspace.publish(tmp, stage)
             return Outcome.EXECUTED
+        except OSError as error:
+            written = sum(p.stat().st_size for p in tmp.rglob("*") if p.is_file()) if tmp.is_dir() else 0
+            raise BuildError(write_failure(stage.name, error, self.workspace.build_dir, written)) from None
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+NO_ROOM = (errno.ENOSPC, errno.EDQUOT)
+
+
+def write_failure(stage: str, error: OSError, build_dir: Path, written: int | None = None) -> str:
+    """What a user can act on when writing failed: which path, and for a full disk, how much room is
+    there and how much the stage had written when it ran out (it needs more than that)."""
+    path = Path(error.filename) if error.filename else build_dir
+    if error.errno not in NO_ROOM:
+        return f"{stage}: {path}: {error.strerror or error}"
+    folder = path if path.is_dir() else path.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    try:
+        free = human_size(shutil.disk_usage(folder).free)
+    except OSError:
+        free = "unknown"
+    needed = f"; it had written {human_size(written)} and needs more: free at least that much" if written else ""
+    return f"{stage}: no space left on the device of {path} ({free} free){needed}, or choose another --build-dir"

@@ -13,14 +13,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from dabuild import __version__
-from dabuild.pipeline.hashing import hash_file, hash_value
+from dabuild.pipeline.hashing import canonical_json, hash_file, hash_value
 
 if TYPE_CHECKING:
     from dabuild.capability import CapabilitySpec
     from dabuild.recipe import Recipe, TargetSpec
 
-# Bump a stage's version when its implementation changes what it writes.
-STAGE_VERSIONS = {"trace": 2, "calibrate": 4, "tune": 12, "export": 8, "check": 3}
+# Bump a stage's version when its code changes (tests/test_stage_versions.py enforces it; see pipeline/versions.py).
+STAGE_VERSIONS = {"trace": 4, "calibrate": 5, "tune": 14, "export": 9, "check": 4}
 
 
 @dataclass(frozen=True)
@@ -119,13 +119,13 @@ def plan(recipe: "Recipe", capabilities: dict[str, "CapabilitySpec"], targets: l
         capability = _capability_name(target)
         if capability not in tuned:
             tuned.add(capability)
-            stages.append(_tune_stage(recipe, capabilities[capability]))
+            stages.append(tune_stage_of(recipe, capabilities[capability]))
         stages.extend(_target_stages(recipe, target, capability))
     return stages
 
 
-def _trace_hooks(recipe: "Recipe") -> list[str]:
-    """Target kinds whose `pre_trace`/`post_trace` hooks run in the trace stage.
+def _trace_hooks(recipe: "Recipe") -> list[dict[str, Any]]:
+    """The targets (kind and options) whose `pre_trace`/`post_trace` hooks run in the trace stage.
 
     They enter the trace key, so a recipe with a hooked target never reuses a trace
     made without its hooks; the built-in targets have none, so their recipes share traces.
@@ -133,15 +133,18 @@ def _trace_hooks(recipe: "Recipe") -> list[str]:
     from dabuild.plugins import TARGETS, load
     from dabuild.targets.base import Target
 
-    hooked = set()
+    hooked = []
     for target in recipe.targets:
         cls = load(TARGETS, target.kind)
         if cls.pre_trace is not Target.pre_trace or cls.post_trace is not Target.post_trace:
-            hooked.add(target.kind)
-    return sorted(hooked)
+            hook = {"kind": target.kind, "options": target.options}
+            if hook not in hooked:
+                hooked.append(hook)
+    return sorted(hooked, key=canonical_json)
 
 
-def _tune_stage(recipe: "Recipe", capability: "CapabilitySpec") -> Stage:
+def tune_stage_of(recipe: "Recipe", capability: "CapabilitySpec") -> Stage:
+    """The tune stage for one capability: its config (tuning, capability, metric, data settings) and files."""
     evaluation = recipe.data.evaluation
     files = {"evaluation": evaluation.source}
     metric_source = recipe.data.metric.rpartition(":")[0]

@@ -1,100 +1,117 @@
 """Adapters from a `StageRun` to the stage functions of trace/, quant/, tune/ and targets/.
 
-Each adapter reads its inputs' folders, calls the library function, and writes
-into `run.out_dir`. They see the recipe only through the build's `Recipe` object;
-everything they read is also declared in the stage's plan (see plan.py), which is
-what keeps the cache sound.
+Each adapter reads exactly what the stage's cache key holds: `run.stage.config`
+(its part of the recipe, canonical JSON), `run.stage.files` (the user files it
+declares, by role), and its input stages' folders; it writes into `run.out_dir`.
+No adapter sees the `Recipe`, the recipe's folder or the working directory, so an
+output can depend on nothing the key leaves out (tests/test_stage_keys.py builds
+a recipe twice with everything unkeyed changed and compares the outputs byte for byte).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
 from dabuild.pipeline.execute import StageFunction, StageRun
 
-if TYPE_CHECKING:
-    from dabuild.capability import CapabilitySpec
-    from dabuild.recipe import Recipe
 
-
-def stage_functions(recipe: "Recipe", capabilities: dict[str, "CapabilitySpec"], jobs: int = 1,
-                    trials_root: Path | None = None) -> dict[str, StageFunction]:
-    """The function run for each stage kind of this recipe's build.
+def stage_functions(jobs: int = 1, trials_root: Path | None = None) -> dict[str, StageFunction]:
+    """The function run for each stage kind.
 
     `jobs` processes score tuning trials; `trials_root` is the run cache's trial
     store (None with --no-cache: tuning then remembers nothing between runs).
+    Neither changes what a stage writes.
     """
-
-    def trace(run: StageRun) -> None:
-        from dabuild.ir.graph import Graph
-        from dabuild.trace.base import trace_stage
-
-        hooked = [_target(recipe, t.name) for t in recipe.targets if t.kind in run.stage.config["hooks"]]
-        for target in hooked:
-            target.pre_trace(recipe.model)
-        trace_stage(recipe.model, recipe.base_dir, run.out_dir, run.progress)
-        if hooked:
-            graph = Graph.load(run.out_dir)
-            for target in hooked:
-                target.post_trace(graph)
-
-    def calibrate(run: StageRun) -> None:
-        from dabuild.data import batches, load_inputs
-        from dabuild.ir.graph import Graph
-        from dabuild.quant.calibrate import calibrate as calibrate_graph
-
-        graph = Graph.load(run.inputs["graph"])
-        spec = recipe.data.calibration
-        arrays = load_inputs(spec, recipe.base_dir, [t.name for t in graph.inputs])
-        stats = calibrate_graph(graph, batches(arrays, spec.batch_size), run.progress)
-        stats.save(run.out_dir)
 
     def tune(run: StageRun) -> None:
         from dabuild.tune.stage import tune_stage
 
-        capability = capabilities[run.stage.name.split(":", 1)[1]]
-        tune_stage(recipe, capability, run.inputs["graph"], run.inputs["stats"], run.out_dir, run.progress,
-                   trials_root=trials_root, jobs=jobs, keep_dir=run.build_dir / "debug" / run.stage.dirname,
+        tune_stage(run.stage.config, run.stage.files, run.inputs["graph"], run.inputs["stats"], run.out_dir,
+                   run.progress, trials_root=trials_root, jobs=jobs,
+                   keep_dir=run.build_dir / "debug" / run.stage.dirname,
                    journal=run.build_dir / "history" / f"{run.stage.dirname}.jsonl")
-
-    def export(run: StageRun) -> None:
-        from dabuild.quant.qgraph import QGraph
-
-        target = _target(recipe, run.stage.target)
-        target.export(QGraph.load(run.inputs["qgraph"] / "qgraph"), run.out_dir)
-        target.post_export(run.out_dir)
-
-    def check(run: StageRun) -> None:
-        from dabuild.data import load_inputs
-        from dabuild.quant.qgraph import QGraph
-        from dabuild.targets.check import check_stage
-
-        target = _target(recipe, run.stage.target)
-        qgraph = QGraph.load(run.inputs["qgraph"] / "qgraph")
-        spec = recipe.data.evaluation
-        samples = run.stage.config["samples"]
-        arrays = load_inputs(spec, recipe.base_dir, qgraph.input_names)
-        x = next(iter(arrays.values()))
-        if samples is not None:
-            x = x[:samples]
-        check_stage(
-            target,
-            qgraph,
-            run.inputs["artifact"],
-            x,
-            run.stage.config["tolerance"],
-            run.out_dir,
-            run.build_dir / "debug" / run.stage.dirname,
-            run.progress,
-        )
 
     return {"trace": trace, "calibrate": calibrate, "tune": tune, "export": export, "check": check}
 
 
-def _target(recipe: "Recipe", name: str | None):  # noqa: ANN202 - returns the plugin's Target subclass
+@dataclass(frozen=True)
+class ModelInput:
+    """The model as the trace stage sees it (the recipe's ModelSpec has the same attributes).
+
+    `source` is `<declared file>:<entry>`, the declared model file, or `package.module:attr`.
+    """
+
+    framework: str | None
+    source: str
+    weights: Path | None
+    inputs: dict[str, list[int | None]] | None
+
+
+def model_input(config: dict[str, Any], files: dict[str, Path]) -> ModelInput:
+    source_file, entry = files.get("source"), config["entry"]
+    if source_file is None:
+        source = entry
+    else:
+        source = f"{source_file}:{entry}" if entry else str(source_file)
+    return ModelInput(config["framework"], source, files.get("weights"), config["inputs"])
+
+
+def trace(run: StageRun) -> None:
+    from dabuild.ir.graph import Graph
+    from dabuild.trace.base import trace_stage
+
+    model = model_input(run.stage.config, run.stage.files)
+    hooked = [target_of(hook) for hook in run.stage.config["hooks"]]
+    for target in hooked:
+        target.pre_trace(model)
+    trace_stage(model, None, run.out_dir, run.progress)
+    if hooked:
+        graph = Graph.load(run.out_dir)
+        for target in hooked:
+            target.post_trace(graph)
+
+
+def calibrate(run: StageRun) -> None:
+    from dabuild.data import DataFile, batches, load_inputs
+    from dabuild.ir.graph import Graph
+    from dabuild.quant.calibrate import calibrate as calibrate_graph
+
+    graph = Graph.load(run.inputs["graph"])
+    spec = DataFile.from_config(run.stage.config, run.stage.files["data"])
+    arrays = load_inputs(spec, None, [t.name for t in graph.inputs])
+    stats = calibrate_graph(graph, batches(arrays, spec.batch_size), run.progress)
+    stats.save(run.out_dir)
+
+
+def export(run: StageRun) -> None:
+    from dabuild.quant.qgraph import QGraph
+
+    target = target_of(run.stage.config)
+    target.export(QGraph.load(run.inputs["qgraph"] / "qgraph"), run.out_dir)
+    target.post_export(run.out_dir)
+
+
+def check(run: StageRun) -> None:
+    from dabuild.data import DataFile, load_inputs
+    from dabuild.quant.qgraph import QGraph
+    from dabuild.targets.check import check_stage
+
+    config = run.stage.config
+    target = target_of(config)
+    qgraph = QGraph.load(run.inputs["qgraph"] / "qgraph")
+    spec = DataFile.from_config(config["evaluation"], run.stage.files["evaluation"])
+    x = next(iter(load_inputs(spec, None, qgraph.input_names).values()))
+    if config["samples"] is not None:
+        x = x[: config["samples"]]
+    check_stage(target, qgraph, run.inputs["artifact"], x, config["tolerance"], run.out_dir,
+                run.build_dir / "debug" / run.stage.dirname, run.progress)
+
+
+def target_of(config: dict[str, Any]) -> Any:
+    """The target plugin a stage's config names by `kind`, with its validated `options`."""
     from dabuild.plugins import TARGETS, load
 
-    spec = next(t for t in recipe.targets if t.name == name)
-    target_class = load(TARGETS, spec.kind)
-    return target_class(target_class.Options.model_validate(spec.options))
+    target_class = load(TARGETS, config["kind"])
+    return target_class(target_class.Options.model_validate(config["options"]))

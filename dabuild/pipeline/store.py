@@ -3,12 +3,18 @@
 Layout: `<root>/v1/entries/<key[:2]>/<key>/` holds the stage's files and a
 manifest of their hashes. An entry is built in `<root>/v1/tmp/` and renamed into
 place, so a reader sees a whole entry or none. Stored files are made read-only
-because restores hardlink them into build folders; every restore re-hashes the
-files, and an entry that fails is dropped so the stage is rebuilt.
+because restores hardlink them into build folders.
+
+Every entry proves itself before use: a restore re-hashes the files against the
+manifest and the manifest's key parts against the key; an entry that fails is
+dropped, the stage is rebuilt, and the user is warned once. A cache that cannot
+be written (full, read-only) is used for reading only, with one warning: the
+build goes on without storing, and leaves nothing temporary behind.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import stat
@@ -16,6 +22,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from dabuild.notices import warn
+from dabuild.pipeline.hashing import hash_value
 from dabuild.pipeline.manifest import MANIFEST, Manifest
 
 LAYOUT = "v1"
@@ -37,6 +45,16 @@ class StoreInfo:
     root: Path
     entries: int
     size: int
+    name: str = "run cache"
+
+
+@dataclass(frozen=True)
+class _Item:
+    """One prunable thing of any store: a run-cache entry, a trial context, a compiled kernel."""
+
+    path: Path
+    size: int
+    used: float  # last use (mtime), the least recently used go first
 
 
 class Store:
@@ -44,6 +62,7 @@ class Store:
         self.root = (root or default_root()) / LAYOUT
         self._entries = self.root / "entries"
         self._tmp = self.root / "tmp"
+        self.writable = True  # until a write fails: then the build goes on without storing
 
     def _entry(self, key: str) -> Path:
         return self._entries / key[:2] / key
@@ -56,34 +75,69 @@ class Store:
     def restore(self, key: str, dest: Path) -> Manifest | None:
         """Link or copy the entry's files into the empty folder `dest` and verify them.
 
-        Returns None, after dropping the entry, when it is missing pieces or its
-        files no longer match their hashes; `dest` is then left for the caller to discard.
+        Returns None, after dropping the entry and warning once, when it is missing
+        pieces, its manifest does not hash to its key, or its files no longer match
+        their hashes; `dest` is then left for the caller to discard.
         """
         entry = self._entry(key)
         manifest = self.lookup(key)
         if manifest is None:
             return None
-        if not manifest.matches(entry, deep=True):
+        problem = self._disproof(entry, manifest)
+        if problem is not None:
+            warn(f"run cache entry {key[:12]} ({manifest.stage}) {problem}; dropped, the stage runs again",
+                 key=f"entry {key}")
             self.drop(key)
             return None
-        for name in manifest.files:
-            target = dest / name
-            target.parent.mkdir(parents=True, exist_ok=True)
-            try:
-                os.link(entry / name, target)
-            except OSError:
-                shutil.copy2(entry / name, target)
-        os.utime(entry / MANIFEST)  # the entry's mtime records its last use, for pruning
+        try:
+            for name in manifest.files:
+                target = dest / name
+                target.parent.mkdir(parents=True, exist_ok=True)
+                try:
+                    os.link(entry / name, target)
+                except OSError:
+                    shutil.copy2(entry / name, target)
+        except OSError as error:
+            if error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
+                raise  # the build folder cannot take the files: the build reports that, naming it
+            # the entry vanished meanwhile (a concurrent prune) or cannot be read: rebuild
+            warn(f"run cache entry {key[:12]} ({manifest.stage}) could not be read ({error.strerror}); "
+                 "the stage runs again", key=f"entry {key}")
+            return None
+        try:
+            os.utime(entry / MANIFEST)  # the entry's mtime records its last use, for pruning
+        except OSError:
+            pass  # a read-only cache: its entries are still good to read
         return manifest
 
+    @staticmethod
+    def _disproof(entry: Path, manifest: Manifest) -> str | None:
+        """Why the entry cannot be trusted, or None when its manifest and files prove it."""
+        if hash_value(manifest.parts) != manifest.key:
+            return "has a manifest that does not hash to its key"
+        for name, info in manifest.files.items():
+            path = entry / name
+            if not path.is_file() or path.is_symlink():
+                return f"is missing {name}"
+            if path.stat().st_size != info["size"]:
+                return f"has {name} of the wrong size"
+        if not manifest.matches(entry, deep=True):
+            return "has files that do not match their hashes"
+        return None
+
     def save(self, folder: Path, manifest: Manifest) -> None:
-        """Copy a finished stage folder into the store under `manifest.key`."""
-        final = self._entry(manifest.key)
-        if self.lookup(manifest.key) is not None:
+        """Copy a finished stage folder into the store under `manifest.key`.
+
+        A failure to write (disk full, read-only, no permission) is warned about once
+        and turns storing off for the rest of the build; the build itself goes on.
+        """
+        if not self.writable or self.lookup(manifest.key) is not None:
             return
-        self._tmp.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=manifest.key[:12] + "-", dir=self._tmp))
+        final = self._entry(manifest.key)
+        staging: Path | None = None
         try:
+            self._tmp.mkdir(parents=True, exist_ok=True)
+            staging = Path(tempfile.mkdtemp(prefix=manifest.key[:12] + "-", dir=self._tmp))
             for name in manifest.files:
                 target = staging / name
                 target.parent.mkdir(parents=True, exist_ok=True)
@@ -94,44 +148,83 @@ class Store:
             if final.exists():  # a partial or stale entry under this key: replace it
                 self.drop(manifest.key)
             os.rename(staging, final)
-        except OSError:
-            pass  # another process stored the same key first, or the disk is full: the build goes on
+        except OSError as error:
+            if self.lookup(manifest.key) is None:  # not merely another process storing the same key first
+                self.writable = False
+                warn(f"the run cache {self.root} cannot be written ({error.strerror or error}); "
+                     "building without storing results in it")
         finally:
-            shutil.rmtree(staging, ignore_errors=True, onerror=_make_writable)
+            if staging is not None:
+                shutil.rmtree(staging, ignore_errors=True, onerror=_make_writable)
 
     def drop(self, key: str) -> None:
-        _remove_tree(self._entry(key))
+        try:
+            _remove_tree(self._entry(key))
+        except OSError:
+            pass  # a read-only cache keeps its bad entry; it fails its proof again next time
+
+    @property
+    def trials_root(self) -> Path:
+        """The trial store (dabuild/tune/trials.py) lives inside the run cache, and is pruned with it."""
+        return self.root / "trials"
 
     def _all_entries(self) -> list[Path]:
-        if not self._entries.is_dir():
-            return []
-        return [entry for shard in self._entries.iterdir() for entry in shard.iterdir()]
+        return _children(self._entries, depth=2)
 
     def info(self) -> StoreInfo:
         entries = self._all_entries()
         return StoreInfo(self.root, len(entries), sum(_tree_size(e) for e in entries))
 
-    def prune(self, max_size: int) -> tuple[int, int]:
-        """Drop least recently used entries (and stale temporaries) until at most `max_size` bytes remain.
+    def infos(self) -> list[StoreInfo]:
+        """Every store dabuild keeps: the run cache, the trial store and the compiled kernels."""
+        from dabuild.ir.kernels.native import kernel_dir, kernel_files
 
-        Returns (entries removed, bytes freed).
+        trials = _children(self.trials_root, depth=2)
+        kernels = kernel_files()
+        return [self.info(),
+                StoreInfo(self.trials_root, len(trials), sum(_tree_size(t) for t in trials), "trial store"),
+                StoreInfo(kernel_dir(), len(kernels), sum(k.stat().st_size for k in kernels), "compiled kernels")]
+
+    def prune(self, max_size: int) -> tuple[int, int]:
+        """Remove every store's temporaries, then its least recently used items (run-cache entries, trial
+        contexts, compiled kernels, oldest first across all) until at most `max_size` bytes remain.
+
+        Returns (items removed, bytes freed).
         """
-        _remove_tree(self._tmp)
-        entries = []
-        for entry in self._all_entries():
-            manifest_path = entry / MANIFEST
-            used = manifest_path.stat().st_mtime if manifest_path.exists() else 0.0
-            entries.append((used, _tree_size(entry), entry))
-        total = sum(size for _, size, _ in entries)
+        from dabuild.ir.kernels.native import kernel_files, kernel_temporaries
+        from dabuild.tune.trials import trial_temporaries
+
+        for leftover in [self._tmp, *trial_temporaries(self.trials_root), *kernel_temporaries()]:
+            _remove_tree(leftover)
+        items = [_Item(entry, _tree_size(entry), _mtime(entry / MANIFEST)) for entry in self._all_entries()]
+        items += [_Item(context, _tree_size(context), _mtime(context))
+                  for context in _children(self.trials_root, depth=2)]
+        items += [_Item(kernel, kernel.stat().st_size, _mtime(kernel)) for kernel in kernel_files()]
+        total = sum(item.size for item in items)
         removed = freed = 0
-        for _, size, entry in sorted(entries, key=lambda e: e[0]):
+        for item in sorted(items, key=lambda item: item.used):
             if total <= max_size:
                 break
-            _remove_tree(entry)
-            total -= size
+            _remove_tree(item.path)
+            total -= item.size
             removed += 1
-            freed += size
+            freed += item.size
         return removed, freed
+
+
+def _children(root: Path, depth: int) -> list[Path]:
+    """The folders `depth` levels below `root` (entries sit in two-character shards)."""
+    level = [root] if root.is_dir() else []
+    for _ in range(depth):
+        level = [child for folder in level for child in folder.iterdir() if child.is_dir()]
+    return level
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
 
 
 def _tree_size(root: Path) -> int:
@@ -145,5 +238,7 @@ def _make_writable(function, path, _excinfo) -> None:  # noqa: ANN001 - shutil's
 
 
 def _remove_tree(root: Path) -> None:
-    if root.exists():
+    if root.is_dir() and not root.is_symlink():
         shutil.rmtree(root, onerror=_make_writable)
+    elif root.exists() or root.is_symlink():
+        root.unlink()

@@ -22,6 +22,7 @@ from dabuild.quant.calibrate import Stats
 from dabuild.quant.config import NodeConfig, QuantChoice
 from dabuild.quant.dtypes import NAMES_TEXT, int_type, is_int_type
 from dabuild.quant.fixed_point import round_half_away
+from dabuild.quant.given import GIVEN, weight_integers
 from dabuild.quant.qgraph import QLayer, QTensor, QuantParams
 from dabuild.registry import Registry
 
@@ -129,6 +130,8 @@ class Lowering:
     node: Node = field(default=None)  # type: ignore[assignment]  # the node being lowered (None: the graph input)
     config: NodeConfig = field(default=None)  # type: ignore[assignment]
     bias_correction: bool = False  # correct weighted layers' biases for their mean weight error (bias_correction)
+    given: dict[str, QuantParams] = field(default_factory=dict)  # tensors whose params the model fixes (quant/given.py)
+    renames: dict[str, str] = field(default_factory=dict)  # tensor -> the name it goes by once lowered (fake_quant)
 
     @property
     def where(self) -> str:
@@ -163,13 +166,27 @@ class Lowering:
         return np.asarray(self.graph.constants[tensor])
 
     def calibrated(self, tensor: str, choice: QuantChoice | None = None) -> QuantParams:
-        """Params of `tensor` from the range the choice's calibration algorithm derives (default: the node's)."""
+        """Params of `tensor` from the range the choice's calibration algorithm derives (default: the node's);
+        the model's own where it gives them."""
+        if tensor in self.given:
+            return self.given[tensor]
         choice = choice or self.config.activation
+        if choice.algorithm == GIVEN:  # a tensor of a given node the model did not quantize (a fused table's input)
+            choice = QuantChoice(choice.dtype, choice.scheme, choice.granularity, "minmax")
         if tensor not in self.stats.ranges:
             raise BuildError(f"{self.where}: no calibration range for tensor {tensor!r}; recalibrate with this graph")
         require(choice, self.where, scheme=("asym", "sym", POWER_OF_TWO), granularity=("per_tensor",))
         low, high = self.stats.range(tensor, choice.algorithm, range_scheme(choice.scheme), choice.dtype)
         return activation_params(low, high, choice, self.where)
+
+    def weight_integers(self, weight: np.ndarray, choice: QuantChoice, channel_axis: int,
+                        ) -> tuple[np.ndarray, np.ndarray]:
+        """The node's integer weights and scales: the model's own where it gives them (Graph.given), else as
+        `choice` quantizes them."""
+        given = self.graph.given.get(self.node.inputs[1]) if self.node.op in ("dense", "conv") else None
+        if given is not None:
+            return weight_integers(weight, given, channel_axis, self.where)
+        return quantize_weight(weight, choice, self.where, channel_axis)
 
     def output(self, tensor: str, params: QuantParams, like: str | None = None) -> None:
         """Declare a lowered output tensor (shaped like the float tensor `like`, by default itself)."""

@@ -9,7 +9,10 @@ consumer that has one. Each choice's calibration algorithm picks the range
 from the stored statistics; weights, known exactly, get theirs from a
 histogram of the weight itself. With `bias_correction`, each dense and conv
 bias also absorbs the mean error its quantized weights add on the calibration
-data (see `dabuild.quant.bias_correction`).
+data (see `dabuild.quant.bias_correction`). Quantization the model gives
+(`dabuild.ir.given`) replaces calibration where it is given: a tensor a
+fake_quant node reads takes that node's parameters, a weight recorded in
+`Graph.given` its integers and scales (see `dabuild.quant.given`).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from dabuild.quant import layers  # noqa: F401  (registers every lowering)
 from dabuild.quant.calibrate import Stats
 from dabuild.quant.config import QuantConfig
 from dabuild.quant.fixed_point import quantize_multiplier
+from dabuild.quant.given import given_tensor_params
 from dabuild.quant.layers.fallback import lower_fp32
 from dabuild.quant.lowering import LOWERINGS, MINMAX_INT8, Lowering, activation_params, quantize_weight
 from dabuild.quant.qgraph import QGraph, QLayer, QTensor
@@ -42,6 +46,7 @@ def quantize(graph: Graph, stats: Stats, config: QuantConfig, bias_correction: b
                              f"(lowered ops: {', '.join(LOWERINGS.names())}); run it in fp32 on a target that can")
 
     ctx = Lowering(graph, stats, graph.tensor_shapes(), {}, bias_correction=bias_correction)
+    ctx.given.update(given_tensor_params(graph, config))
     spec = graph.inputs[0]
     choice = next((config.nodes[n.name].activation for n in graph.nodes
                    if spec.name in n.inputs and config.nodes[n.name].activation is not None), MINMAX_INT8)
@@ -50,4 +55,20 @@ def quantize(graph: Graph, stats: Stats, config: QuantConfig, bias_correction: b
     for node in graph.nodes:
         ctx.node, ctx.config = node, config.nodes[node.name]
         layers.extend(lower_fp32(ctx) if ctx.config.fp32 else LOWERINGS[node.op].lower(ctx))
-    return QGraph(spec.name, graph.outputs[0], ctx.tensors, layers, ctx.constants)
+    return _renamed(QGraph(spec.name, graph.outputs[0], ctx.tensors, layers, ctx.constants), ctx.renames)
+
+
+def _renamed(qgraph: QGraph, renames: dict[str, str]) -> QGraph:
+    """The graph with each tensor of `renames` called by its final name (fake_quants lowered to nothing)."""
+    def final(name: str) -> str:
+        while name in renames:
+            name = renames[name]
+        return name
+
+    if not renames:
+        return qgraph
+    for layer in qgraph.layers:
+        layer.inputs = [final(name) for name in layer.inputs]
+        layer.outputs = [final(name) for name in layer.outputs]
+    tensors = {name: tensor for name, tensor in qgraph.tensors.items() if final(name) == name}
+    return QGraph(qgraph.input, final(qgraph.output), tensors, qgraph.layers, qgraph.constants)

@@ -47,6 +47,12 @@ class Target:
         """Versions of the external tools this target runs; part of the export/check cache keys."""
         return {}
 
+    def not_run(self) -> list[str]:
+        """The parts of this target's check that cannot run here (a missing simulator or emulator, a fallback
+        path), each as a sentence naming the part and why. `check` reports them in the console, its report and
+        build.json, so a passing check never claims more than it ran."""
+        return []
+
     def programs(self) -> list[Path]:
         """The files of the external programs this target runs (found on PATH, absent ones left out).
 

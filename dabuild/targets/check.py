@@ -33,6 +33,7 @@ import numpy as np
 
 import dabuild
 from dabuild.errors import CheckError
+from dabuild.notices import warn
 from dabuild.progress import Progress
 from dabuild.quant.qgraph import QGraph, QuantParams
 from dabuild.quant.reference import dequantize_output, quantize_input, run_integer
@@ -167,6 +168,9 @@ def check_stage(target: Target, qgraph: QGraph, artifact_dir: Path, x: np.ndarra
     if target.reference not in REFERENCES:
         raise CheckError(f"target {target.kind!r} asks for a {target.reference!r} reference; check compares with "
                          f"{' or '.join(map(repr, REFERENCES))}")
+    not_run = target.not_run()
+    for part in not_run:
+        warn(f"check {target.kind}: not run: {part}")
     inputs = reference_inputs(target.reference, qgraph, x)
     with tempfile.TemporaryDirectory(prefix="dabuild-check-") as work:
         with progress.track(f"check {target.kind}", len(inputs)) as advance:
@@ -180,14 +184,15 @@ def check_stage(target: Target, qgraph: QGraph, artifact_dir: Path, x: np.ndarra
     comparison = _compare(expected, actual, params, level)
     report = {"target": target.kind, "tolerance": level, "reference": target.reference, "samples": int(len(inputs)),
               "output_params": {"scale": params.scale, "zero_point": params.zero_point, "dtype": params.dtype},
-              **comparison.to_dict(), "runtime": _versions(target)}
+              **comparison.to_dict(), "runtime": _versions(target), "not_run": not_run}
     _write_json(Path(out_dir) / REPORT_FILE, report)
     if not comparison.ok:
         bundle, divergence = write_bundle(target, qgraph, Path(artifact_dir), inputs, expected, actual, report,
                                           bundle_root)
         raise CheckError(f"check {target.kind}: the artifact disagrees with dabuild's {REFERENCES[target.reference]}: "
                          f"{_describe(comparison, expected, actual)}; {divergence}; debug bundle: {bundle}")
-    progress.info(f"check {target.kind}: {len(inputs)} samples agree ({level})")
+    unproven = f"; not run: {'; '.join(not_run)}" if not_run else ""
+    progress.info(f"check {target.kind}: {len(inputs)} samples agree ({level}){unproven}")
     return report
 
 

@@ -18,6 +18,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from dabuild.errors import BuildError
+from dabuild.ir.given import GivenQuant
 from dabuild.ir.graph import Graph, Node
 from dabuild.ir.ops import OPS
 from dabuild.names import unique_name
@@ -233,6 +234,48 @@ def _reduce(e: Emitter, node: Node, attrs: dict[str, Any]) -> None:
         e.add(op_type, inputs, node.outputs, node.name, keepdims=keepdims)
     else:
         e.add(op_type, node.inputs, node.outputs, node.name, axes=axes, keepdims=keepdims)
+
+
+_ROUNDING = {"half_even": "Round", "floor": "Floor", "ceil": "Ceil"}
+
+
+@exports("fake_quant")
+def _fake_quant(e: Emitter, node: Node, attrs: dict[str, Any]) -> None:
+    """(clip(round(x / scale) + zero_point, low, high) - zero_point) * scale, per tensor in arithmetic (any width
+    and rounding); per channel as QuantizeLinear/DequantizeLinear, which ONNX 17 has for 8 bits rounding half to
+    even."""
+    given = GivenQuant.from_attrs(attrs)
+    name = node.name
+    if given.per_channel:
+        if given.bits != 8 or given.narrow or given.rounding != "half_even":
+            raise BuildError(f"onnx export: node {name!r} (fake_quant): per-channel {given.dtype} rounding "
+                             f"{given.rounding}{' narrow' if given.narrow else ''} has no ONNX 17 spelling "
+                             "(per channel: 8 bits, full range, half to even)")
+        scale = e.constant(given.scale, np.float32, f"{name}_scale")
+        zero = e.initializer(e.fresh(f"{name}_zero_point"), np.asarray(given.zero_point, given.dtype))
+        quantized = e.fresh(f"{name}_q")
+        e.add("QuantizeLinear", [node.inputs[0], scale, zero], [quantized], name, axis=given.axis)
+        e.add("DequantizeLinear", [quantized, scale, zero], node.outputs, name, axis=given.axis)
+        return
+    low, high = given.bounds()
+    scale = e.constant(given.scale[0], np.float32, f"{name}_scale")
+    zero = e.constant(given.zero_point[0], np.float32, f"{name}_zero_point")
+
+    def step(op_type: str, *inputs: str, output: str | None = None) -> str:
+        result = output or e.fresh(f"{name}_{op_type.lower()}")
+        e.add(op_type, list(inputs), [result], name)
+        return result
+
+    scaled = step("Div", node.inputs[0], scale)
+    if given.rounding in _ROUNDING:
+        rounded = step(_ROUNDING[given.rounding], scaled)
+    else:  # half_away, to_zero: on the magnitude, then the sign back
+        half = e.constant(0.5 if given.rounding == "half_away" else 0.0, np.float32, f"{name}_half")
+        magnitude = step("Floor", step("Add", step("Abs", scaled), half))
+        rounded = step("Mul", step("Sign", scaled), magnitude)
+    bounds = [e.constant(v, np.float32, f"{name}_bound") for v in (low, high)]
+    clipped = step("Clip", step("Add", rounded, zero), *bounds)
+    step("Mul", step("Sub", clipped, zero), scale, output=node.outputs[0])
 
 
 def value_info(name: str, shape: tuple[int | None, ...]) -> onnx.ValueInfoProto:

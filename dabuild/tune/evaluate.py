@@ -9,8 +9,13 @@ score exactly as the parent would.
 
 from __future__ import annotations
 
+import signal
+import threading
 import time
+import weakref
+from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from multiprocessing import get_context
 from pathlib import Path
@@ -39,6 +44,7 @@ class EvalSetup:
     base_dir: Path | None
     batch_size: int
     bias_correction: bool = False
+    metric_file: Path | None = None  # a file metric's .py as the tune stage declares it (else found from base_dir)
 
 
 @dataclass(frozen=True)
@@ -59,7 +65,7 @@ class Evaluator:
         self.setup = setup
         self.graph = Graph.load(setup.graph_dir)
         self.stats = Stats.load(setup.stats_dir)
-        self.metric: Metric = load_metric(setup.metric, setup.base_dir)
+        self.metric: Metric = load_metric(setup.metric, setup.base_dir, setup.metric_file)
         self.input = self.graph.inputs[0].name
         self.float_outputs = np.concatenate([interpreter.run(self.graph, {self.input: x})[self.graph.outputs[0]]
                                              for x in self._batches()])
@@ -116,6 +122,23 @@ def _score_in_worker(config: dict) -> Score:
     return _worker.score(QuantConfig.from_dict(config))
 
 
+@contextmanager
+def _interrupts_blocked() -> Iterator[None]:
+    """SIGINT blocked in this thread meanwhile; processes started meanwhile inherit the mask for good.
+
+    A Ctrl-C reaches the whole process group: without this, each worker would print its own
+    KeyboardInterrupt traceback, even while still importing. The parent stops them (cli.main).
+    """
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
 class Scorer:
     """Scores batches of configs, in this process or in `jobs` worker processes (spawned: no forked locks)."""
 
@@ -123,22 +146,39 @@ class Scorer:
         self.evaluator = evaluator
         self.jobs = max(1, jobs)
         self._pool: ProcessPoolExecutor | None = None
+        _live.add(self)
 
     def score(self, configs: list[QuantConfig]) -> list[Score]:
         if self.jobs == 1 or len(configs) < 2:
             return [self.evaluator.score(config) for config in configs]
+        if _stopping.is_set():  # interrupted: no new workers (the build is ending, see cli._interrupted)
+            raise KeyboardInterrupt
         if self._pool is None:
             self._pool = ProcessPoolExecutor(self.jobs, mp_context=get_context("spawn"),
                                              initializer=_start_worker, initargs=(self.evaluator.setup,))
-        return list(self._pool.map(_score_in_worker, [config.to_dict() for config in configs]))
+        with _interrupts_blocked():  # workers start (on submit) deaf to Ctrl-C: the parent alone handles it
+            futures = [self._pool.submit(_score_in_worker, config.to_dict()) for config in configs]
+        return [future.result() for future in futures]
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(cancel_futures=True)
-            self._pool = None
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
 
     def __enter__(self) -> Scorer:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+_live: weakref.WeakSet[Scorer] = weakref.WeakSet()
+_stopping = threading.Event()
+
+
+def stop_scoring() -> None:
+    """Cancel what every live Scorer has queued and wait for its workers to finish their current trial and
+    exit (on Ctrl-C: the workers ignore it, see `_interrupts_blocked`, so they end cleanly, not in tracebacks)."""
+    _stopping.set()
+    for scorer in list(_live):
+        scorer.close()

@@ -88,8 +88,12 @@ def top_k_accuracy(k: int) -> Callable[[np.ndarray, np.ndarray], float]:
     return top_k
 
 
-def load_metric(spec: str, base_dir: Path | None) -> Metric:
-    """The metric a recipe's `data.metric` names; relative files start at the recipe's folder."""
+def load_metric(spec: str, base_dir: Path | None, file: Path | None = None) -> Metric:
+    """The metric a recipe's `data.metric` names; relative files start at `base_dir`.
+
+    `file` is the metric's `.py` as a stage declares it (its content is keyed, its place is not):
+    given, it is read instead of the path the spec writes.
+    """
     if spec in METRICS:
         return Metric(spec, METRICS[spec], spec not in LOWER_IS_BETTER)
     k = top_k_of(spec)
@@ -98,7 +102,10 @@ def load_metric(spec: str, base_dir: Path | None) -> Metric:
     target, colon, attribute = spec.rpartition(":")
     if not colon:
         raise BuildError(f"metric {spec!r}: expected one of {METRIC_FORMS}")
-    file = Path(base_dir or Path.cwd(), target) if target.endswith(".py") else None
+    if not target.endswith(".py"):
+        file = None
+    elif file is None:
+        file = Path(base_dir or Path.cwd(), target)
     try:
         if file is not None:
             module_spec = importlib.util.spec_from_file_location(

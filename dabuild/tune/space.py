@@ -29,6 +29,7 @@ from dabuild.errors import BuildError
 from dabuild.ir.graph import Graph
 from dabuild.quant.calibrate import LAST_AXIS_OPS
 from dabuild.quant.config import NodeConfig, QuantChoice, QuantConfig
+from dabuild.quant.given import check_scheme, given_choices
 from dabuild.quant.lowering import quantizable_roles
 from dabuild.quant.dtypes import NAMES_TEXT, int_type, is_int_type
 
@@ -176,9 +177,18 @@ def build_space(graph: Graph, capability: CapabilitySpec, narrowing: Mapping[str
     producers = graph.producers()
     input_consumers = {spec.name: next((n.name for n in graph.nodes if spec.name in n.inputs), None)
                        for spec in graph.inputs}
+    offered = {node.name: (entry.dtype, entry.scheme) for node in graph.nodes
+               if (entry := capability.for_op(node.op).activation) is not None}
+    given = given_choices(graph, offered)
+    _check_given_narrowing(graph, given, by_type, by_name)
     nodes: dict[str, NodeSpace] = {}
     for node in graph.nodes:
-        candidates = _candidates(node.name, node.op, capability, by_type.get(node.op, {}), by_name.get(node.name, {}))
+        fixed = _given_roles(node.name, node.op, capability, given.get(node.name, {}))
+        if node.op == "fake_quant":  # the model's own quantizer: nothing to choose
+            candidates: tuple[NodeConfig, ...] = (NodeConfig(None, fixed["activation"]),)
+        else:
+            candidates = _with_given(_candidates(node.name, node.op, capability, by_type.get(node.op, {}),
+                                                 by_name.get(node.name, {})), fixed)
         weight = graph.constants.get(node.inputs[1]) if len(node.inputs) > 1 else None
         has_weight = weight is not None and "weight" in (quantizable_roles(node.op) or ())
         macs = 0
@@ -191,6 +201,43 @@ def build_space(graph: Graph, capability: CapabilitySpec, narrowing: Mapping[str
         source = producers[first].name if first in producers else input_consumers.get(first or "")
         nodes[node.name] = NodeSpace(node.name, node.op, candidates, int(weight.size) if has_weight else 0, macs, source)
     return TuningSpace(nodes)
+
+
+def _check_given_narrowing(graph: Graph, given: Mapping[str, Mapping[str, Any]], by_type: Mapping[str, Any],
+                           by_name: Mapping[str, Any]) -> None:
+    """BuildError where tuning.space narrows a role the model quantizes itself (on that node, or on every node of
+    that op type): the model's quantization is kept, so the narrowing would do nothing."""
+    for name, roles in by_name.items():
+        for role in roles or {}:
+            if role in given.get(name, {}):
+                raise BuildError(f"tuning.space.op_name.{name}.{role}: the model quantizes this {role} itself "
+                                 "(given quantization), so there is nothing to narrow")
+    for op, roles in by_type.items():
+        members = [node.name for node in graph.nodes if node.op == op]
+        for role in roles or {}:
+            if members and all(role in given.get(name, {}) for name in members):
+                raise BuildError(f"tuning.space.op_type.{op}.{role}: the model quantizes the {role} of every {op} "
+                                 "node itself (given quantization), so there is nothing to narrow")
+
+
+def _given_roles(name: str, op: str, capability: CapabilitySpec,
+                 roles: Mapping[str, tuple[QuantChoice, Any]]) -> dict[str, QuantChoice]:
+    """The given choices of a node, each checked against the schemes the capability offers for its role."""
+    entry = capability.for_op(op)
+    for role, (choice, given) in roles.items():
+        offered = getattr(entry, role)
+        schemes = offered.scheme if offered is not None else ("pot", "sym", "asym")
+        check_scheme(choice, given, schemes, f"node {name!r} ({op}), {role}", capability.name)
+    return {role: choice for role, (choice, _) in roles.items()}
+
+
+def _with_given(candidates: tuple[NodeConfig, ...], roles: Mapping[str, QuantChoice]) -> tuple[NodeConfig, ...]:
+    """The candidates with each role the model quantizes fixed to its given choice (dabuild.quant.given)."""
+    if not roles:
+        return candidates
+    fixed = [NodeConfig(roles.get("weight", c.weight), roles.get("activation", c.activation))
+             for c in candidates if not c.fp32]
+    return tuple(dict.fromkeys(fixed)) or candidates
 
 
 def _check_names(graph: Graph, by_type: dict[str, Any], by_name: dict[str, Any]) -> None:

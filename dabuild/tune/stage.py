@@ -18,20 +18,18 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from dabuild.errors import BuildError
 from dabuild.progress import Progress
 
 if TYPE_CHECKING:
-    from dabuild.capability import CapabilitySpec
     from dabuild.quant.config import QuantConfig
-    from dabuild.recipe import Recipe
 
 
 def tune_stage(
-    recipe: "Recipe",
-    capability: "CapabilitySpec",
+    config: dict[str, Any],
+    files: dict[str, Path],
     graph_dir: Path,
     stats_dir: Path,
     out_dir: Path,
@@ -41,14 +39,19 @@ def tune_stage(
     keep_dir: Path | None = None,
     journal: Path | None = None,
 ) -> None:
-    """Tune for one capability into `out_dir`; `trials_root` holds the trial store (None: remember nothing).
+    """Tune into `out_dir` from the stage's keyed inputs alone: `config` is the tune `Stage.config` (tuning,
+    capability, metric, evaluation data settings), `files` its declared files (`evaluation`, and `metric` for a
+    file metric). `trials_root` holds the trial store (None: remember nothing).
 
     Every trial is appended to `journal` (a JSON line each) when one is given.
     """
-    from dabuild.data import load_inputs, load_labels
+    from dabuild.capability import CapabilitySpec
+    from dabuild.data import DataFile, load_inputs, load_labels
     from dabuild.ir.graph import Graph
     from dabuild.plugins import STRATEGIES, load
     from dabuild.quant.calibrate import STATS_FILE
+    from dabuild.quant.given import carries_quantization
+    from dabuild.recipe import TuningSpec
     from dabuild.tune.evaluate import Evaluator, EvalSetup, Scorer
     from dabuild.tune.objective import make_objective
     from dabuild.tune.report import REPORT_DIR, write_report
@@ -56,22 +59,24 @@ def tune_stage(
     from dabuild.tune.space import build_space
     from dabuild.tune.trials import TrialStore, context_hash
 
-    tuning = recipe.tuning
-    spec = recipe.data.evaluation
+    tuning = TuningSpec.model_validate(config["tuning"])
+    capability = CapabilitySpec.model_validate(config["capability"])
+    spec = DataFile.from_config(config["evaluation"], files["evaluation"])
     graph_dir, stats_dir, out_dir = Path(graph_dir), Path(stats_dir), Path(out_dir)
     graph = Graph.load(graph_dir)
-    x = next(iter(load_inputs(spec, recipe.base_dir, [t.name for t in graph.inputs]).values()))
-    labels = load_labels(spec, recipe.base_dir)
-    evaluator = Evaluator(EvalSetup(graph_dir, stats_dir, x, labels, recipe.data.metric, recipe.base_dir,
-                                    spec.batch_size, tuning.bias_correction))
+    x = next(iter(load_inputs(spec, None, [t.name for t in graph.inputs]).values()))
+    labels = load_labels(spec, None)
+    evaluator = Evaluator(EvalSetup(graph_dir, stats_dir, x, labels, config["metric"], None, spec.batch_size,
+                                    tuning.bias_correction, files.get("metric")))
     space = build_space(graph, capability, tuning.space.model_dump(mode="json", exclude_none=True))
     store = TrialStore(trials_root, context_hash(graph, stats_dir / STATS_FILE, x, labels,
                                                  evaluator.metric.identity(), tuning.bias_correction))
-    strategy = load(STRATEGIES, tuning.strategy)()
+    strategy_name = tuning.strategy or ("given" if carries_quantization(graph) else "basic")
+    strategy = load(STRATEGIES, strategy_name)()
     objective = make_objective(tuning.objective, space, capability, evaluator.quantize)
     goal = Goal(tuning.accuracy.criterion, tuning.accuracy.tolerable_loss)
     where = f"tune:{capability.name}"
-    progress.debug(f"{where}: {space.total()} configs in the space, strategy {tuning.strategy}, "
+    progress.debug(f"{where}: {space.total()} configs in the space, strategy {strategy_name}, "
                    f"objective {objective.name} ({objective.unit})")
     if journal is not None:
         journal.parent.mkdir(parents=True, exist_ok=True)
@@ -88,7 +93,7 @@ def tune_stage(
     threshold = goal.threshold(evaluator.baseline, metric.higher_is_better)
     evaluator.quantize(chosen.config).save(out_dir / "qgraph")
     chosen.config.save(out_dir / "config.json")
-    write_report(out_dir / REPORT_DIR, f"Tuning report: {recipe.name} on capability {capability.name}",
+    write_report(out_dir / REPORT_DIR, f"Tuning report: capability {capability.name}",
                  search, chosen, threshold)
     fp32_size = space.size(space.fp32())
     metrics = {
@@ -98,7 +103,8 @@ def tune_stage(
         "threshold": threshold,
         "precision": _precision(chosen.config),
         "goal_met": chosen.passed,
-        "strategy": tuning.strategy,
+        "strategy": strategy_name,
+        "given": carries_quantization(graph),  # the baseline ("fp32") is the float run of the model's quantization
         "objective": objective.name,
         "cost": chosen.cost,
         "cost_unit": objective.unit,

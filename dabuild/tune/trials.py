@@ -7,6 +7,12 @@ a score depends on besides the config. Raising `max_trials`, re-running after
 an interruption, or another strategy on the same model re-evaluates nothing
 already seen. Files are written whole and renamed into place, so concurrent
 builds and killed runs never leave a half-written score behind.
+
+A record proves itself: it carries its config hash and a sha256 over its
+content, checked before its score is used; a record that fails (a flipped
+digit, a truncated file, another config's score) is dropped, warned about once,
+and the config is evaluated again. A store that cannot be written (full,
+read-only) warns once and the search goes on remembering nothing new.
 """
 
 from __future__ import annotations
@@ -23,10 +29,11 @@ import numpy as np
 
 from dabuild import __version__
 from dabuild.ir.graph import Graph
+from dabuild.notices import warn
 from dabuild.quant.config import QuantConfig
 from dabuild.tune.evaluate import Score
 
-TRIAL_FORMAT = 2  # bump when what a score means changes (quantize, reference, metric semantics)
+TRIAL_FORMAT = 3  # bump when what a score means changes (quantize, reference, metric semantics)
 
 
 @dataclass(frozen=True)
@@ -92,27 +99,67 @@ def context_hash(graph: Graph, stats_file: Path, x: np.ndarray, labels: np.ndarr
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 
+TEMPORARY_PREFIX = ".trial-"
+
+
+def _proof(record: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()
+
+
 class TrialStore:
     """Scores by config hash within one context; a store without a root remembers nothing (--no-cache)."""
 
     def __init__(self, root: Path | None, context: str):
         self.folder = None if root is None else Path(root) / context[:2] / context
+        self.writable = True  # until a write fails
 
     def get(self, config_hash: str) -> Score | None:
+        """The stored score of `config_hash`, or None when absent or when the record fails its proof."""
         if self.folder is None:
             return None
+        path = self.folder / f"{config_hash}.json"
         try:
-            data = json.loads((self.folder / f"{config_hash}.json").read_text())
-            return Score(float(data["metric"]), float(data["mse"]), float(data["seconds"]))
-        except (OSError, ValueError, KeyError, TypeError):
-            return None  # absent or damaged: evaluate again
+            text = path.read_text()
+        except OSError:
+            return None  # absent: evaluate
+        try:
+            data = json.loads(text)
+            proof = data.pop("proof")
+            if proof != _proof(data) or data["config_hash"] != config_hash:
+                raise ValueError("its content does not match its hash")
+            score = Score(float(data["metric"]), float(data["mse"]), float(data["seconds"]))
+        except (ValueError, KeyError, TypeError, AttributeError) as error:
+            warn(f"trial store record {path} is damaged ({error}); dropped, the config is evaluated again",
+                 key=str(path))
+            path.unlink(missing_ok=True)
+            return None
+        try:
+            os.utime(self.folder)  # the context's last use, for `dabuild cache prune`
+        except OSError:
+            pass
+        return score
 
     def put(self, config_hash: str, score: Score) -> None:
-        if self.folder is None:
+        if self.folder is None or not self.writable:
             return
-        self.folder.mkdir(parents=True, exist_ok=True)
-        text = json.dumps({"metric": score.metric, "mse": score.mse, "seconds": score.seconds})
-        handle, tmp = tempfile.mkstemp(prefix=".trial-", dir=self.folder)
-        with os.fdopen(handle, "w") as stream:
-            stream.write(text)
-        os.replace(tmp, self.folder / f"{config_hash}.json")
+        record: dict[str, Any] = {"config_hash": config_hash, "metric": score.metric, "mse": score.mse,
+                                  "seconds": score.seconds}
+        record["proof"] = _proof(record)
+        tmp: str | None = None
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            handle, tmp = tempfile.mkstemp(prefix=TEMPORARY_PREFIX, dir=self.folder)
+            with os.fdopen(handle, "w") as stream:
+                stream.write(json.dumps(record))
+            os.replace(tmp, self.folder / f"{config_hash}.json")
+        except OSError as error:
+            if tmp is not None:
+                Path(tmp).unlink(missing_ok=True)
+            warn(f"the trial store {self.folder.parent.parent} cannot be written ({error.strerror or error}); "
+                 "tuning goes on without remembering its scores")
+            self.writable = False
+
+
+def trial_temporaries(root: Path) -> list[Path]:
+    """Half-written records that killed runs left in the store at `root`, for `dabuild cache prune`."""
+    return sorted(Path(root).glob(f"*/*/{TEMPORARY_PREFIX}*")) if Path(root).is_dir() else []

@@ -4,10 +4,14 @@ numpy + BLAS run the interpreter's small convs far below this machine's peak,
 and their im2col copy costs as much as the matmul. conv.c is a direct
 convolution over channels-last tensors that the compiler vectorises over the
 output channels. It is compiled once per (source, compiler version, flags, CPU)
-into `<kernel cache>/<sha256>.so` ($DABUILD_KERNEL_CACHE, else kernels/ in
-dabuild's user cache folder; written to a temporary file and renamed, so
-concurrent builds never load a half-written library) and loaded from there
-ever after.
+into `<kernel cache>/<identity sha256>.<content sha256>.so` ($DABUILD_KERNEL_CACHE,
+else kernels/ in dabuild's user cache folder; written to a temporary file and
+renamed, so concurrent builds never load a half-written library) and loaded from
+there ever after. A library proves itself before it is loaded: its bytes must hash
+to the name's content hash (a truncated or damaged file would crash the process
+in the loader); one that fails is deleted, warned about once and compiled again.
+A kernel cache that cannot be written (full, read-only) costs a compile per
+process, in a temporary folder removed at once, with one warning.
 
 Flags: -O3 -march=native, so the vectors are as wide as this CPU's (one
 AVX-512 register holds 16 output channels), and the compiler's default
@@ -18,7 +22,8 @@ one CPU another's code. `native_backend()` says which conv ran; the calibrate
 and tune stage keys include it.
 
 DABUILD_NATIVE_KERNELS=0 forces the numpy path. Without a working compiler the
-interpreter falls back to numpy, noting why once at debug level.
+interpreter runs its convs in numpy and warns once, naming why (the stage keys
+record the backend, so nothing cached under the other one is reused).
 """
 
 from __future__ import annotations
@@ -26,7 +31,6 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
-import logging
 import os
 import platform
 import shutil
@@ -37,12 +41,14 @@ from pathlib import Path
 
 import numpy as np
 
-LOG = logging.getLogger(__name__)
+from dabuild.notices import warn
+
 COMPILER = "cc"
 FLAGS = ("-O3", "-march=native", "-shared", "-fPIC")
 VECTOR = 16  # floats per vector in conv.c: the weight and bias are padded to whole vectors
 SWITCH = "DABUILD_NATIVE_KERNELS"
 KERNEL_CACHE = "DABUILD_KERNEL_CACHE"
+TEMPORARY_PREFIX = ".build-"
 
 
 class ConvCall(ctypes.Structure):
@@ -129,34 +135,96 @@ def _load() -> NativeConv | None:
         version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=True,
                                  timeout=60).stdout.strip().partition("\n")[0]
         source = files("dabuild.ir.kernels").joinpath("conv.c").read_text()
-        library = _build(compiler, version, source)
-        return NativeConv(ctypes.CDLL(str(library)), version)
+        library, scratch = _build(compiler, version, source)
+        try:
+            return NativeConv(ctypes.CDLL(str(library)), version)
+        finally:
+            if scratch is not None:
+                shutil.rmtree(scratch, ignore_errors=True)
     except (OSError, subprocess.SubprocessError) as error:
-        LOG.debug("native kernels unavailable, the interpreter's convs run in numpy: %s", error)
+        warn(f"the interpreter's native conv kernels could not be built ({error}); its convs run in numpy, "
+             f"more slowly (set {SWITCH}=0 to choose that and silence this warning)")
         return None
 
 
-def _build(compiler: str, version: str, source: str) -> Path:
-    """The compiled library for this source, compiler, flags and CPU: from the cache, else compiled into it."""
-    identity = "\n".join([source, version, " ".join(FLAGS), _cpu_identity()])
-    directory = _kernel_dir()
-    library = directory / f"{hashlib.sha256(identity.encode()).hexdigest()}.so"
-    if library.exists():
-        return library
-    directory.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=directory) as scratch:
-        source_file = Path(scratch) / "conv.c"
-        source_file.write_text(source)
-        built = Path(scratch) / library.name
-        result = subprocess.run([compiler, *FLAGS, "-o", str(built), str(source_file)],
-                                capture_output=True, text=True, timeout=120)
-        if result.returncode:
-            raise OSError(f"{compiler} failed on conv.c: {result.stderr.strip()}")
-        os.replace(built, library)
-    return library
+def _build(compiler: str, version: str, source: str) -> tuple[Path, Path | None]:
+    """The compiled library for this source, compiler, flags and CPU: from the cache, else compiled into it.
+
+    Returns the library and a temporary folder to remove once it is loaded (None for a cached library):
+    from a kernel cache that cannot be written, the library is compiled in a temporary folder, which can
+    go once loaded (the loader keeps the file mapped).
+    """
+    identity = hashlib.sha256("\n".join([source, version, " ".join(FLAGS), _cpu_identity()]).encode()).hexdigest()
+    directory = kernel_dir()
+    for library in sorted(directory.glob(f"{identity}.*.so")):
+        if _proven(library):
+            try:
+                os.utime(library)  # its last use, for `dabuild cache prune`
+            except OSError:
+                pass
+            return library, None
+        warn(f"compiled kernel {library} is damaged (its bytes do not match the hash in its name); "
+             "deleted and compiled again", key=str(library))
+        try:
+            library.unlink(missing_ok=True)
+        except OSError:
+            pass  # a read-only cache: compiled below for this run only
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix=TEMPORARY_PREFIX, dir=directory) as building:
+            built = _compile(compiler, source, Path(building))
+            library = directory / f"{identity}.{_content_hash(built)}.so"
+            os.replace(built, library)
+        return library, None
+    except OSError as error:  # full or read-only (a compiler error recurs below and is raised)
+        reason = error.strerror or str(error)
+    scratch = Path(tempfile.mkdtemp(prefix=TEMPORARY_PREFIX))
+    try:
+        built = _compile(compiler, source, scratch)
+    except OSError:
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise
+    warn(f"the kernel cache {directory} cannot be written ({reason}); the native kernels are compiled "
+         f"for this run only (set {KERNEL_CACHE} to a writable folder)")
+    return built, scratch
 
 
-def _kernel_dir() -> Path:
+def _compile(compiler: str, source: str, folder: Path) -> Path:
+    source_file = folder / "conv.c"
+    source_file.write_text(source)
+    built = folder / "conv.so"
+    result = subprocess.run([compiler, *FLAGS, "-o", str(built), str(source_file)],
+                            capture_output=True, text=True, timeout=120)
+    if result.returncode:
+        raise OSError(f"{compiler} failed on conv.c: {result.stderr.strip()}")
+    return built
+
+
+def _content_hash(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _proven(library: Path) -> bool:
+    """Do the library's bytes hash to the content hash its name carries?"""
+    try:
+        return library.is_file() and _content_hash(library) == library.name.split(".")[1]
+    except (OSError, IndexError):
+        return False
+
+
+def kernel_files() -> list[Path]:
+    """Every compiled library in the kernel cache, for `dabuild cache info` and `prune`."""
+    directory = kernel_dir()
+    return sorted(directory.glob("*.so")) if directory.is_dir() else []
+
+
+def kernel_temporaries() -> list[Path]:
+    """Build folders that killed runs left in the kernel cache."""
+    directory = kernel_dir()
+    return sorted(directory.glob(f"{TEMPORARY_PREFIX}*")) if directory.is_dir() else []
+
+
+def kernel_dir() -> Path:
     """`$DABUILD_KERNEL_CACHE`, else `kernels/` in the platform's user cache folder of dabuild.
 
     Apart from the run cache (`$DABUILD_CACHE`): a compiled kernel is a tool, not a result, so a private

@@ -7,7 +7,7 @@ dimension (the batch); kernels follow numpy's broadcasting semantics and
 compute in float32.
 """
 
-from dabuild.ir.ops import activation, elementwise, linear, pool, reduce, shape  # noqa: F401  (they register)
+from dabuild.ir.ops import activation, elementwise, linear, pool, quant, reduce, shape  # noqa: F401  (they register)
 from dabuild.ir.ops.activation import Activation, activation_names
 from dabuild.ir.ops.base import OPS, REQUIRED, Op, ShapeError, broadcast_shapes, register
 

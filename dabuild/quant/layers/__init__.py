@@ -1,4 +1,4 @@
 """Integer layers, one module per kind: each layer class (fields + numpy reference `run`) beside
 the lowering that emits it. Importing this package registers them all."""
 
-from dabuild.quant.layers import elementwise, fallback, linear, pool, shape, softmax  # noqa: F401  (they register)
+from dabuild.quant.layers import elementwise, fallback, given, linear, pool, shape, softmax  # noqa: F401  (they register)

@@ -32,7 +32,7 @@ from dabuild.quant.config import QuantChoice
 from dabuild.quant.dtypes import accumulator_max
 from dabuild.quant.fixed_point import INT32_MAX, accumulator_trace, quantize_multiplier, requantize, round_half_away
 from dabuild.quant.layers.elementwise import lookup_layer
-from dabuild.quant.lowering import Lowering, lowers, quantize_weight
+from dabuild.quant.lowering import Lowering, lowers
 from dabuild.quant.qgraph import QGraph, QLayer, Trace, layer_type
 
 PER_CHANNEL_MINMAX = QuantChoice("int8", "sym", "per_channel", "minmax")
@@ -120,7 +120,7 @@ def _weighted_layers(ctx: Lowering, layer_class: type[QWeighted], weight: np.nda
     target = ctx.calibrated(written)
     ctx.output(written, target, like=output)
 
-    weight_q, weight_scale = quantize_weight(weight, weight_choice, ctx.where, channel_axis)
+    weight_q, weight_scale = ctx.weight_integers(weight, weight_choice, channel_axis)
     if ctx.bias_correction:
         bias = bias - _mean_weight_error(ctx, layer_class, weight, weight_q, weight_scale, channel_axis, geometry)
     accumulator_scale = source.scale * weight_scale

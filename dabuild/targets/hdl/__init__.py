@@ -83,6 +83,14 @@ class HdlTarget(Target):
         tool = self._simulator()
         return simulator_programs(tool) if tool else []
 
+    def not_run(self) -> list[str]:
+        if self.options.simulate == "never":
+            return ["RTL simulation (simulate: never): only da4ml's DAIS interpreter ran the logic"]
+        missing = _import("dabuild.targets.hdl.rtl").simulator_missing(self.options.language)
+        if missing is not None and self.options.simulate == "auto":
+            return [f"RTL simulation (simulate: auto): {missing}; only da4ml's DAIS interpreter ran the logic"]
+        return []
+
     def _simulator(self) -> str | None:
         return None if self.options.simulate == "never" else simulator()
 

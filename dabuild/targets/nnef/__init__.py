@@ -154,4 +154,4 @@ class NnefTarget(Target):
                    f"x = np.fromfile(sys.argv[2], np.float32).reshape(-1, {', '.join(map(str, manifest['input_shape']))}); "
                    "y = tract.nnef().load(sys.argv[1]).into_runnable().run([x])[0].to_numpy(); "
                    "y.astype(np.float32).tofile(sys.argv[3])")
-        return shlex.join(["python3", "-c", program, archive, inputs_file, outputs_file]) + "\n"
+        return '"${PYTHON:-python3}" ' + shlex.join(["-c", program, archive, inputs_file, outputs_file]) + "\n"

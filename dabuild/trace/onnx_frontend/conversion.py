@@ -41,6 +41,7 @@ class Conversion:
         self.specs: dict[str, TensorSpec] = {}
         self.nodes: list[Node] = []
         self.constants: dict[str, np.ndarray] = {}
+        self.quantized: set[str] = set()  # ONNX integer tensors held as their real values (quantized.py)
         self._taken = set(taken_names)
 
     # ------------------------------------------------------------ reading inputs

@@ -449,4 +449,6 @@ def load_time_only(ctx: Conversion, node: OnnxNode) -> None:
     )
 
 
+from dabuild.trace.onnx_frontend import qonnx, quantized  # noqa: E402,F401  (register the quantized ops' converters)
+
 SUPPORTED_OPS: tuple[str, ...] = tuple(CONVERTERS.names())

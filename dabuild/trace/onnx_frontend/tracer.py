@@ -20,6 +20,7 @@ from dabuild.ir.graph import Graph, TensorSpec
 from dabuild.trace.base import Shape, TracerPlugin
 from dabuild.trace.onnx_frontend.conversion import Conversion, Unsupported
 from dabuild.trace.onnx_frontend.converters import CONVERTERS, SUPPORTED_OPS
+from dabuild.trace.onnx_frontend.quantized import QUANTIZATION_OPS
 
 if TYPE_CHECKING:
     from dabuild.trace.onnx_frontend.model_file import OnnxModel, OnnxNode
@@ -63,7 +64,8 @@ class OnnxTracer(TracerPlugin):
         """Shapes from the graph inputs; model.inputs fills sizes the file leaves open and must agree with the rest.
 
         A leading axis the file leaves open is the dynamic batch (None), whatever
-        example size the recipe gives it.
+        example size the recipe gives it; so is a leading 1 (QONNX and Brevitas
+        files fix the batch at 1) where model.inputs gives null.
         """
         model = self.onnx_model()
         declared = self.inputs or {}
@@ -96,7 +98,8 @@ class OnnxTracer(TracerPlugin):
                     f"but model.inputs gives {_shape_text(wanted)}"
                 )
             shapes[graph_input.name] = tuple(
-                d if isinstance(d, int) else None if axis == 0 or wanted is None else wanted[axis]
+                None if axis == 0 and d == 1 and wanted is not None and wanted[0] is None  # asked: batch 1 -> any
+                else d if isinstance(d, int) else None if axis == 0 or wanted is None else wanted[axis]
                 for axis, d in enumerate(dims)
             )
         return shapes
@@ -121,7 +124,8 @@ class OnnxTracer(TracerPlugin):
                 blocked.update(node.outputs)
                 continue
             try:
-                if node.domain in ("", "ai.onnx") and all(name in ctx.known for name in present):
+                if (node.domain in ("", "ai.onnx") and node.kind not in QUANTIZATION_OPS
+                        and all(name in ctx.known for name in present)):
                     values = evaluate(node, [ctx.known.get(name) if name else None for name in node.inputs], ctx.opset)
                     for name, value in zip(node.outputs, values):
                         ctx.bind(name, value)
@@ -159,6 +163,9 @@ class OnnxTracer(TracerPlugin):
         specs = {name: TensorSpec(name, shape) for name, shape in shapes.items()}
         ctx = self.apply_model(specs)
         for name in model.outputs:
+            if name in ctx.quantized:
+                raise UsageError(f"{model.where}: graph output {name!r} is an integer tensor (quantized); dabuild "
+                                 "graphs give real values: end the model with DequantizeLinear")
             try:
                 ctx.materialize(name)
             except Unsupported as reason:

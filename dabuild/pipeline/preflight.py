@@ -1,0 +1,132 @@
+"""The data and the tuning space checked against the traced model, before any other stage runs.
+
+Validation (recipe.py) checks what the recipe and the files' headers tell; what
+only the model tells (its inputs, its classes, its node names) is known once
+`trace` has run. So the build traces first, then checks here, each problem a
+diagnostic at the recipe's line (exit 2), and only then calibrates and tunes:
+a label outside the model's classes would otherwise score every config 0 and
+"meet" a goal of 0, and a shape mismatch would surface minutes into tuning.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dabuild.errors import BuildError, Diagnostic, ValidationError
+from dabuild.ir.graph import Graph
+from dabuild.recipe import BUILTIN_METRICS, Recipe, top_k_of
+from dabuild.yamlpos import YamlDocument
+
+_SPACE_KEY = re.compile(r"^tuning\.space\.(op_type|op_name)(?:\.([^.:]+))?(?:\.(weight|activation))?"
+                        r"(?:\.(dtype|scheme|granularity|algorithm))?:")
+
+
+def preflight(recipe: Recipe, graph_dir: Path, capabilities: list[Any]) -> None:
+    """ValidationError listing every problem of the data and `tuning.space` against the traced graph.
+
+    `capabilities` are the CapabilitySpecs the build tunes for.
+    """
+    document = recipe.document
+    assert document is not None, "preflight needs a recipe read by load_recipe"
+    graph = Graph.load(graph_dir)
+    specs = graph.tensor_shapes()
+    diagnostics: list[Diagnostic] = []
+    for role in ("calibration", "evaluation"):
+        diagnostics += _inputs(document, ("data", role), getattr(recipe.data, role), graph)
+    diagnostics += _labels(document, recipe, specs[graph.outputs[0]].shape)
+    narrowing = recipe.tuning.space.model_dump(mode="json", exclude_none=True)
+    for capability in capabilities:
+        diagnostics += _space(document, graph, capability, narrowing)
+    if diagnostics:
+        raise ValidationError(sorted(set(diagnostics), key=lambda d: (d.line or 0, d.col or 0, d.message)))
+
+
+def _used(spec: Any, key: str) -> np.ndarray:
+    with np.load(spec.source, allow_pickle=False) as archive:
+        array = archive[key]
+    return array if spec.samples is None else array[: spec.samples]
+
+
+def _inputs(document: YamlDocument, loc: tuple, spec: Any, graph: Graph) -> list[Diagnostic]:
+    """Input count and each input's per-sample shape against the graph's, and finite values."""
+    names = [tensor.name for tensor in graph.inputs]
+    if isinstance(spec.x, str):
+        if len(names) != 1:
+            return [document.diagnostic(loc + ("x",), f"names one array, but the model has {len(names)} inputs "
+                                                      f"({', '.join(names)}); map each: x: {{input_name: key}}")]
+        keys = {names[0]: spec.x}
+        where = {names[0]: loc + ("x",)}
+    else:
+        if set(spec.x) != set(names):
+            return [document.diagnostic(loc + ("x",), f"maps inputs {', '.join(sorted(spec.x))}, but the model's "
+                                                      f"inputs are {', '.join(names)}")]
+        keys = dict(spec.x)
+        where = {name: loc + ("x", name) for name in names}
+    found = []
+    for tensor in graph.inputs:
+        array = _used(spec, keys[tensor.name])
+        want = tensor.shape[1:]
+        if not _fits(want, array.shape[1:]):
+            shape = "x".join("?" if d is None else str(d) for d in want)
+            found.append(document.diagnostic(where[tensor.name], f"array {keys[tensor.name]!r} has samples of shape "
+                                             f"{list(array.shape[1:])}, but model input {tensor.name!r} takes "
+                                             f"{shape or 'scalars'}"))
+        elif array.dtype.kind == "f" and not np.isfinite(array).all():
+            bad = int(array.size - np.isfinite(array).sum())
+            found.append(document.diagnostic(where[tensor.name], f"array {keys[tensor.name]!r} has {bad} NaN or "
+                                             "infinite values in the rows used"))
+    return found
+
+
+def _fits(want: tuple[int | None, ...], got: tuple[int, ...]) -> bool:
+    """Does a per-sample shape `got` match `want`, where None (a dynamic dimension) matches any size?"""
+    return len(got) == len(want) and all(w is None or w == g for w, g in zip(want, got, strict=True))
+
+
+def _labels(document: YamlDocument, recipe: Recipe, output: tuple[int | None, ...]) -> list[Diagnostic]:
+    """Labels against the model's output for the built-in metrics: shape, integer classes in range."""
+    spec, metric = recipe.data.evaluation, recipe.data.metric
+    if spec.y is None or (metric not in BUILTIN_METRICS and top_k_of(metric) is None):
+        return []
+    loc = ("data", "evaluation", "y")
+    labels = _used(spec, spec.y)
+    if metric == "mse":
+        want = output[1:]
+        if not _fits(want, labels.shape[1:]):
+            return [document.diagnostic(loc, f"mse compares targets with the model's outputs, of shape {list(want)} "
+                                             f"per sample; {spec.y!r} has {list(labels.shape[1:])}")]
+        return []
+    classes = output[-1]
+    if labels.shape[1:] != tuple(output[1:-1]):
+        return [document.diagnostic(loc, f"{metric} needs one class index per sample (shape "
+                                         f"{list(output[1:-1])}); {spec.y!r} has {list(labels.shape[1:])}"
+                                         + (" (one-hot? store the class indices)" if labels.ndim == 2 else ""))]
+    if labels.dtype.kind not in "iu":
+        return [document.diagnostic(loc, f"{metric} compares class indices, but {spec.y!r} holds {labels.dtype} "
+                                         "values; store the labels as integers")]
+    low, high = int(labels.min()), int(labels.max())
+    if classes is not None and (low < 0 or high >= classes):
+        return [document.diagnostic(loc, f"labels {spec.y!r} range over {low}..{high}, but the model has "
+                                         f"{classes} classes (0..{classes - 1})")]
+    return []
+
+
+def _space(document: YamlDocument, graph: Graph, capability: Any, narrowing: dict) -> list[Diagnostic]:
+    """`tuning.space` against the graph and a capability: the same check tuning starts with."""
+    from dabuild.tune.space import build_space
+
+    try:
+        build_space(graph, capability, narrowing)
+    except BuildError as error:
+        message = str(error)
+        match = _SPACE_KEY.match(message)
+        if match is None:  # not about the narrowing (an op no capability runs): tuning reports it
+            return [document.diagnostic(("tuning", "space"), message)] if "tuning.space" in message else []
+        loc = ("tuning", "space", *[part for part in match.groups() if part])
+        return [document.diagnostic(loc, message[match.end():].strip(), key=match.group(2) is not None
+                                    and match.group(3) is None)]
+    return []

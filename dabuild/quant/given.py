@@ -1,0 +1,182 @@
+"""Given quantization (dabuild/ir/given.py) as the integer path takes it: params, weights, configs.
+
+A tensor read by a fake_quant node gets that node's parameters as its
+QuantParams, and a constant recorded in `Graph.given` keeps its integers and
+scales, instead of what calibration would pick. In a QuantConfig a given role
+is a QuantChoice whose algorithm is GIVEN (its dtype and scheme say what was
+given), so the tuning space holds exactly one choice there while the roles the
+model left in float keep the capability's candidates.
+
+What the integer path cannot represent is refused, naming the node, the
+parameter and the nearest representable choice: widths outside
+int2..int16/uint1..uint16, rounding other than to nearest, per-channel or
+narrow-range activations, weights with a zero point, per-channel weights along
+another axis than the output channels. A type that differs from what the
+capability offers only in signedness is shifted exactly (uint8 with zero point
+z is int8 with zero point z - 128), so onnxruntime's uint8 activations run on
+int8-only kernels unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+import numpy as np
+
+from dabuild.errors import BuildError
+from dabuild.ir.given import OP, GivenQuant
+from dabuild.ir.graph import Graph, Node
+from dabuild.quant.config import QuantChoice, QuantConfig
+from dabuild.quant.dtypes import MAX_BITS, MIN_BITS, int_type
+from dabuild.quant.qgraph import QuantParams
+
+GIVEN = "given"  # the `algorithm` of a QuantChoice taken from the model
+NEAREST_ROUNDING = ("half_even", "half_away")  # to nearest; ties differ only on exact halves
+
+
+def nearest_type(bits: int, signed: bool) -> str:
+    """The dabuild type closest to a width dabuild does not lower."""
+    clamped = min(max(bits, MIN_BITS[signed]), MAX_BITS)
+    return f"{'' if signed else 'u'}int{clamped}"
+
+
+def _is_power_of_two(values: tuple[float, ...]) -> bool:
+    return all(np.frexp(s)[0] == 0.5 for s in values)
+
+
+def scheme_of(given: GivenQuant) -> str:
+    """pot (zero point 0, power-of-two scales), sym (zero point 0) or asym."""
+    if any(given.zero_point):
+        return "asym"
+    return "pot" if _is_power_of_two(given.scale) else "sym"
+
+
+def check_type(given: GivenQuant, where: str) -> None:
+    """BuildError unless the width and rounding are ones the integer path runs."""
+    if not MIN_BITS[given.signed] <= given.bits <= MAX_BITS:
+        raise BuildError(f"{where}: parameter bit width: {given.dtype} is not a type dabuild lowers; nearest "
+                         f"representable: {nearest_type(given.bits, given.signed)}")
+    if given.rounding not in NEAREST_ROUNDING:
+        raise BuildError(f"{where}: parameter rounding: {given.rounding!r} is implemented by no target (they round "
+                         "to nearest); nearest representable: rounding 'half_away' (or 'half_even')")
+
+
+def activation_params(given: GivenQuant, where: str, dtype: str | None = None) -> QuantParams:
+    """The QuantParams of an activation quantized as `given`, in `dtype` when that differs only in signedness."""
+    check_type(given, where)
+    if given.per_channel:
+        raise BuildError(f"{where}: parameter axis: activations are quantized per tensor in dabuild (per-channel "
+                         f"along axis {given.axis}); nearest representable: one scale for the tensor")
+    if given.narrow:
+        raise BuildError(f"{where}: parameter narrow: dabuild's activations use the full range of {given.dtype}; "
+                         "nearest representable: narrow false")
+    scale, zero_point = float(given.scale[0]), int(given.zero_point[0])
+    low, high = given.bounds()
+    if not low <= zero_point <= high:
+        raise BuildError(f"{where}: parameter zero_point: {zero_point} lies outside {given.dtype}'s range "
+                         f"[{low}, {high}]; nearest representable: {int(np.clip(zero_point, low, high))}")
+    if dtype is not None and dtype != given.dtype and int_type(dtype).bits == given.bits:
+        zero_point += int_type(dtype).qmin - low  # the same integers moved into the other signedness
+        return QuantParams(scale, zero_point, dtype)
+    return QuantParams(scale, zero_point, given.dtype)
+
+
+def weight_integers(weight: np.ndarray, given: GivenQuant, channel_axis: int, where: str,
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """The given integer weights and their scales (shape (1,) or one per output channel), as quantize_weight."""
+    check_type(given, where)
+    if any(given.zero_point):
+        raise BuildError(f"{where}: parameter zero_point: the weight has zero point {given.zero_point[0]}; "
+                         "dabuild's kernels take symmetric weights; nearest representable: zero point 0")
+    channel_axis %= weight.ndim
+    if given.per_channel and given.axis % weight.ndim != channel_axis:
+        raise BuildError(f"{where}: parameter axis: the weight is quantized per slice of axis {given.axis}, "
+                         f"dabuild quantizes weights per output channel; nearest representable: axis {channel_axis} "
+                         "or one scale for the tensor")
+    values = given.integers(weight)
+    return values.astype(int_type(given.dtype).storage), np.asarray(given.scale, dtype=np.float64)
+
+
+def quantizers(graph: Graph) -> dict[str, Node]:
+    """Activation tensor -> the fake_quant node reading it (the first, where several do)."""
+    found: dict[str, Node] = {}
+    for node in graph.nodes:
+        if node.op == OP and node.inputs[0] not in graph.constants:
+            found.setdefault(node.inputs[0], node)
+    return found
+
+
+def given_tensor_params(graph: Graph, config: QuantConfig) -> dict[str, QuantParams]:
+    """Tensor -> the params the model fixes: each fake_quant's output, and the tensor it reads where it is the
+    first fake_quant to read it (in the dtype the node's config shifts it to)."""
+    first = quantizers(graph)
+    params: dict[str, QuantParams] = {}
+    for node in graph.nodes:
+        if node.op != OP or node.inputs[0] in graph.constants:
+            continue
+        activation = config.nodes[node.name].activation
+        value = activation_params(GivenQuant.from_attrs(node.attrs), f"node {node.name!r} (fake_quant)",
+                                  activation.dtype if activation else None)
+        params[node.outputs[0]] = value
+        if first.get(node.inputs[0]) is node:
+            params.setdefault(node.inputs[0], value)
+    return params
+
+
+def carries_quantization(graph: Graph) -> bool:
+    """Whether the model came with quantization of its own (the `given` strategy is then the default)."""
+    return bool(graph.given) or any(node.op == OP for node in graph.nodes)
+
+
+def nearest_power_of_two(scale: float) -> str:
+    """The power of two nearest `scale` and the error taking it would introduce."""
+    exponent = int(np.round(np.log2(scale)))
+    return f"2**{exponent} = {2.0**exponent:g} (every value {abs(2.0**exponent / scale - 1):.2%} off)"
+
+
+def check_scheme(choice: QuantChoice, given: GivenQuant, schemes: Collection[str], where: str,
+                 capability: str) -> None:
+    """BuildError unless a backend offering `schemes` represents the given quantization exactly: pot is sym with
+    power-of-two scales, sym is asym with zero point 0."""
+    accepted = {"pot": ("pot", "sym", "asym"), "sym": ("sym", "asym"), "asym": ("asym",)}[choice.scheme]
+    if any(scheme in schemes for scheme in accepted):
+        return
+    if "pot" in schemes and choice.scheme != "pot" and not _is_power_of_two(given.scale):
+        worst = next(s for s in given.scale if np.frexp(s)[0] != 0.5)
+        raise BuildError(f"{where}: parameter scale: {worst:g} is not a power of two, which capability "
+                         f"{capability!r} needs (scheme pot); nearest representable: {nearest_power_of_two(worst)}")
+    raise BuildError(f"{where}: parameter zero_point: {max(given.zero_point, key=abs)} makes the quantization "
+                     f"{choice.scheme}, capability {capability!r} offers only {', '.join(schemes)}; nearest "
+                     "representable: zero point 0")
+
+
+def given_choices(graph: Graph, offered: dict[str, tuple[Collection[str], Collection[str]]] | None = None,
+                  ) -> dict[str, dict[str, tuple[QuantChoice, GivenQuant]]]:
+    """Node name -> role -> the QuantChoice the model fixes and what it was given (roles left in float are absent).
+
+    `offered` maps a node to the activation dtypes and schemes its capability entry
+    lists: a given type absent there but present in the other signedness is
+    shifted to it where the entry takes a zero point (asym).
+    """
+    reads = quantizers(graph)
+    choices: dict[str, dict[str, tuple[QuantChoice, GivenQuant]]] = {}
+    for node in graph.nodes:
+        roles: dict[str, tuple[QuantChoice, GivenQuant]] = {}
+        weight = node.inputs[1] if len(node.inputs) > 1 else None
+        if weight in graph.given and node.op in ("dense", "conv"):
+            given = graph.given[weight]
+            roles["weight"] = (QuantChoice(given.dtype, scheme_of(given),
+                                           "per_channel" if given.per_channel else "per_tensor", GIVEN), given)
+        quantizer = node if node.op == OP else reads.get(node.outputs[0])
+        if quantizer is not None:
+            given = GivenQuant.from_attrs(quantizer.attrs)
+            dtype = given.dtype
+            other = f"{'u' if given.signed else ''}int{given.bits}"
+            types, schemes = (offered or {}).get(node.name, ((), ()))
+            if dtype not in types and other in types and "asym" in schemes:
+                dtype = other
+            scheme = "asym" if dtype != given.dtype else scheme_of(given)
+            roles["activation"] = (QuantChoice(dtype, scheme, "per_tensor", GIVEN), given)
+        if roles:
+            choices[node.name] = roles
+    return choices

@@ -1,0 +1,95 @@
+"""Imported (already quantized) models against the runtime they came from; shared by tests and bench/imported.py.
+
+`target_figures` reads a finished build of a recipe and, for each of its
+targets, runs the artifact in its real runtime on the evaluation data and
+compares it with dabuild's integer reference and with the original model run
+by its own runtime (`ORIGINAL_RUNTIMES`: onnxruntime, qonnx's executor; a
+frontend adds its runtime here, e.g. Keras). Disagreement is counted in steps
+of the output's quantization scale.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from dabuild.data import load_inputs, load_labels
+from dabuild.ir.graph import Graph
+from dabuild.plugins import TARGETS, load
+from dabuild.quant.qgraph import QGraph
+from dabuild.quant.reference import run_quantized
+from dabuild.recipe import Recipe
+from dabuild.targets.check import reference_inputs
+
+
+def run_onnxruntime(path: Path, x: np.ndarray) -> np.ndarray:
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(path))
+    return session.run(None, {session.get_inputs()[0].name: x.astype(np.float32)})[0]
+
+
+def run_qonnx_executor(path: Path, x: np.ndarray) -> np.ndarray:
+    from qonnx_runtime import run_qonnx
+
+    return run_qonnx(path, x)
+
+
+ORIGINAL_RUNTIMES: dict[str, Callable[[Path, np.ndarray], np.ndarray]] = {
+    "onnxruntime": run_onnxruntime,
+    "qonnx": run_qonnx_executor,
+}
+
+
+@dataclass(frozen=True)
+class TargetFigures:
+    target: str
+    kind: str
+    accuracy: float            # through the artifact, in its runtime
+    original_accuracy: float   # the original file in its own runtime
+    steps_vs_reference: int    # most output steps between the artifact and dabuild's integer reference
+    steps_vs_original: int     # most output steps between the artifact and the original runtime
+
+
+def _steps(a: np.ndarray, b: np.ndarray, scale: float) -> int:
+    return int(np.round(np.abs(a.astype(np.float64) - b.astype(np.float64)).max() / scale))
+
+
+def artifact_outputs(recipe: Recipe, build: Path, target_name: str, x: np.ndarray,
+                     option_overrides: dict[str, dict] | None = None) -> tuple[np.ndarray, QGraph]:
+    """The artifact of `target_name` run in its runtime on float `x`, as real values, and the QGraph it was built
+    from; `option_overrides` (target kind -> options) changes how it runs (e.g. hdl: simulate never)."""
+    spec = next(t for t in recipe.targets if t.name == target_name)
+    target_class = load(TARGETS, spec.kind)
+    options = {**spec.options, **(option_overrides or {}).get(spec.kind, {})}
+    target = target_class(target_class.Options.model_validate(options))
+    capability = spec.capability or target_class.capability
+    qgraph = QGraph.load(build / f"tune-{capability}" / "qgraph")
+    with tempfile.TemporaryDirectory(prefix="dabuild-imported-") as work:
+        outputs = np.asarray(target.run(build / f"export-{target_name}", reference_inputs(target.reference, qgraph, x),
+                                        Path(work)))
+    if np.issubdtype(outputs.dtype, np.integer):
+        outputs = qgraph.output_params.dequantize(outputs)
+    return outputs, qgraph
+
+
+def target_figures(recipe: Recipe, build: Path, original: Path, runtime: str, targets: list[str] | None = None,
+                   option_overrides: dict[str, dict] | None = None) -> list[TargetFigures]:
+    """Per target of the built recipe: accuracy and output-step disagreement (module doc)."""
+    spec = recipe.data.evaluation
+    x = next(iter(load_inputs(spec, recipe.base_dir, [t.name for t in Graph.load(build / "trace").inputs]).values()))
+    labels = load_labels(spec, recipe.base_dir)
+    expected = ORIGINAL_RUNTIMES[runtime](original, x)
+    rows = []
+    for target in targets or [t.name for t in recipe.targets]:
+        outputs, qgraph = artifact_outputs(recipe, build, target, x, option_overrides)
+        scale = qgraph.output_params.scale
+        rows.append(TargetFigures(
+            target, next(t.kind for t in recipe.targets if t.name == target),
+            float(np.mean(outputs.argmax(axis=1) == labels)), float(np.mean(expected.argmax(axis=1) == labels)),
+            _steps(outputs, run_quantized(qgraph, x), scale), _steps(outputs, expected, scale)))
+    return rows
