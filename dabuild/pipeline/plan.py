@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from dabuild.recipe import Recipe, TargetSpec
 
 # Bump a stage's version when its code changes (tests/test_stage_versions.py enforces it; see pipeline/versions.py).
-STAGE_VERSIONS = {"trace": 4, "calibrate": 5, "tune": 14, "export": 9, "check": 4}
+STAGE_VERSIONS = {"trace": 5, "calibrate": 5, "tune": 14, "export": 9, "check": 4}
 
 
 @dataclass(frozen=True)
@@ -290,4 +290,4 @@ def _framework_packages(recipe: "Recipe") -> tuple[str, ...]:
             framework = choose_framework(model_file)
         except UsageError:  # no frontend reads it: tracing reports that
             framework = None
-    return {"onnx": ("onnx",), "torch": ("torch",)}.get(framework or "", ())
+    return {"onnx": ("onnx",), "torch": ("torch",), "keras": ("keras", "torch", "hgq2")}.get(framework or "", ())
