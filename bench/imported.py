@@ -83,6 +83,8 @@ def _variants() -> list[Imported]:
         Imported("digits-cnn QDQ u8, int4 weights", *qdq, variant=quantize_static_variant(
             weight_type=QuantType.QInt4, per_channel=True)),
         Imported("digits MLP QONNX (Brevitas-style, pot)", "digits-qonnx", "model.onnx", "qonnx", mlp_by_hand),
+        Imported("jet MLP Keras (float; dabuild tunes)", "jet-mlp-keras", "model.keras", "keras"),
+        Imported("digits CNN HGQ2 (Keras, given)", "digits-hgq-cnn", "model.keras", "keras"),
     ]
 
 

@@ -3,8 +3,8 @@
 `target_figures` reads a finished build of a recipe and, for each of its
 targets, runs the artifact in its real runtime on the evaluation data and
 compares it with dabuild's integer reference and with the original model run
-by its own runtime (`ORIGINAL_RUNTIMES`: onnxruntime, qonnx's executor; a
-frontend adds its runtime here, e.g. Keras). Disagreement is counted in steps
+by its own runtime (`ORIGINAL_RUNTIMES`: onnxruntime, qonnx's executor, Keras;
+a frontend adds its runtime here). Disagreement is counted in steps
 of the output's quantization scale.
 """
 
@@ -39,9 +39,17 @@ def run_qonnx_executor(path: Path, x: np.ndarray) -> np.ndarray:
     return run_qonnx(path, x)
 
 
+def run_keras(path: Path, x: np.ndarray) -> np.ndarray:
+    """Keras (torch backend) running the .keras file, HGQ2's quantized layers included."""
+    from dabuild.trace.keras_frontend.loading import load_file
+
+    return load_file(path).predict(x, verbose=0)
+
+
 ORIGINAL_RUNTIMES: dict[str, Callable[[Path, np.ndarray], np.ndarray]] = {
     "onnxruntime": run_onnxruntime,
     "qonnx": run_qonnx_executor,
+    "keras": run_keras,
 }
 
 

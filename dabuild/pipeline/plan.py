@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from dabuild.recipe import Recipe, TargetSpec
 
 # Bump a stage's version when its code changes (tests/test_stage_versions.py enforces it; see pipeline/versions.py).
-STAGE_VERSIONS = {"trace": 8, "calibrate": 9, "tune": 19, "export": 14, "check": 9}
+STAGE_VERSIONS = {"trace": 9, "calibrate": 10, "tune": 20, "export": 15, "check": 10}
 
 
 @dataclass(frozen=True)
@@ -308,4 +308,4 @@ def _framework_packages(recipe: "Recipe") -> tuple[str, ...]:
             framework = choose_framework(model_file)
         except UsageError:  # no frontend reads it: tracing reports that
             framework = None
-    return {"onnx": ("onnx",), "torch": ("torch",)}.get(framework or "", ())
+    return {"onnx": ("onnx",), "torch": ("torch",), "keras": ("keras", "torch", "hgq2")}.get(framework or "", ())

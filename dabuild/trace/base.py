@@ -98,8 +98,10 @@ def choose_framework(model: Any) -> str:
             f"installed frameworks: {', '.join(installed) or 'none'}"
         )
     root = type(model).__module__.split(".")[0]
-    torch = sys.modules.get("torch")  # a torch model means torch is imported already
-    if torch is not None and isinstance(model, torch.nn.Module):
+    keras, torch = sys.modules.get("keras"), sys.modules.get("torch")  # a model means its framework is imported
+    if keras is not None and isinstance(model, keras.Model):
+        root = "keras"  # before torch: on keras's torch backend a keras.Model is also a torch.nn.Module
+    elif torch is not None and isinstance(model, torch.nn.Module):
         root = "torch"  # also user subclasses, whose module is the user's
     if root in installed:
         return root

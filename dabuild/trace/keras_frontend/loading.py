@@ -1,0 +1,82 @@
+"""Importing keras on its torch backend, and turning what a recipe names into a `keras.Model`."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+from dabuild.errors import BuildError, UsageError
+from dabuild.trace.base import user_location
+
+
+def import_keras() -> Any:
+    """keras, on the torch backend unless KERAS_BACKEND already names another; UsageError if it is missing."""
+    os.environ.setdefault("KERAS_BACKEND", "torch")
+    stderr, sys.stderr = sys.stderr, sys.__stderr__  # absl's log handler (keras imports it) keeps the stream it
+    try:                                              # sees; a stage's captured stderr is gone by exit, when it closes
+        import keras
+    except ImportError as error:
+        raise UsageError(f"the keras frontend needs keras 3 ({error}): pip install 'dabuild[keras]'") from None
+    finally:
+        sys.stderr = stderr
+    if not keras.__version__.startswith("3."):
+        raise UsageError(f"the keras frontend reads Keras 3 models; keras {keras.__version__} is installed")
+    return keras
+
+
+def _register_layer_packages() -> None:
+    """Import the packages whose quantized layers .keras files may name (hgq2), where installed."""
+    if importlib.util.find_spec("hgq") is not None:
+        import hgq  # noqa: F401  (registers HGQ2's layers and quantizers with keras)
+
+
+def load_file(path: Path) -> Any:
+    """A `.keras` file as a model (not compiled: only inference is traced)."""
+    keras = import_keras()
+    _register_layer_packages()
+    if not path.is_file():
+        raise UsageError(f"{path}: no such model file")
+    try:
+        return keras.saving.load_model(path, compile=False)
+    except Exception as error:  # keras reports bad archives and unknown classes in many exception types
+        raise UsageError(f"{path}: keras cannot load this model: {type(error).__name__}: {error}") from None
+
+
+def _call_factory(factory: Any, where: str) -> Any:
+    try:
+        return factory()
+    except Exception as error:
+        location = user_location(traceback.extract_tb(error.__traceback__))
+        raise BuildError(f"{location}: {where}() raised {type(error).__name__}: {error}") from error
+
+
+def as_model(model: Any) -> Any:
+    """The keras.Model that `model` is, names (a .keras path) or builds (a factory taking no arguments)."""
+    keras = import_keras()
+    if isinstance(model, (str, Path)):
+        return load_file(Path(model))
+    if isinstance(model, keras.Model):
+        return model
+    if callable(model):
+        built = _call_factory(model, getattr(model, "__qualname__", repr(model)))
+        if isinstance(built, keras.Model):
+            return built
+        raise UsageError(f"the keras frontend's model factory {model!r} returned a {type(built).__name__}, "
+                         "not a keras.Model")
+    raise UsageError(f"the keras frontend reads keras.Model objects, .keras files or factories, "
+                     f"not a {type(model).__name__}")
+
+
+def build_with_weights(factory: Any, path: Path, where: str) -> Any:
+    """The model `factory` builds, with the weights of `path` (written by `model.save_weights`) loaded."""
+    model = as_model(factory)
+    try:
+        model.load_weights(path)
+    except Exception as error:
+        raise UsageError(f"{path}: cannot load these weights into the model {where} builds: "
+                         f"{type(error).__name__}: {error}") from None
+    return model
