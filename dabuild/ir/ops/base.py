@@ -142,6 +142,12 @@ def dims_agree(a: int | None, b: int | None) -> bool:
     return a is None or b is None or a == b
 
 
+def check_vector(op: str, role: str, spec: TensorSpec, size: int | None) -> None:
+    """ShapeError unless `spec` is a vector of `size` entries (a per-channel scale, bias, mean, variance)."""
+    if len(spec.shape) != 1 or not dims_agree(spec.shape[0], size):
+        raise ShapeError(f"{op} {role} must have shape ({size},), got {tuple(spec.shape)}")
+
+
 def product(dims: tuple[int | None, ...] | list[int | None]) -> int | None:
     """Product of the sizes, or None when any is dynamic."""
     return None if None in dims else math.prod(dims)  # type: ignore[arg-type]

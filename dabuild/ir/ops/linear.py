@@ -33,7 +33,17 @@ import numpy as np
 
 from dabuild.ir.kernels.native import CLAMP, NO_ACTIVATION, RELU, NativeActivation, PackedWeight, native_conv
 from dabuild.ir.ops.activation import check_activation, fused_activation
-from dabuild.ir.ops.base import Kernel, Op, OutputSpec, ShapeError, broadcast_shapes, dims_agree, fits, register
+from dabuild.ir.ops.base import (
+    Kernel,
+    Op,
+    OutputSpec,
+    ShapeError,
+    broadcast_shapes,
+    check_vector,
+    dims_agree,
+    fits,
+    register,
+)
 from dabuild.ir.ops.window import Padder, channels_last, output_sizes, pad_widths, window_attrs, windows, windows_last
 
 if TYPE_CHECKING:
@@ -466,8 +476,7 @@ class BatchNorm(Op):
         if len(x) < 2:
             raise ShapeError(f"batch_norm needs an (N, C, ...) input, got {x}")
         for role, spec in zip(("scale", "bias", "mean", "var"), inputs[1:]):
-            if len(spec.shape) != 1 or not dims_agree(spec.shape[0], x[1]):
-                raise ShapeError(f"batch_norm {role} must have shape ({x[1]},), got {spec.shape}")
+            check_vector("batch_norm", role, spec, x[1])
         return [(x, inputs[0].dtype)]
 
     def kernel(self, arrays: list[np.ndarray], attrs: dict[str, Any]) -> list[np.ndarray]:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from dabuild.ir.ops.base import REQUIRED, Op, OutputSpec, ShapeError, dims_agree, normalize_axis, register
+from dabuild.ir.ops.base import REQUIRED, Op, OutputSpec, ShapeError, check_vector, dims_agree, normalize_axis, register
 
 if TYPE_CHECKING:
     from dabuild.ir.graph import TensorSpec
@@ -27,11 +27,6 @@ def _standardize(x: np.ndarray, axes: tuple[int, ...], epsilon: float) -> np.nda
     centred = wide - mean
     variance = np.mean(centred * centred, axis=axes, keepdims=True)
     return centred / np.sqrt(variance + epsilon)
-
-
-def _check_vector(op: str, role: str, spec: TensorSpec, size: int | None) -> None:
-    if len(spec.shape) != 1 or not dims_agree(spec.shape[0], size):
-        raise ShapeError(f"{op} {role} must have shape ({size},), got {tuple(spec.shape)}")
 
 
 class ChannelNorm(Op):
@@ -47,7 +42,7 @@ class ChannelNorm(Op):
         if len(x) < 3:
             raise ShapeError(f"{self.name} needs an (N, C, spatial...) input, got {x}")
         for role, spec in zip(("scale", "bias"), inputs[1:]):
-            _check_vector(self.name, role, spec, x[1])
+            check_vector(self.name, role, spec, x[1])
         self.check(x, attrs)
         return [(x, inputs[0].dtype)]
 
