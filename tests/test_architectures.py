@@ -43,12 +43,8 @@ BATCH_MOVED = pytest.mark.xfail(reason="batch relaxation does not follow the bat
                                 strict=True)
 ONNX_FAMILIES = [pytest.param(family, id=family.name, marks=BATCH_MOVED if family.name == "vit" else ())
                  for family in FAMILIES]
-# torch's old-opset export emulates Inception's ceil-mode pools by padding past the kernel; dabuild's onnx target
-# writes that pool as it is, and onnxruntime refuses it ("Pad should be smaller than kernel"): a known gap.
-PADS_PAST_KERNEL = pytest.mark.xfail(reason="a pool padded past its kernel is exported as it is; onnxruntime "
-                                            "refuses it", strict=True)
-BUILT_FAMILIES = [pytest.param(family, id=family.name, marks={"vit": BATCH_MOVED, "inception": PADS_PAST_KERNEL}
-                               .get(family.name, ())) for family in FAMILIES]
+BUILT_FAMILIES = [pytest.param(family, id=family.name, marks=BATCH_MOVED if family.name == "vit" else ())
+                  for family in FAMILIES]
 
 
 def export(model: torch.nn.Module, side: int, opset: int) -> onnx.ModelProto:
