@@ -160,6 +160,7 @@ CASES: dict[str, Case] = {
                                                               "mode": "linear",
                                                               "coordinate_transformation_mode": "align_corners"}),
     "gather": Case("gather", (2, 5, 3), {"axis": 1, "indices": [[0, 4], [-1, 2]]}),
+    "gather_scalar": Case("gather", (2, 5, 3), {"axis": 1, "indices": -2}),  # drops the axis (attention's q, k, v)
     "tile": Case("tile", (2, 3, 2), {"repeats": [1, 2, 3]}),
     "expand": Case("expand", (2, 3, 1), {"shape": [1, 3, 4]}),
 }

@@ -311,16 +311,39 @@ def test_fixed_batch_of_one_is_relaxed_when_every_node_keeps_samples_apart() -> 
     np.testing.assert_allclose(run(graph, feeds)[graph.outputs[0]], want, rtol=1e-5)
 
 
-def test_fixed_batch_that_cannot_be_relaxed_runs_sample_by_sample() -> None:
-    """A reduction over the batch axis mixes samples: the fixed batch stays and larger batches run one by one."""
+def test_fixed_batch_moved_off_axis_0_is_relaxed_by_stacking_samples() -> None:
+    """Attention as torch exports it with the batch fixed: (1, L, E) transposed to (L, 1, E), the batch folded
+    with the heads into (L, heads, E / heads) and back. The relaxed graph stacks samples; it is checked."""
     net = Net(13)
-    model = net.model({"x": [1, 4]}, net.ints("ReduceSum", net.op("Relu", "x"), "axes", [0], 13, keepdims=1))
+    tokens = net.op("Transpose", "x", perm=[1, 0, 2])                                   # (4, 1, 6)
+    projected = net.op("MatMul", tokens, net.weight(6, 6))
+    heads = net.op("Transpose", net.op("Reshape", projected, net.const([4, 2, 3], np.int64)), perm=[1, 0, 2])
+    scores = net.op("Softmax", net.op("MatMul", heads, net.op("Transpose", heads, perm=[0, 2, 1])), axis=2)
+    mixed = net.op("Transpose", net.op("MatMul", scores, heads), perm=[1, 0, 2])        # (4, 2, 3)
+    back = net.op("Transpose", net.op("Reshape", mixed, net.const([4, 1, 6], np.int64)), perm=[1, 0, 2])
+    model = net.model({"x": [1, 4, 6]}, net.op("Add", back, "x"))
+    log = io.StringIO()
+    graph = trace_model(model, progress=Progress(log, live=False))
+    assert graph.inputs[0].shape == (None, 4, 6)
+    assert "relaxed to any batch by stacking samples" in log.getvalue()
+    feeds = images(np.random.default_rng(4), 3, 4, 6)
+    want = np.concatenate([expected(model, {"x": feeds["x"][i:i + 1]})[0] for i in range(3)])
+    np.testing.assert_allclose(run(optimize(graph), feeds)[graph.outputs[0]], want, rtol=1e-5, atol=1e-6)
+
+
+def test_fixed_batch_that_cannot_be_relaxed_runs_sample_by_sample() -> None:
+    """A sample added to its own flattened copy: the two operands' batch axes cannot be lined up (ranks 2 and 1),
+    so the fixed batch stays, the log names the node, and larger batches run one by one."""
+    net = Net(13)
+    flat = net.op("Reshape", "x", net.const([4], np.int64))
+    model = net.model({"x": [1, 4]}, net.op("Add", "x", net.op("Relu", flat)))
     log = io.StringIO()
     graph = trace_model(model, progress=Progress(log, live=False))
     assert graph.inputs[0].shape == (1, 4)
     assert "cannot relax it" in log.getvalue() and "sample by sample" in log.getvalue()
+    assert "acts on the batch axis it moved" in log.getvalue()
     x = np.random.default_rng(2).normal(size=(3, 4)).astype(np.float32)
-    np.testing.assert_allclose(run(graph, {"x": x})[graph.outputs[0]], np.maximum(x, 0), rtol=1e-6)
+    np.testing.assert_allclose(run(graph, {"x": x})[graph.outputs[0]], x + np.maximum(x, 0), rtol=1e-6)
     with pytest.raises(UsageError, match="model.inputs gives 'x' a free batch \\(null\\), but the graph cannot"):
         trace_model(model, inputs={"x": (None, 4)})
 

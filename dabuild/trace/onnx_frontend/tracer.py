@@ -23,6 +23,7 @@ from dabuild.trace.base import Shape, TracerPlugin
 from dabuild.trace.onnx_frontend.conversion import Conversion, Unsupported
 from dabuild.trace.onnx_frontend.converters import CONVERTERS, SUPPORTED_OPS
 from dabuild.trace.onnx_frontend.quantized import QUANTIZATION_OPS
+from dabuild.trace.stacked_batch import stack_batch
 
 if TYPE_CHECKING:
     from dabuild.trace.onnx_frontend.model_file import OnnxModel, OnnxNode
@@ -187,11 +188,22 @@ class OnnxTracer(TracerPlugin):
                 self.progress.info(f"{model.where}: the file fixes the batch of {', '.join(map(repr, relaxable))} "
                                    "to 1; relaxed to any batch (every node treats samples independently)")
                 return graph
+            one_sample = self._convert(shapes)
+            try:
+                graph = stack_batch(one_sample)
+            except BuildError as error:
+                why_not = f"{why_not}; stacking samples: {error}"
+            else:
+                self.progress.info(f"{model.where}: the file fixes the batch of {', '.join(map(repr, relaxable))} "
+                                   f"to 1 and moves it ({why_not}); relaxed to any batch by stacking samples "
+                                   "(checked against one sample at a time)")
+                return graph
             if asked:
                 raise UsageError(f"{model.where}: model.inputs gives {', '.join(map(repr, asked))} a free batch "
                                  f"(null), but the graph cannot take one: {why_not}")
             self.progress.info(f"{model.where}: the file fixes the batch to 1 and the graph cannot relax it "
                                f"({why_not}); it runs sample by sample")
+            return one_sample
         return self._convert(shapes)
 
     def _relaxed(self, shapes: dict[str, Shape]) -> tuple[Graph | None, str]:
