@@ -1,6 +1,6 @@
 """A ResNet-50 build end to end: each stage's time, calibration and trial cost against inference, peak memory.
 
-Builds ResNet-50 (bench/architectures.py, random weights) at 3x224x224 as a
+Builds ResNet-50 (tests/architectures.py's resnet family at full size, random weights) at 3x224x224 as a
 recipe: 512 calibration and 256 evaluation images (random normal pixels; the
 labels are the fp32 model's own top-1 classes, so fp32 accuracy is 1.0),
 strategy basic with max_trials 10 (allow_miss: a missed goal keeps the best
@@ -35,7 +35,8 @@ from pathlib import Path
 
 import numpy as np
 
-from architectures import IMAGE, export_onnx
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the families' one definition
+from architectures import IMAGE, export_onnx  # noqa: E402
 
 GOALS = {"build": 15 * 60, "calibrate": 1.5, "trial": 2.0, "rss": 2.0, "source": 2.0}
 
@@ -44,7 +45,7 @@ def make_recipe(work: Path, calibration: int, evaluation: int, trials: int) -> P
     """model.onnx, data.npz (labels from onnxruntime's fp32 run) and recipe.yaml in `work`."""
     import onnxruntime as ort
 
-    model = export_onnx("resnet50", work / "model.onnx")
+    model = export_onnx("resnet", work / "model.onnx")
     rng = np.random.default_rng(0)
     x_cal = rng.standard_normal((calibration, *IMAGE), np.float32)
     x_eval = rng.standard_normal((evaluation, *IMAGE), np.float32)

@@ -22,7 +22,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import warnings
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
@@ -35,14 +34,9 @@ HEADER = ("model", "nodes", "trace s", "dabuild ms/img", "onnxruntime ms/img", "
 
 
 def export(name: str, path: Path) -> None:
-    import torch
-    from architectures import FAMILIES, build
+    from architectures import export_onnx
 
-    family = next(family for family in FAMILIES if family.name == name)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(build(family, full=True), torch.zeros(1, 3, SIDE, SIDE), str(path), opset_version=17,
-                          dynamo=False)
+    export_onnx(name, path, fixed_batch=True)
 
 
 def measure(path: Path, seconds: float) -> dict[str, object]:
