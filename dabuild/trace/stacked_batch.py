@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from dabuild.errors import BuildError
+from dabuild.errors import BuildError, UsageError
 from dabuild.ir.graph import Graph, Node, TensorSpec
 from dabuild.ir.ops import OPS
 from dabuild.ir.ops.activation import Activation
@@ -175,10 +175,12 @@ class Stacker:
         variables = [name for name in node.inputs if self.variable(name)]
         in_shapes = [self.shapes[name] for name in variables]
         leading_one = all(self.shapes[name][:1] == (1,) for name in [*variables, *node.outputs])
-        if node.op in BROADCASTING:  # a constant of the output's rank must not vary along the batch axis
+        same_rank = len({len(shape) for shape in in_shapes}) <= 1
+        if node.op in BROADCASTING:  # batch axes line up, and no constant of the output's rank varies along them
             rank = len(self.shapes[node.outputs[0]])
-            leading_one = leading_one and all(len(self.shapes[name]) < rank or self.shapes[name][:1] == (1,)
-                                              for name in node.inputs if not self.variable(name))
+            leading_one = leading_one and same_rank and all(
+                len(self.shapes[name]) < rank or self.shapes[name][:1] == (1,)
+                for name in node.inputs if not self.variable(name))
         if leading_one:
             folded_attrs = attrs
             if node.op == "reshape" and attrs["shape"][0] in (0, 1):  # each whole sample reshaped alone
@@ -192,7 +194,6 @@ class Stacker:
             self.emit(node, [self.as_stacked(node.inputs[0])],
                       {"shape": [0, math.prod(shape[:axis]), math.prod(shape[axis:])]}, stacked=True, op="reshape")
             return
-        same_rank = len({len(shape) for shape in in_shapes}) <= 1
         if node.op in STACKED and same_rank and not (node.op == "matmul" and any(len(s) < 2 for s in in_shapes)):
             shifted = STACKED[node.op](attrs, in_shapes)
             if shifted is not None:
@@ -254,7 +255,10 @@ def _agrees(graph: Graph, relaxed: Graph) -> None:
     rng = np.random.default_rng(0)
     feeds = {spec.name: (rng.normal(size=(2, *spec.shape[1:])) if np.dtype(spec.dtype).kind == "f"
                          else np.zeros((2, *spec.shape[1:]))).astype(spec.dtype) for spec in graph.inputs}
-    together = run(relaxed, feeds)
+    try:
+        together = run(relaxed, feeds)
+    except (UsageError, BuildError, ValueError) as error:  # a shape the stacked graph cannot take at run time
+        raise BuildError(f"the stacked graph does not run on two samples: {error}") from None
     alone = [run(graph, {name: array[i:i + 1] for name, array in feeds.items()}) for i in range(2)]
     for name in graph.outputs:
         want = np.concatenate([part[name] for part in alone])
