@@ -55,7 +55,10 @@ def _same(attrs: dict[str, Any], shapes: list[Shape]) -> dict[str, Any] | None:
     return attrs
 
 
-@stacked("add", "sub", "mul", "div", "max", "min", "prelu", "where", "matmul")
+BROADCASTING = ("add", "sub", "mul", "div", "max", "min", "prelu", "where", "matmul")
+
+
+@stacked(*BROADCASTING)
 def _broadcasting(attrs: dict[str, Any], shapes: list[Shape]) -> dict[str, Any] | None:
     """Broadcasting aligns axes from the end; the caller stacks every variable input (constants keep their
     rank), so variable inputs of one rank stay aligned. Differing ranks, or a 1-D matmul operand, would not."""
@@ -127,9 +130,6 @@ def _expand(attrs: dict[str, Any], shapes: list[Shape]) -> dict[str, Any] | None
     return None if len(shape) > rank else {**attrs, "shape": [1] * (rank + 1 - len(shape)) + shape}
 
 
-BROADCASTING = ("add", "sub", "mul", "div", "max", "min", "prelu", "where", "matmul")
-
-
 class Stacker:
     """The rewrite of one graph. A folded tensor keeps its one-sample name; a stacked one gets a fresh name."""
 
@@ -174,14 +174,14 @@ class Stacker:
         op, attrs = OPS[node.op], OPS[node.op].resolve(node.attrs)
         variables = [name for name in node.inputs if self.variable(name)]
         in_shapes = [self.shapes[name] for name in variables]
-        leading_one = all(self.shapes[name][:1] == (1,) for name in [*variables, *node.outputs])
+        stays_folded = all(self.shapes[name][:1] == (1,) for name in [*variables, *node.outputs])
         same_rank = len({len(shape) for shape in in_shapes}) <= 1
         if node.op in BROADCASTING:  # batch axes line up, and no constant of the output's rank varies along them
             rank = len(self.shapes[node.outputs[0]])
-            leading_one = leading_one and same_rank and all(
+            stays_folded = stays_folded and same_rank and all(
                 len(self.shapes[name]) < rank or self.shapes[name][:1] == (1,)
                 for name in node.inputs if not self.variable(name))
-        if leading_one:
+        if stays_folded:
             folded_attrs = attrs
             if node.op == "reshape" and attrs["shape"][0] in (0, 1):  # each whole sample reshaped alone
                 folded_attrs = {**attrs, "shape": [0, *attrs["shape"][1:]]}
