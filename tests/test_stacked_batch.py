@@ -65,3 +65,11 @@ def test_an_output_without_the_batch_first_is_refused() -> None:
     graph = Graph([TensorSpec("x", (1, 4))], ["y"], [Node("flat", "reshape", ["x"], ["y"], {"shape": [4]})], {})
     with pytest.raises(BuildError, match="output 'y' has no batch axis first"):
         stack_batch(graph)
+
+
+def test_a_per_sample_tensor_as_a_conv_weight_is_refused() -> None:
+    """A weight that is a graph input (the onnx backend cases feed Conv's W so) has no batch to stack."""
+    graph = Graph([TensorSpec("x", (1, 1, 5, 5)), TensorSpec("w", (1, 1, 3, 3))], ["y"],
+                  [Node("conv", "conv", ["x", "w"], ["y"], {})], {})
+    with pytest.raises(BuildError, match=r"node 'conv' \(conv\) takes a per-sample tensor as a parameter"):
+        stack_batch(graph)

@@ -173,6 +173,8 @@ class Stacker:
         ones with its axes shifted, else (a samplewise op without a rule) over its stacked inputs folded."""
         op, attrs = OPS[node.op], OPS[node.op].resolve(node.attrs)
         variables = [name for name in node.inputs if self.variable(name)]
+        if node.op not in (*BROADCASTING, "concat") and any(self.variable(name) for name in node.inputs[1:]):
+            raise BuildError(f"node {node.name!r} ({node.op}) takes a per-sample tensor as a parameter")
         in_shapes = [self.shapes[name] for name in variables]
         stays_folded = all(self.shapes[name][:1] == (1,) for name in [*variables, *node.outputs])
         same_rank = len({len(shape) for shape in in_shapes}) <= 1
