@@ -34,9 +34,9 @@ from da4ml.types import CombLogic
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
 sys.path.insert(0, str(REPO / "tests"))
+from test_tuning import tune  # noqa: E402
 from timing import fastest  # noqa: E402
 from tuning import prepare  # noqa: E402  (bench/ is not a package)
-from test_tuning import tune  # noqa: E402
 
 from dabuild.capability import discover_capabilities  # noqa: E402
 from dabuild.data import load_inputs, load_labels  # noqa: E402
@@ -49,7 +49,6 @@ from dabuild.tune.evaluate import EvalSetup, Evaluator  # noqa: E402
 from dabuild.tune.search import Goal  # noqa: E402
 from dabuild.tune.space import TuningSpace, build_space  # noqa: E402
 from dabuild.tune.trials import describe_config  # noqa: E402
-
 
 # ---------------------------------------------------------------- da4ml by hand (nothing from dabuild.targets.hdl)
 
@@ -113,7 +112,7 @@ def uniform(space: TuningSpace, dtype: str) -> QuantConfig:
     return QuantConfig(nodes)
 
 
-def timed(call):  # noqa: ANN001, ANN201
+def timed(call):
     start = time.perf_counter()
     result = call()
     return result, time.perf_counter() - start

@@ -26,14 +26,14 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from c_target import lowered  # noqa: E402  (bench/ is not a package)
-from interpreter import resnet_graph  # noqa: E402
+from c_target import lowered
+from interpreter import resnet_graph
 
-from dabuild.ir.passes import optimize  # noqa: E402
-from dabuild.quant.qgraph import QGraph  # noqa: E402
-from dabuild.quant.reference import run_integer  # noqa: E402
-from dabuild.targets.c import CTarget  # noqa: E402
-from dabuild.trace import trace_model  # noqa: E402
+from dabuild.ir.passes import optimize
+from dabuild.quant.qgraph import QGraph
+from dabuild.quant.reference import run_integer
+from dabuild.targets.c import CTarget
+from dabuild.trace import trace_model
 
 DIGITS_CNN = Path(__file__).resolve().parent.parent / "recipes" / "digits-cnn"
 # peers.md: (model, cpu) -> (peer, instructions per inference)

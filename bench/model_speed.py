@@ -24,9 +24,8 @@ from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
-from threadpoolctl import threadpool_limits
-
 from architectures import ARCHITECTURES, IMAGE, export_onnx
+from threadpoolctl import threadpool_limits
 from timing import fastest
 
 from dabuild.ir.graph import Graph

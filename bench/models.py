@@ -49,12 +49,12 @@ def measure(path: Path, seconds: float) -> dict[str, object]:
     """One model, in this (fresh) process: the row's figures."""
     import numpy as np
     import onnxruntime as ort
+    from timing import fastest
 
     from dabuild.errors import UsageError
     from dabuild.ir.interpreter import Interpreter
     from dabuild.ir.passes import optimize
     from dabuild.trace import trace_model
-    from timing import fastest
 
     start = time.perf_counter()
     try:

@@ -13,8 +13,8 @@ import re
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from dabuild import __version__, notices
 from dabuild.errors import BuildError, DabuildError, UsageError

@@ -101,8 +101,8 @@ def undeclared_converters() -> list[str]:
 
 def undeclared_lowerings() -> list[str]:
     """Lowerings that do not say which layer types they make."""
-    from dabuild.quant.lowering import LOWERINGS
     from dabuild.quant import layers  # noqa: F401  (registers every lowering)
+    from dabuild.quant.lowering import LOWERINGS
 
     return [name for name, lowerer in LOWERINGS.items() if lowerer.layers is None]
 

@@ -321,9 +321,8 @@ def _data_loc(data: Any, loc: Loc, missing: bool) -> Loc:
     """`loc` without pydantic's own entries (union member names, validator tags) that are not in the file."""
     kept: list[Any] = []
     for i, part in enumerate(loc):
-        if isinstance(data, dict) and part in data:
-            data = data[part]
-        elif isinstance(data, list) and isinstance(part, int) and 0 <= part < len(data):
+        if (isinstance(data, dict) and part in data) or (
+                isinstance(data, list) and isinstance(part, int) and 0 <= part < len(data)):
             data = data[part]
         elif missing and i == len(loc) - 1:
             pass

@@ -24,6 +24,7 @@ onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 
 from architectures import FAMILIES, Family, build  # noqa: E402
+
 from dabuild.cli import main  # noqa: E402
 from dabuild.errors import UsageError  # noqa: E402
 from dabuild.ir import Graph  # noqa: E402

@@ -14,11 +14,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import REPO
 from test_c_kernels import CASES, STRICT, lowered, small_cnn, weights
 from test_lowering import graph_of, image, lower, with_weights
 from test_quantize import C_CAPABILITY
-
-from conftest import REPO
 
 from dabuild.cli import main
 from dabuild.errors import BuildError

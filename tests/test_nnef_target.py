@@ -10,8 +10,8 @@ import subprocess
 import sys
 import tarfile
 from collections.abc import Callable
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -24,7 +24,6 @@ from dabuild.ir import Graph, Node, TensorSpec
 from dabuild.progress import Progress
 from dabuild.quant.calibrate import calibrate
 from dabuild.quant.config import NodeConfig, QuantConfig, default_config
-from dabuild.quant.layers.fallback import QFloat
 from dabuild.quant.qgraph import QGraph
 from dabuild.quant.quantize import quantize
 from dabuild.quant.reference import run_integer, run_quantized

@@ -40,9 +40,9 @@ def test_plugin_names_are_listed(plugin_site: Path) -> None:
 
 
 def test_trace_model_picks_the_plugin_by_the_model_type_module(plugin_site: Path) -> None:
+    import dabuild_testplugin
     from conftest import DIGITS
 
-    import dabuild_testplugin
     from dabuild.ir.interpreter import run
     from dabuild.trace.base import trace_model
 

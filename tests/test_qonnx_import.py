@@ -13,20 +13,20 @@ from conftest import copy_recipes
 from qonnx_runtime import run_qonnx
 
 pytest.importorskip("qonnx")
-import onnx  # noqa: E402
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+import onnx
+from onnx import TensorProto, helper, numpy_helper
 
-from dabuild.capability import discover_capabilities  # noqa: E402
-from dabuild.cli import main  # noqa: E402
-from dabuild.errors import BuildError, UsageError  # noqa: E402
-from dabuild.ir.interpreter import run  # noqa: E402
-from dabuild.ir.passes import optimize  # noqa: E402
-from dabuild.progress import Progress  # noqa: E402
-from dabuild.quant.calibrate import calibrate  # noqa: E402
-from dabuild.quant.quantize import quantize  # noqa: E402
-from dabuild.quant.reference import run_quantized  # noqa: E402
-from dabuild.trace.onnx_frontend import OnnxTracer  # noqa: E402
-from dabuild.tune.space import build_space  # noqa: E402
+from dabuild.capability import discover_capabilities
+from dabuild.cli import main
+from dabuild.errors import BuildError, UsageError
+from dabuild.ir.interpreter import run
+from dabuild.ir.passes import optimize
+from dabuild.progress import Progress
+from dabuild.quant.calibrate import calibrate
+from dabuild.quant.quantize import quantize
+from dabuild.quant.reference import run_quantized
+from dabuild.trace.onnx_frontend import OnnxTracer
+from dabuild.tune.space import build_space
 
 REPO = Path(__file__).resolve().parent.parent
 DIGITS = np.load(REPO / "recipes" / "digits" / "data.npz")
@@ -42,7 +42,7 @@ def recipe_module():
     return module
 
 
-def traced(path: Path, shape: tuple) -> "object":
+def traced(path: Path, shape: tuple) -> object:
     return optimize(OnnxTracer(str(path), {"x": (None, *shape)}).trace())
 
 

@@ -26,8 +26,8 @@ from dabuild.ir.npz import read_npz, write_npz
 from dabuild.progress import Progress
 from dabuild.quant.activations import with_table_activations_split
 from dabuild.quant.algorithms import ALGORITHMS, Levels, Range
-from dabuild.quant.histogram import Bins, Histogram
 from dabuild.quant.dtypes import int_type
+from dabuild.quant.histogram import Bins, Histogram
 
 STATS_FILE = "stats.npz"
 _RANGE = "range"

@@ -29,8 +29,8 @@ from __future__ import annotations
 import dataclasses
 import json
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
 from collections.abc import Collection
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -220,7 +220,7 @@ class QGraph:
 
     @classmethod
     def load(cls, directory: Path) -> QGraph:
-        from dabuild.quant import layers  # noqa: F401  (registers every layer type)
+        from dabuild.quant import layers
 
         directory = Path(directory)
         doc = json.loads((directory / QGRAPH_FILE).read_text())

@@ -21,8 +21,8 @@ which side of quantization the artifact's `run` faces:
 
 from __future__ import annotations
 
-from pathlib import Path
 from collections.abc import Collection
+from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
@@ -43,7 +43,7 @@ class Target:
     class Options(BaseModel):
         model_config = ConfigDict(extra="forbid")
 
-    def __init__(self, options: "Target.Options | None" = None):
+    def __init__(self, options: Target.Options | None = None):
         self.options = options if options is not None else self.Options()
 
     def runtime_version(self) -> dict[str, str]:

@@ -19,8 +19,6 @@ output differs beyond the same tolerance.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import hashlib
 import json
 import platform
@@ -28,6 +26,7 @@ import shutil
 import stat
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -189,7 +188,7 @@ def check_stage(target: Target, qgraph: QGraph, artifact_dir: Path, x: np.ndarra
                          f"the reference has {expected.shape}")
     params = qgraph.output_params
     comparison = _compare(expected, actual, params, level)
-    report = {"target": target.kind, "tolerance": level, "reference": target.reference, "samples": int(len(inputs)),
+    report = {"target": target.kind, "tolerance": level, "reference": target.reference, "samples": len(inputs),
               "output_params": {"scale": params.scale, "zero_point": params.zero_point, "dtype": params.dtype},
               **comparison.to_dict(), "runtime": _versions(target), "not_run": not_run}
     if score is not None:

@@ -214,11 +214,11 @@ class SymbolicArray:
         return self.recorder.emit("unsqueeze", [result], {"axes": unsqueeze}) if unsqueeze else result
 
     @property
-    def T(self) -> SymbolicArray:  # noqa: N802 (numpy's name)
+    def T(self) -> SymbolicArray:
         return self.transpose()
 
     def transpose(self, *axes: Any) -> SymbolicArray:
-        perm = axes[0] if len(axes) == 1 and isinstance(axes[0], (tuple, list)) or axes == (None,) else axes
+        perm = axes[0] if (len(axes) == 1 and isinstance(axes[0], (tuple, list))) or axes == (None,) else axes
         return self.recorder.emit("transpose", [self], {"perm": [int(a) for a in perm] if perm else None})
 
     def mean(self, axis: Any = None, keepdims: bool = False) -> SymbolicArray:

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 class MixedPrecisionStrategy:
     name: ClassVar[str] = "mixed-precision"
 
-    def search(self, search: "Search") -> None:
+    def search(self, search: Search) -> None:
         space = search.space
         config = space.default()
         raised = [config]

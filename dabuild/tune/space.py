@@ -29,9 +29,9 @@ from dabuild.errors import BuildError
 from dabuild.ir.graph import Graph
 from dabuild.quant.calibrate import LAST_AXIS_OPS
 from dabuild.quant.config import NodeConfig, QuantChoice, QuantConfig
+from dabuild.quant.dtypes import NAMES_TEXT, int_type, is_int_type
 from dabuild.quant.given import check_scheme, given_choices
 from dabuild.quant.lowering import quantizable_roles
-from dabuild.quant.dtypes import NAMES_TEXT, int_type, is_int_type
 
 FP32 = NodeConfig(weight=None, activation=None)
 FLOAT_DTYPE = "fp32"

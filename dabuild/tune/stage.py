@@ -27,7 +27,6 @@ from dabuild.progress import Progress
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from dabuild.quant.qgraph import QGraph
     from dabuild.quant.config import QuantConfig
     from dabuild.quant.qgraph import QGraph
 
@@ -43,8 +42,8 @@ def tune_stage(
     jobs: int = 1,
     keep_dir: Path | None = None,
     journal: Path | None = None,
-    constraints: Sequence[Callable[["QGraph"], str | None]] = (),
-    stored_bytes: "Callable[[QGraph], int] | None" = None,
+    constraints: Sequence[Callable[[QGraph], str | None]] = (),
+    stored_bytes: Callable[[QGraph], int] | None = None,
 ) -> None:
     """Tune into `out_dir` from the stage's keyed inputs alone: `config` is the tune `Stage.config` (tuning,
     capability, metric, evaluation data settings), `files` its declared files (`evaluation`, and `metric` for a
@@ -62,7 +61,7 @@ def tune_stage(
     from dabuild.quant.calibrate import STATS_FILE
     from dabuild.quant.given import carries_quantization
     from dabuild.recipe import TuningSpec
-    from dabuild.tune.evaluate import Evaluator, EvalSetup, Scorer
+    from dabuild.tune.evaluate import EvalSetup, Evaluator, Scorer
     from dabuild.tune.objective import make_objective
     from dabuild.tune.report import REPORT_DIR, write_report
     from dabuild.tune.search import Budget, Goal, Search
@@ -91,7 +90,7 @@ def tune_stage(
     if journal is not None:
         journal.parent.mkdir(parents=True, exist_ok=True)
     with open(journal or os.devnull, "a") as history, Scorer(evaluator, jobs) as scorer:
-        def fits(config: "QuantConfig") -> str | None:
+        def fits(config: QuantConfig) -> str | None:
             qgraph = evaluator.quantize(config)
             return next((why for why in (constraint(qgraph) for constraint in constraints) if why), None)
 
@@ -158,7 +157,7 @@ def tune_stage(
     raise BuildError(message + "; set tuning.allow_miss: true to accept it, or relax tuning.accuracy")
 
 
-def _precision(config: "QuantConfig") -> str:
+def _precision(config: QuantConfig) -> str:
     """What the chosen config uses, e.g. `w int4+int8, a int8, 1 node fp32`."""
     weights = sorted({n.weight.dtype for n in config.nodes.values() if n.weight is not None})
     activations = sorted({n.activation.dtype for n in config.nodes.values() if n.activation is not None})

@@ -116,7 +116,7 @@ class CTarget(Target):
         budget: Budget | None = None
 
         @model_validator(mode="after")
-        def _consistent(self) -> "CTarget.Options":
+        def _consistent(self) -> CTarget.Options:
             if self.runner == "command" and not self.command:
                 raise ValueError("runner: command needs options.command, the argv that runs {image} on "
                                  "{inputs} and writes {outputs}")

@@ -50,7 +50,7 @@ def _touches_batch(layer: QLayer, rank: int) -> bool:
     """Whether a layer moves values across the batch axis (the C model sees one sample); `rank` counts it."""
     attrs = getattr(layer, "op_attrs", {})
     if layer.op == "concat":
-        return getattr(layer, "axis") == 0
+        return layer.axis == 0
     if layer.op == "split":
         return attrs["axis"] % rank == 0
     if layer.op == "transpose":

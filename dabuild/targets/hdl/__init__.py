@@ -94,7 +94,7 @@ class HdlTarget(Target):
     def _simulator(self) -> str | None:
         return None if self.options.simulate == "never" else simulator()
 
-    def _hwconf(self):  # noqa: ANN202 - da4ml's HWConfig
+    def _hwconf(self):
         trace = _import("da4ml.trace")
         return trace.HWConfig(self.options.adder_size, self.options.carry_size, self.options.latency_cutoff)
 

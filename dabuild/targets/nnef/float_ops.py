@@ -21,8 +21,8 @@ import numpy as np
 from dabuild.errors import BuildError
 from dabuild.ir.graph import TensorSpec
 from dabuild.ir.ops import OPS
-from dabuild.targets.nnef.emitter import Emitter, integers, number
 from dabuild.registry import Registry
+from dabuild.targets.nnef.emitter import Emitter, integers, number
 
 Shape = tuple[int | None, ...]  # batch-first, None for the batch
 FloatOp = Callable[[Emitter, str, list[str], dict[str, Any], list[Shape], str], list[str]]

@@ -40,9 +40,9 @@ from dabuild.quant.layers.select import QPick, QWhere
 from dabuild.quant.layers.shape import SELECTION_OPS, QConcat, QSelection
 from dabuild.quant.layers.softmax import QSoftmax
 from dabuild.quant.qgraph import QLayer, QuantParams
+from dabuild.registry import Registry
 from dabuild.targets.nnef.emitter import Emitter, number
 from dabuild.targets.nnef.float_ops import Shape, emit_float, reduce
-from dabuild.registry import Registry
 
 LayerExporter = Callable[[Emitter, Any, bool], None]
 LAYER_EXPORTERS: Registry[LayerExporter] = Registry("quantized layer exporter", "the nnef target")

@@ -51,8 +51,8 @@ from dabuild.quant.fixed_point import quantize_multiplier
 from dabuild.quant.layers.linear import transposed_layout
 from dabuild.quant.layers.shape import SELECTION_OPS
 from dabuild.quant.qgraph import QGraph, QLayer, QuantParams
-from dabuild.targets.onnx_float import EXPORTERS, IR_VERSION, OPSET, Emitter, value_info
 from dabuild.registry import Registry
+from dabuild.targets.onnx_float import EXPORTERS, IR_VERSION, OPSET, Emitter, value_info
 
 QUANTIZED_TENSORS = "dabuild.quantized_tensors"  # metadata key: QGraph tensor -> name of its integers
 ONNX_TYPES = {"int8": TensorProto.INT8, "uint8": TensorProto.UINT8, "int32": TensorProto.INT32}

@@ -14,7 +14,6 @@ import numpy as np
 
 from dabuild.trace.keras_frontend.walk import Builder, Call, Unsupported, Value, converts
 
-
 # ---------------------------------------------------------------- activations
 
 

@@ -53,7 +53,7 @@ def _zero_point_type(ctx: Conversion, node: OnnxNode, zp_index: int) -> np.dtype
     zero_point = ctx.static(node, zp_index, "zero point")
     if zero_point is not None:
         return zero_point.dtype
-    if "output_dtype" in node.attrs and node.attrs["output_dtype"]:  # opset 21: the type without a zero point
+    if node.attrs.get("output_dtype"):  # opset 21: the type without a zero point
         from onnx import helper
 
         return np.dtype(helper.tensor_dtype_to_np_dtype(int(node.attrs["output_dtype"])))

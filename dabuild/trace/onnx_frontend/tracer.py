@@ -25,7 +25,7 @@ from dabuild.trace.onnx_frontend.converters import CONVERTERS, SUPPORTED_OPS
 from dabuild.trace.onnx_frontend.quantized import QUANTIZATION_OPS
 
 if TYPE_CHECKING:
-    from dabuild.trace.onnx_frontend.model_file import OnnxModel, OnnxNode
+    from dabuild.trace.onnx_frontend.model_file import OnnxModel
 
 
 def _shape_text(dims: tuple[Any, ...] | list[Any]) -> str:

@@ -27,6 +27,7 @@ from dabuild.trace.torch_frontend.convert import (
     op_name,
 )
 
+
 def known(target: Any) -> bool:
     """Whether a converter here maps this ATen op (capture decomposes only the others)."""
     return getattr(target, "namespace", None) == "aten" and op_name(target) in CONVERTERS
