@@ -25,6 +25,7 @@ import dataclasses
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -163,10 +164,10 @@ def main() -> None:
     for label, chosen in (("uniform int8", uniform(space, "int8")), ("tuned", config)):
         qgraph = evaluator.quantize(chosen)
         score = evaluator.score(chosen).metric
-        full, full_seconds = timed(lambda: trace(qgraph, hwconf).cost)
+        full, full_seconds = timed(lambda qgraph=qgraph: trace(qgraph, hwconf).cost)
         model = Da4mlCost()
-        estimate, estimate_seconds = timed(lambda: model(qgraph))
-        cached = fastest(lambda: model(qgraph), 0.5)
+        estimate, estimate_seconds = timed(partial(model, qgraph))
+        cached = fastest(partial(model, qgraph), 0.5)
         costs[label] = full
         print(f"  {label:12s} accuracy {score:.4f} ({'meets' if score >= threshold else 'MISSES'} the goal)  "
               f"cost {full:9.1f} LUTs (full trace, {full_seconds:.1f} s)  estimate {estimate:9.1f} "

@@ -88,8 +88,8 @@ def main() -> None:
             arena = figures["arena"]
             rows.append([name, cpu, f"{count:,}", f"{peer} {peer_count:,}" if peer_count else "-", ratio,
                          f"{figures['text_bytes']:,} + {figures['rodata_bytes']:,}",
-                         f"{arena['peak_bytes']:,} ({arena['activation_lower_bound_bytes']:,} + "
-                         f"{arena['scratch_bytes']:,}; bound {arena['lower_bound_bytes']:,})",
+                         (f"{arena['peak_bytes']:,} ({arena['activation_lower_bound_bytes']:,} + "
+                         f"{arena['scratch_bytes']:,}; bound {arena['lower_bound_bytes']:,})"),
                          f"{figures['stack_bytes']:,}"])
             print(f"measured {name} on {cpu}", file=sys.stderr, flush=True)
     header = ["model", "cpu", "instructions", "peer", "ratio", "flash text + rodata",

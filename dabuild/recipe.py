@@ -478,7 +478,7 @@ def _check_targets(
             continue  # reported by pydantic
         try:
             target_class = plugins.load(plugins.TARGETS, kind)
-        except Exception as exc:  # a broken plugin is the user's environment, not a dabuild crash
+        except Exception as exc:  # noqa: BLE001 - a broken plugin is the user's environment, not a dabuild crash
             message = f"target kind {kind!r} cannot be loaded: {type(exc).__name__}: {exc}"
             diagnostics.append(document.diagnostic(loc + ("kind",), message))
             continue

@@ -187,7 +187,8 @@ class _Builder:
         try:
             return self.loader.construct_object(node, deep=True)
         except (ValueError, TypeError, OverflowError) as exc:  # e.g. a timestamp with month 13
-            raise yaml.MarkedYAMLError(problem=f"invalid value {node.value!r}: {exc}", problem_mark=node.start_mark)
+            raise yaml.MarkedYAMLError(problem=f"invalid value {node.value!r}: {exc}",
+                                       problem_mark=node.start_mark) from exc
 
     def _mapping(self, node: yaml.MappingNode, loc: Loc) -> dict:
         if id(node) not in self.checked:

@@ -80,8 +80,8 @@ OUT_OF_SCOPE: list[tuple[str, Callable[[Any, dict[str, np.ndarray]], bool]]] = [
         lambda case, feeds: any(n.op_type == "Cast" and _attr(n, "to") not in _FLOAT_TYPES for n in _nodes(case)),
     ),
     (
-        "quantized (integer or float8) outputs (dabuild graphs give real values; quantization inside a graph is given "
-        "quantization, tests/test_qdq_import.py)",
+        ("quantized (integer or float8) outputs (dabuild graphs give real values; quantization inside a graph is given "
+        "quantization, tests/test_qdq_import.py)"),
         lambda case, feeds: any(n.op_type in ("QuantizeLinear", "QLinearConv", "QLinearMatMul") for n in _nodes(case))
         and any(info.type.tensor_type.elem_type not in _FLOAT_TYPES for info in case.model.graph.output),
     ),

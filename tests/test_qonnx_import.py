@@ -127,8 +127,8 @@ def test_bipolar_weights_and_channels_last_conv_agree_with_qonnx(tmp_path):
     (dict(bits=4.5), UsageError, "parameter bit_width: 4.5 is not an integer; nearest representable: 4"),
     (dict(rounding_mode="UP"), UsageError, "parameter rounding_mode: 'UP' .* nearest representable: CEIL"),
     (dict(rounding_mode="FLOOR"), BuildError, "parameter rounding: 'floor' is implemented by no target"),
-    (dict(scale=0.3), BuildError, "parameter scale: 0.3 is not a power of two, which capability 'da4ml' needs "
-                                  r"\(scheme pot\); nearest representable: 2\*\*-2 = 0.25"),
+    (dict(scale=0.3), BuildError, ("parameter scale: 0.3 is not a power of two, which capability 'da4ml' needs "
+                                  r"\(scheme pot\); nearest representable: 2\*\*-2 = 0.25")),
 ])
 def test_unrepresentable_qonnx_quantization_is_refused_naming_node_parameter_and_nearest(change, error, message,
                                                                                          tmp_path):

@@ -75,7 +75,7 @@ def test_every_strategy_is_registered() -> None:
 
 
 @pytest.mark.parametrize("strategy", STRATEGY_NAMES)
-def test_strategy_meets_a_one_percent_goal_on_digits(strategy: str, digits_stages: tuple[Path, Path],
+def test_strategy_meets_a_one_percent_goal_on_digits(strategy: str, digits_stages: tuple[Path, Path],  # noqa: F811 - the fixture
                                                      tmp_path: Path) -> None:
     if strategy == "bayesian":
         pytest.importorskip("optuna")
@@ -91,7 +91,7 @@ def test_strategy_meets_a_one_percent_goal_on_digits(strategy: str, digits_stage
 
 
 @pytest.mark.parametrize("strategy", STRATEGY_NAMES)
-def test_strategy_searches_until_a_strict_goal_is_met(strategy: str, digits_stages: tuple[Path, Path],
+def test_strategy_searches_until_a_strict_goal_is_met(strategy: str, digits_stages: tuple[Path, Path],  # noqa: F811 - the fixture
                                                       tmp_path: Path) -> None:
     if strategy == "bayesian":
         pytest.importorskip("optuna")
@@ -106,7 +106,7 @@ def test_strategy_searches_until_a_strict_goal_is_met(strategy: str, digits_stag
 
 
 def test_basic_on_the_digits_cnn_picks_the_best_int8_config_at_the_least_size(
-        cnn: tuple[Path, tuple[Path, Path]], tmp_path: Path) -> None:
+        cnn: tuple[Path, tuple[Path, Path]], tmp_path: Path) -> None:  # noqa: F811 - the fixture
     """The default int8 config (per-tensor minmax) passes a 1 % goal on the digits CNN at the least size the c
     capability allows, but per-channel weights or other ranges cost no more bits and score better: basic meets
     the goal at its first trial, then spends a bounded pass on those equals and keeps the best, which reaches
@@ -120,7 +120,7 @@ def test_basic_on_the_digits_cnn_picks_the_best_int8_config_at_the_least_size(
     assert metrics["chosen_trial"] == min(t["trial"] for t in history if t["metric"] == metrics["quantized"])
 
 
-def test_basic_needs_no_more_trials_than_inc_basic_order(digits_stages: tuple[Path, Path], tmp_path: Path) -> None:
+def test_basic_needs_no_more_trials_than_inc_basic_order(digits_stages: tuple[Path, Path], tmp_path: Path) -> None:  # noqa: F811 - the fixture
     folder = nll_recipe_dir(tmp_path)
     recipe = digits_recipe(folder, strategy="basic", accuracy=NLL_GOAL)
     data = np.load(folder / "data.npz")

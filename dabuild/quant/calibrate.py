@@ -82,6 +82,8 @@ class TensorStats:
                      float(self.whole.reciprocals()[0]), int(self.whole.offset[0]), self.whole.counts[0])
         return 0
 
+    __hash__ = None  # type: ignore[assignment]  # mutable and compared by value: unhashable, as with no __hash__
+
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, TensorStats):
             return NotImplemented

@@ -178,10 +178,10 @@ def check_stage(target: Target, qgraph: QGraph, artifact_dir: Path, x: np.ndarra
     for part in not_run:
         warn(f"check {target.kind}: not run: {part}")
     inputs = reference_inputs(target.reference, qgraph, x)
-    with tempfile.TemporaryDirectory(prefix="dabuild-check-") as work:
-        with progress.track(f"check {target.kind}", len(inputs)) as advance:
-            actual = np.asarray(target.run(Path(artifact_dir), inputs, Path(work)))
-            advance(len(inputs))
+    with (tempfile.TemporaryDirectory(prefix="dabuild-check-") as work,
+          progress.track(f"check {target.kind}", len(inputs)) as advance):
+        actual = np.asarray(target.run(Path(artifact_dir), inputs, Path(work)))
+        advance(len(inputs))
     expected = np.asarray(reference_outputs(target.reference, qgraph, inputs))
     if actual.shape != expected.shape:
         raise CheckError(f"{target.kind} artifact {artifact_dir} returned outputs of shape {actual.shape}; "

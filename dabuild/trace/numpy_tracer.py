@@ -284,9 +284,9 @@ class SymbolicArray:
             if kwargs or not isinstance(array, SymbolicArray):
                 raise _unsupported("numpy.reshape with extra arguments")
             return array.reshape(shape)
-        if func is np.dot and not kwargs and len(args) == 2:
-            if all(a.ndim <= 2 if isinstance(a, SymbolicArray) else np.ndim(a) <= 2 for a in args):
-                return self.recorder.emit("matmul", list(args))  # dot and matmul agree up to 2-D
+        if func is np.dot and not kwargs and len(args) == 2 and all(
+                a.ndim <= 2 if isinstance(a, SymbolicArray) else np.ndim(a) <= 2 for a in args):
+            return self.recorder.emit("matmul", list(args))  # dot and matmul agree up to 2-D
         raise _unsupported(f"numpy.{func.__name__}")
 
     # conversions that would leak a concrete value into Python control flow

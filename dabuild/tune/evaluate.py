@@ -162,7 +162,7 @@ _worker: Evaluator | None = None
 
 
 def _start_worker(setup: EvalSetup) -> None:
-    global _worker
+    global _worker  # noqa: PLW0603 - the pool initializer sets the per-process evaluator
     _worker = Evaluator(setup)
 
 

@@ -319,8 +319,7 @@ def _narrow(offered: QuantChoices, wanted: Mapping[str, list[str]], name: str, o
                 raise BuildError(f"{_where(name, op, by_name, role, field)}: capability {capability!r} does not "
                                  f"offer {value!r} for {role}s of op {op!r} (offers: {offered_text}){hint}")
         lists.append([v for v in values if v in asked])
-    if not lists[0]:
-        if "dtype" not in wanted:
-            raise BuildError(f"node {name!r}: capability {capability!r} offers {role} dtypes "
-                             f"{list(offered.dtype)} for op {op!r}; dabuild lowers only {NAMES_TEXT}")
+    if not lists[0] and "dtype" not in wanted:
+        raise BuildError(f"node {name!r}: capability {capability!r} offers {role} dtypes "
+                         f"{list(offered.dtype)} for op {op!r}; dabuild lowers only {NAMES_TEXT}")
     return lists

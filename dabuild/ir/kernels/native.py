@@ -401,7 +401,7 @@ def _compile(compiler: str, source: str, folder: Path) -> Path:
     source_file.write_text(source)
     built = folder / "conv.so"
     result = subprocess.run([compiler, *FLAGS, "-o", str(built), str(source_file)],
-                            capture_output=True, text=True, timeout=120)
+                            check=False, capture_output=True, text=True, timeout=120)
     if result.returncode:
         raise OSError(f"{compiler} failed on conv.c: {result.stderr.strip()}")
     return built

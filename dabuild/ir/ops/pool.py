@@ -87,7 +87,7 @@ class AvgPool(Pool):
 
     def kernel(self, arrays: list[np.ndarray], attrs: dict[str, Any]) -> list[np.ndarray]:
         x = arrays[0]
-        taps, out = self.tap_views(x, attrs, 0.0)
+        taps, _out = self.tap_views(x, attrs, 0.0)
         y = taps[0].copy(order="K")
         for tap in taps[1:]:
             y += tap

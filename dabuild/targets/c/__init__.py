@@ -166,7 +166,7 @@ class CTarget(Target):
         versions = {}
         for tool in self._tools():
             path = self._compiler_path() if tool == self.compiler else firmware.require(tool, firmware.QEMU_PACKAGE)
-            result = subprocess.run([path, "--version"], capture_output=True, text=True)
+            result = subprocess.run([path, "--version"], check=False, capture_output=True, text=True)
             first_line = (result.stdout or result.stderr).strip().splitlines()
             versions[tool] = first_line[0] if first_line else "unknown"
         return versions
@@ -226,7 +226,7 @@ class CTarget(Target):
                                         defines).elf
         program = work_dir / (TRACE_PROGRAM if defines else PROGRAM)
         command = self._build_command(self._compiler_path(), artifact_dir, str(artifact_dir), str(program))
-        build = subprocess.run([command[0], *defines, *command[1:]], capture_output=True, text=True)
+        build = subprocess.run([command[0], *defines, *command[1:]], check=False, capture_output=True, text=True)
         if build.returncode != 0:
             raise BuildError(f"compiling the C artifact {artifact_dir} with {self.compiler!r} failed:\n"
                              f"{build.stderr.strip()}")
@@ -253,7 +253,7 @@ class CTarget(Target):
                 places = {"image": str(program), "inputs": str(inputs_file), "outputs": str(outputs_file)}
                 line = [argument.format(**places) for argument in self.options.command or []]
             try:
-                result = subprocess.run(line, capture_output=True, text=True, cwd=work_dir,
+                result = subprocess.run(line, check=False, capture_output=True, text=True, cwd=work_dir,
                                         timeout=self.options.timeout)
             except subprocess.TimeoutExpired:
                 raise BuildError(f"the C test program of {artifact_dir} did not finish within "

@@ -602,7 +602,7 @@ def _resize(ctx: Conversion, node: OnnxNode, scales: list[float] | None, sizes: 
         if policy != "stretch":  # one scale for every listed axis, the output sizes rounded from it
             ratios = [size / known[axis] for size, axis in zip(sizes, axes)]
             common = min(ratios) if policy == "not_larger" else max(ratios)
-            sizes = [int(math.floor(known[axis] * common + 0.5)) for axis in axes]
+            sizes = [math.floor(known[axis] * common + 0.5) for axis in axes]
         full = list(known)
         for axis, size in zip(axes, sizes):
             full[axis] = int(size)

@@ -315,7 +315,7 @@ def _fold(builder: Builder, node: fx.Node) -> Any:
     try:
         with torch.no_grad():
             return node.target(*args, **kwargs)  # type: ignore[operator]
-    except Exception as error:  # whatever the op raises on these constants
+    except Exception as error:  # noqa: BLE001 - whatever the op raises on these constants
         raise Unsupported(f"computing it from constants failed: {first_line(error)}") from None
 
 
