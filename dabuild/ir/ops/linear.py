@@ -442,7 +442,7 @@ def _depthwise(x: np.ndarray, weight: np.ndarray, geometry: Geometry, out: list[
     y = np.zeros((batch, channels, multiplier, *out), np.result_type(x, weight))
     term = np.empty_like(y)
     for index, tap in enumerate(np.ndindex(*geometry.kernel)):
-        np.multiply(view[(slice(None), slice(None), *tap)][:, :, None], taps[:, :, index], out=term)
+        np.multiply(view[(slice(None), slice(None)) + tap][:, :, None], taps[:, :, index], out=term)
         y += term
     return y
 

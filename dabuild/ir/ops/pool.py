@@ -59,7 +59,7 @@ def _taps(x: np.ndarray, kernel: list[int], strides: list[int], pads: list[int],
     if last:  # the (N, *spatial, C) buffer seen as (N, C, *spatial)
         padded = padded.transpose(0, -1, *range(1, x.ndim - 1))
     view = windows(padded, kernel, strides, dilations, out)
-    return [view[(slice(None), slice(None), *tap)] for tap in np.ndindex(*kernel)]
+    return [view[(slice(None), slice(None)) + tap] for tap in np.ndindex(*kernel)]
 
 
 @register

@@ -87,13 +87,13 @@ class ConvTranspose(Op):
         taps = weight.reshape(groups, group_in, group_out, *kernel).astype(np.float64)
         for tap in np.ndindex(*kernel):
             # (N, G, O/G, positions): each group's input channels mixed by this tap's (C/G, O/G) weights.
-            contribution = np.einsum("ngcp,gco->ngop", source, taps[(slice(None), slice(None), slice(None), *tap)])
+            contribution = np.einsum("ngcp,gco->ngop", source, taps[(slice(None), slice(None), slice(None)) + tap])
             region = tuple(slice(tap[a] * dilations[a], tap[a] * dilations[a] + strides[a] * (sizes[a] - 1) + 1,
                                  strides[a]) for a in range(spatial))
-            y[(slice(None), slice(None), slice(None), *region)] += contribution.reshape(batch, groups, group_out,
+            y[(slice(None), slice(None), slice(None)) + region] += contribution.reshape(batch, groups, group_out,
                                                                                           *sizes)
         crop = tuple(slice(pads[a], full[a] - pads[a + spatial]) for a in range(spatial))
-        y = y.reshape(batch, groups * group_out, *full)[(slice(None), slice(None), *crop)]
+        y = y.reshape(batch, groups * group_out, *full)[(slice(None), slice(None)) + crop]
         if len(arrays) == 3:
             y = y + arrays[2].reshape(-1, *[1] * spatial)
         return [y.astype(np.result_type(x, weight))]

@@ -114,7 +114,7 @@ def windows(padded: np.ndarray, kernel: list[int], strides: list[int], dilations
     view = sliding_window_view(padded, spans, axis=axes)  # (N, C, *positions, *spans)
     picks = tuple(slice(0, (o - 1) * s + 1, s) for o, s in zip(out, strides))
     taps = tuple(slice(None, None, d) for d in dilations)
-    view = view[(slice(None), slice(None), *picks, *taps)]
+    view = view[(slice(None), slice(None)) + picks + taps]
     return view.transpose(0, 1, *range(2 + spatial, 2 + 2 * spatial), *axes)
 
 
