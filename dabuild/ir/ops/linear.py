@@ -363,8 +363,8 @@ def _im2col_matmul(
         view = view.reshape(len(view), groups, group_in, *view.shape[2:])
         weights = weights.transpose(0, 2, 3, 1).reshape(groups, depth, group_out)
     columns = np.empty((block, *view.shape[1:]), dtype)
-    if fits(overwritable, (batch, out_channels, *out), dtype) is not None and last:
-        y = channels_last(overwritable)
+    if (reusable := fits(overwritable, (batch, out_channels, *out), dtype)) is not None and last:
+        y = channels_last(reusable)
     else:
         y = np.empty((batch, *out, out_channels), dtype)
     for start in range(0, batch, block):
@@ -481,7 +481,8 @@ class BatchNorm(Op):
 
     def kernel(self, arrays: list[np.ndarray], attrs: dict[str, Any]) -> list[np.ndarray]:
         x = arrays[0]
-        multiplier, offset = batch_norm_affine(*arrays[1:], attrs["epsilon"])
+        scale, bias, mean, var = arrays[1:]
+        multiplier, offset = batch_norm_affine(scale, bias, mean, var, attrs["epsilon"])
         channel = (-1, *[1] * (x.ndim - 2))
         y = x * multiplier.reshape(channel)
         y += offset.reshape(channel)

@@ -108,6 +108,7 @@ def run_image(profile: Profile, image: Path, work_dir: Path, timeout: float) -> 
                          "(options.timeout of the c target)") from None
     if result.returncode != 0:
         why = "a fault (exit 99)" if result.returncode == 99 else f"exit {result.returncode}"
+        assert profile.board is not None  # qemu_line needed it
         raise BuildError(f"the {profile.name} image {image} failed in qemu {profile.board.machine} with {why}: "
                          f"{(result.stderr + result.stdout).strip()[-2000:]}")
 
