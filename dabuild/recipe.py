@@ -457,10 +457,10 @@ def load_recipe(path: Path | str) -> Recipe:
 
 def _check_targets(
     document: YamlDocument, targets: Any, base_dir: Path, capabilities: dict[str, CapabilitySpec] | None
-) -> tuple[list[tuple[dict, str, str]], list[Diagnostic]]:
+) -> tuple[list[tuple[dict, str, Tolerance]], list[Diagnostic]]:
     """What needs the target classes or spans targets, checked on the raw data so it runs even when
     other parts of the recipe are wrong. Returns each target's (options, capability, tolerance) in full."""
-    resolved: list[tuple[dict, str, str]] = []
+    resolved: list[tuple[dict, str, Tolerance]] = []
     diagnostics: list[Diagnostic] = []
     first_line: dict[str, int] = {}
     for i, raw in enumerate(targets if isinstance(targets, list) else []):
@@ -507,7 +507,7 @@ def _check_targets(
 
 
 def _check_objective(document: YamlDocument, objective: str | None, targets: list[TargetSpec],
-                     resolved: list[tuple[dict, str, str]], capabilities: dict[str, CapabilitySpec]) -> list[Diagnostic]:
+                     resolved: list[tuple[dict, str, Tolerance]], capabilities: dict[str, CapabilitySpec]) -> list[Diagnostic]:
     """`tuning.objective: estimate` needs every tuned capability to name a cost model."""
     if objective != "estimate":
         return []
@@ -521,7 +521,7 @@ def _check_objective(document: YamlDocument, objective: str | None, targets: lis
 
 
 def _check_float_islands(document: YamlDocument, space: SpaceNarrowing, targets: list[TargetSpec],
-                         resolved: list[tuple[dict, str, str]], capabilities: dict[str, CapabilitySpec]) -> list[Diagnostic]:
+                         resolved: list[tuple[dict, str, Tolerance]], capabilities: dict[str, CapabilitySpec]) -> list[Diagnostic]:
     """A dtype list naming fp32 asks for float islands: every tuned capability must run them."""
     without = [(target.name, capability) for target, (_, capability, _) in zip(targets, resolved)
                if capability in capabilities and not capabilities[capability].fp32_fallback]

@@ -55,7 +55,7 @@ def tune_stage(
     target's measure of its artifact (`Target.stored_bytes`), which objective `size` minimises (None: weight bits).
     """
     from dabuild.capability import CapabilitySpec
-    from dabuild.data import DataFile, load_inputs, load_labels
+    from dabuild.data import DataFile, load_inputs, required_labels
     from dabuild.ir.graph import Graph
     from dabuild.plugins import STRATEGIES, load
     from dabuild.quant.calibrate import STATS_FILE
@@ -74,7 +74,7 @@ def tune_stage(
     graph_dir, stats_dir, out_dir = Path(graph_dir), Path(stats_dir), Path(out_dir)
     graph = Graph.load(graph_dir)
     x = next(iter(load_inputs(spec, None, [t.name for t in graph.inputs]).values()))
-    labels = load_labels(spec, None)
+    labels = required_labels(spec, None)
     evaluator = Evaluator(EvalSetup(graph_dir, stats_dir, x, labels, config["metric"], None, spec.batch_size,
                                     tuning.bias_correction, files.get("metric")))
     space = build_space(graph, capability, tuning.space.model_dump(mode="json", exclude_none=True))

@@ -40,6 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from dabuild.capability import load_capability
 from dabuild.errors import BuildError
+from dabuild.quant.layers.fallback import QFloat, QFloatWeighted
 from dabuild.quant.qgraph import QGraph
 from dabuild.resources import data_dir
 from dabuild.targets.base import Target, refuse_ops_without_integers
@@ -58,7 +59,7 @@ def refuse_float_layers(qgraph: QGraph, capability_name: str) -> None:
     if capability.fp32_fallback:
         return
     for layer in qgraph.layers:
-        if getattr(layer, "computes_in_float", False):
+        if isinstance(layer, (QFloat, QFloatWeighted)):  # the layers that compute in float
             raise BuildError(f"node {layer.name!r} ({layer.float_op}) computes in float (a float island, or the "
                              f"layer feeding one), but target capability {capability.name!r} cannot run float "
                              "(fp32_fallback: false); quantize the island or build it for a target with fp32 "
@@ -104,7 +105,7 @@ class Budget(BaseModel):
 class CTarget(Target):
     kind: ClassVar[str] = "c"
     capability: ClassVar[str] = "c"
-    default_tolerance: ClassVar[str] = "exact"
+    default_tolerance = "exact"
 
     class Options(Target.Options):
         cpu: Literal[CPUS] = "host"  # type: ignore[valid-type]
@@ -208,6 +209,7 @@ class CTarget(Target):
         if profile.cortex_m:
             with tempfile.TemporaryDirectory(prefix="dabuild-image-") as work:
                 image = firmware.build_image(profile, self.options.cflags, out_dir, Path(work))
+                assert profile.board is not None  # a cortex_m profile names its qemu board
                 manifest["firmware"] = {"board": profile.board.machine, **firmware.measure(image)}
         (out_dir / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
 

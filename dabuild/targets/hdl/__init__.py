@@ -49,7 +49,7 @@ def _import(module: str) -> ModuleType:
 class HdlTarget(Target):
     kind: ClassVar[str] = "hdl"
     capability: ClassVar[str] = "da4ml"
-    default_tolerance: ClassVar[str] = "exact"
+    default_tolerance = "exact"
     packages: ClassVar[tuple[str, ...]] = ("da4ml",)
 
     class Options(Target.Options):

@@ -96,7 +96,7 @@ def _run_model(path: Path, inputs: np.ndarray, outputs: int) -> list[np.ndarray]
 class NnefTarget(Target):
     kind: ClassVar[str] = "nnef"
     capability: ClassVar[str] = "tract"
-    default_tolerance: ClassVar[str] = "approximate"
+    default_tolerance = "approximate"
     reference: ClassVar[str] = "fake_quant"
     packages: ClassVar[tuple[str, ...]] = ("tract",)
     size_options: ClassVar[tuple[str, ...]] = ("quantized_kernels",)

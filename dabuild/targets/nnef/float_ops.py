@@ -30,7 +30,7 @@ from dabuild.targets.nnef.emitter import Emitter, integers, number
 Shape = tuple[int | None, ...]  # batch-first, None for the batch
 
 
-def _size(shape: Shape, axis: int, base: str) -> int:
+def known_size(shape: Shape, axis: int, base: str) -> int:
     """The size of a per-sample axis, which the NNEF text spells out (so it must be known)."""
     size = shape[axis]
     if size is None:
@@ -40,7 +40,7 @@ def _size(shape: Shape, axis: int, base: str) -> int:
 
 def _known(shape: Shape, base: str) -> list[int]:
     """Every size of a shape without a batch axis (a constant's), each known."""
-    return [_size(shape, axis, base) for axis in range(len(shape))]
+    return [known_size(shape, axis, base) for axis in range(len(shape))]
 FloatOp = Callable[[Emitter, str, list[str], dict[str, Any], list[Shape], str], list[str]]
 FLOAT_OPS: Registry[FloatOp] = Registry("float op exporter", "the nnef target")
 
@@ -180,9 +180,9 @@ def _window(kind: str, e: Emitter, inputs: list[str], attrs: dict[str, Any], sha
         (out, _), = pool.infer([TensorSpec("x", shape)], attrs)
         spatial = len(kernel)
         for axis in range(spatial):
-            reach = (_size(out, 2 + axis, base) - 1) * strides[axis] + dilations[axis] * (kernel[axis] - 1) + 1
+            reach = (known_size(out, 2 + axis, base) - 1) * strides[axis] + dilations[axis] * (kernel[axis] - 1) + 1
             pads = [*pads]
-            pads[spatial + axis] += max(0, reach - (_size(shape, 2 + axis, base) + pads[axis] + pads[spatial + axis]))
+            pads[spatial + axis] += max(0, reach - (known_size(shape, 2 + axis, base) + pads[axis] + pads[spatial + axis]))
     return e.call(base, kind, inputs[0], size=integers([1, 1, *kernel]), border=border,
                   padding=padding([0, 0, *pads[:len(kernel)], 0, 0, *pads[len(kernel):]]),
                   stride=integers([1, 1, *strides]), dilation=integers([1, 1, *dilations]))
@@ -237,7 +237,7 @@ def _flatten(e: Emitter, op: str, inputs: list[str], attrs: dict[str, Any], shap
     axis = attrs["axis"] % len(shapes[0])
     if axis == 0:
         return [e.call(base, "reshape", inputs[0], shape="[1, -1]")]
-    trailing = math.prod(_size(shapes[0], a, base) for a in range(axis, len(shapes[0])))
+    trailing = math.prod(known_size(shapes[0], a, base) for a in range(axis, len(shapes[0])))
     return [e.call(base, "reshape", inputs[0], shape=integers([-1, trailing]))]
 
 
@@ -273,7 +273,7 @@ def _slice(e: Emitter, op: str, inputs: list[str], attrs: dict[str, Any], shapes
     for axis, start, end, step in slicer.plan(len(shapes[0]), attrs):
         if axis == 0:
             raise BuildError(f"nnef export: {base} slices the batch axis")
-        size = _size(shapes[0], axis, base)
+        size = known_size(shapes[0], axis, base)
         if step < 0:
             picked = slicer.run([np.arange(size)[None]], {"starts": [start], "ends": [end], "axes": [1],
                                                                  "steps": [step]})[0][0]
@@ -527,7 +527,7 @@ def _gather(e: Emitter, op: str, inputs: list[str], attrs: dict[str, Any], shape
     axis = attrs["axis"] % len(shapes[0])
     if axis == 0:
         raise BuildError(f"nnef export: {base} gathers along the batch axis")
-    indices = np.asarray(attrs["indices"], np.int64) % _size(shapes[0], axis, base)
+    indices = np.asarray(attrs["indices"], np.int64) % known_size(shapes[0], axis, base)
     return [e.call(base, "tract_core_gather", inputs[0], e.variable(f"{base}_indices", indices), axis=str(axis))]
 
 
