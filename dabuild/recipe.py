@@ -410,13 +410,17 @@ class Recipe(BaseModel):
         return self._document
 
     @property
-    def path(self) -> Path | None:
-        """The recipe file (absolute), set by `load_recipe`."""
+    def path(self) -> Path:
+        """The recipe file (absolute), set by `load_recipe` (the one maker of recipes)."""
+        if self._path is None:
+            raise RuntimeError("this Recipe was not made by load_recipe, so it has no file")
         return self._path
 
     @property
-    def base_dir(self) -> Path | None:
+    def base_dir(self) -> Path:
         """The recipe's folder: where its relative paths start."""
+        if self._base_dir is None:
+            raise RuntimeError("this Recipe was not made by load_recipe, so it has no folder")
         return self._base_dir
 
 

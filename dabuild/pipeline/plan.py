@@ -85,7 +85,8 @@ def cache_key(parts: dict[str, Any]) -> str:
 def plan(recipe: Recipe, capabilities: dict[str, CapabilitySpec], targets: list[str] | None = None) -> list[Stage]:
     """The stages that build `targets` (all recipe targets when None), in dependency order."""
     model = recipe.model
-    model_files = {"source": _source_file(recipe)} if _source_file(recipe) else {}
+    source_file = _source_file(recipe)
+    model_files = {"source": source_file} if source_file else {}
     if model.weights:
         model_files["weights"] = model.weights
     for index, extra in enumerate(model.depends):
@@ -169,7 +170,7 @@ def tune_stage_of(recipe: Recipe, capability: CapabilitySpec, target: TargetSpec
             "metric": recipe.data.metric,
             "evaluation": _data_config(evaluation),
             **({"budgets": budgets} if budgets else {}),
-            "stored_by_target": None if target is None else {"kind": target.kind, "options": {
+            "stored_by_target": None if target is None or target_class is None else {"kind": target.kind, "options": {
                 key: value for key, value in target.options.items() if key in target_class.size_options}},
         },
         inputs={"graph": "trace", "stats": "calibrate"},
@@ -209,7 +210,7 @@ def _cost_model_packages(recipe: Recipe, capability: CapabilitySpec) -> tuple[st
     from dabuild.plugins import load
     from dabuild.tune.objective import ESTIMATE, resolve_objective
 
-    if resolve_objective(recipe.tuning.objective, capability) != ESTIMATE:
+    if capability.cost_model is None or resolve_objective(recipe.tuning.objective, capability) != ESTIMATE:
         return ()
     try:
         return tuple(load(COST_MODELS, capability.cost_model).packages)

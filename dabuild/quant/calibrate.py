@@ -252,7 +252,7 @@ class ChannelAxes:
         else:
             source = next((input_name for input_name in node.inputs if input_name in self.axes), None)
             same = source is not None and tuple(shapes[source][1:]) == tuple(shapes[name][1:])
-            axis = self.axes[source] if same else default
+            axis = self.axes[source] if source is not None and same else default
         self.axes[name] = axis
         return axis
 

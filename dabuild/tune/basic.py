@@ -100,9 +100,9 @@ class BasicStrategy:
         search.evaluate_each(configs, "op-wise")
         changes: dict[str, Trial] = {}
         for (name, _), config in zip(moves, configs):
-            trial = search.seen(config)
-            if trial is not None and (name not in changes or better(trial.metric, changes[name].metric)):
-                changes[name] = trial
+            seen = search.seen(config)
+            if seen is not None and (name not in changes or better(seen.metric, changes[name].metric)):
+                changes[name] = seen
         order = sorted(changes, key=lambda name: changes[name].metric, reverse=search.metric.higher_is_better)
         config, prefixes = base.config, []
         for name in order:

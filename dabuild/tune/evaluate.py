@@ -109,7 +109,7 @@ class Evaluator:
             right += round(self.metric(parts[-1], labels) * len(x))
             scored += len(x)
             bound = (right + total - scored) / total
-            if scored < total and bound < floor:
+            if scored < total and floor is not None and bound < floor:
                 outputs = np.concatenate(parts)
                 return Score(bound, relative_mse(outputs, self.float_outputs[:scored]), time.perf_counter() - start,
                              stopped=True)

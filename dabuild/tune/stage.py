@@ -110,7 +110,7 @@ def tune_stage(
     write_report(out_dir / REPORT_DIR, f"Tuning report: capability {capability.name}",
                  search, chosen, threshold)
     fp32_size = space.size(space.fp32())
-    metrics = {
+    metrics: dict[str, Any] = {
         "metric": metric.name,
         "fp32": evaluator.baseline,
         "quantized": chosen.metric,

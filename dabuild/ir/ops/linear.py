@@ -186,7 +186,7 @@ class Conv(Op):
             bias = arrays[2] if len(arrays) - (then is not None) == 3 else None
             geometry = Geometry(list(weight.shape[2:]), *conv_geometry(attrs, weight.ndim - 2))
             # Concrete input sizes give concrete output sizes.
-            sizes: list[int] = output_sizes(  # type: ignore[assignment]
+            sizes = output_sizes(
                 x.shape, geometry.kernel, geometry.strides, geometry.pads, geometry.dilations)
             shape = (x.shape[0], weight.shape[0], *sizes)
             if residual is not None and (residual.shape != shape or residual.dtype != np.result_type(x, weight)):

@@ -43,7 +43,7 @@ class Pool(Op):
         """One strided (N, C, *out) view per kernel tap of x padded with `fill`, and the output sizes."""
         kernel, strides, pads, dilations = self.geometry(attrs)
         out = output_sizes(x.shape, kernel, strides, pads, dilations, attrs["ceil_mode"])
-        return _taps(x, kernel, strides, pads, dilations, out, fill), out  # type: ignore[arg-type]
+        return _taps(x, kernel, strides, pads, dilations, out, fill), out
 
 
 def _taps(x: np.ndarray, kernel: list[int], strides: list[int], pads: list[int], dilations: list[int],
@@ -104,7 +104,7 @@ class AvgPool(Pool):
             pads = [0] * (2 * spatial)
         else:
             counted = np.ones(shape[2:], np.float32)
-        taps = _taps(counted[None, None], kernel, strides, pads, dilations, out, 0.0)  # type: ignore[arg-type]
+        taps = _taps(counted[None, None], kernel, strides, pads, dilations, out, 0.0)
         return np.sum(taps, axis=0)[0, 0]
 
 

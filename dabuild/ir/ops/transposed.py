@@ -49,10 +49,12 @@ class ConvTranspose(Op):
 
     def shape_rule(self, inputs: list[TensorSpec], attrs: dict[str, Any]) -> list[OutputSpec]:
         x, weight = tuple(inputs[0].shape), tuple(inputs[1].shape)
-        kernel = list(weight[2:])
+        if None in weight[2:]:
+            raise ShapeError(f"conv_transpose weight {weight} has a dynamic kernel size")
+        kernel = [k for k in weight[2:] if k is not None]
         if len(weight) != len(x):
             raise ShapeError(f"conv_transpose weight {weight} must have the rank of input {x}")
-        window_attrs(self.name, x, kernel, attrs)  # type: ignore[arg-type]
+        window_attrs(self.name, x, kernel, attrs)
         groups, channels = attrs["groups"], x[1]
         if groups < 1 or weight[0] % groups or (channels is not None and channels != weight[0]):
             raise ShapeError(f"conv_transpose input has {channels} channels; weight {weight} with groups {groups} "

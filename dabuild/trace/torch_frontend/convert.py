@@ -321,7 +321,8 @@ def _fold(builder: Builder, node: fx.Node) -> Any:
 
 def _getitem(builder: Builder, node: fx.Node) -> str:
     source, index = node.args
-    element = builder.values[source][index]  # type: ignore[index]
+    assert isinstance(source, fx.Node) and isinstance(index, int)  # getitem(node, i): an output of a node
+    element = builder.values[source][index]
     if element is None:
         raise Unsupported(f"output {index} of {source.name} is not supported (only the first output is)")
     return element
