@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import inspect
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 import numpy as np
@@ -355,7 +355,7 @@ class NumpyTracer(TracerPlugin):
         if len(inputs) == 1:
             return self.model(*inputs.values())
         try:
-            parameters = inspect.signature(self.model).parameters
+            parameters: Mapping[str, inspect.Parameter] = inspect.signature(self.model).parameters
         except (TypeError, ValueError):
             parameters = {}
         if set(inputs) <= set(parameters):

@@ -148,7 +148,16 @@ def example_batch(shapes: dict[str, Shape]) -> int:
 
 def example_inputs(shapes: dict[str, Shape], batch: int) -> list[torch.Tensor]:
     generator = torch.Generator().manual_seed(0)
-    return [torch.randn((batch, *shape[1:]), generator=generator) for shape in shapes.values()]  # type: ignore[misc]
+    return [torch.randn((batch, *sample_sizes(name, shape)), generator=generator) for name, shape in shapes.items()]
+
+
+def sample_sizes(name: str, shape: Shape) -> tuple[int, ...]:
+    """An input's sizes but the batch, which an example input needs known."""
+    sizes = tuple(d for d in shape[1:] if d is not None)
+    if len(sizes) < len(shape) - 1:
+        raise UsageError(f"input {name!r} has shape {shape_text(shape)}: give every size but the batch in "
+                         "model.inputs")
+    return sizes
 
 
 def _refuse_wide_floats(model: torch.nn.Module) -> None:

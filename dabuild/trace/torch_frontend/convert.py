@@ -143,6 +143,13 @@ class Builder:
     def shape(self, name: str) -> Shape:
         return self.shapes[name]
 
+    def size(self, name: str, axis: int) -> int:
+        """The size of one axis, which the caller needs known (torch.export makes only the batch dynamic)."""
+        size = self.shapes[name][axis]
+        if size is None:
+            raise Unsupported(f"axis {axis} of {name!r} has a dynamic size")
+        return size
+
     # ------------------------------------------------------------ values
 
     def is_tensor(self, arg: Any) -> bool:
