@@ -140,6 +140,21 @@ def test_unrepresentable_qonnx_quantization_is_refused_naming_node_parameter_and
         lowered(traced(tmp_path / "m.onnx", (16,)), np.zeros((4, 16), np.float32), "da4ml")
 
 
+@pytest.mark.parametrize("op, inputs, missing, what", [
+    ("Quant", ["x", "s", "z", "b"], 1, "scale"),
+    ("Quant", ["x", "s", "z", "b"], 3, "bit_width"),
+    ("Trunc", ["x", "s", "z", "bi", "bo"], 1, "scale"),  # was reported as a NaN scale
+])
+def test_an_omitted_required_qonnx_input_is_refused_naming_it(op, inputs, missing, what, tmp_path):
+    values = dict(s=0.25, z=0.0, b=8.0, bi=9.0, bo=6.0)
+    named = [name if i != missing else "" for i, name in enumerate(inputs)]
+    node = helper.make_node(op, named, ["y"], name="quantizer", domain=DOMAIN, rounding_mode="ROUND")
+    present = {name: values[name] for name in named[1:] if name}
+    onnx.save(single_node_model(node, scalars(**present), [1, 16]), tmp_path / "m.onnx")
+    with pytest.raises(UsageError, match=rf"'quantizer'.*its {what} \(input {missing}\) is missing, which {op} needs"):
+        traced(tmp_path / "m.onnx", (16,))
+
+
 def test_bipolar_activations_are_refused(tmp_path):
     node = helper.make_node("BipolarQuant", ["x", "s"], ["y"], name="signs", domain=DOMAIN)
     onnx.save(single_node_model(node, scalars(s=1.0), [1, 16]), tmp_path / "m.onnx")
