@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the families' one definition
-from architectures import IMAGE, export_onnx  # noqa: E402
+from architectures import IMAGE, export_onnx
 
 GOALS = {"build": 15 * 60, "calibrate": 1.5, "trial": 2.0, "rss": 2.0, "source": 2.0}
 

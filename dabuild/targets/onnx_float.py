@@ -21,6 +21,7 @@ from dabuild.errors import BuildError
 from dabuild.ir.given import GivenQuant
 from dabuild.ir.graph import Graph, Node
 from dabuild.ir.ops import OPS
+from dabuild.ir.ops.pool import Pool
 from dabuild.names import unique_name
 from dabuild.registry import Registry
 
@@ -184,7 +185,7 @@ def _pool(e: Emitter, node: Node, attrs: dict[str, Any]) -> None:
     ceil_mode the last window must start before the end pad, so moving end padding into the input could add a
     window: that case is refused.
     """
-    kernel, strides, pads, dilations = OPS[node.op].geometry(attrs)
+    kernel, strides, pads, dilations = OPS.typed(node.op, Pool).geometry(attrs)
     spatial = len(kernel)
     excess = [max(0, pad - (kernel[axis % spatial] - 1)) for axis, pad in enumerate(pads)]
     if attrs["ceil_mode"] and any(excess[spatial:]):

@@ -130,12 +130,19 @@ def _expand(attrs: dict[str, Any], shapes: list[Shape]) -> dict[str, Any] | None
     return None if len(shape) > rank else {**attrs, "shape": [1] * (rank + 1 - len(shape)) + shape}
 
 
+def _static(spec: TensorSpec) -> Shape:
+    """A one-sample graph's tensors have every size known (its inputs fix the batch to 1)."""
+    if None in spec.shape:
+        raise BuildError(f"tensor {spec.name!r} has a dynamic size in the one-sample graph")
+    return tuple(int(size) for size in spec.shape if size is not None)
+
+
 class Stacker:
     """The rewrite of one graph. A folded tensor keeps its one-sample name; a stacked one gets a fresh name."""
 
     def __init__(self, graph: Graph):
         self.graph = graph
-        self.shapes = {name: tuple(spec.shape) for name, spec in graph.tensor_shapes().items()}
+        self.shapes = {name: _static(spec) for name, spec in graph.tensor_shapes().items()}
         self.nodes: list[Node] = []
         self.taken = set(self.shapes) | {node.name for node in graph.nodes}
         self.folded = {spec.name for spec in graph.inputs}
@@ -255,8 +262,7 @@ def _agrees(graph: Graph, relaxed: Graph) -> None:
     from dabuild.ir.interpreter import run
 
     rng = np.random.default_rng(0)
-    feeds = {spec.name: (rng.normal(size=(2, *spec.shape[1:])) if np.dtype(spec.dtype).kind == "f"
-                         else np.zeros((2, *spec.shape[1:]))).astype(spec.dtype) for spec in graph.inputs}
+    feeds = {spec.name: rng.normal(size=(2, *_static(spec)[1:])).astype(spec.dtype) for spec in graph.inputs}
     try:
         together = run(relaxed, feeds)
     except (UsageError, BuildError, ValueError) as error:  # a shape the stacked graph cannot take at run time
