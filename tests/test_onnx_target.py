@@ -20,6 +20,7 @@ from onnx import numpy_helper  # noqa: E402
 from test_pipeline import build, executed  # noqa: E402
 
 from dabuild.capability import load_capability  # noqa: E402
+from dabuild.cli import _print_summary  # noqa: E402
 from dabuild.errors import BuildError, CheckError  # noqa: E402
 from dabuild.ir import Graph, Node, TensorSpec  # noqa: E402
 from dabuild.progress import Progress  # noqa: E402
@@ -313,7 +314,8 @@ def power_of_two_chain(blocks: int, width: int = 16) -> QGraph:
     return quantize(graph, Stats(ranges=ranges), default_config(graph, CAPABILITY))
 
 
-def test_rounding_drift_through_a_residual_chain_is_proven_layer_by_layer(tmp_path: Path) -> None:
+def test_rounding_drift_through_a_residual_chain_is_proven_layer_by_layer(tmp_path: Path,
+                                                                         capsys: pytest.CaptureFixture) -> None:
     qgraph = power_of_two_chain(8)
     artifact = export(qgraph, tmp_path / "artifact")
     x = np.random.default_rng(1).normal(0, 0.7, (200, 16)).astype(np.float32)
@@ -327,6 +329,12 @@ def test_rounding_drift_through_a_residual_chain_is_proven_layer_by_layer(tmp_pa
     assert proof["ok"] and proof["first_failure"] is None and proof["max_steps"] == 1.0
     assert proof["layers"] == 2 * 8 + 1 and 0 < proof["samples"] < len(x)  # every layer and the input; the drifted
     assert not (tmp_path / "debug").exists()
+    summary = {"recipe": "chain", "counts": {"executed": 1, "restored from cache": 0, "up to date": 0}, "metrics": {},
+               "checks": {"ort": {**report, "artifact": "build/chain/export-ort"}}}
+    _print_summary(summary, 1.0)
+    drift = report["max_abs_err"] / step
+    assert (f"check:ort: approximate passed layer by layer ({proof['samples']} samples; end to end up to {drift:.3g} "
+            "steps) on 200 samples;") in capsys.readouterr().out
 
 
 def test_a_failing_check_writes_strict_json_when_outputs_are_not_finite(tmp_path: Path) -> None:
