@@ -6,7 +6,8 @@ and 32 evaluation images (random normal pixels, labels the fp32 model's own top-
 with one trial by default (allow_miss: random weights have no accuracy to keep), targets c (checked `exact`
 against the integer reference) and onnx (onnxruntime, checked `approximate`: one output step). Prints the
 build's output as it comes, then per architecture each stage's time as the build reports it, the whole build's
-wall time, and each check's verdict with its largest output error in quantization steps.
+wall time, and each check's verdict with its largest output error in quantization steps (and, where outputs
+drifted past one step, the layer-by-layer proof of those samples).
 
 Usage: python bench/full_build.py [--calibration 64] [--evaluation 32] [--trials 1] [-j 1] [ARCHITECTURE ...]
 """
@@ -37,8 +38,11 @@ def check_line(build_dir: Path, kind: str) -> str:
     error = report["max_abs_err"]  # null when not finite (strict JSON)
     steps = float("inf") if error is None else error / report["output_params"]["scale"]
     verdict = "passed" if report["ok"] else "FAILED"
+    proof = report.get("layer_by_layer")  # the samples whose outputs drifted, proven on the runtime's own values
+    layers = (f"; layer by layer on {proof['samples']} samples: at most {proof['max_steps']} steps "
+              f"({proof['first_failure'] or 'every layer within tolerance'})" if proof else "")
     return (f"check:{kind}: {report['tolerance']} {verdict} on {report['samples']} samples, "
-            f"max error {steps:.3g} output steps, {report['mismatches']} outputs outside")
+            f"max error {steps:.3g} output steps end to end, {report['mismatches']} outputs outside{layers}")
 
 
 def main() -> None:
