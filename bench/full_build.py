@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from big_model import build, make_recipe  # noqa: E402
+from big_model import build, make_recipe
 
 ARCHITECTURES = ("resnet50", "mobilenet_v2")
 TARGETS = {"c": "mcu", "onnx": "ort"}  # target kind -> the name big_model's recipe gives it
@@ -65,7 +65,7 @@ def main() -> None:
             print(f"{architecture}: 224x224, {args.calibration} calibration / {args.evaluation} evaluation images, "
                   f"int8, basic, max_trials {args.trials}, targets c and onnx, -j {args.jobs}, "
                   f"{os.cpu_count()} cores", flush=True)
-            elapsed, stages, output = build(work, work / "build", args.jobs, must_pass=False)
+            elapsed, stages, _ = build(work, work / "build", args.jobs, must_pass=False)
             build_dir = work / "build" / architecture.replace("_", "-")
             print(f"{architecture}:")
             for stage, seconds in stages.items():

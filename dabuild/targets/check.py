@@ -30,8 +30,6 @@ output differs beyond the same tolerance.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import hashlib
 import json
 import platform
@@ -39,6 +37,7 @@ import shutil
 import stat
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -144,7 +143,7 @@ def layer_by_layer(target: Target, qgraph: QGraph, artifact_dir: Path, inputs: n
                     failure = (f"{where} (tensor {name!r}): {comparison.mismatches} of {expected.size} values of "
                                f"samples {start}..{start + len(samples) - 1} outside {level!r} given the runtime's "
                                f"own inputs, up to {off:g} steps")
-    return {"ok": failure is None, "samples": int(len(inputs)), "layers": len(compared),
+    return {"ok": failure is None, "samples": len(inputs), "layers": len(compared),
             "max_steps": round(worst[0], 6) if np.isfinite(worst[0]) else None, "worst": worst[1] or None,
             "first_failure": failure}
 
@@ -202,13 +201,13 @@ def write_bundle(target: Target, qgraph: QGraph, artifact_dir: Path, inputs: np.
     samples = inputs[start:start + TRACE_SAMPLES]
     integer_samples = samples if target.reference == "integer" else quantize_input(qgraph, samples)
     reference_trace = run_integer(qgraph, integer_samples, keep_intermediates=True)
-    np.savez(bundle / "reference_trace.npz", **reference_trace)
+    np.savez(bundle / "reference_trace.npz", **reference_trace)  # type: ignore[arg-type]  # numpy's stub: any ** key could be allow_pickle
     with tempfile.TemporaryDirectory(prefix="dabuild-trace-") as work:
         target_trace = target.trace(Path(artifact_dir), samples, Path(work))
     if target_trace is None:
         divergence = f"target {target.kind!r} shows no per-layer values, so the diverging layer is unknown"
     else:
-        np.savez(bundle / "target_trace.npz", **target_trace)
+        np.savez(bundle / "target_trace.npz", **target_trace)  # type: ignore[arg-type]  # as above
         found = first_divergence(qgraph, reference_trace, target_trace, report["tolerance"])
         divergence = (f"first diverging {found}" if found else
                       "every traced layer agrees, so the outputs diverge past the last traced tensor")
@@ -248,19 +247,20 @@ def check_stage(target: Target, qgraph: QGraph, artifact_dir: Path, x: np.ndarra
     for part in not_run:
         warn(f"check {target.kind}: not run: {part}")
     inputs = reference_inputs(target.reference, qgraph, x)
-    with tempfile.TemporaryDirectory(prefix="dabuild-check-") as work:
-        with progress.track(f"check {target.kind}", len(inputs)) as advance:
-            actual = np.asarray(target.run(Path(artifact_dir), inputs, Path(work)))
-            advance(len(inputs))
+    with (tempfile.TemporaryDirectory(prefix="dabuild-check-") as work,
+          progress.track(f"check {target.kind}", len(inputs)) as advance):
+        actual = np.asarray(target.run(Path(artifact_dir), inputs, Path(work)))
+        advance(len(inputs))
     expected = np.asarray(reference_outputs(target.reference, qgraph, inputs))
     if actual.shape != expected.shape:
         raise CheckError(f"{target.kind} artifact {artifact_dir} returned outputs of shape {actual.shape}; "
                          f"the reference has {expected.shape}")
     params = qgraph.output_params
     comparison = _compare(expected, actual, params, level)
-    report = {"target": target.kind, "tolerance": level, "reference": target.reference, "samples": int(len(inputs)),
-              "output_params": {"scale": params.scale, "zero_point": params.zero_point, "dtype": params.dtype},
-              **comparison.to_dict(), "proof": "end to end", "runtime": _versions(target), "not_run": not_run}
+    report: dict[str, Any] = {
+        "target": target.kind, "tolerance": level, "reference": target.reference, "samples": len(inputs),
+        "output_params": {"scale": params.scale, "zero_point": params.zero_point, "dtype": params.dtype},
+        **comparison.to_dict(), "proof": "end to end", "runtime": _versions(target), "not_run": not_run}
     if not comparison.ok and target.reference == "fake_quant":
         proof = _prove_disagreeing_samples(target, qgraph, Path(artifact_dir), inputs, expected, actual, params,
                                            level, progress)
