@@ -164,6 +164,17 @@ class Search:
         baseline = self.evaluator.subset_baseline(self.subset_rows)
         return self.goal.passes(baseline, self.subset_metric(config), self.metric.higher_is_better)
 
+    def subset_predicts_pass(self, config: QuantConfig) -> bool:
+        """Does the subset expect `config` to pass on the full set? It must pass on the subset, and score
+        better there than every config the full set already failed: a subset score that once went with a
+        miss is no evidence of a pass (the subset is a sample; near the goal its verdict is noise)."""
+        if not self.subset_passes(config):
+            return False
+        sign = 1 if self.metric.higher_is_better else -1
+        failed = [self._subset_metrics[t.config_hash] for t in self.trials
+                  if not t.passed and t.config_hash in self._subset_metrics]
+        return all(sign * self.subset_metric(config) > sign * value for value in failed)
+
     def harmful_nodes(self, count: int = 3) -> list[str]:
         """The `count` most harmful nodes: the strategy's ranking, else by per-node output MSE (default config)."""
         if self.harmful:
