@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from dabuild.recipe import Recipe, TargetSpec
 
 # Bump a stage's version when its code changes (tests/test_stage_versions.py enforces it; see pipeline/versions.py).
-STAGE_VERSIONS = {"trace": 9, "calibrate": 10, "tune": 21, "export": 15, "check": 10}
+STAGE_VERSIONS = {"trace": 9, "calibrate": 10, "tune": 21, "export": 16, "check": 11}
 
 
 @dataclass(frozen=True)
@@ -164,7 +164,8 @@ def tune_stage_of(recipe: "Recipe", capability: "CapabilitySpec", target: "Targe
         "tune",
         {
             "tuning": recipe.tuning.model_dump(mode="json"),
-            "capability": capability.model_dump(mode="json", exclude={"description"}),
+            "capability": _without_refused_islands(recipe, capability).model_dump(mode="json",
+                                                                                  exclude={"description"}),
             "metric": recipe.data.metric,
             "evaluation": _data_config(evaluation),
             **({"budgets": budgets} if budgets else {}),
@@ -178,6 +179,16 @@ def tune_stage_of(recipe: "Recipe", capability: "CapabilitySpec", target: "Targe
         tools=_interpreter_tools,
         programs=_interpreter_programs,
     )
+
+
+def _without_refused_islands(recipe: "Recipe", capability: "CapabilitySpec") -> "CapabilitySpec":
+    """The capability the search reads: without float islands when a target built for it runs none with its
+    options (the c target on a core without an FPU), so tuning never picks a config that target refuses."""
+    from dabuild.plugins import TARGETS, load
+
+    refused = any(load(TARGETS, t.kind).refuses_float_islands(t.options or {}) for t in recipe.targets
+                  if _capability_name(t) == capability.name)
+    return capability.model_copy(update={"fp32_fallback": False}) if refused and capability.fp32_fallback else capability
 
 
 def _metric_file(recipe: "Recipe") -> dict[str, Path]:

@@ -46,6 +46,12 @@ class Target:
     def __init__(self, options: "Target.Options | None" = None):
         self.options = options if options is not None else self.Options()
 
+    @classmethod
+    def refuses_float_islands(cls, options: dict[str, Any]) -> str | None:
+        """Why this target, with these recipe options, runs no float islands though its capability may (e.g. a
+        core without an FPU); None: it runs them wherever its capability does."""
+        return None
+
     def runtime_version(self) -> dict[str, str]:
         """Versions of the external tools this target runs; part of the export/check cache keys."""
         return {}

@@ -18,8 +18,10 @@ conv are two kernels of one op.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from dabuild.errors import BuildError
 from dabuild.quant.qgraph import QGraph, QLayer, QuantParams
@@ -40,7 +42,7 @@ class Operand:
 
     name: str
     storage: Storage
-    params: QuantParams
+    params: QuantParams | None   # None: a float island's float32 tensor
     constant: bool = False
 
     @property
@@ -66,6 +68,7 @@ class Step:
     inputs: list[Operand]
     outputs: list[Operand]
     profile: Profile = PROFILES[HOST]
+    constants: dict[str, np.ndarray] = field(default_factory=dict)   # float constants a float layer reads
 
     @property
     def scratch_bytes(self) -> int:
