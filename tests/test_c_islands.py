@@ -108,6 +108,7 @@ def test_islands_are_exact_on_the_host(island: list[str], tmp_path: Path) -> Non
     (tmp_path / "check").mkdir()
     report = check_stage(target, qgraph, artifact, x, None, tmp_path / "check", tmp_path / "debug", Progress.silent())
     assert report["ok"] and report["tolerance"] == "exact" and report["reference"] == "integer"
+    assert set(island) <= set(report["float_islands"]["layers"]) and "exact" in report["float_islands"]["float_order"]
     work = tmp_path / "work"
     work.mkdir()
     x_q = quantize_input(qgraph, x)

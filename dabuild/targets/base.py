@@ -39,6 +39,9 @@ class Target:
     packages: ClassVar[tuple[str, ...]] = ()   # Python packages whose versions enter the export/check keys
     reference: ClassVar[str] = "integer"       # what check compares against: "integer" or "fake_quant" (see above)
     size_options: ClassVar[tuple[str, ...]] = ()  # options that change `stored_bytes` (they enter the tune key)
+    # How the artifact's float islands add their float sums, against the reference's order (island_order): the
+    # check report states it beside the tolerance, so "exact" or "one step" is explained, not just claimed.
+    float_order: ClassVar[str] = "the runtime's own order, not the reference's: islands may move an output a step"
 
     class Options(BaseModel):
         model_config = ConfigDict(extra="forbid")

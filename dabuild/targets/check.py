@@ -197,6 +197,10 @@ def check_stage(target: Target, qgraph: QGraph, artifact_dir: Path, x: np.ndarra
     report = {"target": target.kind, "tolerance": level, "reference": target.reference, "samples": int(len(inputs)),
               "output_params": {"scale": params.scale, "zero_point": params.zero_point, "dtype": params.dtype},
               **comparison.to_dict(), "runtime": _versions(target), "not_run": not_run}
+    if qgraph.has_float_islands:
+        report["float_islands"] = {"layers": [layer.name for layer in qgraph.layers
+                                              if getattr(layer, "computes_in_float", False)],
+                                   "float_order": target.float_order}
     if score is not None:
         real = (lambda y: y) if target.reference == "fake_quant" else params.dequantize
         report["metric"] = {"artifact": score(real(actual)), "reference": score(real(expected))}

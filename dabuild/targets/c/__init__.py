@@ -108,6 +108,8 @@ class CTarget(Target):
     kind: ClassVar[str] = "c"
     capability: ClassVar[str] = "c"
     default_tolerance: ClassVar[str] = "exact"
+    float_order: ClassVar[str] = ("the reference's: each island sum from 0 in the C loops' order, every product "
+                                  "and sum rounded to float32 (-ffp-contract=off), so islands are exact")
 
     class Options(Target.Options):
         cpu: Literal[CPUS] = "host"  # type: ignore[valid-type]
