@@ -200,3 +200,16 @@ def test_tuning_offers_islands_only_where_the_core_runs_them(digits: Path, cpu: 
     recipe = load_recipe(recipe_file)
     [tune] = [stage for stage in plan(recipe, discover_capabilities(), ["mcu"]) if stage.kind == "tune"]
     assert tune.config["capability"]["fp32_fallback"] is (cpu == "host")
+
+
+def test_a_float_mean_over_the_batch_is_refused(tmp_path: Path) -> None:
+    graph = island_cnn()
+    nodes = [Node("whole", "reduce_mean", ["x"], ["m"], {"axes": [0, 1], "keepdims": True}),
+             Node("scaled", "mul", ["x", "m"], ["xm"], {}), *graph.nodes]
+    nodes[2] = Node("image", "reshape", ["xm"], ["image"], {"shape": [0, 1, 8, 8]})
+    graph = Graph(graph.inputs, graph.outputs, nodes, graph.constants)
+    config = default_config(graph, C)
+    config.nodes["whole"] = NodeConfig(weight=None, activation=None)
+    stats = calibrate(graph, [{"x": DATA["x_train"][:100]}], Progress.silent())
+    with pytest.raises(BuildError, match=r"layer 'whole'.*reduces the batch axis"):
+        exported(quantize(graph, stats, config), tmp_path, "host")

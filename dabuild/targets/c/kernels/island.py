@@ -197,8 +197,19 @@ def float_max_pool(step: Step) -> dict[str, Any]:
             "pads": pads, "dilations": dilations, "lowest": f"-{FLOAT_MAX}"}
 
 
-@kernel("float", "float_mean", inputs=CANONICAL, outputs=CANONICAL, dtypes=("int8", ""),
-        when=_float_layer(("global_avg_pool", "reduce_mean")))
+def _per_sample_mean(layer: QLayer, qgraph: QGraph, profile: Profile) -> str | None:
+    """The float mean's condition: also, a reduce_mean must keep the batch axis."""
+    why = _float_layer(("global_avg_pool", "reduce_mean"))(layer, qgraph, profile)
+    if why is None and getattr(layer, "float_op") == "reduce_mean":
+        source = layer.inputs[0]
+        rank = len(qgraph.tensors[source].shape if source in qgraph.tensors else qgraph.floats[source]) + 1
+        attrs = OPS["reduce_mean"].resolve(layer.op_attrs)  # type: ignore[attr-defined]
+        if 0 in OPS["reduce_mean"].axes(rank, attrs):  # type: ignore[attr-defined]
+            return "it reduces the batch axis; the C model runs one sample at a time"
+    return why
+
+
+@kernel("float", "float_mean", inputs=CANONICAL, outputs=CANONICAL, dtypes=("int8", ""), when=_per_sample_mean)
 def float_mean(step: Step) -> dict[str, Any]:
     """Per output, its reduced values summed in C order, then one division by their count: island_order's
     mean. `starts` holds each output's first input offset, `steps` each reduced value's offset from it."""
