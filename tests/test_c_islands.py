@@ -213,3 +213,39 @@ def test_a_float_mean_over_the_batch_is_refused(tmp_path: Path) -> None:
     stats = calibrate(graph, [{"x": DATA["x_train"][:100]}], Progress.silent())
     with pytest.raises(BuildError, match=r"layer 'whole'.*reduces the batch axis"):
         exported(quantize(graph, stats, config), tmp_path, "host")
+
+
+def test_an_op_without_an_integer_form_builds_as_an_island_end_to_end(tmp_path: Path) -> None:
+    """div has no integer lowering: the c target takes it as a float island on the host (tuning keeps it
+    fp32, the dense before it hands it float) and the check is exact; on a core without an FPU it is refused
+    before any stage runs."""
+    from dabuild.cli import main
+
+    rng = np.random.default_rng(6)
+    np.savez(tmp_path / "weights.npz", w1=rng.normal(0, 0.4, (64, 12)), d=rng.uniform(0.5, 2.0, 12),
+             w2=rng.normal(0, 0.4, (12, 10)))
+    (tmp_path / "model.py").write_text(
+        "import numpy as np\n\ndef build(weights):\n"
+        "    def forward(x):\n"
+        "        h = np.maximum(x @ weights['w1'], 0)\n"
+        "        return (h / weights['d']) @ weights['w2']\n"
+        "    return forward\n")
+    np.savez(tmp_path / "data.npz", x_train=DATA["x_train"][:200], x_test=DATA["x_test"][:100],
+             y_test=DATA["y_test"][:100])
+    recipe = """name: divide
+model: {{framework: numpy, source: model.py:build, weights: weights.npz, inputs: {{x: [null, 64]}}}}
+data:
+  calibration: {{source: data.npz, x: x_train}}
+  evaluation: {{source: data.npz, x: x_test, y: y_test}}
+  metric: accuracy
+tuning: {{strategy: basic, accuracy: {{criterion: relative, tolerable_loss: 0.5}}}}
+targets:
+  - {{name: mcu, kind: c, options: {{cpu: {cpu}}}}}
+"""
+    (tmp_path / "recipe.yaml").write_text(recipe.format(cpu="host"))
+    assert main(["build", str(tmp_path), "--build-dir", str(tmp_path / "build"), "-q"]) == 0
+    summary = json.loads((tmp_path / "build" / "divide" / "build.json").read_text())
+    check = summary["checks"]["mcu"]
+    assert check["ok"] and check["tolerance"] == "exact" and check["float_islands"]["layers"]
+    (tmp_path / "recipe.yaml").write_text(recipe.format(cpu="cortex-m3"))
+    assert main(["build", str(tmp_path), "--build-dir", str(tmp_path / "build3"), "-q"]) == 1

@@ -139,11 +139,13 @@ class Target:
         raise NotImplementedError(f"target {self.kind!r} does not describe how to rerun its artifact")
 
 
-def refuse_ops_without_integers(graph: Any, target: str, layer_types: Collection[str]) -> None:
+def refuse_ops_without_integers(graph: Any, target: str, layer_types: Collection[str],
+                                float_ops: Collection[str] = ()) -> None:
     """BuildError, before any stage after trace runs, listing every node an integer-only target cannot take.
 
-    A node needs an integer lowering (the target runs no float) whose layer types the target writes; the
-    message names the target and, per op, every node using it, so one run tells the user all of it.
+    A node needs an integer lowering whose layer types the target writes, unless its op is one of `float_ops`
+    (the float islands the target runs: such a node stays float); the message names the target and, per op,
+    every node using it, so one run tells the user all of it.
     """
     from dabuild.quant import layers  # noqa: F401  (registers every lowering)
     from dabuild.quant.lowering import LOWERINGS, integer_layers
@@ -151,6 +153,8 @@ def refuse_ops_without_integers(graph: Any, target: str, layer_types: Collection
     refused: dict[tuple[str, str], list[str]] = {}
     for node in graph.nodes:
         lowerer = LOWERINGS.get(node.op)
+        if lowerer is None and node.op in float_ops:
+            continue
         if lowerer is None:
             why = "no exact integer form, and this target runs no float islands"
         else:

@@ -180,10 +180,13 @@ class CTarget(Target):
         return [Path(path) for path in map(shutil.which, self._tools()) if path]
 
     def refuse(self, graph: Any) -> None:
-        """Every op the C kernels cannot run, by node, before calibration and tuning spend any time."""
+        """Every op the C kernels cannot run, by node, before calibration and tuning spend any time (an op
+        without an integer form is fine where it can be a float island: in float_ops, on a core with an FPU)."""
         from dabuild.targets.c.kernels import KERNELS
 
-        refuse_ops_without_integers(graph, self.kind, {key.split("/", 1)[0] for key in KERNELS.names()})
+        capability = load_capability(data_dir("capabilities") / f"{self.capability}.yaml")
+        float_ops = (capability.float_ops or []) if capability.fp32_fallback and self.profile.fpu else []
+        refuse_ops_without_integers(graph, self.kind, {key.split("/", 1)[0] for key in KERNELS.names()}, float_ops)
 
     @classmethod
     def refuses_float_islands(cls, options: dict[str, Any]) -> str | None:
