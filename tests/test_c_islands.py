@@ -145,7 +145,7 @@ def test_island_tensors_are_the_references_float32_bits(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.skipif(not QEMU, reason="needs gcc-arm-none-eabi, libnewlib-arm-none-eabi and qemu-system-arm")
-@pytest.mark.parametrize("cpu", ["cortex-m4", "cortex-m55"])
+@pytest.mark.parametrize("cpu", ["cortex-m4", "cortex-m7", "cortex-m33", "cortex-m55"])
 def test_islands_are_exact_in_qemu(cpu: str, tmp_path: Path) -> None:
     """The FPU (and on the M55, Helium's float lanes where GCC vectorises) computes the reference's float32
     bits: outputs and every island tensor equal, built with -mfloat-abi=hard."""
