@@ -7,7 +7,7 @@
    float island where the capability runs them, else its widest type)
    recovers of the metric, measured on a subset of the evaluation data
    (`Search.subset_metric`: a cheap estimate, not a trial); ties go to the
-   node's own output error.
+   node's own output error, on the same subset.
 3. restore, most harmful first, one node at a time: the node's restoration
    is the best-scoring on the subset of its safer choices (another range
    algorithm or granularity, a wider type, a float island: one-field moves
@@ -30,7 +30,9 @@ subset's verdict is noise, and a subset score that once went with a full
 miss is no evidence of a pass): two or three on a model where one node hurts.
 Counting as bench/hard_cases.py does (and as NNCF's validation calls on the
 full set are counted): the float baseline's pass plus one per trial; subset
-scores are not full evaluations. When nothing passes, the most
+scores are not full evaluations, and the strategy makes no other pass over
+the full evaluation data (its per-node errors are the subset's too; the
+report's sensitivity column, written after the search, is one more pass). When nothing passes, the most
 harmful nodes of step 2 are what the miss names.
 """
 
@@ -82,7 +84,7 @@ class AccuracyControlStrategy:
         base = search.subset_metric(cheapest)
         recovered = {name: sign * (search.subset_metric(space.with_node(
             cheapest, name, precise_choice(space.nodes[name], cheapest.nodes[name]))) - base) for name in choosing}
-        errors = search.node_errors(cheapest)
+        errors = search.node_errors(cheapest, subset=True)
         ranked = sorted(choosing, key=lambda name: (-recovered[name], -errors.get(name, 0.0)))
         search.harmful = ranked
         config, restored = cheapest, []

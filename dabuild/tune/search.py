@@ -138,12 +138,13 @@ class Search:
     def seen(self, config: QuantConfig) -> Trial | None:
         return self._seen.get(config.content_hash())
 
-    def node_errors(self, config: QuantConfig | None = None) -> dict[str, float]:
-        """Per-node output MSE against float under `config` (default: the space's default); no trial spent."""
+    def node_errors(self, config: QuantConfig | None = None, subset: bool = False) -> dict[str, float]:
+        """Per-node output MSE against float under `config` (default: the space's default); no trial spent.
+        With `subset`, on `subset_rows` only: a strategy counting full evaluations spends no full pass on it."""
         config = config or self.space.default()
-        key = config.content_hash()
+        key = config.content_hash() + (":subset" if subset else "")
         if key not in self._errors:
-            self._errors[key] = self.evaluator.node_errors(config)
+            self._errors[key] = self.evaluator.node_errors(config, self.subset_rows if subset else None)
         return self._errors[key]
 
     @property
