@@ -27,7 +27,7 @@ from dabuild.ir.ops import OPS
 from dabuild.ir.ops.linear import conv_geometry
 from dabuild.quant.qgraph import QGraph, QLayer, QuantParams
 from dabuild.targets.c.literals import c_float
-from dabuild.targets.c.kernels.registry import CANONICAL, Step, kernel
+from dabuild.targets.c.kernels.registry import CANONICAL, Condition, Step, kernel
 from dabuild.targets.c.layout import Storage, Walk, broadcast_strides
 from dabuild.targets.c.profiles import Profile
 
@@ -99,7 +99,7 @@ def _fused(attrs: dict[str, Any]) -> str:
     return activation(name, OPS[name].resolve(attrs.get("activation_attrs") or {}) if name != "none" else {})
 
 
-def _float_layer(ops: tuple[str, ...], fused: bool = False):  # noqa: ANN202 - a kernel condition
+def _float_layer(ops: tuple[str, ...], fused: bool = False) -> Condition:
     """The condition of a float kernel: the layer runs one of `ops` (with a libm-free fused activation), on a
     profile with an FPU."""
     def runs(layer: QLayer, qgraph: QGraph, profile: Profile) -> str | None:
