@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from test_c_kernels import STRICT
 
+from dabuild.capability import load_capability
 from dabuild.errors import BuildError
 from dabuild.ir import Graph, Node, TensorSpec
 from dabuild.progress import Progress
@@ -24,10 +25,9 @@ from dabuild.quant.layers.island_order import run_ordered
 from dabuild.quant.qgraph import QGraph
 from dabuild.quant.quantize import quantize
 from dabuild.quant.reference import quantize_input, run_integer
+from dabuild.resources import data_dir
 from dabuild.targets.c import CTarget
 from dabuild.targets.check import check_stage
-from dabuild.capability import load_capability
-from dabuild.resources import data_dir
 
 C = load_capability(data_dir("capabilities") / "c.yaml")
 DATA = dict(np.load(Path(__file__).resolve().parent.parent / "recipes" / "digits" / "data.npz"))

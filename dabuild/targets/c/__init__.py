@@ -40,6 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from dabuild.capability import load_capability
 from dabuild.errors import BuildError
+from dabuild.quant.layers.fallback import QFloat, QFloatWeighted
 from dabuild.quant.qgraph import QGraph
 from dabuild.resources import data_dir
 from dabuild.targets.base import Target, refuse_ops_without_integers
@@ -56,7 +57,7 @@ def refuse_float_layers(qgraph: QGraph, capability_name: str, profile: Profile |
     """BuildError naming the first float layer (a float island's, or the layer feeding one) when the capability
     or the profile's core cannot run float."""
     capability = load_capability(data_dir("capabilities") / f"{capability_name}.yaml")
-    layer = next((layer for layer in qgraph.layers if getattr(layer, "computes_in_float", False)), None)
+    layer = next((layer for layer in qgraph.layers if isinstance(layer, (QFloat, QFloatWeighted))), None)
     if layer is None:
         return
     where = f"node {layer.name!r} ({layer.float_op}) computes in float (a float island, or the layer feeding one)"
@@ -107,9 +108,9 @@ class Budget(BaseModel):
 class CTarget(Target):
     kind: ClassVar[str] = "c"
     capability: ClassVar[str] = "c"
-    default_tolerance: ClassVar[str] = "exact"
-    float_order: ClassVar[str] = ("the reference's: each island sum from 0 in the C loops' order, every product "
-                                  "and sum rounded to float32 (-ffp-contract=off), so islands are exact")
+    default_tolerance = "exact"
+    float_order = ("the reference's: each island sum from 0 in the C loops' order, every product "
+                   "and sum rounded to float32 (-ffp-contract=off), so islands are exact")
 
     class Options(Target.Options):
         cpu: Literal[CPUS] = "host"  # type: ignore[valid-type]
@@ -121,7 +122,7 @@ class CTarget(Target):
         budget: Budget | None = None
 
         @model_validator(mode="after")
-        def _consistent(self) -> "CTarget.Options":
+        def _consistent(self) -> CTarget.Options:
             if self.runner == "command" and not self.command:
                 raise ValueError("runner: command needs options.command, the argv that runs {image} on "
                                  "{inputs} and writes {outputs}")
@@ -171,7 +172,7 @@ class CTarget(Target):
         versions = {}
         for tool in self._tools():
             path = self._compiler_path() if tool == self.compiler else firmware.require(tool, firmware.QEMU_PACKAGE)
-            result = subprocess.run([path, "--version"], capture_output=True, text=True)
+            result = subprocess.run([path, "--version"], check=False, capture_output=True, text=True)
             first_line = (result.stdout or result.stderr).strip().splitlines()
             versions[tool] = first_line[0] if first_line else "unknown"
         return versions
@@ -223,6 +224,7 @@ class CTarget(Target):
         if profile.cortex_m:
             with tempfile.TemporaryDirectory(prefix="dabuild-image-") as work:
                 image = firmware.build_image(profile, self.options.cflags, out_dir, Path(work))
+                assert profile.board is not None  # a cortex_m profile names its qemu board
                 manifest["firmware"] = {"board": profile.board.machine, **firmware.measure(image)}
         (out_dir / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
 
@@ -241,7 +243,7 @@ class CTarget(Target):
                                         defines).elf
         program = work_dir / (TRACE_PROGRAM if defines else PROGRAM)
         command = self._build_command(self._compiler_path(), artifact_dir, str(artifact_dir), str(program))
-        build = subprocess.run([command[0], *defines, *command[1:]], capture_output=True, text=True)
+        build = subprocess.run([command[0], *defines, *command[1:]], check=False, capture_output=True, text=True)
         if build.returncode != 0:
             raise BuildError(f"compiling the C artifact {artifact_dir} with {self.compiler!r} failed:\n"
                              f"{build.stderr.strip()}")
@@ -268,7 +270,7 @@ class CTarget(Target):
                 places = {"image": str(program), "inputs": str(inputs_file), "outputs": str(outputs_file)}
                 line = [argument.format(**places) for argument in self.options.command or []]
             try:
-                result = subprocess.run(line, capture_output=True, text=True, cwd=work_dir,
+                result = subprocess.run(line, check=False, capture_output=True, text=True, cwd=work_dir,
                                         timeout=self.options.timeout)
             except subprocess.TimeoutExpired:
                 raise BuildError(f"the C test program of {artifact_dir} did not finish within "

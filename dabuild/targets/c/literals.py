@@ -12,6 +12,6 @@ def c_float(value: float) -> str:
 
 def c_floats(values: np.ndarray, per_line: int = 8) -> str:
     """Array initialiser body of exact float32 literals, `per_line` to a line."""
-    flat = [c_float(v) for v in np.asarray(values, np.float32).ravel()]
+    flat = [c_float(float(v)) for v in np.asarray(values, np.float32).ravel()]
     lines = [", ".join(flat[i:i + per_line]) for i in range(0, len(flat), per_line)]
     return ",\n".join("    " + line for line in lines)

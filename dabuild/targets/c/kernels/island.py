@@ -25,10 +25,11 @@ import numpy as np
 
 from dabuild.ir.ops import OPS
 from dabuild.ir.ops.linear import conv_geometry
+from dabuild.quant.layers.fallback import QFloat
 from dabuild.quant.qgraph import QGraph, QLayer, QuantParams
-from dabuild.targets.c.literals import c_float
 from dabuild.targets.c.kernels.registry import CANONICAL, Condition, Step, kernel
 from dabuild.targets.c.layout import Storage, Walk, broadcast_strides
+from dabuild.targets.c.literals import c_float
 from dabuild.targets.c.profiles import Profile
 
 ACTIVATIONS = ("none", "relu", "relu6", "clip", "leaky_relu")
@@ -62,7 +63,9 @@ def _reads(step: Step) -> tuple[list[Access], list[np.ndarray]]:
     """The access of each layer input, in the layer's order, and the float constants (arrays c0, c1, ...)."""
     layer = step.layer
     assert layer is not None
-    accesses, constants, position = [], [], 0
+    accesses: list[Access] = []
+    constants: list[np.ndarray] = []
+    position = 0
     for name in layer.inputs:
         if name in step.constants:
             accesses.append(Access(f"c{len(constants)}", None))
@@ -200,11 +203,11 @@ def float_max_pool(step: Step) -> dict[str, Any]:
 def _per_sample_mean(layer: QLayer, qgraph: QGraph, profile: Profile) -> str | None:
     """The float mean's condition: also, a reduce_mean must keep the batch axis."""
     why = _float_layer(("global_avg_pool", "reduce_mean"))(layer, qgraph, profile)
-    if why is None and getattr(layer, "float_op") == "reduce_mean":
+    if why is None and isinstance(layer, QFloat) and layer.float_op == "reduce_mean":
         source = layer.inputs[0]
         rank = len(qgraph.tensors[source].shape if source in qgraph.tensors else qgraph.floats[source]) + 1
-        attrs = OPS["reduce_mean"].resolve(layer.op_attrs)  # type: ignore[attr-defined]
-        if 0 in OPS["reduce_mean"].axes(rank, attrs):  # type: ignore[attr-defined]
+        attrs = OPS["reduce_mean"].resolve(layer.op_attrs)
+        if 0 in OPS["reduce_mean"].axes(rank, attrs):  # type: ignore[attr-defined]  # Reduce's, not every Op's
             return "it reduces the batch axis; the C model runs one sample at a time"
     return why
 

@@ -18,6 +18,8 @@ from typing import Any
 import numpy as np
 
 from dabuild.ir.ops import OPS
+from dabuild.ir.ops.pool import AvgPool, Pool
+from dabuild.ir.ops.reduce import Reduce
 from dabuild.quant.layers.pool import QAvgPool, QMean
 from dabuild.quant.layers.shape import QSelection
 from dabuild.quant.layers.softmax import QSoftmax
@@ -35,7 +37,7 @@ def _planar_pool(layer: QLayer, qgraph: QGraph, profile: Profile) -> str | None:
 
 def _pool_window(step: Step) -> dict[str, int]:
     layer: QSelection = step.layer  # type: ignore[assignment]
-    kernel_shape, strides, pads, dilations = OPS[layer.op].geometry(layer.op_attrs)
+    kernel_shape, strides, pads, dilations = OPS.typed(layer.op, Pool).geometry(layer.op_attrs)
     return window(step, kernel_shape, strides, pads, dilations)
 
 
@@ -47,10 +49,10 @@ def max_pool(step: Step) -> dict[str, Any]:
 @kernel("avg_pool", "avg_pool", inputs=CHANNELS_LAST, outputs=CHANNELS_LAST, when=_planar_pool)
 def avg_pool(step: Step) -> dict[str, Any]:
     layer: QAvgPool = step.layer  # type: ignore[assignment]
-    counts = OPS["avg_pool"].divisors((1, *step.inputs[0].shape), layer.op_attrs).astype(np.int64)
+    counts = OPS.typed("avg_pool", AvgPool).divisors((1, *step.inputs[0].shape), layer.op_attrs).astype(np.int64)
     return {**_pool_window(step), "count_index": counts.ravel() - 1, "multiplier": layer.multiplier,
-            "shift": layer.shift, "input_zero_point": step.inputs[0].params.zero_point,
-            "output_zero_point": step.outputs[0].params.zero_point}
+            "shift": layer.shift, "input_zero_point": step.inputs[0].quant.zero_point,
+            "output_zero_point": step.outputs[0].quant.zero_point}
 
 
 def reduction_walk(step: Step, axes: list[int], keepdims: bool) -> Walk:
@@ -72,15 +74,15 @@ def mean(step: Step) -> dict[str, Any]:
     axes = [a - 1 for a in layer.axes]
     count = int(np.prod([step.inputs[0].shape[a] for a in axes]))
     return {"walk": reduction_walk(step, axes, layer.keepdims), "outputs": step.outputs[0].size, "count": count,
-            "input_zero_point": step.inputs[0].params.zero_point, "multiplier": int(layer.multiplier[0]),
-            "shift": int(layer.shift[0]), "output_zero_point": step.outputs[0].params.zero_point}
+            "input_zero_point": step.inputs[0].quant.zero_point, "multiplier": int(layer.multiplier[0]),
+            "shift": int(layer.shift[0]), "output_zero_point": step.outputs[0].quant.zero_point}
 
 
 @kernel("reduce_max", "reduce_max", outputs=CANONICAL)
 def reduce_max(step: Step) -> dict[str, Any]:
     layer: QSelection = step.layer  # type: ignore[assignment]
     rank = len(step.inputs[0].shape) + 1
-    axes = [a - 1 for a in OPS["reduce_max"].axes(rank, layer.op_attrs)]
+    axes = [a - 1 for a in OPS.typed("reduce_max", Reduce).axes(rank, layer.op_attrs)]
     return {"walk": reduction_walk(step, axes, bool(layer.op_attrs["keepdims"])), "outputs": step.outputs[0].size}
 
 
@@ -91,5 +93,5 @@ def softmax(step: Step) -> dict[str, Any]:
     axis = layer.axis - 1
     rows = tuple(1 if a == axis else d for a, d in enumerate(source.shape))
     return {"walk": Walk.over(rows, source.storage.order, {"x": source.strides}), "length": source.shape[axis],
-            "stride": source.strides[axis], "exp_table": layer.exp_table, "qmin": source.params.qmin,
-            "output_zero_point": step.outputs[0].params.zero_point}
+            "stride": source.strides[axis], "exp_table": layer.exp_table, "qmin": source.quant.qmin,
+            "output_zero_point": step.outputs[0].quant.zero_point}

@@ -46,6 +46,13 @@ class Operand:
     constant: bool = False
 
     @property
+    def quant(self) -> QuantParams:
+        """The quantization of an integer operand (every operand an integer kernel reads is one)."""
+        if self.params is None:
+            raise BuildError(f"tensor {self.name!r} is a float island's, but an integer kernel reads it")
+        return self.params
+
+    @property
     def shape(self) -> tuple[int, ...]:
         return self.storage.shape
 
