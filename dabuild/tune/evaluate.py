@@ -133,8 +133,9 @@ class Evaluator:
         outputs = np.concatenate([run_quantized(qgraph, x[i:i + size]) for i in range(0, len(x), size)])
         return self.metric(outputs, self.setup.labels[rows])
 
-    def node_errors(self, config: QuantConfig) -> dict[str, float]:
-        """Per node, the relative MSE of its output under `config` against the float graph's.
+    def node_errors(self, config: QuantConfig, rows: np.ndarray | None = None) -> dict[str, float]:
+        """Per node, the relative MSE of its output under `config` against the float graph's, on the
+        evaluation rows `rows` (None: all of them).
 
         One run of each graph with every intermediate kept: how far quantization
         has pushed each node's output, the ranking the sensitivity-driven
@@ -144,7 +145,9 @@ class Evaluator:
         """
         qgraph = self.quantize(config)
         errors: dict[str, list[float]] = {}
-        for x in self._batches(min(self.batch_size, TRACED_BATCH)):
+        data = self.setup.x if rows is None else self.setup.x[rows]
+        size = min(self.batch_size, TRACED_BATCH)
+        for x in (data[i:i + size] for i in range(0, len(data), size)):
             reference = self.interpreter.run({self.input: x}, keep_intermediates=True)
             quantized = run_integer(qgraph, quantize_input(qgraph, x), keep_intermediates=True)
             for node in self.graph.nodes:
@@ -155,7 +158,7 @@ class Evaluator:
                 if np.issubdtype(value.dtype, np.integer) and tensor in qgraph.tensors:
                     value = qgraph.tensors[tensor].params.dequantize(value)
                 errors.setdefault(node.name, []).append(relative_mse(value, reference[tensor]) * len(x))
-        return {name: float(sum(parts) / len(self.setup.x)) for name, parts in errors.items()}
+        return {name: float(sum(parts) / len(data)) for name, parts in errors.items()}
 
 
 _worker: Evaluator | None = None

@@ -269,11 +269,12 @@ def _candidates(name: str, op: str, capability: CapabilitySpec, by_type: Mapping
             raise BuildError(f"{where}: op {op!r} has no {role} to quantize")
     dtype_lists = {role: fields["dtype"] for role, fields in keys.items() if "dtype" in fields}
     for role, dtypes in dtype_lists.items():
-        if FLOAT_DTYPE in dtypes and not capability.fp32_fallback:
-            raise BuildError(f"{_where(name, op, by_name, role, 'dtype')}: capability {capability.name!r} does not "
-                             "allow fp32 fallback")
+        if FLOAT_DTYPE in dtypes and not capability.runs_float(op):
+            why = "does not allow fp32 fallback" if not capability.fp32_fallback else \
+                f"runs no float island of op {op!r} (float_ops: {', '.join(capability.float_ops or [])})"
+            raise BuildError(f"{_where(name, op, by_name, role, 'dtype')}: capability {capability.name!r} {why}")
     keep_float = all(FLOAT_DTYPE in dtypes for dtypes in dtype_lists.values())
-    fallback = (FP32,) if capability.fp32_fallback and keep_float else ()
+    fallback = (FP32,) if capability.runs_float(op) and keep_float else ()
     missing = [role for role in roles or () if getattr(entry, role) is None]
     if roles is None or missing:
         if fallback:
