@@ -29,6 +29,7 @@ from dabuild.ir.interpreter import run  # noqa: E402
 from dabuild.ir.passes import optimize  # noqa: E402
 from dabuild.progress import Progress  # noqa: E402
 from dabuild.quant.calibrate import calibrate  # noqa: E402
+from dabuild.quant.given import fixed_params  # noqa: E402
 from dabuild.quant.layers.given import QFixedQuant  # noqa: E402
 from dabuild.quant.qgraph import QGraph, QTensor, QuantParams  # noqa: E402
 from dabuild.quant.quantize import quantize  # noqa: E402
@@ -58,8 +59,6 @@ def test_fixed_quant_is_hgq2s_quantizer_bit_for_bit(round_mode: str, overflow_mo
     assert np.array_equal(fixed.quantize(x), hgq2(x, k, i, f))
     source = QuantParams(2.0**-10, 0, "int16")
     integers = source.quantize(x)
-    from dabuild.quant.given import fixed_params
-
     target = fixed_params(fixed, "quantizer")
     graph = QGraph("x", "y", {"x": QTensor((3, 4), source), "y": QTensor((3, 4), target)}, [
         QFixedQuant(name="q", inputs=["x"], outputs=["y"], k=k.astype(np.int8), i=i.astype(np.int8),
