@@ -211,8 +211,10 @@ class FixedQuant:
         """From arrays of one shape; i below -f is -f (the quantizer then holds at most the sign)."""
         k, i, f = (np.asarray(a, dtype=np.int64) for a in np.broadcast_arrays(k, i, f))
         i = np.maximum(i, -f)
-        return cls(*(tuple(int(v) for v in a.ravel()) for a in (k, i, f)), tuple(int(d) for d in k.shape),
-                   rounding, overflow)
+        def flat(values: np.ndarray) -> tuple[int, ...]:
+            return tuple(int(v) for v in values.ravel())
+
+        return cls(flat(k), flat(i), flat(f), tuple(int(d) for d in k.shape), rounding, overflow)
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """k, i, f as int64 arrays of `shape`."""
@@ -239,25 +241,22 @@ class FixedQuant:
 
     def integers(self, q: np.ndarray, fractional_bits: int) -> np.ndarray:
         """Integers q (batch first, units of 2**-fractional_bits) quantized, in units of 2**-F (int64)."""
-        k, i, f = self.arrays()
-        n = round_shifted(np.asarray(q, dtype=np.int64), fractional_bits - f, self.rounding)
+        _, _, f = self.arrays()
+        n = self._overflowed(round_shifted(np.asarray(q, dtype=np.int64), fractional_bits - f, self.rounding))
+        return np.left_shift(n, self.fractional_bits - f)
+
+    def _overflowed(self, n: np.ndarray) -> np.ndarray:
+        """Integers n (units of 2**-f per element) wrapped or saturated into each element's range."""
         low, high = self.bounds()
         if self.overflow == "wrap":
-            n = np.mod(n - low, high - low + 1) + low
-        else:
-            n = np.clip(n, low, high)
-        return np.left_shift(n, self.fractional_bits - f)
+            return np.mod(n - low, high - low + 1) + low
+        return np.clip(n, low, high)
 
     def quantize(self, x: np.ndarray) -> np.ndarray:
         """x (float, batch first) on this quantizer's grid, as HGQ2 computes it (float32 out)."""
         x = np.asarray(x, dtype=np.float64)
         _, _, f = self.arrays()
-        q = round_values(x * 2.0**f, self.rounding)
-        low, high = self.bounds()
-        if self.overflow == "wrap":
-            q = np.mod(q - low, high - low + 1) + low
-        else:
-            q = np.clip(q, low, high)
+        q = self._overflowed(round_values(x * 2.0**f, self.rounding))
         return (q * 2.0**-f).astype(np.float32)
 
     def attrs(self) -> dict[str, Any]:

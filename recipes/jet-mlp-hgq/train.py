@@ -16,9 +16,9 @@ from pathlib import Path
 
 os.environ.setdefault("KERAS_BACKEND", "torch")
 
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
-from hgq.layers import QDense  # noqa: E402
+import keras
+import numpy as np
+from hgq.layers import QDense
 
 HERE = Path(__file__).resolve().parent
 SIZES = [64, 32, 32]

@@ -31,11 +31,11 @@ from dabuild.quant.activations import clamp_bounds, is_table_activation, pre_act
 from dabuild.quant.bias_correction import input_channel_means, mean_output_error
 from dabuild.quant.config import QuantChoice
 from dabuild.quant.dtypes import accumulator_max, fitting_type
-from dabuild.quant.given import EXACT
 from dabuild.quant.fixed_point import INT32_MAX, accumulator_trace, quantize_multiplier, requantize, round_half_away
+from dabuild.quant.given import EXACT
 from dabuild.quant.layers.elementwise import lookup_layer
 from dabuild.quant.layers.fallback import lower_float_weighted
-from dabuild.quant.lowering import Lowering, lowers, quantize_weight
+from dabuild.quant.lowering import Lowering, lowers
 from dabuild.quant.qgraph import QGraph, QLayer, QuantParams, Trace, layer_type
 
 PER_CHANNEL_MINMAX = QuantChoice("int8", "sym", "per_channel", "minmax")
@@ -175,7 +175,7 @@ def _weighted_layers(ctx: Lowering, layer_class: type[QWeighted], weight: np.nda
     output = node.outputs[0]
     table = is_table_activation(activation)
     written = pre_activation(output) if table else output
-    exact = ctx.config.activation.algorithm == EXACT
+    exact = ctx.activation.algorithm == EXACT
 
     weight_q, weight_scale = ctx.weight_integers(weight, weight_choice, channel_axis)
     if ctx.bias_correction:
@@ -301,5 +301,5 @@ def lower_batch_norm(ctx: Lowering) -> list[QLayer]:
     spatial = rank - 2
     weight = multiplier.reshape(-1, 1, *[1] * spatial)
     geometry = {"strides": [1] * spatial, "pads": [0] * (2 * spatial), "dilations": [1] * spatial,
-                "groups": int(len(multiplier))}
+                "groups": len(multiplier)}
     return _weighted_layers(ctx, QConv, weight, offset, PER_CHANNEL_MINMAX, 0, geometry)

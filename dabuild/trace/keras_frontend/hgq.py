@@ -130,10 +130,10 @@ def fixed_quant(b: Builder, x: Value, quantizer: FixedQuantizer, what: str) -> V
 
 def _sample_shape(b: Builder, x: Value) -> tuple[int, ...]:
     """x's per-sample shape in Keras's layout (what HGQ2's quantizers broadcast over)."""
-    shape = b.shape(x)[1:]
+    shape = b.sizes(x)
     if x.channels_first and x.rank > 2:
         shape = (*shape[1:], shape[0])
-    return tuple(int(d) for d in shape)
+    return shape
 
 
 def quantize_input(b: Builder, x: Value, quantizer: Any, what: str) -> tuple[Value, float]:
