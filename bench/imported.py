@@ -68,7 +68,7 @@ def quantize_static_variant(**options: object) -> Callable[[Path], None]:
 
 
 def mlp_by_hand(qgraph: QGraph, hwconf: object, original: Path) -> object:
-    """The MLP written with da4ml's tracing API."""
+    """the MLP written with da4ml's tracing API."""
     from hdl import mlp_by_hand as written  # bench/hdl.py: dense layers written with da4ml's tracing API
 
     return written(qgraph, hwconf)
