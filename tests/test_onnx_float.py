@@ -13,7 +13,7 @@ ort = pytest.importorskip("onnxruntime", reason="the onnx extra is not installed
 
 from dabuild.errors import BuildError  # noqa: E402
 from dabuild.ir import Graph, Node, TensorSpec  # noqa: E402
-from dabuild.ir.given import GivenQuant  # noqa: E402
+from dabuild.ir.given import FixedQuant, GivenQuant  # noqa: E402
 from dabuild.ir.interpreter import run  # noqa: E402
 from dabuild.ir.ops import OPS  # noqa: E402
 from dabuild.targets.onnx_float import to_onnx  # noqa: E402
@@ -122,6 +122,10 @@ CASES: dict[str, Case] = {
     "fake_quant_to_zero": Case("fake_quant", (2, 5), GivenQuant((0.125,), (-2,), 6, True, rounding="to_zero").attrs()),
     "fake_quant_per_channel": Case("fake_quant", (2, 3, 4), GivenQuant((0.1, 0.02, 0.5), (0, 5, -3), 8, True,
                                                                       axis=1).attrs()),
+    "fixed_quant_wrap": Case("fixed_quant", (2, 2, 3), FixedQuant.of(
+        [[1, 0, 1], [1, 1, 0]], [[0, 1, 2], [-1, 0, 1]], [[3, 2, 1], [4, 0, 2]], "half_up", "wrap").attrs()),
+    "fixed_quant_saturate_floor": Case("fixed_quant", (2, 5), FixedQuant.of(
+        [1, 1, 0, 0, 1], [1, 0, 2, 1, 0], [2, 3, 1, 0, 5], "floor", "saturate_symmetric").attrs()),
     "clip": Case("clip", (2, 5), {"min": -0.5, "max": 0.25}),
     "clip_low_only": Case("clip", (2, 5), {"min": -0.5}),
     "elu": Case("elu", (2, 5), {"alpha": 0.5}),

@@ -18,7 +18,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from dabuild.errors import BuildError
-from dabuild.ir.given import GivenQuant
+from dabuild.ir.given import FixedQuant, GivenQuant
 from dabuild.ir.graph import Graph, Node
 from dabuild.ir.ops import OPS
 from dabuild.ir.ops.pool import Pool
@@ -395,16 +395,54 @@ def _fake_quant(e: Emitter, node: Node, attrs: dict[str, Any]) -> None:
         e.add(op_type, list(inputs), [result], name)
         return result
 
-    scaled = step("Div", node.inputs[0], scale)
-    if given.rounding in _ROUNDING:
-        rounded = step(_ROUNDING[given.rounding], scaled)
-    else:  # half_away, to_zero: on the magnitude, then the sign back
-        half = e.constant(0.5 if given.rounding == "half_away" else 0.0, np.float32, f"{name}_half")
-        magnitude = step("Floor", step("Add", step("Abs", scaled), half))
-        rounded = step("Mul", step("Sign", scaled), magnitude)
+    rounded = _rounded(e, name, step("Div", node.inputs[0], scale), given.rounding)
     bounds = [e.constant(v, np.float32, f"{name}_bound") for v in (low, high)]
     clipped = step("Clip", step("Add", rounded, zero), *bounds)
     step("Mul", step("Sub", clipped, zero), scale, output=node.outputs[0])
+
+
+def _rounded(e: Emitter, name: str, scaled: str, rounding: str) -> str:
+    """`scaled` rounded to integers by `rounding` (dabuild.ir.given.ROUNDINGS) in float ONNX ops."""
+    def step(op_type: str, *inputs: str) -> str:
+        result = e.fresh(f"{name}_{op_type.lower()}")
+        e.add(op_type, list(inputs), [result], name)
+        return result
+
+    if rounding in _ROUNDING:
+        return step(_ROUNDING[rounding], scaled)
+    if rounding == "half_up":
+        return step("Floor", step("Add", scaled, e.constant(0.5, np.float32, f"{name}_half")))
+    half = e.constant(0.5 if rounding == "half_away" else 0.0, np.float32, f"{name}_half")  # on the magnitude
+    magnitude = step("Floor", step("Add", step("Abs", scaled), half))
+    return step("Mul", step("Sign", scaled), magnitude)
+
+
+@exports("fixed_quant")
+def _fixed_quant(e: Emitter, node: Node, attrs: dict[str, Any]) -> None:
+    """q = round(x * 2**f) saturated (Max, Min) or wrapped (low + (q - low) mod 2**bits, by Floor) per element,
+    times 2**-f: the types as per-element constants broadcast over the batch."""
+    quant = FixedQuant.from_attrs(attrs)
+    name = node.name
+    _, _, f = quant.arrays()
+    low, high = quant.bounds()
+
+    def constant(values: np.ndarray, base: str) -> str:
+        return e.constant(np.asarray(values, dtype=np.float64)[None], np.float32, f"{name}_{base}")
+
+    def step(op_type: str, *inputs: str, output: str | None = None) -> str:
+        result = output or e.fresh(f"{name}_{op_type.lower()}")
+        e.add(op_type, list(inputs), [result], name)
+        return result
+
+    q = _rounded(e, name, step("Mul", node.inputs[0], constant(2.0**f, "scale")), quant.rounding)
+    if quant.overflow == "wrap":
+        low_name, span = constant(low, "low"), constant(high - low + 1, "span")
+        offset = step("Sub", q, low_name)
+        wrapped = step("Sub", offset, step("Mul", step("Floor", step("Div", offset, span)), span))
+        q = step("Add", wrapped, low_name)
+    else:
+        q = step("Min", step("Max", q, constant(low, "low")), constant(high, "high"))
+    step("Mul", q, constant(2.0**-f, "step"), output=node.outputs[0])
 
 
 def value_info(name: str, shape: tuple[int | None, ...]) -> onnx.ValueInfoProto:

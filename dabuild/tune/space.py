@@ -26,6 +26,7 @@ from typing import Any
 
 from dabuild.capability import CapabilitySpec, QuantChoices
 from dabuild.errors import BuildError
+from dabuild.ir.given import OPS as GIVEN_OPS
 from dabuild.ir.graph import Graph
 from dabuild.quant.calibrate import LAST_AXIS_OPS
 from dabuild.quant.config import NodeConfig, QuantChoice, QuantConfig
@@ -185,7 +186,7 @@ def build_space(graph: Graph, capability: CapabilitySpec, narrowing: Mapping[str
     nodes: dict[str, NodeSpace] = {}
     for node in graph.nodes:
         fixed = _given_roles(node.name, node.op, capability, given.get(node.name, {}))
-        if node.op == "fake_quant":  # the model's own quantizer: nothing to choose
+        if node.op in GIVEN_OPS:  # the model's own quantizer: nothing to choose
             candidates: tuple[NodeConfig, ...] = (NodeConfig(None, fixed["activation"]),)
         else:
             candidates = _with_given(_candidates(node.name, node.op, capability, by_type.get(node.op, {}),
