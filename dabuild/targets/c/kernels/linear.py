@@ -238,6 +238,50 @@ def interleave(rows: np.ndarray) -> np.ndarray:
     return rows.reshape(*shape[:-1], -1, 2, 2).swapaxes(-1, -2).reshape(shape)
 
 
+def _row_multiple(profile: Profile) -> int:
+    """What `conv_rows` needs a window row's bytes to be a multiple of: a word (SMLAD pairs) on the DSP cores, a
+    16-lane vector on Helium, anything for portable C."""
+    return {DSP: 4, MVE: 16}.get(profile.isa, 1)
+
+
+def _rows_apply(layer: QConv, qgraph: QGraph, profile: Profile) -> str | None:
+    if (why := _planar(layer, qgraph, profile)) is not None:
+        return why
+    if layer.groups != 1 or any(d != 1 for d in layer.dilations):
+        return "grouped or dilated (a window row is not contiguous in the input)"
+    row_bytes = int(layer.weight.shape[-1]) * qgraph.tensors[layer.inputs[0]].shape[0]
+    if row_bytes % _row_multiple(profile):
+        return f"a window row of {row_bytes} bytes is no multiple of {_row_multiple(profile)}"
+    return None
+
+
+def _rows_geometry(step: Step) -> dict[str, int]:
+    """`conv_rows`' geometry: 2 channels x 2 pixels per block (the 13 usable registers of a DSP core hold 4 sums,
+    4 widened weight pairs and a widened pixel word; see conv_mcu), 3 pixels on Helium when the output row is a
+    multiple of 3 (its sums cost no widening registers)."""
+    window = _conv_window(step)
+    pixel_block = 3 if step.profile.isa == MVE and window["out_width"] % 3 == 0 else 2
+    return _gemm_shape(step, 2, pixel_block, pixel_block, 1)
+
+
+def _band_bytes(step: Step) -> int:
+    geometry = _conv_window(step)
+    return geometry["kernel_height"] * geometry["padded_width"] * geometry["channels"] if geometry["padded"] else 0
+
+
+@kernel("conv", "conv_rows", config="weighted", inputs=CHANNELS_LAST, outputs=CHANNELS_LAST, granularities=BOTH,
+        when=_rows_apply, scratch=_band_bytes, isas=(PORTABLE, DSP, MVE))
+def conv_rows(step: Step) -> dict[str, Any]:
+    """The Cortex-M conv without im2col: a window's rows are contiguous int8 of the input (of a ring of padded
+    rows, the band, when the layer pads), so its scratch is that band or nothing."""
+    layer: QConv = step.layer  # type: ignore[assignment]
+    geometry = _rows_geometry(step)
+    rows, weight = _gemm_weight(step, geometry, np.int8)
+    weight_sums = rows.reshape(-1, geometry["window_depth"]).astype(np.int64).sum(1)
+    return {**geometry, "input_zero_point": step.inputs[0].params.zero_point, "isa": step.profile.isa,
+            "weight": weight, **_requantization(step, layer, weight_sums)}
+
+
 @kernel("conv", "conv_mcu", config="weighted", inputs=CHANNELS_LAST, outputs=CHANNELS_LAST, granularities=BOTH,
         when=_planar, scratch=_mcu_bytes, isas=(PORTABLE, DSP, MVE))
 def conv_mcu(step: Step) -> dict[str, Any]:
