@@ -101,6 +101,13 @@ class Budget(BaseModel):
         return found
 
 
+def _tool_version(path: str) -> str:
+    """The first line `path --version` prints: a compiler's or emulator's identity for cache keys."""
+    result = subprocess.run([path, "--version"], capture_output=True, text=True)
+    first_line = (result.stdout or result.stderr).strip().splitlines()
+    return first_line[0] if first_line else "unknown"
+
+
 class CTarget(Target):
     kind: ClassVar[str] = "c"
     capability: ClassVar[str] = "c"
@@ -166,13 +173,22 @@ class CTarget(Target):
         versions = {}
         for tool in self._tools():
             path = self._compiler_path() if tool == self.compiler else firmware.require(tool, firmware.QEMU_PACKAGE)
-            result = subprocess.run([path, "--version"], capture_output=True, text=True)
-            first_line = (result.stdout or result.stderr).strip().splitlines()
-            versions[tool] = first_line[0] if first_line else "unknown"
+            versions[tool] = _tool_version(path)
         return versions
 
     def programs(self) -> list[Path]:
         return [Path(path) for path in map(shutil.which, self._tools()) if path]
+
+    def export_tools(self) -> dict[str, str]:
+        """A Cortex-M export links a firmware image with the cross compiler to measure flash, RAM and stack
+        (model.json), so that compiler's identity is part of what it depends on."""
+        if not self.profile.cortex_m:
+            return {}
+        return {self.profile.compiler: _tool_version(firmware.require(self.profile.compiler, firmware.ARM_PACKAGES))}
+
+    def export_programs(self) -> list[Path]:
+        path = shutil.which(self.profile.compiler) if self.profile.cortex_m else None
+        return [Path(path)] if path else []
 
     def refuse(self, graph: Any) -> None:
         """Every op the C kernels cannot run, by node, before calibration and tuning spend any time."""
