@@ -272,14 +272,21 @@ def _band_bytes(step: Step) -> int:
 @kernel("conv", "conv_rows", config="weighted", inputs=CHANNELS_LAST, outputs=CHANNELS_LAST, granularities=BOTH,
         when=_rows_apply, scratch=_band_bytes, isas=(PORTABLE, DSP, MVE))
 def conv_rows(step: Step) -> dict[str, Any]:
-    """The Cortex-M conv without im2col: a window's rows are contiguous int8 of the input (of a ring of padded
-    rows, the band, when the layer pads), so its scratch is that band or nothing."""
+    """The Cortex-M conv without im2col: a window's rows are contiguous int8 of the input (or, when the layer
+    pads, of the band: the kernel-height rows of the padded input one output row reads, copied per output row),
+    so its scratch is that band or nothing."""
     layer: QConv = step.layer  # type: ignore[assignment]
     geometry = _rows_geometry(step)
     rows, weight = _gemm_weight(step, geometry, np.int8)
     weight_sums = rows.reshape(-1, geometry["window_depth"]).astype(np.int64).sum(1)
+    requantization = _requantization(step, layer, weight_sums)
+    shifts = np.asarray(layer.shift)
+    # Helium requantizes four outputs at once where the sums fit int32, every shift is 33..62 (see
+    # dabuild_requantize32_mve) and the channels fill whole blocks
+    vector_output = (step.profile.isa == MVE and requantization["narrow_sum"] and bool(np.all((shifts >= 33) & (shifts <= 62)))
+                     and geometry["block_outputs"] == geometry["out_channels"])
     return {**geometry, "input_zero_point": step.inputs[0].params.zero_point, "isa": step.profile.isa,
-            "weight": weight, **_requantization(step, layer, weight_sums)}
+            "weight": weight, "vector_output": vector_output, **requantization}
 
 
 @kernel("conv", "conv_mcu", config="weighted", inputs=CHANNELS_LAST, outputs=CHANNELS_LAST, granularities=BOTH,
