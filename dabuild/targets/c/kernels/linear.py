@@ -239,9 +239,10 @@ def interleave(rows: np.ndarray) -> np.ndarray:
 
 
 def _row_multiple(profile: Profile) -> int:
-    """What `conv_rows` needs a window row's bytes to be a multiple of: a word (SMLAD pairs) on the DSP cores, a
-    16-lane vector on Helium, anything for portable C."""
-    return {DSP: 4, MVE: 16}.get(profile.isa, 1)
+    """What `conv_rows` needs a window row's bytes to be a multiple of: a 16-lane vector on Helium (else its
+    im2col with the depth padded to whole vectors is faster), anything elsewhere (a DSP core takes rows of
+    whole words two pairs at a time, others in the portable loop)."""
+    return 16 if profile.isa == MVE else 1
 
 
 def _rows_apply(layer: QConv, qgraph: QGraph, profile: Profile) -> str | None:
@@ -279,6 +280,12 @@ def conv_rows(step: Step) -> dict[str, Any]:
     geometry = _rows_geometry(step)
     rows, weight = _gemm_weight(step, geometry, np.int8)
     weight_sums = rows.reshape(-1, geometry["window_depth"]).astype(np.int64).sum(1)
+    row_bytes = geometry["kernel_width"] * geometry["channels"]
+    # int4 chosen (or any weights that fit 4 bits): two per byte along each kernel row, read by the portable loop
+    nibbles = bool(np.all((weight >= -8) & (weight <= 7)))
+    if nibbles:
+        weight = pack_nibbles(weight.reshape(len(weight[0]), geometry["kernel_height"], row_bytes))
+    weight_row = -(-row_bytes // 2) if nibbles else row_bytes
     requantization = _requantization(step, layer, weight_sums)
     shifts = np.asarray(layer.shift)
     # Helium requantizes four outputs at once where the sums fit int32, every shift is 33..62 (see
@@ -286,7 +293,8 @@ def conv_rows(step: Step) -> dict[str, Any]:
     vector_output = (step.profile.isa == MVE and requantization["narrow_sum"] and bool(np.all((shifts >= 33) & (shifts <= 62)))
                      and geometry["block_outputs"] == geometry["out_channels"])
     return {**geometry, "input_zero_point": step.inputs[0].params.zero_point, "isa": step.profile.isa,
-            "weight": weight, "vector_output": vector_output, **requantization}
+            "weight": weight, "nibbles": nibbles, "weight_row": weight_row,
+            "weight_depth": geometry["kernel_height"] * weight_row, "vector_output": vector_output, **requantization}
 
 
 @kernel("conv", "conv_mcu", config="weighted", inputs=CHANNELS_LAST, outputs=CHANNELS_LAST, granularities=BOTH,
