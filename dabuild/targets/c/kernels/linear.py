@@ -279,21 +279,24 @@ def conv_rows(step: Step) -> dict[str, Any]:
     layer: QConv = step.layer  # type: ignore[assignment]
     geometry = _rows_geometry(step)
     rows, weight = _gemm_weight(step, geometry, np.int8)
-    weight_sums = rows.reshape(-1, geometry["window_depth"]).astype(np.int64).sum(1)
     row_bytes = geometry["kernel_width"] * geometry["channels"]
     # int4 chosen (or any weights that fit 4 bits): two per byte along each kernel row, read by the portable loop
     nibbles = bool(np.all((weight >= -8) & (weight <= 7)))
+    # The portable loop centres x itself (the bias keeps its narrow type); the SMLAD and Helium loops take raw x
+    # with the zero point folded into the bias
+    centred = nibbles or not (step.profile.isa == MVE or (step.profile.isa == DSP and row_bytes % 4 == 0))
+    weight_sums = rows.reshape(-1, geometry["window_depth"]).astype(np.int64).sum(1)
     if nibbles:
         weight = pack_nibbles(weight.reshape(len(weight[0]), geometry["kernel_height"], row_bytes))
     weight_row = -(-row_bytes // 2) if nibbles else row_bytes
-    requantization = _requantization(step, layer, weight_sums)
+    requantization = _requantization(step, layer, 0 * weight_sums if centred else weight_sums, centred)
     shifts = np.asarray(layer.shift)
     # Helium requantizes four outputs at once where the sums fit int32, every shift is 33..62 (see
     # dabuild_requantize32_mve) and the channels fill whole blocks
     vector_output = (step.profile.isa == MVE and requantization["narrow_sum"] and bool(np.all((shifts >= 33) & (shifts <= 62)))
                      and geometry["block_outputs"] == geometry["out_channels"])
     return {**geometry, "input_zero_point": step.inputs[0].params.zero_point, "isa": step.profile.isa,
-            "weight": weight, "nibbles": nibbles, "weight_row": weight_row,
+            "weight": weight, "nibbles": nibbles, "centred": centred, "weight_row": weight_row,
             "weight_depth": geometry["kernel_height"] * weight_row, "vector_output": vector_output, **requantization}
 
 
