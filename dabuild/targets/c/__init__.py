@@ -44,7 +44,7 @@ from dabuild.quant.qgraph import QGraph
 from dabuild.resources import data_dir
 from dabuild.targets.base import Target, refuse_ops_without_integers
 from dabuild.targets.c import firmware
-from dabuild.targets.c.codegen import PROGRAM, WEIGHTS_FILE, render, trace_file
+from dabuild.targets.c.codegen import PROGRAM, WEIGHTS_FILE, render, stored_bytes, trace_file
 from dabuild.targets.c.profiles import CPUS, PROFILES, Profile
 
 MANIFEST = "model.json"
@@ -112,6 +112,7 @@ class CTarget(Target):
     kind: ClassVar[str] = "c"
     capability: ClassVar[str] = "c"
     default_tolerance: ClassVar[str] = "exact"
+    size_options: ClassVar[tuple[str, ...]] = ("cpu", "cflags")   # the profile's layout, and -Os's kernel choice
 
     class Options(Target.Options):
         cpu: Literal[CPUS] = "host"  # type: ignore[valid-type]
@@ -137,11 +138,12 @@ class CTarget(Target):
 
     @property
     def profile(self) -> Profile:
-        """The cpu's profile, its compiler replaced by options.compiler."""
+        """The cpu's profile, its compiler replaced by options.compiler, `for_size` when the last -O of cflags
+        asks for size."""
         profile = PROFILES[self.options.cpu]
-        if self.options.compiler:
-            return dataclasses.replace(profile, compiler=self.options.compiler)
-        return profile
+        levels = [flag for flag in self.options.cflags if flag.startswith("-O")]
+        return dataclasses.replace(profile, compiler=self.options.compiler or profile.compiler,
+                                   for_size=bool(levels) and levels[-1] in ("-Os", "-Oz"))
 
     @property
     def runner(self) -> str:
@@ -195,6 +197,12 @@ class CTarget(Target):
         from dabuild.targets.c.kernels import KERNELS
 
         refuse_ops_without_integers(graph, self.kind, {key.split("/", 1)[0] for key in KERNELS.names()})
+
+    def stored_bytes(self, qgraph: QGraph) -> int:
+        """The bytes this profile's artifact stores for weights and parameters, from its kernels' constants: int8
+        weights on a Cortex-M (int4 ones packed two a byte), the host's int16 conv weights, narrowest-type
+        biases and requantization constants. What tuning objective `size` minimises."""
+        return stored_bytes(qgraph, self.profile)
 
     def export(self, qgraph: QGraph, out_dir: Path) -> None:
         refuse_float_layers(qgraph, self.capability)

@@ -71,7 +71,7 @@ def _requantization(step: Step, layer: QWeighted, weight_sums: np.ndarray, centr
 def dense(step: Step) -> dict[str, Any]:
     layer: QDense = step.layer  # type: ignore[assignment]
     weight = np.ascontiguousarray(layer.weight.T)  # [out][in]: each output one contiguous dot product
-    nibbles = step.profile.cortex_m and bool(np.all((weight >= -8) & (weight <= 7)))
+    nibbles = step.profile.cortex_m and _fits_nibbles(weight)
     return {"in_features": layer.in_features, "out_features": layer.out_features,
             "rows": step.inputs[0].size // layer.in_features,
             "weight": pack_nibbles(weight) if nibbles else weight, "nibbles": nibbles,
@@ -239,10 +239,13 @@ def interleave(rows: np.ndarray) -> np.ndarray:
 
 
 def _row_multiple(profile: Profile) -> int:
-    """What `conv_rows` needs a window row's bytes to be a multiple of: a 16-lane vector on Helium (else its
-    im2col with the depth padded to whole vectors is faster), anything elsewhere (a DSP core takes rows of
-    whole words two pairs at a time, others in the portable loop)."""
-    return 16 if profile.isa == MVE else 1
+    """What `conv_rows` needs a window row's bytes to be a multiple of: a 16-lane vector on Helium and a word on
+    a DSP core (else their im2col, the depth padded to whole vectors or words, is faster: ResNet-style conv0,
+    rows of 9, 1.2 M instructions on M4 against 2.2 M in the portable loop), anything for portable C and when
+    built for size (one kernel, no im2col code)."""
+    if profile.for_size:
+        return 1
+    return {MVE: 16, DSP: 4}.get(profile.isa, 1)
 
 
 def _rows_apply(layer: QConv, qgraph: QGraph, profile: Profile) -> str | None:
@@ -251,9 +254,14 @@ def _rows_apply(layer: QConv, qgraph: QGraph, profile: Profile) -> str | None:
     if layer.groups != 1 or any(d != 1 for d in layer.dilations):
         return "grouped or dilated (a window row is not contiguous in the input)"
     row_bytes = int(layer.weight.shape[-1]) * qgraph.tensors[layer.inputs[0]].shape[0]
-    if row_bytes % _row_multiple(profile):
+    if row_bytes % _row_multiple(profile) and not _fits_nibbles(layer.weight):   # 4-bit: packed, any row
         return f"a window row of {row_bytes} bytes is no multiple of {_row_multiple(profile)}"
     return None
+
+
+def _fits_nibbles(weight: np.ndarray) -> bool:
+    """int4 chosen (or weights whose values all fit 4 bits): a Cortex-M stores them two per byte."""
+    return bool(np.all((weight >= -8) & (weight <= 7)))
 
 
 def _rows_geometry(step: Step) -> dict[str, int]:
@@ -280,11 +288,11 @@ def conv_rows(step: Step) -> dict[str, Any]:
     geometry = _rows_geometry(step)
     rows, weight = _gemm_weight(step, geometry, np.int8)
     row_bytes = geometry["kernel_width"] * geometry["channels"]
-    # int4 chosen (or any weights that fit 4 bits): two per byte along each kernel row, read by the portable loop
-    nibbles = bool(np.all((weight >= -8) & (weight <= 7)))
+    nibbles = _fits_nibbles(weight)   # two per byte along each kernel row, read by the portable loop
     # The portable loop centres x itself (the bias keeps its narrow type); the SMLAD and Helium loops take raw x
     # with the zero point folded into the bias
-    centred = nibbles or not (step.profile.isa == MVE or (step.profile.isa == DSP and row_bytes % 4 == 0))
+    vector = {MVE: 16, DSP: 4}.get(step.profile.isa)
+    centred = nibbles or vector is None or row_bytes % vector != 0
     weight_sums = rows.reshape(-1, geometry["window_depth"]).astype(np.int64).sum(1)
     if nibbles:
         weight = pack_nibbles(weight.reshape(len(weight[0]), geometry["kernel_height"], row_bytes))
