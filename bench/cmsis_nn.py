@@ -134,15 +134,16 @@ def count(qgraph: QGraph, sample: np.ndarray, profile: Profile, checkout: Path, 
     compiler = firmware.require(profile.compiler, firmware.ARM_PACKAGES)
     include = checkout / "Include"
     if not include.is_dir():
-        raise SystemExit(f"--cmsis-nn {checkout}: no Include folder there (a CMSIS-NN checkout has Include/ and Source/)")
+        raise SystemExit(f"--cmsis-nn {checkout}: no Include folder there "
+                         "(a CMSIS-NN checkout has Include/ and Source/)")
     work.mkdir(parents=True, exist_ok=True)
     objects = []
     for source in sorted((checkout / "Source").rglob("*.c")):
         if any(tag in source.name for tag in ("_f32", "_f16", "flt")):
             continue
         obj = work / f"{source.stem}.o"
-        subprocess.run([compiler, "-std=c11", *profile.flags, *FLAGS, f"-I{include}", "-c", str(source), "-o", str(obj)],
-                       check=True, capture_output=True)
+        subprocess.run([compiler, "-std=c11", *profile.flags, *FLAGS, f"-I{include}", "-c", str(source),
+                        "-o", str(obj)], check=True, capture_output=True)
         objects.append(str(obj))
     (work / "cmsis_driver.c").write_text(driver(qgraph, np.asarray(sample).ravel()))
     elf = work / "image.elf"

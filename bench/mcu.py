@@ -73,7 +73,8 @@ def measure(qgraph: QGraph, samples: np.ndarray, cpu: str, cflags: list[str], fo
     manifest = json.loads((artifact / "model.json").read_text())
     measured = target.measurements(artifact, samples, count_dir)["firmware"]
     if cmsis_nn is not None:
-        measured["cmsis_nn"] = cmsis_nn_count(qgraph, samples[0], target.profile, cmsis_nn, artifact, folder / "cmsis-nn")
+        measured["cmsis_nn"] = cmsis_nn_count(qgraph, samples[0], target.profile, cmsis_nn, artifact,
+                                              folder / "cmsis-nn")
     return {**measured, "arena": manifest["arena"]}
 
 
@@ -83,7 +84,7 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=["digits-cnn", "resnet"])
     parser.add_argument("--cflags", default="-O2")
     parser.add_argument("--cmsis-nn", type=Path, default=None, metavar="PATH",
-                        help="a CMSIS-NN checkout: build the digits CNN with its kernels and print its counts beside ours")
+                        help="a CMSIS-NN checkout: build the digits CNN with its kernels, print its counts beside ours")
     args = parser.parse_args()
     rows = []
     for name, (qgraph, samples) in models().items():

@@ -301,7 +301,8 @@ def conv_rows(step: Step) -> dict[str, Any]:
     shifts = np.asarray(layer.shift)
     # Helium requantizes four outputs at once where the sums fit int32, every shift is 33..62 (see
     # dabuild_requantize32_mve) and the channels fill whole blocks
-    vector_output = (step.profile.isa == MVE and requantization["narrow_sum"] and bool(np.all((shifts >= 33) & (shifts <= 62)))
+    vector_output = (step.profile.isa == MVE and requantization["narrow_sum"]
+                     and bool(np.all((shifts >= 33) & (shifts <= 62)))
                      and geometry["block_outputs"] == geometry["out_channels"])
     return {**geometry, "input_zero_point": step.inputs[0].params.zero_point, "isa": step.profile.isa,
             "weight": weight, "nibbles": nibbles, "centred": centred, "weight_row": weight_row,
