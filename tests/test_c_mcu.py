@@ -190,6 +190,10 @@ def test_int4_conv_weights_are_packed_two_per_byte_and_exact(cpu: str, tmp_path:
     int8 = lower(graph, image(128, (3, 5, 5), seed=3) * 2, with_weights(default_config(graph, C_CAPABILITY),
                                                                       dtype="int8", granularity="per_channel"))
     assert target.stored_bytes(int8) - target.stored_bytes(qgraph) >= 6 * 27 - 90   # what the size objective sees
+    host = CTarget(CTarget.Options(cpu=cpu, cflags=STRICT, runner="host"))   # the same sources on this machine
+    (tmp_path / "host").mkdir()
+    x_q = np.random.default_rng(31).integers(-128, 128, (SAMPLES, 3, 5, 5)).astype(np.int8)
+    assert np.array_equal(host.run(tmp_path / "artifact", x_q, tmp_path / "host"), expected)
 
 
 def _budget_recipe(folder: Path, budget: str) -> None:
