@@ -18,6 +18,8 @@ from typing import Any
 import numpy as np
 
 from dabuild.ir.ops import OPS
+from dabuild.ir.ops.pool import AvgPool, Pool
+from dabuild.ir.ops.reduce import Reduce
 from dabuild.quant.fixed_point import INT32_MAX
 from dabuild.quant.layers.pool import QAvgPool, QMean
 from dabuild.quant.layers.shape import QSelection
@@ -38,7 +40,7 @@ def _pool_window(step: Step) -> dict[str, int]:
     """The window geometry, and whether every window's rows and columns lie inside the input (`inside_rows`,
     `inside_columns`): then the kernel tests no bounds (no unreachable branches in the generated code)."""
     layer: QSelection = step.layer  # type: ignore[assignment]
-    kernel_shape, strides, pads, dilations = OPS[layer.op].geometry(layer.op_attrs)
+    kernel_shape, strides, pads, dilations = OPS.typed(layer.op, Pool).geometry(layer.op_attrs)
     geometry = window(step, kernel_shape, strides, pads, dilations)
     for axis, along in (("height", "rows"), ("width", "columns")):
         before = geometry["pad_top" if axis == "height" else "pad_left"]
@@ -56,7 +58,7 @@ def max_pool(step: Step) -> dict[str, Any]:
 @kernel("avg_pool", "avg_pool", inputs=CHANNELS_LAST, outputs=CHANNELS_LAST, when=_planar_pool)
 def avg_pool(step: Step) -> dict[str, Any]:
     layer: QAvgPool = step.layer  # type: ignore[assignment]
-    counts = OPS["avg_pool"].divisors((1, *step.inputs[0].shape), layer.op_attrs).astype(np.int64)
+    counts = OPS.typed("avg_pool", AvgPool).divisors((1, *step.inputs[0].shape), layer.op_attrs).astype(np.int64)
     return {**_pool_window(step), "count_index": counts.ravel() - 1, "multiplier": layer.multiplier,
             "shift": layer.shift, "input_zero_point": step.inputs[0].params.zero_point,
             "output_zero_point": step.outputs[0].params.zero_point}
@@ -91,7 +93,7 @@ def mean(step: Step) -> dict[str, Any]:
 def reduce_max(step: Step) -> dict[str, Any]:
     layer: QSelection = step.layer  # type: ignore[assignment]
     rank = len(step.inputs[0].shape) + 1
-    axes = [a - 1 for a in OPS["reduce_max"].axes(rank, layer.op_attrs)]
+    axes = [a - 1 for a in OPS.typed("reduce_max", Reduce).axes(rank, layer.op_attrs)]
     return {"walk": reduction_walk(step, axes, bool(layer.op_attrs["keepdims"])), "outputs": step.outputs[0].size}
 
 
