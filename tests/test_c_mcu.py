@@ -176,7 +176,7 @@ def test_int4_dense_weights_are_packed_two_per_byte_and_exact(features: int, tmp
 def test_int4_conv_weights_are_packed_two_per_byte_and_exact(cpu: str, tmp_path: Path) -> None:
     """conv_rows packs each kernel row's 4-bit weights two per byte (an odd row padded): exact on every variant,
     and the size objective counts the packed bytes."""
-    nodes, shape, constants, _, _ = CASES["conv 3x3 pad 1 wide rows"]
+    nodes = CASES["conv 3x3 pad 1 wide rows"][0]
     graph = graph_of(nodes, (3, 5, 5), {"c_w": weights(5, 3, 3, 3), "c_b": weights(5)})  # rows of 9 weights
     config = with_weights(default_config(graph, C_CAPABILITY), dtype="int4", granularity="per_channel")
     qgraph = lower(graph, image(128, (3, 5, 5), seed=3) * 2, config)

@@ -104,7 +104,7 @@ class Budget(BaseModel):
 
 def _tool_version(path: str) -> str:
     """The first line `path --version` prints: a compiler's or emulator's identity for cache keys."""
-    result = subprocess.run([path, "--version"], capture_output=True, text=True)
+    result = subprocess.run([path, "--version"], check=False, capture_output=True, text=True)
     first_line = (result.stdout or result.stderr).strip().splitlines()
     return first_line[0] if first_line else "unknown"
 
