@@ -113,7 +113,7 @@ class CTarget(Target):
     kind: ClassVar[str] = "c"
     capability: ClassVar[str] = "c"
     default_tolerance = "exact"
-    size_options = ("cpu", "cflags")   # the profile's layout, and -Os's kernel choice
+    size_options = ("cpu",)   # the profile's layout (the -O2 kernel choice: cflags stay out of the tune key)
 
     class Options(Target.Options):
         cpu: Literal[CPUS] = "host"  # type: ignore[valid-type]
