@@ -11,8 +11,12 @@ its activation peak and liveness lower bound, kernel scratch, stack).
 Ratios are to the figures of /work/shared/peers.md (CMSIS-NN alone on the digits CNN, TFLM + CMSIS-NN on
 (b)); goals: <= 0.9x CMSIS-NN on Cortex-M4, <= 1.0x on Cortex-M55.
 
+With --cmsis-nn PATH (a CMSIS-NN checkout), the digits CNN is also built with CMSIS-NN's own kernels
+(bench/cmsis_nn.py: the same weights, a driver the bench writes, CMSIS_NN_USE_SINGLE_ROUNDING, the same
+-O2 and board) and its instructions per inference print beside ours; without it that column is left out.
+
 Usage: python bench/mcu.py [--cpus cortex-m4 cortex-m55] [--models digits-cnn resnet] [--cflags=-O2]
-(no CMSIS-NN column: CMSIS-NN was not available to build here; its figures come from peers.md)
+                           [--cmsis-nn /path/to/CMSIS-NN]
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from c_target import lowered
+from cmsis_nn import count as cmsis_nn_count
 from interpreter import resnet_graph
 
 from dabuild.ir.passes import optimize
@@ -54,7 +59,8 @@ def models() -> dict[str, tuple[QGraph, np.ndarray]]:
             "resnet": (resnet_q, resnet_q.input_params.quantize(rng.standard_normal((CHECKED_SAMPLES, 3, 32, 32))))}
 
 
-def measure(qgraph: QGraph, samples: np.ndarray, cpu: str, cflags: list[str], folder: Path) -> dict:
+def measure(qgraph: QGraph, samples: np.ndarray, cpu: str, cflags: list[str], folder: Path,
+            cmsis_nn: Path | None = None) -> dict:
     target = CTarget(CTarget.Options(cpu=cpu, cflags=cflags))
     artifact, run_dir, count_dir = folder / "artifact", folder / "run", folder / "count"
     for path in (artifact, run_dir, count_dir):
@@ -66,6 +72,9 @@ def measure(qgraph: QGraph, samples: np.ndarray, cpu: str, cflags: list[str], fo
         raise SystemExit(f"{cpu}: the image differs from the integer reference in {np.sum(actual != expected)} outputs")
     manifest = json.loads((artifact / "model.json").read_text())
     measured = target.measurements(artifact, samples, count_dir)["firmware"]
+    if cmsis_nn is not None:
+        measured["cmsis_nn"] = cmsis_nn_count(qgraph, samples[0], target.profile, cmsis_nn, artifact,
+                                              folder / "cmsis-nn")
     return {**measured, "arena": manifest["arena"]}
 
 
@@ -74,6 +83,8 @@ def main() -> None:
     parser.add_argument("--cpus", nargs="+", default=["cortex-m4", "cortex-m55"])
     parser.add_argument("--models", nargs="+", default=["digits-cnn", "resnet"])
     parser.add_argument("--cflags", default="-O2")
+    parser.add_argument("--cmsis-nn", type=Path, default=None, metavar="PATH",
+                        help="a CMSIS-NN checkout: build the digits CNN with its kernels, print its counts beside ours")
     args = parser.parse_args()
     rows = []
     for name, (qgraph, samples) in models().items():
@@ -81,18 +92,22 @@ def main() -> None:
             continue
         for cpu in args.cpus:
             with tempfile.TemporaryDirectory(prefix="dabuild-bench-mcu-") as work:
-                figures = measure(qgraph, samples, cpu, args.cflags.split(), Path(work))
+                figures = measure(qgraph, samples, cpu, args.cflags.split(), Path(work),
+                                  args.cmsis_nn if name == "digits-cnn" else None)
             peer, peer_count = PEERS.get((name, cpu), ("-", 0))
             count = figures["instructions_per_inference"]
             ratio = f"{count / peer_count:.2f}x (goal {GOALS.get(cpu, 1.0):.1f}x)" if peer_count else "-"
             arena = figures["arena"]
-            rows.append([name, cpu, f"{count:,}", f"{peer} {peer_count:,}" if peer_count else "-", ratio,
+            here = figures.get("cmsis_nn")
+            live = [f"{here:,} ({count / here:.2f}x)" if here else "-"] if args.cmsis_nn else []
+            rows.append([name, cpu, f"{count:,}", *live, f"{peer} {peer_count:,}" if peer_count else "-", ratio,
                          f"{figures['text_bytes']:,} + {figures['rodata_bytes']:,}",
                          (f"{arena['peak_bytes']:,} ({arena['activation_lower_bound_bytes']:,} + "
                          f"{arena['scratch_bytes']:,}; bound {arena['lower_bound_bytes']:,})"),
                          f"{figures['stack_bytes']:,}"])
             print(f"measured {name} on {cpu}", file=sys.stderr, flush=True)
-    header = ["model", "cpu", "instructions", "peer", "ratio", "flash text + rodata",
+    live_header = ["CMSIS-NN built here (ours / it)"] if args.cmsis_nn else []
+    header = ["model", "cpu", "instructions", *live_header, "peer (peers.md)", "ratio", "flash text + rodata",
               "arena (activation bound + scratch; bound)", "stack"]
     print(f"bench/mcu.py: qemu 7.2 instruction counts, {args.cflags}, {CHECKED_SAMPLES} samples exact in qemu\n")
     print("| " + " | ".join(header) + " |")

@@ -34,13 +34,18 @@ pytestmark = pytest.mark.skipif(shutil.which("arm-none-eabi-gcc") is None or shu
 SAMPLES = 24
 # One profile per kernel variant: portable C99 (M0), the DSP extension (M4) and Helium (M55).
 VARIANTS = ("cortex-m0", "cortex-m4", "cortex-m55")
-WEIGHTED = ["dense per tensor", "dense per channel relu6", "conv 3x3 pad 1", "conv stride 2 asymmetric pads per channel",
+WEIGHTED = ["dense per tensor", "dense per channel relu6", "conv 3x3 pad 1", "conv 3x3 pad 1 wide rows",
+            "conv stride 2 asymmetric pads per channel",
             "conv dilation 2 clip", "conv groups 2", "conv 1x1 no pad", "conv1d", "depthwise",
             "depthwise multiplier 2 stride"]
 
+# conv cases whose window rows (kernel width x channels bytes) are no whole number of 16-byte Helium vectors
+ROWS_NOT_VECTORS = ("conv 3x3 pad 1", "conv stride 2 asymmetric pads per channel", "conv1d")
 
-def run_in_qemu(qgraph, folder: Path, cpu: str, **options) -> tuple[np.ndarray, np.ndarray, dict, CTarget]:
-    target = CTarget(CTarget.Options(cpu=cpu, cflags=STRICT, **options))
+
+def run_in_qemu(qgraph, folder: Path, cpu: str, cflags: list[str] = STRICT,
+                **options) -> tuple[np.ndarray, np.ndarray, dict, CTarget]:
+    target = CTarget(CTarget.Options(cpu=cpu, cflags=cflags, **options))
     artifact, work = folder / "artifact", folder / "work"
     artifact.mkdir(parents=True)
     work.mkdir()
@@ -59,7 +64,9 @@ def test_kernel_variant_equals_the_integer_reference_in_qemu(case: str, cpu: str
     assert np.array_equal(actual, expected), f"{np.sum(actual != expected)} of {expected.size} outputs differ"
     assert manifest["cpu"] == cpu and manifest["firmware"]["flash_bytes"] > 0
     if case.startswith("conv ") or case == "conv1d":
-        assert set(manifest["kernels"].values()) >= {"conv_mcu"}
+        # im2col only where a window row is not contiguous or not a whole number of the core's words or vectors
+        im2col = "groups" in case or "dilation" in case or (cpu == "cortex-m55" and case in ROWS_NOT_VECTORS)
+        assert manifest["kernels"]["c"] == ("conv_mcu" if im2col else "conv_rows")
 
 
 @pytest.mark.slow
@@ -68,7 +75,7 @@ def test_every_other_kernel_equals_the_integer_reference_in_qemu(case: str, tmp_
     """The kernels without an ISA-specific loop, cross-compiled once (for the core whose helpers use Helium)."""
     actual, expected, manifest, _ = run_in_qemu(lowered(case), tmp_path, "cortex-m55")
     assert np.array_equal(actual, expected), f"{np.sum(actual != expected)} of {expected.size} outputs differ"
-    expected_kernels = {"conv_mcu" if name == "conv" else name for name in CASES[case][4]}
+    expected_kernels = {"conv_rows" if name == "conv" else name for name in CASES[case][4]}
     assert expected_kernels <= set(manifest["kernels"].values())
 
 
@@ -82,6 +89,18 @@ def test_small_cnn_is_exact_in_qemu_and_measured(cpu: str, tmp_path: Path) -> No
     assert measured["rodata_bytes"] >= 0.95 * manifest["weight_bytes"] > 0  # the constants (a few fold into code)
     assert measured["bss_bytes"] >= manifest["arena_bytes"] and measured["stack_bytes"] > 0
     assert 10_000 < measured["instructions_per_inference"] < 2_000_000
+
+
+@pytest.mark.parametrize("cpu", ("cortex-m3", "cortex-m4", "cortex-m55"))
+@pytest.mark.parametrize("case", ["conv 3x3 pad 1 wide rows", "conv 1x1 no pad"])
+def test_a_size_build_is_exact_in_qemu_and_smaller(case: str, cpu: str, tmp_path: Path) -> None:
+    """At -Os conv_rows compiles one channel x one pixel and one shared requantization: the same bits, less text."""
+    size_flags = [flag.replace("-O2", "-Os") for flag in STRICT]
+    actual, expected, small, _ = run_in_qemu(lowered(case), tmp_path / "os", cpu, size_flags)
+    assert np.array_equal(actual, expected), f"{np.sum(actual != expected)} of {expected.size} outputs differ"
+    _, _, fast, _ = run_in_qemu(lowered(case), tmp_path / "o2", cpu)
+    assert small["kernels"]["c"] == "conv_rows"
+    assert small["firmware"]["text_bytes"] < fast["firmware"]["text_bytes"]
 
 
 def test_trace_under_qemu_gives_every_layer(tmp_path: Path) -> None:
@@ -151,6 +170,29 @@ def test_int4_dense_weights_are_packed_two_per_byte_and_exact(features: int, tmp
     assert np.array_equal(actual, expected)
     rows = 5 * -(-features // 2)   # packed bytes: half of the int8 weights, rounded up per row
     assert stored_bytes(qgraph, "host") - stored_bytes(qgraph, "cortex-m4") == 5 * features - rows
+
+
+@pytest.mark.parametrize("cpu", VARIANTS)
+def test_int4_conv_weights_are_packed_two_per_byte_and_exact(cpu: str, tmp_path: Path) -> None:
+    """conv_rows packs each kernel row's 4-bit weights two per byte (an odd row padded): exact on every variant,
+    and the size objective counts the packed bytes."""
+    nodes = CASES["conv 3x3 pad 1 wide rows"][0]
+    graph = graph_of(nodes, (3, 5, 5), {"c_w": weights(5, 3, 3, 3), "c_b": weights(5)})  # rows of 9 weights
+    config = with_weights(default_config(graph, C_CAPABILITY), dtype="int4", granularity="per_channel")
+    qgraph = lower(graph, image(128, (3, 5, 5), seed=3) * 2, config)
+    actual, expected, manifest, target = run_in_qemu(qgraph, tmp_path, cpu)
+    assert np.array_equal(actual, expected), f"{np.sum(actual != expected)} of {expected.size} outputs differ"
+    assert manifest["kernels"]["c"] == "conv_rows"
+    # 5 outputs (padded to 6 for the channel blocks) x 3 kernel rows of 9 weights: 5 bytes a row, not 9
+    assert "static const uint8_t l_c_weight[90]" in (tmp_path / "artifact" / "layer_c.h").read_text()
+    assert manifest["weight_bytes"] == target.stored_bytes(qgraph) == stored_bytes(qgraph, cpu)
+    int8 = lower(graph, image(128, (3, 5, 5), seed=3) * 2, with_weights(default_config(graph, C_CAPABILITY),
+                                                                      dtype="int8", granularity="per_channel"))
+    assert target.stored_bytes(int8) - target.stored_bytes(qgraph) >= 6 * 27 - 90   # what the size objective sees
+    host = CTarget(CTarget.Options(cpu=cpu, cflags=STRICT, runner="host"))   # the same sources on this machine
+    (tmp_path / "host").mkdir()
+    x_q = np.random.default_rng(31).integers(-128, 128, (SAMPLES, 3, 5, 5)).astype(np.int8)
+    assert np.array_equal(host.run(tmp_path / "artifact", x_q, tmp_path / "host"), expected)
 
 
 def _budget_recipe(folder: Path, budget: str) -> None:

@@ -243,12 +243,12 @@ def test_noop_stamp_watches_the_metadata_of_packages_stages_use(digits: Path, tm
     assert numpy_metadata and Path(numpy_metadata[0]).name == "METADATA"
 
 
-def _compiler_wrapper(folder: Path, version: str) -> Path:
-    """A C compiler on PATH that reports `version` and compiles with the system's cc."""
+def _compiler_wrapper(folder: Path, version: str, compiler: str = "cc") -> Path:
+    """A C compiler on PATH that reports `version` and compiles with the system's `compiler`."""
     folder.mkdir(exist_ok=True)
-    wrapper = folder / "wrapped-cc"
-    wrapper.write_text(f'#!/bin/sh\n[ "$1" = --version ] && {{ echo "wrapped-cc {version}"; exit 0; }}\n'
-                       f'exec {shutil.which("cc")} "$@"\n')
+    wrapper = folder / f"wrapped-{compiler}"
+    wrapper.write_text(f'#!/bin/sh\n[ "$1" = --version ] && {{ echo "{wrapper.name} {version}"; exit 0; }}\n'
+                       f'exec {shutil.which(compiler)} "$@"\n')
     wrapper.chmod(0o755)
     return wrapper
 
@@ -268,6 +268,22 @@ def test_compiler_upgrade_alone_reruns_the_check(
     assert executed(build(digits, tmp_path / "build")) == {"check:mcu"}
     stamp_file = next((tmp_path / "build" / ".stamps").glob("*.json"))
     assert str(tools / "wrapped-cc") in json.loads(stamp_file.read_text())["read"]
+
+
+@pytest.mark.skipif(shutil.which("arm-none-eabi-gcc") is None or shutil.which("qemu-system-arm") is None,
+                    reason="needs gcc-arm-none-eabi, libnewlib-arm-none-eabi and qemu-system-arm")
+def test_cross_compiler_upgrade_reruns_a_cortex_m_export_and_check(
+    digits: Path, tmp_path: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Cortex-M export links an image to measure it, so the cross compiler's identity is in its key too."""
+    tools = tmp_path / "tools"
+    _compiler_wrapper(tools, "1.0", "arm-none-eabi-gcc")
+    monkeypatch.setenv("PATH", f"{tools}:{__import__('os').environ['PATH']}")
+    edit(digits, "options: {cflags: [-O2]}",
+         "options: {cflags: [-O2], cpu: cortex-m4, compiler: wrapped-arm-none-eabi-gcc}")
+    build(digits, tmp_path / "build")
+    _compiler_wrapper(tools, "2.0", "arm-none-eabi-gcc")
+    assert executed(build(digits, tmp_path / "build")) == {"export:mcu", "check:mcu"}
 
 
 def test_switching_the_native_kernels_off_reruns_the_stages_that_use_the_interpreter(

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from dabuild.recipe import Recipe, TargetSpec
 
 # Bump a stage's version when its code changes (tests/test_stage_versions.py enforces it; see pipeline/versions.py).
-STAGE_VERSIONS = {"trace": 13, "calibrate": 13, "tune": 23, "export": 20, "check": 15}
+STAGE_VERSIONS = {"trace": 14, "calibrate": 14, "tune": 24, "export": 21, "check": 16}
 
 
 @dataclass(frozen=True)
@@ -178,8 +178,8 @@ def tune_stage_of(recipe: Recipe, capability: CapabilitySpec, target: TargetSpec
         files=files,
         packages=("numpy", *plotting, *(("optuna",) if recipe.tuning.strategy == "bayesian" else ()),
                   *_cost_model_packages(recipe, capability), *(target_class.packages if target_class else ())),
-        tools=_interpreter_tools,
-        programs=_interpreter_programs,
+        tools=lambda: {**_interpreter_tools(), **_budget_tools(budgets)},
+        programs=lambda: [*_interpreter_programs(), *_budget_programs(budgets)],
     )
 
 
@@ -191,6 +191,23 @@ def _without_refused_islands(recipe: Recipe, capability: CapabilitySpec) -> Capa
     refused = any(load(TARGETS, t.kind).refuses_float_islands(t.options or {}) for t in recipe.targets
                   if _capability_name(t) == capability.name)
     return capability.model_copy(update={"fp32_fallback": False}) if refused and capability.fp32_fallback else capability
+
+
+def _budgeted_targets(budgets: list[dict[str, Any]]) -> list[Any]:
+    from dabuild.plugins import TARGETS, load
+
+    classes = [load(TARGETS, budget["kind"]) for budget in budgets]
+    return [cls(cls.Options.model_validate(budget["options"])) for cls, budget in zip(classes, budgets)]
+
+
+def _budget_tools(budgets: list[dict[str, Any]]) -> dict[str, str]:
+    """The tools a budgeted target measures its artifact with (the cross compiler): tuning asks it whether each
+    config fits, so a new one may change the choice."""
+    return {tool: version for target in _budgeted_targets(budgets) for tool, version in target.export_tools().items()}
+
+
+def _budget_programs(budgets: list[dict[str, Any]]) -> list[Path]:
+    return [path for target in _budgeted_targets(budgets) for path in target.export_programs()]
 
 
 def _metric_file(recipe: Recipe) -> dict[str, Path]:
@@ -246,6 +263,8 @@ def _target_stages(recipe: Recipe, target: TargetSpec, capability: str) -> list[
         {"kind": target.kind, "options": options},
         inputs={"qgraph": f"tune:{capability}"},
         packages=target_class.packages,
+        tools=lambda: instance().export_tools(),
+        programs=lambda: instance().export_programs(),
         target=target.name,
     )
     check = Stage(

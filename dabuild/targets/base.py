@@ -62,6 +62,15 @@ class Target:
         """Versions of the external tools this target runs; part of the export/check cache keys."""
         return {}
 
+    def export_tools(self) -> dict[str, str]:
+        """Versions of the external tools `export` itself runs (a cross compiler that links the artifact to
+        measure it); part of the export key, and of tune's for a target whose budget tuning measures."""
+        return {}
+
+    def export_programs(self) -> list[Path]:
+        """The files of the programs `export_tools` names, which the no-op fast path watches."""
+        return []
+
     def not_run(self) -> list[str]:
         """The parts of this target's check that cannot run here (a missing simulator or emulator, a fallback
         path), each as a sentence naming the part and why. `check` reports them in the console, its report and

@@ -45,7 +45,7 @@ from dabuild.quant.qgraph import QGraph
 from dabuild.resources import data_dir
 from dabuild.targets.base import Target, refuse_ops_without_integers
 from dabuild.targets.c import firmware
-from dabuild.targets.c.codegen import PROGRAM, WEIGHTS_FILE, render, trace_file
+from dabuild.targets.c.codegen import PROGRAM, WEIGHTS_FILE, render, stored_bytes, trace_file
 from dabuild.targets.c.profiles import CPUS, FLOAT_ORDER, PROFILES, Profile
 
 MANIFEST = "model.json"
@@ -105,12 +105,20 @@ class Budget(BaseModel):
         return found
 
 
+def _tool_version(path: str) -> str:
+    """The first line `path --version` prints: a compiler's or emulator's identity for cache keys."""
+    result = subprocess.run([path, "--version"], check=False, capture_output=True, text=True)
+    first_line = (result.stdout or result.stderr).strip().splitlines()
+    return first_line[0] if first_line else "unknown"
+
+
 class CTarget(Target):
     kind: ClassVar[str] = "c"
     capability: ClassVar[str] = "c"
     default_tolerance = "exact"
     float_order = ("the reference's: each island sum from 0 in the C loops' order, every product "
                    "and sum rounded to float32 (-ffp-contract=off), so islands are exact")
+    size_options = ("cpu",)   # the profile's layout (the -O2 kernel choice: cflags stay out of the tune key)
 
     class Options(Target.Options):
         cpu: Literal[CPUS] = "host"  # type: ignore[valid-type]
@@ -136,11 +144,12 @@ class CTarget(Target):
 
     @property
     def profile(self) -> Profile:
-        """The cpu's profile, its compiler replaced by options.compiler."""
+        """The cpu's profile, its compiler replaced by options.compiler, `for_size` when the last -O of cflags
+        asks for size."""
         profile = PROFILES[self.options.cpu]
-        if self.options.compiler:
-            return dataclasses.replace(profile, compiler=self.options.compiler)
-        return profile
+        levels = [flag for flag in self.options.cflags if flag.startswith("-O")]
+        return dataclasses.replace(profile, compiler=self.options.compiler or profile.compiler,
+                                   for_size=bool(levels) and levels[-1] in ("-Os", "-Oz"))
 
     @property
     def runner(self) -> str:
@@ -172,13 +181,22 @@ class CTarget(Target):
         versions = {}
         for tool in self._tools():
             path = self._compiler_path() if tool == self.compiler else firmware.require(tool, firmware.QEMU_PACKAGE)
-            result = subprocess.run([path, "--version"], check=False, capture_output=True, text=True)
-            first_line = (result.stdout or result.stderr).strip().splitlines()
-            versions[tool] = first_line[0] if first_line else "unknown"
+            versions[tool] = _tool_version(path)
         return versions
 
     def programs(self) -> list[Path]:
         return [Path(path) for path in map(shutil.which, self._tools()) if path]
+
+    def export_tools(self) -> dict[str, str]:
+        """A Cortex-M export links a firmware image with the cross compiler to measure flash, RAM and stack
+        (model.json), so that compiler's identity is part of what it depends on."""
+        if not self.profile.cortex_m:
+            return {}
+        return {self.profile.compiler: _tool_version(firmware.require(self.profile.compiler, firmware.ARM_PACKAGES))}
+
+    def export_programs(self) -> list[Path]:
+        path = shutil.which(self.profile.compiler) if self.profile.cortex_m else None
+        return [Path(path)] if path else []
 
     def refuse(self, graph: Any) -> None:
         """Every op the C kernels cannot run, by node, before calibration and tuning spend any time (an op
@@ -195,6 +213,12 @@ class CTarget(Target):
         if cpu in PROFILES and not PROFILES[cpu].fpu:
             return f"cpu {cpu!r} has no FPU"
         return None
+
+    def stored_bytes(self, qgraph: QGraph) -> int:
+        """The bytes this profile's artifact stores for weights and parameters, from its kernels' constants: int8
+        weights on a Cortex-M (int4 ones packed two a byte), the host's int16 conv weights, narrowest-type
+        biases and requantization constants. What tuning objective `size` minimises."""
+        return stored_bytes(qgraph, self.profile)
 
     def export(self, qgraph: QGraph, out_dir: Path) -> None:
         refuse_float_layers(qgraph, self.capability, self.profile)

@@ -282,10 +282,11 @@ def render(qgraph: QGraph, profile: Profile = PROFILES[HOST]) -> Rendered:
                     weight_bytes)
 
 
-def stored_bytes(qgraph: QGraph, cpu: str = HOST) -> int:
-    """Bytes the artifact for `cpu` stores for the QGraph's weights and parameters (weights in the profile's
-    layout, biases, requantization constants, tables): the c capability's `size`."""
-    return render(qgraph, PROFILES[cpu]).weight_bytes
+def stored_bytes(qgraph: QGraph, cpu: str | Profile = HOST) -> int:
+    """Bytes the artifact for `cpu` (a profile's name, or the profile) stores for the QGraph's weights and
+    parameters (weights in the profile's layout, biases, requantization constants, tables): the c capability's
+    `size`."""
+    return render(qgraph, PROFILES[cpu] if isinstance(cpu, str) else cpu).weight_bytes
 
 
 def _config_template(env: jinja2.Environment, step: Step) -> str | None:

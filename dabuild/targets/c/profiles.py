@@ -46,6 +46,7 @@ class Profile:
     flags: tuple[str, ...]
     isa: str                       # host | portable | dsp | mve: the conv kernel's inner loop
     board: Board | None = None     # None: runs on the build machine itself
+    for_size: bool = False         # the target's cflags optimise for size (-Os, -Oz): kernels pick the smaller code
 
     @property
     def cortex_m(self) -> bool:

@@ -71,7 +71,7 @@ def _requantization(step: Step, layer: QWeighted, weight_sums: np.ndarray, centr
 def dense(step: Step) -> dict[str, Any]:
     layer: QDense = step.layer  # type: ignore[assignment]
     weight = np.ascontiguousarray(layer.weight.T)  # [out][in]: each output one contiguous dot product
-    nibbles = step.profile.cortex_m and bool(np.all((weight >= -8) & (weight <= 7)))
+    nibbles = step.profile.cortex_m and _fits_nibbles(weight)
     return {"in_features": layer.in_features, "out_features": layer.out_features,
             "rows": step.inputs[0].size // layer.in_features,
             "weight": pack_nibbles(weight) if nibbles else weight, "nibbles": nibbles,
@@ -236,6 +236,77 @@ def interleave(rows: np.ndarray) -> np.ndarray:
     SXTB16 of it rotated by 8 gives (w2, w3), the pairs of int16 columns SMLAD multiplies. Its own inverse."""
     shape = rows.shape
     return rows.reshape(*shape[:-1], -1, 2, 2).swapaxes(-1, -2).reshape(shape)
+
+
+def _row_multiple(profile: Profile) -> int:
+    """What `conv_rows` needs a window row's bytes to be a multiple of: a 16-lane vector on Helium and a word on
+    a DSP core (else their im2col, the depth padded to whole vectors or words, is faster: ResNet-style conv0,
+    rows of 9, 1.2 M instructions on M4 against 2.2 M in the portable loop), anything for portable C and when
+    built for size (one kernel, no im2col code)."""
+    if profile.for_size:
+        return 1
+    return {MVE: 16, DSP: 4}.get(profile.isa, 1)
+
+
+def _rows_apply(layer: QConv, qgraph: QGraph, profile: Profile) -> str | None:
+    if (why := _planar(layer, qgraph, profile)) is not None:
+        return why
+    if layer.groups != 1 or any(d != 1 for d in layer.dilations):
+        return "grouped or dilated (a window row is not contiguous in the input)"
+    row_bytes = int(layer.weight.shape[-1]) * qgraph.tensors[layer.inputs[0]].shape[0]
+    if row_bytes % _row_multiple(profile) and not _fits_nibbles(layer.weight):   # 4-bit: packed, any row
+        return f"a window row of {row_bytes} bytes is no multiple of {_row_multiple(profile)}"
+    return None
+
+
+def _fits_nibbles(weight: np.ndarray) -> bool:
+    """int4 chosen (or weights whose values all fit 4 bits): a Cortex-M stores them two per byte."""
+    return bool(np.all((weight >= -8) & (weight <= 7)))
+
+
+def _rows_geometry(step: Step) -> dict[str, int]:
+    """`conv_rows`' geometry: 2 channels x 2 pixels per block (the 13 usable registers of a DSP core hold 4 sums,
+    4 widened weight pairs and a widened pixel word; see conv_mcu), 3 pixels on Helium when the output row is a
+    multiple of 3 (its sums cost no widening registers)."""
+    window = _conv_window(step)
+    pixel_block = 3 if step.profile.isa == MVE and window["out_width"] % 3 == 0 else 2
+    return _gemm_shape(step, 2, pixel_block, pixel_block, 1)
+
+
+def _band_bytes(step: Step) -> int:
+    geometry = _conv_window(step)
+    return geometry["kernel_height"] * geometry["padded_width"] * geometry["channels"] if geometry["padded"] else 0
+
+
+@kernel("conv", "conv_rows", config="weighted", inputs=CHANNELS_LAST, outputs=CHANNELS_LAST, granularities=BOTH,
+        when=_rows_apply, scratch=_band_bytes, isas=(PORTABLE, DSP, MVE))
+def conv_rows(step: Step) -> dict[str, Any]:
+    """The Cortex-M conv without im2col: a window's rows are contiguous int8 of the input (or, when the layer
+    pads, of the band: the kernel-height rows of the padded input one output row reads, copied per output row),
+    so its scratch is that band or nothing."""
+    layer: QConv = step.layer  # type: ignore[assignment]
+    geometry = _rows_geometry(step)
+    rows, weight = _gemm_weight(step, geometry, np.int8)
+    row_bytes = geometry["kernel_width"] * geometry["channels"]
+    nibbles = _fits_nibbles(weight)   # two per byte along each kernel row, read by the portable loop
+    # The portable loop centres x itself (the bias keeps its narrow type); the SMLAD and Helium loops take raw x
+    # with the zero point folded into the bias
+    vector = {MVE: 16, DSP: 4}.get(step.profile.isa)
+    centred = nibbles or vector is None or row_bytes % vector != 0
+    weight_sums = rows.reshape(-1, geometry["window_depth"]).astype(np.int64).sum(1)
+    if nibbles:
+        weight = pack_nibbles(weight.reshape(len(weight[0]), geometry["kernel_height"], row_bytes))
+    weight_row = -(-row_bytes // 2) if nibbles else row_bytes
+    requantization = _requantization(step, layer, 0 * weight_sums if centred else weight_sums, centred)
+    shifts = np.asarray(layer.shift)
+    # Helium requantizes four outputs at once where the sums fit int32, every shift is 33..62 (see
+    # dabuild_requantize32_mve) and the channels fill whole blocks
+    vector_output = (step.profile.isa == MVE and requantization["narrow_sum"]
+                     and bool(np.all((shifts >= 33) & (shifts <= 62)))
+                     and geometry["block_outputs"] == geometry["out_channels"])
+    return {**geometry, "input_zero_point": step.inputs[0].quant.zero_point, "isa": step.profile.isa,
+            "weight": weight, "nibbles": nibbles, "centred": centred, "weight_row": weight_row,
+            "weight_depth": geometry["kernel_height"] * weight_row, "vector_output": vector_output, **requantization}
 
 
 @kernel("conv", "conv_mcu", config="weighted", inputs=CHANNELS_LAST, outputs=CHANNELS_LAST, granularities=BOTH,

@@ -20,6 +20,7 @@ import numpy as np
 from dabuild.ir.ops import OPS
 from dabuild.ir.ops.pool import AvgPool, Pool
 from dabuild.ir.ops.reduce import Reduce
+from dabuild.quant.fixed_point import INT32_MAX
 from dabuild.quant.layers.pool import QAvgPool, QMean
 from dabuild.quant.layers.shape import QSelection
 from dabuild.quant.layers.softmax import QSoftmax
@@ -36,9 +37,17 @@ def _planar_pool(layer: QLayer, qgraph: QGraph, profile: Profile) -> str | None:
 
 
 def _pool_window(step: Step) -> dict[str, int]:
+    """The window geometry, and whether every window's rows and columns lie inside the input (`inside_rows`,
+    `inside_columns`): then the kernel tests no bounds (no unreachable branches in the generated code)."""
     layer: QSelection = step.layer  # type: ignore[assignment]
     kernel_shape, strides, pads, dilations = OPS.typed(layer.op, Pool).geometry(layer.op_attrs)
-    return window(step, kernel_shape, strides, pads, dilations)
+    geometry = window(step, kernel_shape, strides, pads, dilations)
+    for axis, along in (("height", "rows"), ("width", "columns")):
+        before = geometry["pad_top" if axis == "height" else "pad_left"]
+        reach = (geometry[f"out_{axis}"] - 1) * geometry[f"stride_{axis}"] - before + \
+            (geometry[f"kernel_{axis}"] - 1) * geometry[f"dilation_{axis}"]
+        geometry[f"inside_{along}"] = before == 0 and reach < geometry[axis]
+    return geometry
 
 
 @kernel("max_pool", "max_pool", inputs=CHANNELS_LAST, outputs=CHANNELS_LAST, when=_planar_pool)
@@ -75,7 +84,9 @@ def mean(step: Step) -> dict[str, Any]:
     count = int(np.prod([step.inputs[0].shape[a] for a in axes]))
     return {"walk": reduction_walk(step, axes, layer.keepdims), "outputs": step.outputs[0].size, "count": count,
             "input_zero_point": step.inputs[0].quant.zero_point, "multiplier": int(layer.multiplier[0]),
-            "shift": int(layer.shift[0]), "output_zero_point": step.outputs[0].quant.zero_point}
+            "shift": int(layer.shift[0]), "output_zero_point": step.outputs[0].quant.zero_point,
+            # |sum - count * zp| <= 255 * count fits int32, and a shift of 32..62: the 32-bit requantization
+            "narrow": 255 * count <= INT32_MAX and 32 <= int(layer.shift[0]) <= 62}
 
 
 @kernel("reduce_max", "reduce_max", outputs=CANONICAL)
