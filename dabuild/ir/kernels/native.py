@@ -48,6 +48,7 @@ from typing import Any
 
 import numpy as np
 
+from dabuild.ir.kernels.integer import NativeInteger
 from dabuild.notices import warn
 
 COMPILER = "cc"
@@ -102,6 +103,7 @@ class NativeConv:
         self._pool: ThreadPoolExecutor | None = None
         self.histogram: NativeHistogram | None = None
         self.requantize: NativeRequantize | None = None
+        self.integer: NativeInteger | None = None
 
     @staticmethod
     def takes(dtype: np.dtype) -> bool:
@@ -187,6 +189,11 @@ def layer_threads(count: int) -> Iterator[None]:
         yield
     finally:
         _LAYER_THREADS.count = before
+
+
+def layer_thread_count() -> int:
+    """How many threads this thread's native layers may split a large layer among (see `layer_threads`)."""
+    return getattr(_LAYER_THREADS, "count", 1)
 
 
 class TensorView(ctypes.Structure):
@@ -337,7 +344,8 @@ def _load() -> NativeConv | None:
         conv = kernels.joinpath("conv.c").read_text()
         source = "\n".join([*(f"#undef ELEM\n#undef MASK\n#undef NAME\n#define ELEM {elem}\n#define MASK {mask}\n"
                                f"#define NAME(name) name##_{suffix}\n{conv}" for elem, mask, suffix in VARIANTS),
-                             *(kernels.joinpath(name).read_text() for name in ("histogram.c", "requantize.c"))])
+                             *(kernels.joinpath(name).read_text() for name in ("histogram.c", "requantize.c",
+                                                                              "qconv.c"))])
         library, scratch = _build(compiler, version, source)
         try:
             loaded = ctypes.CDLL(str(library))
@@ -347,6 +355,7 @@ def _load() -> NativeConv | None:
         native = NativeConv(loaded, version)
         native.histogram = NativeHistogram(loaded)
         native.requantize = NativeRequantize(loaded)
+        native.integer = NativeInteger(loaded)
         return native
     except (OSError, subprocess.SubprocessError) as error:
         warn(f"the interpreter's native conv kernels could not be built ({error}); its convs run in numpy, "

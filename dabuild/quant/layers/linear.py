@@ -17,6 +17,7 @@ exactly; the result equals integer arithmetic bit for bit, at BLAS speed.
 
 from __future__ import annotations
 
+import functools
 from abc import abstractmethod
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -24,7 +25,8 @@ from typing import Any, ClassVar
 import numpy as np
 
 from dabuild.errors import BuildError
-from dabuild.ir.kernels.native import native_conv
+from dabuild.ir.kernels.integer import PackedQWeight, Requantization
+from dabuild.ir.kernels.native import layer_thread_count, native_conv
 from dabuild.ir.ops import OPS
 from dabuild.ir.ops.linear import batch_norm_affine
 from dabuild.quant.activations import clamp_bounds, is_table_activation, pre_activation
@@ -114,6 +116,46 @@ class QConv(QWeighted):
     def accumulate(self, centred: np.ndarray) -> np.ndarray:
         attrs = {"strides": self.strides, "pads": self.pads, "dilations": self.dilations, "groups": self.groups}
         return OPS["conv"].run([centred, self.weight.astype(np.float64)], attrs)[0]
+
+    def run(self, inputs: list[np.ndarray], graph: QGraph, trace: Trace | None) -> list[np.ndarray]:
+        """qconv.c where it takes the layer (no trace wanted: the compiled conv keeps no accumulator), else numpy."""
+        y = None if trace is not None else self._compiled(inputs[0], graph)
+        return [y] if y is not None else super().run(inputs, graph, trace)
+
+    def _compiled(self, x: np.ndarray, graph: QGraph) -> np.ndarray | None:
+        """The output by qconv.c, or None where it does not apply: not a plain 2-D conv, inputs or weights wider
+        than 8 bits, an accumulator bound past int32, or no native kernels. Returned as an (N, O, OH, OW) view
+        of channels-last memory, which the next conv reads without a copy."""
+        native = native_conv()
+        source, target = self.params(graph), self.output_params(graph)
+        storage = np.dtype(target.storage)
+        if (native is None or native.integer is None or self.groups != 1 or self.weight.ndim != 4
+                or np.dtype(source.storage).itemsize != 1 or self.weight.dtype.itemsize != 1
+                or storage.itemsize not in (1, 2, 4)):
+            return None
+        packed, weight_sums = self._packed
+        if np.max(np.abs(self.bias.astype(np.int64)) + weight_sums * (source.qmax - source.qmin)) > INT32_MAX:
+            return None
+        channels = len(self.bias)
+        requantization = Requantization(
+            np.ascontiguousarray(self.bias, np.int64),
+            *(np.ascontiguousarray(np.broadcast_to(v.astype(np.int64), channels)) for v in (self.multiplier, self.shift)),
+            int(target.zero_point), self.output_min, self.output_max)
+        height, width = x.shape[2:]
+        kernel = self.weight.shape[2:]
+        out = [(size + self.pads[axis] + self.pads[axis + 2] - self.dilations[axis] * (kernel[axis] - 1) - 1)
+               // self.strides[axis] + 1 for axis, size in enumerate((height, width))]
+        y = native.integer.conv(x.transpose(0, 2, 3, 1), int(source.zero_point), packed, requantization,
+                                self.strides, self.pads[:2], self.dilations, out, storage, layer_thread_count())
+        return y.transpose(0, 3, 1, 2)
+
+    @functools.cached_property
+    def _packed(self) -> tuple[PackedQWeight, np.ndarray]:
+        """The weight packed for qconv.c and each output channel's sum of |w|, made once per layer."""
+        native = native_conv()
+        assert native is not None and native.integer is not None
+        sums = np.abs(self.weight.astype(np.int64)).reshape(len(self.weight), -1).sum(axis=1)
+        return native.integer.pack(self.weight), sums
 
 
 def conv_layout(weight: np.ndarray, groups: int) -> np.ndarray:
