@@ -125,10 +125,14 @@ def full_trial_seconds(history: Path) -> float:
 
 
 def compile_seconds(export: Path) -> float:
-    sources = sorted(str(path) for path in export.glob("*.c"))
+    """cc -O2 on each generated .c file, run in the artifact's folder (model.c pulls weights.bin in with
+    `.incbin`, a path relative to it), objects written elsewhere."""
+    sources = sorted(path.name for path in export.glob("*.c"))
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as scratch:
-        subprocess.run(["cc", "-O2", "-c", *sources], cwd=scratch, check=True)
+        for source in sources:
+            subprocess.run(["cc", "-O2", "-c", source, "-o", str(Path(scratch) / f"{source}.o")], cwd=export,
+                           check=True)
     return time.perf_counter() - start
 
 

@@ -192,7 +192,7 @@ class Stats:
     @classmethod
     def load(cls, directory: Path) -> Stats:
         grouped: dict[str, dict[str, np.ndarray]] = {}
-        for key, array in read_npz(Path(directory) / STATS_FILE).items():
+        for key, array in read_npz(Path(directory) / STATS_FILE, mapped=True).items():
             kind, _, name = key.partition("/")
             grouped.setdefault(kind, {})[name] = array
         ranges = {name: (float(a[0]), float(a[1])) for name, a in sorted(grouped.get(_RANGE, {}).items())}

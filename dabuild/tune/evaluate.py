@@ -3,8 +3,12 @@
 The integer reference computes the bits an integer target will compute, so a
 trial's score is the accuracy the deployed artifact delivers, not a float
 simulation of it. `Evaluator` is built from plain, picklable `EvalSetup`
-data, so worker processes (`-j N`) build their own from the same inputs and
-score exactly as the parent would.
+data. Worker processes (`-j N`) are forked from the tune stage where the OS
+can (Linux, macOS): each starts with the parent's Evaluator, whose weights,
+evaluation images and float outputs the OS shares copy-on-write, so N workers
+do not hold N copies of the model (the trace's weights are memory-mapped
+besides). Where only spawning exists, each builds its own Evaluator from the
+same EvalSetup and scores exactly as the parent would.
 """
 
 from __future__ import annotations
@@ -16,15 +20,15 @@ import weakref
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass
-from multiprocessing import get_context
+from dataclasses import dataclass, replace
+from multiprocessing import get_all_start_methods, get_context
 from pathlib import Path
 
 import numpy as np
 
 from dabuild.ir.graph import Graph
 from dabuild.ir.interpreter import Interpreter
-from dabuild.ir.kernels.native import available_cores
+from dabuild.ir.kernels.native import available_cores, layer_threads
 from dabuild.ir.memory import samples_that_fit
 from dabuild.quant.calibrate import Stats
 from dabuild.quant.config import QuantConfig
@@ -50,6 +54,7 @@ class EvalSetup:
     batch_size: int
     bias_correction: bool = False
     metric_file: Path | None = None  # a file metric's .py as the tune stage declares it (else found from base_dir)
+    threads: int = 0  # threads a large layer of the integer reference splits among (0: every core)
 
 
 @dataclass(frozen=True)
@@ -73,7 +78,8 @@ class Evaluator:
         self.stats = Stats.load(setup.stats_dir)
         self.metric: Metric = load_metric(setup.metric, setup.base_dir, setup.metric_file)
         self.input = self.graph.inputs[0].name
-        self.interpreter = Interpreter(self.graph, threads=available_cores())  # prepared once for every batch
+        self.threads = setup.threads or available_cores()
+        self.interpreter = Interpreter(self.graph, threads=self.threads)  # prepared once for every batch
         self.batch_size = samples_that_fit(self.graph, "tune", setup.batch_size)
         self.float_outputs = np.concatenate([self.interpreter.run({self.input: x})[self.graph.outputs[0]]
                                              for x in self._batches()])
@@ -103,7 +109,8 @@ class Evaluator:
         parts: list[np.ndarray] = []
         right, scored, total = 0, 0, len(self.setup.x)
         for x in self._batches():
-            parts.append(run_quantized(qgraph, x))
+            with layer_threads(self.threads):
+                parts.append(run_quantized(qgraph, x))
             if not bounded:
                 continue
             labels = self.setup.labels[scored:scored + len(x)]
@@ -131,7 +138,8 @@ class Evaluator:
         """The metric of `config` on the evaluation rows `rows` only: a cheap estimate for ranking, not a trial."""
         qgraph = self.quantize(config)
         x, size = self.setup.x[rows], self.setup.batch_size
-        outputs = np.concatenate([run_quantized(qgraph, x[i:i + size]) for i in range(0, len(x), size)])
+        with layer_threads(self.threads):
+            outputs = np.concatenate([run_quantized(qgraph, x[i:i + size]) for i in range(0, len(x), size)])
         return self.metric(outputs, self.setup.labels[rows])
 
     def node_errors(self, config: QuantConfig) -> dict[str, float]:
@@ -162,9 +170,14 @@ class Evaluator:
 _worker: Evaluator | None = None
 
 
-def _start_worker(setup: EvalSetup) -> None:
+def _start_worker(source: Evaluator | EvalSetup, threads: int) -> None:
+    """The worker's Evaluator: the parent's own when forked, else built from its setup; its layers split
+    among `threads` (its share of the cores)."""
     global _worker
-    _worker = Evaluator(setup)
+    if isinstance(source, EvalSetup):
+        source = Evaluator(replace(source, threads=threads))
+    source.threads = threads
+    _worker = source
 
 
 def _score_in_worker(config: dict, floor: float | None) -> Score:
@@ -190,7 +203,8 @@ def _interrupts_blocked() -> Iterator[None]:
 
 
 class Scorer:
-    """Scores batches of configs, in this process or in `jobs` worker processes (spawned: no forked locks)."""
+    """Scores batches of configs, in this process or in `jobs` worker processes (forked where the OS can, see
+    the module's docstring; the pool is made between trials, when no thread of this process holds a lock)."""
 
     def __init__(self, evaluator: Evaluator, jobs: int = 1):
         self.evaluator = evaluator
@@ -205,8 +219,12 @@ class Scorer:
         if _stopping.is_set():  # interrupted: no new workers (the build is ending, see cli._interrupted)
             raise KeyboardInterrupt
         if self._pool is None:
-            self._pool = ProcessPoolExecutor(self.jobs, mp_context=get_context("spawn"),
-                                             initializer=_start_worker, initargs=(self.evaluator.setup,))
+            # each worker's layers split among its share of the cores, so N workers do not oversubscribe them
+            threads = max(1, available_cores() // self.jobs)
+            forked = "fork" in get_all_start_methods()
+            source = self.evaluator if forked else self.evaluator.setup
+            self._pool = ProcessPoolExecutor(self.jobs, mp_context=get_context("fork" if forked else "spawn"),
+                                             initializer=_start_worker, initargs=(source, threads))
         with _interrupts_blocked():  # workers start (on submit) deaf to Ctrl-C: the parent alone handles it
             futures = [self._pool.submit(_score_in_worker, config.to_dict(), floor) for config in configs]
         return [future.result() for future in futures]

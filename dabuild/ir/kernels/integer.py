@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dabuild.ir.kernels.forking import forget_pool_after_fork
+
 BLOCK_VECTORS = 4  # vectors of output channels per packed weight block (qconv.c's QBLOCK_VECS)
 PARALLEL_MACS = 2_000_000  # a conv with fewer multiply-adds runs on one thread
 INT32_LIMIT = 2**31 - 1
@@ -66,6 +68,7 @@ class NativeInteger:
         library.qconv_lanes.restype = ctypes.c_ssize_t
         self.lanes = int(library.qconv_lanes())
         self._pool: ThreadPoolExecutor | None = None
+        forget_pool_after_fork(self)
 
     def pack(self, weight: np.ndarray) -> PackedQWeight:
         """The weight in qconv.c's layout (see qconv.c): once per layer."""

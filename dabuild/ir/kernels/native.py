@@ -48,6 +48,7 @@ from typing import Any
 
 import numpy as np
 
+from dabuild.ir.kernels.forking import forget_pool_after_fork
 from dabuild.ir.kernels.integer import NativeInteger
 from dabuild.notices import warn
 
@@ -101,6 +102,7 @@ class NativeConv:
                 kernel.restype = None
                 self._kernels[dtype, depthwise] = kernel
         self._pool: ThreadPoolExecutor | None = None
+        forget_pool_after_fork(self)
         self.histogram: NativeHistogram | None = None
         self.requantize: NativeRequantize | None = None
         self.integer: NativeInteger | None = None
@@ -218,6 +220,7 @@ class NativeHistogram:
                                  ctypes.c_int64, pointer, size, size]
         self._counts.restype = None
         self._pool: ThreadPoolExecutor | None = None
+        forget_pool_after_fork(self)
 
     @staticmethod
     def view(values: np.ndarray, axis: int | None, channels_inner: bool = True) -> tuple[TensorView, np.ndarray]:
