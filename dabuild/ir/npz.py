@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 _EPOCH = (1980, 1, 1, 0, 0, 0)  # the earliest date a zip header can hold
+_HEADER_ROOM = 4096  # at least a .npy header's bytes
 
 
 def write_npz(path: Path, arrays: Mapping[str, np.ndarray], compress: bool = False) -> None:
@@ -32,12 +33,13 @@ def write_npz(path: Path, arrays: Mapping[str, np.ndarray], compress: bool = Fal
     method = zipfile.ZIP_DEFLATED if compress else zipfile.ZIP_STORED
     with zipfile.ZipFile(path, "w", compression=method) as archive:
         for name in sorted(arrays):
-            buffer = io.BytesIO()
-            np.lib.format.write_array(buffer, np.ascontiguousarray(arrays[name]), allow_pickle=False)
+            array = np.ascontiguousarray(arrays[name])
             member = zipfile.ZipInfo(f"{name}.npy", date_time=_EPOCH)
             member.compress_type = method
             member.external_attr = 0o644 << 16
-            archive.writestr(member, buffer.getvalue())
+            member.file_size = array.nbytes + _HEADER_ROOM  # decides ZIP64 headers; the true size is written after
+            with archive.open(member, "w") as stream:  # streamed: no second copy of a large array in memory
+                np.lib.format.write_array(stream, array, allow_pickle=False)
 
 
 def read_npz(path: Path, mapped: bool = False) -> dict[str, np.ndarray]:

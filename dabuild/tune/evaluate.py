@@ -80,7 +80,7 @@ class Evaluator:
         self.input = self.graph.inputs[0].name
         self.threads = setup.threads or available_cores()
         self.interpreter = Interpreter(self.graph, threads=self.threads)  # prepared once for every batch
-        self.batch_size = samples_that_fit(self.graph, "tune", setup.batch_size)
+        self.batch_size = samples_that_fit(self.graph, "tune", setup.batch_size, setup.x.nbytes, "evaluation data")
         self.float_outputs = np.concatenate([self.interpreter.run({self.input: x})[self.graph.outputs[0]]
                                              for x in self._batches()])
         self.baseline = self.metric(self.float_outputs, setup.labels)
