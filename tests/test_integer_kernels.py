@@ -14,7 +14,7 @@ import pytest
 from dabuild.ir.kernels import native
 from dabuild.ir.kernels.native import layer_threads
 from dabuild.quant.layers.elementwise import LEFT_SHIFT, QAdd, QSub
-from dabuild.quant.layers.linear import QConv
+from dabuild.quant.layers.linear import QConv, QDense
 from dabuild.quant.qgraph import QGraph, QTensor, QuantParams
 
 RNG = np.random.default_rng(31)
@@ -67,8 +67,26 @@ def test_compiled_conv_equals_the_numpy_reference(case: tuple) -> None:
     source = graph.tensors["x"].params
     x = RNG.integers(source.qmin, source.qmax + 1, (3, case[2], 13, 11)).astype(source.storage)
     compiled = layer.run([x], graph, None)[0]
+    assert "_packed" in vars(layer)  # the compiled conv ran (it packs the weight once)
     reference = layer.run([x], graph, {})[0]  # a trace forces the numpy path
     assert compiled.dtype == reference.dtype and compiled.shape == reference.shape
+    np.testing.assert_array_equal(compiled, reference)
+    assert len(np.unique(reference)) > 3
+
+
+@pytest.mark.parametrize("x_type, y_type, rows", [("int8", "int8", (5,)), ("uint8", "int16", (3, 4))])
+def test_compiled_dense_equals_the_numpy_reference(x_type: str, y_type: str, rows: tuple[int, ...]) -> None:
+    conv, _ = conv_layer(x_type, y_type, 300, 37, (1, 1), [1, 1], [0] * 4, [1, 1], y_type == "int16", True)
+    layer = QDense(name="fc", inputs=["x"], outputs=["y"], weight=np.ascontiguousarray(conv.weight[:, :, 0, 0].T),
+                   bias=conv.bias, multiplier=conv.multiplier, shift=conv.shift, weight_scale=conv.weight_scale,
+                   output_min=conv.output_min, output_max=conv.output_max)
+    source, target = QuantParams(0.05, 128 if x_type == "uint8" else -3, x_type), QuantParams(0.1, -5, y_type)
+    graph = QGraph("x", "y", {"x": QTensor((300,), source), "y": QTensor((37,), target)}, [layer])
+    x = RNG.integers(source.qmin, source.qmax + 1, (*rows, 300)).astype(source.storage)
+    compiled = layer.run([x], graph, None)[0]
+    assert "_packed" in vars(layer)  # the compiled conv ran
+    reference = layer.run([x], graph, {})[0]
+    assert compiled.dtype == reference.dtype and compiled.shape == (*rows, 37)
     np.testing.assert_array_equal(compiled, reference)
     assert len(np.unique(reference)) > 3
 

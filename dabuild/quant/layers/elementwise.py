@@ -41,7 +41,7 @@ class QClamp(QLayer):
     high: int
 
     def run(self, inputs: list[np.ndarray], graph: QGraph, trace: Trace | None) -> list[np.ndarray]:
-        return [np.clip(inputs[0], self.low, self.high).astype(inputs[0].dtype)]
+        return [np.clip(inputs[0], self.low, self.high).astype(inputs[0].dtype, copy=False)]
 
 
 @layer_type

@@ -60,7 +60,49 @@ class QWeighted(QLayer):
     def accumulate(self, centred: np.ndarray) -> np.ndarray:
         """sum (x - zp) * w without bias, as exact integers in float64."""
 
+    def conv_weight(self) -> np.ndarray:
+        """The weight as an (O, C, KH, KW) conv weight, the layout qconv.c packs."""
+        raise NotImplementedError
+
+    def _compiled(self, x: np.ndarray, graph: QGraph) -> np.ndarray | None:
+        """The output by qconv.c, or None where the layer's geometry does not apply."""
+        return None
+
+    def _qconv(self, x: np.ndarray, graph: QGraph, strides: list[int], pads: list[int], dilations: list[int],
+               out: list[int]) -> np.ndarray | None:
+        """qconv.c on x (N, H, W, C) -> (N, OH, OW, O), or None where it does not apply: inputs or weights
+        wider than 8 bits, an accumulator bound past int32, or no native kernels."""
+        native = native_conv()
+        source, target = self.params(graph), self.output_params(graph)
+        storage = np.dtype(target.storage)
+        if (native is None or native.integer is None or np.dtype(source.storage).itemsize != 1
+                or self.weight.dtype.itemsize != 1 or storage.itemsize not in (1, 2, 4)):
+            return None
+        packed, weight_sums = self._packed
+        if np.max(np.abs(self.bias.astype(np.int64)) + weight_sums * (source.qmax - source.qmin)) > INT32_MAX:
+            return None
+        channels = len(self.bias)
+        requantization = Requantization(
+            np.ascontiguousarray(self.bias, np.int64),
+            *(np.ascontiguousarray(np.broadcast_to(v.astype(np.int64), channels)) for v in (self.multiplier, self.shift)),
+            int(target.zero_point), self.output_min, self.output_max)
+        return native.integer.conv(x, int(source.zero_point), packed, requantization, strides, pads, dilations, out,
+                                   storage, layer_thread_count())
+
+    @functools.cached_property
+    def _packed(self) -> tuple[PackedQWeight, np.ndarray]:
+        """The weight packed for qconv.c and each output channel's sum of |w|, made once per layer."""
+        native = native_conv()
+        assert native is not None and native.integer is not None
+        weight = self.conv_weight()
+        sums = np.abs(weight.astype(np.int64)).reshape(len(weight), -1).sum(axis=1)
+        return native.integer.pack(weight), sums
+
     def run(self, inputs: list[np.ndarray], graph: QGraph, trace: Trace | None) -> list[np.ndarray]:
+        """qconv.c where it takes the layer (no trace wanted: the compiled conv keeps no accumulator), else numpy."""
+        y = None if trace is not None else self._compiled(inputs[0], graph)
+        if y is not None:
+            return [y]
         centred = np.subtract(inputs[0], self.params(graph).zero_point, dtype=np.float64)  # q - zp, exact
         sums = self.accumulate(centred)
         target = self.output_params(graph)
@@ -100,6 +142,16 @@ class QDense(QWeighted):
     def accumulate(self, centred: np.ndarray) -> np.ndarray:
         return centred @ self.weight.astype(np.float64)
 
+    def conv_weight(self) -> np.ndarray:
+        return self.weight.T[:, :, None, None]
+
+    def _compiled(self, x: np.ndarray, graph: QGraph) -> np.ndarray | None:
+        """The rows of x (..., in) as the 1x1 images of a conv."""
+        if self.weight.ndim != 2 or x.ndim < 1:
+            return None
+        y = self._qconv(x.reshape(-1, 1, 1, x.shape[-1]), graph, [1, 1], [0, 0], [1, 1], [1, 1])
+        return None if y is None else y.reshape(*x.shape[:-1], y.shape[-1])
+
 
 @layer_type
 @dataclass
@@ -117,45 +169,19 @@ class QConv(QWeighted):
         attrs = {"strides": self.strides, "pads": self.pads, "dilations": self.dilations, "groups": self.groups}
         return OPS["conv"].run([centred, self.weight.astype(np.float64)], attrs)[0]
 
-    def run(self, inputs: list[np.ndarray], graph: QGraph, trace: Trace | None) -> list[np.ndarray]:
-        """qconv.c where it takes the layer (no trace wanted: the compiled conv keeps no accumulator), else numpy."""
-        y = None if trace is not None else self._compiled(inputs[0], graph)
-        return [y] if y is not None else super().run(inputs, graph, trace)
+    def conv_weight(self) -> np.ndarray:
+        return self.weight
 
     def _compiled(self, x: np.ndarray, graph: QGraph) -> np.ndarray | None:
-        """The output by qconv.c, or None where it does not apply: not a plain 2-D conv, inputs or weights wider
-        than 8 bits, an accumulator bound past int32, or no native kernels. Returned as an (N, O, OH, OW) view
-        of channels-last memory, which the next conv reads without a copy."""
-        native = native_conv()
-        source, target = self.params(graph), self.output_params(graph)
-        storage = np.dtype(target.storage)
-        if (native is None or native.integer is None or self.groups != 1 or self.weight.ndim != 4
-                or np.dtype(source.storage).itemsize != 1 or self.weight.dtype.itemsize != 1
-                or storage.itemsize not in (1, 2, 4)):
+        """A plain 2-D conv by qconv.c, as an (N, O, OH, OW) view of channels-last memory, which the next
+        conv reads without a copy."""
+        if self.groups != 1 or self.weight.ndim != 4:
             return None
-        packed, weight_sums = self._packed
-        if np.max(np.abs(self.bias.astype(np.int64)) + weight_sums * (source.qmax - source.qmin)) > INT32_MAX:
-            return None
-        channels = len(self.bias)
-        requantization = Requantization(
-            np.ascontiguousarray(self.bias, np.int64),
-            *(np.ascontiguousarray(np.broadcast_to(v.astype(np.int64), channels)) for v in (self.multiplier, self.shift)),
-            int(target.zero_point), self.output_min, self.output_max)
-        height, width = x.shape[2:]
         kernel = self.weight.shape[2:]
         out = [(size + self.pads[axis] + self.pads[axis + 2] - self.dilations[axis] * (kernel[axis] - 1) - 1)
-               // self.strides[axis] + 1 for axis, size in enumerate((height, width))]
-        y = native.integer.conv(x.transpose(0, 2, 3, 1), int(source.zero_point), packed, requantization,
-                                self.strides, self.pads[:2], self.dilations, out, storage, layer_thread_count())
-        return y.transpose(0, 3, 1, 2)
-
-    @functools.cached_property
-    def _packed(self) -> tuple[PackedQWeight, np.ndarray]:
-        """The weight packed for qconv.c and each output channel's sum of |w|, made once per layer."""
-        native = native_conv()
-        assert native is not None and native.integer is not None
-        sums = np.abs(self.weight.astype(np.int64)).reshape(len(self.weight), -1).sum(axis=1)
-        return native.integer.pack(self.weight), sums
+               // self.strides[axis] + 1 for axis, size in enumerate(x.shape[2:])]
+        y = self._qconv(x.transpose(0, 2, 3, 1), graph, self.strides, self.pads[:2], self.dilations, out)
+        return None if y is None else y.transpose(0, 3, 1, 2)
 
 
 def conv_layout(weight: np.ndarray, groups: int) -> np.ndarray:
