@@ -91,8 +91,9 @@ class NativeInteger:
         the given zero point; pads are the (top, left) ones, `out` is (OH, OW)."""
         batch, height, width, channels = x.shape
         out_channels, _, kernel_h, kernel_w = weight.shape
-        centred = np.zeros((batch, height, width, weight.channels), np.int16)
+        centred = np.empty((batch, height, width, weight.channels), np.int16)
         np.subtract(x, np.int16(zero_point), out=centred[..., :channels], dtype=np.int16)
+        centred[..., channels:] = 0  # the channel that makes an odd count even
         y = np.empty((batch, *out, out_channels), storage)
         zeros = np.zeros(weight.channels, np.int16)
         r = requantization
