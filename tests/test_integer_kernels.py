@@ -20,12 +20,17 @@ from dabuild.quant.qgraph import QGraph, QTensor, QuantParams
 RNG = np.random.default_rng(31)
 
 
-@pytest.fixture(autouse=True)
-def compiled(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture(autouse=True, params=["pairs", "quads"])
+def kernel(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test with each kernel: int16 pairs (any CPU), and uint8 x int8 quads where VNNI compiled it."""
     monkeypatch.delenv(native.SWITCH, raising=False)
     conv = native.native_conv()
     if conv is None or conv.integer is None:
         pytest.skip("no C compiler: the native integer kernels cannot be built")
+    if request.param == "quads" and not conv.integer.quads:
+        pytest.skip("this CPU has no AVX-512 VNNI: the uint8 x int8 kernel is not built")
+    monkeypatch.setattr(conv.integer, "quads", request.param == "quads")
+    return request.param
 
 
 def conv_layer(x_type: str, y_type: str, channels: int, out_channels: int, kernel: tuple[int, int],
@@ -62,12 +67,12 @@ CONVS = [  # x type, y type, channels, out channels, kernel, strides, pads, dila
 
 
 @pytest.mark.parametrize("case", CONVS, ids=lambda case: "-".join(map(str, case[:5])))
-def test_compiled_conv_equals_the_numpy_reference(case: tuple) -> None:
+def test_compiled_conv_equals_the_numpy_reference(case: tuple, kernel: str) -> None:
     layer, graph = conv_layer(*case)
     source = graph.tensors["x"].params
     x = RNG.integers(source.qmin, source.qmax + 1, (3, case[2], 13, 11)).astype(source.storage)
     compiled = layer.run([x], graph, None)[0]
-    assert "_packed" in vars(layer)  # the compiled conv ran (it packs the weight once)
+    assert max(vars(layer)["_packs"]) == (4 if kernel == "quads" else 2)  # the kernel ran (it packs the weight)
     reference = layer.run([x], graph, {})[0]  # a trace forces the numpy path
     assert compiled.dtype == reference.dtype and compiled.shape == reference.shape
     np.testing.assert_array_equal(compiled, reference)
@@ -75,7 +80,7 @@ def test_compiled_conv_equals_the_numpy_reference(case: tuple) -> None:
 
 
 @pytest.mark.parametrize("x_type, y_type, rows", [("int8", "int8", (5,)), ("uint8", "int16", (3, 4))])
-def test_compiled_dense_equals_the_numpy_reference(x_type: str, y_type: str, rows: tuple[int, ...]) -> None:
+def test_compiled_dense_equals_the_numpy_reference(x_type: str, y_type: str, rows: tuple[int, ...], kernel: str) -> None:
     conv, _ = conv_layer(x_type, y_type, 300, 37, (1, 1), [1, 1], [0] * 4, [1, 1], y_type == "int16", True)
     layer = QDense(name="fc", inputs=["x"], outputs=["y"], weight=np.ascontiguousarray(conv.weight[:, :, 0, 0].T),
                    bias=conv.bias, multiplier=conv.multiplier, shift=conv.shift, weight_scale=conv.weight_scale,
@@ -84,7 +89,7 @@ def test_compiled_dense_equals_the_numpy_reference(x_type: str, y_type: str, row
     graph = QGraph("x", "y", {"x": QTensor((300,), source), "y": QTensor((37,), target)}, [layer])
     x = RNG.integers(source.qmin, source.qmax + 1, (*rows, 300)).astype(source.storage)
     compiled = layer.run([x], graph, None)[0]
-    assert "_packed" in vars(layer)  # the compiled conv ran
+    assert max(vars(layer)["_packs"]) == (4 if kernel == "quads" else 2)  # the kernel ran
     reference = layer.run([x], graph, {})[0]
     assert compiled.dtype == reference.dtype and compiled.shape == (*rows, 37)
     np.testing.assert_array_equal(compiled, reference)

@@ -35,12 +35,15 @@ class QConvCall(ctypes.Structure):
 
 @dataclass(frozen=True)
 class PackedQWeight:
-    """An (O, C, KH, KW) int8 conv weight as qconv.c reads it: int16 pairs of input channels."""
+    """An (O, C, KH, KW) int8 conv weight as qconv.c reads it: int16 pairs of input channels (`group` 2) or
+    int8 quads (`group` 4, for the uint8 x int8 kernel)."""
 
     taps: np.ndarray
     shape: tuple[int, ...]
     padded: int  # output channels rounded up to whole vectors
-    channels: int  # input channels rounded up to even
+    channels: int  # input channels rounded up to whole groups
+    group: int
+    sums: np.ndarray  # int64 (O,): each output channel's sum of weights (the uint8 kernel's bias correction)
 
 
 @dataclass(frozen=True)
@@ -56,12 +59,17 @@ class Requantization:
 
 
 class NativeInteger:
-    """qconv2d_nhwc and qadd_lookup of one loaded library."""
+    """qconv2d_nhwc, qconv2d_u8_nhwc and qadd_lookup of one loaded library."""
 
     def __init__(self, library: ctypes.CDLL):
         self._conv = library.qconv2d_nhwc
         self._conv.argtypes = [ctypes.POINTER(QConvCall), ctypes.c_ssize_t, ctypes.c_ssize_t]
         self._conv.restype = None
+        self._conv_u8 = library.qconv2d_u8_nhwc
+        self._conv_u8.argtypes = self._conv.argtypes
+        self._conv_u8.restype = None
+        library.qconv_u8_available.restype = ctypes.c_int
+        self.quads = bool(library.qconv_u8_available())  # the uint8 x int8 kernel (VNNI) was compiled
         self._add = library.qadd_lookup
         self._add.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_ssize_t, ctypes.c_void_p]
         self._add.restype = None
@@ -70,35 +78,54 @@ class NativeInteger:
         self._pool: ThreadPoolExecutor | None = None
         forget_pool_after_fork(self)
 
-    def pack(self, weight: np.ndarray) -> PackedQWeight:
-        """The weight in qconv.c's layout (see qconv.c): once per layer."""
+    def pack(self, weight: np.ndarray, group: int = 2) -> PackedQWeight:
+        """The weight in qconv.c's layout (see qconv.c) for groups of 2 (int16) or 4 (int8) input channels."""
         out_channels, channels, kernel_h, kernel_w = weight.shape
         padded = -(-out_channels // self.lanes) * self.lanes
-        even = channels + channels % 2
-        taps = np.zeros((kernel_h, kernel_w, even, padded), np.int16)
+        whole = -(-channels // group) * group
+        taps = np.zeros((kernel_h, kernel_w, whole, padded), np.int16 if group == 2 else np.int8)
         taps[:, :, :channels, :out_channels] = weight.transpose(2, 3, 1, 0)
-        # (tap, pair, 2, O) -> (tap * pair, O, 2): each output channel's two weights side by side
-        rows = taps.reshape(kernel_h * kernel_w * even // 2, 2, padded).transpose(0, 2, 1)
+        # (tap, group, member, O) -> (tap * group, O, member): each output channel's weights of a group side by side
+        rows = taps.reshape(kernel_h * kernel_w * whole // group, group, padded).transpose(0, 2, 1)
         block = BLOCK_VECTORS * self.lanes
         flat = np.concatenate([np.ascontiguousarray(rows[:, first:first + block]).ravel()
                                for first in range(0, padded, block)])
-        return PackedQWeight(flat, weight.shape, padded, even)
+        sums = weight.astype(np.int64).reshape(out_channels, -1).sum(axis=1)
+        return PackedQWeight(flat, weight.shape, padded, whole, group, sums)
 
     def conv(self, x: np.ndarray, zero_point: int, weight: PackedQWeight, requantization: Requantization,
              strides: list[int], pads: list[int], dilations: list[int], out: list[int], storage: np.dtype,
              threads: int = 1) -> np.ndarray:
         """The (N, OH, OW, O) outputs in `storage` (1, 2 or 4 bytes) of x (N, H, W, C), 8-bit integers with
-        the given zero point; pads are the (top, left) ones, `out` is (OH, OW)."""
+        the given zero point; pads are the (top, left) ones, `out` is (OH, OW).
+
+        A weight packed in quads runs the uint8 x int8 kernel: x as u = q + 128 (int8) or q (uint8), the
+        padding as p = zero point (+ 128), and p * sum w taken off the bias (see qconv.c); the caller has
+        checked that 255 sum |w| + |that bias| stays in int32."""
         batch, height, width, channels = x.shape
         out_channels, _, kernel_h, kernel_w = weight.shape
-        centred = np.empty((batch, height, width, weight.channels), np.int16)
-        np.subtract(x, np.int16(zero_point), out=centred[..., :channels], dtype=np.int16)
-        centred[..., channels:] = 0  # the channel that makes an odd count even
-        y = np.empty((batch, *out, out_channels), storage)
-        zeros = np.zeros(weight.channels, np.int16)
         r = requantization
-        call = QConvCall(centred.ctypes.data, height, width, weight.channels, weight.taps.ctypes.data,
-                         kernel_h, kernel_w, out_channels, weight.padded, r.bias.ctypes.data,
+        bias = r.bias
+        if weight.group == 4:
+            pad = zero_point + (128 if x.dtype == np.int8 else 0)
+            inputs = np.empty((batch, height, width, weight.channels), np.uint8)
+            if x.dtype == np.int8:
+                np.bitwise_xor(x.view(np.uint8), np.uint8(0x80), out=inputs[..., :channels])  # q + 128
+            else:
+                inputs[..., :channels] = x
+            inputs[..., channels:] = pad
+            zeros = np.full(weight.channels, pad, np.uint8)
+            bias = np.ascontiguousarray(r.bias - pad * weight.sums)
+            kernel = self._conv_u8
+        else:
+            inputs = np.empty((batch, height, width, weight.channels), np.int16)
+            np.subtract(x, np.int16(zero_point), out=inputs[..., :channels], dtype=np.int16)
+            inputs[..., channels:] = 0  # the channel that makes an odd count even
+            zeros = np.zeros(weight.channels, np.int16)
+            kernel = self._conv
+        y = np.empty((batch, *out, out_channels), storage)
+        call = QConvCall(inputs.ctypes.data, height, width, weight.channels, weight.taps.ctypes.data,
+                         kernel_h, kernel_w, out_channels, weight.padded, bias.ctypes.data,
                          r.multiplier.ctypes.data, r.shift.ctypes.data, r.zero_point, r.low, r.high,
                          y.ctypes.data, y.itemsize, out[0], out[1], strides[0], strides[1], pads[0], pads[1],
                          dilations[0], dilations[1], zeros.ctypes.data)
@@ -106,14 +133,14 @@ class NativeInteger:
         macs = y.size * kernel_h * kernel_w * channels
         parts = min(threads, rows) if macs >= PARALLEL_MACS else 1
         if parts <= 1:
-            self._conv(ctypes.byref(call), 0, rows)  # ctypes releases the GIL for the call
+            kernel(ctypes.byref(call), 0, rows)  # ctypes releases the GIL for the call
             return y
         if self._pool is None:
             self._pool = ThreadPoolExecutor(parts - 1, thread_name_prefix="dabuild-qconv")
         bounds = [rows * part // parts for part in range(parts + 1)]
-        others = [self._pool.submit(self._conv, ctypes.byref(call), low, high)
+        others = [self._pool.submit(kernel, ctypes.byref(call), low, high)
                   for low, high in zip(bounds[1:-1], bounds[2:])]
-        self._conv(ctypes.byref(call), 0, bounds[1])  # this thread takes the first rows
+        kernel(ctypes.byref(call), 0, bounds[1])  # this thread takes the first rows
         for future in others:
             future.result()
         return y

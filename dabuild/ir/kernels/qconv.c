@@ -13,7 +13,10 @@
  * output channel's int32. A register block is QPIXELS neighbouring output pixels times up to QBLOCK_VECS
  * vectors of channels.
  *
- * Requantization (qrequantize_vector, qrequantize_one) is fixed_point.requantize's: the magnitude of
+ * With AVX-512 VNNI a second kernel, qconv2d_u8_nhwc, multiplies uint8 inputs by int8 weights four at a time
+ * (vpdpbusd): the same code over quads of input channels (see its comment).
+ *
+ * Requantization (qfinish, qrequantize_one) is fixed_point.requantize's: the magnitude of
  * sum + bias times the Q31 multiplier, plus half of 2^shift, shifted right, the sign put back (ties away from
  * zero), then the zero point and the clamp, exactly as requantize.c does it for the float64 sums.
  *
@@ -27,12 +30,20 @@
 #include <immintrin.h>
 #endif
 
+/* The 4 input bytes of one multiply-add step, as one int32 to broadcast. */
+static inline int32_t qgroup(const void *p)
+{
+    int32_t group;
+    memcpy(&group, p, sizeof group);
+    return group;
+}
+
 #if defined(__AVX512BW__)
 #define QLANES 16
 typedef __m512i qvec;
 #define QZERO() _mm512_setzero_si512()
 #define QLOAD(p) _mm512_loadu_si512((const void *)(p))
-#define QBROADCAST(p) _mm512_set1_epi32(*(const int32_t *)(p))
+#define QBROADCAST(p) _mm512_set1_epi32(qgroup(p))
 #if defined(__AVX512VNNI__)
 #define QMADD(acc, x, w) _mm512_dpwssd_epi32((acc), (x), (w))
 #else
@@ -44,7 +55,7 @@ typedef __m512i qvec;
 typedef __m256i qvec;
 #define QZERO() _mm256_setzero_si256()
 #define QLOAD(p) _mm256_loadu_si256((const __m256i *)(p))
-#define QBROADCAST(p) _mm256_set1_epi32(*(const int32_t *)(p))
+#define QBROADCAST(p) _mm256_set1_epi32(qgroup(p))
 #define QMADD(acc, x, w) _mm256_add_epi32((acc), _mm256_madd_epi16((x), (w)))
 #define QSTORE(p, v) _mm256_storeu_si256((__m256i *)(p), (v))
 #else
@@ -80,16 +91,16 @@ static inline qvec qbroadcast(const int16_t *p)
 #define QUNROLL _Pragma("GCC unroll 16")
 
 typedef struct {
-    const int16_t *x;            /* (N, H, W, channels) centred inputs */
-    ptrdiff_t height, width, channels;  /* channels: even */
-    const int16_t *weight;       /* packed, see above */
+    const void *x;               /* (N, H, W, channels): int16 centred inputs, or uint8 (see qconv2d_u8_nhwc) */
+    ptrdiff_t height, width, channels;  /* channels: a whole number of groups (2 int16 or 4 uint8) */
+    const void *weight;          /* packed, see above: int16 pairs or int8 quads */
     ptrdiff_t kernel_h, kernel_w, out_channels, padded_channels;
     const int64_t *bias, *multiplier, *shift;  /* (out_channels,) each */
     int64_t zero_point, low, high;
     void *y;                     /* (N, OH, OW, out_channels) of out_bytes each */
     ptrdiff_t out_bytes;
     ptrdiff_t out_h, out_w, stride_h, stride_w, pad_top, pad_left, dilation_h, dilation_w;
-    const int16_t *zeros;        /* channels zeros: what a tap in the padding reads */
+    const void *zeros;           /* what a tap in the padding reads: a row of channels centred zeros */
 } QConv;
 
 /* One finished value, as fixed_point.requantize and requantize.c compute it. */
@@ -141,33 +152,35 @@ static inline void qfinish(const QConv *c, ptrdiff_t pixel, ptrdiff_t first, ptr
     }
 }
 
-/* A register block: `pixels` (<= QPIXELS) output pixels of one output row, VECS vectors of channels. */
-#define QBLOCK(VECS)                                                                                            \
-    static void qblock_##VECS(const QConv *c, ptrdiff_t n, ptrdiff_t oh, ptrdiff_t ow0, ptrdiff_t pixels,       \
-                              const int16_t *slab, ptrdiff_t first)                                              \
+/* A register block: `pixels` (<= QPIXELS) output pixels of one output row, VECS vectors of channels. A group
+ * is the 4 bytes one multiply-add step takes from each input pixel: 2 int16 inputs, or 4 uint8 ones. */
+#define QBLOCK(NAME, VECS, XBYTES, MADD)                                                                         \
+    static void NAME##_##VECS(const QConv *c, ptrdiff_t n, ptrdiff_t oh, ptrdiff_t ow0, ptrdiff_t pixels,       \
+                              const char *slab, ptrdiff_t first)                                                 \
     {                                                                                                            \
         qvec acc[QPIXELS][VECS];                                                                                 \
         QUNROLL for (int p = 0; p < QPIXELS; p++) QUNROLL for (int v = 0; v < VECS; v++) acc[p][v] = QZERO();    \
-        ptrdiff_t pairs = c->channels / 2, width = VECS * QLANES;                                                \
+        ptrdiff_t groups = c->channels * (XBYTES) / 4, width = VECS * QLANES;                                    \
+        const char *x = (const char *)c->x;                                                                      \
         for (ptrdiff_t kh = 0; kh < c->kernel_h; kh++) {                                                         \
             ptrdiff_t ih = oh * c->stride_h - c->pad_top + kh * c->dilation_h;                                   \
             int row_inside = ih >= 0 && ih < c->height;                                                          \
             for (ptrdiff_t kw = 0; kw < c->kernel_w; kw++) {                                                     \
-                const int16_t *in[QPIXELS];                                                                      \
+                const char *in[QPIXELS];                                                                         \
                 QUNROLL for (int p = 0; p < QPIXELS; p++) {                                                      \
                     ptrdiff_t ow = ow0 + (p < pixels ? p : pixels - 1);                                          \
                     ptrdiff_t iw = ow * c->stride_w - c->pad_left + kw * c->dilation_w;                          \
                     in[p] = row_inside && iw >= 0 && iw < c->width                                               \
-                                ? c->x + ((n * c->height + ih) * c->width + iw) * c->channels                    \
-                                : c->zeros;                                                                      \
+                                ? x + ((n * c->height + ih) * c->width + iw) * c->channels * (XBYTES)            \
+                                : (const char *)c->zeros;                                                        \
                 }                                                                                                \
-                const int16_t *w = slab + (kh * c->kernel_w + kw) * pairs * width * 2;                           \
-                for (ptrdiff_t pair = 0; pair < pairs; pair++, w += width * 2) {                                 \
+                const char *w = slab + (kh * c->kernel_w + kw) * groups * width * 4;                             \
+                for (ptrdiff_t group = 0; group < groups; group++, w += width * 4) {                             \
                     qvec weights[VECS];                                                                          \
-                    QUNROLL for (int v = 0; v < VECS; v++) weights[v] = QLOAD(w + v * QLANES * 2);               \
+                    QUNROLL for (int v = 0; v < VECS; v++) weights[v] = QLOAD(w + v * QLANES * 4);               \
                     QUNROLL for (int p = 0; p < QPIXELS; p++) {                                                  \
-                        qvec x = QBROADCAST(in[p] + 2 * pair);                                                   \
-                        QUNROLL for (int v = 0; v < VECS; v++) acc[p][v] = QMADD(acc[p][v], x, weights[v]);      \
+                        qvec inputs = QBROADCAST(in[p] + 4 * group);                                             \
+                        QUNROLL for (int v = 0; v < VECS; v++) acc[p][v] = MADD(acc[p][v], inputs, weights[v]);  \
                     }                                                                                            \
                 }                                                                                                \
             }                                                                                                    \
@@ -179,33 +192,55 @@ static inline void qfinish(const QConv *c, ptrdiff_t pixel, ptrdiff_t first, ptr
             qfinish(c, (n * c->out_h + oh) * c->out_w + ow0 + p, first, count, sums);                            \
         }                                                                                                        \
     }
-QBLOCK(1)
-QBLOCK(2)
-QBLOCK(3)
-QBLOCK(4)
 
-/* Output rows row0 .. row1 - 1 of the (N * OH) rows: the unit the caller splits among threads. */
-void qconv2d_nhwc(const QConv *c, ptrdiff_t row0, ptrdiff_t row1)
-{
-    ptrdiff_t taps = c->kernel_h * c->kernel_w * (c->channels / 2) * 2;
-    for (ptrdiff_t row = row0; row < row1; row++) {
-        ptrdiff_t n = row / c->out_h, oh = row % c->out_h;
-        for (ptrdiff_t first = 0; first < c->padded_channels; first += QBLOCK_VECS * QLANES) {
-            ptrdiff_t vecs = (c->padded_channels - first) / QLANES;
-            vecs = vecs < QBLOCK_VECS ? vecs : QBLOCK_VECS;
-            const int16_t *slab = c->weight + taps * first;
-            for (ptrdiff_t ow = 0; ow < c->out_w; ow += QPIXELS) {
-                ptrdiff_t pixels = c->out_w - ow < QPIXELS ? c->out_w - ow : QPIXELS;
-                switch (vecs) {
-                case 1: qblock_1(c, n, oh, ow, pixels, slab, first); break;
-                case 2: qblock_2(c, n, oh, ow, pixels, slab, first); break;
-                case 3: qblock_3(c, n, oh, ow, pixels, slab, first); break;
-                default: qblock_4(c, n, oh, ow, pixels, slab, first); break;
-                }
-            }
-        }
+/* Output rows row0 .. row1 - 1 of the (N * OH) rows (the unit the caller splits among threads), by the
+ * register blocks NAME_1 .. NAME_4. */
+#define QCONV(NAME, BLOCK, XBYTES)                                                                               \
+    void NAME(const QConv *c, ptrdiff_t row0, ptrdiff_t row1)                                                    \
+    {                                                                                                            \
+        ptrdiff_t slab_bytes = c->kernel_h * c->kernel_w * c->channels * (XBYTES); /* per output channel */     \
+        for (ptrdiff_t row = row0; row < row1; row++) {                                                          \
+            ptrdiff_t n = row / c->out_h, oh = row % c->out_h;                                                   \
+            for (ptrdiff_t first = 0; first < c->padded_channels; first += QBLOCK_VECS * QLANES) {               \
+                ptrdiff_t vecs = (c->padded_channels - first) / QLANES;                                          \
+                vecs = vecs < QBLOCK_VECS ? vecs : QBLOCK_VECS;                                                  \
+                const char *slab = (const char *)c->weight + slab_bytes * first;                                 \
+                for (ptrdiff_t ow = 0; ow < c->out_w; ow += QPIXELS) {                                           \
+                    ptrdiff_t pixels = c->out_w - ow < QPIXELS ? c->out_w - ow : QPIXELS;                        \
+                    switch (vecs) {                                                                              \
+                    case 1: BLOCK##_1(c, n, oh, ow, pixels, slab, first); break;                                 \
+                    case 2: BLOCK##_2(c, n, oh, ow, pixels, slab, first); break;                                 \
+                    case 3: BLOCK##_3(c, n, oh, ow, pixels, slab, first); break;                                 \
+                    default: BLOCK##_4(c, n, oh, ow, pixels, slab, first); break;                                \
+                    }                                                                                            \
+                }                                                                                                \
+            }                                                                                                    \
+        }                                                                                                        \
     }
-}
+
+QBLOCK(qblock, 1, 2, QMADD)
+QBLOCK(qblock, 2, 2, QMADD)
+QBLOCK(qblock, 3, 2, QMADD)
+QBLOCK(qblock, 4, 2, QMADD)
+QCONV(qconv2d_nhwc, qblock, 2)
+
+/* u8 x s8 with VNNI's vpdpbusd: four products a step, twice vpdpwssd's. x holds uint8 values u, the padding
+ * row a pad value p with u - p = q - zero_point for every input (int8 storage: u = q + 128, p = zero_point +
+ * 128; uint8: u = q, p = zero_point), so sum (u - p) w is the conv; the caller folds - p sum w into the bias.
+ * The packed weight's groups are int8 quads of input channels (channels a multiple of 4): a slab has the
+ * int16 path's bytes. The sums of u w must stay below 2^31 (the caller checks 255 sum |w| + |bias|). */
+#if defined(__AVX512VNNI__)
+#define QMADD_U8(acc, x, w) _mm512_dpbusd_epi32((acc), (x), (w))
+QBLOCK(qblock_u8, 1, 1, QMADD_U8)
+QBLOCK(qblock_u8, 2, 1, QMADD_U8)
+QBLOCK(qblock_u8, 3, 1, QMADD_U8)
+QBLOCK(qblock_u8, 4, 1, QMADD_U8)
+QCONV(qconv2d_u8_nhwc, qblock_u8, 1)
+int qconv_u8_available(void) { return 1; }
+#else
+void qconv2d_u8_nhwc(const QConv *c, ptrdiff_t row0, ptrdiff_t row1) { (void)c; (void)row0; (void)row1; }
+int qconv_u8_available(void) { return 0; }
+#endif
 
 /* The number of int32 lanes of this build's vectors: the packed weight's unit of output channels. */
 ptrdiff_t qconv_lanes(void) { return QLANES; }

@@ -78,9 +78,15 @@ class QWeighted(QLayer):
         if (native is None or native.integer is None or np.dtype(source.storage).itemsize != 1
                 or self.weight.dtype.itemsize != 1 or storage.itemsize not in (1, 2, 4)):
             return None
-        packed, weight_sums = self._packed
-        if np.max(np.abs(self.bias.astype(np.int64)) + weight_sums * (source.qmax - source.qmin)) > INT32_MAX:
+        bias, magnitudes = np.abs(self.bias.astype(np.int64)), self._weight_magnitudes
+        if np.max(bias + magnitudes * (source.qmax - source.qmin)) > INT32_MAX:
             return None
+        packed = self._packing(2)
+        if native.integer.quads and np.dtype(source.storage) in (np.dtype(np.int8), np.dtype(np.uint8)):
+            quads = self._packing(4)  # the uint8 x int8 kernel sums u w with u up to 255, and takes p sum w off the bias
+            pad = int(source.zero_point) + (128 if np.dtype(source.storage) == np.int8 else 0)
+            if np.max(np.abs(self.bias.astype(np.int64) - pad * quads.sums) + 255 * magnitudes) <= INT32_MAX:
+                packed = quads
         channels = len(self.bias)
         requantization = Requantization(
             np.ascontiguousarray(self.bias, np.int64),
@@ -90,13 +96,19 @@ class QWeighted(QLayer):
                                    storage, layer_thread_count())
 
     @functools.cached_property
-    def _packed(self) -> tuple[PackedQWeight, np.ndarray]:
-        """The weight packed for qconv.c and each output channel's sum of |w|, made once per layer."""
-        native = native_conv()
-        assert native is not None and native.integer is not None
+    def _weight_magnitudes(self) -> np.ndarray:
+        """Each output channel's sum of |w| (int64): the accumulator's bound per unit of input."""
         weight = self.conv_weight()
-        sums = np.abs(weight.astype(np.int64)).reshape(len(weight), -1).sum(axis=1)
-        return native.integer.pack(weight), sums
+        return np.abs(weight.astype(np.int64)).reshape(len(weight), -1).sum(axis=1)
+
+    def _packing(self, group: int) -> PackedQWeight:
+        """The weight packed for qconv.c in groups of `group` input channels, made once per layer."""
+        packs = self.__dict__.setdefault("_packs", {})
+        if group not in packs:
+            native = native_conv()
+            assert native is not None and native.integer is not None
+            packs[group] = native.integer.pack(self.conv_weight(), group)
+        return packs[group]
 
     def run(self, inputs: list[np.ndarray], graph: QGraph, trace: Trace | None) -> list[np.ndarray]:
         """qconv.c where it takes the layer (no trace wanted: the compiled conv keeps no accumulator), else numpy."""
