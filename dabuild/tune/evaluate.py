@@ -38,7 +38,7 @@ from dabuild.quant.reference import quantize_input, run_integer, run_quantized
 from dabuild.tune.metric import Metric, load_metric
 
 
-TRACED_BATCH = 8  # samples per batch when every intermediate is kept (a ResNet-50 image's take ~0.1 GB)
+TRACED_BATCH = 8  # samples per batch when every integer intermediate is kept (a ResNet-50 image's take ~30 MB)
 
 
 @dataclass(frozen=True)
@@ -145,26 +145,33 @@ class Evaluator:
     def node_errors(self, config: QuantConfig) -> dict[str, float]:
         """Per node, the relative MSE of its output under `config` against the float graph's.
 
-        One run of each graph with every intermediate kept: how far quantization
-        has pushed each node's output, the ranking the sensitivity-driven
-        strategies fall back by, at the cost of one inference and no trial.
-        Batches of at most TRACED_BATCH samples bound the memory every
-        intermediate of both graphs takes.
+        One run of each graph: how far quantization has pushed each node's
+        output, the ranking the sensitivity-driven strategies fall back by (and
+        the tuning report's table), at the cost of one inference and no trial.
+        The integer run keeps its (compact, integer) intermediates; the float
+        run compares each node's output as it appears and frees it after its
+        last reader, so a batch of TRACED_BATCH samples holds the integer
+        intermediates and the float tensors alive at one node, not every float
+        intermediate.
         """
         qgraph = self.quantize(config)
-        errors: dict[str, list[float]] = {}
+        errors: dict[str, list[float]] = {node.name: [] for node in self.graph.nodes}
+        producer = {node.outputs[0]: node.name for node in self.graph.nodes}
         for x in self._batches(min(self.batch_size, TRACED_BATCH)):
-            reference = self.interpreter.run({self.input: x}, keep_intermediates=True)
-            quantized = run_integer(qgraph, quantize_input(qgraph, x), keep_intermediates=True)
-            for node in self.graph.nodes:
-                tensor = node.outputs[0]
-                if tensor not in quantized or tensor not in reference:
-                    continue
+            with layer_threads(self.threads):  # outputs only: the compiled layers run, keeping no accumulator
+                quantized = run_integer(qgraph, quantize_input(qgraph, x), keep_intermediates=True,
+                                        accumulators=False)
+
+            def compare(tensor: str, reference: np.ndarray) -> None:
+                if tensor not in producer or tensor not in quantized:
+                    return
                 value = quantized[tensor]
                 if np.issubdtype(value.dtype, np.integer) and tensor in qgraph.tensors:
                     value = qgraph.tensors[tensor].params.dequantize(value)
-                errors.setdefault(node.name, []).append(relative_mse(value, reference[tensor]) * len(x))
-        return {name: float(sum(parts) / len(self.setup.x)) for name, parts in errors.items()}
+                errors[producer[tensor]].append(relative_mse(value, reference) * len(x))
+
+            self.interpreter.run({self.input: x}, visit=compare)
+        return {name: float(sum(parts) / len(self.setup.x)) for name, parts in errors.items() if parts}
 
 
 _worker: Evaluator | None = None
