@@ -13,6 +13,7 @@ same EvalSetup and scores exactly as the parent would.
 
 from __future__ import annotations
 
+import functools
 import signal
 import threading
 import time
@@ -36,7 +37,6 @@ from dabuild.quant.qgraph import QGraph
 from dabuild.quant.quantize import quantize
 from dabuild.quant.reference import quantize_input, run_integer, run_quantized
 from dabuild.tune.metric import Metric, load_metric
-
 
 TRACED_BATCH = 8  # samples per batch when every integer intermediate is kept (a ResNet-50 image's take ~30 MB)
 
@@ -117,7 +117,7 @@ class Evaluator:
             right += round(self.metric(parts[-1], labels) * len(x))
             scored += len(x)
             bound = (right + total - scored) / total
-            if scored < total and bound < floor:
+            if scored < total and floor is not None and bound < floor:
                 outputs = np.concatenate(parts)
                 return Score(bound, relative_mse(outputs, self.float_outputs[:scored]), time.perf_counter() - start,
                              stopped=True)
@@ -161,17 +161,21 @@ class Evaluator:
             with layer_threads(self.threads):  # outputs only: the compiled layers run, keeping no accumulator
                 quantized = run_integer(qgraph, quantize_input(qgraph, x), keep_intermediates=True,
                                         accumulators=False)
-
-            def compare(tensor: str, reference: np.ndarray) -> None:
-                if tensor not in producer or tensor not in quantized:
-                    return
-                value = quantized[tensor]
-                if np.issubdtype(value.dtype, np.integer) and tensor in qgraph.tensors:
-                    value = qgraph.tensors[tensor].params.dequantize(value)
-                errors[producer[tensor]].append(relative_mse(value, reference) * len(x))
-
+            compare = functools.partial(_add_node_error, errors, producer, qgraph, quantized, len(x))
             self.interpreter.run({self.input: x}, visit=compare)
         return {name: float(sum(parts) / len(self.setup.x)) for name, parts in errors.items() if parts}
+
+
+def _add_node_error(errors: dict[str, list[float]], producer: dict[str, str], qgraph: QGraph,
+                    quantized: dict[str, np.ndarray], count: int, tensor: str, reference: np.ndarray) -> None:
+    """Append the error of the integer run's `tensor` against the float run's (`reference`, as the interpreter
+    visits it) to its producer's list, weighted by the `count` samples of the batch."""
+    if tensor not in producer or tensor not in quantized:
+        return
+    value = quantized[tensor]
+    if np.issubdtype(value.dtype, np.integer) and tensor in qgraph.tensors:
+        value = qgraph.tensors[tensor].params.dequantize(value)
+    errors[producer[tensor]].append(relative_mse(value, reference) * count)
 
 
 _worker: Evaluator | None = None
@@ -180,7 +184,7 @@ _worker: Evaluator | None = None
 def _start_worker(source: Evaluator | EvalSetup, threads: int) -> None:
     """The worker's Evaluator: the parent's own when forked, else built from its setup; its layers split
     among `threads` (its share of the cores)."""
-    global _worker
+    global _worker  # noqa: PLW0603 - the pool initializer sets the per-process evaluator
     if isinstance(source, EvalSetup):
         source = Evaluator(replace(source, threads=threads))
     source.threads = threads

@@ -20,7 +20,7 @@ def forget_pool_after_fork(owner: object) -> None:
 
 def _forget_pools() -> None:
     for owner in list(_OWNERS):
-        owner._pool = None  # type: ignore[attr-defined]  # every registered owner keeps its pool there
+        owner._pool = None  # every registered owner keeps its pool there
 
 
 if hasattr(os, "register_at_fork"):

@@ -36,7 +36,7 @@ from dabuild.quant.dtypes import accumulator_max
 from dabuild.quant.fixed_point import INT32_MAX, accumulator_trace, quantize_multiplier, requantize, round_half_away
 from dabuild.quant.layers.elementwise import lookup_layer
 from dabuild.quant.layers.fallback import lower_float_weighted
-from dabuild.quant.lowering import Lowering, lowers, quantize_weight
+from dabuild.quant.lowering import Lowering, lowers
 from dabuild.quant.qgraph import QGraph, QLayer, Trace, layer_type
 
 PER_CHANNEL_MINMAX = QuantChoice("int8", "sym", "per_channel", "minmax")
@@ -87,11 +87,11 @@ class QWeighted(QLayer):
             pad = int(source.zero_point) + (128 if np.dtype(source.storage) == np.int8 else 0)
             if np.max(np.abs(self.bias.astype(np.int64) - pad * quads.sums) + 255 * magnitudes) <= INT32_MAX:
                 packed = quads
-        channels = len(self.bias)
-        requantization = Requantization(
-            np.ascontiguousarray(self.bias, np.int64),
-            *(np.ascontiguousarray(np.broadcast_to(v.astype(np.int64), channels)) for v in (self.multiplier, self.shift)),
-            int(target.zero_point), self.output_min, self.output_max)
+        def per_channel(values: np.ndarray) -> np.ndarray:
+            return np.ascontiguousarray(np.broadcast_to(values.astype(np.int64), len(self.bias)))
+
+        requantization = Requantization(per_channel(self.bias), per_channel(self.multiplier), per_channel(self.shift),
+                                        int(target.zero_point), self.output_min, self.output_max)
         return native.integer.conv(x, int(source.zero_point), packed, requantization, strides, pads, dilations, out,
                                    storage, layer_thread_count())
 
@@ -344,5 +344,5 @@ def lower_batch_norm(ctx: Lowering) -> list[QLayer]:
     spatial = rank - 2
     weight = multiplier.reshape(-1, 1, *[1] * spatial)
     geometry = {"strides": [1] * spatial, "pads": [0] * (2 * spatial), "dilations": [1] * spatial,
-                "groups": int(len(multiplier))}
+                "groups": len(multiplier)}
     return _weighted_layers(ctx, QConv, weight, offset, PER_CHANNEL_MINMAX, 0, geometry)
