@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dabuild.ir.kernels.forking import forget_pool_after_fork
+from dabuild.ir.kernels.forking import forget_pool_after_fork, split_rows
 
 BLOCK_VECTORS = 4  # vectors of output channels per packed weight block (qconv.c's QBLOCK_VECS)
 PARALLEL_MACS = 2_000_000  # a conv with fewer multiply-adds runs on one thread
@@ -132,17 +132,7 @@ class NativeInteger:
         rows = batch * out[0]
         macs = y.size * kernel_h * kernel_w * channels
         parts = min(threads, rows) if macs >= PARALLEL_MACS else 1
-        if parts <= 1:
-            kernel(ctypes.byref(call), 0, rows)  # ctypes releases the GIL for the call
-            return y
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(parts - 1, thread_name_prefix="dabuild-qconv")
-        bounds = [rows * part // parts for part in range(parts + 1)]
-        others = [self._pool.submit(kernel, ctypes.byref(call), low, high)
-                  for low, high in zip(bounds[1:-1], bounds[2:])]
-        kernel(ctypes.byref(call), 0, bounds[1])  # this thread takes the first rows
-        for future in others:
-            future.result()
+        split_rows(self, kernel, ctypes.byref(call), rows, parts, max(1, parts - 1), "dabuild-qconv")
         return y
 
     def add_lookup(self, a: np.ndarray, b: np.ndarray, table: np.ndarray) -> np.ndarray:

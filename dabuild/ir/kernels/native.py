@@ -48,7 +48,7 @@ from typing import Any
 
 import numpy as np
 
-from dabuild.ir.kernels.forking import forget_pool_after_fork
+from dabuild.ir.kernels.forking import forget_pool_after_fork, split_rows
 from dabuild.ir.kernels.integer import NativeInteger
 from dabuild.notices import warn
 
@@ -150,17 +150,7 @@ class NativeConv:
         rows = batch * out[0]
         macs = y.size * kernel_h * kernel_w * (1 if weight.depthwise else channels)
         parts = min(getattr(_LAYER_THREADS, "count", 1), rows) if macs >= PARALLEL_MACS else 1
-        if parts <= 1:
-            function(ctypes.byref(call), 0, rows)  # ctypes releases the GIL for the call
-            return y
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(max(1, available_cores() - 1), thread_name_prefix="dabuild-conv")
-        bounds = [rows * part // parts for part in range(parts + 1)]
-        others = [self._pool.submit(function, ctypes.byref(call), low, high)
-                  for low, high in zip(bounds[1:-1], bounds[2:])]
-        function(ctypes.byref(call), 0, bounds[1])  # this thread takes the first rows
-        for future in others:
-            future.result()
+        split_rows(self, function, ctypes.byref(call), rows, parts, max(1, available_cores() - 1), "dabuild-conv")
         return y
 
 
