@@ -217,6 +217,11 @@ def _print_summary(summary: dict, elapsed: float) -> None:
         metric = report.get("metric")
         delivered = f" {metric['artifact']:.4f} in its runtime;" if metric else ""
         not_run = "".join(f"; NOT RUN: {part}" for part in report.get("not_run", []))
+        proof = report.get("layer_by_layer")
+        if proof:  # the outputs drifted: the samples that disagree were proven layer by layer
+            error = report["max_abs_err"]  # null when not finite
+            drift = "non-finite" if error is None else f"{error / report['output_params']['scale']:.3g} steps"
+            verdict += f" layer by layer ({proof['samples']} samples; end to end up to {drift})"
         print(
             f"  check:{target}: {report.get('tolerance')} {verdict} on {report.get('samples')} samples{not_run};"
             f"{delivered} artifact {report['artifact']}"

@@ -20,10 +20,11 @@ from onnx import numpy_helper  # noqa: E402
 from test_pipeline import build, executed  # noqa: E402
 
 from dabuild.capability import load_capability  # noqa: E402
+from dabuild.cli import _print_summary  # noqa: E402
 from dabuild.errors import BuildError, CheckError  # noqa: E402
 from dabuild.ir import Graph, Node, TensorSpec  # noqa: E402
 from dabuild.progress import Progress  # noqa: E402
-from dabuild.quant.calibrate import calibrate  # noqa: E402
+from dabuild.quant.calibrate import Stats, calibrate  # noqa: E402
 from dabuild.quant.config import NodeConfig, QuantConfig, default_config  # noqa: E402
 from dabuild.quant.qgraph import QGraph  # noqa: E402
 from dabuild.quant.quantize import quantize  # noqa: E402
@@ -135,10 +136,13 @@ def test_small_cnn_exports_as_checked_qdq_within_one_step(tmp_path: Path, opset:
         actual = target.run(artifact, batch, tmp_path)
         steps = np.abs(actual - run_quantized(qgraph, batch)) / qgraph.output_params.scale
         assert actual.shape == (len(batch), 10) and steps.max() <= 1 + 1e-6
-    # The trace: every activation's integers, within a step of the integer reference's.
+    # The trace: every activation's integers, within a step of the integer reference's; the output as the
+    # model returns it (its real values, the same as `run`'s).
     trace = target.trace(artifact, x[:40], tmp_path)
     reference = run_integer(qgraph, quantize_input(qgraph, x[:40]), keep_intermediates=True)
     assert set(trace) == set(qgraph.tensors) - set(qgraph.constants)
+    output = trace.pop(qgraph.output)
+    assert output.dtype == np.float32 and np.array_equal(output, target.run(artifact, x[:40], tmp_path))
     for name, values in trace.items():
         assert values.dtype == np.int8 and np.abs(values.astype(int) - reference[name]).max() <= 1, name
     out_dir = tmp_path / "check"
@@ -253,6 +257,11 @@ def test_a_perturbed_weight_fails_check_naming_the_layer_and_a_reproducible_bund
     message = str(failure.value)
     assert "outside tolerance 'approximate'" in message and "fake-quant reference" in message
     assert "first diverging layer 'pointwise' (tensor 'c3')" in message
+    # Proven layer by layer on onnxruntime's own values, the perturbed layer is the one found.
+    assert "layer by layer, layer 'pointwise' (tensor 'c3')" in message and "given the runtime's own inputs" in message
+    report = strict_json(out_dir / "report.json")
+    assert report["ok"] is False and report["proof"] == "layer by layer"
+    assert report["layer_by_layer"]["first_failure"].startswith("layer 'pointwise'")
     bundle = Path(re.search(r"debug bundle: (\S+)$", message).group(1))
     assert bundle.parent == bundles
     for name in ("inputs.npy", "inputs.bin", "expected.npy", "actual.npy", "reference_trace.npz", "target_trace.npz",
@@ -276,6 +285,75 @@ def test_a_perturbed_weight_fails_check_naming_the_layer_and_a_reproducible_bund
     (bundle / "artifact" / MODEL_FILE).write_bytes(pristine)
     rerun = subprocess.run(["sh", str(bundle / "run.sh")], check=False, capture_output=True, text=True, env=env)
     assert rerun.returncode == 0 and "outputs match the reference" in rerun.stdout, rerun.stderr
+
+
+def strict_json(path: Path) -> dict:
+    """A report read as strict JSON: Infinity and NaN are not JSON."""
+    def refuse(constant: str) -> None:
+        raise AssertionError(f"{path} holds {constant}, which is not JSON")
+
+    return json.loads(path.read_text(), parse_constant=refuse)
+
+
+def power_of_two_chain(blocks: int, width: int = 16) -> QGraph:
+    """h = h + dense(h) `blocks` times, every activation at scale 0.02 and every weight at 1/64: each dense
+    requantizes by exactly 1/64, so about one value in 64 is a tie, which the integer reference rounds away
+    from zero and onnxruntime to even. Each layer stays within a step; the chain carries the steps on."""
+    rng = np.random.default_rng(0)
+    nodes, constants, ranges, h = [], {}, {"x": (-2.56, 2.54)}, "x"
+    for i in range(blocks):
+        weight = np.clip(np.round(rng.normal(0, 0.1, (width, width)) * 64), -127, 127)
+        weight.flat[0] = 127  # the largest |w| sets the scale: 127/64 / 127
+        constants[f"w{i}"], constants[f"b{i}"] = weight / 64, np.zeros(width)
+        nodes += [Node(f"dense{i}", "dense", [h, f"w{i}", f"b{i}"], [f"d{i}"], {}),
+                  Node(f"add{i}", "add", [h, f"d{i}"], [f"h{i}"], {})]
+        ranges[f"d{i}"] = ranges[f"h{i}"] = (-2.56, 2.54)
+        h = f"h{i}"
+    graph = Graph([TensorSpec("x", (None, width))], [h], nodes,
+                  {name: np.asarray(value, np.float32) for name, value in constants.items()})
+    return quantize(graph, Stats(ranges=ranges), default_config(graph, CAPABILITY))
+
+
+def test_rounding_drift_through_a_residual_chain_is_proven_layer_by_layer(tmp_path: Path,
+                                                                         capsys: pytest.CaptureFixture) -> None:
+    qgraph = power_of_two_chain(8)
+    artifact = export(qgraph, tmp_path / "artifact")
+    x = np.random.default_rng(1).normal(0, 0.7, (200, 16)).astype(np.float32)
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    report = check_stage(OnnxTarget(), qgraph, artifact, x, None, out_dir, tmp_path / "debug", Progress.silent())
+    assert report == strict_json(out_dir / "report.json")
+    step = qgraph.output_params.scale
+    assert report["ok"] and report["proof"] == "layer by layer" and report["max_abs_err"] >= 2 * step
+    proof = report["layer_by_layer"]
+    assert proof["ok"] and proof["first_failure"] is None and proof["max_steps"] == 1.0
+    assert proof["layers"] == 2 * 8 + 1 and 0 < proof["samples"] < len(x)  # every layer and the input; the drifted
+    assert not (tmp_path / "debug").exists()
+    summary = {"recipe": "chain", "counts": {"executed": 1, "restored from cache": 0, "up to date": 0}, "metrics": {},
+               "checks": {"ort": {**report, "artifact": "build/chain/export-ort"}}}
+    _print_summary(summary, 1.0)
+    drift = report["max_abs_err"] / step
+    assert (f"check:ort: approximate passed layer by layer ({proof['samples']} samples; end to end up to {drift:.3g} "
+            "steps) on 200 samples;") in capsys.readouterr().out
+
+
+def test_a_failing_check_writes_strict_json_when_outputs_are_not_finite(tmp_path: Path) -> None:
+    qgraph = lower(small_cnn())
+    artifact = export(qgraph, tmp_path / "artifact")
+    model = onnx.load(str(artifact / MODEL_FILE))
+    output = next(node for node in model.graph.node if node.output[0] == qgraph.output)  # its DequantizeLinear
+    model.graph.initializer.append(numpy_helper.from_array(np.array(np.inf, np.float32), "infinite"))
+    output.input[1] = "infinite"
+    (artifact / MODEL_FILE).write_bytes(model.SerializeToString())
+    out_dir, bundles = tmp_path / "out", tmp_path / "debug"
+    out_dir.mkdir()
+    with pytest.raises(CheckError, match="layer by layer, layer 'soft'") as failure:
+        check_stage(OnnxTarget(), qgraph, artifact, DATA["x_test"][:40], None, out_dir, bundles, Progress.silent())
+    report = strict_json(out_dir / "report.json")
+    assert report["ok"] is False and report["max_abs_err"] is None and report["max_rel_err"] is None
+    assert report["layer_by_layer"]["max_steps"] is None
+    bundle = Path(re.search(r"debug bundle: (\S+)$", str(failure.value)).group(1))
+    assert strict_json(bundle / "report.json")["ok"] is False
 
 
 def test_a_layer_without_a_qdq_writer_is_named(tmp_path: Path) -> None:

@@ -53,8 +53,8 @@ def _finite(value: float) -> float | None:
     return value if np.isfinite(value) else None
 
 
-def compare(expected: np.ndarray, actual: np.ndarray, level: str, scale: float | None = None) -> Comparison:
-    """Compare two equally shaped arrays at `level`; `scale` is the quantization step of quantized outputs."""
+def outside(expected: np.ndarray, actual: np.ndarray, level: str, scale: float | None = None) -> np.ndarray:
+    """Which elements of two equally shaped arrays differ beyond `level` (NaN where both are NaN agrees)."""
     tolerance = LEVELS[level]
     expected = np.asarray(expected, dtype=np.float64)
     actual = np.asarray(actual, dtype=np.float64)
@@ -65,10 +65,18 @@ def compare(expected: np.ndarray, actual: np.ndarray, level: str, scale: float |
         atol = tolerance.atol_steps * scale * (1 + 1e-9)  # slack for the rounding of dequantized values
     both_nan = np.isnan(expected) & np.isnan(actual)
     error = np.where(both_nan, 0.0, np.abs(actual - expected))
-    bad = ~(error <= atol + tolerance.rtol * np.abs(expected)) & ~both_nan
+    return ~(error <= atol + tolerance.rtol * np.abs(expected)) & ~both_nan
+
+
+def compare(expected: np.ndarray, actual: np.ndarray, level: str, scale: float | None = None) -> Comparison:
+    """Compare two equally shaped arrays at `level`; `scale` is the quantization step of quantized outputs."""
+    bad = outside(expected, actual, level, scale)
+    expected = np.asarray(expected, dtype=np.float64)
+    actual = np.asarray(actual, dtype=np.float64)
+    error = np.where(np.isnan(expected) & np.isnan(actual), 0.0, np.abs(actual - expected))
     relative = np.where(error == 0, 0.0, error / np.maximum(np.abs(expected), np.finfo(np.float64).tiny))
     count = int(bad.sum())
     fraction = count / bad.size if bad.size else 0.0
     first = tuple(int(i) for i in np.unravel_index(int(np.argmax(bad)), bad.shape)) if count else None
-    return Comparison(level, fraction <= tolerance.outliers, float(np.max(error, initial=0.0)),
+    return Comparison(level, fraction <= LEVELS[level].outliers, float(np.max(error, initial=0.0)),
                       float(np.max(relative, initial=0.0)), count, fraction, first)

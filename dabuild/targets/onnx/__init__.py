@@ -4,7 +4,9 @@ The artifact is one file, model.onnx (see `qdq` for its form). It takes the
 float input and returns the float output, quantizing inside, so `check`
 compares it with dabuild's fake-quant reference (`run_quantized`) at the
 `approximate` level: onnxruntime's float requantization rounds differently
-from the integer reference's fixed point by at most a step here and there.
+from the integer reference's fixed point by at most a step here and there,
+and where that drifts further through a deep net, check proves the samples
+that disagree layer by layer on onnxruntime's own values (`trace`).
 
 onnx and onnxruntime are an extra (`pip install dabuild[onnx]`); they are
 imported only when the target exports, runs or traces, so recipes without
@@ -94,7 +96,8 @@ class OnnxTarget(Target):
         return self._run(str(Path(artifact_dir) / MODEL_FILE), artifact_dir, inputs)[0]
 
     def trace(self, artifact_dir: Path, inputs: np.ndarray, work_dir: Path) -> dict[str, np.ndarray]:
-        """The integers of every quantized tensor, read as extra outputs of a copy of the model.
+        """The integers of every quantized tensor, read as extra outputs of a copy of the model, and the
+        model's output as it returns it (real values: its dequantization is part of what is traced).
 
         Tensors that are graph outputs are not fused away, so onnxruntime runs this copy with its
         QuantizeLinear nodes in place: the values are those of the unfused QDQ path.
@@ -102,9 +105,10 @@ class OnnxTarget(Target):
         onnx = _import("onnx")
         qdq = _import("dabuild.targets.onnx.qdq")
         model = onnx.load(str(Path(artifact_dir) / MODEL_FILE))
-        tensors = qdq.quantized_tensors(model)
+        output = model.graph.output[0].name  # the QGraph's output tensor, dequantized
+        tensors = {tensor: output if tensor == output else name for tensor, name in qdq.quantized_tensors(model).items()}
         inferred = {info.name: info for info in onnx.shape_inference.infer_shapes(model).graph.value_info}
-        model.graph.output.extend(inferred[name] for name in tensors.values())
+        model.graph.output.extend(inferred[name] for name in tensors.values() if name != output)
         values = self._run(model.SerializeToString(), artifact_dir, inputs, list(tensors.values()))
         return dict(zip(tensors, values))
 
