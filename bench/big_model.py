@@ -1,6 +1,6 @@
 """A ResNet-50 build end to end: each stage's time, calibration and trial cost against inference, peak memory.
 
-Builds ResNet-50 (bench/architectures.py, random weights) at 3x224x224 as a
+Builds ResNet-50 (tests/architectures.py's resnet family at full size, random weights) at 3x224x224 as a
 recipe: 512 calibration and 256 evaluation images (random normal pixels; the
 labels are the fp32 model's own top-1 classes, so fp32 accuracy is 1.0),
 strategy basic with max_trials 10 (allow_miss: a missed goal keeps the best
@@ -35,15 +35,17 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the families' one definition
 from architectures import IMAGE, export_onnx
 
 GOALS = {"build": 15 * 60, "calibrate": 1.5, "trial": 2.0, "rss": 2.0, "source": 2.0}
 BUDGET, MEMORY = "DABUILD_MEMORY", "2G"  # the build runs within the memory goal's budget (unless set otherwise)
 
 
-def make_recipe(work: Path, calibration: int, evaluation: int, trials: int, architecture: str = "resnet50") -> Path:
+def make_recipe(work: Path, calibration: int, evaluation: int, trials: int, architecture: str = "resnet") -> Path:
     """model.onnx, data.npz (labels from onnxruntime's fp32 run) and recipe.yaml in `work`; the recipe is named
-    after the architecture (bench/architectures.py), with dashes for underscores."""
+    after the architecture (a family of tests/architectures.py, at full size), with dashes for underscores."""
     import onnxruntime as ort
 
     model = export_onnx(architecture, work / "model.onnx")
@@ -172,7 +174,7 @@ def main() -> None:
               f"max_trials {args.trials}, targets c and onnx, -j {args.jobs}, {os.cpu_count()} cores, "
               f"{BUDGET}={os.environ.get(BUDGET, MEMORY)}", flush=True)
         elapsed, stages, output = build(work, work / "build", args.jobs)
-        build_dir = work / "build" / "resnet50"
+        build_dir = work / "build" / "resnet"
         peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024 / 1e9  # Linux reports KiB
         for stage, seconds in stages.items():
             print(f"  {stage:<22} {seconds:8.1f} s")

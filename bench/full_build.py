@@ -1,6 +1,6 @@
 """Full builds of real-size networks: ResNet-50 and MobileNetV2 at 224x224, c and onnx targets, both checks.
 
-Each architecture of bench/architectures.py (random weights, non-trivial batch-norm statistics) is built as a
+Each architecture (a family of tests/architectures.py at full size; random weights, non-trivial batch-norm statistics) is built as a
 recipe by `dabuild build` in a child process (bench/big_model.py makes the recipe and runs it): 64 calibration
 and 32 evaluation images (random normal pixels, labels the fp32 model's own top-1 classes), int8, strategy basic
 with one trial by default (allow_miss: random weights have no accuracy to keep), targets c (checked `exact`
@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from big_model import build, make_recipe
 
-ARCHITECTURES = ("resnet50", "mobilenet_v2")
+ARCHITECTURES = ("resnet", "mobilenet_v2")  # ResNet-50, MobileNetV2
 TARGETS = {"c": "mcu", "onnx": "ort"}  # target kind -> the name big_model's recipe gives it
 
 
@@ -48,7 +48,7 @@ def check_line(build_dir: Path, kind: str) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("architectures", nargs="*", default=list(ARCHITECTURES),
-                        help=f"names in bench/architectures.py (default: {' '.join(ARCHITECTURES)})")
+                        help=f"family names in tests/architectures.py (default: {' '.join(ARCHITECTURES)})")
     parser.add_argument("--calibration", type=int, default=64)
     parser.add_argument("--evaluation", type=int, default=32)
     parser.add_argument("--trials", type=int, default=1)

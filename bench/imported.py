@@ -7,9 +7,11 @@ its accuracy next to the original runtime's, and the most output steps
 (of the output's quantization scale) by which it differs from dabuild's
 integer reference (goal 0; `approximate` targets may show 1) and from the
 original runtime (goal <= 1). For models with an hdl target, the logic's
-LUTs and latency through dabuild (what the hdl target exports) against the
-same network written directly with da4ml's tracing API (bench/hdl.py's
-`mlp_by_hand`, from the given integer weights and fixed-point types).
+LUTs and latency through dabuild (what the hdl target exports) against da4ml
+directly: for the QONNX MLP the same network written with da4ml's tracing API
+(bench/hdl.py's `mlp_by_hand`, from the given integer weights and fixed-point
+types), for HGQ2 models da4ml's own conversion of the Keras model (hgq2's DAIS
+tracer plugin, `da4ml.converter.trace_model`).
 
 A frontend adds its models by appending an `Imported` row (and, for a new
 original runtime, an entry of tests/imported_models.py's ORIGINAL_RUNTIMES); a
@@ -49,7 +51,7 @@ class Imported:
     recipe: str                                     # folder under recipes/
     original: str                                   # the original file, in the recipe's folder
     runtime: str                                    # a key of imported_models.ORIGINAL_RUNTIMES
-    by_hand: Callable[[QGraph, object], object] | None = None  # (qgraph, HWConfig) -> da4ml CombLogic
+    by_hand: Callable[[QGraph, object, Path], object] | None = None  # (qgraph, HWConfig, original) -> CombLogic
     variant: Callable[[Path], None] | None = None   # rewrites the original file of a copy of the recipe
 
 
@@ -65,10 +67,21 @@ def quantize_static_variant(**options: object) -> Callable[[Path], None]:
     return make
 
 
-def mlp_by_hand(qgraph: QGraph, hwconf: object) -> object:
+def mlp_by_hand(qgraph: QGraph, hwconf: object, original: Path) -> object:
+    """the MLP written with da4ml's tracing API."""
     from hdl import mlp_by_hand as written  # bench/hdl.py: dense layers written with da4ml's tracing API
 
     return written(qgraph, hwconf)
+
+
+def hgq2_by_da4ml(qgraph: QGraph, hwconf: object, original: Path) -> object:
+    """da4ml's own conversion of the HGQ2 model."""
+    from da4ml.converter import trace_model
+    from da4ml.trace import comb_trace
+
+    from dabuild.trace.keras_frontend.loading import load_file
+
+    return comb_trace(*trace_model(load_file(original), hwconf=hwconf))
 
 
 def _variants() -> list[Imported]:
@@ -84,14 +97,15 @@ def _variants() -> list[Imported]:
             weight_type=QuantType.QInt4, per_channel=True)),
         Imported("digits MLP QONNX (Brevitas-style, pot)", "digits-qonnx", "model.onnx", "qonnx", mlp_by_hand),
         Imported("jet MLP Keras (float; dabuild tunes)", "jet-mlp-keras", "model.keras", "keras"),
-        Imported("digits CNN HGQ2 (Keras, given)", "digits-hgq-cnn", "model.keras", "keras"),
+        Imported("jet MLP HGQ2 (Keras, given)", "jet-mlp-hgq", "model.keras", "keras", hgq2_by_da4ml),
+        Imported("digits CNN HGQ2 (Keras, given)", "digits-hgq-cnn", "model.keras", "keras", hgq2_by_da4ml),
     ]
 
 
 MODELS = _variants()
 
 
-def hdl_row(recipe_folder: Path, build: Path, target: str, by_hand: Callable) -> str:
+def hdl_row(recipe_folder: Path, build: Path, target: str, by_hand: Callable, original: Path) -> str:
     """LUTs and latency through dabuild vs da4ml directly, for the hdl target `target`."""
     from dabuild.targets.hdl import HdlTarget
     from dabuild.targets.hdl.program import trace
@@ -103,12 +117,13 @@ def hdl_row(recipe_folder: Path, build: Path, target: str, by_hand: Callable) ->
 
     hwconf = HWConfig(options.adder_size, options.carry_size, options.latency_cutoff)
     qgraph = QGraph.load(build / f"tune-{spec.capability or HdlTarget.capability}" / "qgraph")
-    ours, theirs = trace(qgraph, hwconf), by_hand(qgraph, hwconf)
+    ours, theirs = trace(qgraph, hwconf), by_hand(qgraph, hwconf, original)
     equal = ours.cost == theirs.cost and tuple(ours.latency) == tuple(theirs.latency)
     params = qgraph.input_params
     x = np.random.default_rng(0).integers(params.qmin, params.qmax + 1, (2000, *qgraph.tensors[qgraph.input].shape))
     same = np.array_equal(ours.predict(x * params.scale), theirs.predict(x * params.scale))
-    return (f"    {target}: LUTs dabuild {ours.cost:.1f} vs da4ml directly {theirs.cost:.1f}; latency "
+    peer = (by_hand.__doc__ or "da4ml directly").strip().rstrip(".")
+    return (f"    {target}: LUTs dabuild {ours.cost:.1f} vs {peer} {theirs.cost:.1f}; latency "
             f"{ours.latency[1]:.1f} vs {theirs.latency[1]:.1f} ({'equal' if equal else 'DIFFERENT'}); "
             f"same outputs on 2000 inputs: {'yes' if same else 'NO'}")
 
@@ -139,10 +154,10 @@ def main() -> None:
             print(f"{model.name:40s} {row.target:7s} {row.kind:5s} {row.accuracy:12.4f} {row.original_accuracy:12.4f} "
                   f"{row.steps_vs_reference:12d} {row.steps_vs_original:13d}")
             if row.kind == "hdl" and model.by_hand is not None:
-                notes.append(f"  {model.name}\n{hdl_row(folder, build, row.target, model.by_hand)}")
+                notes.append(f"  {model.name}\n{hdl_row(folder, build, row.target, model.by_hand, folder / model.original)}")
     print("\ngoals: steps vs ref 0 (exact targets; approximate ones may show 1), steps vs orig <= 1")
     if notes:
-        print("hdl logic through dabuild vs written directly with da4ml (goal: equal)")
+        print("hdl logic through dabuild vs da4ml directly (goal: equal)")
         print("\n".join(notes))
 
 

@@ -1,6 +1,7 @@
 """fp32 interpreter speed on real-size networks against onnxruntime, and where the interpreter's time goes.
 
-Exports each model of bench/architectures.py (random weights, 3x224x224) to
+Exports each model of MODELS (tests/architectures.py's families at their published size, random weights,
+3x224x224) to
 ONNX, traces it with dabuild's ONNX frontend and optimises it as the trace
 stage does, then times one image (batch 1) through dabuild's Interpreter and
 through onnxruntime's CPUExecutionProvider on that same .onnx file, both with
@@ -11,12 +12,13 @@ time (`cpu`), which waiting for a core on a loaded machine does not inflate;
 at 2 threads only wall time exists. With --profile, also the interpreter's CPU
 time per op kind (and the five slowest steps with their shapes) at 1 thread.
 
-Usage: python bench/model_speed.py [--models resnet50 ...] [--threads 1 2] [--seconds 4] [--profile]
+Usage: python bench/model_speed.py [--models resnet ...] [--threads 1 2] [--seconds 4] [--profile]
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 import time
 from collections import defaultdict
@@ -25,8 +27,10 @@ from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
-from architectures import ARCHITECTURES, IMAGE, export_onnx
 from threadpoolctl import threadpool_limits
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the families' one definition
+from architectures import IMAGE, export_onnx
 from timing import fastest
 
 from dabuild.ir.graph import Graph
@@ -103,9 +107,13 @@ def compare(name: str, path: Path, graph: Graph, threads_list: list[int], second
                 profile(graph, interpreter, feeds)
 
 
+MODELS = ("resnet", "mobilenet_v2", "squeezenet", "shufflenet", "vgg")  # ResNet-50, MobileNetV2, SqueezeNet 1.1,
+#                                                                         ShuffleNetV2 1.0x, VGG-19
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="+", default=list(ARCHITECTURES), choices=list(ARCHITECTURES))
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--seconds", type=float, default=4.0, help="timed seconds per measurement")
     parser.add_argument("--profile", action="store_true", help="time per op kind at 1 thread")

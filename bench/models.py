@@ -4,7 +4,7 @@ Each family of tests/architectures.py is built at full size with random weights,
 the batch fixed to 1 at opset 17 (as published files have it) in one child process, and measured in another
 that imports no torch, so its peak RSS counts what dabuild holds (a child inherits its parent's peak, so the
 parent loads nothing either): reading and converting the file (trace_model + optimize),
-then one 224x224 image through the interpreter (1 thread), then the same file in onnxruntime (1 thread, all
+then one 224x224 image through the interpreter (1 thread, numpy's BLAS included), then the same file in onnxruntime (1 thread, all
 graph optimisations) on the same image. Times are the fastest of the calls within a short window
 (bench/timing.py); the speed column is dabuild's images per second over onnxruntime's, from this run.
 Families the frontend cannot trace yet say which ops they need.
@@ -22,7 +22,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import warnings
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
@@ -35,20 +34,16 @@ HEADER = ("model", "nodes", "trace s", "dabuild ms/img", "onnxruntime ms/img", "
 
 
 def export(name: str, path: Path) -> None:
-    import torch
-    from architectures import FAMILIES, build
+    from architectures import export_onnx
 
-    family = next(family for family in FAMILIES if family.name == name)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(build(family, full=True), torch.zeros(1, 3, SIDE, SIDE), str(path), opset_version=17,
-                          dynamo=False)
+    export_onnx(name, path, fixed_batch=True)
 
 
 def measure(path: Path, seconds: float) -> dict[str, object]:
     """One model, in this (fresh) process: the row's figures."""
     import numpy as np
     import onnxruntime as ort
+    from threadpoolctl import threadpool_limits
     from timing import fastest
 
     from dabuild.errors import UsageError
@@ -66,8 +61,9 @@ def measure(path: Path, seconds: float) -> dict[str, object]:
     image = np.random.default_rng(0).normal(size=(1, 3, SIDE, SIDE)).astype(np.float32)
     interpreter = Interpreter(graph, threads=1)
     feeds = {graph.inputs[0].name: image}
-    ours = interpreter.run(feeds)[graph.outputs[0]]
-    dabuild_seconds = fastest(lambda: interpreter.run(feeds), seconds)
+    with threadpool_limits(limits=1):  # numpy's BLAS (dense, matmul) on one thread too, as onnxruntime's session
+        ours = interpreter.run(feeds)[graph.outputs[0]]
+        dabuild_seconds = fastest(lambda: interpreter.run(feeds), seconds)
     peak_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # kB on Linux; before onnxruntime loads
     options = ort.SessionOptions()
     options.intra_op_num_threads = options.inter_op_num_threads = 1

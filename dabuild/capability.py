@@ -95,6 +95,9 @@ class CapabilitySpec(BaseModel):
     precisions: list[str] = Field(min_length=1, description="Precisions the backend can run, e.g. [int8].")
     fp32_fallback: bool = Field(default=False, description="Whether the backend runs float islands: nodes kept in float32, with "
                                   "quantize/dequantize at the island's boundary (dabuild.quant.layers.fallback).")
+    float_ops: list[str] | None = Field(
+        default=None, description="The op types a float island may hold (with fp32_fallback); none listed: any op. "
+        "The c target's float kernels run a few (dense, conv, pools, means, elementwise arithmetic, clamps, copies).")
     cost_model: str | None = Field(
         default=None,
         description="A cost estimate of the backend (an entry point of dabuild.cost_models, e.g. da4ml), which "
@@ -124,6 +127,10 @@ class CapabilitySpec(BaseModel):
     def path(self) -> Path | None:
         """The file this capability was read from (None when built in code)."""
         return self._path
+
+    def runs_float(self, op_type: str) -> bool:
+        """Whether a node of `op_type` may be a float island here."""
+        return self.fp32_fallback and (self.float_ops is None or op_type in self.float_ops)
 
     def for_op(self, op_type: str) -> OpCapability:
         """The choices for `op_type`: its own entry, else `default`."""
@@ -215,6 +222,10 @@ def _unknown_names(document: YamlDocument, spec: CapabilitySpec) -> list[Diagnos
     from dabuild.quant.dtypes import type_names
 
     found = []
+    for index, op in enumerate(spec.float_ops or []):
+        if op not in OPS:
+            message = unknown_name_message("op type", op, OPS.names()).replace("; available:", "; IR op types:")
+            found.append(document.diagnostic(("float_ops", index), message))
     for op, capability in spec.ops.items():
         if op != "default" and op not in OPS:
             message = unknown_name_message("op type", op, OPS.names()).replace("; available:", "; IR op types:")

@@ -526,9 +526,17 @@ def _check_objective(document: YamlDocument, objective: str | None, targets: lis
 
 def _check_float_islands(document: YamlDocument, space: SpaceNarrowing, targets: list[TargetSpec],
                          resolved: list[tuple[dict, str, Tolerance]], capabilities: dict[str, CapabilitySpec]) -> list[Diagnostic]:
-    """A dtype list naming fp32 asks for float islands: every tuned capability must run them."""
-    without = [(target.name, capability) for target, (_, capability, _) in zip(targets, resolved)
+    """A dtype list naming fp32 asks for float islands: every tuned capability must run them, and every target
+    with its options (a core without an FPU runs none)."""
+    from dabuild.plugins import TARGETS, load
+
+    without = [(target.name, f"capability {capability!r} does not run float islands (fp32_fallback: false)")
+               for target, (_, capability, _) in zip(targets, resolved)
                if capability in capabilities and not capabilities[capability].fp32_fallback]
+    for target, (options, _, _) in zip(targets, resolved):
+        why = load(TARGETS, target.kind).refuses_float_islands(options if isinstance(options, dict) else {})
+        if why is not None:
+            without.append((target.name, f"{why}, so it runs no float islands"))
     if not without:
         return []
     diagnostics = []
@@ -537,11 +545,10 @@ def _check_float_islands(document: YamlDocument, space: SpaceNarrowing, targets:
             for role in ("weight", "activation"):
                 choices = getattr(narrowing, role)
                 if choices is not None and "fp32" in (choices.dtype or []):
-                    target, capability = without[0]
+                    name, why = without[0]
                     diagnostics.append(document.diagnostic(
                         ("tuning", "space", kind, key, role, "dtype"),
-                        f"fp32 asks for a float island, but capability {capability!r} (target {target!r}) does not "
-                        "run float islands (fp32_fallback: false)"))
+                        f"fp32 asks for a float island, but target {name!r}: {why}"))
     return diagnostics
 
 

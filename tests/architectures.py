@@ -1,4 +1,4 @@
-"""The classic architecture families, written in torch with a size knob (the tests build them small, bench/models.py
+"""The classic architecture families, written in torch with a size knob (the tests build them small, the benchmarks
 at their published size): each builder returns an eval-mode nn.Module with random weights and random batch-norm
 statistics, so a frontend that drops or misplaces a normalisation shows.
 
@@ -10,11 +10,15 @@ SiLU MBConv blocks, and a vision transformer block (LayerNorm, multi-head attent
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import nn
+
+IMAGE = (3, 224, 224)  # the published input size of every family
 
 
 def _randomize(model: nn.Module, seed: int) -> nn.Module:
@@ -188,9 +192,10 @@ class ShuffleUnit(nn.Module):
         return channel_shuffle(out, 2)
 
 
-def shufflenet(width: int = 8, stages: tuple[int, ...] = (2, 2), classes: int = 10) -> nn.Module:
-    """ShuffleNet v2; width=116, stages=(4, 8, 4) with 24 stem channels is the 1.0x model."""
-    stem = max(8, width // 4 * 2)
+def shufflenet(width: int = 8, stages: tuple[int, ...] = (2, 2), classes: int = 10, stem: int = 8,
+               head: int | None = None) -> nn.Module:
+    """ShuffleNet v2; width=116, stages=(4, 8, 4), stem=24, head=1024 is the 1.0x model (head None: 4x the last
+    stage's width)."""
     layers: list[nn.Module] = [conv_bn(3, stem, 3, 2), nn.MaxPool2d(3, 2, 1)]
     c_in = stem
     for index, count in enumerate(stages):
@@ -198,8 +203,9 @@ def shufflenet(width: int = 8, stages: tuple[int, ...] = (2, 2), classes: int = 
         for unit in range(count):
             layers.append(ShuffleUnit(c_in, c_out, 2 if unit == 0 else 1))
             c_in = c_out
-    return nn.Sequential(*layers, conv_bn(c_in, 4 * c_in, 1), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
-                         nn.Linear(4 * c_in, classes))
+    head = head or 4 * c_in
+    return nn.Sequential(*layers, conv_bn(c_in, head, 1), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                         nn.Linear(head, classes))
 
 
 # ---------------------------------------------------------------- SqueezeNet
@@ -218,14 +224,15 @@ class Fire(nn.Module):
 
 
 def squeezenet(width: int = 8, fires: int = 2, classes: int = 10) -> nn.Module:
-    """SqueezeNet 1.1; width=16, fires=8 is the published model (its squeeze widths grow by stage)."""
+    """SqueezeNet 1.1; width=16, fires=8 is the published model (squeeze widths grow every two fires, a pool
+    after the second and the fourth)."""
     layers: list[nn.Module] = [nn.Conv2d(3, 4 * width, 3, 2), nn.ReLU(), nn.MaxPool2d(3, 2, ceil_mode=True)]
     c_in = 4 * width
     for index in range(fires):
         squeeze = width * (1 + index // 2)
         layers.append(Fire(c_in, squeeze, 4 * squeeze))
         c_in = 8 * squeeze
-        if index % 2 == 1 and index < fires - 1:
+        if index in (1, 3) and index < fires - 1:
             layers.append(nn.MaxPool2d(3, 2, ceil_mode=True))
     return nn.Sequential(*layers, nn.Dropout(0.5), nn.Conv2d(c_in, classes, 1), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
                          nn.Flatten())
@@ -355,7 +362,7 @@ FAMILIES = (
     Family("inception", lambda: inception(), lambda: inception(64, 9, 1000), 16),
     Family("resnet", lambda: resnet(), lambda: resnet(64, (3, 4, 6, 3), 1000), 32),  # ResNet-50
     Family("densenet", lambda: densenet(), lambda: densenet(32, (6, 12, 24, 16), 1000), 16),  # DenseNet-121
-    Family("shufflenet", lambda: shufflenet(), lambda: shufflenet(116, (4, 8, 4), 1000), 32),
+    Family("shufflenet", lambda: shufflenet(), lambda: shufflenet(116, (4, 8, 4), 1000, 24, 1024), 32),
     Family("squeezenet", lambda: squeezenet(), lambda: squeezenet(16, 8, 1000), 32),
     Family("mobilenet_v2", lambda: mobilenet_v2(), lambda: mobilenet_v2(MOBILENET_V2, 32, 1280, 1000), 16),
     Family("mobilenet_v3", lambda: mobilenet_v3(), lambda: mobilenet_v3(MOBILENET_V2, 16, 1280, 1000), 16),
@@ -368,3 +375,19 @@ FAMILIES = (
 def build(family: Family, full: bool = False, seed: int = 0) -> nn.Module:
     torch.manual_seed(seed)
     return _randomize((family.full if full else family.small)(), seed)
+
+
+def family(name: str) -> Family:
+    return next(family for family in FAMILIES if family.name == name)
+
+
+def export_onnx(name: str, path: Path, seed: int = 0, fixed_batch: bool = False, opset: int = 17) -> Path:
+    """The named family at its published size as an ONNX file, input "x" of shape (N, *IMAGE), output "logits":
+    a dynamic batch, or with `fixed_batch` the 1 published files fix (torch.onnx's TorchScript exporter)."""
+    dynamic = None if fixed_batch else {"x": {0: "N"}, "logits": {0: "N"}}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(build(family(name), full=True, seed=seed), (torch.zeros(1, *IMAGE),), str(path),
+                          input_names=["x"], output_names=["logits"], dynamic_axes=dynamic, opset_version=opset,
+                          dynamo=False)
+    return path

@@ -38,18 +38,6 @@ OLD, NEW = 8, 17
 RELATIVE = 1e-4
 SAMPLES = 3
 IDS = [family.name for family in FAMILIES]
-# ViT's attention moves the batch axis away and back (qkv permutes); the batch relaxation of a file that fixes
-# it to 1 does not follow an axis through transposes yet, so the traced graph keeps batch 1 (a known gap).
-BATCH_MOVED = pytest.mark.xfail(reason="batch relaxation does not follow the batch axis through transposes",
-                                strict=True)
-ONNX_FAMILIES = [pytest.param(family, id=family.name, marks=BATCH_MOVED if family.name == "vit" else ())
-                 for family in FAMILIES]
-# torch's old-opset export emulates Inception's ceil-mode pools by padding past the kernel; dabuild's onnx target
-# writes that pool as it is, and onnxruntime refuses it ("Pad should be smaller than kernel"): a known gap.
-PADS_PAST_KERNEL = pytest.mark.xfail(reason="a pool padded past its kernel is exported as it is; onnxruntime "
-                                            "refuses it", strict=True)
-BUILT_FAMILIES = [pytest.param(family, id=family.name, marks={"vit": BATCH_MOVED, "inception": PADS_PAST_KERNEL}
-                               .get(family.name, ())) for family in FAMILIES]
 
 
 def export(model: torch.nn.Module, side: int, opset: int) -> onnx.ModelProto:
@@ -122,7 +110,7 @@ def reference_outputs(exported: onnx.ModelProto, model: torch.nn.Module, x: np.n
 
 
 @pytest.mark.parametrize("opset", ["old", "new"])
-@pytest.mark.parametrize("family", ONNX_FAMILIES)
+@pytest.mark.parametrize("family", FAMILIES, ids=IDS)
 def test_onnx_frontend_matches_onnxruntime(family: Family, opset: str) -> None:
     model = build(family)
     exported = export_old(model, family.side) if opset == "old" else export(model, family.side, NEW)
@@ -157,7 +145,7 @@ TARGETS = {"c": "  - {name: c, kind: c}\n", "onnx": "  - {name: ort, kind: onnx}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family", BUILT_FAMILIES)
+@pytest.mark.parametrize("family", FAMILIES, ids=IDS)
 def test_builds_end_to_end_from_the_old_opset_file(family: Family, tmp_path: Path, cache_dir: Path) -> None:
     """trace -> calibrate -> tune -> export c/onnx/nnef -> check, each check at its target's default tolerance.
 

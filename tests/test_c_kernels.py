@@ -104,6 +104,13 @@ CASES: dict[str, tuple[list[Node], tuple[int, ...], dict[str, np.ndarray], str, 
     "avg_pool 3x3 pads counted ceil": ([Node("p", "avg_pool", ["x"], ["y"], {
         "kernel": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1], "count_include_pad": True, "ceil_mode": True})],
         (4, 8, 7), {}, "per_tensor", {"avg_pool"}),
+    # torch's opset-8 export of a ceil-mode pool pads its end past the kernel (Inception)
+    "max_pool padded past its kernel": ([Node("p", "max_pool", ["x"], ["y"], {"kernel": [3, 3], "strides": [2, 2],
+                                                                              "pads": [1, 1, 3, 3]})],
+                                        (3, 8, 8), {}, "per_tensor", {"max_pool"}),
+    "avg_pool padded past its kernel": ([Node("p", "avg_pool", ["x"], ["y"], {"kernel": [3, 3], "strides": [2, 2],
+                                                                              "pads": [1, 1, 3, 3]})],
+                                        (3, 8, 8), {}, "per_tensor", {"avg_pool"}),
     "avg_pool 1-D": ([Node("p", "avg_pool", ["x"], ["y"], {"kernel": [3], "strides": [2], "pads": [1, 1]})],
                      (3, 11), {}, "per_tensor", {"avg_pool"}),
     "global_avg_pool": ([Node("p", "global_avg_pool", ["x"], ["y"], {})], (4, 7, 7), {}, "per_tensor", {"mean"}),

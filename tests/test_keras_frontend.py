@@ -182,3 +182,25 @@ def test_declared_inputs_must_agree() -> None:
         trace_model(model, "keras", {"x": [1, 8]})
     with pytest.raises(UsageError, match="does not take"):
         trace_model(model, "keras", {"y": [1, 16]})
+
+
+def test_a_qkeras_file_names_the_package_it_needs(tmp_path: Path) -> None:
+    """A QKeras model (tf.keras's .h5, its layers and quantizers by class name) cannot load without TensorFlow and
+    QKeras: the error names them and the ways on (HGQ2's kbi quantizers, QONNX)."""
+    h5py = pytest.importorskip("h5py")
+    import json
+
+    dense = {"class_name": "QDense", "config": {"name": "fc1", "units": 4, "kernel_quantizer": {
+        "class_name": "quantized_bits", "config": {"bits": 6, "integer": 0, "keep_negative": 1}}}}
+    relu = {"class_name": "QActivation", "config": {"name": "relu1", "activation": "quantized_relu(6)"}}
+    config = {"class_name": "Sequential", "config": {"name": "qkeras_mlp", "layers": [
+        {"class_name": "InputLayer", "config": {"batch_input_shape": [None, 8], "name": "x"}}, dense, relu]}}
+    path = tmp_path / "qkeras_mlp.h5"
+    with h5py.File(path, "w") as h5:
+        h5.attrs["model_config"] = json.dumps(config)
+        h5.attrs["keras_version"] = "2.15.0"
+        h5.attrs["backend"] = "tensorflow"
+        h5.create_group("model_weights")
+    with pytest.raises(UsageError, match=r"qkeras_mlp.h5: a QKeras model \(layers QDense, quantized_bits, "
+                                         r"QActivation\); QKeras needs TensorFlow \(package 'tensorflow'.*q_type 'kbi'"):
+        trace_model(load_model(str(path), tmp_path, None))

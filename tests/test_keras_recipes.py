@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 from conftest import copy_recipes
 
-from dabuild import plugins
 from dabuild.cli import main
 from dabuild.ir.interpreter import run
 from dabuild.ir.npz import read_npz
@@ -45,18 +44,36 @@ def test_jet_mlp_keras_traces_as_keras_computes_and_builds_c_onnx_hdl(tmp_path: 
         assert metrics["goal_met"] and metrics["fp32"] == pytest.approx(keras_accuracy, abs=1e-9), capability
 
 
-@pytest.mark.skipif("given" not in plugins.available(plugins.STRATEGIES),
-                    reason="needs dabuild's given quantization (tuning strategy given)")
-def test_digits_hgq_cnn_builds_its_own_fixed_point_types_to_logic(tmp_path: Path, cache_dir: Path) -> None:
+def _same_logic_as_da4ml(model: keras.Model, build: Path) -> None:
+    """The hdl target's logic costs what da4ml's own conversion of the HGQ2 model costs, in LUTs and latency."""
+    from da4ml.converter import trace_model as da4ml_trace
+    from da4ml.trace import HWConfig, comb_trace
+
+    from dabuild.quant.qgraph import QGraph
+    from dabuild.targets.hdl.program import trace
+
+    hwconf = HWConfig(1, -1, -1)
+    ours = trace(QGraph.load(build / "tune-da4ml" / "qgraph"), hwconf)
+    theirs = comb_trace(*da4ml_trace(model, hwconf))
+    assert (ours.cost, tuple(ours.latency)) == (theirs.cost, tuple(theirs.latency))
+
+
+@pytest.mark.parametrize("name, data", [("digits-hgq-cnn", "digits-hgq-cnn/data.npz"),
+                                        ("jet-mlp-hgq", "jet-mlp/data.npz")])
+def test_hgq2_recipes_build_their_own_fixed_point_types_to_the_logic_da4ml_makes(
+        name: str, data: str, tmp_path: Path, cache_dir: Path) -> None:
     pytest.importorskip("hgq")
-    recipe = copy_recipes(tmp_path, "digits-hgq-cnn") / "digits-hgq-cnn"
-    data = read_npz(recipe / "data.npz")
+    recipe = copy_recipes(tmp_path, *dict.fromkeys((name, data.split("/")[0]))) / name
+    arrays = read_npz(recipe.parent / data)
     model = keras.saving.load_model(recipe / "model.keras")
-    keras_accuracy = float(np.mean(model.predict(data["x_test"], verbose=0).argmax(axis=1) == data["y_test"]))
+    predicted = model.predict(arrays["x_test"], verbose=0)
+    keras_accuracy = float(np.mean(predicted.argmax(axis=1) == arrays["y_test"]))
     assert main(["build", str(recipe), "--build-dir", str(tmp_path / "build"), "-q"]) == 0
-    build = tmp_path / "build" / "digits-hgq-cnn"
+    build = tmp_path / "build" / name
     check = json.loads((build / "check-fpga" / "report.json").read_text())
     assert check["ok"] and check["tolerance"] == "exact" and check["mismatches"] == 0
     metrics = json.loads((build / "tune-da4ml" / "metrics.json").read_text())
     assert metrics["strategy"] == "given" and metrics["trials"] == 1
     assert metrics["fp32"] == pytest.approx(keras_accuracy, abs=1e-9), "the traced graph computes what HGQ2 computes"
+    assert metrics["quantized"] == pytest.approx(keras_accuracy, abs=1e-9), "so does the integer one, bit for bit"
+    _same_logic_as_da4ml(model, build)

@@ -458,9 +458,14 @@ def test_an_fp32_node_is_a_float_island_quantized_only_at_its_boundary(tmp_path:
     float_output = trace["h"] / graph.constants["d"]
     assert np.array_equal(trace["s"], out.quantize(float_output))  # the float op, then its output quantized
     assert error_in_steps(graph, qgraph, x) <= 2.0
-    # The C target cannot run float: it refuses at export, naming the node.
-    with pytest.raises(BuildError, match=r"node 'fc1' \(dense\) computes in float.*cannot run float"):
-        CTarget().export(qgraph, tmp_path)
+    # The C target runs the island on a core with an FPU, exactly (test_c_islands); one without refuses at
+    # export, naming the node.
+    with pytest.raises(BuildError, match=r"node 'fc1' \(dense\) computes in float.*cpu 'cortex-m0' has no FPU"):
+        CTarget(CTarget.Options(cpu="cortex-m0")).export(qgraph, tmp_path)
+    CTarget().export(qgraph, tmp_path)
+    (tmp_path / "work").mkdir()
+    x_q = quantize_input(qgraph, x[:20])
+    np.testing.assert_array_equal(CTarget().run(tmp_path, x_q, tmp_path / "work"), run_integer(qgraph, x_q))
 
 
 def test_c_target_names_layers_it_has_no_kernel_for(tmp_path: Path) -> None:

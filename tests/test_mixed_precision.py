@@ -38,7 +38,7 @@ REPO = Path(__file__).resolve().parent.parent
 MIXED = load_capability(REPO / "bench" / "capabilities" / "mixed.yaml")
 PER_TENSOR_WEIGHTS = {"op_type": {op: {"weight": {"granularity": ["per_tensor"]}} for op in ("conv", "dense")}}
 
-INT4_CAPABILITY = C_CAPABILITY.model_copy(deep=True)
+INT4_CAPABILITY = C_CAPABILITY.model_copy(deep=True, update={"fp32_fallback": False})  # integer widths only
 INT4_CAPABILITY.ops["dense"].weight.dtype = ["int8", "int4"]
 
 

@@ -13,7 +13,7 @@ ort = pytest.importorskip("onnxruntime", reason="the onnx extra is not installed
 
 from dabuild.errors import BuildError  # noqa: E402
 from dabuild.ir import Graph, Node, TensorSpec  # noqa: E402
-from dabuild.ir.given import GivenQuant  # noqa: E402
+from dabuild.ir.given import FixedQuant, GivenQuant  # noqa: E402
 from dabuild.ir.interpreter import run  # noqa: E402
 from dabuild.ir.ops import OPS  # noqa: E402
 from dabuild.targets.onnx_float import to_onnx  # noqa: E402
@@ -93,6 +93,13 @@ CASES: dict[str, Case] = {
     "avg_pool_include_pad_ceil": Case("avg_pool", (2, 3, 8, 8), {"kernel": [3, 3], "strides": [2, 2],
                                       "pads": [1, 1, 1, 1], "count_include_pad": True, "ceil_mode": True}),
     "global_avg_pool": Case("global_avg_pool", (2, 3, 5, 4)),
+    # pads that reach the kernel (torch's old-opset ceil_mode emulation): an explicit Pad before the pool
+    "max_pool_padded_past_kernel": Case("max_pool", (2, 3, 8, 8), {"kernel": [3, 2], "strides": [2, 2],
+                                                                   "pads": [1, 1, 3, 2]}),
+    "avg_pool_padded_past_kernel": Case("avg_pool", (2, 3, 8, 8), {"kernel": [3, 3], "strides": [2, 2],
+                                                                   "pads": [1, 1, 3, 3]}),
+    "avg_pool_include_pad_past_kernel": Case("avg_pool", (2, 3, 8, 7), {"kernel": [2, 3], "strides": [2, 2],
+                                             "pads": [2, 0, 2, 3], "count_include_pad": True}),
     "batch_norm": Case("batch_norm", (2, 3, 4, 4), {"epsilon": 1e-3},
                        [normal(3), normal(3), normal(3), positive(3)]),
     "reshape": Case("reshape", (2, 3, 4), {"shape": [0, -1, 2]}),
@@ -115,6 +122,10 @@ CASES: dict[str, Case] = {
     "fake_quant_to_zero": Case("fake_quant", (2, 5), GivenQuant((0.125,), (-2,), 6, True, rounding="to_zero").attrs()),
     "fake_quant_per_channel": Case("fake_quant", (2, 3, 4), GivenQuant((0.1, 0.02, 0.5), (0, 5, -3), 8, True,
                                                                       axis=1).attrs()),
+    "fixed_quant_wrap": Case("fixed_quant", (2, 2, 3), FixedQuant.of(
+        [[1, 0, 1], [1, 1, 0]], [[0, 1, 2], [-1, 0, 1]], [[3, 2, 1], [4, 0, 2]], "half_up", "wrap").attrs()),
+    "fixed_quant_saturate_floor": Case("fixed_quant", (2, 5), FixedQuant.of(
+        [1, 1, 0, 0, 1], [1, 0, 2, 1, 0], [2, 3, 1, 0, 5], "floor", "saturate_symmetric").attrs()),
     "clip": Case("clip", (2, 5), {"min": -0.5, "max": 0.25}),
     "clip_low_only": Case("clip", (2, 5), {"min": -0.5}),
     "elu": Case("elu", (2, 5), {"alpha": 0.5}),
@@ -153,6 +164,7 @@ CASES: dict[str, Case] = {
                                                               "mode": "linear",
                                                               "coordinate_transformation_mode": "align_corners"}),
     "gather": Case("gather", (2, 5, 3), {"axis": 1, "indices": [[0, 4], [-1, 2]]}),
+    "gather_scalar": Case("gather", (2, 5, 3), {"axis": 1, "indices": -2}),  # drops the axis (attention's q, k, v)
     "tile": Case("tile", (2, 3, 2), {"repeats": [1, 2, 3]}),
     "expand": Case("expand", (2, 3, 1), {"shape": [1, 3, 4]}),
 }
@@ -202,4 +214,11 @@ def test_op_without_onnx_spelling_is_named() -> None:
 
     graph = CASES["relu"].graph()
     with onnx_float.EXPORTERS.without("relu"), pytest.raises(BuildError, match=r"no ONNX spelling for node \(relu\)"):
+        to_onnx(graph)
+
+
+def test_ceil_mode_pool_padded_past_its_kernel_at_the_end_is_refused_by_name() -> None:
+    graph = Case("max_pool", (1, 1, 8, 8), {"kernel": [2, 2], "strides": [2, 2], "pads": [0, 0, 2, 2],
+                                            "ceil_mode": True}).graph()
+    with pytest.raises(BuildError, match=r"node 'node' \(max_pool\) pads \[0, 0, 2, 2\] reach its kernel"):
         to_onnx(graph)

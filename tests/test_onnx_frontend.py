@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 from pathlib import Path
 from typing import Any
 
@@ -311,18 +312,88 @@ def test_fixed_batch_of_one_is_relaxed_when_every_node_keeps_samples_apart() -> 
     np.testing.assert_allclose(run(graph, feeds)[graph.outputs[0]], want, rtol=1e-5)
 
 
-def test_fixed_batch_that_cannot_be_relaxed_runs_sample_by_sample() -> None:
-    """A reduction over the batch axis mixes samples: the fixed batch stays and larger batches run one by one."""
+def test_fixed_batch_moved_off_axis_0_is_relaxed_by_stacking_samples() -> None:
+    """Attention as torch exports it with the batch fixed: (1, L, E) transposed to (L, 1, E), the batch folded
+    with the heads into (L, heads, E / heads) and back. The relaxed graph stacks samples; it is checked."""
     net = Net(13)
-    model = net.model({"x": [1, 4]}, net.ints("ReduceSum", net.op("Relu", "x"), "axes", [0], 13, keepdims=1))
+    tokens = net.op("Transpose", "x", perm=[1, 0, 2])                                   # (4, 1, 6)
+    projected = net.op("MatMul", tokens, net.weight(6, 6))
+    heads = net.op("Transpose", net.op("Reshape", projected, net.const([4, 2, 3], np.int64)), perm=[1, 0, 2])
+    scores = net.op("Softmax", net.op("MatMul", heads, net.op("Transpose", heads, perm=[0, 2, 1])), axis=2)
+    mixed = net.op("Transpose", net.op("MatMul", scores, heads), perm=[1, 0, 2])        # (4, 2, 3)
+    back = net.op("Transpose", net.op("Reshape", mixed, net.const([4, 1, 6], np.int64)), perm=[1, 0, 2])
+    model = net.model({"x": [1, 4, 6]}, net.op("Add", back, "x"))
+    log = io.StringIO()
+    graph = trace_model(model, progress=Progress(log, live=False))
+    assert graph.inputs[0].shape == (None, 4, 6)
+    assert "relaxed to any batch by stacking samples" in log.getvalue()
+    feeds = images(np.random.default_rng(4), 3, 4, 6)
+    want = np.concatenate([expected(model, {"x": feeds["x"][i:i + 1]})[0] for i in range(3)])
+    np.testing.assert_allclose(run(optimize(graph), feeds)[graph.outputs[0]], want, rtol=1e-5, atol=1e-6)
+
+
+def test_fixed_batch_that_cannot_be_relaxed_runs_sample_by_sample() -> None:
+    """A sample added to its own flattened copy: the two operands' batch axes cannot be lined up (ranks 2 and 1),
+    so the fixed batch stays, the log names the node, and larger batches run one by one."""
+    net = Net(13)
+    flat = net.op("Reshape", "x", net.const([4], np.int64))
+    model = net.model({"x": [1, 4]}, net.op("Add", "x", net.op("Relu", flat)))
     log = io.StringIO()
     graph = trace_model(model, progress=Progress(log, live=False))
     assert graph.inputs[0].shape == (1, 4)
     assert "cannot relax it" in log.getvalue() and "sample by sample" in log.getvalue()
+    assert "acts on the batch axis it moved" in log.getvalue()
     x = np.random.default_rng(2).normal(size=(3, 4)).astype(np.float32)
-    np.testing.assert_allclose(run(graph, {"x": x})[graph.outputs[0]], np.maximum(x, 0), rtol=1e-6)
+    np.testing.assert_allclose(run(graph, {"x": x})[graph.outputs[0]], x + np.maximum(x, 0), rtol=1e-6)
     with pytest.raises(UsageError, match="model.inputs gives 'x' a free batch \\(null\\), but the graph cannot"):
         trace_model(model, inputs={"x": (None, 4)})
+
+
+def shape_input_model(read_by_gather: bool = False) -> Any:
+    """x (N, 3, 4) reshaped to the shape of an int64 input ids (N, 12), as a model reads a size off a token tensor;
+    with `read_by_gather`, ids also indexes an embedding table (a value, not a shape, that dabuild cannot take)."""
+    net = Net(13)
+    y = net.op("Relu", net.op("Reshape", "x", net.op("Shape", "ids")))
+    if read_by_gather:
+        y = net.op("Add", y, net.op("ReduceSum", net.op("Gather", net.weight(20, 12), "ids"), net.const([1], np.int64),
+                                    keepdims=0))
+    output = net.op("Softmax", y, axis=1)
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 4]),
+              helper.make_tensor_value_info("ids", TensorProto.INT64, ["N", 12])]
+    graph = helper.make_graph(net.nodes, "test", inputs, [helper.make_tensor_value_info(output, TensorProto.FLOAT,
+                                                                                       ["N", 12])], net.initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_operatorsetid("", 13)], ir_version=8)
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def test_an_integer_input_that_feeds_only_shapes_is_evaluated_at_load_and_left_out() -> None:
+    log = io.StringIO()
+    graph = trace_model(shape_input_model(), progress=Progress(log, live=False))
+    assert [spec.name for spec in graph.inputs] == ["x"] and graph.inputs[0].shape == (None, 3, 4)
+    assert "input 'ids' (int64) feeds only shape computations" in log.getvalue()
+    feeds = images(np.random.default_rng(3), 5, 3, 4)
+    want = expected(shape_input_model(), {**feeds, "ids": np.arange(60).reshape(5, 12)})[0]
+    np.testing.assert_allclose(run(graph, feeds)[graph.outputs[0]], want, rtol=1e-5)
+
+
+def test_a_model_with_a_shape_only_integer_input_builds_end_to_end(tmp_path: Path, cache_dir: Path) -> None:
+    (tmp_path / "model.onnx").write_bytes(shape_input_model().SerializeToString())
+    rng = np.random.default_rng(5)
+    np.savez(tmp_path / "data.npz", x=rng.normal(size=(32, 3, 4)).astype(np.float32), y=rng.integers(0, 12, 32))
+    (tmp_path / "recipe.yaml").write_text(
+        "name: shape-input\nmodel: {source: model.onnx}\n"
+        "data:\n  calibration: {source: data.npz, x: x}\n  evaluation: {source: data.npz, x: x, y: y}\n"
+        "  metric: accuracy\ntuning: {allow_miss: true}\n"
+        "targets:\n  - {name: mcu, kind: c}\n  - {name: ort, kind: onnx}\n")
+    assert main(["build", str(tmp_path), "--build-dir", str(tmp_path / "build"), "-q"]) == 0
+    summary = json.loads((tmp_path / "build" / "shape-input" / "build.json").read_text())
+    assert all(check["ok"] for check in summary["checks"].values()) and len(summary["checks"]) == 2
+
+
+def test_an_integer_input_read_as_values_is_refused_naming_the_node() -> None:
+    with pytest.raises(UsageError, match=r"node '.*gather.*' \(Gather\)"):
+        trace_model(shape_input_model(read_by_gather=True))
 
 
 def test_model_inputs_null_relaxes_and_a_given_size_keeps_the_files_batch() -> None:

@@ -236,3 +236,30 @@ def test_basic_tries_cheaper_configs_after_a_pass(tmp_path: Path) -> None:
     assert search.trials[0].passed
     assert chosen is not None and chosen.passed and chosen.cost == space.floor("size")
     assert all(c.weight.dtype == "int4" for c in chosen.config.nodes.values())
+
+
+def test_a_subset_score_that_went_with_a_full_miss_predicts_no_pass(tmp_path: Path) -> None:
+    """Near the goal the subset's verdict is noise: a config the subset passes but the full set fails makes
+    every config the subset scores no better than it a predicted miss (not worth a full evaluation), while a
+    config scoring better on the subset is still predicted to pass."""
+    from dabuild.progress import Progress
+    from dabuild.tune.evaluate import Scorer
+    from dabuild.tune.search import Budget, Search
+    from dabuild.tune.trials import TrialStore
+
+    evaluator, graph = spread_mlp(tmp_path)
+    space = build_space(graph, C_FALLBACK)
+    rows = evaluator.subset(300)
+    configs = [space.default(), *(space.with_node(space.default(), name, choice) for name, node in space.nodes.items()
+                                  for choice in node.candidates)]
+    optimistic = next(c for c in configs
+                      if evaluator.subset_metric(c, rows) > evaluator.score(c).metric)  # the subset flatters it
+    sub, full = evaluator.subset_metric(optimistic, rows), evaluator.score(optimistic).metric
+    assert evaluator.baseline == evaluator.subset_baseline(rows) == 1.0  # labels are the float model's argmax
+    search = Search(space, evaluator, Scorer(evaluator), TrialStore(None, "x"), Goal("relative", 1 - (sub + full) / 2),
+                    "size", Budget(10), Progress.silent())
+    assert search.subset_predicts_pass(optimistic)
+    [trial] = search.evaluate([optimistic], "probe")
+    assert not trial.passed and search.subset_passes(optimistic) and not search.subset_predicts_pass(optimistic)
+    fp32 = QuantConfig({name: FP32 for name in space.nodes})
+    assert search.subset_metric(fp32) > sub and search.subset_predicts_pass(fp32)

@@ -25,8 +25,9 @@ from dabuild.tune.space import FP32, build_space
 from dabuild.tune.stage import tune_stage
 
 REPO = Path(__file__).resolve().parent.parent
-C = load_capability(data_dir("capabilities") / "c.yaml")
-C_FALLBACK = C.model_copy(update={"fp32_fallback": True})
+# The c capability as an integer-only one, and with float islands of any op: what these tests compare.
+C = load_capability(data_dir("capabilities") / "c.yaml").model_copy(update={"fp32_fallback": False})
+C_FALLBACK = C.model_copy(update={"fp32_fallback": True, "float_ops": None})
 STRICT = {"criterion": "absolute", "tolerable_loss": 0.0}  # match fp32 exactly: most configs miss it
 ONLY_DEFAULT = {"op_type": {"dense": {"weight": {"algorithm": ["minmax"]}, "activation": {"algorithm": ["minmax"]}}}}
 

@@ -34,6 +34,16 @@ The contract every frontend keeps (the one thing a frontend does about it):
   quantizes twice: `check_given` refuses the graph naming both nodes, rather
   than merge them silently.
 
+Fixed-point quantizers (HGQ2's, hls4ml's `ap_fixed`): a node of op `fixed_quant`
+whose attributes are a `FixedQuant`: per element of the sample (broadcast from
+`shape`) a sign bit k, integer bits i (without the sign) and fractional bits f,
+a rounding (ROUNDINGS; `half_up` is HGQ2's and da4ml's RND, `floor` their TRN)
+and an overflow (`saturate`, `saturate_symmetric`, `wrap`). It states what the
+affine form cannot: a type per element (0 bits: the element is pruned to 0) and
+wrap-around. Its semantics are HGQ2's: the value it reads is exact, so in a
+graph with fixed_quant nodes every tensor no quantizer fixes keeps its exact
+value (the accumulator of a dense or conv, a relu of it), as HGQ2 computes it.
+
 What becomes of the parameters: `dabuild.quant.given` turns them into
 QuantParams and configs (strategy `given` in `dabuild.tune.given` keeps them;
 other strategies tune only what the model left in float), and refuses what the
@@ -51,14 +61,20 @@ import numpy as np
 from dabuild.errors import BuildError
 
 OP = "fake_quant"
-ROUNDINGS = ("half_even", "half_away", "floor", "ceil", "to_zero")
+FIXED_OP = "fixed_quant"
+OPS = (OP, FIXED_OP)  # the ops by which a model states its own quantization
+ROUNDINGS = ("half_even", "half_away", "half_up", "floor", "ceil", "to_zero")
+OVERFLOWS = ("saturate", "saturate_symmetric", "wrap")
 
 
-def _round(values: np.ndarray, rounding: str) -> np.ndarray:
+def round_values(values: np.ndarray, rounding: str) -> np.ndarray:
+    """values rounded to integers by `rounding` (one of ROUNDINGS)."""
     if rounding == "half_even":
         return np.round(values)
     if rounding == "half_away":
         return np.sign(values) * np.floor(np.abs(values) + 0.5)
+    if rounding == "half_up":
+        return np.floor(values + 0.5)
     if rounding == "floor":
         return np.floor(values)
     if rounding == "ceil":
@@ -129,7 +145,7 @@ class GivenQuant:
         """The integers x quantizes to (float64 holding integers)."""
         x = np.asarray(x, dtype=np.float64)
         low, high = self.bounds()
-        q = _round(x / self._shaped(self.scale, x.ndim), self.rounding) + self._shaped(self.zero_point, x.ndim)
+        q = round_values(x / self._shaped(self.scale, x.ndim), self.rounding) + self._shaped(self.zero_point, x.ndim)
         return np.clip(q, low, high)
 
     def fake_quantize(self, x: np.ndarray) -> np.ndarray:
@@ -147,6 +163,118 @@ class GivenQuant:
 
     def to_json(self) -> dict[str, Any]:
         return self.attrs()
+
+
+def round_shifted(q: np.ndarray, shift: np.ndarray, rounding: str) -> np.ndarray:
+    """Integers q (int64) times 2**-shift, rounded by `rounding`, in exact integer arithmetic (shift >= 0 rounds,
+    shift < 0 is an exact left shift). The integer form of `round_values(q * 2.0**-shift, rounding)`."""
+    q, shift = np.broadcast_arrays(np.asarray(q, dtype=np.int64), np.asarray(shift, dtype=np.int64))
+    right = np.maximum(shift, 0)
+    unit = np.left_shift(np.int64(1), right)
+    floor = np.floor_divide(q, unit)
+    rest = q - floor * unit
+    half = unit // 2  # 0 where nothing is dropped: every comparison below is then false
+    up = {"floor": np.zeros(q.shape, dtype=bool), "ceil": rest > 0, "half_up": (rest >= half) & (right > 0),
+          "to_zero": (q < 0) & (rest > 0),
+          "half_away": np.where(q < 0, rest > half, rest >= half) & (right > 0),
+          "half_even": ((rest > half) | ((rest == half) & (floor % 2 == 1))) & (right > 0)}[rounding]
+    rounded = floor + up
+    return np.where(shift >= 0, rounded, np.left_shift(q, np.maximum(-shift, 0)))
+
+
+@dataclass(frozen=True)
+class FixedQuant:
+    """A fixed-point quantizer with a type per element (module doc): k, i, f flattened over `shape`, the
+    per-sample shape (IR layout) they broadcast to; () is one type for the whole tensor."""
+
+    k: tuple[int, ...]
+    i: tuple[int, ...]
+    f: tuple[int, ...]
+    shape: tuple[int, ...] = ()
+    rounding: str = "half_up"
+    overflow: str = "wrap"
+
+    def __post_init__(self) -> None:
+        size = int(np.prod(self.shape, dtype=np.int64))
+        if not len(self.k) == len(self.i) == len(self.f) == size:
+            raise ValueError(f"k, i, f have {len(self.k)}, {len(self.i)}, {len(self.f)} values for shape "
+                             f"{list(self.shape)} ({size} elements)")
+        if self.rounding not in ROUNDINGS:
+            raise ValueError(f"unknown rounding {self.rounding!r} (known: {', '.join(ROUNDINGS)})")
+        if self.overflow not in OVERFLOWS:
+            raise ValueError(f"unknown overflow {self.overflow!r} (known: {', '.join(OVERFLOWS)})")
+        if any(k not in (0, 1) for k in self.k):
+            raise ValueError("k (the sign bit) must be 0 or 1")
+
+    @classmethod
+    def of(cls, k: np.ndarray, i: np.ndarray, f: np.ndarray, rounding: str, overflow: str) -> FixedQuant:
+        """From arrays of one shape; i below -f is -f (the quantizer then holds at most the sign)."""
+        k, i, f = (np.asarray(a, dtype=np.int64) for a in np.broadcast_arrays(k, i, f))
+        i = np.maximum(i, -f)
+        def flat(values: np.ndarray) -> tuple[int, ...]:
+            return tuple(int(v) for v in values.ravel())
+
+        return cls(flat(k), flat(i), flat(f), tuple(int(d) for d in k.shape), rounding, overflow)
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """k, i, f as int64 arrays of `shape`."""
+        return tuple(np.asarray(v, dtype=np.int64).reshape(self.shape) for v in (self.k, self.i, self.f))  # type: ignore[return-value]
+
+    def bounds(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per element [low, high] in units of 2**-f (HGQ2's: low -2**i with the sign bit, high 2**i - 2**-f)."""
+        k, i, f = self.arrays()
+        high = np.left_shift(np.int64(1), i + f) - 1
+        low = -high if self.overflow == "saturate_symmetric" else -np.left_shift(np.int64(1), i + f)
+        return np.where(k == 1, low, 0), high
+
+    @property
+    def fractional_bits(self) -> int:
+        """F, the finest step 2**-F of any element: the grid the whole tensor lies on."""
+        return max(self.f)
+
+    def envelope(self) -> tuple[int, int]:
+        """[low, high] of every element's values, in units of 2**-F."""
+        low, high = self.bounds()
+        _, _, f = self.arrays()
+        shift = self.fractional_bits - f
+        return int(np.min(np.left_shift(low, shift))), int(np.max(np.left_shift(high, shift)))
+
+    def integers(self, q: np.ndarray, fractional_bits: int) -> np.ndarray:
+        """Integers q (batch first, units of 2**-fractional_bits) quantized, in units of 2**-F (int64)."""
+        _, _, f = self.arrays()
+        n = self._overflowed(round_shifted(np.asarray(q, dtype=np.int64), fractional_bits - f, self.rounding))
+        return np.left_shift(n, self.fractional_bits - f)
+
+    def _overflowed(self, n: np.ndarray) -> np.ndarray:
+        """Integers n (units of 2**-f per element) wrapped or saturated into each element's range."""
+        low, high = self.bounds()
+        if self.overflow == "wrap":
+            return np.mod(n - low, high - low + 1) + low
+        return np.clip(n, low, high)
+
+    def quantize(self, x: np.ndarray) -> np.ndarray:
+        """x (float, batch first) on this quantizer's grid, as HGQ2 computes it (float32 out)."""
+        x = np.asarray(x, dtype=np.float64)
+        _, _, f = self.arrays()
+        q = self._overflowed(round_values(x * 2.0**f, self.rounding))
+        return (q * 2.0**-f).astype(np.float32)
+
+    def attrs(self) -> dict[str, Any]:
+        return {"k": list(self.k), "i": list(self.i), "f": list(self.f), "shape": list(self.shape),
+                "rounding": self.rounding, "overflow": self.overflow}
+
+    @classmethod
+    def from_attrs(cls, attrs: dict[str, Any]) -> FixedQuant:
+        return cls(tuple(int(v) for v in attrs["k"]), tuple(int(v) for v in attrs["i"]),
+                   tuple(int(v) for v in attrs["f"]), tuple(int(d) for d in attrs.get("shape", ())),
+                   str(attrs.get("rounding", "half_up")), str(attrs.get("overflow", "wrap")))
+
+    def transposed(self, perm: list[int]) -> FixedQuant:
+        """The quantizer of the sample transposed by `perm` (per-sample axes)."""
+        if not self.shape:
+            return self
+        k, i, f = (np.transpose(a, perm) for a in self.arrays())
+        return FixedQuant.of(k, i, f, self.rounding, self.overflow)
 
 
 def check_given(nodes: list[Any]) -> None:

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from dabuild.recipe import Recipe, TargetSpec
 
 # Bump a stage's version when its code changes (tests/test_stage_versions.py enforces it; see pipeline/versions.py).
-STAGE_VERSIONS = {"trace": 11, "calibrate": 12, "tune": 22, "export": 18, "check": 13}
+STAGE_VERSIONS = {"trace": 14, "calibrate": 14, "tune": 24, "export": 21, "check": 16}
 
 
 @dataclass(frozen=True)
@@ -166,7 +166,8 @@ def tune_stage_of(recipe: Recipe, capability: CapabilitySpec, target: TargetSpec
         "tune",
         {
             "tuning": recipe.tuning.model_dump(mode="json"),
-            "capability": capability.model_dump(mode="json", exclude={"description"}),
+            "capability": _without_refused_islands(recipe, capability).model_dump(mode="json",
+                                                                                  exclude={"description"}),
             "metric": recipe.data.metric,
             "evaluation": _data_config(evaluation),
             **({"budgets": budgets} if budgets else {}),
@@ -180,6 +181,16 @@ def tune_stage_of(recipe: Recipe, capability: CapabilitySpec, target: TargetSpec
         tools=_interpreter_tools,
         programs=_interpreter_programs,
     )
+
+
+def _without_refused_islands(recipe: Recipe, capability: CapabilitySpec) -> CapabilitySpec:
+    """The capability the search reads: without float islands when a target built for it runs none with its
+    options (the c target on a core without an FPU), so tuning never picks a config that target refuses."""
+    from dabuild.plugins import TARGETS, load
+
+    refused = any(load(TARGETS, t.kind).refuses_float_islands(t.options or {}) for t in recipe.targets
+                  if _capability_name(t) == capability.name)
+    return capability.model_copy(update={"fp32_fallback": False}) if refused and capability.fp32_fallback else capability
 
 
 def _metric_file(recipe: Recipe) -> dict[str, Path]:

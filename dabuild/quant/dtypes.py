@@ -25,6 +25,7 @@ from functools import cache
 from dabuild.errors import BuildError
 
 MAX_BITS = 16
+EXACT_MAX_BITS = 32  # int17..int32 (uint17..uint32): only the exact tensors of fixed-point given models hold them
 MIN_BITS = {True: 2, False: 1}  # int1 would hold only {-1, 0}: no symmetric range; uint1 is {0, 1}
 _NAME = re.compile(r"(u?)int(\d+)")
 NAMES_TEXT = f"int{MIN_BITS[True]}..int{MAX_BITS} and uint{MIN_BITS[False]}..uint{MAX_BITS}"  # for messages
@@ -51,7 +52,7 @@ class IntType:
     @property
     def storage(self) -> str:
         """The numpy dtype name the values are stored in."""
-        return f"{'' if self.signed else 'u'}int{8 if self.bits <= 8 else 16}"
+        return f"{'' if self.signed else 'u'}int{8 if self.bits <= 8 else 16 if self.bits <= 16 else 32}"
 
     @property
     def levels(self) -> int:
@@ -73,13 +74,26 @@ def is_int_type(name: str) -> bool:
 
 @cache
 def int_type(name: str) -> IntType:
-    """The integer type called `name`; BuildError naming the known ones for anything else."""
+    """The integer type called `name`; BuildError naming the known ones for anything else.
+
+    Besides the types tuning chooses from (`type_names`), int17..int32 and uint17..uint32 name the exact
+    tensors a fixed-point given model leaves unquantized (an accumulator HGQ2 keeps at its full width)."""
     match = _NAME.fullmatch(name)
     if match is not None:
         signed, bits = not match.group(1), int(match.group(2))
-        if MIN_BITS[signed] <= bits <= MAX_BITS and str(bits) == match.group(2):
+        if MIN_BITS[signed] <= bits <= EXACT_MAX_BITS and str(bits) == match.group(2):
             return IntType(name, signed, bits)
     raise BuildError(f"unknown integer dtype {name!r} (dabuild lowers {NAMES_TEXT})")
+
+
+def fitting_type(low: int, high: int, where: str) -> str:
+    """The narrowest type holding every integer of [low, high] (unsigned when low >= 0); BuildError past 32 bits."""
+    bits = max(int(high).bit_length(), int(-low - 1).bit_length() if low < 0 else 0) + (low < 0)
+    name = f"{'' if low < 0 else 'u'}int{max(bits, MIN_BITS[low < 0])}"
+    if max(bits, 1) > EXACT_MAX_BITS:
+        raise BuildError(f"{where}: its exact values [{low}, {high}] need {bits} bits, more than the "
+                         f"{EXACT_MAX_BITS} dabuild holds; quantize the tensor (an output quantizer)")
+    return name
 
 
 def accumulator_max(*operands: str) -> int:

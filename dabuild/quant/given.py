@@ -15,6 +15,16 @@ another axis than the output channels. A type that differs from what the
 capability offers only in signedness is shifted exactly (uint8 with zero point
 z is int8 with zero point z - 128), so onnxruntime's uint8 activations run on
 int8-only kernels unchanged.
+
+Fixed-point quantizers (`fixed_quant`, HGQ2's) lower to a `fixed_quant` layer
+of their own, per element, from the exact tensor they read to the envelope of
+their types (`fixed_params`: scale 2**-F, the narrowest type holding every
+element's range). In a graph with such quantizers every tensor no quantizer
+fixes is exact (algorithm EXACT): a dense or conv keeps its whole accumulator
+(scale s_x * s_w, a type as wide as its worst case), relu, max pooling and the
+layout ops keep their input's. A graph input read by a fixed quantizer is
+quantized to floor and wrap-around on the grid 2**-F (half_up: 2**-(F + 1)),
+from which the quantizer's own rounding gives what it gives on the float.
 """
 
 from __future__ import annotations
@@ -24,13 +34,15 @@ from collections.abc import Collection
 import numpy as np
 
 from dabuild.errors import BuildError
-from dabuild.ir.given import OP, GivenQuant
+from dabuild.ir.given import FIXED_OP, OP, OPS, FixedQuant, GivenQuant
 from dabuild.ir.graph import Graph, Node
 from dabuild.quant.config import QuantChoice, QuantConfig
-from dabuild.quant.dtypes import MAX_BITS, MIN_BITS, int_type
+from dabuild.quant.dtypes import MAX_BITS, MIN_BITS, fitting_type, int_type
 from dabuild.quant.qgraph import QuantParams
 
 GIVEN = "given"  # the `algorithm` of a QuantChoice taken from the model
+EXACT = "exact"  # the `algorithm` of a tensor a fixed-point given model leaves unquantized: kept exact
+EXACT_CHOICE = QuantChoice("int32", "pot", "per_tensor", EXACT)
 NEAREST_ROUNDING = ("half_even", "half_away")  # to nearest; ties differ only on exact halves
 
 
@@ -97,6 +109,33 @@ def weight_integers(weight: np.ndarray, given: GivenQuant, channel_axis: int, wh
     return values.astype(int_type(given.dtype).storage), np.asarray(given.scale, dtype=np.float64)
 
 
+def fixed_params(quant: FixedQuant, where: str) -> QuantParams:
+    """The tensor a fixed-point quantizer writes: scale 2**-F, the narrowest type holding every element."""
+    low, high = quant.envelope()
+    return QuantParams(2.0 ** -quant.fractional_bits, 0, fitting_type(low, high, where))
+
+
+def fixed_input_params(quant: FixedQuant, where: str) -> QuantParams:
+    """The params of a graph input a fixed-point quantizer reads (module doc): floor and wrap on 2**-F, or on
+    2**-(F + 1) for half_up, where the quantizer's own rounding of the floor is its rounding of the float."""
+    extra = {"floor": 0, "half_up": 1}.get(quant.rounding)
+    if extra is None and len(set(quant.f)) > 1:
+        raise BuildError(f"{where}: parameter rounding: {quant.rounding!r} with a fractional width per element over "
+                         "the graph input cannot be applied to integers dabuild quantizes once; nearest "
+                         "representable: rounding 'half_up' (HGQ2's RND) or 'floor' (TRN)")
+    low, high = quant.envelope()
+    scale = 2.0 ** -(quant.fractional_bits + (extra or 0))
+    wide = 2 ** (extra or 0)
+    return QuantParams(scale, 0, fitting_type(low * wide, high * wide + wide - 1, where),
+                       "floor" if extra is not None else quant.rounding,
+                       "wrap" if quant.overflow == "wrap" else "saturate")
+
+
+def fixed_point_model(graph: Graph) -> bool:
+    """Whether the model states fixed-point quantizers (HGQ2's), so the tensors between them are exact."""
+    return any(node.op == FIXED_OP for node in graph.nodes)
+
+
 def quantizers(graph: Graph) -> dict[str, Node]:
     """Activation tensor -> the fake_quant node reading it (the first, where several do)."""
     found: dict[str, Node] = {}
@@ -111,7 +150,15 @@ def given_tensor_params(graph: Graph, config: QuantConfig) -> dict[str, QuantPar
     first fake_quant to read it (in the dtype the node's config shifts it to)."""
     first = quantizers(graph)
     params: dict[str, QuantParams] = {}
+    inputs = {spec.name for spec in graph.inputs}
     for node in graph.nodes:
+        if node.op == FIXED_OP:
+            where = f"node {node.name!r} ({FIXED_OP})"
+            quant = FixedQuant.from_attrs(node.attrs)
+            params[node.outputs[0]] = fixed_params(quant, where)
+            if node.inputs[0] in inputs:
+                params.setdefault(node.inputs[0], fixed_input_params(quant, where))
+            continue
         if node.op != OP or node.inputs[0] in graph.constants:
             continue
         activation = config.nodes[node.name].activation
@@ -125,7 +172,7 @@ def given_tensor_params(graph: Graph, config: QuantConfig) -> dict[str, QuantPar
 
 def carries_quantization(graph: Graph) -> bool:
     """Whether the model came with quantization of its own (the `given` strategy is then the default)."""
-    return bool(graph.given) or any(node.op == OP for node in graph.nodes)
+    return bool(graph.given) or any(node.op in OPS for node in graph.nodes)
 
 
 def nearest_power_of_two(scale: float) -> str:
@@ -134,13 +181,17 @@ def nearest_power_of_two(scale: float) -> str:
     return f"2**{exponent} = {2.0**exponent:g} (every value {abs(2.0**exponent / scale - 1):.2%} off)"
 
 
-def check_scheme(choice: QuantChoice, given: GivenQuant, schemes: Collection[str], where: str,
+def check_scheme(choice: QuantChoice, given: GivenQuant | FixedQuant | None, schemes: Collection[str], where: str,
                  capability: str) -> None:
     """BuildError unless a backend offering `schemes` represents the given quantization exactly: pot is sym with
     power-of-two scales, sym is asym with zero point 0."""
     accepted = {"pot": ("pot", "sym", "asym"), "sym": ("sym", "asym"), "asym": ("asym",)}[choice.scheme]
     if any(scheme in schemes for scheme in accepted):
         return
+    if not isinstance(given, GivenQuant):  # fixed point (pot by construction) or exact
+        raise BuildError(f"{where}: the model's fixed-point quantization has power-of-two scales, which capability "
+                         f"{capability!r} does not offer (it offers {', '.join(schemes)}); nearest representable: "
+                         "a capability with scheme pot (da4ml)")
     if "pot" in schemes and choice.scheme != "pot" and not _is_power_of_two(given.scale):
         worst = next(s for s in given.scale if np.frexp(s)[0] != 0.5)
         raise BuildError(f"{where}: parameter scale: {worst:g} is not a power of two, which capability "
@@ -151,7 +202,7 @@ def check_scheme(choice: QuantChoice, given: GivenQuant, schemes: Collection[str
 
 
 def given_choices(graph: Graph, offered: dict[str, tuple[Collection[str], Collection[str]]] | None = None,
-                  ) -> dict[str, dict[str, tuple[QuantChoice, GivenQuant]]]:
+                  ) -> dict[str, dict[str, tuple[QuantChoice, GivenQuant | FixedQuant | None]]]:
     """Node name -> role -> the QuantChoice the model fixes and what it was given (roles left in float are absent).
 
     `offered` maps a node to the activation dtypes and schemes its capability entry
@@ -159,16 +210,21 @@ def given_choices(graph: Graph, offered: dict[str, tuple[Collection[str], Collec
     shifted to it where the entry takes a zero point (asym).
     """
     reads = quantizers(graph)
-    choices: dict[str, dict[str, tuple[QuantChoice, GivenQuant]]] = {}
+    exact = fixed_point_model(graph)
+    choices: dict[str, dict[str, tuple[QuantChoice, GivenQuant | FixedQuant | None]]] = {}
     for node in graph.nodes:
-        roles: dict[str, tuple[QuantChoice, GivenQuant]] = {}
+        roles: dict[str, tuple[QuantChoice, GivenQuant | FixedQuant | None]] = {}
         weight = node.inputs[1] if len(node.inputs) > 1 else None
         if weight in graph.given and node.op in ("dense", "conv"):
             given = graph.given[weight]
             roles["weight"] = (QuantChoice(given.dtype, scheme_of(given),
                                            "per_channel" if given.per_channel else "per_tensor", GIVEN), given)
         quantizer = node if node.op == OP else reads.get(node.outputs[0])
-        if quantizer is not None:
+        if node.op == FIXED_OP:
+            fixed = FixedQuant.from_attrs(node.attrs)
+            params = fixed_params(fixed, f"node {node.name!r} ({FIXED_OP})")
+            roles["activation"] = (QuantChoice(params.dtype, "pot", "per_tensor", GIVEN), fixed)
+        elif quantizer is not None:
             given = GivenQuant.from_attrs(quantizer.attrs)
             dtype = given.dtype
             other = f"{'u' if given.signed else ''}int{given.bits}"
@@ -177,6 +233,8 @@ def given_choices(graph: Graph, offered: dict[str, tuple[Collection[str], Collec
                 dtype = other
             scheme = "asym" if dtype != given.dtype else scheme_of(given)
             roles["activation"] = (QuantChoice(dtype, scheme, "per_tensor", GIVEN), given)
+        elif exact and node.op != OP:
+            roles["activation"] = (EXACT_CHOICE, None)
         if roles:
             choices[node.name] = roles
     return choices

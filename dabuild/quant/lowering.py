@@ -22,7 +22,7 @@ from dabuild.quant.calibrate import Stats
 from dabuild.quant.config import NodeConfig, QuantChoice
 from dabuild.quant.dtypes import NAMES_TEXT, int_type, is_int_type
 from dabuild.quant.fixed_point import round_half_away
-from dabuild.quant.given import GIVEN, weight_integers
+from dabuild.quant.given import EXACT, GIVEN, weight_integers
 from dabuild.quant.qgraph import LAYER_TYPES, QLayer, QTensor, QuantParams
 from dabuild.registry import Registry
 
@@ -181,6 +181,10 @@ class Lowering:
         if tensor in self.given:
             return self.given[tensor]
         choice = choice or self.activation
+        if choice.algorithm == EXACT:
+            raise BuildError(f"{self.where}: the model's fixed-point quantizers (HGQ2's) leave tensor {tensor!r} "
+                             "exact, which dabuild keeps only at the output of dense, conv, relu, max pooling and "
+                             "layout ops; quantize it in the model (an output quantizer on this layer)")
         if choice.algorithm == GIVEN:  # a tensor of a given node the model did not quantize (a fused table's input)
             choice = QuantChoice(choice.dtype, choice.scheme, choice.granularity, "minmax")
         if tensor not in self.stats.ranges:

@@ -52,11 +52,29 @@ Trace = dict[str, np.ndarray]
 
 @dataclass(frozen=True)
 class QuantParams:
-    """Affine mapping real = scale * (q - zero_point) of one tensor."""
+    """Affine mapping real = scale * (q - zero_point) of one tensor.
+
+    `rounding` and `overflow` say how `quantize` makes floats integers: dabuild's own half away from zero and
+    saturation, or (the input of a fixed-point given model, whose first quantizer reads raw values) `floor`
+    and `wrap`, so the logic's own quantizer sees what it would have seen of the float (`dabuild.ir.given`)."""
 
     scale: float
     zero_point: int
     dtype: str = "int8"
+    rounding: str = "half_away"
+    overflow: str = "saturate"
+
+    @property
+    def plain(self) -> bool:
+        """Quantized by dabuild's own rule (half away from zero, saturating), as every integer target does."""
+        return self.rounding == "half_away" and self.overflow == "saturate"
+
+    def to_json(self) -> dict[str, Any]:
+        """The fields as JSON (rounding and overflow only where they are not dabuild's own)."""
+        data = dataclasses.asdict(self)
+        if self.plain:
+            del data["rounding"], data["overflow"]
+        return data
 
     @property
     def qmin(self) -> int:
@@ -73,11 +91,23 @@ class QuantParams:
 
     def quantize(self, x: np.ndarray) -> np.ndarray:
         """float -> int in float32, the way model_forward_float does it in C."""
+        if not self.plain:
+            return self._quantize_fixed(x)
         scaled = np.asarray(x, dtype=np.float32) / np.float32(self.scale)
         # Bound before rounding (C must, float->int of huge values is undefined); NaN goes to the bottom.
         span = np.float32(self.qmax - self.qmin)
         scaled = np.minimum(np.where(scaled >= -span - 1, scaled, -span - 1), span)
         q = round_half_away(scaled) + np.float32(self.zero_point)
+        return np.clip(q, self.qmin, self.qmax).astype(self.storage)
+
+    def _quantize_fixed(self, x: np.ndarray) -> np.ndarray:
+        """float -> int by `rounding` and `overflow` (float64: exact for power-of-two scales)."""
+        from dabuild.ir.given import round_values
+
+        scaled = np.nan_to_num(np.asarray(x, dtype=np.float64) / self.scale, nan=0.0, posinf=0.0, neginf=0.0)
+        q = round_values(scaled, self.rounding) + self.zero_point
+        if self.overflow == "wrap":
+            q = np.mod(q - self.qmin, self.qmax - self.qmin + 1) + self.qmin
         return np.clip(q, self.qmin, self.qmax).astype(self.storage)
 
     def dequantize(self, q: np.ndarray) -> np.ndarray:
@@ -206,7 +236,7 @@ class QGraph:
             "format": FORMAT_VERSION,
             "input": self.input,
             "output": self.output,
-            "tensors": {name: {"shape": list(t.shape), **dataclasses.asdict(t.params)}
+            "tensors": {name: {"shape": list(t.shape), **t.params.to_json()}
                         for name, t in self.tensors.items()},
             "constants": sorted(self.constants),
             "floats": {name: list(shape) for name, shape in self.floats.items()},
@@ -226,7 +256,9 @@ class QGraph:
         doc = json.loads((directory / QGRAPH_FILE).read_text())
         if doc.get("format") != FORMAT_VERSION:
             raise ValueError(f"{directory / QGRAPH_FILE}: unsupported format {doc.get('format')!r}")
-        tensors = {name: QTensor(tuple(t["shape"]), QuantParams(t["scale"], t["zero_point"], t["dtype"]))
+        tensors = {name: QTensor(tuple(t["shape"]), QuantParams(t["scale"], t["zero_point"], t["dtype"],
+                                                                t.get("rounding", "half_away"),
+                                                                t.get("overflow", "saturate")))
                    for name, t in doc["tensors"].items()}
         constants: dict[str, np.ndarray] = {}
         per_layer: dict[str, dict[str, np.ndarray]] = {}

@@ -42,12 +42,21 @@ class Target:
     packages: ClassVar[tuple[str, ...]] = ()   # Python packages whose versions enter the export/check keys
     reference: ClassVar[str] = "integer"       # what check compares against: "integer" or "fake_quant" (see above)
     size_options: ClassVar[tuple[str, ...]] = ()  # options that change `stored_bytes` (they enter the tune key)
+    # How the artifact's float islands add their float sums, against the reference's order (island_order): the
+    # check report states it beside the tolerance, so "exact" or "one step" is explained, not just claimed.
+    float_order: ClassVar[str] = "the runtime's own order, not the reference's: islands may move an output a step"
 
     class Options(BaseModel):
         model_config = ConfigDict(extra="forbid")
 
     def __init__(self, options: Target.Options | None = None):
         self.options = options if options is not None else self.Options()
+
+    @classmethod
+    def refuses_float_islands(cls, options: dict[str, Any]) -> str | None:
+        """Why this target, with these recipe options, runs no float islands though its capability may (e.g. a
+        core without an FPU); None: it runs them wherever its capability does."""
+        return None
 
     def runtime_version(self) -> dict[str, str]:
         """Versions of the external tools this target runs; part of the export/check cache keys."""
@@ -133,11 +142,13 @@ class Target:
         raise NotImplementedError(f"target {self.kind!r} does not describe how to rerun its artifact")
 
 
-def refuse_ops_without_integers(graph: Any, target: str, layer_types: Collection[str]) -> None:
+def refuse_ops_without_integers(graph: Any, target: str, layer_types: Collection[str],
+                                float_ops: Collection[str] = ()) -> None:
     """BuildError, before any stage after trace runs, listing every node an integer-only target cannot take.
 
-    A node needs an integer lowering (the target runs no float) whose layer types the target writes; the
-    message names the target and, per op, every node using it, so one run tells the user all of it.
+    A node needs an integer lowering whose layer types the target writes, unless its op is one of `float_ops`
+    (the float islands the target runs: such a node stays float); the message names the target and, per op,
+    every node using it, so one run tells the user all of it.
     """
     from dabuild.quant import layers  # noqa: F401  (registers every lowering)
     from dabuild.quant.lowering import LOWERINGS, integer_layers
@@ -145,6 +156,8 @@ def refuse_ops_without_integers(graph: Any, target: str, layer_types: Collection
     refused: dict[tuple[str, str], list[str]] = {}
     for node in graph.nodes:
         lowerer = LOWERINGS.get(node.op)
+        if lowerer is None and node.op in float_ops:
+            continue
         if lowerer is None:
             why = "no exact integer form, and this target runs no float islands"
         else:

@@ -166,10 +166,15 @@ def first_divergence(qgraph: QGraph, expected: dict[str, np.ndarray], actual: di
     for where, tensor in steps:
         if tensor not in expected or tensor not in actual:
             continue
-        params = qgraph.tensors[tensor].params
         if np.shape(expected[tensor]) != np.shape(actual[tensor]):
             return (f"{where} (tensor {tensor!r}): shape {np.shape(actual[tensor])} where the reference has "
                     f"{np.shape(expected[tensor])}")
+        if tensor in qgraph.floats:  # a float island's tensor: its float32 bits, whatever the level
+            differing = int(np.sum(np.asarray(expected[tensor]) != np.asarray(actual[tensor])))
+            if differing:
+                return f"{where} (float tensor {tensor!r}): {differing} of {np.size(expected[tensor])} values differ"
+            continue
+        params = qgraph.tensors[tensor].params
         comparison = _compare(expected[tensor], actual[tensor], params, level)
         if not comparison.ok:
             return (f"{where} (tensor {tensor!r}): {comparison.mismatches} of {np.size(expected[tensor])} values "
@@ -276,6 +281,10 @@ def check_stage(target: Target, qgraph: QGraph, artifact_dir: Path, x: np.ndarra
                                            level, progress)
         if proof is not None:
             report.update(ok=proof["ok"], proof="layer by layer", layer_by_layer=proof)
+    if qgraph.has_float_islands:
+        report["float_islands"] = {"layers": [layer.name for layer in qgraph.layers
+                                              if getattr(layer, "computes_in_float", False)],
+                                   "float_order": target.float_order}
     if score is not None:
         real = (lambda y: y) if target.reference == "fake_quant" else params.dequantize
         report["metric"] = {"artifact": score(real(actual)), "reference": score(real(expected))}

@@ -18,9 +18,10 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from dabuild.errors import BuildError
-from dabuild.ir.given import GivenQuant
+from dabuild.ir.given import FixedQuant, GivenQuant
 from dabuild.ir.graph import Graph, Node
 from dabuild.ir.ops import OPS
+from dabuild.ir.ops.pool import Pool
 from dabuild.names import unique_name
 from dabuild.registry import Registry
 
@@ -176,13 +177,49 @@ def _conv(e: Emitter, node: Node, attrs: dict[str, Any]) -> None:
 
 @exports("max_pool", "avg_pool")
 def _pool(e: Emitter, node: Node, attrs: dict[str, Any]) -> None:
-    common = {"kernel_shape": attrs["kernel"], "strides": attrs["strides"] or attrs["kernel"], "pads": attrs["pads"],
-              "ceil_mode": int(attrs["ceil_mode"])}
-    if node.op == "max_pool":
-        e.add("MaxPool", node.inputs, node.outputs, node.name, dilations=attrs["dilations"], **common)
+    """MaxPool / AveragePool; pads that reach the kernel (old exporters emulate ceil_mode so) go to a Pad first.
+
+    onnxruntime refuses a pool whose pad is not smaller than its kernel. The part of each pad beyond kernel - 1
+    becomes an explicit Pad: with -inf for max (padding never wins), with zeros for an average that counts its
+    pads; an average that does not is the ratio of two counting averages, of x and of ones padded alike. In
+    ceil_mode the last window must start before the end pad, so moving end padding into the input could add a
+    window: that case is refused.
+    """
+    kernel, strides, pads, dilations = OPS.typed(node.op, Pool).geometry(attrs)
+    spatial = len(kernel)
+    excess = [max(0, pad - (kernel[axis % spatial] - 1)) for axis, pad in enumerate(pads)]
+    if attrs["ceil_mode"] and any(excess[spatial:]):
+        raise BuildError(f"onnx export: node {node.name!r} ({node.op}) pads {pads} reach its kernel {kernel} at "
+                         "the end in ceil_mode; onnxruntime refuses such a pool and an explicit Pad could add a window")
+    common = {"kernel_shape": kernel, "strides": strides, "ceil_mode": int(attrs["ceil_mode"]),
+              "pads": [pad - extra for pad, extra in zip(pads, excess)]}
+    if not any(excess):
+        _pool_node(e, node.op, node.inputs[0], node.outputs[0], node.name, attrs, common, dilations)
+        return
+    widths = e.constant([0, 0, *excess[:spatial], 0, 0, *excess[spatial:]], np.int64, f"{node.name}_pads")
+    padded = e.fresh(f"{node.name}_padded")
+    fill = -np.inf if node.op == "max_pool" else 0.0
+    e.add("Pad", [node.inputs[0], widths, e.constant(fill, np.float32, f"{node.name}_fill")], [padded], node.name)
+    if node.op == "max_pool" or attrs["count_include_pad"]:
+        _pool_node(e, node.op, padded, node.outputs[0], node.name, attrs, common, dilations)
+        return
+    counting = {**attrs, "count_include_pad": True}
+    shape, ones, padded_ones, sums, counts = (e.fresh(f"{node.name}_{part}") for part in
+                                              ("shape", "ones", "padded_ones", "sums", "counts"))
+    e.add("Shape", [node.inputs[0]], [shape], node.name)
+    e.add("ConstantOfShape", [shape], [ones], node.name, value=numpy_helper.from_array(np.ones(1, np.float32)))
+    e.add("Pad", [ones, widths, e.constant(0.0, np.float32, f"{node.name}_fill")], [padded_ones], node.name)
+    _pool_node(e, "avg_pool", padded, sums, node.name, counting, common, dilations)
+    _pool_node(e, "avg_pool", padded_ones, counts, node.name, counting, common, dilations)
+    e.add("Div", [sums, counts], node.outputs, node.name)
+
+
+def _pool_node(e: Emitter, op: str, x: str, y: str, name: str, attrs: dict[str, Any], common: dict[str, Any],
+               dilations: list[int]) -> None:
+    if op == "max_pool":
+        e.add("MaxPool", [x], [y], name, dilations=dilations, **common)
     else:
-        e.add("AveragePool", node.inputs, node.outputs, node.name,
-              count_include_pad=int(attrs["count_include_pad"]), **common)
+        e.add("AveragePool", [x], [y], name, count_include_pad=int(attrs["count_include_pad"]), **common)
 
 
 @exports("softmax", "log_softmax", "flatten", "concat")
@@ -358,16 +395,54 @@ def _fake_quant(e: Emitter, node: Node, attrs: dict[str, Any]) -> None:
         e.add(op_type, list(inputs), [result], name)
         return result
 
-    scaled = step("Div", node.inputs[0], scale)
-    if given.rounding in _ROUNDING:
-        rounded = step(_ROUNDING[given.rounding], scaled)
-    else:  # half_away, to_zero: on the magnitude, then the sign back
-        half = e.constant(0.5 if given.rounding == "half_away" else 0.0, np.float32, f"{name}_half")
-        magnitude = step("Floor", step("Add", step("Abs", scaled), half))
-        rounded = step("Mul", step("Sign", scaled), magnitude)
+    rounded = _rounded(e, name, step("Div", node.inputs[0], scale), given.rounding)
     bounds = [e.constant(v, np.float32, f"{name}_bound") for v in (low, high)]
     clipped = step("Clip", step("Add", rounded, zero), *bounds)
     step("Mul", step("Sub", clipped, zero), scale, output=node.outputs[0])
+
+
+def _rounded(e: Emitter, name: str, scaled: str, rounding: str) -> str:
+    """`scaled` rounded to integers by `rounding` (dabuild.ir.given.ROUNDINGS) in float ONNX ops."""
+    def step(op_type: str, *inputs: str) -> str:
+        result = e.fresh(f"{name}_{op_type.lower()}")
+        e.add(op_type, list(inputs), [result], name)
+        return result
+
+    if rounding in _ROUNDING:
+        return step(_ROUNDING[rounding], scaled)
+    if rounding == "half_up":
+        return step("Floor", step("Add", scaled, e.constant(0.5, np.float32, f"{name}_half")))
+    half = e.constant(0.5 if rounding == "half_away" else 0.0, np.float32, f"{name}_half")  # on the magnitude
+    magnitude = step("Floor", step("Add", step("Abs", scaled), half))
+    return step("Mul", step("Sign", scaled), magnitude)
+
+
+@exports("fixed_quant")
+def _fixed_quant(e: Emitter, node: Node, attrs: dict[str, Any]) -> None:
+    """q = round(x * 2**f) saturated (Max, Min) or wrapped (low + (q - low) mod 2**bits, by Floor) per element,
+    times 2**-f: the types as per-element constants broadcast over the batch."""
+    quant = FixedQuant.from_attrs(attrs)
+    name = node.name
+    _, _, f = quant.arrays()
+    low, high = quant.bounds()
+
+    def constant(values: np.ndarray, base: str) -> str:
+        return e.constant(np.asarray(values, dtype=np.float64)[None], np.float32, f"{name}_{base}")
+
+    def step(op_type: str, *inputs: str, output: str | None = None) -> str:
+        result = output or e.fresh(f"{name}_{op_type.lower()}")
+        e.add(op_type, list(inputs), [result], name)
+        return result
+
+    q = _rounded(e, name, step("Mul", node.inputs[0], constant(2.0**f, "scale")), quant.rounding)
+    if quant.overflow == "wrap":
+        low_name, span = constant(low, "low"), constant(high - low + 1, "span")
+        offset = step("Sub", q, low_name)
+        wrapped = step("Sub", offset, step("Mul", step("Floor", step("Div", offset, span)), span))
+        q = step("Add", wrapped, low_name)
+    else:
+        q = step("Min", step("Max", q, constant(low, "low")), constant(high, "high"))
+    step("Mul", q, constant(2.0**-f, "step"), output=node.outputs[0])
 
 
 def value_info(name: str, shape: tuple[int | None, ...]) -> onnx.ValueInfoProto:

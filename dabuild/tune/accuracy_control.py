@@ -7,7 +7,7 @@
    float island where the capability runs them, else its widest type)
    recovers of the metric, measured on a subset of the evaluation data
    (`Search.subset_metric`: a cheap estimate, not a trial); ties go to the
-   node's own output error.
+   node's own output error, on the same subset.
 3. restore, most harmful first, one node at a time: the node's restoration
    is the best-scoring on the subset of its safer choices (another range
    algorithm or granularity, a wider type, a float island: one-field moves
@@ -23,8 +23,16 @@
    restored first may come back as per-channel weights once other
    restorations carry the goal.
 
-So full evaluations are spent only on configs the subset expects to pass:
-two or three on a model where one node hurts. When nothing passes, the most
+So full evaluations are spent only on configs the subset expects to pass
+(`Search.subset_predicts_pass`: the subset passes them, and scores them
+above every config the full set already failed — near the goal a 300-row
+subset's verdict is noise, and a subset score that once went with a full
+miss is no evidence of a pass): two or three on a model where one node hurts.
+Counting as bench/hard_cases.py does (and as NNCF's validation calls on the
+full set are counted): the float baseline's pass plus one per trial; subset
+scores are not full evaluations, and the strategy makes no other pass over
+the full evaluation data (its per-node errors are the subset's too; the
+report's sensitivity column, written after the search, is one more pass). When nothing passes, the most
 harmful nodes of step 2 are what the miss names.
 """
 
@@ -76,14 +84,14 @@ class AccuracyControlStrategy:
         base = search.subset_metric(cheapest)
         recovered = {name: sign * (search.subset_metric(space.with_node(
             cheapest, name, precise_choice(space.nodes[name], cheapest.nodes[name]))) - base) for name in choosing}
-        errors = search.node_errors(cheapest)
+        errors = search.node_errors(cheapest, subset=True)
         ranked = sorted(choosing, key=lambda name: (-recovered[name], -errors.get(name, 0.0)))
         search.harmful = ranked
         config, restored = cheapest, []
         for name in ranked:  # those that recover nothing alone last: together they may still
             config = space.with_node(config, name, self._restoration(search, config, name, sign))
             restored.append(name)
-            if not search.subset_passes(config):
+            if not search.subset_predicts_pass(config):
                 continue
             lighter = self._taken_back_on_subset(search, config, restored, cheapest)
             if search.evaluate([lighter], f"restore {name}")[0].passed:
@@ -99,7 +107,7 @@ class AccuracyControlStrategy:
             choices = [*safer_choices(space.nodes[name], cheapest.nodes[name]), cheapest.nodes[name]]
             for choice in sorted(choices, key=lambda c: search.cost(space.with_node(best.config, name, c))):
                 undone = space.with_node(best.config, name, choice)
-                if not search.could_improve(undone) or not search.subset_passes(undone):
+                if not search.could_improve(undone) or not search.subset_predicts_pass(undone):
                     continue
                 if search.evaluate([undone], f"take back {name}")[0].passed:
                     break
@@ -114,7 +122,7 @@ class AccuracyControlStrategy:
             choices = [*safer_choices(space.nodes[name], cheapest.nodes[name]), cheapest.nodes[name]]
             for choice in sorted(choices, key=lambda c: search.cost(space.with_node(config, name, c))):
                 undone = space.with_node(config, name, choice)
-                if search.cost(undone) < search.cost(config) and search.subset_passes(undone):
+                if search.cost(undone) < search.cost(config) and search.subset_predicts_pass(undone):
                     config = undone
                     break
         return config

@@ -142,8 +142,9 @@ class Evaluator:
             outputs = np.concatenate([run_quantized(qgraph, x[i:i + size]) for i in range(0, len(x), size)])
         return self.metric(outputs, self.setup.labels[rows])
 
-    def node_errors(self, config: QuantConfig) -> dict[str, float]:
-        """Per node, the relative MSE of its output under `config` against the float graph's.
+    def node_errors(self, config: QuantConfig, rows: np.ndarray | None = None) -> dict[str, float]:
+        """Per node, the relative MSE of its output under `config` against the float graph's, on the
+        evaluation rows `rows` (None: all of them).
 
         One run of each graph: how far quantization has pushed each node's
         output, the ranking the sensitivity-driven strategies fall back by (and
@@ -157,13 +158,15 @@ class Evaluator:
         qgraph = self.quantize(config)
         errors: dict[str, list[float]] = {node.name: [] for node in self.graph.nodes}
         producer = {node.outputs[0]: node.name for node in self.graph.nodes}
-        for x in self._batches(min(self.batch_size, TRACED_BATCH)):
+        data = self.setup.x if rows is None else self.setup.x[rows]
+        size = min(self.batch_size, TRACED_BATCH)
+        for x in (data[i:i + size] for i in range(0, len(data), size)):
             with layer_threads(self.threads):  # outputs only: the compiled layers run, keeping no accumulator
                 quantized = run_integer(qgraph, quantize_input(qgraph, x), keep_intermediates=True,
                                         accumulators=False)
             compare = functools.partial(_add_node_error, errors, producer, qgraph, quantized, len(x))
             self.interpreter.run({self.input: x}, visit=compare)
-        return {name: float(sum(parts) / len(self.setup.x)) for name, parts in errors.items() if parts}
+        return {name: float(sum(parts) / len(data)) for name, parts in errors.items() if parts}
 
 
 def _add_node_error(errors: dict[str, list[float]], producer: dict[str, str], qgraph: QGraph,

@@ -137,12 +137,13 @@ class Search:
     def seen(self, config: QuantConfig) -> Trial | None:
         return self._seen.get(config.content_hash())
 
-    def node_errors(self, config: QuantConfig | None = None) -> dict[str, float]:
-        """Per-node output MSE against float under `config` (default: the space's default); no trial spent."""
+    def node_errors(self, config: QuantConfig | None = None, subset: bool = False) -> dict[str, float]:
+        """Per-node output MSE against float under `config` (default: the space's default); no trial spent.
+        With `subset`, on `subset_rows` only: a strategy counting full evaluations spends no full pass on it."""
         config = config or self.space.default()
-        key = config.content_hash()
+        key = config.content_hash() + (":subset" if subset else "")
         if key not in self._errors:
-            self._errors[key] = self.evaluator.node_errors(config)
+            self._errors[key] = self.evaluator.node_errors(config, self.subset_rows if subset else None)
         return self._errors[key]
 
     @property
@@ -162,6 +163,17 @@ class Search:
         """Does `config` meet the goal on the subset, measured against the float graph on the same rows?"""
         baseline = self.evaluator.subset_baseline(self.subset_rows)
         return self.goal.passes(baseline, self.subset_metric(config), self.metric.higher_is_better)
+
+    def subset_predicts_pass(self, config: QuantConfig) -> bool:
+        """Does the subset expect `config` to pass on the full set? It must pass on the subset, and score
+        better there than every config the full set already failed: a subset score that once went with a
+        miss is no evidence of a pass (the subset is a sample; near the goal its verdict is noise)."""
+        if not self.subset_passes(config):
+            return False
+        sign = 1 if self.metric.higher_is_better else -1
+        failed = [self._subset_metrics[t.config_hash] for t in self.trials
+                  if not t.passed and t.config_hash in self._subset_metrics]
+        return all(sign * self.subset_metric(config) > sign * value for value in failed)
 
     def harmful_nodes(self, count: int = 3) -> list[str]:
         """The `count` most harmful nodes: the strategy's ranking, else by per-node output MSE (default config)."""

@@ -26,6 +26,7 @@ from typing import Any
 
 from dabuild.capability import CapabilitySpec, QuantChoices
 from dabuild.errors import BuildError
+from dabuild.ir.given import OPS as GIVEN_OPS
 from dabuild.ir.graph import Graph
 from dabuild.quant.calibrate import LAST_AXIS_OPS
 from dabuild.quant.config import NodeConfig, QuantChoice, QuantConfig
@@ -185,7 +186,7 @@ def build_space(graph: Graph, capability: CapabilitySpec, narrowing: Mapping[str
     nodes: dict[str, NodeSpace] = {}
     for node in graph.nodes:
         fixed = _given_roles(node.name, node.op, capability, given.get(node.name, {}))
-        if node.op == "fake_quant":  # the model's own quantizer: nothing to choose
+        if node.op in GIVEN_OPS:  # the model's own quantizer: nothing to choose
             candidates: tuple[NodeConfig, ...] = (NodeConfig(None, fixed["activation"]),)
         else:
             candidates = _with_given(_candidates(node.name, node.op, capability, by_type.get(node.op, {}),
@@ -269,11 +270,12 @@ def _candidates(name: str, op: str, capability: CapabilitySpec, by_type: Mapping
             raise BuildError(f"{where}: op {op!r} has no {role} to quantize")
     dtype_lists = {role: fields["dtype"] for role, fields in keys.items() if "dtype" in fields}
     for role, dtypes in dtype_lists.items():
-        if FLOAT_DTYPE in dtypes and not capability.fp32_fallback:
-            raise BuildError(f"{_where(name, op, by_name, role, 'dtype')}: capability {capability.name!r} does not "
-                             "allow fp32 fallback")
+        if FLOAT_DTYPE in dtypes and not capability.runs_float(op):
+            why = "does not allow fp32 fallback" if not capability.fp32_fallback else \
+                f"runs no float island of op {op!r} (float_ops: {', '.join(capability.float_ops or [])})"
+            raise BuildError(f"{_where(name, op, by_name, role, 'dtype')}: capability {capability.name!r} {why}")
     keep_float = all(FLOAT_DTYPE in dtypes for dtypes in dtype_lists.values())
-    fallback = (FP32,) if capability.fp32_fallback and keep_float else ()
+    fallback = (FP32,) if capability.runs_float(op) and keep_float else ()
     missing = [role for role in roles or () if getattr(entry, role) is None]
     if roles is None or missing:
         if fallback:

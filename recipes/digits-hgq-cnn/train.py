@@ -2,10 +2,11 @@
 
 The digits (shipped with scikit-learn, so offline) are split 75/25 with a fixed
 seed and scaled to [0, 1], as (N, 8, 8, 1) images: Keras is channels last.
-The network is quantization-aware (hgq2): every quantizer is one fixed-point
-type per tensor that saturates and rounds half to even, the form dabuild's
-given quantization states exactly (HGQ2's defaults, per-element widths that
-wrap and round half up, are not). Keras runs on its torch backend.
+The network is quantization-aware (hgq2) with HGQ2's defaults: every
+activation quantizer has a fixed-point type per element that rounds half up
+and wraps, kernels per-element `kbi` types; the accumulators between
+quantizers are exact, and so are the logits (no output quantizer). dabuild
+takes all of it as given quantization. Keras runs on its torch backend.
 
     python recipes/digits-hgq-cnn/train.py
 """
@@ -19,7 +20,6 @@ os.environ.setdefault("KERAS_BACKEND", "torch")
 
 import keras
 import numpy as np
-from hgq.config import QuantizerConfigScope
 from hgq.layers import QConv2D, QDense, QMaxPool2D
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
@@ -28,20 +28,13 @@ HERE = Path(__file__).resolve().parent
 SEED = 2024
 
 
-def quantizers() -> QuantizerConfigScope:
-    """One type per tensor, saturating, rounding half to even, for activations and weights alike."""
-    return QuantizerConfigScope(place="all", overflow_mode="SAT", round_mode="RND_CONV", heterogeneous_axis=(),
-                                homogeneous_axis=None)
-
-
 def build() -> keras.Model:
     """conv 3x3 (8, relu) -> max pool 2 -> dense 10 logits; the Input is named `x`, as the recipe's model.inputs."""
-    with quantizers():
-        image = keras.Input((8, 8, 1), name="x")
-        h = QConv2D(8, 3, activation="relu")(image)
-        h = QMaxPool2D(2)(h)
-        h = keras.layers.Flatten()(h)
-        logits = QDense(10)(h)
+    image = keras.Input((8, 8, 1), name="x")
+    h = QConv2D(8, 3, activation="relu")(image)
+    h = QMaxPool2D(2)(h)
+    h = keras.layers.Flatten()(h)
+    logits = QDense(10)(h)
     return keras.Model(image, logits, name="digits_hgq_cnn")
 
 

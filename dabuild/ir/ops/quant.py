@@ -1,4 +1,4 @@
-"""fake_quant: quantization given upstream, run in float (see `dabuild.ir.given` for the contract)."""
+"""fake_quant and fixed_quant: quantization given upstream, run in float (see `dabuild.ir.given` for the contract)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from dabuild.ir.given import OP, GivenQuant
+from dabuild.ir.given import FIXED_OP, OP, FixedQuant, GivenQuant
 from dabuild.ir.ops.base import REQUIRED, Op, OutputSpec, ShapeError, normalize_axis, register
 
 if TYPE_CHECKING:
@@ -37,3 +37,30 @@ class FakeQuant(Op):
 
     def kernel(self, arrays: list[np.ndarray], attrs: dict[str, Any]) -> list[np.ndarray]:
         return [GivenQuant.from_attrs(attrs).fake_quantize(arrays[0])]
+
+
+@register
+class FixedQuantOp(Op):
+    """x on a fixed-point grid with a type per element: HGQ2's quantizer (see `dabuild.ir.given.FixedQuant`)."""
+
+    name = FIXED_OP
+    defaults = {"k": REQUIRED, "i": REQUIRED, "f": REQUIRED, "shape": (), "rounding": "half_up", "overflow": "wrap"}
+    rule = ("same shape as x; per element q = round(x * 2**f), wrapped or saturated into [-k 2**(i+f), "
+            "2**(i+f) - 1], times 2**-f")
+    per_sample = True
+
+    def shape_rule(self, inputs: list[TensorSpec], attrs: dict[str, Any]) -> list[OutputSpec]:
+        try:
+            quant = FixedQuant.from_attrs(attrs)
+        except (ValueError, TypeError, KeyError) as error:
+            raise ShapeError(f"fixed_quant: {error}") from None
+        shape = tuple(inputs[0].shape)
+        sample = shape[1:]
+        if quant.shape and (len(quant.shape) > len(sample) or any(
+                s is not None and q not in (1, s) for q, s in zip(quant.shape[::-1], sample[::-1]))):
+            raise ShapeError(f"fixed_quant: types of shape {list(quant.shape)} do not broadcast to the sample "
+                             f"shape {list(sample)}")
+        return [(shape, inputs[0].dtype)]
+
+    def kernel(self, arrays: list[np.ndarray], attrs: dict[str, Any]) -> list[np.ndarray]:
+        return [FixedQuant.from_attrs(attrs).quantize(arrays[0])]

@@ -12,9 +12,10 @@ its boundary:
   every output some quantized node (or the graph output) reads is quantized
   with the minmax range calibration saw for it.
 
-So `QFloat` runs the node's IR float kernel on float32 values, as onnxruntime
-runs the float subgraph of the QDQ model between its DequantizeLinear and
-QuantizeLinear nodes. Only targets whose capability has `fp32_fallback: true`
+So `QFloat` runs the node's float op on float32 values, as onnxruntime runs
+the float subgraph of the QDQ model between its DequantizeLinear and
+QuantizeLinear nodes; its sums in the fixed order of `island_order` (the C
+target's float kernels add in it, so they match bit for bit). Only targets whose capability has `fp32_fallback: true`
 (they run float islands) accept these layers.
 """
 
@@ -26,8 +27,8 @@ from typing import Any, ClassVar
 import numpy as np
 
 from dabuild.ir.graph import Graph
-from dabuild.ir.ops import OPS
 from dabuild.quant.config import QuantChoice, QuantConfig
+from dabuild.quant.layers.island_order import run_ordered
 from dabuild.quant.lowering import MINMAX_INT8, Lowering, quantize_weight
 from dabuild.quant.qgraph import QGraph, QLayer, Trace, layer_type
 
@@ -72,7 +73,7 @@ class QFloat(QLayer):
     op_attrs: dict[str, Any]   # the node's attributes
 
     def run(self, inputs: list[np.ndarray], graph: QGraph, trace: Trace | None) -> list[np.ndarray]:
-        results = OPS[self.float_op].run(_real(graph, self.inputs, inputs), self.op_attrs)
+        results = run_ordered(self.float_op, _real(graph, self.inputs, inputs), self.op_attrs)
         return _written(graph, self.outputs, results)
 
 
@@ -100,7 +101,7 @@ class QFloatWeighted(QLayer):
 
     def run(self, inputs: list[np.ndarray], graph: QGraph, trace: Trace | None) -> list[np.ndarray]:
         [x] = _real(graph, self.inputs, inputs)
-        results = OPS[self.float_op].run([x, self.real_weight(), self.bias.astype(np.float32)], self.op_attrs)
+        results = run_ordered(self.float_op, [x, self.real_weight(), self.bias.astype(np.float32)], self.op_attrs)
         return _written(graph, self.outputs, results)
 
 

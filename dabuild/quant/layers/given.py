@@ -11,10 +11,18 @@ integer target runs.
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from dabuild.errors import BuildError
+from dabuild.ir.given import FixedQuant
 from dabuild.quant.fixed_point import quantize_multiplier
 from dabuild.quant.layers.shape import QConcat
 from dabuild.quant.lowering import Lowering, lowers
-from dabuild.quant.qgraph import QLayer
+from dabuild.quant.qgraph import QGraph, QLayer, Trace, layer_type
 
 
 @lowers("fake_quant", layers=("concat",))
@@ -32,3 +40,46 @@ def lower_fake_quant(ctx: Lowering) -> list[QLayer]:
     multiplier, shift = quantize_multiplier(before.scale / after.scale, ctx.where)
     return [QConcat(name=node.name, inputs=[source], outputs=[output], axis=ctx.rank(source) - 1,
                     multiplier=multiplier, shift=shift)]
+
+
+@layer_type
+@dataclass
+class QFixedQuant(QLayer):
+    """A fixed-point quantizer with a type per element (`dabuild.ir.given.FixedQuant`), integers to integers:
+    the input's integers (units of its scale 2**-F_in) rounded and wrapped or saturated per element, written in
+    units of the output's scale 2**-F."""
+
+    op: ClassVar[str] = "fixed_quant"
+    k: np.ndarray         # int8, the per-sample shape or broadcast to it (IR layout)
+    i: np.ndarray         # int8
+    f: np.ndarray         # int8
+    rounding: str
+    overflow: str
+
+    @property
+    def quantizer(self) -> FixedQuant:
+        return FixedQuant.of(self.k, self.i, self.f, self.rounding, self.overflow)
+
+    def run(self, inputs: list[np.ndarray], graph: QGraph, trace: Trace | None) -> list[np.ndarray]:
+        source, target = self.params(graph), self.output_params(graph)
+        quant = self.quantizer
+        if -math.log2(target.scale) != quant.fractional_bits:
+            raise BuildError(f"layer {self.name!r} (fixed_quant): output scale {target.scale:g} is not 2**-"
+                             f"{quant.fractional_bits}")
+        centred = source.centred(inputs[0])
+        return [quant.integers(centred, -int(math.log2(source.scale))).astype(target.storage)]
+
+
+@lowers("fixed_quant", layers=("fixed_quant",))
+def lower_fixed_quant(ctx: Lowering) -> list[QLayer]:
+    node = ctx.node
+    source = ctx.params(node.inputs[0])
+    if source.zero_point != 0 or not math.log2(source.scale).is_integer():
+        raise BuildError(f"{ctx.where}: reads tensor {node.inputs[0]!r} of scale {source.scale:g} and zero point "
+                         f"{source.zero_point}; a fixed-point quantizer reads a fixed-point tensor (a power-of-two "
+                         "scale, zero point 0)")
+    quant = FixedQuant.from_attrs(node.attrs)
+    ctx.output(node.outputs[0], ctx.calibrated(node.outputs[0]))
+    k, i, f = quant.arrays()
+    return [QFixedQuant(name=node.name, inputs=[node.inputs[0]], outputs=[node.outputs[0]], k=k.astype(np.int8),
+                        i=i.astype(np.int8), f=f.astype(np.int8), rounding=quant.rounding, overflow=quant.overflow)]

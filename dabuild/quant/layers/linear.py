@@ -32,12 +32,13 @@ from dabuild.ir.ops.linear import batch_norm_affine
 from dabuild.quant.activations import clamp_bounds, is_table_activation, pre_activation
 from dabuild.quant.bias_correction import input_channel_means, mean_output_error
 from dabuild.quant.config import QuantChoice
-from dabuild.quant.dtypes import accumulator_max
+from dabuild.quant.dtypes import accumulator_max, fitting_type
 from dabuild.quant.fixed_point import INT32_MAX, accumulator_trace, quantize_multiplier, requantize, round_half_away
+from dabuild.quant.given import EXACT
 from dabuild.quant.layers.elementwise import lookup_layer
 from dabuild.quant.layers.fallback import lower_float_weighted
 from dabuild.quant.lowering import Lowering, lowers
-from dabuild.quant.qgraph import QGraph, QLayer, Trace, layer_type
+from dabuild.quant.qgraph import QGraph, QLayer, QuantParams, Trace, layer_type
 
 PER_CHANNEL_MINMAX = QuantChoice("int8", "sym", "per_channel", "minmax")
 
@@ -55,6 +56,12 @@ class QWeighted(QLayer):
     output_max: int
 
     channel_axis: ClassVar[int]  # axis of the output channels in the (batch-first) output
+    weight_channel_axis: ClassVar[int] = 0  # and in the weight
+
+    def accumulator_range(self, source: QuantParams) -> tuple[np.ndarray, np.ndarray]:
+        """The least and greatest accumulator per output channel over every input `source` holds (bias included;
+        padding adds 0, inside the range since zero points lie in it)."""
+        return accumulator_range(self.weight, self.bias, source, self.weight_channel_axis)
 
     @abstractmethod
     def accumulate(self, centred: np.ndarray) -> np.ndarray:
@@ -142,6 +149,7 @@ class QDense(QWeighted):
 
     op: ClassVar[str] = "dense"
     channel_axis: ClassVar[int] = -1
+    weight_channel_axis: ClassVar[int] = -1
 
     @property
     def in_features(self) -> int:
@@ -247,8 +255,7 @@ def _weighted_layers(ctx: Lowering, layer_class: type[QWeighted], weight: np.nda
     output = node.outputs[0]
     table = is_table_activation(activation)
     written = pre_activation(output) if table else output
-    target = ctx.calibrated(written)
-    ctx.output(written, target, like=output)
+    exact = ctx.activation.algorithm == EXACT
 
     weight_q, weight_scale = ctx.weight_integers(weight, weight_choice, channel_axis)
     if ctx.bias_correction:
@@ -259,7 +266,10 @@ def _weighted_layers(ctx: Lowering, layer_class: type[QWeighted], weight: np.nda
     # and wide types must stay where float64 sums are exact (dtypes.accumulator_max).
     others = tuple(a for a in range(weight.ndim) if a != channel_axis)
     worst = np.abs(bias_q) + np.abs(weight_q.astype(np.int64)).sum(axis=others) * (source.qmax - source.qmin)
-    limit = accumulator_max(source.dtype, weight_choice.dtype)
+    target = _exact_params(ctx, weight_q, bias, bias_q, accumulator_scale, source, others, table) if exact \
+        else ctx.calibrated(written)
+    ctx.output(written, target, like=output)
+    limit = accumulator_max(source.dtype, weight_choice.dtype, *((target.dtype,) if exact else ()))
     if np.any(worst > limit):
         raise BuildError(f"{ctx.where}: the accumulator could overflow (worst case {int(worst.max())} > {limit}); "
                          f"the bias or the number of input features is too large for {source.dtype} x "
@@ -273,6 +283,33 @@ def _weighted_layers(ctx: Lowering, layer_class: type[QWeighted], weight: np.nda
     if table:
         layers.append(lookup_layer(ctx, f"{node.name}:{activation}", written, output, activation, activation_attrs))
     return layers
+
+
+def accumulator_range(weight: np.ndarray, bias: np.ndarray, source: QuantParams,
+                      channel_axis: int) -> tuple[np.ndarray, np.ndarray]:
+    """bias + sum of min (max) of w * x over x in the centred range of `source`, per output channel."""
+    weights = weight.astype(np.int64)
+    others = tuple(a for a in range(weights.ndim) if a != channel_axis % weights.ndim)
+    centred_low, centred_high = source.qmin - source.zero_point, source.qmax - source.zero_point
+    low = bias.astype(np.int64) + np.minimum(weights * centred_low, weights * centred_high).sum(axis=others)
+    high = bias.astype(np.int64) + np.maximum(weights * centred_low, weights * centred_high).sum(axis=others)
+    return low, high
+
+
+def _exact_params(ctx: Lowering, weight_q: np.ndarray, bias: np.ndarray, bias_q: np.ndarray,
+                  accumulator_scale: np.ndarray, source: QuantParams, others: tuple[int, ...],
+                  table: bool) -> QuantParams:
+    """The accumulator itself as the output (a fixed-point given model keeps it exact): scale s_x * s_w, the
+    narrowest type holding its worst case; BuildError where the bias is not on that grid or a table follows."""
+    if table or len(np.unique(accumulator_scale)) > 1:
+        raise BuildError(f"{ctx.where}: the model keeps this layer's output exact, which dabuild does for one "
+                         "weight scale and a relu or no activation; quantize the output in the model")
+    if not np.array_equal(bias_q * accumulator_scale, bias.astype(np.float64)):
+        raise BuildError(f"{ctx.where}: the bias is not on the accumulator's grid {float(accumulator_scale[0]):g} "
+                         "(input scale x weight scale), so the exact output cannot hold it; nearest representable: "
+                         "weights on a grid fine enough for the bias")
+    low, high = accumulator_range(weight_q, bias_q, source, next(a for a in range(weight_q.ndim) if a not in others))
+    return QuantParams(float(accumulator_scale[0]), 0, fitting_type(int(low.min()), int(high.max()), ctx.where))
 
 
 def _mean_weight_error(ctx: Lowering, layer_class: type[QWeighted], weight: np.ndarray, weight_q: np.ndarray,

@@ -46,24 +46,27 @@ from dabuild.resources import data_dir
 from dabuild.targets.base import Target, refuse_ops_without_integers
 from dabuild.targets.c import firmware
 from dabuild.targets.c.codegen import PROGRAM, WEIGHTS_FILE, render, trace_file
-from dabuild.targets.c.profiles import CPUS, PROFILES, Profile
+from dabuild.targets.c.profiles import CPUS, FLOAT_ORDER, PROFILES, Profile
 
 MANIFEST = "model.json"
 TRACE_PROGRAM = PROGRAM + "_trace"
 TRACE_DIR = "trace"
 
 
-def refuse_float_layers(qgraph: QGraph, capability_name: str) -> None:
-    """BuildError naming the first fp32-fallback layer when the capability cannot run float."""
+def refuse_float_layers(qgraph: QGraph, capability_name: str, profile: Profile | None = None) -> None:
+    """BuildError naming the first float layer (a float island's, or the layer feeding one) when the capability
+    or the profile's core cannot run float."""
     capability = load_capability(data_dir("capabilities") / f"{capability_name}.yaml")
-    if capability.fp32_fallback:
+    layer = next((layer for layer in qgraph.layers if isinstance(layer, (QFloat, QFloatWeighted))), None)
+    if layer is None:
         return
-    for layer in qgraph.layers:
-        if isinstance(layer, (QFloat, QFloatWeighted)):  # the layers that compute in float
-            raise BuildError(f"node {layer.name!r} ({layer.float_op}) computes in float (a float island, or the "
-                             f"layer feeding one), but target capability {capability.name!r} cannot run float "
-                             "(fp32_fallback: false); quantize the island or build it for a target with fp32 "
-                             "fallback")
+    where = f"node {layer.name!r} ({layer.float_op}) computes in float (a float island, or the layer feeding one)"
+    if not capability.fp32_fallback:
+        raise BuildError(f"{where}, but target capability {capability.name!r} cannot run float (fp32_fallback: "
+                         "false); quantize the island or build it for a target with fp32 fallback")
+    if profile is not None and not profile.fpu:
+        raise BuildError(f"{where}, but cpu {profile.name!r} has no FPU; quantize the island or build for a core "
+                         "with one (cortex-m4, cortex-m7, cortex-m33, cortex-m55)")
 
 
 _UNITS = {"": 1, "B": 1, "KB": 1000, "KIB": 1024, "MB": 1000**2, "MIB": 1024**2}
@@ -106,6 +109,8 @@ class CTarget(Target):
     kind: ClassVar[str] = "c"
     capability: ClassVar[str] = "c"
     default_tolerance = "exact"
+    float_order = ("the reference's: each island sum from 0 in the C loops' order, every product "
+                   "and sum rounded to float32 (-ffp-contract=off), so islands are exact")
 
     class Options(Target.Options):
         cpu: Literal[CPUS] = "host"  # type: ignore[valid-type]
@@ -176,13 +181,23 @@ class CTarget(Target):
         return [Path(path) for path in map(shutil.which, self._tools()) if path]
 
     def refuse(self, graph: Any) -> None:
-        """Every op the C kernels cannot run, by node, before calibration and tuning spend any time."""
+        """Every op the C kernels cannot run, by node, before calibration and tuning spend any time (an op
+        without an integer form is fine where it can be a float island: in float_ops, on a core with an FPU)."""
         from dabuild.targets.c.kernels import KERNELS
 
-        refuse_ops_without_integers(graph, self.kind, {key.split("/", 1)[0] for key in KERNELS.names()})
+        capability = load_capability(data_dir("capabilities") / f"{self.capability}.yaml")
+        float_ops = (capability.float_ops or []) if capability.fp32_fallback and self.profile.fpu else []
+        refuse_ops_without_integers(graph, self.kind, {key.split("/", 1)[0] for key in KERNELS.names()}, float_ops)
+
+    @classmethod
+    def refuses_float_islands(cls, options: dict[str, Any]) -> str | None:
+        cpu = options.get("cpu") or "host"
+        if cpu in PROFILES and not PROFILES[cpu].fpu:
+            return f"cpu {cpu!r} has no FPU"
+        return None
 
     def export(self, qgraph: QGraph, out_dir: Path) -> None:
-        refuse_float_layers(qgraph, self.capability)
+        refuse_float_layers(qgraph, self.capability, self.profile)
         profile = self.profile
         rendered = render(qgraph, profile)
         out_dir = Path(out_dir)
@@ -216,7 +231,7 @@ class CTarget(Target):
     def _build_command(self, compiler: str, artifact_dir: Path, prefix: str, program: str) -> list[str]:
         """The compile line of the host test program; sources are named `prefix/<file>`."""
         manifest = json.loads((artifact_dir / MANIFEST).read_text())
-        flags = [] if self.profile.cortex_m else list(self.profile.flags)
+        flags = list(FLOAT_ORDER) if self.profile.cortex_m else list(self.profile.flags)
         flags += [f"-Wa,{flag}{prefix}" for flag in manifest.get("assembler_flags", [])]
         return [compiler, "-std=c99", *flags, *self.options.cflags, "-o", program,
                 *(f"{prefix}/{name}" for name in manifest["sources"])]
@@ -312,8 +327,8 @@ class CTarget(Target):
     def trace(self, artifact_dir: Path, inputs: np.ndarray, work_dir: Path) -> dict[str, np.ndarray] | None:
         """Every tensor a layer writes (and the input), from the test program built with -DDABUILD_TRACE.
 
-        The program appends each tensor's bytes as stored, some channels last; model.json's "traced"
-        gives their shapes and memory orders, so they come back in the QGraph's (canonical) order.
+        The program appends each tensor's bytes as stored, some channels last (a float island's as float32);
+        model.json's "traced" gives their shapes, memory orders and types, so they come back in the QGraph's (canonical) order.
         Zero-copy aliases and layout conversions are not traced. None for an artifact exported
         before tracing existed (its manifest lists no traced tensors), and for a user's runner command.
         """
@@ -327,7 +342,7 @@ class CTarget(Target):
         values = {}
         for entry in traced:
             shape, order = entry["shape"], entry["order"]
-            stored = np.fromfile(work_dir / TRACE_DIR / trace_file(entry["tensor"]), dtype=np.int8)
+            stored = np.fromfile(work_dir / TRACE_DIR / trace_file(entry["tensor"]), dtype=entry.get("dtype", "int8"))
             stored = stored.reshape(len(inputs), *(shape[axis] for axis in order))
             values[entry["tensor"]] = stored.transpose(0, *(1 + order.index(axis) for axis in range(len(shape))))
         return values

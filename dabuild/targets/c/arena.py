@@ -62,10 +62,11 @@ def _align(value: int, step: int) -> int:
 
 
 def plan_arena(steps: Sequence[tuple[Sequence[str], Sequence[str]]], sizes: dict[str, int],
-               external: set[str], wide: frozenset[str] = frozenset()) -> ArenaPlan:
+               external: set[str], wide: frozenset[str] = frozenset(), words: frozenset[str] = frozenset()) -> ArenaPlan:
     """Place every buffer written by `steps` (each (reads, writes)) except the `external` ones.
 
     `wide` buffers hold wider integers (int16 scratch): they are aligned to 16 bytes whatever their size.
+    `words` buffers hold float32 values: aligned to 4 bytes at least.
     """
     first: dict[str, int] = {}
     last: dict[str, int] = {}
@@ -84,7 +85,8 @@ def plan_arena(steps: Sequence[tuple[Sequence[str], Sequence[str]]], sizes: dict
         offset = 0
         for other in busy:
             if other.overlaps_in_space(offset, candidate.size):
-                offset = _align(other.offset + other.size, 16 if name in wide else alignment(candidate.size))
+                step = 16 if name in wide else max(alignment(candidate.size), 4 if name in words else 1)
+                offset = _align(other.offset + other.size, step)
         placed.append(Placement(name, offset, candidate.size, candidate.first, candidate.last))
     peak = max((p.offset + p.size for p in placed), default=0)
     alive = [sum(p.size for p in placed if p.first <= index <= p.last) for index in range(len(steps))]

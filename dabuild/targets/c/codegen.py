@@ -23,6 +23,7 @@ from dabuild.targets.c.arena import ArenaPlan, plan_arena
 from dabuild.targets.c.firmware import LINKER_SCRIPT, STACK_RESERVE, STARTUP
 from dabuild.targets.c.kernels import Step
 from dabuild.targets.c.layout import Storage
+from dabuild.targets.c.literals import c_float, c_floats
 from dabuild.targets.c.profiles import HOST, PROFILES, Profile
 from dabuild.targets.c.program import Program, build_program
 
@@ -43,9 +44,12 @@ KEPT_TYPES = ("int8", "int16", "uint8", "uint16")   # a kernel chose these eleme
 
 
 def c_type(values: np.ndarray) -> str:
-    """The C element type of a constant array: its own when a kernel chose a narrow one, else the narrowest of
-    int8_t, int16_t and int32_t that holds every value (constants take no more flash than they need)."""
+    """The C element type of a constant array: float for float32 (a float island's constants), its own when a
+    kernel chose a narrow one, else the narrowest of int8_t, int16_t and int32_t that holds every value
+    (constants take no more flash than they need)."""
     array = np.asarray(values)
+    if array.dtype == np.float32:
+        return "float"
     if array.dtype.name in KEPT_TYPES:
         return f"{array.dtype.name}_t"
     low, high = (int(array.min()), int(array.max())) if array.size else (0, 0)
@@ -53,11 +57,6 @@ def c_type(values: np.ndarray) -> str:
         if -(1 << (bits - 1)) <= low and high < 1 << (bits - 1):
             return f"int{bits}_t"
     raise ValueError(f"constants from {low} to {high} do not fit int32")
-
-
-def c_float(value: float) -> str:
-    """An exact float32 literal (hex float, C99) of `value` rounded to float32, as numpy rounds it."""
-    return float(np.float32(value)).hex() + "f"
 
 
 def c_identifier(name: str, taken: set[str], prefix: str = "l_") -> str:
@@ -96,14 +95,21 @@ class Traced:
 
     tensor: str
     storage: Storage
+    dtype: str = "int8"   # float32: a float island's tensor
+
+    @property
+    def bytes(self) -> int:
+        return self.storage.size * np.dtype(self.dtype).itemsize
 
     def manifest(self) -> dict[str, Any]:
-        return {"tensor": self.tensor, "shape": list(self.storage.shape), "order": list(self.storage.order)}
+        return {"tensor": self.tensor, "shape": list(self.storage.shape), "order": list(self.storage.order),
+                "dtype": self.dtype}
 
 
 def c_bytes(values: np.ndarray) -> int:
     """Bytes a constant array takes in the artifact (its c_type's width per element)."""
-    return int(np.asarray(values).size) * int(re.sub(r"\D", "", c_type(values))) // 8
+    kind = c_type(values)
+    return int(np.asarray(values).size) * (4 if kind == "float" else int(re.sub(r"\D", "", kind)) // 8)
 
 
 def constant_bytes(context: dict[str, Any]) -> int:
@@ -129,6 +135,7 @@ def _environment() -> jinja2.Environment:
                              autoescape=False)
     env.filters["c_array"] = c_array
     env.filters["c_type"] = c_type
+    env.filters["c_floats"] = c_floats
     env.filters["c_comment"] = c_comment
     env.filters["c_string"] = c_string
     return env
@@ -139,8 +146,10 @@ def scratch_name(step: Step) -> str:
 
 
 def plan_memory(program: Program) -> ArenaPlan:
-    """Liveness over the steps of every buffer but `in` and `out`, scratch buffers alive during their step."""
-    sizes = {program.buffer[name]: program.storage[name].size for name in program.storage}
+    """Liveness over the steps of every buffer but `in` and `out`, scratch buffers alive during their step;
+    a float island's buffers take 4 bytes a value, at word-aligned offsets."""
+    sizes = {program.buffer[name]: program.storage[name].size * (4 if program.buffer[name] in program.floats else 1)
+             for name in program.storage}
     schedule = []
     for step in program.steps:
         reads = [program.buffer[o.name] for o in step.inputs if not o.constant]
@@ -150,7 +159,7 @@ def plan_memory(program: Program) -> ArenaPlan:
             writes.append(scratch_name(step))
         schedule.append((reads, writes))
     scratch = frozenset(scratch_name(step) for step in program.steps if step.scratch_bytes)
-    return plan_arena(schedule, sizes, external={program.input, program.output}, wide=scratch)
+    return plan_arena(schedule, sizes, external={program.input, program.output}, wide=scratch, words=program.floats)
 
 
 BLOB_THRESHOLD = 1 << 20   # weights of this many bytes or more leave the C source for weights.bin
@@ -225,11 +234,12 @@ def render(qgraph: QGraph, profile: Profile = PROFILES[HOST]) -> Rendered:
         files[header] = env.get_template("layer.h.j2").render(
             context, kernel=step.kernel.name, config=_config_template(env, step),
             forward=f"kernels/{step.kernel.name}.forward.j2")
-        reported = [Traced(o.name, o.storage) for o in step.outputs if step.layer is not None]
+        reported = [Traced(o.name, o.storage, "float32" if o.params is None else "int8") for o in step.outputs
+                    if step.layer is not None]
         traced += reported
         calls.append({"ident": ident, "header": header, "arguments": ", ".join(arguments),
                       "kernel": step.kernel.name, "name": step.name,
-                      "traces": [{"tensor": t.tensor, "pointer": pointer(t.tensor), "bytes": t.storage.size}
+                      "traces": [{"tensor": t.tensor, "pointer": pointer(t.tensor), "bytes": t.bytes}
                                  for t in reported]})
 
     source, target = qgraph.input_params, qgraph.output_params

@@ -9,6 +9,10 @@ kernel's inner loop by ISA: portable C99 (M0, M3), the DSP extension's dual
 sources select that inner loop with the ACLE feature macros, so the same files
 still build (portably) with any other compiler.
 
+Float islands run on the profiles with an FPU (`Profile.fpu`: the host,
+M4F, M7, M33, M55, built with -mfloat-abi=hard); M0 and M3 have none, so
+they run integer layers only.
+
 Each Cortex-M profile names the qemu board it is checked on and that board's
 memory: code from `flash_origin`, data and stack from `ram_origin`.
 """
@@ -48,6 +52,12 @@ class Profile:
         return self.board is not None
 
     @property
+    def fpu(self) -> bool:
+        """Whether the core computes float32 in hardware (the host does; M0 and M3 have no FPU): the profiles
+        that run float islands."""
+        return "-mfloat-abi=soft" not in self.flags
+
+    @property
     def depth_multiple(self) -> int:
         """What the MCU conv pads its dot products' depth to: one MVE vector of int8, or a DSP word."""
         return 16 if self.isa == MVE else 4
@@ -60,11 +70,14 @@ class Profile:
 
 
 PROFILES: Registry[Profile] = Registry("CPU profile", "the c target")
+FLOAT_ORDER = ("-ffp-contract=off",)   # every build of the artifact: see _profile
 
 
 def _profile(name: str, isa: str, flags: tuple[str, ...], board: Board | None) -> None:
+    """Every profile compiles with -ffp-contract=off: a float island's products and sums are rounded one by
+    one, in the order the integer reference adds them (dabuild.quant.layers.island_order)."""
     compiler = "cc" if board is None else "arm-none-eabi-gcc"
-    PROFILES.add(name, Profile(name, compiler, flags, isa, board))
+    PROFILES.add(name, Profile(name, compiler, (*flags, *FLOAT_ORDER), isa, board))
 
 
 _MPS2 = dict(flash_origin=0x00000000, flash_bytes=4 << 20, ram_origin=0x20000000, ram_bytes=4 << 20)

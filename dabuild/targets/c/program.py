@@ -5,7 +5,9 @@ spec fits (`kernels.select`); its activation inputs are converted when the
 kernel wants another storage (a conversion step, done once per tensor and
 storage and shared by every reader), and its outputs get the storage the
 kernel produces. Alias layers (reshape, flatten, ...) emit no step: their
-output is their input's buffer. The graph output must end canonical in `out`,
+output is their input's buffer. A float island's tensors (`QGraph.floats`)
+are float32, canonical, without quantization params; the float constants its
+layers read are the step's own (`Step.constants`), not int8 graph constants. The graph output must end canonical in `out`,
 and the buffer it lives in becomes `out` itself, so the last kernel writes
 there directly.
 """
@@ -34,6 +36,7 @@ class Program:
     input: str                    # the buffer `in` is
     output: str                   # the buffer `out` is
     constants: dict[str, Operand]
+    floats: frozenset[str] = frozenset()   # buffers of float32 values (4 bytes each)
 
 
 def _constant(qgraph: QGraph, name: str, rank: int, layer: QLayer) -> Operand:
@@ -78,7 +81,10 @@ def build_program(qgraph: QGraph, profile: Profile = PROFILES[HOST]) -> Program:
     params = {name: tensor.params for name, tensor in qgraph.tensors.items()}
 
     def operand(name: str) -> Operand:
-        return Operand(name, storage[name], params[name])
+        return Operand(name, storage[name], params.get(name))
+
+    def shape(name: str) -> tuple[int, ...]:
+        return qgraph.tensors[name].shape if name in qgraph.tensors else qgraph.floats[name]
 
     def in_storage(name: str, wanted: str) -> str:
         """`name`, or its conversion to the `wanted` storage (made once)."""
@@ -95,28 +101,30 @@ def build_program(qgraph: QGraph, profile: Profile = PROFILES[HOST]) -> Program:
         return converted[key]
 
     for layer in qgraph.layers:
-        if _touches_batch(layer, len(qgraph.tensors[layer.inputs[0]].shape) + 1):
+        if _touches_batch(layer, len(shape(layer.inputs[0])) + 1):
             raise BuildError(f"layer {layer.name!r}: {layer.op} along the batch axis; the C model runs one sample "
                              "at a time")
         chosen: Kernel = select(layer, qgraph, profile)
-        rank = len(qgraph.tensors[layer.outputs[0]].shape)
+        rank = len(shape(layer.outputs[0]))
         inputs = []
+        float_constants = {}
         for name in layer.inputs:
-            if name in qgraph.constants:
+            if name in qgraph.constants and name not in qgraph.tensors:
+                float_constants[name] = qgraph.constants[name]
+            elif name in qgraph.constants:
                 constants[name] = _constant(qgraph, name, rank, layer)
                 inputs.append(constants[name])
             else:
                 inputs.append(operand(in_storage(name, chosen.inputs)))
         outputs = []
         for name in layer.outputs:
-            shape = qgraph.tensors[name].shape
             if chosen.outputs == ALIAS:
-                storage[name], buffer[name] = Storage.canonical(shape), buffer[inputs[0].name]
+                storage[name], buffer[name] = Storage.canonical(shape(name)), buffer[inputs[0].name]
                 continue
-            storage[name], buffer[name] = _output_storage(chosen.outputs, shape, inputs), name
+            storage[name], buffer[name] = _output_storage(chosen.outputs, shape(name), inputs), name
             outputs.append(operand(name))
         if outputs:
-            steps.append(Step(chosen, layer.name, layer, inputs, outputs, profile))
+            steps.append(Step(chosen, layer.name, layer, inputs, outputs, profile, float_constants))
 
     output = in_storage(qgraph.output, CANONICAL)
     if buffer[output] == buffer[qgraph.input]:  # nothing but aliases of the input: `out` needs a copy
@@ -124,7 +132,8 @@ def build_program(qgraph: QGraph, profile: Profile = PROFILES[HOST]) -> Program:
         storage[target], buffer[target], params[target] = storage[output], target, params[output]
         steps.append(Step(CONVERT, target, None, [operand(output)], [operand(target)]))
         output = target
-    return Program(steps, storage, buffer, buffer[qgraph.input], buffer[output], constants)
+    return Program(steps, storage, buffer, buffer[qgraph.input], buffer[output], constants,
+                   frozenset(buffer[name] for name in qgraph.floats))
 
 
 def _output_storage(rule: str, shape: tuple[int, ...], inputs: list[Operand]) -> Storage:

@@ -50,6 +50,7 @@ from dabuild.quant import layers  # noqa: F401  (registers every layer type)
 from dabuild.quant.dtypes import int_type
 from dabuild.quant.fixed_point import requantize as requantize_integers
 from dabuild.quant.layers.elementwise import QAdd, QClamp, QLookup, QMul
+from dabuild.quant.layers.given import QFixedQuant
 from dabuild.quant.layers.linear import QConv, QConvTranspose, QDense, QWeighted
 from dabuild.quant.layers.matmul import QMatMul
 from dabuild.quant.layers.pool import QAvgPool, QMean
@@ -61,7 +62,7 @@ from dabuild.registry import Registry
 
 try:
     from da4ml.trace import FixedVariable, FixedVariableArray
-    from da4ml.trace.ops import reduce
+    from da4ml.trace.ops import quantize, reduce
 except ImportError as error:  # the caller (the hdl target) turns this into a BuildError
     raise ImportError("da4ml is not installed", name="da4ml") from error
 
@@ -271,6 +272,12 @@ def _affine(rows: FixedVariableArray, weight: np.ndarray, bias: np.ndarray, lsb:
 def _finish_weighted(layer: QWeighted, graph: QGraph, accumulator: FixedVariableArray, lsb: np.ndarray,
                      where: str) -> list[FixedVariableArray]:
     output = layer.output_params(graph)
+    low, high = layer.accumulator_range(layer.params(graph))
+    if np.all(lsb == output.scale) and output.zero_point == 0 and output.qmin <= low.min() and high.max() <= output.qmax:
+        # The output is the accumulator itself (an exact tensor of a fixed-point given model): nothing to round or
+        # saturate, only the fused activation's bounds where they cut into its range (relu: da4ml's relu).
+        return [clamp(accumulator, layer.output_min * output.scale if layer.output_min > low.min() else -math.inf,
+                      layer.output_max * output.scale if layer.output_max < high.max() else math.inf)]
     return [requantize(accumulator, lsb, output, layer.output_min, layer.output_max, where)]
 
 
@@ -576,6 +583,23 @@ def convert_lookup(layer: QLookup, graph: QGraph, inputs: list[FixedVariableArra
     return [_elementwise(inputs[0], lambda v: v.lookup(table, original_qint=domain))]
 
 
+DA4ML_ROUNDING = {"floor": "TRN", "half_up": "RND"}
+DA4ML_OVERFLOW = {"wrap": "WRAP", "saturate": "SAT", "saturate_symmetric": "SAT_SYM"}
+
+
+@converts("fixed_quant")
+def convert_fixed_quant(layer: QFixedQuant, graph: QGraph, inputs: list[FixedVariableArray]) -> list[FixedVariableArray]:
+    """da4ml's own `quantize` with the types per element, as da4ml's conversion of an HGQ2 model calls it."""
+    quant = layer.quantizer
+    if quant.rounding not in DA4ML_ROUNDING:
+        raise BuildError(f"{described(layer)}: rounding {quant.rounding!r}; da4ml rounds 'floor' (TRN) or 'half_up' "
+                         "(RND) only; nearest choice: rounding 'half_up'")
+    shape = graph.tensors[layer.outputs[0]].shape
+    k, i, f = (np.broadcast_to(a, shape).astype(np.int8) for a in quant.arrays())
+    return [quantize(inputs[0], k, i, f, overflow_mode=DA4ML_OVERFLOW[quant.overflow],
+                     round_mode=DA4ML_ROUNDING[quant.rounding])]
+
+
 class _Refusal:
     """A converter that refuses its op with `why`; `refuses` makes docs/ops.md show the op as refused, not mapped."""
 
@@ -619,7 +643,11 @@ def apply_qgraph(graph: QGraph, x: FixedVariableArray) -> dict[str, FixedVariabl
     """Every tensor of `graph` as da4ml symbols, from the symbolic input `x` (per-sample shape, real units)."""
     params = graph.input_params
     x = x.reshape(graph.tensors[graph.input].shape)
-    values = {graph.input: x.quantize(*fixed_type(params, f"graph input {graph.input!r}"))}
+    readers = [layer for layer in graph.layers if graph.input in layer.inputs]
+    if params.overflow == "wrap" and all(isinstance(layer, QFixedQuant) for layer in readers):
+        values = {graph.input: x}  # its quantizers declare the input's bits, as da4ml's HGQ2 conversion has it
+    else:
+        values = {graph.input: x.quantize(*fixed_type(params, f"graph input {graph.input!r}"))}
     for name in graph.constants:
         if name in graph.tensors:
             values[name] = constant_symbols(graph, name, x)

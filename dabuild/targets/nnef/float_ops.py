@@ -70,7 +70,9 @@ _DIRECT = {"identity": "copy", "relu": "relu", "sigmoid": "sigmoid", "tanh": "ta
 
 @emits(*_DIRECT)
 def _direct(e: Emitter, op: str, inputs: list[str], attrs: dict[str, Any], shapes: list[Shape], base: str) -> list[str]:
-    return [e.call(base, _DIRECT[op], *inputs)]
+    rank = max(len(shape) for shape in shapes)
+    return [e.call(base, _DIRECT[op], *(aligned(e, name, shape, rank, f"{base}_{index}")
+                                        for index, (name, shape) in enumerate(zip(inputs, shapes))))]
 
 
 @emits("leaky_relu")
@@ -144,14 +146,19 @@ def _with_activation(e: Emitter, attrs: dict[str, Any], value: str, shape: Shape
 @emits("dense")
 def _dense(e: Emitter, op: str, inputs: list[str], attrs: dict[str, Any], shapes: list[Shape], base: str) -> list[str]:
     """x @ W (+ b): matmul on the last axis, whatever the rank."""
-    product = e.call(f"{base}_product" if len(inputs) > 2 else f"{base}_linear", "matmul", inputs[0], inputs[1])
+    weight = inputs[1]
+    if len(shapes[0]) > 2:  # tract's matmul wants operands of equal rank
+        weight = e.call(f"{base}_weight", "unsqueeze", weight, axes=integers(list(range(len(shapes[0]) - 2))))
+    product = e.call(f"{base}_product" if len(inputs) > 2 else f"{base}_linear", "matmul", inputs[0], weight)
     value = e.call(f"{base}_linear", "add", product, inputs[2]) if len(inputs) > 2 else product
     return [_with_activation(e, attrs, value, shapes[0], base)]
 
 
 @emits("matmul")
 def _matmul(e: Emitter, op: str, inputs: list[str], attrs: dict[str, Any], shapes: list[Shape], base: str) -> list[str]:
-    return [e.call(base, "matmul", *inputs)]
+    rank = max(len(shape) for shape in shapes)  # tract's matmul wants operands of equal rank
+    return [e.call(base, "matmul", *(aligned(e, name, shape, rank, f"{base}_{index}")
+                                    for index, (name, shape) in enumerate(zip(inputs, shapes))))]
 
 
 @emits("conv")
@@ -528,6 +535,10 @@ def _gather(e: Emitter, op: str, inputs: list[str], attrs: dict[str, Any], shape
     if axis == 0:
         raise BuildError(f"nnef export: {base} gathers along the batch axis")
     indices = np.asarray(attrs["indices"], np.int64) % known_size(shapes[0], axis, base)
+    if indices.ndim == 0:  # tract reads no rank-0 tensor file: gather one index, then drop its axis
+        picked = e.call(f"{base}_picked", "tract_core_gather", inputs[0], e.variable(f"{base}_indices", indices[None]),
+                        axis=str(axis))
+        return [e.call(base, "squeeze", picked, axes=integers([axis]))]
     return [e.call(base, "tract_core_gather", inputs[0], e.variable(f"{base}_indices", indices), axis=str(axis))]
 
 

@@ -24,7 +24,7 @@ class KerasTracer(TracerPlugin):
     recipe, as written by `model.save_weights`), loaded into the model it builds.
     """
 
-    suffixes: ClassVar[tuple[str, ...]] = (".keras",)
+    suffixes: ClassVar[tuple[str, ...]] = (".keras", ".h5")  # .h5: a Keras 2 model file, where Keras 3 reads it
     weights_suffixes: ClassVar[tuple[str, ...]] = (".h5",)
 
     @classmethod

@@ -4,22 +4,25 @@ An HGQ2 layer is a Keras layer with quantizers around it: an input quantizer
 (`iq`), a kernel and a bias quantizer (the layer computes with `qkernel` and
 `qbias`, already on their grids), and optionally an output quantizer (`oq`).
 Each quantizer is fixed point with a sign bit k, integer bits i and fractional
-bits f, per tensor or per element, a rounding mode and an overflow mode.
+bits f, per tensor or per element, a rounding mode and an overflow mode. What
+lies between two quantizers HGQ2 computes exactly (an accumulator at its full
+width, a relu of it), as da4ml's own conversion of the model does.
 
-The converters here wrap the float converters of `layers`: the input quantizer
-becomes a `fake_quant` node over the layer's input, the kernel is the quantized
-kernel with a `fake_quant` over it (its grid: one power-of-two scale, enough
-bits for its values, so the integers are kept exactly), the float converter
-does the layer's arithmetic and activation, and the output quantizer becomes a
-`fake_quant` over its output. The fake_quant attributes are the contract of
-dabuild's given quantization (`dabuild.ir.given`): scale 2**-f, zero point 0,
-k + i + f bits, signed when k = 1, narrow for SAT_SYM, rounding by name.
+The converters here wrap the float converters of `layers`: each activation
+quantizer becomes a `fixed_quant` node (`dabuild.ir.given.FixedQuant`: k, i, f
+per element in the IR's layout, rounding and overflow by name: RND half_up,
+TRN floor, RND_CONV half_even, RND_INF half_away, TRN_ZERO to_zero; WRAP, SAT,
+SAT_SYM), which also makes every tensor between quantizers exact downstream.
+The kernel is the quantized kernel with a `fake_quant` over it on one
+power-of-two grid fine enough for its values and for the bias (the bias must
+lie on the accumulator's grid, input step x kernel step), so the given
+integers are kept exactly; the float converter does the layer's arithmetic.
+QKeras-style quantizers (HGQ2's `kbi` type: keep_negative, bits, integer) are
+the same fixed-point quantizers and map the same way.
 
-What that contract cannot state is refused naming the layer, the quantizer, the
-parameter and the nearest choice HGQ2 offers: per-element widths (HGQ2's
-default for activations), overflow WRAP (HGQ2's default for activations: the
-contract saturates), rounding modes it has no name for (RND, HGQ2's default, is
-round half up), scalers and affine quantizers, float quantizers.
+Refused, naming the layer, the quantizer and the nearest choice HGQ2 offers:
+scalers and affine maps, float quantizers, rounding RND_ZERO/RND_MIN_INF and
+overflow WRAP_SM.
 """
 
 from __future__ import annotations
@@ -30,13 +33,13 @@ from typing import Any
 
 import numpy as np
 
+from dabuild.ir.given import FIXED_OP, FixedQuant
 from dabuild.trace.keras_frontend import layers
 from dabuild.trace.keras_frontend.walk import Builder, Call, Unsupported, Value, converts
 
-# HGQ2's rounding modes under the names of dabuild's given quantization (dabuild.ir.given.ROUNDINGS)
-ROUNDINGS = {"RND_CONV": "half_even", "RND_INF": "half_away", "TRN": "floor", "TRN_ZERO": "to_zero"}
-OVERFLOWS = ("SAT", "SAT_SYM")
-GIVEN_OP = "fake_quant"
+# HGQ2's rounding and overflow modes under the names of dabuild's given quantization (dabuild.ir.given)
+ROUNDINGS = {"RND": "half_up", "TRN": "floor", "RND_CONV": "half_even", "RND_INF": "half_away", "TRN_ZERO": "to_zero"}
+OVERFLOWS = {"WRAP": "wrap", "SAT": "saturate", "SAT_SYM": "saturate_symmetric"}
 
 
 def _numpy(value: Any) -> np.ndarray:
@@ -78,58 +81,51 @@ class FixedQuantizer:
 
         return get_fixed_quantizer_np(self.round_mode, self.overflow_mode)(x, self.k, self.i, self.f)
 
-    def given(self, what: str) -> dict[str, Any]:
-        """The fake_quant attributes (dabuild.ir.given's contract) of this quantizer; Unsupported if none fit."""
-        triples = {(int(k), int(i), int(f)) for k, i, f in
-                   zip(*(np.broadcast_arrays(self.k, self.i, self.f)[n].ravel() for n in range(3)))}
-        if len(triples) > 1:
-            k, i, f = (int(np.max(v)) for v in (self.k, self.i, self.f))
-            raise Unsupported(f"{what}: per-element bit widths ({len(triples)} distinct (k, i, f)); dabuild's given "
-                              "quantization has one type per tensor or channel; nearest choice: a quantizer with "
-                              f"heterogeneous_axis=() (the widest here is k={k} i={i} f={f})")
-        (k, i, f), = triples
-        if self.round_mode not in ROUNDINGS:
-            raise Unsupported(f"{what}: round_mode {self.round_mode!r}, for which dabuild has no rounding (RND is "
-                              "round half up); nearest choice: round_mode 'RND_CONV' (half to even)")
-        if self.overflow_mode not in OVERFLOWS:
-            raise Unsupported(f"{what}: overflow_mode {self.overflow_mode!r}; dabuild's given quantization saturates; "
-                              "nearest choice: overflow_mode 'SAT'")
-        if k + i + f < 1:
-            raise Unsupported(f"{what}: {k + i + f} bits (the tensor is pruned to 0); nearest choice: 1 bit")
-        return {"scale": [2.0 ** -f], "zero_point": [0], "bits": k + i + f, "signed": bool(k), "axis": None,
-                "narrow": self.overflow_mode == "SAT_SYM", "rounding": ROUNDINGS[self.round_mode]}
+    def fixed(self, what: str, channels_first: bool = False) -> FixedQuant:
+        """The fixed_quant (dabuild.ir.given's contract) of this quantizer, over the IR layout (channels first
+        moves Keras's last axis to the front); Unsupported for modes the contract has no name for."""
+        mode = self.round_mode.upper().removeprefix("S_")  # stochastic rounding is training-time only
+        if mode not in ROUNDINGS:
+            raise Unsupported(f"{what}: round_mode {self.round_mode!r}, for which dabuild has no rounding; nearest "
+                              "choice: round_mode 'RND' (half up)")
+        if self.overflow_mode.upper() not in OVERFLOWS:
+            raise Unsupported(f"{what}: overflow_mode {self.overflow_mode!r}; nearest choice: overflow_mode 'WRAP' "
+                              "or 'SAT'")
+        k, i, f = (np.asarray(a) for a in (self.k, self.i, self.f))
+        if channels_first and k.ndim > 1:
+            k, i, f = (np.moveaxis(a, -1, 0) for a in (k, i, f))
+        return FixedQuant.of(k, i, f, ROUNDINGS[mode], OVERFLOWS[self.overflow_mode.upper()])
 
 
-def weight_grid(values: np.ndarray, what: str) -> dict[str, Any]:
-    """fake_quant attributes holding already quantized `values` exactly: the finest power-of-two step they use,
-    and the fewest signed bits for their integers (per-element kernel widths all fit one such grid)."""
+def weight_grid(values: np.ndarray, what: str, finest: float | None = None) -> dict[str, Any]:
+    """fake_quant attributes holding already quantized `values` exactly: the finest power-of-two step they use
+    (or `finest`, where that is finer: a bias on a finer grid than input x kernel steps needs it), and the
+    fewest signed bits for their integers (per-element kernel widths all fit one such grid)."""
+    values = np.asarray(values, dtype=np.float64)
+    scale = grid_step(values, what)
+    if finest is not None:
+        scale = min(scale, finest)
+    integers = values / scale
+    bits = max(int(np.max(integers, initial=0)).bit_length(), int(-np.min(integers, initial=0) - 1).bit_length()) + 1
+    return {"scale": [scale], "zero_point": [0], "bits": max(bits, 2), "signed": True, "axis": None,
+            "narrow": False, "rounding": "half_even"}
+
+
+def grid_step(values: np.ndarray, what: str) -> float:
+    """The coarsest power-of-two step on which every value lies (1 for all zeros)."""
     values = np.asarray(values, dtype=np.float64)
     if not np.any(values):
-        return {"scale": [1.0], "zero_point": [0], "bits": 2, "signed": True, "axis": None, "narrow": False,
-                "rounding": "half_even"}
-    for fractional in range(-32, 64):  # the coarsest power-of-two grid holding every value
+        return 1.0
+    for fractional in range(-32, 64):
         integers = values * 2.0**fractional
         if np.array_equal(integers, np.rint(integers)):
-            break
-    else:
-        raise Unsupported(f"{what}: values on no power-of-two grid")
-    scale = 2.0**-fractional
-    bits = max(int(np.max(integers)).bit_length(), int(-np.min(integers) - 1).bit_length()) + 1
-    return {"scale": [scale], "zero_point": [0], "bits": bits, "signed": True, "axis": None, "narrow": False,
-            "rounding": "half_even"}
+            return 2.0**-fractional
+    raise Unsupported(f"{what}: values on no power-of-two grid")
 
 
-def fake_quant_available(b: Builder) -> None:
-    from dabuild.ir.ops import OPS
-
-    if GIVEN_OP not in OPS:
-        raise Unsupported(f"HGQ2 quantizers need dabuild's given quantization (IR op {GIVEN_OP!r}), which this "
-                          "dabuild does not have")
-
-
-def fake_quant(b: Builder, x: Value, attrs: dict[str, Any], what: str) -> Value:
-    """A fake_quant node over `x` (either layout: the parameters are per tensor)."""
-    return b.value(GIVEN_OP, [x.name], attrs, x.channels_first)
+def fixed_quant(b: Builder, x: Value, quantizer: FixedQuantizer, what: str) -> Value:
+    """A fixed_quant node over `x`, its types laid out as x is."""
+    return b.value(FIXED_OP, [x.name], quantizer.fixed(what, x.channels_first).attrs(), x.channels_first)
 
 
 def _sample_shape(b: Builder, x: Value) -> tuple[int, ...]:
@@ -140,32 +136,37 @@ def _sample_shape(b: Builder, x: Value) -> tuple[int, ...]:
     return shape
 
 
-def quantize_input(b: Builder, layer: Any, x: Value, quantizer: Any, what: str) -> Value:
-    return fake_quant(b, x, FixedQuantizer.of(quantizer, _sample_shape(b, x), what).given(what), what)
+def quantize_input(b: Builder, x: Value, quantizer: Any, what: str) -> tuple[Value, float]:
+    """x through a fixed_quant of `quantizer`, and the step 2**-F of its grid."""
+    fixed = FixedQuantizer.of(quantizer, _sample_shape(b, x), what)
+    return fixed_quant(b, x, fixed, what), 2.0 ** -fixed.fixed(what).fractional_bits
 
 
 def hgq_layer(convert: Callable[[Builder, Call], Value]) -> Callable[[Builder, Call], Value]:
     """The HGQ2 converter of a layer the float converter `convert` maps: quantizers around it."""
     def converter(b: Builder, call: Call) -> Value:
         layer = call.layer
-        fake_quant_available(b)
-        inputs = list(call.inputs)
+        inputs, steps = list(call.inputs), []
         if layer.enable_iq:
             quantizers = getattr(layer.iq, "quantizers", None) or [layer.iq]
-            inputs = [quantize_input(b, layer, x, q, f"input quantizer {n}" if len(inputs) > 1 else "input quantizer")
-                      for n, (x, q) in enumerate(zip(inputs, quantizers))]
+            quantized = [quantize_input(b, x, q, f"input quantizer {n}" if len(inputs) > 1 else "input quantizer")
+                         for n, (x, q) in enumerate(zip(inputs, quantizers))]
+            inputs, steps = [x for x, _ in quantized], [step for _, step in quantized]
         parameters = {}
         if getattr(layer, "kernel", None) is not None and hasattr(layer, "qkernel"):
             parameters["kernel"] = _numpy(layer.qkernel)
+            finest = None
             if getattr(layer, "bias", None) is not None:
                 parameters["bias"] = _numpy(layer.qbias)
-        b.given_weights = {"kernel": weight_grid(parameters["kernel"], "kernel")} if "kernel" in parameters else {}
+                if len(steps) == 1:  # the accumulator's grid (input x kernel steps) must hold the bias exactly
+                    finest = grid_step(parameters["bias"], "bias") / steps[0]
+            b.given_weights = {"kernel": weight_grid(parameters["kernel"], "kernel", finest)}
         try:
             y = convert(b, Call(layer, inputs, call.args, call.kwargs, parameters))
         finally:
             b.given_weights = {}
         if getattr(layer, "enable_oq", False):
-            y = quantize_input(b, layer, y, layer.oq, "output quantizer")
+            y, _ = quantize_input(b, y, layer.oq, "output quantizer")
         return y
 
     converter.__doc__ = f"HGQ2's form of: {convert.__doc__ or convert.__name__}"
@@ -191,5 +192,4 @@ for _name, _convert in _QUANTIZED.items():
 @converts("Quantizer")
 def quantizer_layer(b: Builder, call: Call) -> Value:
     """HGQ2's stand-alone Quantizer layer (e.g. the model's input quantizer)."""
-    fake_quant_available(b)
-    return quantize_input(b, call.layer, call.inputs[0], call.layer, "quantizer")
+    return quantize_input(b, call.inputs[0], call.layer, "quantizer")[0]

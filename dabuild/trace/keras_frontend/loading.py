@@ -43,7 +43,59 @@ def load_file(path: Path) -> Any:
     try:
         return keras.saving.load_model(path, compile=False)
     except Exception as error:  # noqa: BLE001 - keras reports bad archives and unknown classes in many exception types
+        qkeras = qkeras_layers(path)
+        if qkeras:
+            raise UsageError(
+                f"{path}: a QKeras model (layers {', '.join(qkeras)}); QKeras needs TensorFlow (package "
+                "'tensorflow', with 'qkeras'), which dabuild's keras frontend does not use (it runs Keras 3 on torch) "
+                "and which is not installed; rebuild the model with HGQ2's QKeras-style quantizers (q_type 'kbi': "
+                "keep_negative, bits, integer), or export it to QONNX with qonnx's QKeras converter (it needs "
+                "TensorFlow) and build the .onnx file") from None
         raise UsageError(f"{path}: keras cannot load this model: {type(error).__name__}: {error}") from None
+
+
+QKERAS_NAMES = ("QDense", "QConv1D", "QConv2D", "QDepthwiseConv2D", "QSeparableConv2D", "QActivation",
+                "QBatchNormalization", "QAveragePooling2D", "QSimpleRNN", "QLSTM", "QGRU", "quantized_bits",
+                "quantized_relu", "quantized_po2", "quantized_tanh", "binary", "ternary")
+
+
+def qkeras_layers(path: Path) -> list[str]:
+    """The QKeras classes the saved model's configuration names (a .keras archive's config.json, an .h5 file's
+    model_config); none where it names a package of its own for them (HGQ2's QDense is not QKeras's)."""
+    import json
+    import zipfile
+
+    text = ""
+    try:
+        if zipfile.is_zipfile(path):
+            with zipfile.ZipFile(path) as archive:
+                text = archive.read("config.json").decode()
+        else:
+            import h5py
+
+            with h5py.File(path, "r") as h5:
+                config = h5.attrs.get("model_config", "")
+                text = config.decode() if isinstance(config, bytes) else str(config)
+    except (OSError, KeyError, ValueError, ImportError, zipfile.BadZipFile):  # not a model file: keras's message says so
+        return []
+    found: list[str] = []
+
+    def visit(node: Any) -> None:
+        if isinstance(node, dict):
+            name, module = node.get("class_name"), str(node.get("module") or "")
+            if name in QKERAS_NAMES and (module.startswith("qkeras") or not module) and name not in found:
+                found.append(name)
+            for value in node.values():
+                visit(value)
+        elif isinstance(node, list):
+            for value in node:
+                visit(value)
+
+    try:
+        visit(json.loads(text))
+    except ValueError:
+        return []
+    return found
 
 
 def _call_factory(factory: Any, where: str) -> Any:

@@ -23,6 +23,7 @@ from dabuild.trace.base import Shape, TracerPlugin
 from dabuild.trace.onnx_frontend.conversion import Conversion, Unsupported
 from dabuild.trace.onnx_frontend.converters import CONVERTERS, SUPPORTED_OPS
 from dabuild.trace.onnx_frontend.quantized import QUANTIZATION_OPS
+from dabuild.trace.stacked_batch import stack_batch
 
 if TYPE_CHECKING:
     from dabuild.trace.onnx_frontend.model_file import OnnxModel
@@ -165,17 +166,22 @@ class OnnxTracer(TracerPlugin):
         model = self.onnx_model()
         shapes = self.get_input_shapes()
         for graph_input in model.inputs:
-            if graph_input.dtype is not None and graph_input.dtype.kind != "f":
+            if graph_input.dtype is not None and graph_input.dtype.kind not in "fiub":
                 raise UsageError(
                     f"{model.where}: input {graph_input.name!r} has element type {graph_input.dtype}; "
-                    "dabuild graphs take float inputs"
+                    "dabuild graphs take float inputs (and integer ones that feed only shape computations)"
                 )
-            if graph_input.dtype is not None and graph_input.dtype.itemsize > 4:
+            if graph_input.dtype is not None and graph_input.dtype.kind == "f" and graph_input.dtype.itemsize > 4:
                 raise UsageError(
                     f"{model.where}: input {graph_input.name!r} is {graph_input.dtype}: the model computes in "
                     f"{graph_input.dtype}, and dabuild computes in float32, which would change its results "
                     "(overflow to inf, lost precision); export the model in float32 (torch: model.float())"
                 )
+        shape_only = [graph_input for graph_input in model.inputs
+                      if graph_input.dtype is not None and graph_input.dtype.kind != "f"]
+        for graph_input in shape_only:
+            self.progress.info(f"{model.where}: input {graph_input.name!r} ({graph_input.dtype}) feeds only shape "
+                               "computations, which loading evaluates; the graph does not take it")
         declared = self.inputs or {}
         fixed = [name for name, shape in shapes.items() if shape and shape[0] == 1]
         asked = [name for name in fixed if name in declared and declared[name] and declared[name][0] is None]
@@ -187,11 +193,22 @@ class OnnxTracer(TracerPlugin):
                 self.progress.info(f"{model.where}: the file fixes the batch of {', '.join(map(repr, relaxable))} "
                                    "to 1; relaxed to any batch (every node treats samples independently)")
                 return graph
+            one_sample = self._convert(shapes)
+            try:
+                graph = stack_batch(one_sample)
+            except BuildError as error:
+                why_not = f"{why_not}; stacking samples: {error}"
+            else:
+                self.progress.info(f"{model.where}: the file fixes the batch of {', '.join(map(repr, relaxable))} "
+                                   f"to 1 and moves it ({why_not}); relaxed to any batch by stacking samples "
+                                   "(checked against one sample at a time)")
+                return graph
             if asked:
                 raise UsageError(f"{model.where}: model.inputs gives {', '.join(map(repr, asked))} a free batch "
                                  f"(null), but the graph cannot take one: {why_not}")
             self.progress.info(f"{model.where}: the file fixes the batch to 1 and the graph cannot relax it "
                                f"({why_not}); it runs sample by sample")
+            return one_sample
         return self._convert(shapes)
 
     def _relaxed(self, shapes: dict[str, Shape]) -> tuple[Graph | None, str]:
@@ -228,4 +245,16 @@ class OnnxTracer(TracerPlugin):
                 ctx.materialize(name)
             except Unsupported as reason:
                 raise UsageError(f"{model.where}: graph output {name!r}: {reason}") from None
-        return Graph(inputs=list(specs.values()), outputs=list(model.outputs), nodes=ctx.nodes, constants=ctx.constants)
+        integer = {graph_input.name: graph_input.dtype for graph_input in model.inputs
+                   if graph_input.dtype is not None and graph_input.dtype.kind != "f"}
+        for node in ctx.nodes:
+            read = [name for name in node.inputs if name in integer]
+            if read:
+                raise UsageError(f"{model.where}: node {node.name!r} ({node.op}) reads the integer input {read[0]!r} "
+                                 f"({integer[read[0]]}); dabuild graphs compute on float inputs, and an integer input "
+                                 "may feed only shape computations (Shape, Size), which loading evaluates")
+        unread = [name for name in integer if name in model.outputs]
+        if unread:
+            raise UsageError(f"{model.where}: graph output {unread[0]!r} is the integer input itself")
+        return Graph(inputs=[spec for name, spec in specs.items() if name not in integer],
+                     outputs=list(model.outputs), nodes=ctx.nodes, constants=ctx.constants)

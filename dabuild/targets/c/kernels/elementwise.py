@@ -30,7 +30,7 @@ def clamp(step: Step) -> dict[str, Any]:
 def lookup(step: Step) -> dict[str, Any]:
     layer: QLookup = step.layer  # type: ignore[assignment]
     return {"size": step.inputs[0].size, "table": layer.table, "function": layer.function,
-            "qmin": step.inputs[0].params.qmin}
+            "qmin": step.inputs[0].quant.qmin}
 
 
 def binary_walk(step: Step) -> Walk:
@@ -44,7 +44,7 @@ def binary_walk(step: Step) -> Walk:
 def rescale_table(layer: QAdd, operand: Operand, index: int) -> np.ndarray:
     """An add input's rescaled term for each of its 256 int8 values: the reference's own arithmetic, run
     once at export, so the C kernel does one table read per input instead of an int64 requantization."""
-    values = np.arange(operand.params.qmin, operand.params.qmax + 1, dtype=np.int64) - operand.params.zero_point
+    values = np.arange(operand.quant.qmin, operand.quant.qmax + 1, dtype=np.int64) - operand.quant.zero_point
     return requantize(values << layer.left_shift, layer.input_multiplier[index], layer.input_shift[index])
 
 
@@ -54,17 +54,17 @@ def add(step: Step) -> dict[str, Any]:
     layer: QAdd = step.layer  # type: ignore[assignment]
     return {"walk": binary_walk(step), "sign": "+" if layer.sign > 0 else "-",
             "tables": [rescale_table(layer, operand, index) for index, operand in enumerate(step.inputs)],
-            "offsets": [-operand.params.qmin for operand in step.inputs],
+            "offsets": [-operand.quant.qmin for operand in step.inputs],
             "multiplier": int(layer.multiplier[0]), "shift": int(layer.shift[0]),
-            "output_zero_point": step.outputs[0].params.zero_point}
+            "output_zero_point": step.outputs[0].quant.zero_point}
 
 
 @kernel("mul", "mul")
 def mul(step: Step) -> dict[str, Any]:
     layer: QMul = step.layer  # type: ignore[assignment]
-    return {"walk": binary_walk(step), "zero_points": [operand.params.zero_point for operand in step.inputs],
+    return {"walk": binary_walk(step), "zero_points": [operand.quant.zero_point for operand in step.inputs],
             "multiplier": int(layer.multiplier[0]), "shift": int(layer.shift[0]),
-            "output_zero_point": step.outputs[0].params.zero_point}
+            "output_zero_point": step.outputs[0].quant.zero_point}
 
 
 @kernel("prelu", "prelu")
@@ -75,7 +75,7 @@ def prelu(step: Step) -> dict[str, Any]:
     slopes = Storage.canonical(tuple(layer.sign.shape))
     walk = Walk.over(out.shape, out.storage.order, {"o": out.strides, "i": broadcast_strides(source.storage, out.shape),
                                                       "s": broadcast_strides(slopes, out.shape)})
-    return {"walk": walk, "zero_point": source.params.zero_point, "output_zero_point": out.params.zero_point,
+    return {"walk": walk, "zero_point": source.quant.zero_point, "output_zero_point": out.quant.zero_point,
             "multiplier": int(layer.multiplier[0]), "shift": int(layer.shift[0]),
             "negative_multiplier": layer.negative_multiplier.ravel(), "negative_shift": layer.negative_shift.ravel(),
             "sign": layer.sign.ravel()}

@@ -53,7 +53,7 @@ def _requantization(step: Step, layer: QWeighted, weight_sums: np.ndarray, centr
     `narrow_sum`: no raw sum plus bias can leave int32 (|x| <= 128, or |x - zp| <= 255 for centred inputs,
     times the output's sum of |w|, plus |bias|), so the kernel adds them in int32.
     """
-    zero_point = step.inputs[0].params.zero_point
+    zero_point = step.inputs[0].quant.zero_point
     bias = layer.bias.astype(np.int64) - zero_point * weight_sums
     if np.abs(bias).max(initial=0) > INT32_MAX:
         raise BuildError(f"layer {layer.name!r}: the bias with the input zero point folded in overflows int32")
@@ -63,7 +63,7 @@ def _requantization(step: Step, layer: QWeighted, weight_sums: np.ndarray, centr
     return {"bias": bias, "multiplier": layer.multiplier, "shift": layer.shift,
             "narrow_sum": bool(largest.max(initial=0) <= INT32_MAX),
             "high_shift": bool(np.all((np.asarray(layer.shift) >= 32) & (np.asarray(layer.shift) <= 62))),
-            "per_channel": len(layer.multiplier) > 1, "output_zero_point": step.outputs[0].params.zero_point,
+            "per_channel": len(layer.multiplier) > 1, "output_zero_point": step.outputs[0].quant.zero_point,
             "output_min": layer.output_min, "output_max": layer.output_max}
 
 
@@ -192,7 +192,7 @@ def conv_depthwise(step: Step) -> dict[str, Any]:
     layer: QConv = step.layer  # type: ignore[assignment]
     weight = _planar_weight(layer)  # (O, kh, kw, 1)
     geometry = _conv_window(step)
-    return {**geometry, "input_zero_point": step.inputs[0].params.zero_point,
+    return {**geometry, "input_zero_point": step.inputs[0].quant.zero_point,
             "depth_multiplier": geometry["out_channels"] // geometry["channels"],
             "weight": np.ascontiguousarray(weight[..., 0].transpose(1, 2, 0)),  # [kh][kw][out]
             **_requantization(step, layer, weight.astype(np.int64).sum(axis=(1, 2, 3)))}
@@ -205,7 +205,7 @@ def conv(step: Step) -> dict[str, Any]:
     geometry = _gemm_geometry(step)
     groups = layer.groups
     _, weight = _gemm_weight(step, geometry, np.int16)
-    return {**geometry, "input_zero_point": step.inputs[0].params.zero_point, "groups": groups,
+    return {**geometry, "input_zero_point": step.inputs[0].quant.zero_point, "groups": groups,
             "channel_block": CHANNEL_BLOCK, "pixel_block": PIXEL_BLOCK, "isa": HOST, "centred": True,
             "column_type": "int16_t", "pad_value": 0,
             # one window row is contiguous in both source and columns when no group or dilation interleaves it
@@ -249,7 +249,7 @@ def conv_mcu(step: Step) -> dict[str, Any]:
         weight = interleave(weight)
     centred = step.profile.isa != MVE  # int16 columns x - zp; else int8 columns x with zp folded into the bias
     weight_sums = np.zeros(geometry["out_channels"], np.int64) if centred else rows.reshape(-1, depth).astype(np.int64).sum(1)
-    zero_point = step.inputs[0].params.zero_point
+    zero_point = step.inputs[0].quant.zero_point
     return {**geometry, "input_zero_point": zero_point, "groups": groups, "isa": step.profile.isa,
             "centred": centred, "column_type": "int16_t" if centred else "int8_t",
             "pad_value": 0 if centred else zero_point,
@@ -295,4 +295,4 @@ def conv_transpose(step: Step) -> dict[str, Any]:
     return {"channels": x[0], "height": sizes[0], "width": sizes[1], "out_channels": y[0], "out_height": outs[0],
             "out_width": outs[1], "kernel_height": kernels[0], "kernel_width": kernels[1],
             "group_in": x[0] // layer.groups, "group_out": y[0] // layer.groups, "rows": axes[0], "columns": axes[1],
-            "weight": layer.weight, "input_zero_point": step.inputs[0].params.zero_point, **requantization}
+            "weight": layer.weight, "input_zero_point": step.inputs[0].quant.zero_point, **requantization}

@@ -30,6 +30,6 @@ def matmul(step: Step) -> dict[str, Any]:
     batch = out.shape[:-2]
     return {"rows": a.shape[-2], "depth": a.shape[-1], "columns": b.shape[-1],
             "a_offsets": _matrix_offsets(a.shape, batch), "b_offsets": _matrix_offsets(b.shape, batch),
-            "count": int(np.prod(batch, dtype=np.int64)), "zero_points": [a.params.zero_point, b.params.zero_point],
+            "count": int(np.prod(batch, dtype=np.int64)), "zero_points": [a.quant.zero_point, b.quant.zero_point],
             "multiplier": int(layer.multiplier[0]), "shift": int(layer.shift[0]),
-            "output_zero_point": out.params.zero_point}
+            "output_zero_point": out.quant.zero_point}

@@ -100,10 +100,10 @@ def concat(step: Step) -> dict[str, Any]:
     for k, piece in enumerate(step.inputs):
         walk = Walk.over(piece.shape, out.storage.order, {"o": out.strides, "i": piece.strides},
                          bases={"o": start * out.strides[axis]})
-        pieces.append({"walk": walk, "exact": piece.params == out.params, "zero_point": piece.params.zero_point,
+        pieces.append({"walk": walk, "exact": piece.params == out.params, "zero_point": piece.quant.zero_point,
                        "multiplier": int(layer.multiplier[k]), "shift": int(layer.shift[k])})
         start += piece.shape[axis]
-    return {"pieces": pieces, "output_zero_point": out.params.zero_point}
+    return {"pieces": pieces, "output_zero_point": out.quant.zero_point}
 
 
 def conversion_storage(source: Storage, wanted: str) -> Storage:

@@ -51,8 +51,8 @@ def avg_pool(step: Step) -> dict[str, Any]:
     layer: QAvgPool = step.layer  # type: ignore[assignment]
     counts = OPS.typed("avg_pool", AvgPool).divisors((1, *step.inputs[0].shape), layer.op_attrs).astype(np.int64)
     return {**_pool_window(step), "count_index": counts.ravel() - 1, "multiplier": layer.multiplier,
-            "shift": layer.shift, "input_zero_point": step.inputs[0].params.zero_point,
-            "output_zero_point": step.outputs[0].params.zero_point}
+            "shift": layer.shift, "input_zero_point": step.inputs[0].quant.zero_point,
+            "output_zero_point": step.outputs[0].quant.zero_point}
 
 
 def reduction_walk(step: Step, axes: list[int], keepdims: bool) -> Walk:
@@ -74,8 +74,8 @@ def mean(step: Step) -> dict[str, Any]:
     axes = [a - 1 for a in layer.axes]
     count = int(np.prod([step.inputs[0].shape[a] for a in axes]))
     return {"walk": reduction_walk(step, axes, layer.keepdims), "outputs": step.outputs[0].size, "count": count,
-            "input_zero_point": step.inputs[0].params.zero_point, "multiplier": int(layer.multiplier[0]),
-            "shift": int(layer.shift[0]), "output_zero_point": step.outputs[0].params.zero_point}
+            "input_zero_point": step.inputs[0].quant.zero_point, "multiplier": int(layer.multiplier[0]),
+            "shift": int(layer.shift[0]), "output_zero_point": step.outputs[0].quant.zero_point}
 
 
 @kernel("reduce_max", "reduce_max", outputs=CANONICAL)
@@ -93,5 +93,5 @@ def softmax(step: Step) -> dict[str, Any]:
     axis = layer.axis - 1
     rows = tuple(1 if a == axis else d for a, d in enumerate(source.shape))
     return {"walk": Walk.over(rows, source.storage.order, {"x": source.strides}), "length": source.shape[axis],
-            "stride": source.strides[axis], "exp_table": layer.exp_table, "qmin": source.params.qmin,
-            "output_zero_point": step.outputs[0].params.zero_point}
+            "stride": source.strides[axis], "exp_table": layer.exp_table, "qmin": source.quant.qmin,
+            "output_zero_point": step.outputs[0].quant.zero_point}

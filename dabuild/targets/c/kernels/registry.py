@@ -18,8 +18,10 @@ conv are two kernels of one op.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from dabuild.errors import BuildError
 from dabuild.quant.qgraph import QGraph, QLayer, QuantParams
@@ -40,8 +42,15 @@ class Operand:
 
     name: str
     storage: Storage
-    params: QuantParams
+    params: QuantParams | None   # None: a float island's float32 tensor
     constant: bool = False
+
+    @property
+    def quant(self) -> QuantParams:
+        """The quantization of an integer operand (every operand an integer kernel reads is one)."""
+        if self.params is None:
+            raise BuildError(f"tensor {self.name!r} is a float island's, but an integer kernel reads it")
+        return self.params
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -66,6 +75,7 @@ class Step:
     inputs: list[Operand]
     outputs: list[Operand]
     profile: Profile = PROFILES[HOST]
+    constants: dict[str, np.ndarray] = field(default_factory=dict)   # float constants a float layer reads
 
     @property
     def scratch_bytes(self) -> int:

@@ -35,5 +35,5 @@ def resize_linear(step: Step) -> dict[str, Any]:
                             "weight": np.array(layer.weight[k], np.int32)}
     return {"planes": int(np.prod(x[:-2], dtype=np.int64)) if rank >= 2 else 1, "height": height, "width": width,
             "out_height": out_height, "out_width": out_width, "tables": tables, "one": 1 << FRACTION_BITS,
-            "zero_point": step.inputs[0].params.zero_point, "output_zero_point": step.outputs[0].params.zero_point,
+            "zero_point": step.inputs[0].quant.zero_point, "output_zero_point": step.outputs[0].quant.zero_point,
             "multiplier": int(layer.multiplier[0]), "shift": int(layer.shift[0])}

@@ -20,7 +20,7 @@ from dabuild.targets.c.layout import Walk, broadcast_strides
 def _operands(step: Step) -> list[dict[str, Any]]:
     layer: QPick = step.layer  # type: ignore[assignment]
     out = step.outputs[0]
-    return [{"exact": operand.params == out.params, "zero_point": operand.params.zero_point,
+    return [{"exact": operand.params == out.params, "zero_point": operand.quant.zero_point,
              "multiplier": int(layer.multiplier[k]), "shift": int(layer.shift[k])}
             for k, operand in enumerate(step.inputs)]
 
@@ -32,7 +32,7 @@ def pick(step: Step) -> dict[str, Any]:
     out = step.outputs[0]
     strides = {"o": out.strides, **{f"i{k}": broadcast_strides(operand.storage, out.shape)
                                     for k, operand in enumerate(step.inputs)}}
-    context: dict[str, Any] = {"operands": _operands(step), "output_zero_point": out.params.zero_point,
+    context: dict[str, Any] = {"operands": _operands(step), "output_zero_point": out.quant.zero_point,
                                "op": step.kernel.op}
     if isinstance(step.layer, QWhere):  # the condition at the output's own offsets, so it walks with it
         condition = np.broadcast_to(step.layer.condition, out.shape)

@@ -1,0 +1,264 @@
+"""Float kernels: a float island's layers (`QFloat`, `QFloatWeighted`) on the profiles with an FPU.
+
+Each kernel reads every input as float32, whatever it is (an int8 tensor
+dequantized as it is read, `dabuild_dequantize`; a float island tensor as it
+is; a float constant from the kernel's own arrays), and writes each output as
+float32 inside the island or quantized at its boundary (`dabuild_quantize`),
+as the integer reference does (QuantParams.dequantize/quantize). Sums add in
+the order of dabuild.quant.layers.island_order, every product and sum rounded
+to float32 on its own (separate statements, and -ffp-contract=off), so the
+results equal the integer reference's bit for bit: check stays `exact`.
+
+Every tensor is canonical (channels first); an int8 input stored channels
+last is converted before. Activations need no libm: relu, relu6, clip and
+leaky_relu, alone or fused into dense/conv. The other ops an island may hold
+(softmax, sigmoid, matmul of two tensors, ...) have no float kernel here: a
+build error names the layer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from dabuild.ir.ops import OPS
+from dabuild.ir.ops.linear import conv_geometry
+from dabuild.quant.layers.fallback import QFloat
+from dabuild.quant.qgraph import QGraph, QLayer, QuantParams
+from dabuild.targets.c.kernels.registry import CANONICAL, Condition, Step, kernel
+from dabuild.targets.c.layout import Storage, Walk, broadcast_strides
+from dabuild.targets.c.literals import c_float
+from dabuild.targets.c.profiles import Profile
+
+ACTIVATIONS = ("none", "relu", "relu6", "clip", "leaky_relu")
+UNARY = ACTIVATIONS[1:]
+COPIES = ("identity", "reshape", "flatten", "squeeze", "unsqueeze")
+BINARY = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
+FLOAT_MAX = "0x1.fffffep+127f"
+
+
+@dataclass(frozen=True)
+class Access:
+    """How a float kernel reads one input or writes one output: C expressions of an element index."""
+
+    pointer: str               # in0, out1, or a constant array c0
+    params: QuantParams | None  # None: float32 values
+
+    def read(self, index: str) -> str:
+        if self.params is None:
+            return f"((const float *){self.pointer})[{index}]"
+        return f"dabuild_dequantize({self.pointer}[{index}], {self.params.zero_point}, {c_float(self.params.scale)})"
+
+    def write(self, index: str, value: str) -> str:
+        if self.params is None:
+            return f"((float *){self.pointer})[{index}] = {value};"
+        p = self.params
+        return (f"{self.pointer}[{index}] = dabuild_quantize({value}, {c_float(p.scale)}, {p.zero_point}, "
+                f"{p.qmin}, {p.qmax});")
+
+
+def _reads(step: Step) -> tuple[list[Access], list[np.ndarray]]:
+    """The access of each layer input, in the layer's order, and the float constants (arrays c0, c1, ...)."""
+    layer = step.layer
+    assert layer is not None
+    accesses: list[Access] = []
+    constants: list[np.ndarray] = []
+    position = 0
+    for name in layer.inputs:
+        if name in step.constants:
+            accesses.append(Access(f"c{len(constants)}", None))
+            constants.append(np.ascontiguousarray(step.constants[name], np.float32))
+        else:
+            accesses.append(Access(f"in{position}", step.inputs[position].params))
+            position += 1
+    return accesses, constants
+
+
+def _base(step: Step) -> dict[str, Any]:
+    reads, constants = _reads(step)
+    return {"reads": reads, "constants": constants,
+            "writes": [Access(f"out{k}", operand.params) for k, operand in enumerate(step.outputs)]}
+
+
+def activation(name: str, attrs: dict[str, Any]) -> str:
+    """C statements applying activation `name` to float `v` in place, as the IR op computes it in float32."""
+    if name == "relu":
+        return "v = v > 0.0f ? v : 0.0f;"
+    if name == "relu6":
+        return "v = v > 0.0f ? v : 0.0f; v = v < 6.0f ? v : 6.0f;"
+    if name == "leaky_relu":
+        return f"v = v < 0.0f ? v * {c_float(attrs['alpha'])} : v;"
+    if name == "clip":
+        low = "" if attrs["min"] is None else f"v = v > {c_float(attrs['min'])} ? v : {c_float(attrs['min'])}; "
+        high = "" if attrs["max"] is None else f"v = v < {c_float(attrs['max'])} ? v : {c_float(attrs['max'])};"
+        return (low + high).strip()
+    return ""
+
+
+def _fused(attrs: dict[str, Any]) -> str:
+    name = attrs.get("activation", "none")
+    return activation(name, OPS[name].resolve(attrs.get("activation_attrs") or {}) if name != "none" else {})
+
+
+def _float_layer(ops: tuple[str, ...], fused: bool = False) -> Condition:
+    """The condition of a float kernel: the layer runs one of `ops` (with a libm-free fused activation), on a
+    profile with an FPU."""
+    def runs(layer: QLayer, qgraph: QGraph, profile: Profile) -> str | None:
+        op = getattr(layer, "float_op", "")
+        if op not in ops:
+            return f"float op {op!r} is not {'/'.join(ops)}"
+        if not profile.fpu:
+            return f"cpu {profile.name!r} has no FPU, so it runs no float islands"
+        if fused and layer.op_attrs.get("activation", "none") not in ACTIVATIONS:  # type: ignore[attr-defined]
+            return f"its fused {layer.op_attrs['activation']} needs libm"  # type: ignore[attr-defined]
+        return None
+    return runs
+
+
+def _weight(step: Step, reads: list[Access], index: str, channel: str) -> tuple[str, dict[str, Any]]:
+    """The C expression of weight element `index` (output channel `channel`), and the arrays it reads: a
+    QFloatWeighted's integers times their scale (as its `real_weight`), else the layer's weight input."""
+    layer: Any = step.layer
+    if layer.op != "float_weighted":
+        return reads[1].read(index), {}
+    scale = np.asarray(layer.weight_scale, np.float32).ravel()
+    at = channel if scale.size > 1 else "0"
+    return f"(float)weight[{index}] * weight_scale[{at}]", {"weight": layer.weight, "weight_scale": scale}
+
+
+def _bias(step: Step, reads: list[Access], channel: str) -> tuple[str | None, dict[str, Any]]:
+    layer: Any = step.layer
+    if layer.op == "float_weighted":
+        return f"bias[{channel}]", {"bias": np.asarray(layer.bias, np.float32)}
+    return (reads[2].read(channel) if len(reads) > 2 else None), {}
+
+
+@kernel("float", "float_dense", inputs=CANONICAL, outputs=CANONICAL, dtypes=("int8", ""),
+        when=_float_layer(("dense",), fused=True))
+@kernel("float_weighted", "float_dense", inputs=CANONICAL, outputs=CANONICAL, dtypes=("int8", ""),
+        when=_float_layer(("dense",), fused=True))
+def float_dense(step: Step) -> dict[str, Any]:
+    """acc = sum over k of x[r, k] * w[k, o], then + bias, activation: island_order's dense."""
+    layer: Any = step.layer
+    base = _base(step)
+    out_features = step.outputs[0].shape[-1]
+    in_features = step.inputs[0].shape[-1]
+    weight, arrays = _weight(step, base["reads"], f"k * {out_features} + o", "o")
+    bias, bias_arrays = _bias(step, base["reads"], "o")
+    return {**base, **arrays, **bias_arrays, "rows": step.inputs[0].size // in_features, "in_features": in_features,
+            "out_features": out_features, "weight_at": weight, "bias_at": bias,
+            "activation": _fused(OPS["dense"].resolve(layer.op_attrs))}
+
+
+@kernel("float", "float_conv", inputs=CANONICAL, outputs=CANONICAL, dtypes=("int8", ""),
+        when=_float_layer(("conv",), fused=True))
+@kernel("float_weighted", "float_conv", inputs=CANONICAL, outputs=CANONICAL, dtypes=("int8", ""),
+        when=_float_layer(("conv",), fused=True))
+def float_conv(step: Step) -> dict[str, Any]:
+    """Per output, taps in input channel, kernel row, kernel column order (padding skipped), then + bias,
+    activation: island_order's conv. 1-D is a 2-D conv of one row."""
+    layer: Any = step.layer
+    attrs = OPS["conv"].resolve(layer.op_attrs)
+    x, y = step.inputs[0].shape, step.outputs[0].shape
+    spatial = len(x) - 1
+    strides, pads, dilations = conv_geometry(attrs, spatial)
+    if spatial == 1:
+        x, y = (x[0], 1, x[1]), (y[0], 1, y[1])
+        strides, pads, dilations = [1, strides[0]], [0, pads[0], 0, pads[1]], [1, dilations[0]]
+    out_channels, per_group = y[0], x[0] // attrs["groups"]
+    kernel_size = (1, *layer_kernel(step)) if spatial == 1 else layer_kernel(step)
+    base = _base(step)
+    index = f"((o * {per_group} + c) * {kernel_size[0]} + i) * {kernel_size[1]} + j"
+    weight, arrays = _weight(step, base["reads"], index, "o")
+    bias, bias_arrays = _bias(step, base["reads"], "o")
+    return {**base, **arrays, **bias_arrays, "weight_at": weight, "bias_at": bias,
+            "activation": _fused(attrs), "in_shape": x, "out_shape": y, "out_channels": out_channels,
+            "per_group": per_group, "group_outputs": out_channels // attrs["groups"], "kernel_size": kernel_size,
+            "strides": strides, "pads": pads, "dilations": dilations}
+
+
+def layer_kernel(step: Step) -> tuple[int, ...]:
+    """The conv's kernel size: its weight's spatial axes (a QFloat conv's weight is a float constant)."""
+    layer: Any = step.layer
+    weight = layer.weight if layer.op == "float_weighted" else step.constants[layer.inputs[1]]
+    return tuple(np.shape(weight)[2:])
+
+
+@kernel("float", "float_max_pool", inputs=CANONICAL, outputs=CANONICAL, dtypes=("int8", ""),
+        when=_float_layer(("max_pool",)))
+def float_max_pool(step: Step) -> dict[str, Any]:
+    """The largest tap of each window in the input (taps in the padding or past the edge never win)."""
+    layer: Any = step.layer
+    kernel_size, strides, pads, dilations = OPS["max_pool"].geometry(OPS["max_pool"].resolve(layer.op_attrs))  # type: ignore[attr-defined]
+    x, y = step.inputs[0].shape, step.outputs[0].shape
+    if len(x) == 2:
+        x, y = (x[0], 1, x[1]), (y[0], 1, y[1])
+        kernel_size, strides, pads, dilations = [1, *kernel_size], [1, *strides], [0, pads[0], 0, pads[1]], [1, *dilations]
+    return {**_base(step), "in_shape": x, "out_shape": y, "kernel_size": kernel_size, "strides": strides,
+            "pads": pads, "dilations": dilations, "lowest": f"-{FLOAT_MAX}"}
+
+
+def _per_sample_mean(layer: QLayer, qgraph: QGraph, profile: Profile) -> str | None:
+    """The float mean's condition: also, a reduce_mean must keep the batch axis."""
+    why = _float_layer(("global_avg_pool", "reduce_mean"))(layer, qgraph, profile)
+    if why is None and isinstance(layer, QFloat) and layer.float_op == "reduce_mean":
+        source = layer.inputs[0]
+        rank = len(qgraph.tensors[source].shape if source in qgraph.tensors else qgraph.floats[source]) + 1
+        attrs = OPS["reduce_mean"].resolve(layer.op_attrs)
+        if 0 in OPS["reduce_mean"].axes(rank, attrs):  # type: ignore[attr-defined]  # Reduce's, not every Op's
+            return "it reduces the batch axis; the C model runs one sample at a time"
+    return why
+
+
+@kernel("float", "float_mean", inputs=CANONICAL, outputs=CANONICAL, dtypes=("int8", ""), when=_per_sample_mean)
+def float_mean(step: Step) -> dict[str, Any]:
+    """Per output, its reduced values summed in C order, then one division by their count: island_order's
+    mean. `starts` holds each output's first input offset, `steps` each reduced value's offset from it."""
+    layer: Any = step.layer
+    shape = step.inputs[0].shape
+    rank = len(shape) + 1  # the IR op's axes count the batch
+    if layer.float_op == "global_avg_pool":
+        axes = tuple(range(1, len(shape)))
+    else:
+        attrs = OPS["reduce_mean"].resolve(layer.op_attrs)
+        axes = tuple(a - 1 for a in OPS["reduce_mean"].axes(rank, attrs))  # type: ignore[attr-defined]
+    kept = [a for a in range(len(shape)) if a not in axes]
+    offsets = np.arange(int(np.prod(shape))).reshape(shape).transpose(*kept, *axes).reshape(
+        int(np.prod([shape[a] for a in kept])), -1)
+    return {**_base(step), "starts": offsets[:, 0].astype(np.int32), "steps": (offsets[0] - offsets[0, 0]).astype(np.int32),
+            "count": c_float(offsets.shape[1])}
+
+
+def _unary(step: Step) -> dict[str, Any]:
+    layer: Any = step.layer
+    op = layer.float_op
+    base = _base(step)  # a copy's shape input, if any, is not read
+    return {**base, "constants": base["constants"][:1] if base["reads"][0].pointer == "c0" else [],
+            "size": step.outputs[0].size,
+            "activation": "" if op in COPIES else activation(op, OPS[op].resolve(layer.op_attrs))}
+
+
+kernel("float", "float_unary", inputs=CANONICAL, outputs=CANONICAL, dtypes=("int8", ""),
+       when=_float_layer(UNARY + COPIES))(_unary)
+
+
+@kernel("float", "float_binary", inputs=CANONICAL, outputs=CANONICAL, dtypes=("int8", ""),
+        when=_float_layer(tuple(BINARY)))
+def float_binary(step: Step) -> dict[str, Any]:
+    """One walk over the output, each input at its broadcast strides (a float constant in its own shape)."""
+    layer: Any = step.layer
+    out = step.outputs[0]
+    base = _base(step)
+    storages, position = [], 0
+    for name in layer.inputs:
+        if name in step.constants:
+            shape = tuple(np.shape(step.constants[name]))
+            storages.append(Storage.canonical(shape[max(0, len(shape) - len(out.shape)):]))
+        else:
+            storages.append(step.inputs[position].storage)
+            position += 1
+    walk = Walk.over(out.shape, out.storage.order, {"o": out.strides, "a": broadcast_strides(storages[0], out.shape),
+                                                      "b": broadcast_strides(storages[1], out.shape)})
+    return {**base, "walk": walk, "operator": BINARY[layer.float_op]}

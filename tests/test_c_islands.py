@@ -1,0 +1,251 @@
+"""Float islands in the C target: float kernels on the host and on Cortex-M cores with an FPU, bit-exact
+against the integer reference (its island sums add in the C kernels' order); cores without one refuse them.
+
+The graph holds every kind of float kernel: conv (plain, depthwise, pointwise), dense, max pool, mean, add,
+leaky relu and a copy, each tried as an island with the quantized layer before it handing it float.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_c_kernels import STRICT
+
+from dabuild.capability import load_capability
+from dabuild.errors import BuildError
+from dabuild.ir import Graph, Node, TensorSpec
+from dabuild.progress import Progress
+from dabuild.quant.calibrate import calibrate
+from dabuild.quant.config import NodeConfig, default_config
+from dabuild.quant.layers.island_order import run_ordered
+from dabuild.quant.qgraph import QGraph
+from dabuild.quant.quantize import quantize
+from dabuild.quant.reference import quantize_input, run_integer
+from dabuild.resources import data_dir
+from dabuild.targets.c import CTarget
+from dabuild.targets.check import check_stage
+
+C = load_capability(data_dir("capabilities") / "c.yaml")
+DATA = dict(np.load(Path(__file__).resolve().parent.parent / "recipes" / "digits" / "data.npz"))
+ISLANDS = [["conv1", "pool"], ["pointwise", "residual", "act"], ["gap", "flat", "fc1"], ["fc2"]]
+QEMU = shutil.which("arm-none-eabi-gcc") is not None and shutil.which("qemu-system-arm") is not None
+
+
+def island_cnn(channels: int = 6) -> Graph:
+    """reshape -> conv+relu -> max_pool -> depthwise+relu6 -> pointwise -> residual add -> leaky_relu ->
+    global_avg_pool -> flatten -> dense+relu -> dense."""
+    rng = np.random.default_rng(8)
+    constants = {"w1": rng.normal(0, 1 / 3, (channels, 1, 3, 3)), "b1": rng.normal(0, 0.1, channels),
+                 "w2": rng.normal(0, 1 / 3, (channels, 1, 3, 3)), "b2": rng.normal(0, 0.1, channels),
+                 "w3": rng.normal(0, 1 / np.sqrt(channels), (channels, channels, 1, 1)), "b3": rng.normal(0, 0.1, channels),
+                 "w4": rng.normal(0, 0.5, (channels, 16)), "b4": rng.normal(0, 0.1, 16),
+                 "w5": rng.normal(0, 0.3, (16, 10)), "b5": rng.normal(0, 0.1, 10)}
+    nodes = [
+        Node("image", "reshape", ["x"], ["image"], {"shape": [0, 1, 8, 8]}),
+        Node("conv1", "conv", ["image", "w1", "b1"], ["c1"], {"pads": [1, 1, 1, 1], "activation": "relu"}),
+        Node("pool", "max_pool", ["c1"], ["p1"], {"kernel": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}),
+        Node("depthwise", "conv", ["p1", "w2", "b2"], ["c2"], {"pads": [1, 1, 1, 1], "groups": channels,
+                                                               "activation": "relu6"}),
+        Node("pointwise", "conv", ["c2", "w3", "b3"], ["c3"], {}),
+        Node("residual", "add", ["c3", "p1"], ["r"], {}),
+        Node("act", "leaky_relu", ["r"], ["a"], {"alpha": 0.1}),
+        Node("gap", "global_avg_pool", ["a"], ["g"], {}),
+        Node("flat", "flatten", ["g"], ["f"], {}),
+        Node("fc1", "dense", ["f", "w4", "b4"], ["h"], {"activation": "relu"}),
+        Node("fc2", "dense", ["h", "w5", "b5"], ["y"], {}),
+    ]
+    return Graph([TensorSpec("x", (None, 64))], ["y"], nodes,
+                 {name: np.asarray(value, np.float32) for name, value in constants.items()})
+
+
+def with_islands(island: list[str]) -> QGraph:
+    graph = island_cnn()
+    config = default_config(graph, C)
+    for name in island:
+        config.nodes[name] = NodeConfig(weight=None, activation=None)
+    stats = calibrate(graph, [{"x": DATA["x_train"][:300]}], Progress.silent())
+    return quantize(graph, stats, config)
+
+
+def exported(qgraph: QGraph, folder: Path, cpu: str) -> tuple[CTarget, Path]:
+    target = CTarget(CTarget.Options(cpu=cpu, cflags=STRICT))
+    artifact = folder / "artifact"
+    artifact.mkdir(parents=True)
+    target.export(qgraph, artifact)
+    return target, artifact
+
+
+def test_the_ordered_sums_are_the_float_ops_within_rounding() -> None:
+    """island_order computes the IR ops (only the order of their float sums differs)."""
+    from dabuild.ir.ops import OPS
+
+    rng = np.random.default_rng(0)
+    x, w, b = (rng.normal(size=shape).astype(np.float32) for shape in [(3, 6, 9, 7), (6, 2, 3, 3), (6,)])
+    attrs = {"strides": [2, 1], "pads": [0, 1, 2, 0], "dilations": [1, 2], "groups": 3, "activation": "relu"}
+    np.testing.assert_allclose(run_ordered("conv", [x, w, b], attrs)[0], OPS["conv"].run([x, w, b], attrs)[0],
+                               rtol=1e-5, atol=1e-5)
+    dense = [rng.normal(size=(4, 3, 20)).astype(np.float32), rng.normal(size=(20, 7)).astype(np.float32)]
+    np.testing.assert_allclose(run_ordered("dense", dense, {})[0], OPS["dense"].run(dense, {})[0], rtol=1e-5, atol=1e-5)
+    mean = {"axes": [1, 3], "keepdims": False}
+    np.testing.assert_allclose(run_ordered("reduce_mean", [x], mean)[0], OPS["reduce_mean"].run([x], mean)[0],
+                               rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("island", ISLANDS)
+def test_islands_are_exact_on_the_host(island: list[str], tmp_path: Path) -> None:
+    qgraph = with_islands(island)
+    kernels = {layer.name: layer.op for layer in qgraph.layers}
+    assert all(kernels[name] == "float" for name in island) and qgraph.floats
+    target, artifact = exported(qgraph, tmp_path, "host")
+    manifest = json.loads((artifact / "model.json").read_text())
+    assert {manifest["kernels"][name] for name in island} <= {"float_conv", "float_max_pool", "float_binary",
+                                                               "float_unary", "float_mean", "float_dense"}
+    x = DATA["x_test"][:200]
+    (tmp_path / "check").mkdir()
+    report = check_stage(target, qgraph, artifact, x, None, tmp_path / "check", tmp_path / "debug", Progress.silent())
+    assert report["ok"] and report["tolerance"] == "exact" and report["reference"] == "integer"
+    assert set(island) <= set(report["float_islands"]["layers"]) and "exact" in report["float_islands"]["float_order"]
+    work = tmp_path / "work"
+    work.mkdir()
+    x_q = quantize_input(qgraph, x)
+    np.testing.assert_array_equal(target.run(artifact, x_q, work), run_integer(qgraph, x_q))
+
+
+def test_island_tensors_are_the_references_float32_bits(tmp_path: Path) -> None:
+    """The depthwise conv before the pointwise island is quantized but writes float (float_weighted); the C
+    trace of every float tensor equals the integer reference's float32 bit for bit, where summing in numpy's
+    own order (the IR ops) gives other bits: the order is what makes the islands exact."""
+    from dabuild.ir.ops import OPS
+
+    qgraph = with_islands(["pointwise", "residual", "act", "gap", "flat", "fc1"])
+    layers = {layer.name: layer for layer in qgraph.layers}
+    assert layers["depthwise"].op == "float_weighted" and set(qgraph.floats) == {"c2", "c3", "r", "a", "g", "f"}
+    target, artifact = exported(qgraph, tmp_path, "host")
+    manifest = json.loads((artifact / "model.json").read_text())
+    assert manifest["kernels"]["depthwise"] == "float_conv"
+    assert manifest["arena"]["peak_bytes"] >= 4 * 6 * 4 * 4  # a float32 (6, 4, 4) buffer
+    work = tmp_path / "work"
+    work.mkdir()
+    x_q = quantize_input(qgraph, DATA["x_test"][:300])
+    traced = target.trace(artifact, x_q, work)
+    reference = run_integer(qgraph, x_q, keep_intermediates=True)
+    assert traced is not None and set(qgraph.floats) <= set(traced)
+    for name in qgraph.floats:
+        assert traced[name].dtype == np.float32
+        np.testing.assert_array_equal(traced[name].view(np.int32), reference[name].view(np.int32), err_msg=name)
+    pointwise = layers["pointwise"]
+    numpy_order = OPS["conv"].run([reference["c2"], *(qgraph.constants[n] for n in pointwise.inputs[1:])],
+                                  pointwise.op_attrs)[0]
+    assert np.any(numpy_order != traced["c3"]) and np.allclose(numpy_order, traced["c3"], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not QEMU, reason="needs gcc-arm-none-eabi, libnewlib-arm-none-eabi and qemu-system-arm")
+@pytest.mark.parametrize("cpu", ["cortex-m4", "cortex-m7", "cortex-m33", "cortex-m55"])
+def test_islands_are_exact_in_qemu(cpu: str, tmp_path: Path) -> None:
+    """The FPU (and on the M55, Helium's float lanes where GCC vectorises) computes the reference's float32
+    bits: outputs and every island tensor equal, built with -mfloat-abi=hard."""
+    qgraph = with_islands(["pointwise", "residual", "act", "gap", "flat", "fc1"])
+    target, artifact = exported(qgraph, tmp_path, cpu)
+    assert "-mfloat-abi=hard" in target.profile.flags and "-ffp-contract=off" in target.profile.flags
+    x_q = quantize_input(qgraph, DATA["x_test"][:40])
+    reference = run_integer(qgraph, x_q, keep_intermediates=True)
+    for name, folder in (("run", tmp_path / "run"), ("trace", tmp_path / "trace")):
+        folder.mkdir()
+        if name == "run":
+            np.testing.assert_array_equal(target.run(artifact, x_q, folder), reference[qgraph.output])
+            continue
+        traced = target.trace(artifact, x_q, folder)
+        assert traced is not None and set(qgraph.floats) <= set(traced)
+        for tensor in qgraph.floats:
+            np.testing.assert_array_equal(traced[tensor].view(np.int32), reference[tensor].view(np.int32), tensor)
+
+
+@pytest.mark.parametrize("cpu", ["cortex-m0", "cortex-m3"])
+def test_cores_without_an_fpu_refuse_islands(cpu: str, tmp_path: Path) -> None:
+    qgraph = with_islands(["fc2"])
+    with pytest.raises(BuildError, match=rf"node 'fc1' .*cpu '{cpu}' has no FPU"):
+        exported(qgraph, tmp_path, cpu)
+    assert CTarget.refuses_float_islands({"cpu": cpu}) and CTarget.refuses_float_islands({}) is None
+
+
+def test_an_op_without_a_float_kernel_names_the_layer(tmp_path: Path) -> None:
+    """A softmax island needs libm's exp: the c capability does not offer it, and a QGraph that has one
+    anyway is refused naming the layer."""
+    graph = island_cnn()
+    graph = Graph(graph.inputs, ["s"], [*graph.nodes, Node("soft", "softmax", ["y"], ["s"], {})], graph.constants)
+    assert not C.runs_float("softmax") and C.runs_float("conv")
+    config = default_config(graph, C)
+    config.nodes["soft"] = NodeConfig(weight=None, activation=None)
+    stats = calibrate(graph, [{"x": DATA["x_train"][:100]}], Progress.silent())
+    with pytest.raises(BuildError, match=r"layer 'soft'.*float op 'softmax'"):
+        exported(quantize(graph, stats, config), tmp_path, "host")
+
+
+@pytest.mark.parametrize("cpu", ["host", "cortex-m3"])
+def test_tuning_offers_islands_only_where_the_core_runs_them(digits: Path, cpu: str) -> None:
+    """The c capability runs float islands, but not on a core without an FPU: the tune stage of a recipe
+    building for one reads the capability without them, so tuning never picks a config the target refuses."""
+    from dabuild.capability import discover_capabilities
+    from dabuild.pipeline.plan import plan
+    from dabuild.recipe import load_recipe
+
+    recipe_file = digits / "recipe.yaml"
+    recipe_file.write_text(recipe_file.read_text().replace("options: {cflags: [-O2]}",
+                                                           f"options: {{cflags: [-O2], cpu: {cpu}}}"))
+    recipe = load_recipe(recipe_file)
+    [tune] = [stage for stage in plan(recipe, discover_capabilities(), ["mcu"]) if stage.kind == "tune"]
+    assert tune.config["capability"]["fp32_fallback"] is (cpu == "host")
+
+
+def test_a_float_mean_over_the_batch_is_refused(tmp_path: Path) -> None:
+    graph = island_cnn()
+    nodes = [Node("whole", "reduce_mean", ["x"], ["m"], {"axes": [0, 1], "keepdims": True}),
+             Node("scaled", "mul", ["x", "m"], ["xm"], {}), *graph.nodes]
+    nodes[2] = Node("image", "reshape", ["xm"], ["image"], {"shape": [0, 1, 8, 8]})
+    graph = Graph(graph.inputs, graph.outputs, nodes, graph.constants)
+    config = default_config(graph, C)
+    config.nodes["whole"] = NodeConfig(weight=None, activation=None)
+    stats = calibrate(graph, [{"x": DATA["x_train"][:100]}], Progress.silent())
+    with pytest.raises(BuildError, match=r"layer 'whole'.*reduces the batch axis"):
+        exported(quantize(graph, stats, config), tmp_path, "host")
+
+
+def test_an_op_without_an_integer_form_builds_as_an_island_end_to_end(tmp_path: Path) -> None:
+    """div has no integer lowering: the c target takes it as a float island on the host (tuning keeps it
+    fp32, the dense before it hands it float) and the check is exact; on a core without an FPU it is refused
+    before any stage runs."""
+    from dabuild.cli import main
+
+    rng = np.random.default_rng(6)
+    np.savez(tmp_path / "weights.npz", w1=rng.normal(0, 0.4, (64, 12)), d=rng.uniform(0.5, 2.0, 12),
+             w2=rng.normal(0, 0.4, (12, 10)))
+    (tmp_path / "model.py").write_text(
+        "import numpy as np\n\ndef build(weights):\n"
+        "    def forward(x):\n"
+        "        h = np.maximum(x @ weights['w1'], 0)\n"
+        "        return (h / weights['d']) @ weights['w2']\n"
+        "    return forward\n")
+    np.savez(tmp_path / "data.npz", x_train=DATA["x_train"][:200], x_test=DATA["x_test"][:100],
+             y_test=DATA["y_test"][:100])
+    recipe = """name: divide
+model: {{framework: numpy, source: model.py:build, weights: weights.npz, inputs: {{x: [null, 64]}}}}
+data:
+  calibration: {{source: data.npz, x: x_train}}
+  evaluation: {{source: data.npz, x: x_test, y: y_test}}
+  metric: accuracy
+tuning: {{strategy: basic, accuracy: {{criterion: relative, tolerable_loss: 0.5}}}}
+targets:
+  - {{name: mcu, kind: c, options: {{cpu: {cpu}}}}}
+"""
+    (tmp_path / "recipe.yaml").write_text(recipe.format(cpu="host"))
+    assert main(["build", str(tmp_path), "--build-dir", str(tmp_path / "build"), "-q"]) == 0
+    summary = json.loads((tmp_path / "build" / "divide" / "build.json").read_text())
+    check = summary["checks"]["mcu"]
+    assert check["ok"] and check["tolerance"] == "exact" and check["float_islands"]["layers"]
+    (tmp_path / "recipe.yaml").write_text(recipe.format(cpu="cortex-m3"))
+    assert main(["build", str(tmp_path), "--build-dir", str(tmp_path / "build3"), "-q"]) == 1
