@@ -151,7 +151,7 @@ class Graph:
         graph_file, weights_file = directory / GRAPH_FILE, directory / WEIGHTS_FILE
         try:
             data = json.loads(graph_file.read_text(encoding="utf-8"))
-            constants = read_npz(weights_file)
+            constants = read_npz(weights_file, mapped=True)
         except (OSError, ValueError) as error:
             raise BuildError(f"{directory}: cannot read graph: {error}") from None
         if data.get("format") != FORMAT or data.get("version") != FORMAT_VERSION:

@@ -18,6 +18,7 @@ from threadpoolctl import ThreadpoolController
 
 from dabuild.errors import UsageError
 from dabuild.ir.graph import Graph, TensorSpec
+from dabuild.ir.kernels.forking import forget_pool_after_fork
 from dabuild.ir.kernels.native import layer_threads
 from dabuild.ir.ops import OPS, Activation
 from dabuild.ir.ops.base import Kernel
@@ -100,6 +101,7 @@ class Interpreter:
         self.separate_steps = _plan(graph, {})
         self.splits = threads > 1 and _splittable(graph)
         self._pool: ThreadPoolExecutor | None = None
+        forget_pool_after_fork(self)
         self.single = _fixed_single(graph)
 
     def run(self, feeds: dict[str, np.ndarray], keep_intermediates: bool = False,

@@ -8,8 +8,11 @@ fit stops with a message naming the stage, what it needs and what the budget all
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import math
 import os
+from collections.abc import Callable
 
 import numpy as np
 
@@ -53,17 +56,39 @@ def sample_bytes(graph: Graph) -> int:
     return WORKING_SET_FACTOR * busiest
 
 
-def samples_that_fit(graph: Graph, stage: str, wanted: int) -> int:
-    """The batch size to run `graph` with: `wanted`, or fewer if their activations would pass the budget."""
+def samples_that_fit(graph: Graph, stage: str, wanted: int, held: int = 0, holds: str = "") -> int:
+    """The batch size to run `graph` with: `wanted`, or fewer if their activations would pass the budget
+    after the weights and `held` bytes the stage keeps whatever the batch (`holds` says what they are)."""
     budget = memory_budget()
     weights = sum(array.nbytes for array in graph.constants.values())
     per_sample = max(1, sample_bytes(graph))
-    room = budget - 2 * weights  # the weights, and the native conv's packed copy of them
+    room = budget - 2 * weights - held  # the weights, the native conv's packed copy of them, what the stage keeps
     if room < per_sample:
-        raise BuildError(f"{stage}: the model needs about {_gb(2 * weights + per_sample)} (weights "
-                         f"{_gb(2 * weights)}, one sample's activations {_gb(per_sample)}), more than the "
+        kept = f", {holds} {_gb(held)}" if held else ""
+        raise BuildError(f"{stage}: the model needs about {_gb(2 * weights + held + per_sample)} (weights "
+                         f"{_gb(2 * weights)}{kept}, one sample's activations {_gb(per_sample)}), more than the "
                          f"memory budget of {_gb(budget)}; raise {BUDGET} or use a machine with more memory")
     return max(1, min(wanted, room // per_sample))
+
+
+def release_free_memory() -> None:
+    """Hand the memory freed so far back to the OS (glibc's malloc_trim; elsewhere nothing).
+
+    Stages run one after another in one process. Arrays below glibc's mmap threshold (up to 32 MiB, such
+    as calibration's per-tensor histograms) live on the heap, whose freed pages stay in the process until
+    trimmed: without this, the next stage's peak would sit on top of the last one's.
+    """
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    try:
+        return ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return None
 
 
 def _gb(size: int) -> str:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dabuild.errors import BuildError
+from dabuild.ir.memory import release_free_memory
 from dabuild.pipeline.manifest import Manifest
 from dabuild.pipeline.plan import Stage, cache_key, key_parts
 from dabuild.pipeline.store import Store
@@ -101,7 +102,10 @@ class Session:
 
     def run(self, stage: Stage) -> Outcome:
         start = time.monotonic()
-        outcome = self._run(stage)
+        try:
+            outcome = self._run(stage)
+        finally:
+            release_free_memory()  # the next stage starts from what is live, not from this one's peak
         elapsed = time.monotonic() - start
         with self._lock:
             self.outcomes[stage.name] = (outcome, elapsed)

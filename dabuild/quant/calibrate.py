@@ -27,7 +27,7 @@ from dabuild.progress import Progress
 from dabuild.quant.activations import with_table_activations_split
 from dabuild.quant.algorithms import ALGORITHMS, Levels, Range
 from dabuild.quant.dtypes import int_type
-from dabuild.quant.histogram import Bins, Histogram
+from dabuild.quant.histogram import BINS, Bins, Histogram
 
 STATS_FILE = "stats.npz"
 _RANGE = "range"
@@ -194,7 +194,7 @@ class Stats:
     @classmethod
     def load(cls, directory: Path) -> Stats:
         grouped: dict[str, dict[str, np.ndarray]] = {}
-        for key, array in read_npz(Path(directory) / STATS_FILE).items():
+        for key, array in read_npz(Path(directory) / STATS_FILE, mapped=True).items():
             kind, _, name = key.partition("/")
             grouped.setdefault(kind, {})[name] = array
         ranges = {name: (float(a[0]), float(a[1])) for name, a in sorted(grouped.get(_RANGE, {}).items())}
@@ -214,6 +214,16 @@ class Stats:
 def observed_tensors(graph: Graph) -> list[str]:
     """The tensors whose ranges quantization needs: graph inputs and node outputs."""
     return [spec.name for spec in graph.inputs] + [out for node in graph.nodes for out in node.outputs]
+
+
+def histogram_bytes(graph: Graph) -> int:
+    """The bytes calibration's histograms of `graph` take: BINS int64 counts per channel of each observed
+    tensor, and per tensor as a whole (held for the whole stage, whatever the batch size)."""
+    specs = graph.tensor_shapes()
+    shapes = {name: tuple(1 if d is None else d for d in spec.shape) for name, spec in specs.items()}
+    channels = sum(1 + (0 if axis is None else shapes[name][axis])
+                   for name, axis in channel_axes(graph, shapes).items())
+    return channels * BINS * np.dtype(np.int64).itemsize
 
 
 def channel_axes(graph: Graph, shapes: dict[str, tuple[int, ...]]) -> dict[str, int | None]:
@@ -292,7 +302,7 @@ def calibrate(graph: Graph, batches: Iterable[dict[str, np.ndarray]], progress: 
     with progress.track("calibrate", None) as advance:
         for batch in batches:
             count = len(next(iter(batch.values())))
-            fit = fit or samples_that_fit(graph, "calibrate", count)
+            fit = fit or samples_that_fit(graph, "calibrate", count, histogram_bytes(graph), "histograms")
             for start in range(0, count, fit):  # the statistics do not depend on how batches are cut
                 interpreter.run({name: array[start:start + fit] for name, array in batch.items()}, visit=observe)
             advance(count)

@@ -262,7 +262,7 @@ class QGraph:
                    for name, t in doc["tensors"].items()}
         constants: dict[str, np.ndarray] = {}
         per_layer: dict[str, dict[str, np.ndarray]] = {}
-        for key, value in read_npz(directory / QWEIGHTS_FILE).items():
+        for key, value in read_npz(directory / QWEIGHTS_FILE, mapped=True).items():
             if key.startswith(_CONSTANT_KEY):
                 constants[key[len(_CONSTANT_KEY):]] = value
                 continue

@@ -20,17 +20,23 @@ __all__ = ["dequantize_output", "quantize_input", "requantize", "run_integer", "
 
 
 @overload
-def run_integer(qgraph: QGraph, x_q: np.ndarray, keep_intermediates: Literal[False] = False) -> np.ndarray: ...
+def run_integer(qgraph: QGraph, x_q: np.ndarray, keep_intermediates: Literal[False] = False,
+                accumulators: bool = True) -> np.ndarray: ...
 @overload
-def run_integer(qgraph: QGraph, x_q: np.ndarray, keep_intermediates: Literal[True]) -> dict[str, np.ndarray]: ...
-def run_integer(qgraph: QGraph, x_q: np.ndarray, keep_intermediates: bool = False) -> np.ndarray | dict[str, np.ndarray]:
+def run_integer(qgraph: QGraph, x_q: np.ndarray, keep_intermediates: Literal[True],
+                accumulators: bool = True) -> dict[str, np.ndarray]: ...
+def run_integer(qgraph: QGraph, x_q: np.ndarray, keep_intermediates: bool = False,
+                accumulators: bool = True) -> np.ndarray | dict[str, np.ndarray]:
     """Integer inputs (batch, *input shape) -> integer outputs, layer by layer in schedule order.
 
-    Arrays are in their dtype's storage type (`QuantParams.storage`: int8 for int2..int8, ...).
+    Arrays are in their dtype's storage type (`QuantParams.storage`: int8 for int2..int8, ...). Without
+    keep_intermediates, each tensor is dropped after its last reader.
 
     With keep_intermediates, every tensor by its name (the float graph's
-    names, so traces line up with the float interpreter's) plus each
-    accumulating layer's int32 accumulator as `<layer>:accumulator`.
+    names, so traces line up with the float interpreter's) plus, with
+    `accumulators`, each accumulating layer's int32 accumulator as
+    `<layer>:accumulator` (which the compiled layers do not keep: tracing
+    them runs the numpy code).
     """
     expected = qgraph.tensors[qgraph.input]
     x_q = np.asarray(x_q)
@@ -38,13 +44,18 @@ def run_integer(qgraph: QGraph, x_q: np.ndarray, keep_intermediates: bool = Fals
         raise ValueError(f"run_integer: expected {expected.params.storage} inputs of shape (batch, "
                          f"{', '.join(map(str, expected.shape))}), got {x_q.dtype} {x_q.shape}")
     values: dict[str, np.ndarray] = {**qgraph.constants, qgraph.input: x_q}
-    trace: dict[str, np.ndarray] | None = {} if keep_intermediates else None
-    for layer in qgraph.layers:
+    trace: dict[str, np.ndarray] | None = {} if keep_intermediates and accumulators else None
+    last_reader = {name: index for index, layer in enumerate(qgraph.layers) for name in layer.inputs}
+    for index, layer in enumerate(qgraph.layers):
         results = layer.run([values[name] for name in layer.inputs], qgraph, trace)
         values.update(zip(layer.outputs, results))
-    if trace is None:
+        if not keep_intermediates:
+            for name in layer.inputs:
+                if last_reader[name] == index and name != qgraph.output and name not in qgraph.constants:
+                    values.pop(name, None)
+    if not keep_intermediates:
         return values[qgraph.output]
-    return {**{name: value for name, value in values.items() if name not in qgraph.constants}, **trace}
+    return {**{name: value for name, value in values.items() if name not in qgraph.constants}, **(trace or {})}
 
 
 def quantize_input(qgraph: QGraph, x: np.ndarray) -> np.ndarray:

@@ -3,12 +3,17 @@
 The integer reference computes the bits an integer target will compute, so a
 trial's score is the accuracy the deployed artifact delivers, not a float
 simulation of it. `Evaluator` is built from plain, picklable `EvalSetup`
-data, so worker processes (`-j N`) build their own from the same inputs and
-score exactly as the parent would.
+data. Worker processes (`-j N`) are forked from the tune stage where the OS
+can (Linux, macOS): each starts with the parent's Evaluator, whose weights,
+evaluation images and float outputs the OS shares copy-on-write, so N workers
+do not hold N copies of the model (the trace's weights are memory-mapped
+besides). Where only spawning exists, each builds its own Evaluator from the
+same EvalSetup and scores exactly as the parent would.
 """
 
 from __future__ import annotations
 
+import functools
 import signal
 import threading
 import time
@@ -16,15 +21,15 @@ import weakref
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass
-from multiprocessing import get_context
+from dataclasses import dataclass, replace
+from multiprocessing import get_all_start_methods, get_context
 from pathlib import Path
 
 import numpy as np
 
 from dabuild.ir.graph import Graph
 from dabuild.ir.interpreter import Interpreter
-from dabuild.ir.kernels.native import available_cores
+from dabuild.ir.kernels.native import available_cores, layer_threads
 from dabuild.ir.memory import samples_that_fit
 from dabuild.quant.calibrate import Stats
 from dabuild.quant.config import QuantConfig
@@ -33,7 +38,7 @@ from dabuild.quant.quantize import quantize
 from dabuild.quant.reference import quantize_input, run_integer, run_quantized
 from dabuild.tune.metric import Metric, load_metric
 
-TRACED_BATCH = 8  # samples per batch when every intermediate is kept (a ResNet-50 image's take ~0.1 GB)
+TRACED_BATCH = 8  # samples per batch when every integer intermediate is kept (a ResNet-50 image's take ~30 MB)
 
 
 @dataclass(frozen=True)
@@ -49,6 +54,7 @@ class EvalSetup:
     batch_size: int
     bias_correction: bool = False
     metric_file: Path | None = None  # a file metric's .py as the tune stage declares it (else found from base_dir)
+    threads: int = 0  # threads a large layer of the integer reference splits among (0: every core)
 
 
 @dataclass(frozen=True)
@@ -72,8 +78,9 @@ class Evaluator:
         self.stats = Stats.load(setup.stats_dir)
         self.metric: Metric = load_metric(setup.metric, setup.base_dir, setup.metric_file)
         self.input = self.graph.inputs[0].name
-        self.interpreter = Interpreter(self.graph, threads=available_cores())  # prepared once for every batch
-        self.batch_size = samples_that_fit(self.graph, "tune", setup.batch_size)
+        self.threads = setup.threads or available_cores()
+        self.interpreter = Interpreter(self.graph, threads=self.threads)  # prepared once for every batch
+        self.batch_size = samples_that_fit(self.graph, "tune", setup.batch_size, setup.x.nbytes, "evaluation data")
         self.float_outputs = np.concatenate([self.interpreter.run({self.input: x})[self.graph.outputs[0]]
                                              for x in self._batches()])
         self.baseline = self.metric(self.float_outputs, setup.labels)
@@ -102,7 +109,8 @@ class Evaluator:
         parts: list[np.ndarray] = []
         right, scored, total = 0, 0, len(self.setup.x)
         for x in self._batches():
-            parts.append(run_quantized(qgraph, x))
+            with layer_threads(self.threads):
+                parts.append(run_quantized(qgraph, x))
             if not bounded:
                 continue
             labels = self.setup.labels[scored:scored + len(x)]
@@ -130,43 +138,60 @@ class Evaluator:
         """The metric of `config` on the evaluation rows `rows` only: a cheap estimate for ranking, not a trial."""
         qgraph = self.quantize(config)
         x, size = self.setup.x[rows], self.setup.batch_size
-        outputs = np.concatenate([run_quantized(qgraph, x[i:i + size]) for i in range(0, len(x), size)])
+        with layer_threads(self.threads):
+            outputs = np.concatenate([run_quantized(qgraph, x[i:i + size]) for i in range(0, len(x), size)])
         return self.metric(outputs, self.setup.labels[rows])
 
     def node_errors(self, config: QuantConfig, rows: np.ndarray | None = None) -> dict[str, float]:
         """Per node, the relative MSE of its output under `config` against the float graph's, on the
         evaluation rows `rows` (None: all of them).
 
-        One run of each graph with every intermediate kept: how far quantization
-        has pushed each node's output, the ranking the sensitivity-driven
-        strategies fall back by, at the cost of one inference and no trial.
-        Batches of at most TRACED_BATCH samples bound the memory every
-        intermediate of both graphs takes.
+        One run of each graph: how far quantization has pushed each node's
+        output, the ranking the sensitivity-driven strategies fall back by (and
+        the tuning report's table), at the cost of one inference and no trial.
+        The integer run keeps its (compact, integer) intermediates; the float
+        run compares each node's output as it appears and frees it after its
+        last reader, so a batch of TRACED_BATCH samples holds the integer
+        intermediates and the float tensors alive at one node, not every float
+        intermediate.
         """
         qgraph = self.quantize(config)
-        errors: dict[str, list[float]] = {}
+        errors: dict[str, list[float]] = {node.name: [] for node in self.graph.nodes}
+        producer = {node.outputs[0]: node.name for node in self.graph.nodes}
         data = self.setup.x if rows is None else self.setup.x[rows]
         size = min(self.batch_size, TRACED_BATCH)
         for x in (data[i:i + size] for i in range(0, len(data), size)):
-            reference = self.interpreter.run({self.input: x}, keep_intermediates=True)
-            quantized = run_integer(qgraph, quantize_input(qgraph, x), keep_intermediates=True)
-            for node in self.graph.nodes:
-                tensor = node.outputs[0]
-                if tensor not in quantized or tensor not in reference:
-                    continue
-                value = quantized[tensor]
-                if np.issubdtype(value.dtype, np.integer) and tensor in qgraph.tensors:
-                    value = qgraph.tensors[tensor].params.dequantize(value)
-                errors.setdefault(node.name, []).append(relative_mse(value, reference[tensor]) * len(x))
-        return {name: float(sum(parts) / len(data)) for name, parts in errors.items()}
+            with layer_threads(self.threads):  # outputs only: the compiled layers run, keeping no accumulator
+                quantized = run_integer(qgraph, quantize_input(qgraph, x), keep_intermediates=True,
+                                        accumulators=False)
+            compare = functools.partial(_add_node_error, errors, producer, qgraph, quantized, len(x))
+            self.interpreter.run({self.input: x}, visit=compare)
+        return {name: float(sum(parts) / len(data)) for name, parts in errors.items() if parts}
+
+
+def _add_node_error(errors: dict[str, list[float]], producer: dict[str, str], qgraph: QGraph,
+                    quantized: dict[str, np.ndarray], count: int, tensor: str, reference: np.ndarray) -> None:
+    """Append the error of the integer run's `tensor` against the float run's (`reference`, as the interpreter
+    visits it) to its producer's list, weighted by the `count` samples of the batch."""
+    if tensor not in producer or tensor not in quantized:
+        return
+    value = quantized[tensor]
+    if np.issubdtype(value.dtype, np.integer) and tensor in qgraph.tensors:
+        value = qgraph.tensors[tensor].params.dequantize(value)
+    errors[producer[tensor]].append(relative_mse(value, reference) * count)
 
 
 _worker: Evaluator | None = None
 
 
-def _start_worker(setup: EvalSetup) -> None:
+def _start_worker(source: Evaluator | EvalSetup, threads: int) -> None:
+    """The worker's Evaluator: the parent's own when forked, else built from its setup; its layers split
+    among `threads` (its share of the cores)."""
     global _worker  # noqa: PLW0603 - the pool initializer sets the per-process evaluator
-    _worker = Evaluator(setup)
+    if isinstance(source, EvalSetup):
+        source = Evaluator(replace(source, threads=threads))
+    source.threads = threads
+    _worker = source
 
 
 def _score_in_worker(config: dict, floor: float | None) -> Score:
@@ -192,7 +217,8 @@ def _interrupts_blocked() -> Iterator[None]:
 
 
 class Scorer:
-    """Scores batches of configs, in this process or in `jobs` worker processes (spawned: no forked locks)."""
+    """Scores batches of configs, in this process or in `jobs` worker processes (forked where the OS can, see
+    the module's docstring; the pool is made between trials, when no thread of this process holds a lock)."""
 
     def __init__(self, evaluator: Evaluator, jobs: int = 1):
         self.evaluator = evaluator
@@ -207,8 +233,12 @@ class Scorer:
         if _stopping.is_set():  # interrupted: no new workers (the build is ending, see cli._interrupted)
             raise KeyboardInterrupt
         if self._pool is None:
-            self._pool = ProcessPoolExecutor(self.jobs, mp_context=get_context("spawn"),
-                                             initializer=_start_worker, initargs=(self.evaluator.setup,))
+            # each worker's layers split among its share of the cores, so N workers do not oversubscribe them
+            threads = max(1, available_cores() // self.jobs)
+            forked = "fork" in get_all_start_methods()
+            source = self.evaluator if forked else self.evaluator.setup
+            self._pool = ProcessPoolExecutor(self.jobs, mp_context=get_context("fork" if forked else "spawn"),
+                                             initializer=_start_worker, initargs=(source, threads))
         with _interrupts_blocked():  # workers start (on submit) deaf to Ctrl-C: the parent alone handles it
             futures = [self._pool.submit(_score_in_worker, config.to_dict(), floor) for config in configs]
         return [future.result() for future in futures]

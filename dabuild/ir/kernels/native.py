@@ -48,6 +48,8 @@ from typing import Any
 
 import numpy as np
 
+from dabuild.ir.kernels.forking import forget_pool_after_fork, split_rows
+from dabuild.ir.kernels.integer import NativeInteger
 from dabuild.notices import warn
 
 COMPILER = "cc"
@@ -100,8 +102,10 @@ class NativeConv:
                 kernel.restype = None
                 self._kernels[dtype, depthwise] = kernel
         self._pool: ThreadPoolExecutor | None = None
-        self.histogram = NativeHistogram(library)  # the same library holds histogram.c and requantize.c
+        forget_pool_after_fork(self)
+        self.histogram = NativeHistogram(library)  # the same library holds histogram.c, requantize.c and qconv.c
         self.requantize = NativeRequantize(library)
+        self.integer = NativeInteger(library)
 
     @staticmethod
     def takes(dtype: np.dtype) -> bool:
@@ -146,17 +150,7 @@ class NativeConv:
         rows = batch * out[0]
         macs = y.size * kernel_h * kernel_w * (1 if weight.depthwise else channels)
         parts = min(getattr(_LAYER_THREADS, "count", 1), rows) if macs >= PARALLEL_MACS else 1
-        if parts <= 1:
-            function(ctypes.byref(call), 0, rows)  # ctypes releases the GIL for the call
-            return y
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(max(1, available_cores() - 1), thread_name_prefix="dabuild-conv")
-        bounds = [rows * part // parts for part in range(parts + 1)]
-        others = [self._pool.submit(function, ctypes.byref(call), low, high)
-                  for low, high in zip(bounds[1:-1], bounds[2:])]
-        function(ctypes.byref(call), 0, bounds[1])  # this thread takes the first rows
-        for future in others:
-            future.result()
+        split_rows(self, function, ctypes.byref(call), rows, parts, max(1, available_cores() - 1), "dabuild-conv")
         return y
 
 
@@ -189,6 +183,11 @@ def layer_threads(count: int) -> Iterator[None]:
         _LAYER_THREADS.count = before
 
 
+def layer_thread_count() -> int:
+    """How many threads this thread's native layers may split a large layer among (see `layer_threads`)."""
+    return getattr(_LAYER_THREADS, "count", 1)
+
+
 class TensorView(ctypes.Structure):
     """histogram.c's `TensorView`: a float32 tensor as (outer, channels, inner)."""
 
@@ -211,6 +210,7 @@ class NativeHistogram:
                                  ctypes.c_int64, pointer, size, size]
         self._counts.restype = None
         self._pool: ThreadPoolExecutor | None = None
+        forget_pool_after_fork(self)
 
     @staticmethod
     def view(values: np.ndarray, axis: int | None, channels_inner: bool = True) -> tuple[TensorView, np.ndarray]:
@@ -337,7 +337,8 @@ def _load() -> NativeConv | None:
         conv = kernels.joinpath("conv.c").read_text()
         source = "\n".join([*(f"#undef ELEM\n#undef MASK\n#undef NAME\n#define ELEM {elem}\n#define MASK {mask}\n"
                                f"#define NAME(name) name##_{suffix}\n{conv}" for elem, mask, suffix in VARIANTS),
-                             *(kernels.joinpath(name).read_text() for name in ("histogram.c", "requantize.c"))])
+                             *(kernels.joinpath(name).read_text() for name in ("histogram.c", "requantize.c",
+                                                                              "qconv.c"))])
         library, scratch = _build(compiler, version, source)
         try:
             loaded = ctypes.CDLL(str(library))

@@ -109,15 +109,44 @@ class Dense(Op):
         return self.prepare(attrs)(arrays, None)
 
     def prepare(self, attrs: dict[str, Any]) -> Kernel:
-        activation = fused_activation(self.resolve(attrs))
+        """float32 rows run as a 1x1 conv of the native kernels (see `_native_dense`), else numpy's matmul."""
+        resolved = self.resolve(attrs)
+        activation = fused_activation(resolved)
+        native_activation = _native_activation(resolved)
+        packs: dict[int, tuple[np.ndarray, PackedWeight]] = {}
+        as_conv: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # each weight's (O, in, 1, 1) view, made once
 
         def dense(arrays: list[np.ndarray], out: np.ndarray | None) -> list[np.ndarray]:
-            y = np.matmul(arrays[0], arrays[1])
-            if len(arrays) == 3:
-                y += arrays[2]
+            x, weight = arrays[0], arrays[1]
+            bias = arrays[2] if len(arrays) == 3 else None
+            entry = as_conv.get(id(weight))
+            if entry is None or entry[0] is not weight:
+                entry = as_conv[id(weight)] = (weight, weight.T[:, :, None, None])
+            y = _native_dense(x, entry[1], Epilogue(bias, None, activation, native_activation), packs)
+            if y is not None:
+                return [y]
+            y = np.matmul(x, weight)
+            if bias is not None:
+                y += bias
             return [activation(y)]
 
         return dense
+
+
+def _native_dense(x: np.ndarray, weight: np.ndarray, epilogue: Epilogue,
+                  packs: dict[int, tuple[np.ndarray, PackedWeight]]) -> np.ndarray | None:
+    """x (..., in) @ weight as the native 1x1 conv of the (rows, in, 1, 1) image `x` with the (out, in, 1, 1)
+    `weight`, or None where the native conv does not run it.
+
+    Why not BLAS: a GEMM's rounding depends on how many rows it gets (a one-row call takes another code path
+    than a 64-row one), so a batch that a memory budget cut in two would change the outputs' bits. The native
+    conv sums each output in one fixed order, whatever the batch, its split or the threads.
+    """
+    if x.ndim < 1 or x.dtype != weight.dtype:
+        return None
+    rows = x.reshape(-1, x.shape[-1], 1, 1)
+    y = _native_conv(rows, weight, 1, Geometry([1, 1], [1, 1], [0, 0, 0, 0], [1, 1]), [1, 1], epilogue, packs)
+    return None if y is None else y.reshape(*x.shape[:-1], weight.shape[0])
 
 
 def conv_geometry(attrs: dict[str, Any], spatial: int) -> tuple[list[int], list[int], list[int]]:

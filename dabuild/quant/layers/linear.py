@@ -17,6 +17,7 @@ exactly; the result equals integer arithmetic bit for bit, at BLAS speed.
 
 from __future__ import annotations
 
+import functools
 from abc import abstractmethod
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -24,7 +25,8 @@ from typing import Any, ClassVar
 import numpy as np
 
 from dabuild.errors import BuildError
-from dabuild.ir.kernels.native import native_conv
+from dabuild.ir.kernels.integer import PackedQWeight, Requantization
+from dabuild.ir.kernels.native import layer_thread_count, native_conv
 from dabuild.ir.ops import OPS
 from dabuild.ir.ops.linear import batch_norm_affine
 from dabuild.quant.activations import clamp_bounds, is_table_activation, pre_activation
@@ -65,7 +67,61 @@ class QWeighted(QLayer):
     def accumulate(self, centred: np.ndarray) -> np.ndarray:
         """sum (x - zp) * w without bias, as exact integers in float64."""
 
+    def conv_weight(self) -> np.ndarray:
+        """The weight as an (O, C, KH, KW) conv weight, the layout qconv.c packs."""
+        raise NotImplementedError
+
+    def _compiled(self, x: np.ndarray, graph: QGraph) -> np.ndarray | None:
+        """The output by qconv.c, or None where the layer's geometry does not apply."""
+        return None
+
+    def _qconv(self, x: np.ndarray, graph: QGraph, strides: list[int], pads: list[int], dilations: list[int],
+               out: list[int]) -> np.ndarray | None:
+        """qconv.c on x (N, H, W, C) -> (N, OH, OW, O), or None where it does not apply: inputs or weights
+        wider than 8 bits, an accumulator bound past int32, or no native kernels."""
+        native = native_conv()
+        source, target = self.params(graph), self.output_params(graph)
+        storage = np.dtype(target.storage)
+        if (native is None or native.integer is None or np.dtype(source.storage).itemsize != 1
+                or self.weight.dtype.itemsize != 1 or storage.itemsize not in (1, 2, 4)):
+            return None
+        bias, magnitudes = np.abs(self.bias.astype(np.int64)), self._weight_magnitudes
+        if np.max(bias + magnitudes * (source.qmax - source.qmin)) > INT32_MAX:
+            return None
+        packed = self._packing(2)
+        if native.integer.quads and np.dtype(source.storage) in (np.dtype(np.int8), np.dtype(np.uint8)):
+            quads = self._packing(4)  # the uint8 x int8 kernel sums u w with u up to 255, and takes p sum w off the bias
+            pad = int(source.zero_point) + (128 if np.dtype(source.storage) == np.int8 else 0)
+            if np.max(np.abs(self.bias.astype(np.int64) - pad * quads.sums) + 255 * magnitudes) <= INT32_MAX:
+                packed = quads
+        def per_channel(values: np.ndarray) -> np.ndarray:
+            return np.ascontiguousarray(np.broadcast_to(values.astype(np.int64), len(self.bias)))
+
+        requantization = Requantization(per_channel(self.bias), per_channel(self.multiplier), per_channel(self.shift),
+                                        int(target.zero_point), self.output_min, self.output_max)
+        return native.integer.conv(x, int(source.zero_point), packed, requantization, strides, pads, dilations, out,
+                                   storage, layer_thread_count())
+
+    @functools.cached_property
+    def _weight_magnitudes(self) -> np.ndarray:
+        """Each output channel's sum of |w| (int64): the accumulator's bound per unit of input."""
+        weight = self.conv_weight()
+        return np.abs(weight.astype(np.int64)).reshape(len(weight), -1).sum(axis=1)
+
+    def _packing(self, group: int) -> PackedQWeight:
+        """The weight packed for qconv.c in groups of `group` input channels, made once per layer."""
+        packs = self.__dict__.setdefault("_packs", {})
+        if group not in packs:
+            native = native_conv()
+            assert native is not None and native.integer is not None
+            packs[group] = native.integer.pack(self.conv_weight(), group)
+        return packs[group]
+
     def run(self, inputs: list[np.ndarray], graph: QGraph, trace: Trace | None) -> list[np.ndarray]:
+        """qconv.c where it takes the layer (no trace wanted: the compiled conv keeps no accumulator), else numpy."""
+        y = None if trace is not None else self._compiled(inputs[0], graph)
+        if y is not None:
+            return [y]
         centred = np.subtract(inputs[0], self.params(graph).zero_point, dtype=np.float64)  # q - zp, exact
         sums = self.accumulate(centred)
         target = self.output_params(graph)
@@ -106,6 +162,16 @@ class QDense(QWeighted):
     def accumulate(self, centred: np.ndarray) -> np.ndarray:
         return centred @ self.weight.astype(np.float64)
 
+    def conv_weight(self) -> np.ndarray:
+        return self.weight.T[:, :, None, None]
+
+    def _compiled(self, x: np.ndarray, graph: QGraph) -> np.ndarray | None:
+        """The rows of x (..., in) as the 1x1 images of a conv."""
+        if self.weight.ndim != 2 or x.ndim < 1:
+            return None
+        y = self._qconv(x.reshape(-1, 1, 1, x.shape[-1]), graph, [1, 1], [0, 0], [1, 1], [1, 1])
+        return None if y is None else y.reshape(*x.shape[:-1], y.shape[-1])
+
 
 @layer_type
 @dataclass
@@ -122,6 +188,20 @@ class QConv(QWeighted):
     def accumulate(self, centred: np.ndarray) -> np.ndarray:
         attrs = {"strides": self.strides, "pads": self.pads, "dilations": self.dilations, "groups": self.groups}
         return OPS["conv"].run([centred, self.weight.astype(np.float64)], attrs)[0]
+
+    def conv_weight(self) -> np.ndarray:
+        return self.weight
+
+    def _compiled(self, x: np.ndarray, graph: QGraph) -> np.ndarray | None:
+        """A plain 2-D conv by qconv.c, as an (N, O, OH, OW) view of channels-last memory, which the next
+        conv reads without a copy."""
+        if self.groups != 1 or self.weight.ndim != 4:
+            return None
+        kernel = self.weight.shape[2:]
+        out = [(size + self.pads[axis] + self.pads[axis + 2] - self.dilations[axis] * (kernel[axis] - 1) - 1)
+               // self.strides[axis] + 1 for axis, size in enumerate(x.shape[2:])]
+        y = self._qconv(x.transpose(0, 2, 3, 1), graph, self.strides, self.pads[:2], self.dilations, out)
+        return None if y is None else y.transpose(0, 3, 1, 2)
 
 
 def conv_layout(weight: np.ndarray, groups: int) -> np.ndarray:

@@ -1,0 +1,154 @@
+"""qconv.c with numpy arrays in and out: the integer reference's 8-bit conv and add, compiled.
+
+Loaded with the interpreter's native kernels (`dabuild.ir.kernels.native`, same library, same cache and
+proof); `dabuild.quant.layers` call it for the layers it takes and keep their numpy code for the rest and
+for traces. Every result is an exact integer, so it equals the numpy reference's bit for bit whatever the
+thread split (tests/test_integer_kernels.py compares them on every spec case).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+
+from dabuild.ir.kernels.forking import forget_pool_after_fork, split_rows
+
+BLOCK_VECTORS = 4  # vectors of output channels per packed weight block (qconv.c's QBLOCK_VECS)
+PARALLEL_MACS = 2_000_000  # a conv with fewer multiply-adds runs on one thread
+INT32_LIMIT = 2**31 - 1
+
+
+class QConvCall(ctypes.Structure):
+    """qconv.c's `QConv`: one conv's tensors, geometry and requantization."""
+
+    _fields_ = [(name, kind) for kind, names in (
+        (ctypes.c_void_p, ["x"]), (ctypes.c_ssize_t, ["height", "width", "channels"]), (ctypes.c_void_p, ["weight"]),
+        (ctypes.c_ssize_t, ["kernel_h", "kernel_w", "out_channels", "padded_channels"]),
+        (ctypes.c_void_p, ["bias", "multiplier", "shift"]), (ctypes.c_int64, ["zero_point", "low", "high"]),
+        (ctypes.c_void_p, ["y"]), (ctypes.c_ssize_t, ["out_bytes", "out_h", "out_w", "stride_h", "stride_w",
+                                                     "pad_top", "pad_left", "dilation_h", "dilation_w"]),
+        (ctypes.c_void_p, ["zeros"])) for name in names]
+
+
+@dataclass(frozen=True)
+class PackedQWeight:
+    """An (O, C, KH, KW) int8 conv weight as qconv.c reads it: int16 pairs of input channels (`group` 2) or
+    int8 quads (`group` 4, for the uint8 x int8 kernel)."""
+
+    taps: np.ndarray
+    shape: tuple[int, ...]
+    padded: int  # output channels rounded up to whole vectors
+    channels: int  # input channels rounded up to whole groups
+    group: int
+    sums: np.ndarray  # int64 (O,): each output channel's sum of weights (the uint8 kernel's bias correction)
+
+
+@dataclass(frozen=True)
+class Requantization:
+    """Per output channel (int64, C-contiguous): what qconv.c adds to each sum and how it scales it."""
+
+    bias: np.ndarray
+    multiplier: np.ndarray
+    shift: np.ndarray
+    zero_point: int
+    low: int
+    high: int
+
+
+class NativeInteger:
+    """qconv2d_nhwc, qconv2d_u8_nhwc and qadd_lookup of one loaded library."""
+
+    def __init__(self, library: ctypes.CDLL):
+        self._conv = library.qconv2d_nhwc
+        self._conv.argtypes = [ctypes.POINTER(QConvCall), ctypes.c_ssize_t, ctypes.c_ssize_t]
+        self._conv.restype = None
+        self._conv_u8 = library.qconv2d_u8_nhwc
+        self._conv_u8.argtypes = self._conv.argtypes
+        self._conv_u8.restype = None
+        library.qconv_u8_available.restype = ctypes.c_int
+        self.quads = bool(library.qconv_u8_available())  # the uint8 x int8 kernel (VNNI) was compiled
+        self._add = library.qadd_lookup
+        self._add.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_ssize_t, ctypes.c_void_p]
+        self._add.restype = None
+        library.qconv_lanes.restype = ctypes.c_ssize_t
+        self.lanes = int(library.qconv_lanes())
+        self._pool: ThreadPoolExecutor | None = None
+        forget_pool_after_fork(self)
+
+    def pack(self, weight: np.ndarray, group: int = 2) -> PackedQWeight:
+        """The weight in qconv.c's layout (see qconv.c) for groups of 2 (int16) or 4 (int8) input channels."""
+        out_channels, channels, kernel_h, kernel_w = weight.shape
+        padded = -(-out_channels // self.lanes) * self.lanes
+        whole = -(-channels // group) * group
+        taps = np.zeros((kernel_h, kernel_w, whole, padded), np.int16 if group == 2 else np.int8)
+        taps[:, :, :channels, :out_channels] = weight.transpose(2, 3, 1, 0)
+        # (tap, group, member, O) -> (tap * group, O, member): each output channel's weights of a group side by side
+        rows = taps.reshape(kernel_h * kernel_w * whole // group, group, padded).transpose(0, 2, 1)
+        block = BLOCK_VECTORS * self.lanes
+        flat = np.concatenate([np.ascontiguousarray(rows[:, first:first + block]).ravel()
+                               for first in range(0, padded, block)])
+        sums = weight.astype(np.int64).reshape(out_channels, -1).sum(axis=1)
+        return PackedQWeight(flat, weight.shape, padded, whole, group, sums)
+
+    def conv(self, x: np.ndarray, zero_point: int, weight: PackedQWeight, requantization: Requantization,
+             strides: list[int], pads: list[int], dilations: list[int], out: list[int], storage: np.dtype,
+             threads: int = 1) -> np.ndarray:
+        """The (N, OH, OW, O) outputs in `storage` (1, 2 or 4 bytes) of x (N, H, W, C), 8-bit integers with
+        the given zero point; pads are the (top, left) ones, `out` is (OH, OW).
+
+        A weight packed in quads runs the uint8 x int8 kernel: x as u = q + 128 (int8) or q (uint8), the
+        padding as p = zero point (+ 128), and p * sum w taken off the bias (see qconv.c); the caller has
+        checked that 255 sum |w| + |that bias| stays in int32."""
+        batch, height, width, channels = x.shape
+        out_channels, _, kernel_h, kernel_w = weight.shape
+        r = requantization
+        bias = r.bias
+        if weight.group == 4:
+            pad = zero_point + (128 if x.dtype == np.int8 else 0)
+            inputs = np.empty((batch, height, width, weight.channels), np.uint8)
+            if x.dtype == np.int8:
+                np.bitwise_xor(x.view(np.uint8), np.uint8(0x80), out=inputs[..., :channels])  # q + 128
+            else:
+                inputs[..., :channels] = x
+            inputs[..., channels:] = pad
+            zeros = np.full(weight.channels, pad, np.uint8)
+            bias = np.ascontiguousarray(r.bias - pad * weight.sums)
+            kernel = self._conv_u8
+        else:
+            inputs = np.empty((batch, height, width, weight.channels), np.int16)
+            np.subtract(x, np.int16(zero_point), out=inputs[..., :channels], dtype=np.int16)
+            inputs[..., channels:] = 0  # the channel that makes an odd count even
+            zeros = np.zeros(weight.channels, np.int16)
+            kernel = self._conv
+        y = np.empty((batch, *out, out_channels), storage)
+        call = QConvCall(inputs.ctypes.data, height, width, weight.channels, weight.taps.ctypes.data,
+                         kernel_h, kernel_w, out_channels, weight.padded, bias.ctypes.data,
+                         r.multiplier.ctypes.data, r.shift.ctypes.data, r.zero_point, r.low, r.high,
+                         y.ctypes.data, y.itemsize, out[0], out[1], strides[0], strides[1], pads[0], pads[1],
+                         dilations[0], dilations[1], zeros.ctypes.data)
+        rows = batch * out[0]
+        macs = y.size * kernel_h * kernel_w * channels
+        parts = min(threads, rows) if macs >= PARALLEL_MACS else 1
+        split_rows(self, kernel, ctypes.byref(call), rows, parts, max(1, parts - 1), "dabuild-qconv")
+        return y
+
+    def add_lookup(self, a: np.ndarray, b: np.ndarray, table: np.ndarray) -> np.ndarray:
+        """table[a * 256 + b] element by element for two 1-byte arrays of one shape, in a's dtype and memory
+        order (a and b in the same order: an NCHW view of channels-last memory stays one)."""
+        order = _memory_order(a)
+        if order is None or _memory_order(b) != order:
+            order = tuple(range(a.ndim))
+        a_flat = np.ascontiguousarray(a.transpose(order))
+        b_flat = np.ascontiguousarray(b.transpose(order))
+        y = np.empty_like(a_flat)
+        self._add(a_flat.ctypes.data, b_flat.ctypes.data, table.ctypes.data, a_flat.size, y.ctypes.data)
+        return y.transpose(np.argsort(order))
+
+
+def _memory_order(array: np.ndarray) -> tuple[int, ...] | None:
+    """The axes of `array` from outermost to innermost in memory, if it is dense in that order, else None."""
+    order = tuple(int(axis) for axis in np.argsort([-s for s in array.strides], kind="stable"))
+    return order if array.transpose(order).flags.c_contiguous else None
