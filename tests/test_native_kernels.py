@@ -54,6 +54,9 @@ CASES = [  # batch, channels, out_channels, spatial size, kernel, strides, pads,
     (4, 32, 32, (16, 16), (3, 3), [1, 1], [1, 1, 1, 1], [1, 1], 32),  # depthwise
     (3, 20, 20, (9, 11), (3, 5), [2, 1], [1, 2, 0, 3], [1, 2], 20),  # depthwise, a partial last vector
     (2, 6, 6, (15,), (3,), [1], [1, 1], [2], 6),  # depthwise 1-D
+    (1, 116, 116, (12, 28), (3, 3), [1, 1], [1, 1, 1, 1], [1, 1], 116),  # depthwise: rows of 8-pixel blocks
+    (2, 24, 24, (9, 37), (3, 3), [2, 2], [1, 1, 1, 1], [1, 1], 24),  # depthwise, strided blocks, partial vector
+    (1, 40, 40, (6, 30), (5, 5), [1, 1], [2, 1, 2, 5], [2, 2], 40),  # depthwise, dilated, uneven pads
     (1, 300, 70, (9, 7), (3, 3), [1, 1], [1, 1, 1, 1], [1, 1], 1),  # K in blocks of a tap's channel chunks
     (2, 40, 150, (6, 5), (1, 1), [2, 2], [0, 0, 0, 0], [1, 1], 1),  # channel blocks of 4, 4 and 2 vectors
     (1, 3, 24, (30, 30), (7, 7), [2, 2], [3, 3, 3, 3], [1, 1], 1),  # a stem: K in blocks of kernel rows
