@@ -128,27 +128,37 @@ class NativeConv:
         x is (N, H, W, C), residual (N, OH, OW, O) or None, all of the packed weight's dtype, x and residual
         C-contiguous; pads are the (top, left) ones, `out` is (OH, OW).
         """
-        batch, height, width, channels = x.shape
+        plan = self.plan(x.shape, weight, bias, strides, pads, dilations, out, activation)
+        return plan(x, residual)
+
+    def plan(self, shape: tuple[int, ...], weight: PackedWeight, bias: np.ndarray | None, strides: list[int],
+             pads: list[int], dilations: list[int], out: list[int],
+             activation: NativeActivation = NO_ACTIVATION) -> ConvPlan:
+        """The conv of (N, H, W, C) inputs of `shape` prepared once (see `__call__` for the arguments): geometry,
+        packed weight, padded bias and epilogue filled in, so that each run only points the call at its arrays."""
+        batch, height, width, channels = shape
         out_channels, _, kernel_h, kernel_w = weight.shape
         dtype = weight.taps.dtype
         if bias is not None:
             bias = np.concatenate([bias.astype(dtype, copy=False), np.zeros(weight.padded - out_channels, dtype)])
         zeros = np.zeros(channels, dtype)
-        y = np.empty((batch, *out, out_channels), dtype)
         call = ELEMENTS[dtype][1](
-            x.ctypes.data, height, width, channels,
+            None, height, width, channels,
             weight.taps.ctypes.data, kernel_h, kernel_w, out_channels, weight.padded,
-            None if bias is None else bias.ctypes.data, None if residual is None else residual.ctypes.data,
-            y.ctypes.data, out[0], out[1], strides[0], strides[1], pads[0], pads[1], dilations[0], dilations[1],
+            None if bias is None else bias.ctypes.data, None, None,
+            out[0], out[1], strides[0], strides[1], pads[0], pads[1], dilations[0], dilations[1],
             *activation, zeros.ctypes.data,
         )
-        function = self._kernels[dtype, weight.depthwise]
-        rows = batch * out[0]
-        macs = y.size * kernel_h * kernel_w * (1 if weight.depthwise else channels)
-        parts = min(getattr(_LAYER_THREADS, "count", 1), rows) if macs >= PARALLEL_MACS else 1
+        macs = batch * out[0] * out[1] * out_channels * kernel_h * kernel_w * (1 if weight.depthwise else channels)
+        return ConvPlan(self, self._kernels[dtype, weight.depthwise], call, (batch, *out, out_channels), dtype,
+                        macs >= PARALLEL_MACS, (weight, bias, zeros))
+
+    def run(self, function: Any, call: ctypes.Structure, rows: int, parallel: bool) -> None:
+        """function(call, 0, rows), its rows split among this thread's layer threads if `parallel`."""
+        parts = min(getattr(_LAYER_THREADS, "count", 1), rows) if parallel else 1
         if parts <= 1:
             function(ctypes.byref(call), 0, rows)  # ctypes releases the GIL for the call
-            return y
+            return
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max(1, available_cores() - 1), thread_name_prefix="dabuild-conv")
         bounds = [rows * part // parts for part in range(parts + 1)]
@@ -157,6 +167,26 @@ class NativeConv:
         function(ctypes.byref(call), 0, bounds[1])  # this thread takes the first rows
         for future in others:
             future.result()
+
+
+class ConvPlan:
+    """One native conv prepared for inputs of one shape (`NativeConv.plan`): calling it with x (and the
+    residual, if the conv adds one) copies the prepared call, points it at the arrays and runs it.
+    A copy per call, so threads may run one plan on different slices at once."""
+
+    def __init__(self, native: NativeConv, function: Any, call: ctypes.Structure, shape: tuple[int, ...],
+                 dtype: np.dtype, parallel: bool, keep: tuple[Any, ...]):
+        self.native, self.function, self.call = native, function, call
+        self.shape, self.dtype, self.parallel = shape, dtype, parallel
+        self._keep = keep  # the arrays the call points into
+
+    def __call__(self, x: np.ndarray, residual: np.ndarray | None) -> np.ndarray:
+        y = np.empty(self.shape, self.dtype)
+        call = type(self.call).from_buffer_copy(self.call)
+        call.x, call.y = x.ctypes.data, y.ctypes.data
+        if residual is not None:
+            call.residual = residual.ctypes.data
+        self.native.run(self.function, call, self.shape[0] * self.shape[1], self.parallel)
         return y
 
 
