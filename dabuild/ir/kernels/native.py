@@ -118,7 +118,9 @@ class NativeConv:
         if not depthwise:  # blocks of BLOCK_VECTORS vectors of channels, each a contiguous (KH * KW * C, width) slab
             rows, block = taps.reshape(-1, padded), BLOCK_VECTORS * vector
             taps = np.concatenate([rows[:, first:first + block].ravel() for first in range(0, padded, block)])
-        return PackedWeight(taps, weight.shape, depthwise, padded)
+        aligned = aligned_empty(taps.shape, taps.dtype)
+        aligned[...] = taps
+        return PackedWeight(aligned, weight.shape, depthwise, padded)
 
     def __call__(self, x: np.ndarray, weight: PackedWeight, bias: np.ndarray | None, residual: np.ndarray | None,
                  strides: list[int], pads: list[int], dilations: list[int], out: list[int],
@@ -181,7 +183,7 @@ class ConvPlan:
         self._keep = keep  # the arrays the call points into
 
     def __call__(self, x: np.ndarray, residual: np.ndarray | None) -> np.ndarray:
-        y = np.empty(self.shape, self.dtype)
+        y = aligned_empty(self.shape, self.dtype)
         call = type(self.call).from_buffer_copy(self.call)
         call.x, call.y = x.ctypes.data, y.ctypes.data
         if residual is not None:
@@ -198,6 +200,15 @@ class PackedWeight:
     shape: tuple[int, ...]
     depthwise: bool
     padded: int  # output channels rounded up to whole vectors
+
+
+def aligned_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """np.empty whose memory starts on a VECTOR_BYTES boundary: a vector load that straddles two cache lines
+    costs two, which made the weight loads of a conv on unaligned packed weights about 1.6x slower."""
+    size = math.prod(shape) * np.dtype(dtype).itemsize
+    buffer = np.empty(size + VECTOR_BYTES, np.uint8)
+    start = -buffer.ctypes.data % VECTOR_BYTES
+    return buffer[start:start + size].view(dtype).reshape(shape)
 
 
 def available_cores() -> int:
