@@ -247,3 +247,21 @@ def test_float64_conv_of_integers_is_exact(monkeypatch: pytest.MonkeyPatch, case
     compiled, reference = conv_both_ways(monkeypatch, arrays, attrs)
     assert compiled.dtype == np.float64
     np.testing.assert_array_equal(compiled, reference)
+
+
+def test_layer_threads_work_in_a_forked_child(monkeypatch: pytest.MonkeyPatch) -> None:
+    """pool.c's workers do not survive a fork: a child (a tuning worker) starts its own and gets the same bits."""
+    monkeypatch.delenv(native.SWITCH, raising=False)
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((1, 64, 24, 24)).astype(np.float32)
+    weight = rng.standard_normal((64, 64, 3, 3)).astype(np.float32)
+    kernel = OPS["conv"].prepare({"pads": [1] * 4})
+    with native.layer_threads(2):
+        parent = kernel([x, weight], None)[0]
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child reports through its exit status
+        with native.layer_threads(2):
+            same = np.array_equal(kernel([x, weight], None)[0], parent)
+        os._exit(0 if same else 1)
+    _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 0

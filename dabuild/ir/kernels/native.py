@@ -52,7 +52,7 @@ from dabuild.notices import warn
 
 COMPILER = "cc"
 VARIANTS = (("float", "int", "f32"), ("double", "long long", "f64"))  # conv.c's element types, its mask types, names
-FLAGS = ("-O3", "-march=native", "-shared", "-fPIC")
+FLAGS = ("-O3", "-march=native", "-shared", "-fPIC", "-pthread")
 VECTOR_BYTES = 64  # conv.c's vectors: the weight and bias are padded to whole vectors of their element type
 BLOCK_VECTORS = 4  # vectors of output channels per block of the packed weight (conv.c's BLOCK_VECS)
 SWITCH = "DABUILD_NATIVE_KERNELS"
@@ -80,6 +80,7 @@ RELU, CLAMP = 1, 2  # conv.c's activations: relu, or a clamp to [low, high]
 NativeActivation = tuple[int, float, float]  # (0 for none, RELU or CLAMP; low, high)
 NO_ACTIVATION: NativeActivation = (0, 0.0, 0.0)
 PARALLEL_MACS = 2_000_000  # a conv with fewer multiply-adds runs on one thread: not worth a dispatch
+CHUNKS_PER_THREAD = 4  # a parallel conv's rows are handed out in about this many chunks per thread
 
 
 class NativeConv:
@@ -99,7 +100,9 @@ class NativeConv:
                 kernel.argtypes = [ctypes.POINTER(call), ctypes.c_ssize_t, ctypes.c_ssize_t]
                 kernel.restype = None
                 self._kernels[dtype, depthwise] = kernel
-        self._pool: ThreadPoolExecutor | None = None
+        self._parallel = library.parallel_rows
+        self._parallel.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_ssize_t, ctypes.c_int]
+        self._parallel.restype = None
         self.histogram: NativeHistogram | None = None
         self.requantize: NativeRequantize | None = None
 
@@ -156,19 +159,14 @@ class NativeConv:
                         macs >= PARALLEL_MACS, (weight, bias, zeros))
 
     def run(self, function: Any, call: ctypes.Structure, rows: int, parallel: bool) -> None:
-        """function(call, 0, rows), its rows split among this thread's layer threads if `parallel`."""
+        """function(call, 0, rows), its rows shared among this thread's layer threads if `parallel` (pool.c's
+        persistent workers take chunks of CHUNKS_PER_THREAD per thread, so a delayed thread takes fewer)."""
         parts = min(getattr(_LAYER_THREADS, "count", 1), rows) if parallel else 1
         if parts <= 1:
             function(ctypes.byref(call), 0, rows)  # ctypes releases the GIL for the call
             return
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(max(1, available_cores() - 1), thread_name_prefix="dabuild-conv")
-        bounds = [rows * part // parts for part in range(parts + 1)]
-        others = [self._pool.submit(function, ctypes.byref(call), low, high)
-                  for low, high in zip(bounds[1:-1], bounds[2:])]
-        function(ctypes.byref(call), 0, bounds[1])  # this thread takes the first rows
-        for future in others:
-            future.result()
+        chunk = max(1, rows // (parts * CHUNKS_PER_THREAD))
+        self._parallel(ctypes.cast(function, ctypes.c_void_p), ctypes.byref(call), rows, chunk, parts)
 
 
 class ConvPlan:
@@ -378,7 +376,7 @@ def _load() -> NativeConv | None:
         conv = kernels.joinpath("conv.c").read_text()
         source = "\n".join([*(f"#undef ELEM\n#undef MASK\n#undef NAME\n#define ELEM {elem}\n#define MASK {mask}\n"
                                f"#define NAME(name) name##_{suffix}\n{conv}" for elem, mask, suffix in VARIANTS),
-                             *(kernels.joinpath(name).read_text() for name in ("histogram.c", "requantize.c"))])
+                             *(kernels.joinpath(name).read_text() for name in ("histogram.c", "requantize.c", "pool.c"))])
         library, scratch = _build(compiler, version, source)
         try:
             loaded = ctypes.CDLL(str(library))
