@@ -249,18 +249,21 @@ class NativeHistogram:
         self._counts.argtypes = [ctypes.POINTER(TensorView), pointer, pointer, pointer, ctypes.c_double,
                                  ctypes.c_int64, pointer, size, size]
         self._counts.restype = None
+        self._rebin = library.rebin_channels
+        self._rebin.argtypes = [pointer, pointer, size, pointer, pointer, pointer]
+        self._rebin.restype = None
         self._pool: ThreadPoolExecutor | None = None
 
     @staticmethod
-    def view(values: np.ndarray, axis: int | None, channels_inner: bool = True) -> tuple[TensorView, np.ndarray]:
+    def view(values: np.ndarray, axis: int | None) -> tuple[TensorView, np.ndarray]:
         """`values` as histogram.c's view with channels along `axis` (None: one channel), and the array the view
         reads: `values` itself if its memory fits, else a contiguous copy with the channel axis outside the
-        axes after it (`channels_inner` allows channels-last memory as it is)."""
+        axes after it (channels-last memory is read as it is)."""
         if axis is None:
             values = np.ascontiguousarray(values, np.float32).reshape(1, 1, -1)
             axis = 1
         last = np.moveaxis(values, axis, -1)
-        if channels_inner and last.dtype == np.float32 and last.flags.c_contiguous:
+        if last.dtype == np.float32 and last.flags.c_contiguous:
             channels = last.shape[-1]
             return TensorView(last.ctypes.data, last.size // max(channels, 1), channels, 1, channels, 1), last
         values = np.ascontiguousarray(values, np.float32)
@@ -304,6 +307,15 @@ class NativeHistogram:
 
         self._split(view, part)
         whole += wholes[1]
+
+
+    def rebin(self, counts: np.ndarray, channels: np.ndarray, old_offset: np.ndarray, doublings: np.ndarray,
+              new_offset: np.ndarray) -> None:
+        """counts (C-contiguous int64 (channels, BINS)): the listed rows moved to their wider windows in place,
+        as dabuild.quant.histogram.Histogram._rebin does."""
+        vectors = [np.ascontiguousarray(vector, np.int64) for vector in (channels, old_offset, doublings, new_offset)]
+        self._rebin(counts.ctypes.data, vectors[0].ctypes.data, len(vectors[0]),
+                    *(vector.ctypes.data for vector in vectors[1:]))
 
 
 class NativeRequantize:
