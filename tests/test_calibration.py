@@ -318,6 +318,31 @@ def test_native_histograms_count_exactly_what_numpy_counts(monkeypatch: pytest.M
     assert compiled[0] == compiled[1] == reference
 
 
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_native_whole_histograms_derived_from_big_channels_are_exact(monkeypatch: pytest.MonkeyPatch,
+                                                                     channels_last: bool) -> None:
+    """Channels with enough values per batch have their whole-tensor counts derived from their own rows'
+    gains (histogram.c): the same counts numpy bins value by value, with channel widths finer than the whole's."""
+    from dabuild.ir.kernels import native
+
+    rng = np.random.default_rng(12)
+    values = (rng.standard_normal((3, 96, 96, 5)) * np.array([0.01, 1.0, 30.0, 1.0, 2.0])).astype(np.float32)
+    values[..., 3] = 0.25  # a constant channel: counted into the whole directly
+    values[2, 50, 50, 1] = -700.0  # a late outlier: the whole's window and one channel's widen
+    values = values.transpose(0, 3, 1, 2) if channels_last else np.ascontiguousarray(values.transpose(0, 3, 1, 2))
+
+    def stats(batch: int) -> Stats:
+        result = Stats()
+        for start in range(0, len(values), batch):
+            result.observe("t", values[start:start + batch], axis=1)
+        return result
+
+    monkeypatch.delenv(native.SWITCH, raising=False)
+    compiled = [stats(batch) for batch in (1, 3)]
+    monkeypatch.setenv(native.SWITCH, "0")
+    assert compiled[0] == compiled[1] == stats(3)
+
+
 def test_native_histograms_reject_non_finite_values_naming_the_tensor() -> None:
     values = np.ones((2, 3, 4, 4), np.float32)
     values[1, 2, 0, 0] = np.inf

@@ -10,6 +10,9 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
 
 #define HISTOGRAM_BINS 2048
 
@@ -23,13 +26,47 @@ static inline const float *element(const TensorView *v, ptrdiff_t o, ptrdiff_t c
     return v->x + o * v->outer_stride + c * v->channel_stride;
 }
 
+typedef float floats16 __attribute__((vector_size(64)));
+typedef int ints16 __attribute__((vector_size(64)));
+typedef float floats16_unaligned __attribute__((vector_size(64), aligned(4)));
+
+/* The extremes of n values, 16 lanes at a time: `value < low ? value : low` lane by lane as the scalar loop
+ * does (a NaN never replaces an extreme; it is counted in *bad instead). */
+static void run_extremes(const float *x, ptrdiff_t n, float *low, float *high, ptrdiff_t *bad)
+{
+    floats16 lo = *low - (floats16){0}, hi = *high - (floats16){0}, infinite = INFINITY - (floats16){0};
+    ints16 nonfinite = {0};
+    ptrdiff_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        floats16 values = *(const floats16_unaligned *)(x + i);
+        floats16 magnitude = (floats16)((ints16)values & 0x7fffffff);
+        nonfinite += (magnitude < infinite) + 1;  /* a comparison gives -1 where true: 1 where not finite */
+        ints16 below = values < lo, above = values > hi;
+        lo = (floats16)(((ints16)values & below) | ((ints16)lo & ~below));
+        hi = (floats16)(((ints16)values & above) | ((ints16)hi & ~above));
+    }
+    float l = *low, h = *high;
+    for (int lane = 0; lane < 16; lane++) {
+        l = lo[lane] < l ? lo[lane] : l;
+        h = hi[lane] > h ? hi[lane] : h;
+        *bad += nonfinite[lane];
+    }
+    for (; i < n; i++) {
+        *bad += !(fabsf(x[i]) < INFINITY);
+        l = x[i] < l ? x[i] : l;
+        h = x[i] > h ? x[i] : h;
+    }
+    *low = l;
+    *high = h;
+}
+
 /* low[c] = min(low[c], values of channel c), high[c] likewise; returns how many values are NaN or infinite. */
-ptrdiff_t channel_extremes(const TensorView *v, float *low, float *high, ptrdiff_t c0, ptrdiff_t c1)
+ptrdiff_t channel_extremes(const TensorView *v, float *restrict low, float *restrict high, ptrdiff_t c0, ptrdiff_t c1)
 {
     ptrdiff_t bad = 0;
     for (ptrdiff_t o = 0; o < v->outer; o++) {
-        if (v->inner == 1) {
-            const float *x = element(v, o, 0);
+        if (v->inner == 1) {  /* elementwise across the channels of one pixel: the compiler vectorises it */
+            const float *restrict x = element(v, o, 0);
             for (ptrdiff_t c = c0; c < c1; c++) {
                 float value = x[c];
                 bad += !(fabsf(value) < INFINITY);  /* NaN compares false */
@@ -38,17 +75,8 @@ ptrdiff_t channel_extremes(const TensorView *v, float *low, float *high, ptrdiff
             }
             continue;
         }
-        for (ptrdiff_t c = c0; c < c1; c++) {
-            const float *x = element(v, o, c);
-            float lo = low[c], hi = high[c];
-            for (ptrdiff_t i = 0; i < v->inner; i++) {
-                bad += !(fabsf(x[i]) < INFINITY);
-                lo = x[i] < lo ? x[i] : lo;
-                hi = x[i] > hi ? x[i] : hi;
-            }
-            low[c] = lo;
-            high[c] = hi;
-        }
+        for (ptrdiff_t c = c0; c < c1; c++)
+            run_extremes(element(v, o, c), v->inner, &low[c], &high[c], &bad);
     }
     return bad;
 }
@@ -58,33 +86,86 @@ static inline int64_t bin(float value, double reciprocal, int64_t offset)
     return reciprocal > 0.0 ? (int64_t)floor((double)value * reciprocal) - offset : 0;
 }
 
-/* row[bin] += 1 and whole[whole bin] += 1 for `count` consecutive values of one channel. */
+#define COUNT_BLOCK 64  /* values whose bins are computed together (vectorised) before they are counted */
+
+/* bins[i] = bin(x[i]) for n <= COUNT_BLOCK values, 8 at a time where the CPU has AVX-512 (the same double
+ * product, floor and int64 conversion of an integral double as bin(), all exact). */
+static inline void block_bins(const float *x, ptrdiff_t n, double r, int64_t first, int64_t *bins)
+{
+    if (!(r > 0.0)) {
+        for (ptrdiff_t i = 0; i < n; i++)
+            bins[i] = 0;
+        return;
+    }
+    ptrdiff_t i = 0;
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
+    __m512d reciprocal = _mm512_set1_pd(r);
+    __m512i offset = _mm512_set1_epi64(first);
+    for (; i + 8 <= n; i += 8) {
+        __m512d scaled = _mm512_mul_pd(_mm512_cvtps_pd(_mm256_loadu_ps(x + i)), reciprocal);
+        __m512d floored = _mm512_roundscale_pd(scaled, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+        _mm512_storeu_si512(bins + i, _mm512_sub_epi64(_mm512_cvttpd_epi64(floored), offset));
+    }
+#endif
+    for (; i < n; i++)
+        bins[i] = (int64_t)floor((double)x[i] * r) - first;
+}
+
+/* row[bin] += 1 and (unless whole is NULL) whole[whole bin] += 1 for `count` consecutive values of one channel. */
 static inline void count_run(const float *x, ptrdiff_t count, double r, int64_t first, int64_t *row,
                              double whole_reciprocal, int64_t whole_offset, int64_t *whole)
 {
-    for (ptrdiff_t i = 0; i < count; i++) {
-        row[bin(x[i], r, first)]++;
-        whole[bin(x[i], whole_reciprocal, whole_offset)]++;
+    int64_t bins[COUNT_BLOCK], whole_bins[COUNT_BLOCK];
+    for (ptrdiff_t i0 = 0; i0 < count; i0 += COUNT_BLOCK) {
+        ptrdiff_t n = count - i0 < COUNT_BLOCK ? count - i0 : COUNT_BLOCK;
+        block_bins(x + i0, n, r, first, bins);
+        if (!whole) {
+            for (ptrdiff_t i = 0; i < n; i++)
+                row[bins[i]]++;
+            continue;
+        }
+        block_bins(x + i0, n, whole_reciprocal, whole_offset, whole_bins);
+        for (ptrdiff_t i = 0; i < n; i++) {
+            row[bins[i]]++;
+            whole[whole_bins[i]]++;
+        }
     }
 }
 
-#define COUNT_TILE 16     /* channels gathered at once from channels-last memory */
-#define COUNT_PIXELS 512  /* pixels gathered at once: a COUNT_TILE x COUNT_PIXELS float scratch is 32 KiB */
+#define COUNT_TILE 16        /* channels counted together */
+#define COUNT_PIXELS 512     /* pixels gathered at once: a COUNT_TILE x COUNT_PIXELS float scratch is 32 KiB */
+#define DERIVE_VALUES 8192   /* a channel with at least this many values has its whole-tensor counts derived */
 
 /* counts[c][bin] += 1 for each value of channel c, with each channel's reciprocal width and offset; the same
- * values also into `whole` (one histogram of every channel). Channels-last memory (inner == 1) is gathered
- * a tile of channels and a block of pixels at a time into a small channel-major scratch, so each channel's
- * values are counted in one run against its own table (counting across channels pixel by pixel would jump
- * between tables that share cache sets), without a transposed copy of the whole tensor. */
+ * values also into `whole` (one histogram of every channel). Channels [c0, c1), in tiles of COUNT_TILE.
+ *
+ * Channels-last memory (inner == 1) is gathered a block of pixels at a time into a small channel-major
+ * scratch, so each channel's values are counted in one run against its own table (counting across channels
+ * pixel by pixel would jump between tables that share cache sets), without a transposed copy of the tensor.
+ *
+ * The whole-tensor counts of a channel with many values are derived from what its own row gained instead of
+ * counted value by value: both grids are anchored at zero with power-of-two widths, so where the channel's
+ * width w divides the whole's W, channel bin k lies inside whole bin ((offset + k) >> log2(W / w)) - W's
+ * offset, exactly as rebinning merges bins. A channel without a grid yet, or one finer than nothing can be
+ * derived from, is counted into `whole` directly. */
 void channel_counts(const TensorView *v, const double *reciprocal, const int64_t *offset, int64_t *counts,
                     double whole_reciprocal, int64_t whole_offset, int64_t *whole, ptrdiff_t c0, ptrdiff_t c1)
 {
-    if (v->inner == 1) {
-        static _Thread_local float scratch[COUNT_TILE][COUNT_PIXELS];
-        for (ptrdiff_t o0 = 0; o0 < v->outer; o0 += COUNT_PIXELS) {
-            ptrdiff_t pixels = v->outer - o0 < COUNT_PIXELS ? v->outer - o0 : COUNT_PIXELS;
-            for (ptrdiff_t t0 = c0; t0 < c1; t0 += COUNT_TILE) {
-                ptrdiff_t width = c1 - t0 < COUNT_TILE ? c1 - t0 : COUNT_TILE;
+    static _Thread_local float scratch[COUNT_TILE][COUNT_PIXELS];
+    static _Thread_local int64_t before[COUNT_TILE][HISTOGRAM_BINS];
+    int many = v->outer * v->inner >= DERIVE_VALUES;
+    for (ptrdiff_t t0 = c0; t0 < c1; t0 += COUNT_TILE) {
+        ptrdiff_t width = c1 - t0 < COUNT_TILE ? c1 - t0 : COUNT_TILE;
+        int derive[COUNT_TILE];
+        for (ptrdiff_t j = 0; j < width; j++) {
+            double r = reciprocal[t0 + j];
+            derive[j] = many && whole_reciprocal > 0.0 && r >= whole_reciprocal;  /* w <= W, both powers of two */
+            if (derive[j])
+                memcpy(before[j], counts + (t0 + j) * HISTOGRAM_BINS, sizeof before[j]);
+        }
+        if (v->inner == 1) {
+            for (ptrdiff_t o0 = 0; o0 < v->outer; o0 += COUNT_PIXELS) {
+                ptrdiff_t pixels = v->outer - o0 < COUNT_PIXELS ? v->outer - o0 : COUNT_PIXELS;
                 for (ptrdiff_t p = 0; p < pixels; p++) {
                     const float *x = element(v, o0 + p, t0);
                     for (ptrdiff_t j = 0; j < width; j++)
@@ -92,15 +173,26 @@ void channel_counts(const TensorView *v, const double *reciprocal, const int64_t
                 }
                 for (ptrdiff_t j = 0; j < width; j++)
                     count_run(scratch[j], pixels, reciprocal[t0 + j], offset[t0 + j],
-                              counts + (t0 + j) * HISTOGRAM_BINS, whole_reciprocal, whole_offset, whole);
+                              counts + (t0 + j) * HISTOGRAM_BINS, whole_reciprocal, whole_offset,
+                              derive[j] ? NULL : whole);
             }
+        } else {
+            for (ptrdiff_t j = 0; j < width; j++)
+                for (ptrdiff_t o = 0; o < v->outer; o++)
+                    count_run(element(v, o, t0 + j), v->inner, reciprocal[t0 + j], offset[t0 + j],
+                              counts + (t0 + j) * HISTOGRAM_BINS, whole_reciprocal, whole_offset,
+                              derive[j] ? NULL : whole);
         }
-        return;
+        for (ptrdiff_t j = 0; j < width; j++) {
+            if (!derive[j])
+                continue;
+            const int64_t *row = counts + (t0 + j) * HISTOGRAM_BINS;
+            int shift = ilogb(reciprocal[t0 + j]) - ilogb(whole_reciprocal);
+            for (ptrdiff_t k = 0; k < HISTOGRAM_BINS; k++)
+                if (row[k] != before[j][k])
+                    whole[((offset[t0 + j] + k) >> shift) - whole_offset] += row[k] - before[j][k];
+        }
     }
-    for (ptrdiff_t o = 0; o < v->outer; o++)
-        for (ptrdiff_t c = c0; c < c1; c++)
-            count_run(element(v, o, c), v->inner, reciprocal[c], offset[c], counts + c * HISTOGRAM_BINS,
-                      whole_reciprocal, whole_offset, whole);
 }
 
 /* Re-binning of the channels listed in `channels` (n of them) to wider or slid windows, in place: old bin k
