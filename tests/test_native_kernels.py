@@ -250,7 +250,7 @@ def test_float64_conv_of_integers_is_exact(monkeypatch: pytest.MonkeyPatch, case
 
 
 def test_layer_threads_work_in_a_forked_child(monkeypatch: pytest.MonkeyPatch) -> None:
-    """pool.c's workers do not survive a fork: a child (a tuning worker) starts its own and gets the same bits."""
+    """threads.c's workers do not survive a fork: a child (a tuning worker) starts its own and gets the same bits."""
     monkeypatch.delenv(native.SWITCH, raising=False)
     rng = np.random.default_rng(2)
     x = rng.standard_normal((1, 64, 24, 24)).astype(np.float32)
@@ -265,3 +265,30 @@ def test_layer_threads_work_in_a_forked_child(monkeypatch: pytest.MonkeyPatch) -
         os._exit(0 if same else 1)
     _, status = os.waitpid(child, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+@pytest.mark.parametrize("attrs", [
+    {"kernel": [3, 3], "strides": [2, 2]},
+    {"kernel": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]},
+    {"kernel": [3, 3], "strides": [2, 2], "ceil_mode": True},  # SqueezeNet's: the overhang never wins
+    {"kernel": [2, 3], "strides": [1, 2], "pads": [1, 0, 0, 2], "dilations": [2, 1]},
+])
+def test_max_pool_of_a_conv_output_matches_numpy_bit_for_bit(monkeypatch: pytest.MonkeyPatch, attrs: dict) -> None:
+    """max_pool.c on a channels-last tensor: numpy's maxima, NaN winning and the later of two equal zeros kept."""
+    rng = np.random.default_rng(8)
+    memory = rng.standard_normal((2, 9, 11, 21)).astype(np.float32)  # (N, H, W, C): 21 channels, a partial vector
+    memory[0, 2, 3, 4] = np.nan
+    memory[1, :, :, 5] = np.where(rng.random((9, 11)) < 0.5, -0.0, 0.0)  # zeros of both signs
+    x = memory.transpose(0, 3, 1, 2)  # (N, C, H, W) over channels-last memory, as a conv leaves it
+    monkeypatch.delenv(native.SWITCH, raising=False)
+    compiled = OPS["max_pool"].run([x], attrs)[0]
+    assert channels_last_memory(compiled)
+    monkeypatch.setenv(native.SWITCH, "0")
+    reference = OPS["max_pool"].run([x], attrs)[0]
+    assert compiled.shape == reference.shape
+    np.testing.assert_array_equal(compiled, reference)
+    assert np.array_equal(np.signbit(compiled), np.signbit(reference))
+
+
+def channels_last_memory(y: np.ndarray) -> bool:
+    return y.transpose(0, 2, 3, 1).flags.c_contiguous

@@ -74,6 +74,16 @@ def _conv_call(element: type[ctypes._SimpleCData]) -> type[ctypes.Structure]:
     return type(f"ConvCall_{element.__name__}", (ctypes.Structure,), {"_fields_": fields})
 
 
+class MaxPoolCall(ctypes.Structure):
+    """max_pool.c's `MaxPool`: one max pool's tensors and geometry."""
+
+    _fields_ = [("x", ctypes.c_void_p), *((name, ctypes.c_ssize_t) for name in ("height", "width", "channels")),
+                ("y", ctypes.c_void_p),
+                *((name, ctypes.c_ssize_t) for name in ("out_h", "out_w", "kernel_h", "kernel_w", "stride_h",
+                                                        "stride_w", "pad_top", "pad_left", "dilation_h",
+                                                        "dilation_w"))]
+
+
 ELEMENTS = {np.dtype(np.float32): ("f32", _conv_call(ctypes.c_float)),
             np.dtype(np.float64): ("f64", _conv_call(ctypes.c_double))}  # conv.c's variants by numpy dtype
 RELU, CLAMP = 1, 2  # conv.c's activations: relu, or a clamp to [low, high]
@@ -100,6 +110,9 @@ class NativeConv:
                 kernel.argtypes = [ctypes.POINTER(call), ctypes.c_ssize_t, ctypes.c_ssize_t]
                 kernel.restype = None
                 self._kernels[dtype, depthwise] = kernel
+        self._max_pool = library.max_pool_nhwc
+        self._max_pool.argtypes = [ctypes.POINTER(MaxPoolCall), ctypes.c_ssize_t, ctypes.c_ssize_t]
+        self._max_pool.restype = None
         self._parallel = library.parallel_rows
         self._parallel.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_ssize_t, ctypes.c_int]
         self._parallel.restype = None
@@ -158,8 +171,19 @@ class NativeConv:
         return ConvPlan(self, self._kernels[dtype, weight.depthwise], call, (batch, *out, out_channels), dtype,
                         macs >= PARALLEL_MACS, (weight, bias, zeros))
 
+    def max_pool(self, x: np.ndarray, kernel: list[int], strides: list[int], pads: list[int], dilations: list[int],
+                 out: list[int]) -> np.ndarray:
+        """max_pool.c over a C-contiguous float32 (N, H, W, C) x: the (N, OH, OW, C) maxima, taps outside the
+        input skipped; pads are the (top, left) ones, `out` is (OH, OW)."""
+        batch, height, width, channels = x.shape
+        y = aligned_empty((batch, *out, channels), x.dtype)
+        call = MaxPoolCall(x.ctypes.data, height, width, channels, y.ctypes.data, *out, *kernel, *strides, *pads,
+                           *dilations)
+        self._max_pool(ctypes.byref(call), 0, batch * out[0])
+        return y
+
     def run(self, function: Any, call: ctypes.Structure, rows: int, parallel: bool) -> None:
-        """function(call, 0, rows), its rows shared among this thread's layer threads if `parallel` (pool.c's
+        """function(call, 0, rows), its rows shared among this thread's layer threads if `parallel` (threads.c's
         persistent workers take chunks of CHUNKS_PER_THREAD per thread, so a delayed thread takes fewer)."""
         parts = min(getattr(_LAYER_THREADS, "count", 1), rows) if parallel else 1
         if parts <= 1:
@@ -388,7 +412,8 @@ def _load() -> NativeConv | None:
         conv = kernels.joinpath("conv.c").read_text()
         source = "\n".join([*(f"#undef ELEM\n#undef MASK\n#undef NAME\n#define ELEM {elem}\n#define MASK {mask}\n"
                                f"#define NAME(name) name##_{suffix}\n{conv}" for elem, mask, suffix in VARIANTS),
-                             *(kernels.joinpath(name).read_text() for name in ("histogram.c", "requantize.c", "pool.c"))])
+                             *(kernels.joinpath(name).read_text()
+                               for name in ("histogram.c", "requantize.c", "threads.c", "max_pool.c"))])
         library, scratch = _build(compiler, version, source)
         try:
             loaded = ctypes.CDLL(str(library))
