@@ -280,8 +280,8 @@ void NAME(conv2d_nhwc)(const NAME(Conv) *c, ptrdiff_t row0, ptrdiff_t row1)
             switch ((c->padded_channels - o) / VLEN) {
             case 1: NAME(weight_block)(c, ks, offsets, count, partial, start, end, o, 8, 1); break;
             case 2: NAME(weight_block)(c, ks, offsets, count, partial, start, end, o, 8, 2); break;
-            case 3: NAME(weight_block)(c, ks, offsets, count, partial, start, end, o, 6, 3); break;
-            default: NAME(weight_block)(c, ks, offsets, count, partial, start, end, o, 4, 4); break;
+            case 3: NAME(weight_block)(c, ks, offsets, count, partial, start, end, o, 8, 3); break;
+            default: NAME(weight_block)(c, ks, offsets, count, partial, start, end, o, 6, 4); break;
             }
         }
     }
