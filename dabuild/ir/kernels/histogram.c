@@ -60,24 +60,59 @@ static void run_extremes(const float *x, ptrdiff_t n, float *low, float *high, p
     *high = h;
 }
 
+#define EXTREMES_VECTORS 4  /* vectors of channels whose extremes stay in registers over every pixel */
+
+/* The extremes of channels [c, c + 16 * EXTREMES_VECTORS) of channels-last memory, kept in registers while
+ * every pixel passes (lane by lane the scalar loop's comparisons, in the same pixel order). */
+static void tile_extremes(const TensorView *v, ptrdiff_t c, float *low, float *high, ptrdiff_t *bad)
+{
+    floats16 lo[EXTREMES_VECTORS], hi[EXTREMES_VECTORS];
+    ints16 nonfinite = {0};
+    floats16 infinite = INFINITY - (floats16){0};
+    for (int k = 0; k < EXTREMES_VECTORS; k++) {
+        lo[k] = *(const floats16_unaligned *)(low + c + 16 * k);
+        hi[k] = *(const floats16_unaligned *)(high + c + 16 * k);
+    }
+    for (ptrdiff_t o = 0; o < v->outer; o++) {
+        const float *x = element(v, o, c);
+        for (int k = 0; k < EXTREMES_VECTORS; k++) {
+            floats16 values = *(const floats16_unaligned *)(x + 16 * k);
+            floats16 magnitude = (floats16)((ints16)values & 0x7fffffff);
+            nonfinite += (magnitude < infinite) + 1;  /* a comparison gives -1 where true: 1 where not finite */
+            ints16 below = values < lo[k], above = values > hi[k];
+            lo[k] = (floats16)(((ints16)values & below) | ((ints16)lo[k] & ~below));
+            hi[k] = (floats16)(((ints16)values & above) | ((ints16)hi[k] & ~above));
+        }
+    }
+    for (int k = 0; k < EXTREMES_VECTORS; k++) {
+        *(floats16_unaligned *)(low + c + 16 * k) = lo[k];
+        *(floats16_unaligned *)(high + c + 16 * k) = hi[k];
+    }
+    for (int lane = 0; lane < 16; lane++)
+        *bad += nonfinite[lane];
+}
+
 /* low[c] = min(low[c], values of channel c), high[c] likewise; returns how many values are NaN or infinite. */
 ptrdiff_t channel_extremes(const TensorView *v, float *restrict low, float *restrict high, ptrdiff_t c0, ptrdiff_t c1)
 {
     ptrdiff_t bad = 0;
-    for (ptrdiff_t o = 0; o < v->outer; o++) {
-        if (v->inner == 1) {  /* elementwise across the channels of one pixel: the compiler vectorises it */
+    if (v->inner == 1) {  /* channels last: tiles of channels in registers, then the rest pixel by pixel */
+        for (; c0 + 16 * EXTREMES_VECTORS <= c1; c0 += 16 * EXTREMES_VECTORS)
+            tile_extremes(v, c0, low, high, &bad);
+        for (ptrdiff_t o = 0; o < v->outer && c0 < c1; o++) {
             const float *restrict x = element(v, o, 0);
-            for (ptrdiff_t c = c0; c < c1; c++) {
+            for (ptrdiff_t c = c0; c < c1; c++) {  /* elementwise across channels: the compiler vectorises it */
                 float value = x[c];
                 bad += !(fabsf(value) < INFINITY);  /* NaN compares false */
                 low[c] = value < low[c] ? value : low[c];
                 high[c] = value > high[c] ? value : high[c];
             }
-            continue;
         }
+        return bad;
+    }
+    for (ptrdiff_t o = 0; o < v->outer; o++)
         for (ptrdiff_t c = c0; c < c1; c++)
             run_extremes(element(v, o, c), v->inner, &low[c], &high[c], &bad);
-    }
     return bad;
 }
 
