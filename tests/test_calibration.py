@@ -328,6 +328,8 @@ def test_native_whole_histograms_derived_from_big_channels_are_exact(monkeypatch
     rng = np.random.default_rng(12)
     values = (rng.standard_normal((3, 96, 96, 5)) * np.array([0.01, 1.0, 30.0, 1.0, 2.0])).astype(np.float32)
     values[..., 3] = 0.25  # a constant channel: counted into the whole directly
+    values[..., 4] = np.maximum(values[..., 4], 0)  # ReLU-like: half zeros, set aside and counted at once
+    values[1, 7, 7:30, 4] = -0.0
     values[2, 50, 50, 1] = -700.0  # a late outlier: the whole's window and one channel's widen
     values = values.transpose(0, 3, 1, 2) if channels_last else np.ascontiguousarray(values.transpose(0, 3, 1, 2))
 
