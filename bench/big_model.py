@@ -34,7 +34,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-
 from architectures import IMAGE, export_onnx
 
 GOALS = {"build": 15 * 60, "calibrate": 1.5, "trial": 2.0, "rss": 2.0, "source": 2.0}

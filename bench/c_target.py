@@ -25,26 +25,25 @@ import math
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from interpreter import digits_graph, resnet_graph  # noqa: E402  (bench/ is not a package)
-from timing import fastest  # noqa: E402
+from interpreter import digits_graph, resnet_graph
+from timing import fastest
 
-from dabuild.capability import load_capability  # noqa: E402
-from dabuild.ir import Graph, Node, TensorSpec  # noqa: E402
-from dabuild.ir.passes import optimize  # noqa: E402
-from dabuild.progress import Progress  # noqa: E402
-from dabuild.quant.calibrate import calibrate  # noqa: E402
-from dabuild.quant.config import default_config  # noqa: E402
-from dabuild.quant.qgraph import QGraph  # noqa: E402
-from dabuild.quant.quantize import quantize  # noqa: E402
-from dabuild.quant.reference import run_integer  # noqa: E402
-from dabuild.resources import data_dir  # noqa: E402
-from dabuild.targets.c import CTarget  # noqa: E402
+from dabuild.capability import load_capability
+from dabuild.ir import Graph, Node, TensorSpec
+from dabuild.ir.passes import optimize
+from dabuild.progress import Progress
+from dabuild.quant.calibrate import calibrate
+from dabuild.quant.config import default_config
+from dabuild.quant.qgraph import QGraph
+from dabuild.quant.quantize import quantize
+from dabuild.quant.reference import run_integer
+from dabuild.resources import data_dir
+from dabuild.targets.c import CTarget
 
 DIGITS = Path(__file__).resolve().parent.parent / "recipes" / "digits"
 

@@ -53,7 +53,7 @@ def digits_data() -> dict[str, np.ndarray]:
         return {key: data[key] for key in data.files}
 
 
-def mlp_graph():  # noqa: ANN201 - a dabuild Graph
+def mlp_graph():
     from dabuild.ir.passes import optimize
     from dabuild.trace.base import load_model, trace_model
 
@@ -61,7 +61,7 @@ def mlp_graph():  # noqa: ANN201 - a dabuild Graph
     return optimize(trace_model(model, "numpy", {"x": (None, 64)}))
 
 
-def cnn_graph():  # noqa: ANN201 - a dabuild Graph
+def cnn_graph():
     """1x8x8 -> conv 8 (3x3) relu -> conv 16 (3x3) relu -> max pool 2 -> dense 10; random weights
     (memory does not depend on what the weights learnt)."""
     from dabuild.ir import Graph, Node, TensorSpec
@@ -164,8 +164,13 @@ def ort_accuracies(model: Path, calibration: np.ndarray, x_test: np.ndarray, y_t
                    per_channel: bool = False) -> tuple[float, dict[str, float]]:
     """fp32 accuracy of the ONNX `model` and, per calibration method, of its quantize_static int8 version."""
     import onnxruntime as ort
-    from onnxruntime.quantization import (CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType,
-                                          quantize_static)
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        CalibrationMethod,
+        QuantFormat,
+        QuantType,
+        quantize_static,
+    )
 
     class Reader(CalibrationDataReader):
         def __init__(self) -> None:
@@ -191,7 +196,7 @@ def ort_accuracies(model: Path, calibration: np.ndarray, x_test: np.ndarray, y_t
     return fp32, results
 
 
-def dabuild_accuracies(graph, calibration: np.ndarray, x_test: np.ndarray, y_test: np.ndarray,  # noqa: ANN001
+def dabuild_accuracies(graph, calibration: np.ndarray, x_test: np.ndarray, y_test: np.ndarray,
                        granularities: tuple[str, ...] = ("per_tensor",)) -> tuple[float, dict[str, float]]:
     """fp32 accuracy of `graph` and its int8 accuracy per (weight granularity,) activation algorithm the C
     capability offers, from one calibration pass; labelled `algorithm` or `granularity algorithm`."""

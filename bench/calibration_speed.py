@@ -23,9 +23,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-
 from architectures import ARCHITECTURES, IMAGE, export_onnx
 
+from dabuild.ir.graph import Graph
 from dabuild.ir.interpreter import Interpreter
 from dabuild.ir.kernels.native import available_cores, native_backend
 from dabuild.ir.passes import optimize
@@ -39,6 +39,23 @@ def timed(work: Callable[[], object]) -> tuple[float, float]:
     wall, cpu = time.perf_counter(), time.process_time()
     work()
     return time.perf_counter() - wall, time.process_time() - cpu
+
+
+def fastest(graph: Graph, batches: list[dict[str, np.ndarray]], rounds: int) -> tuple[tuple[float, float], ...]:
+    """The fastest (wall, CPU) seconds of inference and of calibration over `batches`, in interleaved rounds."""
+    interpreter = Interpreter(graph, threads=available_cores())
+
+    def infer() -> None:
+        for batch in batches:
+            interpreter.run(batch)
+
+    inference = calibration = (float("inf"), float("inf"))
+    for _ in range(rounds):
+        once = timed(infer)
+        inference = (min(inference[0], once[0]), min(inference[1], once[1]))
+        once = timed(lambda: calibrate(graph, batches, Progress.silent()))
+        calibration = (min(calibration[0], once[0]), min(calibration[1], once[1]))
+    return inference, calibration
 
 
 def main() -> None:
@@ -56,18 +73,7 @@ def main() -> None:
             graph = optimize(trace_model(export_onnx(name, Path(work) / f"{name}.onnx")))
             feed = graph.inputs[0].name
             batches = [{feed: images[low:low + args.batch]} for low in range(0, args.images, args.batch)]
-            interpreter = Interpreter(graph, threads=available_cores())
-
-            def infer() -> None:
-                for batch in batches:
-                    interpreter.run(batch)
-
-            inference = calibration = (float("inf"), float("inf"))
-            for _ in range(args.rounds):
-                once = timed(infer)
-                inference = (min(inference[0], once[0]), min(inference[1], once[1]))
-                once = timed(lambda: calibrate(graph, batches, Progress.silent()))
-                calibration = (min(calibration[0], once[0]), min(calibration[1], once[1]))
+            inference, calibration = fastest(graph, batches, args.rounds)
             for index, clock in enumerate(("wall", "cpu")):
                 print(f"{name:<14} {clock:<4}  inference {inference[index]:7.2f} s  calibrate {calibration[index]:7.2f} s"
                       f"  ratio {calibration[index] / inference[index]:5.2f}", flush=True)

@@ -86,7 +86,7 @@ def models() -> dict:
             self.norms = nn.ModuleList([nn.BatchNorm2d(conv.out_channels) for conv in self.convs])
             self.head = nn.Linear(96, 10)
 
-        def forward(self, x):  # noqa: ANN001, ANN201
+        def forward(self, x):
             for conv, norm in zip(self.convs, self.norms):
                 x = torch.relu(norm(conv(x)))
             return self.head(x.mean(dim=(2, 3)))
@@ -105,7 +105,7 @@ def models() -> dict:
             super().__init__()
             self.fc1, self.fc2, self.fc3 = nn.Linear(196, 128), nn.Linear(128, 64), nn.Linear(64, 10)
 
-        def forward(self, x):  # noqa: ANN001, ANN201
+        def forward(self, x):
             x = torch.relu(self.fc1(x.flatten(1)))
             return self.fc3(torch.relu(self.fc2(x)))
 
@@ -124,7 +124,7 @@ def models() -> dict:
             self.conv2 = nn.Conv2d(8, 16, 3, padding=1)
             self.head = nn.Linear(16 * 7 * 7, 10)
 
-        def forward(self, x):  # noqa: ANN001, ANN201
+        def forward(self, x):
             x = torch.relu(self.conv2(torch.relu(self.conv1(x))))
             return self.head(x.flatten(1))
 
@@ -138,7 +138,7 @@ def models() -> dict:
             self.q, self.k, self.v = nn.Linear(32, 32), nn.Linear(32, 32), nn.Linear(32, 32)
             self.head = nn.Linear(32, 10)
 
-        def forward(self, x):  # noqa: ANN001, ANN201
+        def forward(self, x):
             tokens = torch.relu(self.embed(x.reshape(-1, 14, 14)))
             scores = torch.matmul(self.q(tokens), self.k(tokens).transpose(1, 2)) * (32 ** -0.5)
             mixed = torch.matmul(torch.softmax(scores, dim=-1), self.v(tokens))
@@ -263,7 +263,13 @@ def dabuild_row(case: Case) -> Row:
 def ort_rows(case: Case, root: Path) -> list[Row]:
     import onnx
     from onnx import version_converter
-    from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        CalibrationMethod,
+        QuantFormat,
+        QuantType,
+        quantize_static,
+    )
 
     class Samples(CalibrationDataReader):
         def __init__(self) -> None:
@@ -292,7 +298,7 @@ def ort_rows(case: Case, root: Path) -> list[Row]:
                 accuracy = ort_accuracy(output, case.x_eval, case.y_eval)
                 size: int | None = output.stat().st_size
                 note = ""
-            except Exception as error:  # a peer failing is a row of the table, not the end of the bench
+            except Exception as error:  # noqa: BLE001 - a peer failing is a row of the table, not the end of the bench
                 accuracy, size, note = None, None, f"failed: {type(error).__name__}: {str(error)[:80]}"
             rows.append(Row(f"ort {method.name} {'per-channel' if per_channel else 'per-tensor'}"
                             f"{' QInt4' if weight_type == QuantType.QInt4 else ''}", accuracy, 1,
@@ -310,7 +316,7 @@ def nncf_rows(case: Case, root: Path) -> list[Row]:
         output = root / f"{case.name}-nncf-{mode}.onnx"
         start = time.perf_counter()
         result = subprocess.run([str(NNCF_PYTHON), __file__, "--nncf", mode, str(case.folder), str(output)],
-                                capture_output=True, text=True, timeout=3600)
+                                check=False, capture_output=True, text=True, timeout=3600)
         seconds = time.perf_counter() - start
         label = f"nncf {mode}" + (" (int8: no static 4-bit conv path)" if case.name == "int4" else "")
         if result.returncode != 0 or not output.exists():
@@ -342,7 +348,7 @@ def run_nncf(mode: str, folder: Path, output: Path) -> None:
     validation = nncf.Dataset(pairs, lambda pair: {"x": pair[0]})
     full = [0]
 
-    def validate(candidate: onnx.ModelProto, items) -> tuple[float, list[float]]:  # noqa: ANN001
+    def validate(candidate: onnx.ModelProto, items) -> tuple[float, list[float]]:
         session = onnxruntime.InferenceSession(candidate.SerializeToString(), providers=["CPUExecutionProvider"])
         items = list(items)
         if len(items) == len(pairs):
@@ -363,7 +369,7 @@ def table(case: Case, rows: list[Row]) -> None:
     threshold = case.fp32 * (1 - GOAL)
     print(f"\n## {case.name}: fp32 {case.fp32:.4f} in onnxruntime, goal >= {threshold:.4f} "
           f"({GOAL:.0%} relative), fp32 model {(case.folder / 'model.onnx').stat().st_size} bytes")
-    print(f"| tool | accuracy (onnxruntime) | goal | evaluations | wall s | artifact bytes | note |")
+    print("| tool | accuracy (onnxruntime) | goal | evaluations | wall s | artifact bytes | note |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for row in rows:
         met = row.accuracy is not None and row.accuracy >= threshold

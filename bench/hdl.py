@@ -25,6 +25,7 @@ import dataclasses
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -34,9 +35,9 @@ from da4ml.types import CombLogic
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
 sys.path.insert(0, str(REPO / "tests"))
+from test_tuning import tune  # noqa: E402
 from timing import fastest  # noqa: E402
 from tuning import prepare  # noqa: E402  (bench/ is not a package)
-from test_tuning import tune  # noqa: E402
 
 from dabuild.capability import discover_capabilities  # noqa: E402
 from dabuild.data import load_inputs, load_labels  # noqa: E402
@@ -49,7 +50,6 @@ from dabuild.tune.evaluate import EvalSetup, Evaluator  # noqa: E402
 from dabuild.tune.search import Goal  # noqa: E402
 from dabuild.tune.space import TuningSpace, build_space  # noqa: E402
 from dabuild.tune.trials import describe_config  # noqa: E402
-
 
 # ---------------------------------------------------------------- da4ml by hand (nothing from dabuild.targets.hdl)
 
@@ -113,7 +113,7 @@ def uniform(space: TuningSpace, dtype: str) -> QuantConfig:
     return QuantConfig(nodes)
 
 
-def timed(call):  # noqa: ANN001, ANN201
+def timed(call):
     start = time.perf_counter()
     result = call()
     return result, time.perf_counter() - start
@@ -164,10 +164,10 @@ def main() -> None:
     for label, chosen in (("uniform int8", uniform(space, "int8")), ("tuned", config)):
         qgraph = evaluator.quantize(chosen)
         score = evaluator.score(chosen).metric
-        full, full_seconds = timed(lambda: trace(qgraph, hwconf).cost)
+        full, full_seconds = timed(lambda qgraph=qgraph: trace(qgraph, hwconf).cost)
         model = Da4mlCost()
-        estimate, estimate_seconds = timed(lambda: model(qgraph))
-        cached = fastest(lambda: model(qgraph), 0.5)
+        estimate, estimate_seconds = timed(partial(model, qgraph))
+        cached = fastest(partial(model, qgraph), 0.5)
         costs[label] = full
         print(f"  {label:12s} accuracy {score:.4f} ({'meets' if score >= threshold else 'MISSES'} the goal)  "
               f"cost {full:9.1f} LUTs (full trace, {full_seconds:.1f} s)  estimate {estimate:9.1f} "

@@ -24,7 +24,6 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 from threadpoolctl import threadpool_limits
-
 from timing import fastest
 
 from dabuild.ir import Graph, Node, TensorSpec

@@ -26,14 +26,14 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from c_target import lowered  # noqa: E402  (bench/ is not a package)
-from interpreter import resnet_graph  # noqa: E402
+from c_target import lowered
+from interpreter import resnet_graph
 
-from dabuild.ir.passes import optimize  # noqa: E402
-from dabuild.quant.qgraph import QGraph  # noqa: E402
-from dabuild.quant.reference import run_integer  # noqa: E402
-from dabuild.targets.c import CTarget  # noqa: E402
-from dabuild.trace import trace_model  # noqa: E402
+from dabuild.ir.passes import optimize
+from dabuild.quant.qgraph import QGraph
+from dabuild.quant.reference import run_integer
+from dabuild.targets.c import CTarget
+from dabuild.trace import trace_model
 
 DIGITS_CNN = Path(__file__).resolve().parent.parent / "recipes" / "digits-cnn"
 # peers.md: (model, cpu) -> (peer, instructions per inference)
@@ -88,8 +88,8 @@ def main() -> None:
             arena = figures["arena"]
             rows.append([name, cpu, f"{count:,}", f"{peer} {peer_count:,}" if peer_count else "-", ratio,
                          f"{figures['text_bytes']:,} + {figures['rodata_bytes']:,}",
-                         f"{arena['peak_bytes']:,} ({arena['activation_lower_bound_bytes']:,} + "
-                         f"{arena['scratch_bytes']:,}; bound {arena['lower_bound_bytes']:,})",
+                         (f"{arena['peak_bytes']:,} ({arena['activation_lower_bound_bytes']:,} + "
+                         f"{arena['scratch_bytes']:,}; bound {arena['lower_bound_bytes']:,})"),
                          f"{figures['stack_bytes']:,}"])
             print(f"measured {name} on {cpu}", file=sys.stderr, flush=True)
     header = ["model", "cpu", "instructions", "peer", "ratio", "flash text + rodata",

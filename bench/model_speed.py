@@ -20,13 +20,13 @@ import argparse
 import tempfile
 import time
 from collections import defaultdict
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
-from threadpoolctl import threadpool_limits
-
 from architectures import ARCHITECTURES, IMAGE, export_onnx
+from threadpoolctl import threadpool_limits
 from timing import fastest
 
 from dabuild.ir.graph import Graph
@@ -94,8 +94,8 @@ def compare(name: str, path: Path, graph: Graph, threads_list: list[int], second
             ours = theirs = float("inf")
             for _ in range(2):  # interleaved, so a burst of load elsewhere does not favour one side
                 with threadpool_limits(limits=threads):
-                    ours = min(ours, fastest(lambda: interpreter.run(feeds), seconds / 2, clock))
-                theirs = min(theirs, fastest(lambda: theirs_session.run(None, feeds), seconds / 2, clock))
+                    ours = min(ours, fastest(partial(interpreter.run, feeds), seconds / 2, clock))
+                theirs = min(theirs, fastest(partial(theirs_session.run, None, feeds), seconds / 2, clock))
             print(f"{name:<14} threads={threads} {label:<4}  dabuild {ours * 1e3:8.1f} ms  onnxruntime "
                   f"{theirs * 1e3:8.1f} ms  speed ratio {theirs / ours:5.2f}  (max rel diff {error:.1e})", flush=True)
         if show and threads == 1:

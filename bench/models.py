@@ -49,12 +49,12 @@ def measure(path: Path, seconds: float) -> dict[str, object]:
     """One model, in this (fresh) process: the row's figures."""
     import numpy as np
     import onnxruntime as ort
+    from timing import fastest
 
     from dabuild.errors import UsageError
     from dabuild.ir.interpreter import Interpreter
     from dabuild.ir.passes import optimize
     from dabuild.trace import trace_model
-    from timing import fastest
 
     start = time.perf_counter()
     try:
@@ -116,7 +116,7 @@ def main() -> None:
             # Children inherit the parent's peak RSS, so this process never loads torch or a model itself.
             subprocess.run([sys.executable, __file__, "--export", name, str(path)], check=True)
             child = subprocess.run([sys.executable, __file__, "--one", str(path), "--seconds", str(args.seconds)],
-                                   capture_output=True, text=True)
+                                   check=False, capture_output=True, text=True)
             if child.returncode != 0:
                 result = {"error": (child.stderr.strip().splitlines() or ["crashed"])[-1]}
             else:

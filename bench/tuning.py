@@ -36,6 +36,10 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 
+from test_mixed_precision import MIXED, PER_TENSOR_WEIGHTS, uniform_weights  # noqa: E402
+from test_strategies import inc_basic_trials  # noqa: E402
+from test_tuning import C_FALLBACK, NLL, digits_recipe, tune  # noqa: E402
+
 from dabuild.data import batches, load_inputs, load_labels  # noqa: E402
 from dabuild.ir.graph import Graph  # noqa: E402
 from dabuild.progress import Progress  # noqa: E402
@@ -46,9 +50,6 @@ from dabuild.trace.base import trace_stage  # noqa: E402
 from dabuild.tune.evaluate import EvalSetup, Evaluator  # noqa: E402
 from dabuild.tune.search import Goal  # noqa: E402
 from dabuild.tune.space import build_space  # noqa: E402
-from test_mixed_precision import MIXED, PER_TENSOR_WEIGHTS, uniform_weights  # noqa: E402
-from test_strategies import inc_basic_trials  # noqa: E402
-from test_tuning import C_FALLBACK, NLL, digits_recipe, tune  # noqa: E402
 
 GOALS = [
     ("accuracy, 1 % relative", "accuracy", {"criterion": "relative", "tolerable_loss": 0.01}),
@@ -116,7 +117,13 @@ def onnxruntime_w4a8(model_file: Path, calibration: np.ndarray, batch_size: int,
     opset 21 first, where QuantizeLinear/DequantizeLinear take int4."""
     import onnx
     from onnx import version_converter
-    from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        CalibrationMethod,
+        QuantFormat,
+        QuantType,
+        quantize_static,
+    )
 
     class Samples(CalibrationDataReader):
         def __init__(self) -> None:

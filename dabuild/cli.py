@@ -13,8 +13,8 @@ import re
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from dabuild import __version__, notices
 from dabuild.errors import BuildError, DabuildError, UsageError
@@ -119,7 +119,7 @@ def _interrupted() -> int:
 
     _ignore_interrupts()  # a second Ctrl-C must not interrupt the way out
     print("dabuild: interrupted", file=sys.stderr, flush=True)
-    sys.stdout = sys.stderr = open(os.devnull, "w")  # before waiting for workers: stage threads print on meanwhile
+    sys.stdout = sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - before waiting for workers: stage threads print on meanwhile
     # a module still being imported (in a stage thread) has started no scorer yet
     stop_scoring = getattr(sys.modules.get("dabuild.tune.evaluate"), "stop_scoring", None)
     if stop_scoring is not None:
@@ -306,7 +306,7 @@ def _init(args: argparse.Namespace, progress: Progress) -> int:
     folder.mkdir(parents=True, exist_ok=True)
     for target, source in files.items():
         target.write_text(source.read_text())
-    result = subprocess.run([sys.executable, "make_data.py"], cwd=folder, capture_output=True, text=True)
+    result = subprocess.run([sys.executable, "make_data.py"], check=False, cwd=folder, capture_output=True, text=True)
     if result.returncode:
         raise BuildError(f"{folder / 'make_data.py'} failed: {result.stderr.strip()}")
     progress.info(f"wrote {', '.join(str(target) for target in files)}, data.npz and weights.npz; "

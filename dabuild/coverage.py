@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Protocol
 
 from dabuild.ir import opdocs
 from dabuild.ir.ops import OPS
@@ -80,14 +81,23 @@ def _frontends() -> dict[str, dict[str, list[str]]]:
     from dabuild.trace.onnx_frontend.converters import CONVERTERS as ONNX
     from dabuild.trace.torch_frontend.aten import CONVERTERS as TORCH
 
-    emitted: dict[str, dict[str, list[str]]] = {}
-    for frontend, registry in (("onnx frontend", ONNX), ("torch frontend", TORCH)):
-        table: dict[str, list[str]] = {}
-        for name, converter in sorted(registry.items()):
-            for op in converter.emits or ():
-                table.setdefault(op, []).append(name)
-        emitted[frontend] = table
-    return emitted
+    return {"onnx frontend": _emitted(ONNX.items()), "torch frontend": _emitted(TORCH.items())}
+
+
+class _Declares(Protocol):
+    """A frontend converter: the IR ops it may emit, or None when it does not say."""
+
+    @property
+    def emits(self) -> tuple[str, ...] | None: ...
+
+
+def _emitted(converters: Iterable[tuple[str, _Declares]]) -> dict[str, list[str]]:
+    """IR op -> the source op names whose converters declare they emit it."""
+    table: dict[str, list[str]] = {}
+    for name, converter in sorted(converters, key=lambda entry: entry[0]):
+        for op in converter.emits or ():
+            table.setdefault(op, []).append(name)
+    return table
 
 
 def undeclared_converters() -> list[str]:
@@ -101,8 +111,8 @@ def undeclared_converters() -> list[str]:
 
 def undeclared_lowerings() -> list[str]:
     """Lowerings that do not say which layer types they make."""
-    from dabuild.quant.lowering import LOWERINGS
     from dabuild.quant import layers  # noqa: F401  (registers every lowering)
+    from dabuild.quant.lowering import LOWERINGS
 
     return [name for name, lowerer in LOWERINGS.items() if lowerer.layers is None]
 

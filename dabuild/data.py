@@ -96,6 +96,14 @@ def load_inputs(spec: Any, base_dir: Path | None, input_names: list[str]) -> dic
     return arrays
 
 
+def required_labels(spec: Any, base_dir: Path | None) -> np.ndarray:
+    """The labels a metric scores against (the recipe refuses evaluation data without them)."""
+    labels = load_labels(spec, base_dir)
+    if labels is None:
+        raise UsageError(f"{_path(spec, base_dir)}: evaluation data needs labels (`y: <key>`)")
+    return labels
+
+
 def load_labels(spec: Any, base_dir: Path | None) -> np.ndarray | None:
     """The labels `spec.y` (first `spec.samples` rows), or None; must match x in length."""
     if spec.y is None:

@@ -6,7 +6,7 @@ stays cheap; a class is imported only when it is used.
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
@@ -20,7 +20,7 @@ STRATEGIES = "dabuild.strategies"
 _WHAT = {TRACERS: "framework", TARGETS: "target kind", STRATEGIES: "strategy"}
 
 
-@lru_cache(maxsize=None)
+@cache
 def _entry_points(group: str) -> dict[str, EntryPoint]:
     return {ep.name: ep for ep in entry_points(group=group)}
 

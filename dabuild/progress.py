@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Callable, TextIO
+from typing import TextIO
 
 
 class Progress:
@@ -28,7 +28,7 @@ class Progress:
         return self._stream if self._stream is not None else sys.stderr
 
     @classmethod
-    def silent(cls) -> "Progress":
+    def silent(cls) -> Progress:
         return cls(level=0, live=False)
 
     def info(self, message: str) -> None:

@@ -410,13 +410,17 @@ class Recipe(BaseModel):
         return self._document
 
     @property
-    def path(self) -> Path | None:
-        """The recipe file (absolute), set by `load_recipe`."""
+    def path(self) -> Path:
+        """The recipe file (absolute), set by `load_recipe` (the one maker of recipes)."""
+        if self._path is None:
+            raise RuntimeError("this Recipe was not made by load_recipe, so it has no file")
         return self._path
 
     @property
-    def base_dir(self) -> Path | None:
+    def base_dir(self) -> Path:
         """The recipe's folder: where its relative paths start."""
+        if self._base_dir is None:
+            raise RuntimeError("this Recipe was not made by load_recipe, so it has no folder")
         return self._base_dir
 
 
@@ -457,10 +461,10 @@ def load_recipe(path: Path | str) -> Recipe:
 
 def _check_targets(
     document: YamlDocument, targets: Any, base_dir: Path, capabilities: dict[str, CapabilitySpec] | None
-) -> tuple[list[tuple[dict, str, str]], list[Diagnostic]]:
+) -> tuple[list[tuple[dict, str, Tolerance]], list[Diagnostic]]:
     """What needs the target classes or spans targets, checked on the raw data so it runs even when
     other parts of the recipe are wrong. Returns each target's (options, capability, tolerance) in full."""
-    resolved: list[tuple[dict, str, str]] = []
+    resolved: list[tuple[dict, str, Tolerance]] = []
     diagnostics: list[Diagnostic] = []
     first_line: dict[str, int] = {}
     for i, raw in enumerate(targets if isinstance(targets, list) else []):
@@ -478,7 +482,7 @@ def _check_targets(
             continue  # reported by pydantic
         try:
             target_class = plugins.load(plugins.TARGETS, kind)
-        except Exception as exc:  # a broken plugin is the user's environment, not a dabuild crash
+        except Exception as exc:  # noqa: BLE001 - a broken plugin is the user's environment, not a dabuild crash
             message = f"target kind {kind!r} cannot be loaded: {type(exc).__name__}: {exc}"
             diagnostics.append(document.diagnostic(loc + ("kind",), message))
             continue
@@ -507,7 +511,7 @@ def _check_targets(
 
 
 def _check_objective(document: YamlDocument, objective: str | None, targets: list[TargetSpec],
-                     resolved: list[tuple[dict, str, str]], capabilities: dict[str, CapabilitySpec]) -> list[Diagnostic]:
+                     resolved: list[tuple[dict, str, Tolerance]], capabilities: dict[str, CapabilitySpec]) -> list[Diagnostic]:
     """`tuning.objective: estimate` needs every tuned capability to name a cost model."""
     if objective != "estimate":
         return []
@@ -521,7 +525,7 @@ def _check_objective(document: YamlDocument, objective: str | None, targets: lis
 
 
 def _check_float_islands(document: YamlDocument, space: SpaceNarrowing, targets: list[TargetSpec],
-                         resolved: list[tuple[dict, str, str]], capabilities: dict[str, CapabilitySpec]) -> list[Diagnostic]:
+                         resolved: list[tuple[dict, str, Tolerance]], capabilities: dict[str, CapabilitySpec]) -> list[Diagnostic]:
     """A dtype list naming fp32 asks for float islands: every tuned capability must run them."""
     without = [(target.name, capability) for target, (_, capability, _) in zip(targets, resolved)
                if capability in capabilities and not capabilities[capability].fp32_fallback]

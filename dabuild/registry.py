@@ -15,6 +15,7 @@ from typing import Generic, TypeVar
 
 T = TypeVar("T")
 F = TypeVar("F")
+E = TypeVar("E")
 
 
 class DuplicateEntry(ValueError):
@@ -63,6 +64,13 @@ class Registry(Generic[T]):
             return self._entries[name]
         except KeyError:
             raise MissingEntry(self.missing(name)) from None
+
+    def typed(self, name: str, kind: type[E]) -> E:
+        """The entry for `name` as a `kind`, for callers that use what only that subclass has (a pool's geometry)."""
+        entry = self[name]
+        if not isinstance(entry, kind):
+            raise TypeError(f"{self.what} {name!r} is a {type(entry).__name__}, not a {kind.__name__}")
+        return entry
 
     def get(self, name: str, default: T | None = None) -> T | None:
         return self._entries.get(name, default)

@@ -15,12 +15,15 @@ import difflib
 import types
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Union, get_args, get_origin
+from typing import TYPE_CHECKING, Annotated, Any, Protocol, Union, get_args, get_origin
 
 import yaml
 
 from dabuild.errors import Diagnostic, ValidationError
 from dabuild.userpaths import PathProblem, checked_path
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
 
 Loc = tuple[Any, ...]
 Position = tuple[int, int]
@@ -132,6 +135,7 @@ def _check_depth(loader_class: type, text: str, file: str) -> None:
             if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
                 depth += 1
                 if depth > MAX_DEPTH:
+                    assert event.start_mark is not None  # a loader's events carry their marks
                     line, col = _pos(event.start_mark)
                     raise ValidationError([Diagnostic(file, line, col, f"nested more than {MAX_DEPTH} levels "
                                                                        "deep; no recipe or capability needs that")])
@@ -178,6 +182,7 @@ class _Builder:
         try:
             if isinstance(node, yaml.SequenceNode):
                 return [self.build(child, loc + (i,)) for i, child in enumerate(node.value)]
+            assert isinstance(node, yaml.MappingNode)  # the third kind of node
             return self._mapping(node, loc)
         finally:
             self.active.discard(id(node))
@@ -187,7 +192,8 @@ class _Builder:
         try:
             return self.loader.construct_object(node, deep=True)
         except (ValueError, TypeError, OverflowError) as exc:  # e.g. a timestamp with month 13
-            raise yaml.MarkedYAMLError(problem=f"invalid value {node.value!r}: {exc}", problem_mark=node.start_mark)
+            raise yaml.MarkedYAMLError(problem=f"invalid value {node.value!r}: {exc}",
+                                       problem_mark=node.start_mark) from exc
 
     def _mapping(self, node: yaml.MappingNode, loc: Loc) -> dict:
         if id(node) not in self.checked:
@@ -243,7 +249,14 @@ def _check_tag(node: yaml.Node) -> None:
         )
 
 
-def _pos(mark: yaml.Mark) -> Position:
+class _Mark(Protocol):
+    """A place in the text: pyyaml's pure-Python and C loaders have a Mark class each."""
+
+    line: int
+    column: int
+
+
+def _pos(mark: _Mark) -> Position:
     return (mark.line + 1, mark.column + 1)
 
 
@@ -257,7 +270,9 @@ def _syntax_diagnostic(file: str, exc: yaml.MarkedYAMLError) -> Diagnostic:
         if exc.context and exc.context_mark is not None and exc.context_mark is not mark:
             line, col = _pos(exc.context_mark)
             message += f" ({exc.context} started at {line}:{col})"
-    line, col = _pos(mark) if mark is not None else (None, None)
+    if mark is None:
+        return Diagnostic(file, None, None, message)
+    line, col = _pos(mark)
     return Diagnostic(file, line, col, message)
 
 
@@ -321,9 +336,8 @@ def _data_loc(data: Any, loc: Loc, missing: bool) -> Loc:
     """`loc` without pydantic's own entries (union member names, validator tags) that are not in the file."""
     kept: list[Any] = []
     for i, part in enumerate(loc):
-        if isinstance(data, dict) and part in data:
-            data = data[part]
-        elif isinstance(data, list) and isinstance(part, int) and 0 <= part < len(data):
+        if (isinstance(data, dict) and part in data) or (
+                isinstance(data, list) and isinstance(part, int) and 0 <= part < len(data)):
             data = data[part]
         elif missing and i == len(loc) - 1:
             pass
@@ -368,7 +382,7 @@ def _value_message(loc: Loc, items: list[dict]) -> str:
     return f"{dotted(loc)}: {text}" if loc else text
 
 
-def _model_at(annotation: Any, loc: Loc) -> type | None:
+def _model_at(annotation: Any, loc: Loc) -> type[BaseModel] | None:
     """The pydantic model class that validates the data at `loc` below `annotation`, if any."""
     for part in loc:
         annotation = _child(annotation, part)

@@ -24,6 +24,7 @@ onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 
 from architectures import FAMILIES, Family, build  # noqa: E402
+
 from dabuild.cli import main  # noqa: E402
 from dabuild.errors import UsageError  # noqa: E402
 from dabuild.ir import Graph  # noqa: E402
@@ -66,7 +67,7 @@ def export_old(model: torch.nn.Module, side: int) -> onnx.ModelProto:
     for opset in range(OLD, NEW + 1):
         try:
             exported = export(model, side, opset)
-        except Exception:  # torch.onnx: the op has no symbolic at this opset
+        except Exception:  # noqa: BLE001, S112 - torch.onnx: the op has no symbolic at this opset
             continue
         if opset == OLD:
             return exported
@@ -74,7 +75,7 @@ def export_old(model: torch.nn.Module, side: int) -> onnx.ModelProto:
             lowered = onnx.version_converter.convert_version(exported, OLD)
             onnx.checker.check_model(lowered)
             return lowered
-        except Exception:
+        except Exception:  # noqa: BLE001 - no adapter for an op: keep the file at the oldest opset it has
             return exported
     raise AssertionError(f"torch.onnx exports {model.__class__.__name__} at no opset from {OLD} to {NEW}")
 
@@ -112,7 +113,7 @@ def reference_outputs(exported: onnx.ModelProto, model: torch.nn.Module, x: np.n
     onnxruntime refuses the file itself (torch's old-opset export of a ceil-mode pool pads past the kernel)."""
     try:
         session = ort.InferenceSession(exported.SerializeToString(), providers=["CPUExecutionProvider"])
-    except Exception as error:  # onnxruntime's own load errors have no common public type
+    except Exception as error:  # noqa: BLE001 - onnxruntime's own load errors have no common public type
         assert "Pad should be smaller than kernel" in str(error), error
         with torch.no_grad():
             return model(torch.from_numpy(x)).numpy()

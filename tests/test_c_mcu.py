@@ -14,11 +14,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import REPO
 from test_c_kernels import CASES, STRICT, lowered, small_cnn, weights
 from test_lowering import graph_of, image, lower, with_weights
 from test_quantize import C_CAPABILITY
-
-from conftest import REPO
 
 from dabuild.cli import main
 from dabuild.errors import BuildError
@@ -135,8 +134,8 @@ def test_missing_cross_compiler_names_the_packages(tmp_path: Path) -> None:
 
 def test_runner_command_runs_the_users_program(tmp_path: Path) -> None:
     """A user command in place of qemu (here qemu itself, as a board would be flashed and read back)."""
-    command = ["sh", "-c", "qemu-system-arm -M mps2-an386 -nographic -monitor none -serial none "
-               "-semihosting-config enable=on,target=native -kernel {image}"]
+    command = ["sh", "-c", ("qemu-system-arm -M mps2-an386 -nographic -monitor none -serial none "
+               "-semihosting-config enable=on,target=native -kernel {image}")]
     actual, expected, _, _ = run_in_qemu(lowered("conv 3x3 pad 1"), tmp_path, "cortex-m4", runner="command",
                                          command=command)
     assert np.array_equal(actual, expected)
@@ -144,11 +143,11 @@ def test_runner_command_runs_the_users_program(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("features", [37, 20])
 def test_int4_dense_weights_are_packed_two_per_byte_and_exact(features: int, tmp_path: Path) -> None:
-    nodes, _, constants, _, _ = CASES["dense per channel relu6"]
+    nodes, _, _constants, _, _ = CASES["dense per channel relu6"]
     graph = graph_of(nodes, (features,), {"w": weights(features, 5), "b": weights(5)})
     config = with_weights(default_config(graph, C_CAPABILITY), dtype="int4", granularity="per_channel")
     qgraph = lower(graph, image(128, (features,), seed=3) * 2, config)
-    actual, expected, manifest, _ = run_in_qemu(qgraph, tmp_path, "cortex-m4")
+    actual, expected, _manifest, _ = run_in_qemu(qgraph, tmp_path, "cortex-m4")
     assert np.array_equal(actual, expected)
     rows = 5 * -(-features // 2)   # packed bytes: half of the int8 weights, rounded up per row
     assert stored_bytes(qgraph, "host") - stored_bytes(qgraph, "cortex-m4") == 5 * features - rows

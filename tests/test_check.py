@@ -12,8 +12,8 @@ from test_c_target import STRICT, export, random_mlp
 
 from dabuild.errors import CheckError
 from dabuild.progress import Progress
-from dabuild.targets.c import CTarget
 from dabuild.quant.reference import quantize_input, run_integer
+from dabuild.targets.c import CTarget
 from dabuild.targets.check import check_stage, first_divergence
 from dabuild.targets.tolerance import LEVELS, compare
 

@@ -13,8 +13,8 @@ from dabuild.quant.reference import run_integer
 from dabuild.resources import data_dir
 
 pytest.importorskip("da4ml")
-from da4ml.converter import get_available_plugins, trace_model  # noqa: E402
-from da4ml.trace import comb_trace  # noqa: E402
+from da4ml.converter import get_available_plugins, trace_model
+from da4ml.trace import comb_trace
 
 DA4ML = load_capability(data_dir("capabilities") / "da4ml.yaml")
 C = load_capability(data_dir("capabilities") / "c.yaml")

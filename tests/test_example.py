@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
-
 from conftest import DIGITS
+
 from dabuild.cli import main
 
 

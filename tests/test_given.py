@@ -13,8 +13,8 @@ from dabuild.ir.interpreter import run
 from dabuild.ir.passes import optimize
 from dabuild.progress import Progress
 from dabuild.quant.calibrate import calibrate
-from dabuild.quant.reference import quantize_input, run_integer
 from dabuild.quant.quantize import quantize
+from dabuild.quant.reference import quantize_input, run_integer
 from dabuild.tune.space import build_space
 from tests.test_quantize import C_CAPABILITY
 

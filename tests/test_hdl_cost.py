@@ -30,15 +30,16 @@ from dabuild.tune.trials import TrialStore
 
 pytest.importorskip("da4ml")
 
-from dabuild.targets.hdl.cost import Da4mlCost  # noqa: E402
-from dabuild.targets.hdl.program import trace  # noqa: E402
-from da4ml.trace import HWConfig  # noqa: E402
+from da4ml.trace import HWConfig
+
+from dabuild.targets.hdl.cost import Da4mlCost
+from dabuild.targets.hdl.program import trace
 
 REPO = Path(__file__).resolve().parent.parent
 C = load_capability(data_dir("capabilities") / "c.yaml")
 
 
-def full_trace_cost(qgraph) -> float:  # noqa: ANN001 - a QGraph
+def full_trace_cost(qgraph) -> float:
     return float(trace(qgraph, HWConfig(1, -1, -1)).cost)
 
 

@@ -27,13 +27,13 @@ from dabuild.quant.reference import run_integer
 from dabuild.targets.check import check_stage
 
 pytest.importorskip("da4ml")
-from da4ml.trace import HWConfig  # noqa: E402
+from da4ml.trace import HWConfig
 
-from dabuild.targets.hdl import HdlTarget  # noqa: E402
-from dabuild.targets.hdl.cost import Da4mlCost  # noqa: E402
-from dabuild.targets.hdl.program import trace  # noqa: E402
-from dabuild.targets.hdl.simulators import simulator  # noqa: E402
-from dabuild.targets.hdl.symbolic import CONVERTERS  # noqa: E402
+from dabuild.targets.hdl import HdlTarget
+from dabuild.targets.hdl.cost import Da4mlCost
+from dabuild.targets.hdl.program import trace
+from dabuild.targets.hdl.simulators import simulator
+from dabuild.targets.hdl.symbolic import CONVERTERS
 
 Spec = tuple[str, str, list[str], dict[str, Any]]  # (name, op, inputs, attrs); the output is the name
 

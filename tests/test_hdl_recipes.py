@@ -17,7 +17,7 @@ from dabuild.quant.reference import quantize_input, run_integer
 from dabuild.targets.hdl.simulators import simulator
 
 pytest.importorskip("da4ml")
-from dabuild.targets.hdl.program import run_dais  # noqa: E402
+from dabuild.targets.hdl.program import run_dais
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(simulator() is None, reason="needs verilator or iverilog to simulate the RTL")]

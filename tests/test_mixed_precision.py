@@ -68,7 +68,7 @@ def weight_error_bound(graph: Graph, qgraph: QGraph, x_hat: np.ndarray) -> np.nd
 
 @pytest.mark.parametrize("make_graph", [dense_graph, conv_graph], ids=["dense", "conv"])
 @pytest.mark.parametrize("granularity", ["per_tensor", "per_channel"])
-def test_int4_weights_are_within_their_rounding_error_of_float(make_graph, granularity: str) -> None:  # noqa: ANN001
+def test_int4_weights_are_within_their_rounding_error_of_float(make_graph, granularity: str) -> None:
     graph = make_graph()
     x = RNG.normal(size=(200, *graph.inputs[0].shape[1:])).astype(np.float32)
     qgraph = lower(graph, x, with_weights(default_config(graph, C_CAPABILITY), dtype="int4",

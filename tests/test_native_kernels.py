@@ -197,7 +197,7 @@ def test_read_only_kernel_cache_compiles_for_the_run_and_leaves_nothing(monkeypa
     assert list(cache.iterdir()) == []
 
 
-def _failing_in(folder: Path, compile_):  # noqa: ANN001, ANN202 - wraps native._compile
+def _failing_in(folder: Path, compile_):
     """native._compile, but a disk full inside `folder`: the OSError the write boundary would raise there
     (injected, as a real full disk needs a mount; tests/test_faults.py drills a real one where it can)."""
     def compile_elsewhere(compiler: str, source: str, target: Path) -> Path:

@@ -24,7 +24,7 @@ import warnings
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from typing import Any
 
 import numpy as np
@@ -40,7 +40,6 @@ from dabuild.ir.passes import optimize  # noqa: E402
 from dabuild.trace import trace_model  # noqa: E402
 from dabuild.trace.onnx_frontend import SUPPORTED_OPS  # noqa: E402
 from dabuild.trace.onnx_frontend.converters import CONVERTERS  # noqa: E402
-
 
 
 def _nodes(case: Any) -> list[Any]:
@@ -81,8 +80,8 @@ OUT_OF_SCOPE: list[tuple[str, Callable[[Any, dict[str, np.ndarray]], bool]]] = [
         lambda case, feeds: any(n.op_type == "Cast" and _attr(n, "to") not in _FLOAT_TYPES for n in _nodes(case)),
     ),
     (
-        "quantized (integer or float8) outputs (dabuild graphs give real values; quantization inside a graph is given "
-        "quantization, tests/test_qdq_import.py)",
+        ("quantized (integer or float8) outputs (dabuild graphs give real values; quantization inside a graph is given "
+        "quantization, tests/test_qdq_import.py)"),
         lambda case, feeds: any(n.op_type in ("QuantizeLinear", "QLinearConv", "QLinearMatMul") for n in _nodes(case))
         and any(info.type.tensor_type.elem_type not in _FLOAT_TYPES for info in case.model.graph.output),
     ),
@@ -154,7 +153,7 @@ def _module_key(name: str) -> str:
     return name.replace("_", "").lower()
 
 
-@lru_cache(maxsize=None)
+@cache
 def cases_by_op() -> dict[str, list[Any]]:
     """The generated backend node cases of every claimed op (only their generator modules are imported)."""
     import onnx.backend.test.case.node as node_cases

@@ -12,6 +12,7 @@ import pytest
 onnx = pytest.importorskip("onnx")
 
 from conftest import copy_recipes  # noqa: E402
+
 from dabuild.cli import main  # noqa: E402
 from dabuild.ir import Graph  # noqa: E402
 from dabuild.ir.passes import optimize  # noqa: E402

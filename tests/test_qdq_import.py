@@ -10,21 +10,21 @@ import numpy as np
 import pytest
 
 pytest.importorskip("onnxruntime")
-import onnx  # noqa: E402
-import onnxruntime as ort  # noqa: E402
-from onnx import TensorProto, helper  # noqa: E402
-from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static  # noqa: E402
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper
+from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 
-from dabuild.capability import discover_capabilities  # noqa: E402
-from dabuild.errors import BuildError, UsageError  # noqa: E402
-from dabuild.ir.interpreter import run  # noqa: E402
-from dabuild.ir.passes import optimize  # noqa: E402
-from dabuild.progress import Progress  # noqa: E402
-from dabuild.quant.calibrate import calibrate  # noqa: E402
-from dabuild.quant.quantize import quantize  # noqa: E402
-from dabuild.quant.reference import run_quantized  # noqa: E402
-from dabuild.trace.onnx_frontend import OnnxTracer  # noqa: E402
-from dabuild.tune.space import build_space  # noqa: E402
+from dabuild.capability import discover_capabilities
+from dabuild.errors import BuildError, UsageError
+from dabuild.ir.interpreter import run
+from dabuild.ir.passes import optimize
+from dabuild.progress import Progress
+from dabuild.quant.calibrate import calibrate
+from dabuild.quant.quantize import quantize
+from dabuild.quant.reference import run_quantized
+from dabuild.trace.onnx_frontend import OnnxTracer
+from dabuild.tune.space import build_space
 
 REPO = Path(__file__).resolve().parent.parent
 DIGITS = np.load(REPO / "recipes" / "digits-cnn" / "data.npz")

@@ -13,20 +13,20 @@ from conftest import copy_recipes
 from qonnx_runtime import run_qonnx
 
 pytest.importorskip("qonnx")
-import onnx  # noqa: E402
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+import onnx
+from onnx import TensorProto, helper, numpy_helper
 
-from dabuild.capability import discover_capabilities  # noqa: E402
-from dabuild.cli import main  # noqa: E402
-from dabuild.errors import BuildError, UsageError  # noqa: E402
-from dabuild.ir.interpreter import run  # noqa: E402
-from dabuild.ir.passes import optimize  # noqa: E402
-from dabuild.progress import Progress  # noqa: E402
-from dabuild.quant.calibrate import calibrate  # noqa: E402
-from dabuild.quant.quantize import quantize  # noqa: E402
-from dabuild.quant.reference import run_quantized  # noqa: E402
-from dabuild.trace.onnx_frontend import OnnxTracer  # noqa: E402
-from dabuild.tune.space import build_space  # noqa: E402
+from dabuild.capability import discover_capabilities
+from dabuild.cli import main
+from dabuild.errors import BuildError, UsageError
+from dabuild.ir.interpreter import run
+from dabuild.ir.passes import optimize
+from dabuild.progress import Progress
+from dabuild.quant.calibrate import calibrate
+from dabuild.quant.quantize import quantize
+from dabuild.quant.reference import run_quantized
+from dabuild.trace.onnx_frontend import OnnxTracer
+from dabuild.tune.space import build_space
 
 REPO = Path(__file__).resolve().parent.parent
 DIGITS = np.load(REPO / "recipes" / "digits" / "data.npz")
@@ -42,7 +42,7 @@ def recipe_module():
     return module
 
 
-def traced(path: Path, shape: tuple) -> "object":
+def traced(path: Path, shape: tuple) -> object:
     return optimize(OnnxTracer(str(path), {"x": (None, *shape)}).trace())
 
 
@@ -127,8 +127,8 @@ def test_bipolar_weights_and_channels_last_conv_agree_with_qonnx(tmp_path):
     (dict(bits=4.5), UsageError, "parameter bit_width: 4.5 is not an integer; nearest representable: 4"),
     (dict(rounding_mode="UP"), UsageError, "parameter rounding_mode: 'UP' .* nearest representable: CEIL"),
     (dict(rounding_mode="FLOOR"), BuildError, "parameter rounding: 'floor' is implemented by no target"),
-    (dict(scale=0.3), BuildError, "parameter scale: 0.3 is not a power of two, which capability 'da4ml' needs "
-                                  r"\(scheme pot\); nearest representable: 2\*\*-2 = 0.25"),
+    (dict(scale=0.3), BuildError, ("parameter scale: 0.3 is not a power of two, which capability 'da4ml' needs "
+                                  r"\(scheme pot\); nearest representable: 2\*\*-2 = 0.25")),
 ])
 def test_unrepresentable_qonnx_quantization_is_refused_naming_node_parameter_and_nearest(change, error, message,
                                                                                          tmp_path):
@@ -138,6 +138,21 @@ def test_unrepresentable_qonnx_quantization_is_refused_naming_node_parameter_and
     onnx.save(single_node_model(node, values, [1, 16]), tmp_path / "m.onnx")
     with pytest.raises(error, match=f"act_quant.*{message}"):
         lowered(traced(tmp_path / "m.onnx", (16,)), np.zeros((4, 16), np.float32), "da4ml")
+
+
+@pytest.mark.parametrize("op, inputs, missing, what", [
+    ("Quant", ["x", "s", "z", "b"], 1, "scale"),
+    ("Quant", ["x", "s", "z", "b"], 3, "bit_width"),
+    ("Trunc", ["x", "s", "z", "bi", "bo"], 1, "scale"),  # was reported as a NaN scale
+])
+def test_an_omitted_required_qonnx_input_is_refused_naming_it(op, inputs, missing, what, tmp_path):
+    values = dict(s=0.25, z=0.0, b=8.0, bi=9.0, bo=6.0)
+    named = [name if i != missing else "" for i, name in enumerate(inputs)]
+    node = helper.make_node(op, named, ["y"], name="quantizer", domain=DOMAIN, rounding_mode="ROUND")
+    present = {name: values[name] for name in named[1:] if name}
+    onnx.save(single_node_model(node, scalars(**present), [1, 16]), tmp_path / "m.onnx")
+    with pytest.raises(UsageError, match=rf"'quantizer'.*its {what} \(input {missing}\) is missing, which {op} needs"):
+        traced(tmp_path / "m.onnx", (16,))
 
 
 def test_bipolar_activations_are_refused(tmp_path):

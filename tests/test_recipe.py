@@ -220,8 +220,8 @@ def test_implicit_capability_must_exist(folder: Path, tmp_path_factory: pytest.T
     with pytest.raises(ValidationError) as caught:
         load_recipe(write(folder, MINIMAL))
     assert [str(d) for d in caught.value.diagnostics] == [
-        f"{folder / 'recipe.yaml'}:7:23: target kind 'c' needs capability 'c', which no capability file defines;"
-        " available: none"
+        (f"{folder / 'recipe.yaml'}:7:23: target kind 'c' needs capability 'c', which no capability file defines;"
+        " available: none")
     ]
 
 

@@ -43,3 +43,12 @@ def test_without_takes_names_out_for_a_while() -> None:
     with table.without("a"):
         assert "a" not in table
     assert table["a"] == 1
+
+
+def test_typed_returns_the_entry_as_the_subclass_asked_for_or_names_both() -> None:
+    from dabuild.ir.ops import OPS
+    from dabuild.ir.ops.pool import AvgPool, Pool
+
+    assert isinstance(OPS.typed("avg_pool", Pool), AvgPool)
+    with pytest.raises(TypeError, match="IR op 'relu' is a .*, not a Pool"):
+        OPS.typed("relu", Pool)

@@ -116,7 +116,7 @@ def test_two_builds_on_one_folder_take_turns(digits: Path, tmp_path: Path) -> No
     first = _start(digits, tmp_path / "build", tmp_path / "cache")
     time.sleep(1.0)
     second = _start(digits, tmp_path / "build", tmp_path / "cache")
-    out1, err1 = first.communicate(timeout=300)
+    _out1, err1 = first.communicate(timeout=300)
     out2, err2 = second.communicate(timeout=300)
     assert first.returncode == 0, err1
     assert second.returncode == 0, err2

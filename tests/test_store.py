@@ -92,7 +92,7 @@ def test_prune_drops_least_recently_used_first(tmp_path: Path, kernels: Path) ->
     keys = [hash_value({"config": n}) for n in range(3)]
     store = Store(tmp_path / "cache")
     for age, key in enumerate(keys):
-        _, manifest = _stored(tmp_path, age, content=b"x" * 1000)
+        _, _manifest = _stored(tmp_path, age, content=b"x" * 1000)
         entry_manifest = store.root / "entries" / key[:2] / key / ".manifest.json"
         os.utime(entry_manifest, (1_000_000 + age, 1_000_000 + age))
     # using the oldest entry makes it the most recently used

@@ -16,18 +16,18 @@ import pytest
 
 from dabuild.plugins import STRATEGIES, available
 from dabuild.quant.config import QuantConfig
-from dabuild.tune.evaluate import Evaluator, EvalSetup
+from dabuild.tune.evaluate import EvalSetup, Evaluator
 from dabuild.tune.search import SAME_COST_TRIALS, Goal
 from dabuild.tune.space import FP32, TuningSpace, build_space
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_mixed_precision import cnn  # noqa: E402,F401 - the digits CNN, traced and calibrated (needs torch)
-from test_tuning import C, C_FALLBACK, NLL_GOAL, digits_recipe, digits_stages, nll_recipe_dir, tune  # noqa: E402,F401
+from test_mixed_precision import cnn  # noqa: F401 - the digits CNN, traced and calibrated (needs torch)
+from test_tuning import C_FALLBACK, NLL_GOAL, C, digits_recipe, digits_stages, nll_recipe_dir, tune  # noqa: F401
 
 STRATEGY_NAMES = ["basic", "sensitivity", "exhaustive", "random", "bayesian", "mixed-precision", "accuracy-control"]
 
 
-def inc_basic_trials(space: TuningSpace, score, passes, higher_is_better: bool = False) -> int | None:  # noqa: ANN001
+def inc_basic_trials(space: TuningSpace, score, passes, higher_is_better: bool = False) -> int | None:
     """Trials Intel Neural Compressor's basic strategy needs to first meet the goal on `space`, or None.
 
     Its order: the default config; op-type-wise, each other quantization
@@ -75,7 +75,7 @@ def test_every_strategy_is_registered() -> None:
 
 
 @pytest.mark.parametrize("strategy", STRATEGY_NAMES)
-def test_strategy_meets_a_one_percent_goal_on_digits(strategy: str, digits_stages: tuple[Path, Path],
+def test_strategy_meets_a_one_percent_goal_on_digits(strategy: str, digits_stages: tuple[Path, Path],  # noqa: F811 - the fixture
                                                      tmp_path: Path) -> None:
     if strategy == "bayesian":
         pytest.importorskip("optuna")
@@ -91,7 +91,7 @@ def test_strategy_meets_a_one_percent_goal_on_digits(strategy: str, digits_stage
 
 
 @pytest.mark.parametrize("strategy", STRATEGY_NAMES)
-def test_strategy_searches_until_a_strict_goal_is_met(strategy: str, digits_stages: tuple[Path, Path],
+def test_strategy_searches_until_a_strict_goal_is_met(strategy: str, digits_stages: tuple[Path, Path],  # noqa: F811 - the fixture
                                                       tmp_path: Path) -> None:
     if strategy == "bayesian":
         pytest.importorskip("optuna")
@@ -106,7 +106,7 @@ def test_strategy_searches_until_a_strict_goal_is_met(strategy: str, digits_stag
 
 
 def test_basic_on_the_digits_cnn_picks_the_best_int8_config_at_the_least_size(
-        cnn: tuple[Path, tuple[Path, Path]], tmp_path: Path) -> None:
+        cnn: tuple[Path, tuple[Path, Path]], tmp_path: Path) -> None:  # noqa: F811 - the fixture
     """The default int8 config (per-tensor minmax) passes a 1 % goal on the digits CNN at the least size the c
     capability allows, but per-channel weights or other ranges cost no more bits and score better: basic meets
     the goal at its first trial, then spends a bounded pass on those equals and keeps the best, which reaches
@@ -120,7 +120,7 @@ def test_basic_on_the_digits_cnn_picks_the_best_int8_config_at_the_least_size(
     assert metrics["chosen_trial"] == min(t["trial"] for t in history if t["metric"] == metrics["quantized"])
 
 
-def test_basic_needs_no_more_trials_than_inc_basic_order(digits_stages: tuple[Path, Path], tmp_path: Path) -> None:
+def test_basic_needs_no_more_trials_than_inc_basic_order(digits_stages: tuple[Path, Path], tmp_path: Path) -> None:  # noqa: F811 - the fixture
     folder = nll_recipe_dir(tmp_path)
     recipe = digits_recipe(folder, strategy="basic", accuracy=NLL_GOAL)
     data = np.load(folder / "data.npz")
@@ -144,10 +144,11 @@ def spread_mlp(tmp_path: Path, spread: float = 2.0 ** 7) -> tuple[Evaluator, obj
     """A dense MLP whose first hidden layer's units are rescaled over 1/spread..spread (the next layer divides
     them back: the float function is unchanged), so its per-tensor output grid loses the small units; labels
     are the float model's own argmax (fp32 accuracy 1). Saved and calibrated; its evaluator and graph."""
+    from test_quantize import mlp_graph
+
     from dabuild.ir.graph import Graph
     from dabuild.progress import Progress
     from dabuild.quant.calibrate import calibrate
-    from test_quantize import mlp_graph
 
     graph = mlp_graph([16, 24, 16, 10], ["relu", "relu", "none"], seed=5)
     factor = (spread ** np.linspace(-1, 1, 24)).astype(np.float32)
@@ -164,7 +165,7 @@ def spread_mlp(tmp_path: Path, spread: float = 2.0 ** 7) -> tuple[Evaluator, obj
         Graph.load(tmp_path / "graph")
 
 
-def run_search(evaluator: Evaluator, space: TuningSpace, strategy: str, goal: Goal, max_trials: int = 100):  # noqa: ANN201
+def run_search(evaluator: Evaluator, space: TuningSpace, strategy: str, goal: Goal, max_trials: int = 100):
     from dabuild.plugins import load
     from dabuild.progress import Progress
     from dabuild.tune.evaluate import Scorer

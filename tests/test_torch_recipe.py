@@ -12,6 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from conftest import copy_recipes  # noqa: E402
+
 from dabuild.cli import main  # noqa: E402
 from dabuild.ir import Graph  # noqa: E402
 from dabuild.progress import Progress  # noqa: E402

@@ -212,7 +212,7 @@ def test_parallel_trials_record_what_serial_trials_do(digits_stages: tuple[Path,
 def test_max_trials_bounds_the_search(digits_stages: tuple[Path, Path], tmp_path: Path) -> None:
     recipe = digits_recipe(strategy="random", accuracy=STRICT, max_trials=4, allow_miss=True, seed=3)
     metrics = tune(digits_stages, tmp_path / "out", recipe, C_FALLBACK)
-    assert len(metrics["history"]) <= 4 and "max_trials (4)" in metrics["stop_reason"] or metrics["goal_met"]
+    assert (len(metrics["history"]) <= 4 and "max_trials (4)" in metrics["stop_reason"]) or metrics["goal_met"]
 
 
 # ---------------------------------------------------------------- misses and metrics

@@ -218,7 +218,8 @@ def _fusions(graph: Graph) -> dict[int, Fusion]:
         if (conv is None or conv.op != "conv" or OPS["conv"].resolve(conv.attrs)["activation"] != "none"
                 or made in outputs or readers[made] != [index]):
             continue
-        absorbed, result, then = [index], node.outputs[0], ("none", {})
+        then: tuple[str, dict[str, Any]] = ("none", {})
+        absorbed, result = [index], node.outputs[0]
         following = readers.get(result, [])
         if result not in outputs and len(following) == 1:
             activation = graph.nodes[following[0]]

@@ -218,7 +218,8 @@ def fold_batch_norm(graph: Graph) -> Graph:
             return None
         bias = found[0]
         epsilon = OPS["batch_norm"].resolve(reader.attrs)["epsilon"]
-        multiplier, offset = batch_norm_affine(*(constants[name] for name in reader.inputs[1:]), epsilon)
+        norm_scale, norm_bias, mean, var = (constants[name] for name in reader.inputs[1:])
+        multiplier, offset = batch_norm_affine(norm_scale, norm_bias, mean, var, epsilon)
         weight = constants[node.inputs[1]]
         scale = multiplier.reshape(-1, *[1] * (weight.ndim - 1)) if node.op == "conv" else multiplier
         weight_name = _fresh(graph, constants, f"{node.name}.weight")

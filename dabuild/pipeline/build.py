@@ -155,7 +155,7 @@ def _package_metadata(names: set[str]) -> list[Path]:
             continue
         metadata = next((f for f in dist.files or () if f.name == "METADATA"), None)
         if metadata is not None:
-            found.append(Path(dist.locate_file(metadata)))
+            found.append(Path(str(dist.locate_file(metadata))))
     return found
 
 
@@ -192,13 +192,14 @@ def _summarise(recipe: Recipe, workspace: Workspace, stages: list[Stage], sessio
                warned: list[str]) -> BuildSummary:
     outcomes = {s.name: session.outcomes.get(s.name, (Outcome.UP_TO_DATE, 0.0))[0].value for s in stages}
     counts = {o.value: sum(1 for v in outcomes.values() if v == o.value) for o in Outcome}
-    metrics = {}
-    checks = {}
+    metrics: dict[str, Any] = {}
+    checks: dict[str, Any] = {}
     for stage in stages:
         folder = workspace.stage_dir(stage.name)
         if stage.kind == "tune":
             metrics[stage.name] = _read_json(folder / "metrics.json")
         elif stage.kind == "check":
+            assert stage.target is not None  # every check stage belongs to a target
             checks[stage.target] = _read_json(folder / "report.json")
             checks[stage.target]["artifact"] = str(workspace.stage_dir(f"export:{stage.target}"))
     return BuildSummary(recipe.name, workspace.build_dir, outcomes, counts, metrics, checks, tuple(warned))

@@ -38,7 +38,7 @@ class RunResult:
     failures: list[Failure] = field(default_factory=list)
 
 
-def _outputs_intact(session: Session, stage: Stage):  # noqa: ANN202 - doit uptodate callable
+def _outputs_intact(session: Session, stage: Stage):
     def intact(task: Task, values: dict[str, Any]) -> bool:
         folder = session.workspace.stage_dir(stage.name)
         manifest = Manifest.read(folder)

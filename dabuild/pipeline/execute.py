@@ -17,9 +17,9 @@ import shutil
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from dabuild.errors import BuildError
 from dabuild.pipeline.manifest import Manifest

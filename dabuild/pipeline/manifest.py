@@ -31,14 +31,14 @@ class Manifest:
         return hash_value(self.files)
 
     @classmethod
-    def of_folder(cls, folder: Path, stage: str, key: str, parts: dict[str, Any]) -> "Manifest":
+    def of_folder(cls, folder: Path, stage: str, key: str, parts: dict[str, Any]) -> Manifest:
         return cls(stage, key, hash_tree(folder, exclude=frozenset({MANIFEST})), parts)
 
     def write(self, folder: Path) -> None:
         (folder / MANIFEST).write_text(canonical_json(asdict(self)) + "\n")
 
     @classmethod
-    def read(cls, folder: Path) -> "Manifest | None":
+    def read(cls, folder: Path) -> Manifest | None:
         """The folder's manifest, or None when it is missing or unreadable."""
         try:
             data = json.loads((folder / MANIFEST).read_text())

@@ -8,9 +8,10 @@ into its cache key (see `key_parts`), and nothing else may influence its outputs
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from dabuild import __version__
 from dabuild.pipeline.hashing import canonical_json, hash_file, hash_value
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
     from dabuild.recipe import Recipe, TargetSpec
 
 # Bump a stage's version when its code changes (tests/test_stage_versions.py enforces it; see pipeline/versions.py).
-STAGE_VERSIONS = {"trace": 10, "calibrate": 11, "tune": 21, "export": 16, "check": 11}
+STAGE_VERSIONS = {"trace": 11, "calibrate": 12, "tune": 22, "export": 17, "check": 12}
 
 
 @dataclass(frozen=True)
@@ -81,10 +82,11 @@ def cache_key(parts: dict[str, Any]) -> str:
     return hash_value(parts)
 
 
-def plan(recipe: "Recipe", capabilities: dict[str, "CapabilitySpec"], targets: list[str] | None = None) -> list[Stage]:
+def plan(recipe: Recipe, capabilities: dict[str, CapabilitySpec], targets: list[str] | None = None) -> list[Stage]:
     """The stages that build `targets` (all recipe targets when None), in dependency order."""
     model = recipe.model
-    model_files = {"source": _source_file(recipe)} if _source_file(recipe) else {}
+    source_file = _source_file(recipe)
+    model_files = {"source": source_file} if source_file else {}
     if model.weights:
         model_files["weights"] = model.weights
     for index, extra in enumerate(model.depends):
@@ -124,7 +126,7 @@ def plan(recipe: "Recipe", capabilities: dict[str, "CapabilitySpec"], targets: l
     return stages
 
 
-def _trace_hooks(recipe: "Recipe") -> list[dict[str, Any]]:
+def _trace_hooks(recipe: Recipe) -> list[dict[str, Any]]:
     """The targets (kind and options) whose `pre_trace`/`post_trace` hooks run in the trace stage.
 
     They enter the trace key, so a recipe with a hooked target never reuses a trace
@@ -144,7 +146,7 @@ def _trace_hooks(recipe: "Recipe") -> list[dict[str, Any]]:
     return sorted(hooked, key=canonical_json)
 
 
-def tune_stage_of(recipe: "Recipe", capability: "CapabilitySpec", target: "TargetSpec | None" = None) -> Stage:
+def tune_stage_of(recipe: Recipe, capability: CapabilitySpec, target: TargetSpec | None = None) -> Stage:
     """The tune stage for one capability: its config (tuning, capability, metric, data settings) and files.
 
     `target`, the first recipe target built for the capability, measures the artifact size objective `size`
@@ -168,7 +170,7 @@ def tune_stage_of(recipe: "Recipe", capability: "CapabilitySpec", target: "Targe
             "metric": recipe.data.metric,
             "evaluation": _data_config(evaluation),
             **({"budgets": budgets} if budgets else {}),
-            "stored_by_target": None if target is None else {"kind": target.kind, "options": {
+            "stored_by_target": None if target is None or target_class is None else {"kind": target.kind, "options": {
                 key: value for key, value in target.options.items() if key in target_class.size_options}},
         },
         inputs={"graph": "trace", "stats": "calibrate"},
@@ -180,7 +182,7 @@ def tune_stage_of(recipe: "Recipe", capability: "CapabilitySpec", target: "Targe
     )
 
 
-def _metric_file(recipe: "Recipe") -> dict[str, Path]:
+def _metric_file(recipe: Recipe) -> dict[str, Path]:
     """The user's metric file, if the metric is one (`file.py:function`): tune and check read it."""
     source = recipe.data.metric.rpartition(":")[0]
     return {"metric": recipe.base_dir / source} if source.endswith(".py") else {}
@@ -202,13 +204,13 @@ def _interpreter_programs() -> list[Path]:
     return [path] if path else []
 
 
-def _cost_model_packages(recipe: "Recipe", capability: "CapabilitySpec") -> tuple[str, ...]:
+def _cost_model_packages(recipe: Recipe, capability: CapabilitySpec) -> tuple[str, ...]:
     """The packages of the cost model the search minimises, when its objective is the capability's estimate."""
     from dabuild.capability import COST_MODELS
     from dabuild.plugins import load
     from dabuild.tune.objective import ESTIMATE, resolve_objective
 
-    if resolve_objective(recipe.tuning.objective, capability) != ESTIMATE:
+    if capability.cost_model is None or resolve_objective(recipe.tuning.objective, capability) != ESTIMATE:
         return ()
     try:
         return tuple(load(COST_MODELS, capability.cost_model).packages)
@@ -216,7 +218,7 @@ def _cost_model_packages(recipe: "Recipe", capability: "CapabilitySpec") -> tupl
         return ()
 
 
-def _target_stages(recipe: "Recipe", target: "TargetSpec", capability: str) -> list[Stage]:
+def _target_stages(recipe: Recipe, target: TargetSpec, capability: str) -> list[Stage]:
     from dabuild.plugins import TARGETS, load
 
     target_class = load(TARGETS, target.kind)
@@ -256,7 +258,7 @@ def _target_stages(recipe: "Recipe", target: "TargetSpec", capability: str) -> l
     return [export, check]
 
 
-def _capability_name(target: "TargetSpec") -> str:
+def _capability_name(target: TargetSpec) -> str:
     if target.capability:
         return target.capability
     from dabuild.plugins import TARGETS, load
@@ -269,20 +271,20 @@ def _data_config(spec: Any) -> dict[str, Any]:
     return spec.model_dump(mode="json", exclude={"source"})
 
 
-def _split_source(recipe: "Recipe") -> tuple[str, str | None]:
+def _split_source(recipe: Recipe) -> tuple[str, str | None]:
     source = recipe.model.source
     path, _, attr = source.rpartition(":") if ":" in source else (source, "", None)
     return path, attr
 
 
-def _source_file(recipe: "Recipe") -> Path | None:
+def _source_file(recipe: Recipe) -> Path | None:
     """The user file holding the model, when the source names one (not an importable package)."""
     path, _ = _split_source(recipe)
     candidate = recipe.base_dir / path
     return candidate if candidate.is_file() else None
 
 
-def _source_entry(recipe: "Recipe") -> str:
+def _source_entry(recipe: Recipe) -> str:
     """What is called inside the source: the attribute, or the module path for package sources.
 
     Files are keyed by content, not by path, so two recipes sharing a model share `trace`.
@@ -292,7 +294,7 @@ def _source_entry(recipe: "Recipe") -> str:
     return _split_source(recipe)[1] or ""
 
 
-def _framework_packages(recipe: "Recipe") -> tuple[str, ...]:
+def _framework_packages(recipe: Recipe) -> tuple[str, ...]:
     """The packages of the framework that traces the model, whose versions enter the trace key.
 
     Without `model.framework`, a model file's suffix chooses the framework, exactly

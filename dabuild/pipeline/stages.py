@@ -97,7 +97,7 @@ def export(run: StageRun) -> None:
 
 
 def check(run: StageRun) -> None:
-    from dabuild.data import DataFile, load_inputs, load_labels
+    from dabuild.data import DataFile, load_inputs, required_labels
     from dabuild.quant.qgraph import QGraph
     from dabuild.targets.check import check_stage
     from dabuild.tune.metric import load_metric
@@ -107,7 +107,7 @@ def check(run: StageRun) -> None:
     qgraph = QGraph.load(run.inputs["qgraph"] / "qgraph")
     spec = DataFile.from_config(config["evaluation"], run.stage.files["evaluation"])
     x = next(iter(load_inputs(spec, None, qgraph.input_names).values()))
-    labels = load_labels(spec, None)
+    labels = required_labels(spec, None)
     if config["samples"] is not None:
         x, labels = x[: config["samples"]], labels[: config["samples"]]
     metric = load_metric(config["metric"], None, run.stage.files.get("metric"))

@@ -55,7 +55,7 @@ def statuses(stages: list[Stage], workspace: Workspace, store: Store | None) -> 
     return result
 
 
-def _why(current: Manifest | None, parts: dict, folder) -> str:  # noqa: ANN001
+def _why(current: Manifest | None, parts: dict, folder) -> str:
     if current is None:
         return "not built yet"
     old = current.parts

@@ -231,7 +231,7 @@ def _tree_size(root: Path) -> int:
     return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
 
 
-def _make_writable(function, path, _excinfo) -> None:  # noqa: ANN001 - shutil's onerror signature
+def _make_writable(function, path, _excinfo) -> None:
     """Read-only files sit in writable folders, so only the folder may need its write bit."""
     os.chmod(os.path.dirname(path), stat.S_IRWXU)
     function(path)

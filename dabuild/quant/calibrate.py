@@ -26,8 +26,8 @@ from dabuild.ir.npz import read_npz, write_npz
 from dabuild.progress import Progress
 from dabuild.quant.activations import with_table_activations_split
 from dabuild.quant.algorithms import ALGORITHMS, Levels, Range
-from dabuild.quant.histogram import Bins, Histogram
 from dabuild.quant.dtypes import int_type
+from dabuild.quant.histogram import Bins, Histogram
 
 STATS_FILE = "stats.npz"
 _RANGE = "range"
@@ -80,6 +80,8 @@ class TensorStats:
         native.count(view, self.channels.reciprocals(), self.channels.offset, self.channels.counts,
                      float(self.whole.reciprocals()[0]), int(self.whole.offset[0]), self.whole.counts[0])
         return 0
+
+    __hash__ = None  # type: ignore[assignment]  # mutable and compared by value: unhashable, as with no __hash__
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, TensorStats):
@@ -249,7 +251,7 @@ class ChannelAxes:
         else:
             source = next((input_name for input_name in node.inputs if input_name in self.axes), None)
             same = source is not None and tuple(shapes[source][1:]) == tuple(shapes[name][1:])
-            axis = self.axes[source] if same else default
+            axis = self.axes[source] if source is not None and same else default
         self.axes[name] = axis
         return axis
 

@@ -60,7 +60,7 @@ class QuantConfig:
         return {"nodes": {name: asdict(cfg) for name, cfg in sorted(self.nodes.items())}}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "QuantConfig":
+    def from_dict(cls, data: dict[str, Any]) -> QuantConfig:
         def choice(value: dict[str, str] | None) -> QuantChoice | None:
             return None if value is None else QuantChoice(**value)
 
@@ -78,7 +78,7 @@ class QuantConfig:
         Path(path).write_text(json.dumps(self.to_dict(), sort_keys=True, indent=2) + "\n")
 
     @classmethod
-    def load(cls, path: Path) -> "QuantConfig":
+    def load(cls, path: Path) -> QuantConfig:
         return cls.from_dict(json.loads(Path(path).read_text()))
 
 

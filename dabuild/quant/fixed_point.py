@@ -28,7 +28,7 @@ def round_half_away(x: np.ndarray) -> np.ndarray:
     return np.sign(x) * np.floor(np.abs(x) + 0.5)
 
 
-def quantize_multiplier(real: np.ndarray, where: str) -> tuple[np.ndarray, np.ndarray]:
+def quantize_multiplier(real: np.ndarray | float, where: str) -> tuple[np.ndarray, np.ndarray]:
     """Positive `real` ≈ multiplier * 2**-shift with a Q31 multiplier in [2**30, 2**31)."""
     real = np.atleast_1d(np.asarray(real, dtype=np.float64))
     if np.any(~(real > 0)):

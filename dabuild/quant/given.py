@@ -89,7 +89,7 @@ def weight_integers(weight: np.ndarray, given: GivenQuant, channel_axis: int, wh
         raise BuildError(f"{where}: parameter zero_point: the weight has zero point {given.zero_point[0]}; "
                          "dabuild's kernels take symmetric weights; nearest representable: zero point 0")
     channel_axis %= weight.ndim
-    if given.per_channel and given.axis % weight.ndim != channel_axis:
+    if given.axis is not None and given.axis % weight.ndim != channel_axis:
         raise BuildError(f"{where}: parameter axis: the weight is quantized per slice of axis {given.axis}, "
                          f"dabuild quantizes weights per output channel; nearest representable: axis {channel_axis} "
                          "or one scale for the tensor")

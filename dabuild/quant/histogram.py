@@ -208,6 +208,8 @@ class Histogram:
         return Bins(counts[first:last + 1].copy(), int(self.offset[channel]) + first, float(self.width[channel]),
                     float(self.low[channel]), float(self.high[channel]))
 
+    __hash__ = None  # type: ignore[assignment]  # mutable and compared by value: unhashable, as with no __hash__
+
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Histogram):
             return NotImplemented

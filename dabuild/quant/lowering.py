@@ -39,7 +39,7 @@ def range_scheme(scheme: str) -> str:
     return "sym" if scheme == POWER_OF_TWO else scheme
 
 
-def power_of_two_at_least(values: np.ndarray) -> np.ndarray:
+def power_of_two_at_least(values: np.ndarray | float) -> np.ndarray:
     """The smallest powers of two >= positive `values` (a scale rounded up never clips)."""
     return 2.0 ** np.ceil(np.log2(np.asarray(values, dtype=np.float64)))
 
@@ -136,6 +136,13 @@ class Lowering:
     floats: dict[str, tuple[int, ...]] = field(default_factory=dict)  # those lowered so far: per-sample shapes
 
     @property
+    def activation(self) -> QuantChoice:
+        """The node's activation choice, which an integer lowering needs (fp32 nodes lower elsewhere)."""
+        if self.config.activation is None:
+            raise BuildError(f"{self.where}: no activation quantization is chosen, which integer lowering needs")
+        return self.config.activation
+
+    @property
     def where(self) -> str:
         if self.node is None:
             return f"graph input {self.graph.inputs[0].name!r}"
@@ -144,9 +151,10 @@ class Lowering:
     def sample_shape(self, tensor: str) -> tuple[int, ...]:
         """A tensor's shape without its batch axis; every other axis must be known."""
         shape = self.shapes[tensor].shape[1:]
-        if any(d is None for d in shape):
+        known = [d for d in shape if d is not None]
+        if len(known) < len(shape):
             raise BuildError(f"{self.where}: tensor {tensor!r} has dynamic axes {list(shape)} besides the batch")
-        return tuple(int(d) for d in shape)
+        return tuple(int(d) for d in known)
 
     def rank(self, tensor: str) -> int:
         """Rank with the batch axis, as the float op sees it."""
@@ -172,7 +180,7 @@ class Lowering:
         the model's own where it gives them."""
         if tensor in self.given:
             return self.given[tensor]
-        choice = choice or self.config.activation
+        choice = choice or self.activation
         if choice.algorithm == GIVEN:  # a tensor of a given node the model did not quantize (a fused table's input)
             choice = QuantChoice(choice.dtype, choice.scheme, choice.granularity, "minmax")
         if tensor not in self.stats.ranges:
@@ -200,7 +208,7 @@ class Lowering:
         if not self.is_constant(tensor):
             return tensor
         values = self.constant(tensor).astype(np.float32)
-        choice = self.config.activation
+        choice = self.activation
         low, high = float(values.min(initial=0.0)), float(values.max(initial=0.0))
         if choice.scheme in ("sym", POWER_OF_TWO):
             low, high = -max(-low, high), max(-low, high)

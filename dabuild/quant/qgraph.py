@@ -29,8 +29,8 @@ from __future__ import annotations
 import dataclasses
 import json
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
 from collections.abc import Collection
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -220,7 +220,7 @@ class QGraph:
 
     @classmethod
     def load(cls, directory: Path) -> QGraph:
-        from dabuild.quant import layers  # noqa: F401  (registers every layer type)
+        from dabuild.quant import layers  # noqa: F401  (registers every layer type in LAYER_TYPES)
 
         directory = Path(directory)
         doc = json.loads((directory / QGRAPH_FILE).read_text())
@@ -236,9 +236,9 @@ class QGraph:
                 continue
             layer_name, _, field_name = key.rpartition("/")
             per_layer.setdefault(layer_name, {})[field_name] = value
-        layers = [LAYER_TYPES[entry["op"]](name=entry["name"], inputs=entry["inputs"], outputs=entry["outputs"],
-                                           **entry["attrs"], **per_layer.get(entry["name"], {}))
-                  for entry in doc["layers"]]
+        qlayers = [LAYER_TYPES[entry["op"]](name=entry["name"], inputs=entry["inputs"], outputs=entry["outputs"],
+                                            **entry["attrs"], **per_layer.get(entry["name"], {}))
+                   for entry in doc["layers"]]
         floats = {name: tuple(shape) for name, shape in doc.get("floats", {}).items()}
-        return cls(doc["input"], doc["output"], tensors, layers, {name: constants[name] for name in doc["constants"]},
+        return cls(doc["input"], doc["output"], tensors, qlayers, {name: constants[name] for name in doc["constants"]},
                    floats)

@@ -63,11 +63,11 @@ def quantize(graph: Graph, stats: Stats, config: QuantConfig, bias_correction: b
     choice = next((config.nodes[n.name].activation for n in graph.nodes
                    if spec.name in n.inputs and config.nodes[n.name].activation is not None), MINMAX_INT8)
     ctx.tensors[spec.name] = QTensor(ctx.sample_shape(spec.name), ctx.calibrated(spec.name, choice))
-    layers: list[QLayer] = []
+    qlayers: list[QLayer] = []
     for node in graph.nodes:
         ctx.node, ctx.config = node, config.nodes[node.name]
-        layers.extend(lower_fp32(ctx) if ctx.config.fp32 else LOWERINGS[node.op](ctx))
-    return _renamed(QGraph(spec.name, graph.outputs[0], ctx.tensors, layers, ctx.constants, ctx.floats), ctx.renames)
+        qlayers.extend(lower_fp32(ctx) if ctx.config.fp32 else LOWERINGS[node.op](ctx))
+    return _renamed(QGraph(spec.name, graph.outputs[0], ctx.tensors, qlayers, ctx.constants, ctx.floats), ctx.renames)
 
 
 def _renamed(qgraph: QGraph, renames: dict[str, str]) -> QGraph:

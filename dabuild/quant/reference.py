@@ -8,6 +8,8 @@ demands equality with this module for integer targets.
 
 from __future__ import annotations
 
+from typing import Literal, overload
+
 import numpy as np
 
 from dabuild.quant import layers  # noqa: F401  (registers every layer type)
@@ -17,6 +19,10 @@ from dabuild.quant.qgraph import QGraph
 __all__ = ["dequantize_output", "quantize_input", "requantize", "run_integer", "run_quantized"]
 
 
+@overload
+def run_integer(qgraph: QGraph, x_q: np.ndarray, keep_intermediates: Literal[False] = False) -> np.ndarray: ...
+@overload
+def run_integer(qgraph: QGraph, x_q: np.ndarray, keep_intermediates: Literal[True]) -> dict[str, np.ndarray]: ...
 def run_integer(qgraph: QGraph, x_q: np.ndarray, keep_intermediates: bool = False) -> np.ndarray | dict[str, np.ndarray]:
     """Integer inputs (batch, *input shape) -> integer outputs, layer by layer in schedule order.
 

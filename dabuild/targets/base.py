@@ -21,9 +21,9 @@ which side of quantization the artifact's `run` faces:
 
 from __future__ import annotations
 
-from pathlib import Path
 from collections.abc import Collection
-from typing import Any, ClassVar
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
@@ -31,11 +31,14 @@ from pydantic import BaseModel, ConfigDict
 from dabuild.errors import BuildError
 from dabuild.quant.qgraph import QGraph
 
+if TYPE_CHECKING:
+    from dabuild.recipe import Tolerance
+
 
 class Target:
     kind: ClassVar[str]
     capability: ClassVar[str]          # name of the capability YAML used when the recipe names none
-    default_tolerance: ClassVar[str]   # a level of dabuild.targets.tolerance.LEVELS
+    default_tolerance: ClassVar[Tolerance]   # a level of dabuild.targets.tolerance.LEVELS
     packages: ClassVar[tuple[str, ...]] = ()   # Python packages whose versions enter the export/check keys
     reference: ClassVar[str] = "integer"       # what check compares against: "integer" or "fake_quant" (see above)
     size_options: ClassVar[tuple[str, ...]] = ()  # options that change `stored_bytes` (they enter the tune key)
@@ -43,7 +46,7 @@ class Target:
     class Options(BaseModel):
         model_config = ConfigDict(extra="forbid")
 
-    def __init__(self, options: "Target.Options | None" = None):
+    def __init__(self, options: Target.Options | None = None):
         self.options = options if options is not None else self.Options()
 
     def runtime_version(self) -> dict[str, str]:

@@ -19,8 +19,6 @@ output differs beyond the same tolerance.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import hashlib
 import json
 import platform
@@ -28,6 +26,7 @@ import shutil
 import stat
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -133,13 +132,13 @@ def write_bundle(target: Target, qgraph: QGraph, artifact_dir: Path, inputs: np.
     samples = inputs[start:start + TRACE_SAMPLES]
     integer_samples = samples if target.reference == "integer" else quantize_input(qgraph, samples)
     reference_trace = run_integer(qgraph, integer_samples, keep_intermediates=True)
-    np.savez(bundle / "reference_trace.npz", **reference_trace)
+    np.savez(bundle / "reference_trace.npz", **reference_trace)  # type: ignore[arg-type]  # numpy's stub: any ** key could be allow_pickle
     with tempfile.TemporaryDirectory(prefix="dabuild-trace-") as work:
         target_trace = target.trace(Path(artifact_dir), samples, Path(work))
     if target_trace is None:
         divergence = f"target {target.kind!r} shows no per-layer values, so the diverging layer is unknown"
     else:
-        np.savez(bundle / "target_trace.npz", **target_trace)
+        np.savez(bundle / "target_trace.npz", **target_trace)  # type: ignore[arg-type]  # as above
         found = first_divergence(qgraph, reference_trace, target_trace, report["tolerance"])
         divergence = (f"first diverging {found}" if found else
                       "every traced layer agrees, so the outputs diverge past the last traced tensor")
@@ -179,19 +178,20 @@ def check_stage(target: Target, qgraph: QGraph, artifact_dir: Path, x: np.ndarra
     for part in not_run:
         warn(f"check {target.kind}: not run: {part}")
     inputs = reference_inputs(target.reference, qgraph, x)
-    with tempfile.TemporaryDirectory(prefix="dabuild-check-") as work:
-        with progress.track(f"check {target.kind}", len(inputs)) as advance:
-            actual = np.asarray(target.run(Path(artifact_dir), inputs, Path(work)))
-            advance(len(inputs))
+    with (tempfile.TemporaryDirectory(prefix="dabuild-check-") as work,
+          progress.track(f"check {target.kind}", len(inputs)) as advance):
+        actual = np.asarray(target.run(Path(artifact_dir), inputs, Path(work)))
+        advance(len(inputs))
     expected = np.asarray(reference_outputs(target.reference, qgraph, inputs))
     if actual.shape != expected.shape:
         raise CheckError(f"{target.kind} artifact {artifact_dir} returned outputs of shape {actual.shape}; "
                          f"the reference has {expected.shape}")
     params = qgraph.output_params
     comparison = _compare(expected, actual, params, level)
-    report = {"target": target.kind, "tolerance": level, "reference": target.reference, "samples": int(len(inputs)),
-              "output_params": {"scale": params.scale, "zero_point": params.zero_point, "dtype": params.dtype},
-              **comparison.to_dict(), "runtime": _versions(target), "not_run": not_run}
+    report: dict[str, Any] = {
+        "target": target.kind, "tolerance": level, "reference": target.reference, "samples": len(inputs),
+        "output_params": {"scale": params.scale, "zero_point": params.zero_point, "dtype": params.dtype},
+        **comparison.to_dict(), "runtime": _versions(target), "not_run": not_run}
     if score is not None:
         real = (lambda y: y) if target.reference == "fake_quant" else params.dequantize
         report["metric"] = {"artifact": score(real(actual)), "reference": score(real(expected))}

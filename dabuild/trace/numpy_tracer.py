@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import inspect
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 import numpy as np
@@ -214,11 +214,11 @@ class SymbolicArray:
         return self.recorder.emit("unsqueeze", [result], {"axes": unsqueeze}) if unsqueeze else result
 
     @property
-    def T(self) -> SymbolicArray:  # noqa: N802 (numpy's name)
+    def T(self) -> SymbolicArray:
         return self.transpose()
 
     def transpose(self, *axes: Any) -> SymbolicArray:
-        perm = axes[0] if len(axes) == 1 and isinstance(axes[0], (tuple, list)) or axes == (None,) else axes
+        perm = axes[0] if (len(axes) == 1 and isinstance(axes[0], (tuple, list))) or axes == (None,) else axes
         return self.recorder.emit("transpose", [self], {"perm": [int(a) for a in perm] if perm else None})
 
     def mean(self, axis: Any = None, keepdims: bool = False) -> SymbolicArray:
@@ -284,9 +284,9 @@ class SymbolicArray:
             if kwargs or not isinstance(array, SymbolicArray):
                 raise _unsupported("numpy.reshape with extra arguments")
             return array.reshape(shape)
-        if func is np.dot and not kwargs and len(args) == 2:
-            if all(a.ndim <= 2 if isinstance(a, SymbolicArray) else np.ndim(a) <= 2 for a in args):
-                return self.recorder.emit("matmul", list(args))  # dot and matmul agree up to 2-D
+        if func is np.dot and not kwargs and len(args) == 2 and all(
+                a.ndim <= 2 if isinstance(a, SymbolicArray) else np.ndim(a) <= 2 for a in args):
+            return self.recorder.emit("matmul", list(args))  # dot and matmul agree up to 2-D
         raise _unsupported(f"numpy.{func.__name__}")
 
     # conversions that would leak a concrete value into Python control flow
@@ -355,7 +355,7 @@ class NumpyTracer(TracerPlugin):
         if len(inputs) == 1:
             return self.model(*inputs.values())
         try:
-            parameters = inspect.signature(self.model).parameters
+            parameters: Mapping[str, inspect.Parameter] = inspect.signature(self.model).parameters
         except (TypeError, ValueError):
             parameters = {}
         if set(inputs) <= set(parameters):

@@ -33,7 +33,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, ClassVar
 
 from dabuild.quant.config import NodeConfig, QuantConfig
-from dabuild.tune.space import FP32, NodeSpace, dtype_bits
+from dabuild.tune.space import NodeSpace, dtype_bits
 from dabuild.tune.strategy import one_field_moves, precise_choice
 
 if TYPE_CHECKING:
@@ -64,7 +64,7 @@ def safer_choices(node: NodeSpace, current: NodeConfig) -> list[NodeConfig]:
 class AccuracyControlStrategy:
     name: ClassVar[str] = "accuracy-control"
 
-    def search(self, search: "Search") -> None:
+    def search(self, search: Search) -> None:
         space = search.space
         sign = 1 if search.metric.higher_is_better else -1
         cheapest = QuantConfig({name: cheapest_choice(node) for name, node in space.nodes.items()})
@@ -105,7 +105,7 @@ class AccuracyControlStrategy:
                     break
 
     @staticmethod
-    def _taken_back_on_subset(search: "Search", config: QuantConfig, restored: list[str],
+    def _taken_back_on_subset(search: Search, config: QuantConfig, restored: list[str],
                               cheapest: QuantConfig) -> QuantConfig:
         """`config` with each restored node, least harmful first, at its cheapest choice the subset still
         passes with: the take-back, judged on the subset before a full evaluation is spent."""
@@ -120,7 +120,7 @@ class AccuracyControlStrategy:
         return config
 
     @staticmethod
-    def _restoration(search: "Search", config: QuantConfig, name: str, sign: int) -> NodeConfig:
+    def _restoration(search: Search, config: QuantConfig, name: str, sign: int) -> NodeConfig:
         """Node `name`'s safer choice scoring best on the subset (the cheapest of equals): take-back makes it
         cheaper later, if the goal allows."""
         space = search.space

@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 OP_TYPE_SHARE = 0.25  # the most of max_trials the op-type-wise phase may take
 
 
-def op_type_configs(search: "Search", base: QuantConfig) -> list[QuantConfig]:
+def op_type_configs(search: Search, base: QuantConfig) -> list[QuantConfig]:
     """Each non-default integer choice of an op type set on all its nodes (those that offer it): the one-field
     moves first, then a seeded sample of the rest, at most OP_TYPE_SHARE of the budget in all."""
     space = search.space
@@ -85,7 +85,7 @@ class BasicStrategy:
     name: ClassVar[str] = "basic"
     looks_among_equals: ClassVar[bool] = True
 
-    def search(self, search: "Search") -> None:
+    def search(self, search: Search) -> None:
         space = search.space
         [base] = search.evaluate([space.default()], "default")
         better = search.metric.better
@@ -100,9 +100,9 @@ class BasicStrategy:
         search.evaluate_each(configs, "op-wise")
         changes: dict[str, Trial] = {}
         for (name, _), config in zip(moves, configs):
-            trial = search.seen(config)
-            if trial is not None and (name not in changes or better(trial.metric, changes[name].metric)):
-                changes[name] = trial
+            seen = search.seen(config)
+            if seen is not None and (name not in changes or better(seen.metric, changes[name].metric)):
+                changes[name] = seen
         order = sorted(changes, key=lambda name: changes[name].metric, reverse=search.metric.higher_is_better)
         config, prefixes = base.config, []
         for name in order:
@@ -112,7 +112,7 @@ class BasicStrategy:
         self._cheaper(search)
 
     @staticmethod
-    def _cheaper(search: "Search") -> None:
+    def _cheaper(search: Search) -> None:
         """Configs cheaper than the best passing one, until none of them passes."""
         space = search.space
         while (best := search.best()) is not None:

@@ -24,7 +24,7 @@ PATIENCE = 50
 class BayesianStrategy:
     name: ClassVar[str] = "bayesian"
 
-    def search(self, search: "Search") -> None:
+    def search(self, search: Search) -> None:
         try:
             import optuna
         except ImportError:
@@ -36,7 +36,7 @@ class BayesianStrategy:
         study.enqueue_trial({name: 0 for name in choosing})
         reference = max(1, search.costing.scale)
 
-        def loss(trial: "Trial") -> float:
+        def loss(trial: Trial) -> float:
             shortfall = 0.0 if trial.passed else 1.0 + abs(trial.metric - search.baseline)
             return trial.cost / reference + shortfall
 

@@ -33,7 +33,6 @@ from dabuild.quant.quantize import quantize
 from dabuild.quant.reference import quantize_input, run_integer, run_quantized
 from dabuild.tune.metric import Metric, load_metric
 
-
 TRACED_BATCH = 8  # samples per batch when every intermediate is kept (a ResNet-50 image's take ~0.1 GB)
 
 
@@ -110,7 +109,7 @@ class Evaluator:
             right += round(self.metric(parts[-1], labels) * len(x))
             scored += len(x)
             bound = (right + total - scored) / total
-            if scored < total and bound < floor:
+            if scored < total and floor is not None and bound < floor:
                 outputs = np.concatenate(parts)
                 return Score(bound, relative_mse(outputs, self.float_outputs[:scored]), time.perf_counter() - start,
                              stopped=True)
@@ -163,7 +162,7 @@ _worker: Evaluator | None = None
 
 
 def _start_worker(setup: EvalSetup) -> None:
-    global _worker
+    global _worker  # noqa: PLW0603 - the pool initializer sets the per-process evaluator
     _worker = Evaluator(setup)
 
 

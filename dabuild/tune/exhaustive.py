@@ -20,7 +20,7 @@ MAX_CONFIGS = 200_000
 class ExhaustiveStrategy:
     name: ClassVar[str] = "exhaustive"
 
-    def search(self, search: "Search") -> None:
+    def search(self, search: Search) -> None:
         space = search.space
         total = space.total()
         if total > MAX_CONFIGS:

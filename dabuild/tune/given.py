@@ -19,5 +19,5 @@ if TYPE_CHECKING:
 class GivenStrategy:
     name: ClassVar[str] = "given"
 
-    def search(self, search: "Search") -> None:
+    def search(self, search: Search) -> None:
         search.evaluate([search.space.default()], "given")

@@ -25,12 +25,13 @@ from dabuild.tune.strategy import cheaper_choices, precise_choice, ranked_nodes
 
 if TYPE_CHECKING:
     from dabuild.tune.search import Search
+    from dabuild.tune.trials import Trial
 
 
 class MixedPrecisionStrategy:
     name: ClassVar[str] = "mixed-precision"
 
-    def search(self, search: "Search") -> None:
+    def search(self, search: Search) -> None:
         space = search.space
         config = space.default()
         raised = [config]
@@ -72,15 +73,15 @@ class MixedPrecisionStrategy:
             config = space.with_node(config, name, probes[name].nodes[name])
             prefixes.append(config)
         search.evaluate(prefixes, "greedy", until_fail=True)
+
+        def increase_per_saving(best: Trial, name: str, step: QuantConfig) -> float:
+            increase = max(harm(step, name) - harm(best.config, name), 0.0)
+            return increase / max(best.cost - search.cost(step), 1)
+
         while True:
             best = search.best()
             assert best is not None
-
-            def increase_per_saving(name: str, step: QuantConfig) -> float:
-                increase = max(harm(step, name) - harm(best.config, name), 0.0)
-                return increase / max(best.cost - search.cost(step), 1)
-
-            ranked = [(increase_per_saving(name, step), rank, step) for name in space.nodes
+            ranked = [(increase_per_saving(best, name, step), rank, step) for name in space.nodes
                       for rank, step in enumerate(steps_down(best.config, name)) if search.seen(step) is None]
             steps = [step for *_, step in sorted(ranked, key=lambda entry: entry[:2])]
             if not steps or not any(t.passed for t in search.evaluate(steps, "refine", until_pass=True)):

@@ -22,7 +22,7 @@ PATIENCE = 50  # batches in a row with nothing worth evaluating before giving up
 class RandomStrategy:
     name: ClassVar[str] = "random"
 
-    def search(self, search: "Search") -> None:
+    def search(self, search: Search) -> None:
         space = search.space
         rng = np.random.default_rng(search.seed)
         search.evaluate([space.default()], "default")

@@ -39,7 +39,6 @@ from dabuild.tune.objective import Objective, counted
 from dabuild.tune.space import TuningSpace
 from dabuild.tune.trials import Trial, TrialStore
 
-
 SUBSET_ROWS = 300  # evaluation rows of a subset score (strategies rank by it before spending full evaluations)
 CHUNK = 32  # configs `evaluate_each` scores at once: enough for any -j, fixed so results never depend on it
 SAME_COST_TRIALS = 24  # the most trials spent on a better score at the least cost: a pass over a CNN's op types
@@ -101,7 +100,7 @@ class Search:
     # ------------------------------------------------------------ what strategies read
 
     @property
-    def metric(self):  # noqa: ANN201 - the Metric
+    def metric(self):
         return self.evaluator.metric
 
     @property

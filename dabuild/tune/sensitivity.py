@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 class SensitivityStrategy:
     name: ClassVar[str] = "sensitivity"
 
-    def search(self, search: "Search") -> None:
+    def search(self, search: Search) -> None:
         space = search.space
         default = space.default()
         config, prefixes, fallen = default, [default], []

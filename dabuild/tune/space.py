@@ -20,7 +20,7 @@ import dataclasses
 import difflib
 import itertools
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -29,9 +29,9 @@ from dabuild.errors import BuildError
 from dabuild.ir.graph import Graph
 from dabuild.quant.calibrate import LAST_AXIS_OPS
 from dabuild.quant.config import NodeConfig, QuantChoice, QuantConfig
+from dabuild.quant.dtypes import NAMES_TEXT, int_type, is_int_type
 from dabuild.quant.given import check_scheme, given_choices
 from dabuild.quant.lowering import quantizable_roles
-from dabuild.quant.dtypes import NAMES_TEXT, int_type, is_int_type
 
 FP32 = NodeConfig(weight=None, activation=None)
 FLOAT_DTYPE = "fp32"
@@ -177,7 +177,8 @@ def build_space(graph: Graph, capability: CapabilitySpec, narrowing: Mapping[str
     producers = graph.producers()
     input_consumers = {spec.name: next((n.name for n in graph.nodes if spec.name in n.inputs), None)
                        for spec in graph.inputs}
-    offered = {node.name: (entry.dtype, entry.scheme) for node in graph.nodes
+    offered: dict[str, tuple[Collection[str], Collection[str]]] = {
+        node.name: (entry.dtype, entry.scheme) for node in graph.nodes
                if (entry := capability.for_op(node.op).activation) is not None}
     given = given_choices(graph, offered)
     _check_given_narrowing(graph, given, by_type, by_name)
@@ -190,16 +191,17 @@ def build_space(graph: Graph, capability: CapabilitySpec, narrowing: Mapping[str
             candidates = _with_given(_candidates(node.name, node.op, capability, by_type.get(node.op, {}),
                                                  by_name.get(node.name, {})), fixed)
         weight = graph.constants.get(node.inputs[1]) if len(node.inputs) > 1 else None
-        has_weight = weight is not None and "weight" in (quantizable_roles(node.op) or ())
+        if "weight" not in (quantizable_roles(node.op) or ()):
+            weight = None
         macs = 0
-        if has_weight:
+        if weight is not None:
             out = shapes[node.outputs[0]].shape
             per_sample = math.prod(int(d or 1) for d in out[1:])
-            channels = int(out[-1] if node.op in LAST_AXIS_OPS else out[1])
-            macs = int(weight.size) * (per_sample // channels)
+            channels = out[-1] if node.op in LAST_AXIS_OPS else out[1]
+            macs = int(weight.size) * (per_sample // int(channels or 1))
         first = node.inputs[0] if node.inputs else None
         source = producers[first].name if first in producers else input_consumers.get(first or "")
-        nodes[node.name] = NodeSpace(node.name, node.op, candidates, int(weight.size) if has_weight else 0, macs, source)
+        nodes[node.name] = NodeSpace(node.name, node.op, candidates, int(weight.size) if weight is not None else 0, macs, source)
     return TuningSpace(nodes)
 
 
@@ -319,8 +321,7 @@ def _narrow(offered: QuantChoices, wanted: Mapping[str, list[str]], name: str, o
                 raise BuildError(f"{_where(name, op, by_name, role, field)}: capability {capability!r} does not "
                                  f"offer {value!r} for {role}s of op {op!r} (offers: {offered_text}){hint}")
         lists.append([v for v in values if v in asked])
-    if not lists[0]:
-        if "dtype" not in wanted:
-            raise BuildError(f"node {name!r}: capability {capability!r} offers {role} dtypes "
-                             f"{list(offered.dtype)} for op {op!r}; dabuild lowers only {NAMES_TEXT}")
+    if not lists[0] and "dtype" not in wanted:
+        raise BuildError(f"node {name!r}: capability {capability!r} offers {role} dtypes "
+                         f"{list(offered.dtype)} for op {op!r}; dabuild lowers only {NAMES_TEXT}")
     return lists

@@ -27,7 +27,6 @@ from dabuild.progress import Progress
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from dabuild.quant.qgraph import QGraph
     from dabuild.quant.config import QuantConfig
     from dabuild.quant.qgraph import QGraph
 
@@ -43,8 +42,8 @@ def tune_stage(
     jobs: int = 1,
     keep_dir: Path | None = None,
     journal: Path | None = None,
-    constraints: Sequence[Callable[["QGraph"], str | None]] = (),
-    stored_bytes: "Callable[[QGraph], int] | None" = None,
+    constraints: Sequence[Callable[[QGraph], str | None]] = (),
+    stored_bytes: Callable[[QGraph], int] | None = None,
 ) -> None:
     """Tune into `out_dir` from the stage's keyed inputs alone: `config` is the tune `Stage.config` (tuning,
     capability, metric, evaluation data settings), `files` its declared files (`evaluation`, and `metric` for a
@@ -56,13 +55,13 @@ def tune_stage(
     target's measure of its artifact (`Target.stored_bytes`), which objective `size` minimises (None: weight bits).
     """
     from dabuild.capability import CapabilitySpec
-    from dabuild.data import DataFile, load_inputs, load_labels
+    from dabuild.data import DataFile, load_inputs, required_labels
     from dabuild.ir.graph import Graph
     from dabuild.plugins import STRATEGIES, load
     from dabuild.quant.calibrate import STATS_FILE
     from dabuild.quant.given import carries_quantization
     from dabuild.recipe import TuningSpec
-    from dabuild.tune.evaluate import Evaluator, EvalSetup, Scorer
+    from dabuild.tune.evaluate import EvalSetup, Evaluator, Scorer
     from dabuild.tune.objective import make_objective
     from dabuild.tune.report import REPORT_DIR, write_report
     from dabuild.tune.search import Budget, Goal, Search
@@ -75,7 +74,7 @@ def tune_stage(
     graph_dir, stats_dir, out_dir = Path(graph_dir), Path(stats_dir), Path(out_dir)
     graph = Graph.load(graph_dir)
     x = next(iter(load_inputs(spec, None, [t.name for t in graph.inputs]).values()))
-    labels = load_labels(spec, None)
+    labels = required_labels(spec, None)
     evaluator = Evaluator(EvalSetup(graph_dir, stats_dir, x, labels, config["metric"], None, spec.batch_size,
                                     tuning.bias_correction, files.get("metric")))
     space = build_space(graph, capability, tuning.space.model_dump(mode="json", exclude_none=True))
@@ -91,7 +90,7 @@ def tune_stage(
     if journal is not None:
         journal.parent.mkdir(parents=True, exist_ok=True)
     with open(journal or os.devnull, "a") as history, Scorer(evaluator, jobs) as scorer:
-        def fits(config: "QuantConfig") -> str | None:
+        def fits(config: QuantConfig) -> str | None:
             qgraph = evaluator.quantize(config)
             return next((why for why in (constraint(qgraph) for constraint in constraints) if why), None)
 
@@ -111,7 +110,7 @@ def tune_stage(
     write_report(out_dir / REPORT_DIR, f"Tuning report: capability {capability.name}",
                  search, chosen, threshold)
     fp32_size = space.size(space.fp32())
-    metrics = {
+    metrics: dict[str, Any] = {
         "metric": metric.name,
         "fp32": evaluator.baseline,
         "quantized": chosen.metric,
@@ -158,7 +157,7 @@ def tune_stage(
     raise BuildError(message + "; set tuning.allow_miss: true to accept it, or relax tuning.accuracy")
 
 
-def _precision(config: "QuantConfig") -> str:
+def _precision(config: QuantConfig) -> str:
     """What the chosen config uses, e.g. `w int4+int8, a int8, 1 node fp32`."""
     weights = sorted({n.weight.dtype for n in config.nodes.values() if n.weight is not None})
     activations = sorted({n.activation.dtype for n in config.nodes.values() if n.activation is not None})

@@ -19,10 +19,10 @@ if TYPE_CHECKING:
 class Strategy(Protocol):
     name: ClassVar[str]
 
-    def search(self, search: "Search") -> None: ...
+    def search(self, search: Search) -> None: ...
 
 
-def ranked_nodes(search: "Search") -> list[str]:
+def ranked_nodes(search: Search) -> list[str]:
     """Nodes with a choice to make, most sensitive first (per-node output MSE under the default config)."""
     errors = search.node_errors()
     names = [name for name, node in search.space.nodes.items() if len(node.candidates) > 1]
@@ -97,7 +97,7 @@ def width_steps(node: NodeSpace, current: NodeConfig) -> list[NodeConfig]:
     return steps
 
 
-def cheaper_choices(search: "Search", config: QuantConfig, name: str) -> list[NodeConfig]:
+def cheaper_choices(search: Search, config: QuantConfig, name: str) -> list[NodeConfig]:
     """Node `name`'s one-width steps down (see `width_steps`) that the objective prices below `config`.
 
     Only these few are priced, not every candidate: with many widths a node

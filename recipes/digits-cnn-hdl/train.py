@@ -14,9 +14,9 @@ from pathlib import Path
 from types import ModuleType
 
 import torch
+from model import build
 
 from dabuild.ir.npz import write_npz
-from model import build
 
 HERE = Path(__file__).resolve().parent
 

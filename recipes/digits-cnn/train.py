@@ -16,10 +16,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from model import build
 from torch import nn
 
 from dabuild.ir.npz import read_npz, write_npz
-from model import build
 
 HERE = Path(__file__).resolve().parent
 SEED = 0

@@ -17,12 +17,12 @@ from pathlib import Path
 
 os.environ.setdefault("KERAS_BACKEND", "torch")
 
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
-from hgq.config import QuantizerConfigScope  # noqa: E402
-from hgq.layers import QConv2D, QDense, QMaxPool2D  # noqa: E402
-from sklearn.datasets import load_digits  # noqa: E402
-from sklearn.model_selection import train_test_split  # noqa: E402
+import keras
+import numpy as np
+from hgq.config import QuantizerConfigScope
+from hgq.layers import QConv2D, QDense, QMaxPool2D
+from sklearn.datasets import load_digits
+from sklearn.model_selection import train_test_split
 
 HERE = Path(__file__).resolve().parent
 SEED = 2024

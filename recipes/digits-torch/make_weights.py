@@ -12,7 +12,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
 from model import build
 
 HERE = Path(__file__).resolve().parent

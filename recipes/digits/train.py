@@ -13,11 +13,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+from model import build
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 
 from dabuild.ir.npz import write_npz
-from model import build
 
 HERE = Path(__file__).resolve().parent
 SEED = 0

@@ -13,8 +13,8 @@ from pathlib import Path
 
 os.environ.setdefault("KERAS_BACKEND", "torch")
 
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
+import keras
+import numpy as np
 
 HERE = Path(__file__).resolve().parent
 SIZES = [64, 32, 32]

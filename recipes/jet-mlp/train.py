@@ -14,7 +14,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-
 from model import LAYERS, build
 
 HERE = Path(__file__).resolve().parent

@@ -84,7 +84,7 @@ class MaxPoolCall(ctypes.Structure):
                                                         "dilation_w"))]
 
 
-ELEMENTS = {np.dtype(np.float32): ("f32", _conv_call(ctypes.c_float)),
+ELEMENTS: dict[np.dtype, tuple[str, Any]] = {np.dtype(np.float32): ("f32", _conv_call(ctypes.c_float)),
             np.dtype(np.float64): ("f64", _conv_call(ctypes.c_double))}  # conv.c's variants by numpy dtype
 RELU, CLAMP = 1, 2  # conv.c's activations: relu, or a clamp to [low, high]
 NativeActivation = tuple[int, float, float]  # (0 for none, RELU or CLAMP; low, high)
@@ -116,8 +116,8 @@ class NativeConv:
         self._parallel = library.parallel_rows
         self._parallel.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_ssize_t, ctypes.c_int]
         self._parallel.restype = None
-        self.histogram: NativeHistogram | None = None
-        self.requantize: NativeRequantize | None = None
+        self.histogram = NativeHistogram(library)  # the same library holds histogram.c and requantize.c
+        self.requantize = NativeRequantize(library)
 
     @staticmethod
     def takes(dtype: np.dtype) -> bool:
@@ -420,10 +420,7 @@ def _load() -> NativeConv | None:
         finally:
             if scratch is not None:
                 shutil.rmtree(scratch, ignore_errors=True)
-        native = NativeConv(loaded, version)
-        native.histogram = NativeHistogram(loaded)
-        native.requantize = NativeRequantize(loaded)
-        return native
+        return NativeConv(loaded, version)
     except (OSError, subprocess.SubprocessError) as error:
         warn(f"the interpreter's native conv kernels could not be built ({error}); its convs run in numpy, "
              f"more slowly (set {SWITCH}=0 to choose that and silence this warning)")
@@ -477,7 +474,7 @@ def _compile(compiler: str, source: str, folder: Path) -> Path:
     source_file.write_text(source)
     built = folder / "conv.so"
     result = subprocess.run([compiler, *FLAGS, "-o", str(built), str(source_file)],
-                            capture_output=True, text=True, timeout=120)
+                            check=False, capture_output=True, text=True, timeout=120)
     if result.returncode:
         raise OSError(f"{compiler} failed on conv.c: {result.stderr.strip()}")
     return built

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
@@ -148,7 +148,7 @@ def check_vector(op: str, role: str, spec: TensorSpec, size: int | None) -> None
         raise ShapeError(f"{op} {role} must have shape ({size},), got {tuple(spec.shape)}")
 
 
-def product(dims: tuple[int | None, ...] | list[int | None]) -> int | None:
+def product(dims: Sequence[int | None]) -> int | None:
     """Product of the sizes, or None when any is dynamic."""
     return None if None in dims else math.prod(dims)  # type: ignore[arg-type]
 

@@ -197,7 +197,7 @@ class Conv(Op):
                 return [planned(x, residual)]
             geometry = Geometry(list(weight.shape[2:]), *conv_geometry(attrs, weight.ndim - 2))
             # Concrete input sizes give concrete output sizes.
-            sizes: list[int] = output_sizes(  # type: ignore[assignment]
+            sizes = output_sizes(
                 x.shape, geometry.kernel, geometry.strides, geometry.pads, geometry.dilations)
             shape = (x.shape[0], weight.shape[0], *sizes)
             if residual is not None and (residual.shape != shape or residual.dtype != np.result_type(x, weight)):
@@ -425,8 +425,8 @@ def _im2col_matmul(
         view = view.reshape(len(view), groups, group_in, *view.shape[2:])
         weights = weights.transpose(0, 2, 3, 1).reshape(groups, depth, group_out)
     columns = np.empty((block, *view.shape[1:]), dtype)
-    if fits(overwritable, (batch, out_channels, *out), dtype) is not None and last:
-        y = channels_last(overwritable)
+    if (reusable := fits(overwritable, (batch, out_channels, *out), dtype)) is not None and last:
+        y = channels_last(reusable)
     else:
         y = np.empty((batch, *out, out_channels), dtype)
     for start in range(0, batch, block):
@@ -504,7 +504,7 @@ def _depthwise(x: np.ndarray, weight: np.ndarray, geometry: Geometry, out: list[
     y = np.zeros((batch, channels, multiplier, *out), np.result_type(x, weight))
     term = np.empty_like(y)
     for index, tap in enumerate(np.ndindex(*geometry.kernel)):
-        np.multiply(view[(slice(None), slice(None), *tap)][:, :, None], taps[:, :, index], out=term)
+        np.multiply(view[(slice(None), slice(None)) + tap][:, :, None], taps[:, :, index], out=term)
         y += term
     return y
 
@@ -543,7 +543,8 @@ class BatchNorm(Op):
 
     def kernel(self, arrays: list[np.ndarray], attrs: dict[str, Any]) -> list[np.ndarray]:
         x = arrays[0]
-        multiplier, offset = batch_norm_affine(*arrays[1:], attrs["epsilon"])
+        scale, bias, mean, var = arrays[1:]
+        multiplier, offset = batch_norm_affine(scale, bias, mean, var, attrs["epsilon"])
         channel = (-1, *[1] * (x.ndim - 2))
         y = x * multiplier.reshape(channel)
         y += offset.reshape(channel)

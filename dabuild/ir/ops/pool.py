@@ -46,7 +46,7 @@ class Pool(Op):
         """One strided (N, C, *out) view per kernel tap of x padded with `fill`, and the output sizes."""
         kernel, strides, pads, dilations = self.geometry(attrs)
         out = output_sizes(x.shape, kernel, strides, pads, dilations, attrs["ceil_mode"])
-        return _taps(x, kernel, strides, pads, dilations, out, fill), out  # type: ignore[arg-type]
+        return _taps(x, kernel, strides, pads, dilations, out, fill), out
 
 
 def _taps(x: np.ndarray, kernel: list[int], strides: list[int], pads: list[int], dilations: list[int],
@@ -62,7 +62,7 @@ def _taps(x: np.ndarray, kernel: list[int], strides: list[int], pads: list[int],
     if last:  # the (N, *spatial, C) buffer seen as (N, C, *spatial)
         padded = padded.transpose(0, -1, *range(1, x.ndim - 1))
     view = windows(padded, kernel, strides, dilations, out)
-    return [view[(slice(None), slice(None), *tap)] for tap in np.ndindex(*kernel)]
+    return [view[(slice(None), slice(None)) + tap] for tap in np.ndindex(*kernel)]
 
 
 @register
@@ -92,7 +92,7 @@ def _native_max_pool(x: np.ndarray, kernel: list[int], strides: list[int], pads:
     native = native_conv()
     if native is None:
         return None
-    out: list[int] = output_sizes(x.shape, kernel, strides, pads, dilations, ceil_mode)  # type: ignore[assignment]
+    out: list[int] = output_sizes(x.shape, kernel, strides, pads, dilations, ceil_mode)
     y = native.max_pool(channels_last(x), kernel, strides, pads[:2], dilations, out)
     return y.transpose(0, 3, 1, 2)
 
@@ -107,7 +107,7 @@ class AvgPool(Pool):
 
     def kernel(self, arrays: list[np.ndarray], attrs: dict[str, Any]) -> list[np.ndarray]:
         x = arrays[0]
-        taps, out = self.tap_views(x, attrs, 0.0)
+        taps, _out = self.tap_views(x, attrs, 0.0)
         y = taps[0].copy(order="K")
         for tap in taps[1:]:
             y += tap
@@ -124,7 +124,7 @@ class AvgPool(Pool):
             pads = [0] * (2 * spatial)
         else:
             counted = np.ones(shape[2:], np.float32)
-        taps = _taps(counted[None, None], kernel, strides, pads, dilations, out, 0.0)  # type: ignore[arg-type]
+        taps = _taps(counted[None, None], kernel, strides, pads, dilations, out, 0.0)
         return np.sum(taps, axis=0)[0, 0]
 
 

@@ -128,4 +128,4 @@ def resize_scales(in_sizes: list[int], out_sizes: list[int]) -> list[float]:
 
 def sizes_from_scales(in_sizes: list[int], scales: list[float]) -> list[int]:
     """ONNX's output sizes for scales: floor(in * scale)."""
-    return [int(math.floor(size * scale + 1e-9)) for size, scale in zip(in_sizes, scales)]
+    return [math.floor(size * scale + 1e-9) for size, scale in zip(in_sizes, scales)]

@@ -44,7 +44,7 @@ class Reshape(Op):
 
     def shape_rule(self, inputs: list[TensorSpec], attrs: dict[str, Any]) -> list[OutputSpec]:
         source = tuple(inputs[0].shape)
-        target = list(attrs["shape"])
+        target: list[int | None] = list(attrs["shape"])
         if target.count(-1) > 1:
             raise ShapeError(f"reshape target {target} has more than one -1")
         for axis, size in enumerate(target):
@@ -52,15 +52,15 @@ class Reshape(Op):
                 if axis >= len(source):
                     raise ShapeError(f"reshape copies axis {axis} that input {source} lacks")
                 target[axis] = source[axis]
-            elif size < -1:
+            elif size is not None and size < -1:
                 raise ShapeError(f"reshape target {attrs['shape']} has a negative size")
         copied = [source[a] for a, s in enumerate(attrs["shape"]) if s == 0]
         # Dynamic axes copied through cancel out; any other dynamic axis makes the total unknown.
-        remaining = [d for d in source if d is not None]
+        remaining: list[int | None] = [d for d in source if d is not None]
         if source.count(None) != copied.count(None):
             remaining = [None]
         total = product(remaining)
-        known = product([d for d, s in zip(target, attrs["shape"]) if s != -1 and d is not None])
+        known = math.prod(d for d, s in zip(target, attrs["shape"]) if s != -1 and d is not None)
         if total is not None and (
             (-1 in attrs["shape"] and (not known or total % known))
             or (-1 not in attrs["shape"] and known != total)
@@ -213,8 +213,9 @@ class Slice(Op):
     def shape_rule(self, inputs: list[TensorSpec], attrs: dict[str, Any]) -> list[OutputSpec]:
         shape = list(inputs[0].shape)
         for axis, start, end, step in self.plan(len(shape), attrs):
-            if shape[axis] is not None:
-                shape[axis] = _slice_bounds(shape[axis], start, end, step)[2]
+            size = shape[axis]
+            if size is not None:
+                shape[axis] = _slice_bounds(size, start, end, step)[2]
         return [(tuple(shape), inputs[0].dtype)]
 
     def kernel(self, arrays: list[np.ndarray], attrs: dict[str, Any]) -> list[np.ndarray]:

@@ -49,10 +49,12 @@ class ConvTranspose(Op):
 
     def shape_rule(self, inputs: list[TensorSpec], attrs: dict[str, Any]) -> list[OutputSpec]:
         x, weight = tuple(inputs[0].shape), tuple(inputs[1].shape)
-        kernel = list(weight[2:])
+        if None in weight[2:]:
+            raise ShapeError(f"conv_transpose weight {weight} has a dynamic kernel size")
+        kernel = [k for k in weight[2:] if k is not None]
         if len(weight) != len(x):
             raise ShapeError(f"conv_transpose weight {weight} must have the rank of input {x}")
-        window_attrs(self.name, x, kernel, attrs)  # type: ignore[arg-type]
+        window_attrs(self.name, x, kernel, attrs)
         groups, channels = attrs["groups"], x[1]
         if groups < 1 or weight[0] % groups or (channels is not None and channels != weight[0]):
             raise ShapeError(f"conv_transpose input has {channels} channels; weight {weight} with groups {groups} "
@@ -87,13 +89,13 @@ class ConvTranspose(Op):
         taps = weight.reshape(groups, group_in, group_out, *kernel).astype(np.float64)
         for tap in np.ndindex(*kernel):
             # (N, G, O/G, positions): each group's input channels mixed by this tap's (C/G, O/G) weights.
-            contribution = np.einsum("ngcp,gco->ngop", source, taps[(slice(None), slice(None), slice(None), *tap)])
+            contribution = np.einsum("ngcp,gco->ngop", source, taps[(slice(None), slice(None), slice(None)) + tap])
             region = tuple(slice(tap[a] * dilations[a], tap[a] * dilations[a] + strides[a] * (sizes[a] - 1) + 1,
                                  strides[a]) for a in range(spatial))
-            y[(slice(None), slice(None), slice(None), *region)] += contribution.reshape(batch, groups, group_out,
+            y[(slice(None), slice(None), slice(None)) + region] += contribution.reshape(batch, groups, group_out,
                                                                                           *sizes)
         crop = tuple(slice(pads[a], full[a] - pads[a + spatial]) for a in range(spatial))
-        y = y.reshape(batch, groups * group_out, *full)[(slice(None), slice(None), *crop)]
+        y = y.reshape(batch, groups * group_out, *full)[(slice(None), slice(None)) + crop]
         if len(arrays) == 3:
             y = y + arrays[2].reshape(-1, *[1] * spatial)
         return [y.astype(np.result_type(x, weight))]

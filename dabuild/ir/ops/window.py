@@ -7,7 +7,7 @@ window at once, and loops (if any) run over the few kernel taps.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided, sliding_window_view
@@ -33,6 +33,12 @@ def window_attrs(op: str, shape: tuple[int | None, ...], kernel: list[int], attr
         raise ShapeError(f"{op} pads {attrs['pads']} must not be negative")
 
 
+@overload
+def output_size(size: int, kernel: int, stride: int, pads: tuple[int, int], dilation: int,
+                ceil_mode: bool = False) -> int: ...
+@overload
+def output_size(size: int | None, kernel: int, stride: int, pads: tuple[int, int], dilation: int,
+                ceil_mode: bool = False) -> int | None: ...
 def output_size(
     size: int | None, kernel: int, stride: int, pads: tuple[int, int], dilation: int, ceil_mode: bool = False
 ) -> int | None:
@@ -49,10 +55,17 @@ def output_size(
     return count
 
 
+@overload
+def output_sizes(shape: tuple[int, ...], kernel: list[int], strides: list[int], pads: list[int],
+                 dilations: list[int], ceil_mode: bool = False) -> list[int]: ...
+@overload
+def output_sizes(shape: tuple[int | None, ...], kernel: list[int], strides: list[int], pads: list[int],
+                 dilations: list[int], ceil_mode: bool = False) -> list[int | None]: ...
 def output_sizes(
     shape: tuple[int | None, ...], kernel: list[int], strides: list[int], pads: list[int],
     dilations: list[int], ceil_mode: bool = False,
-) -> list[int | None]:
+) -> list[int | None] | list[int]:
+    """Windows along each spatial axis of an (N, C, *spatial) shape; known sizes give known counts."""
     spatial = len(kernel)
     return [
         output_size(shape[2 + a], kernel[a], strides[a], (pads[a], pads[a + spatial]), dilations[a], ceil_mode)
@@ -114,7 +127,7 @@ def windows(padded: np.ndarray, kernel: list[int], strides: list[int], dilations
     view = sliding_window_view(padded, spans, axis=axes)  # (N, C, *positions, *spans)
     picks = tuple(slice(0, (o - 1) * s + 1, s) for o, s in zip(out, strides))
     taps = tuple(slice(None, None, d) for d in dilations)
-    view = view[(slice(None), slice(None), *picks, *taps)]
+    view = view[(slice(None), slice(None)) + picks + taps]
     return view.transpose(0, 1, *range(2 + spatial, 2 + 2 * spatial), *axes)
 
 

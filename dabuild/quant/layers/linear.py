@@ -34,7 +34,7 @@ from dabuild.quant.dtypes import accumulator_max
 from dabuild.quant.fixed_point import INT32_MAX, accumulator_trace, quantize_multiplier, requantize, round_half_away
 from dabuild.quant.layers.elementwise import lookup_layer
 from dabuild.quant.layers.fallback import lower_float_weighted
-from dabuild.quant.lowering import Lowering, lowers, quantize_weight
+from dabuild.quant.lowering import Lowering, lowers
 from dabuild.quant.qgraph import QGraph, QLayer, Trace, layer_type
 
 PER_CHANNEL_MINMAX = QuantChoice("int8", "sym", "per_channel", "minmax")
@@ -264,5 +264,5 @@ def lower_batch_norm(ctx: Lowering) -> list[QLayer]:
     spatial = rank - 2
     weight = multiplier.reshape(-1, 1, *[1] * spatial)
     geometry = {"strides": [1] * spatial, "pads": [0] * (2 * spatial), "dilations": [1] * spatial,
-                "groups": int(len(multiplier))}
+                "groups": len(multiplier)}
     return _weighted_layers(ctx, QConv, weight, offset, PER_CHANNEL_MINMAX, 0, geometry)

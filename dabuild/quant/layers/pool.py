@@ -19,6 +19,8 @@ import numpy as np
 
 from dabuild.errors import BuildError
 from dabuild.ir.ops import OPS
+from dabuild.ir.ops.pool import AvgPool
+from dabuild.ir.ops.reduce import Reduce
 from dabuild.quant.dtypes import accumulator_max
 from dabuild.quant.fixed_point import accumulator_trace, quantize_multiplier, requantize
 from dabuild.quant.lowering import Lowering, lowers
@@ -36,7 +38,7 @@ class QAvgPool(QLayer):
     shift: np.ndarray         # int32 (kernel size,)
 
     def run(self, inputs: list[np.ndarray], graph: QGraph, trace: Trace | None) -> list[np.ndarray]:
-        pool = OPS["avg_pool"]
+        pool = OPS.typed("avg_pool", AvgPool)
         x = inputs[0]
         taps, _ = pool.tap_views(self.params(graph).centred(x), self.op_attrs, 0)
         total = np.sum(taps, axis=0)
@@ -85,11 +87,10 @@ def lower_mean(ctx: Lowering) -> list[QLayer]:
         axes, keepdims = list(range(2, rank)), True
     else:
         attrs = OPS[node.op].resolve(node.attrs)
-        axes, keepdims = list(OPS[node.op].axes(rank, attrs)), bool(attrs["keepdims"])
+        axes, keepdims = list(OPS.typed(node.op, Reduce).axes(rank, attrs)), bool(attrs["keepdims"])
     if 0 in axes:
         raise BuildError(f"{ctx.where}: integer lowering does not reduce over the batch axis 0")
-    shape = ctx.shapes[node.inputs[0]].shape
-    count = math.prod(int(shape[a]) for a in axes)  # type: ignore[arg-type]
+    count = math.prod(ctx.sample_shape(node.inputs[0])[a - 1] for a in axes)
     divisor = 1 if node.op == "reduce_sum" else count
     real = ctx.params(node.inputs[0]).scale / (divisor * _output(ctx, count).scale)
     multiplier, shift = quantize_multiplier(real, ctx.where)

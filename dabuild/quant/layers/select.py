@@ -11,7 +11,7 @@ rounding. A constant operand is quantized with its own exact min/max.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -74,7 +74,7 @@ def lower_pick(ctx: Lowering) -> list[QLayer]:
     ctx.output(node.outputs[0], target)
     scales = np.array([ctx.params(name).scale for name in inputs])
     multiplier, shift = quantize_multiplier(scales / target.scale, ctx.where)
-    fields = {"name": node.name, "inputs": inputs, "outputs": list(node.outputs), "multiplier": multiplier,
+    fields: dict[str, Any] = {"name": node.name, "inputs": inputs, "outputs": list(node.outputs), "multiplier": multiplier,
               "shift": shift}
     if node.op == "where":
         condition = ctx.constant(node.inputs[0]).astype(bool)

@@ -22,6 +22,7 @@ import numpy as np
 
 from dabuild.errors import BuildError
 from dabuild.ir.ops import OPS
+from dabuild.ir.ops.reduce import Reduce
 from dabuild.quant.fixed_point import quantize_multiplier, requantize
 from dabuild.quant.layers.resize import lower_linear_resize
 from dabuild.quant.lowering import Lowering, lowers
@@ -53,7 +54,7 @@ def lower_selection(ctx: Lowering) -> list[QLayer]:
     attrs = OPS[node.op].resolve(node.attrs)
     if node.op == "pad" and attrs["mode"] == "constant":
         attrs = {**attrs, "value": float(source.quantize(np.float32(attrs["value"])))}
-    if node.op == "reduce_max" and 0 in OPS[node.op].axes(ctx.rank(node.inputs[0]), attrs):
+    if node.op == "reduce_max" and 0 in OPS.typed(node.op, Reduce).axes(ctx.rank(node.inputs[0]), attrs):
         raise BuildError(f"{ctx.where}: integer lowering does not reduce over the batch axis 0")
     if node.op == "resize" and attrs["mode"] != "nearest":
         return lower_linear_resize(ctx)
@@ -64,8 +65,9 @@ def lower_selection(ctx: Lowering) -> list[QLayer]:
         attrs = {**attrs, "axes": [a for a, d in enumerate(ctx.shapes[node.inputs[0]].shape) if a > 0 and d == 1]}
     for output in node.outputs:
         ctx.output(output, source)
-    return [LAYER_TYPES[node.op](name=node.name, inputs=[node.inputs[0]], outputs=list(node.outputs),
-                                 op_attrs=attrs)]
+    layer_type = LAYER_TYPES[node.op]
+    assert issubclass(layer_type, QSelection)  # every op lowered here moves values by an IR op
+    return [layer_type(name=node.name, inputs=[node.inputs[0]], outputs=list(node.outputs), op_attrs=attrs)]
 
 
 @layer_type

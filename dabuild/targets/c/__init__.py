@@ -40,6 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from dabuild.capability import load_capability
 from dabuild.errors import BuildError
+from dabuild.quant.layers.fallback import QFloat, QFloatWeighted
 from dabuild.quant.qgraph import QGraph
 from dabuild.resources import data_dir
 from dabuild.targets.base import Target, refuse_ops_without_integers
@@ -58,7 +59,7 @@ def refuse_float_layers(qgraph: QGraph, capability_name: str) -> None:
     if capability.fp32_fallback:
         return
     for layer in qgraph.layers:
-        if getattr(layer, "computes_in_float", False):
+        if isinstance(layer, (QFloat, QFloatWeighted)):  # the layers that compute in float
             raise BuildError(f"node {layer.name!r} ({layer.float_op}) computes in float (a float island, or the "
                              f"layer feeding one), but target capability {capability.name!r} cannot run float "
                              "(fp32_fallback: false); quantize the island or build it for a target with fp32 "
@@ -104,7 +105,7 @@ class Budget(BaseModel):
 class CTarget(Target):
     kind: ClassVar[str] = "c"
     capability: ClassVar[str] = "c"
-    default_tolerance: ClassVar[str] = "exact"
+    default_tolerance = "exact"
 
     class Options(Target.Options):
         cpu: Literal[CPUS] = "host"  # type: ignore[valid-type]
@@ -116,7 +117,7 @@ class CTarget(Target):
         budget: Budget | None = None
 
         @model_validator(mode="after")
-        def _consistent(self) -> "CTarget.Options":
+        def _consistent(self) -> CTarget.Options:
             if self.runner == "command" and not self.command:
                 raise ValueError("runner: command needs options.command, the argv that runs {image} on "
                                  "{inputs} and writes {outputs}")
@@ -166,7 +167,7 @@ class CTarget(Target):
         versions = {}
         for tool in self._tools():
             path = self._compiler_path() if tool == self.compiler else firmware.require(tool, firmware.QEMU_PACKAGE)
-            result = subprocess.run([path, "--version"], capture_output=True, text=True)
+            result = subprocess.run([path, "--version"], check=False, capture_output=True, text=True)
             first_line = (result.stdout or result.stderr).strip().splitlines()
             versions[tool] = first_line[0] if first_line else "unknown"
         return versions
@@ -208,6 +209,7 @@ class CTarget(Target):
         if profile.cortex_m:
             with tempfile.TemporaryDirectory(prefix="dabuild-image-") as work:
                 image = firmware.build_image(profile, self.options.cflags, out_dir, Path(work))
+                assert profile.board is not None  # a cortex_m profile names its qemu board
                 manifest["firmware"] = {"board": profile.board.machine, **firmware.measure(image)}
         (out_dir / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
 
@@ -226,7 +228,7 @@ class CTarget(Target):
                                         defines).elf
         program = work_dir / (TRACE_PROGRAM if defines else PROGRAM)
         command = self._build_command(self._compiler_path(), artifact_dir, str(artifact_dir), str(program))
-        build = subprocess.run([command[0], *defines, *command[1:]], capture_output=True, text=True)
+        build = subprocess.run([command[0], *defines, *command[1:]], check=False, capture_output=True, text=True)
         if build.returncode != 0:
             raise BuildError(f"compiling the C artifact {artifact_dir} with {self.compiler!r} failed:\n"
                              f"{build.stderr.strip()}")
@@ -253,7 +255,7 @@ class CTarget(Target):
                 places = {"image": str(program), "inputs": str(inputs_file), "outputs": str(outputs_file)}
                 line = [argument.format(**places) for argument in self.options.command or []]
             try:
-                result = subprocess.run(line, capture_output=True, text=True, cwd=work_dir,
+                result = subprocess.run(line, check=False, capture_output=True, text=True, cwd=work_dir,
                                         timeout=self.options.timeout)
             except subprocess.TimeoutExpired:
                 raise BuildError(f"the C test program of {artifact_dir} did not finish within "

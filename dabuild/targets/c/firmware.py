@@ -74,7 +74,7 @@ def build_image(profile: Profile, cflags: list[str], artifact_dir: Path, work_di
     require(profile.compiler, ARM_PACKAGES)
     work_dir.mkdir(parents=True, exist_ok=True)
     for line in compile_lines(profile, cflags, str(artifact_dir), str(work_dir), defines):
-        result = subprocess.run(line, capture_output=True, text=True, cwd=work_dir)
+        result = subprocess.run(line, check=False, capture_output=True, text=True, cwd=work_dir)
         if result.returncode == 0:
             continue
         message = result.stderr.strip()
@@ -101,13 +101,14 @@ def run_image(profile: Profile, image: Path, work_dir: Path, timeout: float) -> 
     """Boot `image` in qemu in `work_dir` (where main.c finds inputs.bin); BuildError on a failure or timeout."""
     require(QEMU, QEMU_PACKAGE)
     try:
-        result = subprocess.run(qemu_line(profile, str(image)), capture_output=True, text=True, cwd=work_dir,
+        result = subprocess.run(qemu_line(profile, str(image)), check=False, capture_output=True, text=True, cwd=work_dir,
                                 timeout=timeout)
     except subprocess.TimeoutExpired:
         raise BuildError(f"the {profile.name} image {image} did not finish in qemu within {timeout:g} s "
                          "(options.timeout of the c target)") from None
     if result.returncode != 0:
         why = "a fault (exit 99)" if result.returncode == 99 else f"exit {result.returncode}"
+        assert profile.board is not None  # qemu_line needed it
         raise BuildError(f"the {profile.name} image {image} failed in qemu {profile.board.machine} with {why}: "
                          f"{(result.stderr + result.stdout).strip()[-2000:]}")
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dabuild.errors import BuildError
+from dabuild.quant.layers.shape import QConcat
 from dabuild.quant.qgraph import QGraph, QLayer
 from dabuild.targets.c.kernels import KERNELS, Kernel, Operand, Step, select
 from dabuild.targets.c.kernels.movement import conversion_storage
@@ -49,14 +50,16 @@ def _constant(qgraph: QGraph, name: str, rank: int, layer: QLayer) -> Operand:
 def _touches_batch(layer: QLayer, rank: int) -> bool:
     """Whether a layer moves values across the batch axis (the C model sees one sample); `rank` counts it."""
     attrs = getattr(layer, "op_attrs", {})
-    if layer.op == "concat":
-        return getattr(layer, "axis") == 0
+    if isinstance(layer, QConcat):
+        return layer.axis == 0
     if layer.op == "split":
         return attrs["axis"] % rank == 0
     if layer.op == "transpose":
         return attrs.get("perm") is None or attrs["perm"][0] != 0
     if layer.op == "slice":
-        axes = attrs.get("axes") if attrs.get("axes") is not None else list(range(len(attrs["starts"])))
+        axes = attrs.get("axes")
+        if axes is None:
+            axes = list(range(len(attrs["starts"])))
         return 0 in [a % rank for a in axes]
     if layer.op == "pad":
         pads = attrs["pads"]

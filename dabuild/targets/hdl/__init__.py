@@ -49,7 +49,7 @@ def _import(module: str) -> ModuleType:
 class HdlTarget(Target):
     kind: ClassVar[str] = "hdl"
     capability: ClassVar[str] = "da4ml"
-    default_tolerance: ClassVar[str] = "exact"
+    default_tolerance = "exact"
     packages: ClassVar[tuple[str, ...]] = ("da4ml",)
 
     class Options(Target.Options):
@@ -94,7 +94,7 @@ class HdlTarget(Target):
     def _simulator(self) -> str | None:
         return None if self.options.simulate == "never" else simulator()
 
-    def _hwconf(self):  # noqa: ANN202 - da4ml's HWConfig
+    def _hwconf(self):
         trace = _import("da4ml.trace")
         return trace.HWConfig(self.options.adder_size, self.options.carry_size, self.options.latency_cutoff)
 

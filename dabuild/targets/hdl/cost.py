@@ -43,6 +43,7 @@ except ImportError as error:  # the tuner turns this into a BuildError naming th
 # da4ml's solver tries every decomposition depth by default; one (its default depth) is ~4x faster and costs within
 # about a percent more or less per layer, which is what a search comparing dozens of configs needs.
 FAST = {"search_all_decompose_dc": False}
+DEFAULT_HWCONF = HWConfig(1, -1, -1)  # adder size 1; carry size and latency cutoff -1: none
 
 
 class Da4mlCost:
@@ -56,7 +57,7 @@ class Da4mlCost:
     unit: ClassVar[str] = "LUTs"
     packages: ClassVar[tuple[str, ...]] = ("da4ml",)
 
-    def __init__(self, hwconf: HWConfig = HWConfig(1, -1, -1), solver_options: dict | None = None) -> None:
+    def __init__(self, hwconf: HWConfig = DEFAULT_HWCONF, solver_options: dict | None = None) -> None:
         self.hwconf = hwconf
         self.solver_options = dict(FAST if solver_options is None else solver_options)
         self.traced = 0

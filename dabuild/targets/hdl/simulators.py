@@ -21,7 +21,7 @@ def simulator() -> str | None:
 
 def simulator_version(tool: str) -> str:
     """The first line the simulator prints about its version."""
-    result = subprocess.run([tool, VERSION_FLAG[tool]], capture_output=True, text=True)
+    result = subprocess.run([tool, VERSION_FLAG[tool]], check=False, capture_output=True, text=True)
     lines = (result.stdout or result.stderr).strip().splitlines()
     return lines[0] if lines else "unknown"
 

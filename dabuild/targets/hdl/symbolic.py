@@ -38,11 +38,14 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from functools import lru_cache
+from typing import TypeVar
 
 import numpy as np
 
 from dabuild.errors import BuildError
 from dabuild.ir.ops import OPS
+from dabuild.ir.ops.pool import AvgPool, Pool
+from dabuild.ir.ops.reduce import Reduce
 from dabuild.quant import layers  # noqa: F401  (registers every layer type)
 from dabuild.quant.dtypes import int_type
 from dabuild.quant.fixed_point import requantize as requantize_integers
@@ -126,7 +129,7 @@ def clamp(array: FixedVariableArray, low: float, high: float) -> FixedVariableAr
     return _elementwise(array, lambda v: v.max_of(low).min_of(high))
 
 
-def _ties_away(accumulator: FixedVariableArray, lsb: np.ndarray, step: float) -> FixedVariableArray:
+def _ties_away(accumulator: FixedVariableArray, lsb: np.ndarray | float, step: float) -> FixedVariableArray:
     """Negative accumulators less one lsb, where ties are possible: after it da4ml's half-up rounding to `step`
     rounds half away from zero, as dabuild does (a tie -n.5 lands below it, other values stay in their step)."""
     lsb = np.broadcast_to(np.asarray(lsb, dtype=np.float64), accumulator.shape)
@@ -138,7 +141,7 @@ def _ties_away(accumulator: FixedVariableArray, lsb: np.ndarray, step: float) ->
                   accumulator)
 
 
-def requantize(accumulator: FixedVariableArray, lsb: np.ndarray, params: QuantParams, low: int, high: int,
+def requantize(accumulator: FixedVariableArray, lsb: np.ndarray | float, params: QuantParams, low: int, high: int,
                where: str) -> FixedVariableArray:
     """round_half_away(acc / scale) clamped to [low, high], in real units: dabuild's requantization.
 
@@ -155,7 +158,7 @@ def requantize(accumulator: FixedVariableArray, lsb: np.ndarray, params: QuantPa
     return clamp(rounded, low * step, high * step)
 
 
-def saturate(accumulator: FixedVariableArray, lsb: np.ndarray, params: QuantParams, where: str) -> FixedVariableArray:
+def saturate(accumulator: FixedVariableArray, lsb: np.ndarray | float, params: QuantParams, where: str) -> FixedVariableArray:
     """requantize to the whole range of `params`' dtype: what `QuantParams.saturate(requantize(...))` does."""
     return requantize(accumulator, lsb, params, params.qmin, params.qmax, where)
 
@@ -171,9 +174,11 @@ def round_to(value: FixedVariableArray, lsb: float, step: float) -> FixedVariabl
 
 Converter = Callable[[QLayer, QGraph, list[FixedVariableArray]], list[FixedVariableArray]]
 CONVERTERS: Registry[Converter] = Registry("da4ml mapping", "the hdl target")
+# A converter takes the layer class of the ops it is registered under (the registry dispatches by op).
+AnyConverter = TypeVar("AnyConverter", bound=Callable[..., list[FixedVariableArray]])
 
 
-def converts(*ops: str) -> Callable[[Converter], Converter]:
+def converts(*ops: str) -> Callable[[AnyConverter], AnyConverter]:
     return CONVERTERS.register(*ops)
 
 
@@ -199,7 +204,7 @@ def window_positions(shape: tuple[int, ...], kernel: list[int], strides: list[in
                      dilations: list[int], ceil_mode: bool = False) -> np.ndarray:
     """(taps, C, *out) flat input indices of every window of an (C, *spatial) input, -1 in the padding."""
     attrs = {"kernel": kernel, "strides": strides, "pads": pads, "dilations": dilations, "ceil_mode": ceil_mode}
-    taps, _ = OPS["max_pool"].tap_views(positions(shape), attrs, -1.0)
+    taps, _ = OPS.typed("max_pool", Pool).tap_views(positions(shape), attrs, -1.0)
     return np.stack([tap[0] for tap in taps]).astype(np.int64)
 
 
@@ -227,8 +232,7 @@ def _over_groups(array: FixedVariableArray, groups: np.ndarray,
 
 def _window_groups(layer: QSelection | QAvgPool, graph: QGraph) -> np.ndarray:
     """(outputs, taps) input indices of a pooling layer's windows, in the order of its output's elements."""
-    pool = OPS[layer.op]
-    kernel, strides, pads, dilations = pool.geometry(layer.op_attrs)
+    kernel, strides, pads, dilations = OPS.typed(layer.op, Pool).geometry(layer.op_attrs)
     shape = graph.tensors[layer.inputs[0]].shape
     taps = window_positions(shape, kernel, strides, pads, dilations, bool(layer.op_attrs["ceil_mode"]))
     return taps.reshape(len(taps), -1).T
@@ -384,7 +388,7 @@ def convert_max(layer: QSelection, graph: QGraph, inputs: list[FixedVariableArra
         groups = _window_groups(layer, graph)
     else:
         shape = graph.tensors[layer.inputs[0]].shape
-        axes = [a - 1 for a in OPS["reduce_max"].axes(len(shape) + 1, layer.op_attrs)]
+        axes = [a - 1 for a in OPS.typed("reduce_max", Reduce).axes(len(shape) + 1, layer.op_attrs)]
         groups = reduced_positions(shape, axes)
     if groups.shape[1] == 0 or np.any(np.all(groups < 0, axis=1)):
         raise BuildError(f"{described(layer)}: a window or reduction without any input value has maximum -inf, "
@@ -443,7 +447,7 @@ def convert_avg_pool(layer: QAvgPool, graph: QGraph, inputs: list[FixedVariableA
     fractional_bits(source, where)
     shape = graph.tensors[layer.inputs[0]].shape
     sums = _over_groups(inputs[0], _window_groups(layer, graph), lambda a, b: a + b)
-    counts = OPS["avg_pool"].divisors((1, *shape), layer.op_attrs).astype(np.int64) - 1   # (*out)
+    counts = OPS.typed("avg_pool", AvgPool).divisors((1, *shape), layer.op_attrs).astype(np.int64) - 1   # (*out)
     counts = np.broadcast_to(counts, (shape[0], *counts.shape)).ravel()
     output_shape = graph.tensors[layer.outputs[0]].shape
     result = _scaled_sums(sums, source, layer.multiplier[counts], layer.shift[counts], layer.output_params(graph),
@@ -470,7 +474,7 @@ def convert_add(layer: QAdd, graph: QGraph, inputs: list[FixedVariableArray]) ->
     where = described(layer)
     factors = power_of_two_factor(layer.input_multiplier, layer.input_shift, where) * 2.0**layer.left_shift
     scales = _input_scales(layer, graph, where)
-    unit = scales[0] / factors[0]
+    unit = float(scales[0] / factors[0])
     _require_unit(scales[1] / factors[1], unit, where)
     target = layer.output_params(graph)
     [output_factor] = power_of_two_factor(layer.multiplier, layer.shift, where)
@@ -572,11 +576,20 @@ def convert_lookup(layer: QLookup, graph: QGraph, inputs: list[FixedVariableArra
     return [_elementwise(inputs[0], lambda v: v.lookup(table, original_qint=domain))]
 
 
+class _Refusal:
+    """A converter that refuses its op with `why`; `refuses` makes docs/ops.md show the op as refused, not mapped."""
+
+    refuses = True
+
+    def __init__(self, why: str) -> None:
+        self.why = why
+
+    def __call__(self, layer: QLayer, graph: QGraph, inputs: list[FixedVariableArray]) -> list[FixedVariableArray]:
+        raise BuildError(f"{described(layer)}: {self.why}; the hdl target cannot build this graph")
+
+
 def _refuse(why: str) -> Converter:
-    def refuse(layer: QLayer, graph: QGraph, inputs: list[FixedVariableArray]) -> list[FixedVariableArray]:
-        raise BuildError(f"{described(layer)}: {why}; the hdl target cannot build this graph")
-    refuse.refuses = True  # type: ignore[attr-defined]  (docs/ops.md shows the op as refused, not mapped)
-    return refuse
+    return _Refusal(why)
 
 
 CONVERTERS.add("softmax", _refuse(

@@ -74,12 +74,12 @@ def build_document(qgraph: QGraph, quantized_kernels: bool) -> tuple[Emitter, st
 def _archive(files: dict[str, bytes]) -> bytes:
     """A byte-stable .tgz (sorted members, no times or owners), so equal exports hash equal."""
     buffer = io.BytesIO()
-    with gzip.GzipFile(fileobj=buffer, mode="wb", mtime=0) as compressed:
-        with tarfile.open(fileobj=compressed, mode="w", format=tarfile.USTAR_FORMAT) as tar:
-            for name in sorted(files):
-                info = tarfile.TarInfo(name)
-                info.size, info.mode = len(files[name]), 0o644
-                tar.addfile(info, io.BytesIO(files[name]))
+    with (gzip.GzipFile(fileobj=buffer, mode="wb", mtime=0) as compressed,
+          tarfile.open(fileobj=compressed, mode="w", format=tarfile.USTAR_FORMAT) as tar):
+        for name in sorted(files):
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(files[name]), 0o644
+            tar.addfile(info, io.BytesIO(files[name]))
     return buffer.getvalue()
 
 
@@ -96,7 +96,7 @@ def _run_model(path: Path, inputs: np.ndarray, outputs: int) -> list[np.ndarray]
 class NnefTarget(Target):
     kind: ClassVar[str] = "nnef"
     capability: ClassVar[str] = "tract"
-    default_tolerance: ClassVar[str] = "approximate"
+    default_tolerance = "approximate"
     reference: ClassVar[str] = "fake_quant"
     packages: ClassVar[tuple[str, ...]] = ("tract",)
     size_options: ClassVar[tuple[str, ...]] = ("quantized_kernels",)

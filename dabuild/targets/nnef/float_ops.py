@@ -21,10 +21,26 @@ import numpy as np
 from dabuild.errors import BuildError
 from dabuild.ir.graph import TensorSpec
 from dabuild.ir.ops import OPS
-from dabuild.targets.nnef.emitter import Emitter, integers, number
+from dabuild.ir.ops.pool import Pool
+from dabuild.ir.ops.reduce import Reduce
+from dabuild.ir.ops.shape import Slice
 from dabuild.registry import Registry
+from dabuild.targets.nnef.emitter import Emitter, integers, number
 
 Shape = tuple[int | None, ...]  # batch-first, None for the batch
+
+
+def known_size(shape: Shape, axis: int, base: str) -> int:
+    """The size of a per-sample axis, which the NNEF text spells out (so it must be known)."""
+    size = shape[axis]
+    if size is None:
+        raise BuildError(f"nnef export: {base} needs the size of axis {axis} of shape {list(shape)}, which is dynamic")
+    return int(size)
+
+
+def _known(shape: Shape, base: str) -> list[int]:
+    """Every size of a shape without a batch axis (a constant's), each known."""
+    return [known_size(shape, axis, base) for axis in range(len(shape))]
 FloatOp = Callable[[Emitter, str, list[str], dict[str, Any], list[Shape], str], list[str]]
 FLOAT_OPS: Registry[FloatOp] = Registry("float op exporter", "the nnef target")
 
@@ -154,18 +170,19 @@ def _window(kind: str, e: Emitter, inputs: list[str], attrs: dict[str, Any], sha
     NNEF rounds window counts down; ceil_mode's extra window comes from padding the end by the overhang,
     which border 'ignore' leaves out of the max and the average, as ONNX does.
     """
-    kernel, strides, pads, dilations = OPS[kind].geometry(attrs)
+    pool = OPS.typed(kind, Pool)
+    kernel, strides, pads, dilations = pool.geometry(attrs)
     border = "'ignore'" if kind == "max_pool" or not attrs["count_include_pad"] else "'constant'"
     if attrs["ceil_mode"]:
         if border != "'ignore'":
             raise BuildError(f"nnef export: {base} averages with count_include_pad in ceil_mode, whose overhang "
                              "NNEF's padding would count")
-        (out, _), = OPS[kind].infer([TensorSpec("x", shape)], attrs)
+        (out, _), = pool.infer([TensorSpec("x", shape)], attrs)
         spatial = len(kernel)
         for axis in range(spatial):
-            reach = (out[2 + axis] - 1) * strides[axis] + dilations[axis] * (kernel[axis] - 1) + 1
+            reach = (known_size(out, 2 + axis, base) - 1) * strides[axis] + dilations[axis] * (kernel[axis] - 1) + 1
             pads = [*pads]
-            pads[spatial + axis] += max(0, reach - (shape[2 + axis] + pads[axis] + pads[spatial + axis]))
+            pads[spatial + axis] += max(0, reach - (known_size(shape, 2 + axis, base) + pads[axis] + pads[spatial + axis]))
     return e.call(base, kind, inputs[0], size=integers([1, 1, *kernel]), border=border,
                   padding=padding([0, 0, *pads[:len(kernel)], 0, 0, *pads[len(kernel):]]),
                   stride=integers([1, 1, *strides]), dilation=integers([1, 1, *dilations]))
@@ -187,7 +204,7 @@ def reduce(e: Emitter, fragment: str, value: str, axes: list[int], keepdims: boo
 
 @emits(*_REDUCERS)
 def _reduce(e: Emitter, op: str, inputs: list[str], attrs: dict[str, Any], shapes: list[Shape], base: str) -> list[str]:
-    return [reduce(e, _REDUCERS[op], inputs[0], list(OPS[op].axes(len(shapes[0]), attrs)), attrs["keepdims"], base)]
+    return [reduce(e, _REDUCERS[op], inputs[0], list(OPS.typed(op, Reduce).axes(len(shapes[0]), attrs)), attrs["keepdims"], base)]
 
 
 @emits("global_avg_pool")
@@ -220,7 +237,7 @@ def _flatten(e: Emitter, op: str, inputs: list[str], attrs: dict[str, Any], shap
     axis = attrs["axis"] % len(shapes[0])
     if axis == 0:
         return [e.call(base, "reshape", inputs[0], shape="[1, -1]")]
-    trailing = math.prod(int(d) for d in shapes[0][axis:])  # type: ignore[arg-type]
+    trailing = math.prod(known_size(shapes[0], a, base) for a in range(axis, len(shapes[0])))
     return [e.call(base, "reshape", inputs[0], shape=integers([-1, trailing]))]
 
 
@@ -252,18 +269,22 @@ def _slice(e: Emitter, op: str, inputs: list[str], attrs: dict[str, Any], shapes
     walked backwards (a flip) is a gather of the indices the IR op picks."""
     axes, begins, ends, strides = [], [], [], []
     value = inputs[0]
-    for axis, start, end, step in OPS["slice"].plan(len(shapes[0]), attrs):
+    slicer = OPS.typed("slice", Slice)
+    for axis, start, end, step in slicer.plan(len(shapes[0]), attrs):
         if axis == 0:
             raise BuildError(f"nnef export: {base} slices the batch axis")
-        size = int(shapes[0][axis])  # type: ignore[arg-type]
+        size = known_size(shapes[0], axis, base)
         if step < 0:
-            picked = OPS["slice"].run([np.arange(size)[None]], {"starts": [start], "ends": [end], "axes": [1],
+            picked = slicer.run([np.arange(size)[None]], {"starts": [start], "ends": [end], "axes": [1],
                                                                  "steps": [step]})[0][0]
             value = e.call(f"{base}_reversed{axis}", "tract_core_gather", value,
                            e.variable(f"{base}_indices{axis}", picked.astype(np.int64)), axis=str(axis))
             continue
         start, end = (min(max(v + size if v < 0 else v, 0), size) for v in (start, end))
-        axes.append(axis), begins.append(start), ends.append(max(end, start)), strides.append(step)
+        axes.append(axis)
+        begins.append(start)
+        ends.append(max(end, start))
+        strides.append(step)
     if not axes:
         return [value]
     return [e.call(base, "slice", value, axes=integers(axes), begin=integers(begins), end=integers(ends),
@@ -296,7 +317,7 @@ def aligned(e: Emitter, value: str, shape: Shape, rank: int, base: str) -> str:
     left, numpy from the right."""
     if len(shape) >= rank:
         return value
-    return e.call(f"{base}_aligned", "reshape", value, shape=integers([1] * (rank - len(shape)) + list(shape)))
+    return e.call(f"{base}_aligned", "reshape", value, shape=integers([1] * (rank - len(shape)) + _known(shape, base)))
 
 
 def _exponential_unit(e: Emitter, x: str, alpha: float, base: str) -> str:
@@ -463,12 +484,12 @@ def _conv_transpose(e: Emitter, op: str, inputs: list[str], attrs: dict[str, Any
     begins, ends = pads[:spatial], pads[spatial:]
     trimmed = [max(end - more, 0) for end, more in zip(ends, extra)]
     grown = [max(more - end, 0) for end, more in zip(ends, extra)]
-    groups, (channels, group_out, *kernel) = attrs["groups"], shapes[1]
+    groups, (channels, group_out, *kernel) = attrs["groups"], _known(shapes[1], base)
     # tract reads the filter as (O, C/groups, *kernel), the layout of the conv it transposes.
     filter_ = e.call(f"{base}_filter", "reshape", e.call(
         f"{base}_filter_groups", "transpose", e.call(f"{base}_filter_split", "reshape", inputs[1], shape=integers(
             [groups, channels // groups, group_out, *kernel])), axes=integers([0, 2, 1, *range(3, 3 + spatial)])),
-        shape=integers([groups * group_out, channels // groups, *kernel]))  # type: ignore[operator]
+        shape=integers([groups * group_out, channels // groups, *kernel]))
     value = e.call(f"{base}_deconv", "deconv", inputs[0], filter_, "0.0", border="'constant'",
                    padding=padding(begins + trimmed), stride=integers(attrs["strides"] or [1] * spatial),
                    dilation=integers(attrs["dilations"] or [1] * spatial), groups=str(attrs["groups"]))
@@ -506,7 +527,7 @@ def _gather(e: Emitter, op: str, inputs: list[str], attrs: dict[str, Any], shape
     axis = attrs["axis"] % len(shapes[0])
     if axis == 0:
         raise BuildError(f"nnef export: {base} gathers along the batch axis")
-    indices = np.asarray(attrs["indices"], np.int64) % int(shapes[0][axis])  # type: ignore[arg-type]
+    indices = np.asarray(attrs["indices"], np.int64) % known_size(shapes[0], axis, base)
     return [e.call(base, "tract_core_gather", inputs[0], e.variable(f"{base}_indices", indices), axis=str(axis))]
 
 

@@ -24,6 +24,7 @@ approximation).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -40,9 +41,9 @@ from dabuild.quant.layers.select import QPick, QWhere
 from dabuild.quant.layers.shape import SELECTION_OPS, QConcat, QSelection
 from dabuild.quant.layers.softmax import QSoftmax
 from dabuild.quant.qgraph import QLayer, QuantParams
-from dabuild.targets.nnef.emitter import Emitter, number
-from dabuild.targets.nnef.float_ops import Shape, emit_float, reduce
 from dabuild.registry import Registry
+from dabuild.targets.nnef.emitter import Emitter, number
+from dabuild.targets.nnef.float_ops import Shape, emit_float, known_size, reduce
 
 LayerExporter = Callable[[Emitter, Any, bool], None]
 LAYER_EXPORTERS: Registry[LayerExporter] = Registry("quantized layer exporter", "the nnef target")
@@ -206,7 +207,7 @@ def _avg_pool(e: Emitter, layer: QAvgPool | QResizeLinear, quantized_kernels: bo
 def _mean(e: Emitter, layer: QMean, quantized_kernels: bool) -> None:
     """Sums and means share the layer; its multiplier s_x / (divisor * s_y) says which (divisor count or 1)."""
     dims = shape(e, layer.inputs[0])
-    count = int(np.prod([dims[a] for a in layer.axes]))
+    count = math.prod(known_size(dims, a, layer.name) for a in layer.axes)
     params_in, params_out = e.params(layer.inputs[0]), e.params(layer.outputs[0])
     divisor = params_in.scale / (layer.multiplier[0] / 2.0 ** int(layer.shift[0]) * params_out.scale)
     fragment = "mean_reduce" if abs(divisor - count) < abs(divisor - 1) else "sum_reduce"

@@ -49,7 +49,7 @@ def _import(module: str) -> ModuleType:
 class OnnxTarget(Target):
     kind: ClassVar[str] = "onnx"
     capability: ClassVar[str] = "onnxruntime"
-    default_tolerance: ClassVar[str] = "approximate"
+    default_tolerance = "approximate"
     packages: ClassVar[tuple[str, ...]] = PACKAGES
     reference: ClassVar[str] = "fake_quant"
     size_options: ClassVar[tuple[str, ...]] = ("opset",)

@@ -48,11 +48,12 @@ from dabuild.ir.graph import Node
 from dabuild.ir.ops import OPS
 from dabuild.quant.activations import lookup_table
 from dabuild.quant.fixed_point import quantize_multiplier
-from dabuild.quant.layers.linear import transposed_layout
+from dabuild.quant.layers.fallback import QFloatWeighted
+from dabuild.quant.layers.linear import QWeighted, transposed_layout
 from dabuild.quant.layers.shape import SELECTION_OPS
 from dabuild.quant.qgraph import QGraph, QLayer, QuantParams
-from dabuild.targets.onnx_float import EXPORTERS, IR_VERSION, OPSET, Emitter, value_info
 from dabuild.registry import Registry
+from dabuild.targets.onnx_float import EXPORTERS, IR_VERSION, OPSET, Emitter, value_info
 
 QUANTIZED_TENSORS = "dabuild.quantized_tensors"  # metadata key: QGraph tensor -> name of its integers
 ONNX_TYPES = {"int8": TensorProto.INT8, "uint8": TensorProto.UINT8, "int32": TensorProto.INT32}
@@ -157,7 +158,7 @@ class QdqWriter:
         node = Node(layer.name, op, inputs, [self.output(name) for name in layer.outputs], attrs)
         EXPORTERS[op](self.emitter, node, OPS[op].resolve(attrs))
 
-    def weight(self, layer: QLayer, axis: int) -> str:
+    def weight(self, layer: QWeighted | QFloatWeighted, axis: int) -> str:
         """The layer's int8 weight behind a DequantizeLinear (per channel along `axis` when it has many scales)."""
         e = self.emitter
         scale = _scalar_or_vector(layer.weight_scale, np.float32)
@@ -168,7 +169,7 @@ class QdqWriter:
         e.add("DequantizeLinear", inputs, [real], f"{layer.name}/weight/dequantize", axis=axis if scale.ndim else None)
         return real
 
-    def bias(self, layer: QLayer) -> str:
+    def bias(self, layer: QWeighted) -> str:
         """The bias as float32: the int32 bias times s_in * s_w, as a DequantizeLinear of it would compute.
 
         onnxruntime quantizes a float bias between a dequantized input and weight back to the same int32
@@ -180,7 +181,7 @@ class QdqWriter:
         return self.emitter.initializer(self.emitter.fresh(f"{layer.name}/bias"), real)
 
 
-    def dequantized_bias(self, layer: QLayer) -> str:
+    def dequantized_bias(self, layer: QWeighted) -> str:
         """The int32 bias behind a DequantizeLinear with scale s_in * s_w (per channel: axis 0): the QDQ
         pattern onnxruntime fuses into an integer kernel where it has one for the op but does not recover
         from a float bias (ConvTranspose: a float bias leaves it a float conv, up to 2 steps off after it)."""
@@ -358,7 +359,7 @@ def fits_int4(values: np.ndarray) -> bool:
 
 def narrow_weights(qgraph: QGraph) -> bool:
     """Does any layer hold weights of 4 bits or fewer? (An int8 weight always reaches +-127 at its peak.)"""
-    return any(isinstance(getattr(layer, "weight", None), np.ndarray) and fits_int4(layer.weight)
+    return any(isinstance(weight := getattr(layer, "weight", None), np.ndarray) and fits_int4(weight)
                for layer in qgraph.layers)
 
 

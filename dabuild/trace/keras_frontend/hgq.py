@@ -134,10 +134,10 @@ def fake_quant(b: Builder, x: Value, attrs: dict[str, Any], what: str) -> Value:
 
 def _sample_shape(b: Builder, x: Value) -> tuple[int, ...]:
     """x's per-sample shape in Keras's layout (what HGQ2's quantizers broadcast over)."""
-    shape = b.shape(x)[1:]
+    shape = b.sizes(x)
     if x.channels_first and x.rank > 2:
         shape = (*shape[1:], shape[0])
-    return tuple(int(d) for d in shape)
+    return shape
 
 
 def quantize_input(b: Builder, layer: Any, x: Value, quantizer: Any, what: str) -> Value:

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
 from dabuild.trace.keras_frontend.walk import Builder, Call, Unsupported, Value, converts
-
 
 # ---------------------------------------------------------------- activations
 
@@ -199,13 +199,13 @@ def padding(mode: str, sizes: tuple[int, ...], kernel: list[int], strides: list[
     return [t // 2 for t in totals] + [t - t // 2 for t in totals]
 
 
-def _conv(b: Builder, layer: object, x: Value, kernel: np.ndarray, bias: np.ndarray | None, groups: int,
+def _conv(b: Builder, layer: Any, x: Value, kernel: np.ndarray, bias: np.ndarray | None, groups: int,
           strides: list[int] | None = None, mode: str | None = None) -> Value:
     """An IR conv over channels-first `x` with an (O, C/groups, *k) kernel, Keras's geometry of `layer`."""
     size = kernel.shape[2:]
     strides = list(strides or layer.strides)
     dilations = list(layer.dilation_rate)
-    pads = padding(mode or layer.padding, b.shape(x)[2:], list(size), strides, dilations)
+    pads = padding(mode or layer.padding, b.sizes(x, 2), list(size), strides, dilations)
     names = [x.name, b.constant(kernel, "kernel")]
     if bias is not None:
         names.append(b.constant(bias, "bias"))
@@ -233,7 +233,7 @@ def conv(b: Builder, call: Call) -> Value:
     x = _channels_first_input(b, layer, call.inputs[0])
     w = call.weights
     if hasattr(layer, "depth_multiplier"):
-        kernel, groups = _depthwise_kernel(w["kernel"]), int(b.shape(x)[1])
+        kernel, groups = _depthwise_kernel(w["kernel"]), b.sizes(x)[0]
     else:
         kernel, groups = _to_oihw(w["kernel"]), int(layer.groups)
     y = _conv(b, layer, x, kernel, w.get("bias"), groups)
@@ -246,7 +246,7 @@ def separable_conv(b: Builder, call: Call) -> Value:
     layer = call.layer
     x = _channels_first_input(b, layer, call.inputs[0])
     w = call.weights
-    depthwise = _conv(b, layer, x, _depthwise_kernel(w["depthwise_kernel"]), None, int(b.shape(x)[1]))
+    depthwise = _conv(b, layer, x, _depthwise_kernel(w["depthwise_kernel"]), None, b.sizes(x)[0])
     pointwise = _to_oihw(w["pointwise_kernel"])
     ones = [1] * (pointwise.ndim - 2)
     y = _conv(b, layer, depthwise, pointwise, w.get("bias"), 1, strides=ones, mode="valid")
@@ -281,7 +281,7 @@ def _pool(b: Builder, call: Call, op: str) -> Value:
     layer = call.layer
     x = _channels_first_input(b, layer, call.inputs[0])
     kernel, strides = list(layer.pool_size), list(layer.strides or layer.pool_size)
-    pads = padding(layer.padding, b.shape(x)[2:], kernel, strides, [1] * len(kernel))
+    pads = padding(layer.padding, b.sizes(x, 2), kernel, strides, [1] * len(kernel))
     attrs = {"kernel": kernel, "strides": strides, "pads": pads, "ceil_mode": False}
     if op == "avg_pool":
         attrs["count_include_pad"] = False  # Keras averages over the window's real elements only

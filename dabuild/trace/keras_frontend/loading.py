@@ -42,7 +42,7 @@ def load_file(path: Path) -> Any:
         raise UsageError(f"{path}: no such model file")
     try:
         return keras.saving.load_model(path, compile=False)
-    except Exception as error:  # keras reports bad archives and unknown classes in many exception types
+    except Exception as error:  # noqa: BLE001 - keras reports bad archives and unknown classes in many exception types
         raise UsageError(f"{path}: keras cannot load this model: {type(error).__name__}: {error}") from None
 
 
@@ -76,7 +76,7 @@ def build_with_weights(factory: Any, path: Path, where: str) -> Any:
     model = as_model(factory)
     try:
         model.load_weights(path)
-    except Exception as error:
+    except Exception as error:  # noqa: BLE001 - keras raises many types for weights that do not fit
         raise UsageError(f"{path}: cannot load these weights into the model {where} builds: "
                          f"{type(error).__name__}: {error}") from None
     return model

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -87,7 +87,10 @@ Converter = Callable[["Builder", Call], "Value | list[Value]"]
 CONVERTERS: Registry[Converter] = Registry("converter", "the keras frontend")
 
 
-def converts(*class_names: str) -> Callable[[Converter], Converter]:
+AnyConverter = TypeVar("AnyConverter", bound=Converter)
+
+
+def converts(*class_names: str) -> Callable[[AnyConverter], AnyConverter]:
     """Register a converter for the Keras layer classes `class_names` (`ops.X` for a keras.ops operation X)."""
     return CONVERTERS.register(*class_names)
 
@@ -109,6 +112,14 @@ class Builder:
 
     def shape(self, value: Value | str) -> Shape:
         return tuple(self.specs[value.name if isinstance(value, Value) else value].shape)
+
+    def sizes(self, value: Value | str, start: int = 1) -> tuple[int, ...]:
+        """The sizes of the axes from `start` on (1: every axis but the batch), which must be known."""
+        dims = self.shape(value)[start:]
+        known = tuple(d for d in dims if d is not None)
+        if len(known) < len(dims):
+            raise Unsupported(f"axes of dynamic size in {list(self.shape(value))}")
+        return known
 
     def constant(self, array: np.ndarray, what: str) -> str:
         """An IR constant holding `array` (float arrays as float32), read through a fake_quant where

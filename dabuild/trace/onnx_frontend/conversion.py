@@ -73,6 +73,13 @@ class Conversion:
             raise Unsupported(f"its {what} ({name!r}) depends on the dynamic batch size")
         return value
 
+    def required(self, node: OnnxNode, index: int, what: str) -> np.ndarray:
+        """The load-time value of input `index`, which the op cannot do without; Unsupported if it is omitted."""
+        value = self.static(node, index, what)
+        if value is None:
+            raise Unsupported(f"its {what} (input {index}) is missing, which {node.op_type} needs")
+        return value
+
     def ints(self, node: OnnxNode, index: int, what: str) -> list[int] | None:
         value = self.static(node, index, what)
         return None if value is None else [int(v) for v in np.ravel(value)]

@@ -14,9 +14,9 @@ from whichever the model's opset uses.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -54,6 +54,12 @@ def converts(*op_types: str, static: tuple[int, ...] = (), emits: Emits | None =
     return register
 
 
+def _known(dims: Sequence[int | None]) -> tuple[int, ...] | None:
+    """The sizes, when every one is known."""
+    known = tuple(d for d in dims if d is not None)
+    return known if len(known) == len(dims) else None
+
+
 def _axis(axis: int, rank: int) -> int:
     if not -rank <= axis < rank:
         raise Unsupported(f"axis {axis} is out of range for rank {rank}")
@@ -67,7 +73,7 @@ def _present(node: OnnxNode) -> list[str]:
 # ---------------------------------------------------------------- elementwise
 
 
-_UNARY = {
+_UNARY: dict[str, tuple[str, dict[str, Any]]] = {
     "Relu": ("relu", {}),
     "Sigmoid": ("sigmoid", {}),
     "Tanh": ("tanh", {}),
@@ -156,8 +162,8 @@ def dropout(ctx: Conversion, node: OnnxNode) -> None:
         raise Unsupported("training mode")
     ctx.emit(node, "identity", node.inputs[:1], outputs=node.outputs[:1])
     if len(node.outputs) > 1 and node.outputs[1] in ctx.read:
-        shape = ctx.shape(node.inputs[0])
-        if None in shape:
+        shape = _known(ctx.shape(node.inputs[0]))
+        if shape is None:
             raise Unsupported("a mask output over a dynamic shape")
         ctx.bind(node.outputs[1], np.ones(shape, dtype=bool))
 
@@ -320,9 +326,9 @@ def _explicit_pads(ctx: Conversion, node: OnnxNode, kernel: list[int], strides: 
         return [0] * 2 * spatial
     if auto_pad not in ("SAME_UPPER", "SAME_LOWER"):
         raise Unsupported(f"auto_pad {auto_pad!r}")
-    sizes = ctx.shape(node.inputs[0])[2:]
-    if None in sizes:
-        raise Unsupported(f"auto_pad {auto_pad} over dynamic spatial sizes {sizes}")
+    sizes = _known(ctx.shape(node.inputs[0])[2:])
+    if sizes is None:
+        raise Unsupported(f"auto_pad {auto_pad} over dynamic spatial sizes {ctx.shape(node.inputs[0])[2:]}")
     begins, ends = [], []
     for size, k, stride, dilation in zip(sizes, kernel, strides, dilations):
         out = -(-size // stride)
@@ -366,12 +372,13 @@ def conv_transpose(ctx: Conversion, node: OnnxNode) -> None:
         wanted = [None if size is None else size * stride for size, stride in zip(sizes, strides)]
     if wanted is not None:
         wanted = list(wanted)[-spatial:]
-        if None in sizes or None in wanted:
+        known_sizes, known_wanted = _known(sizes), _known(wanted)
+        if known_sizes is None or known_wanted is None:
             raise Unsupported("output_shape or auto_pad over dynamic spatial sizes")
         begins, ends = [], []
         for a in range(spatial):
-            total = (strides[a] * (sizes[a] - 1) + output_padding[a] + (kernel[a] - 1) * dilations[a] + 1
-                     - int(wanted[a]))
+            total = (strides[a] * (known_sizes[a] - 1) + output_padding[a] + (kernel[a] - 1) * dilations[a] + 1
+                     - int(known_wanted[a]))
             if total < 0:  # a larger output than the kernel reaches: ONNX adds the difference as output padding
                 output_padding[a] -= total
                 total = 0
@@ -470,9 +477,9 @@ def _keeps_fixed_batch(source: Shape, shape: list[int]) -> bool:
     """
     if not source or source[0] is not None or not shape or shape[0] != 1 or None in source[1:]:
         return False
-    per_sample = int(np.prod(source[1:], dtype=np.int64))
+    per_sample = math.prod(size for size in source[1:] if size is not None)  # each is known (checked above)
     rest = [source[axis] if size == 0 and axis < len(source) else size for axis, size in enumerate(shape)][1:]
-    known = int(np.prod([size for size in rest if size != -1], dtype=np.int64))
+    known = math.prod(size for size in rest if size != -1 and size is not None)
     return known == per_sample if -1 not in rest else known > 0 and per_sample % known == 0
 
 
@@ -602,7 +609,7 @@ def _resize(ctx: Conversion, node: OnnxNode, scales: list[float] | None, sizes: 
         if policy != "stretch":  # one scale for every listed axis, the output sizes rounded from it
             ratios = [size / known[axis] for size, axis in zip(sizes, axes)]
             common = min(ratios) if policy == "not_larger" else max(ratios)
-            sizes = [int(math.floor(known[axis] * common + 0.5)) for axis in axes]
+            sizes = [math.floor(known[axis] * common + 0.5) for axis in axes]
         full = list(known)
         for axis, size in zip(axes, sizes):
             full[axis] = int(size)
@@ -692,10 +699,10 @@ def shape_of(ctx: Conversion, node: OnnxNode) -> None:
 
 @converts("Size", emits=())
 def size_of(ctx: Conversion, node: OnnxNode) -> None:
-    shape = ctx.shape(node.inputs[0])
-    if None in shape:
+    shape = _known(ctx.shape(node.inputs[0]))
+    if shape is None:
         raise Unsupported("the element count of a tensor with a dynamic size")
-    ctx.bind(node.outputs[0], np.array(int(np.prod(shape)), dtype=np.int64))
+    ctx.bind(node.outputs[0], np.array(math.prod(shape), dtype=np.int64))
 
 
 _FLOAT_TYPES = {1: "float32", 10: "float16", 11: "float64"}  # TensorProto element types numpy holds

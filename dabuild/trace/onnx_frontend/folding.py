@@ -69,5 +69,5 @@ def evaluate(node: OnnxNode, inputs: list[np.ndarray | None], opset: int) -> lis
         passed_through = (a == _STAND_INS[0]) & (b == _STAND_INS[1])
         if not np.all(passed_through | (a == b)):
             raise DependsOnBatch(f"{node.op_type} computes with the dynamic batch size")
-        results.append(np.where(passed_through, None, a.astype(object)))
+        results.append(np.where(passed_through, None, a.astype(object)))  # type: ignore[call-overload]  # numpy's stub refuses None, an object array's element
     return results

@@ -110,7 +110,7 @@ def upgrade(model: onnx.ModelProto, where: str) -> tuple[onnx.ModelProto, str | 
     try:
         upgraded = version_converter.convert_version(model, OLDEST_OPSET)
         onnx.checker.check_model(upgraded)
-    except Exception as error:  # the converter's C++ adapters raise RuntimeError and others
+    except Exception as error:  # noqa: BLE001 - the converter's C++ adapters raise RuntimeError and others
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise UsageError(
             f"{where}: opset {opset} is older than {OLDEST_OPSET}, and onnx {onnx.__version__}'s version "

@@ -83,12 +83,12 @@ def _given(scale: np.ndarray, zero_point: np.ndarray, bits: int, signed: bool, n
 
 @converts(*_names("Quant", "IntQuant"), static=(1, 2, 3), emits=("fake_quant",))
 def quant(ctx: Conversion, node: OnnxNode) -> None:
-    bits = int(_integer(np.ravel(ctx.static(node, 3, "bit_width")), "bit_width")[0])
+    bits = int(_integer(np.ravel(ctx.required(node, 3, "bit_width")), "bit_width")[0])
     signed, narrow = bool(node.attrs.get("signed", 1)), bool(node.attrs.get("narrow", 0))
     if bits == 1 and signed:
         bipolar(ctx, node)
         return
-    given = _given(ctx.static(node, 1, "scale"), ctx.static(node, 2, "zero_point"), bits, signed, narrow,
+    given = _given(ctx.required(node, 1, "scale"), ctx.required(node, 2, "zero_point"), bits, signed, narrow,
                    _rounding(node, "ROUND"), ctx.rank(node.inputs[0]))
     ctx.emit(node, "fake_quant", node.inputs[:1], given.attrs(), node.outputs)
 
@@ -100,7 +100,7 @@ def bipolar(ctx: Conversion, node: OnnxNode) -> None:
     if source not in ctx.known:
         raise Unsupported("a BipolarQuant of an activation is a sign function, no affine quantization dabuild "
                           "lowers; nearest representable: Quant with bit_width 2, narrow 1")
-    scale = np.asarray(ctx.static(node, 1, "scale"), dtype=np.float64)
+    scale = np.asarray(ctx.required(node, 1, "scale"), dtype=np.float64)
     values = ctx.known[source]
     signs = np.where(values >= 0, 1.0, -1.0)
     real = ctx.fresh(f"{source}/bipolar")
@@ -116,13 +116,13 @@ def trunc(ctx: Conversion, node: OnnxNode) -> None:
 
     The input is taken to lie on its own scale's grid (it does after a Quant or an integer sum of such values),
     so the first rounding qonnx does is exact and the truncation is one fake_quant."""
-    scale = np.asarray(ctx.static(node, 1, "scale"), dtype=np.float64)
-    zero_point = np.asarray(ctx.static(node, 2, "zero_point"), dtype=np.float64)
-    input_bits = int(_integer(np.ravel(ctx.static(node, 3, "input_bit_width")), "input_bit_width")[0])
+    scale = np.asarray(ctx.required(node, 1, "scale"), dtype=np.float64)
+    zero_point = np.asarray(ctx.required(node, 2, "zero_point"), dtype=np.float64)
+    input_bits = int(_integer(np.ravel(ctx.required(node, 3, "input_bit_width")), "input_bit_width")[0])
     rounding, signed = _rounding(node, "FLOOR"), bool(node.attrs.get("signed", 1))
     if len(node.inputs) > 5:  # Trunc v2: output scale, then output bit width
-        output_scale = np.asarray(ctx.static(node, 4, "output_scale"), dtype=np.float64)
-        output_bits = int(_integer(np.ravel(ctx.static(node, 5, "output_bit_width")), "output_bit_width")[0])
+        output_scale = np.asarray(ctx.required(node, 4, "output_scale"), dtype=np.float64)
+        output_bits = int(_integer(np.ravel(ctx.required(node, 5, "output_bit_width")), "output_bit_width")[0])
         factor = 2.0 ** np.round(np.log2(output_scale / scale))
         given = _given(output_scale * np.ones_like(factor), zero_point / factor, output_bits, signed,
                        bool(node.attrs.get("narrow", 0)), rounding, ctx.rank(node.inputs[0]))
@@ -131,13 +131,13 @@ def trunc(ctx: Conversion, node: OnnxNode) -> None:
     if np.any(zero_point):
         raise Unsupported("parameter zero_point: Trunc (v1) subtracts an unscaled zero point after truncating; "
                           "nearest representable: zero point 0")
-    shift = input_bits - int(_integer(np.ravel(ctx.static(node, 4, "output_bit_width")), "output_bit_width")[0])
+    shift = input_bits - int(_integer(np.ravel(ctx.required(node, 4, "output_bit_width")), "output_bit_width")[0])
     given = _given(scale * 2.0**shift, zero_point, input_bits - shift + int(not signed), signed, False, rounding,
                    ctx.rank(node.inputs[0]))
     (coarse,) = ctx.emit(node, "fake_quant", node.inputs[:1], given.attrs())
-    factor = ctx.fresh(f"{node.label}/factor")
-    ctx.bind(factor, np.asarray(2.0**-shift, dtype=np.float32))
-    ctx.emit(node, "mul", [coarse, factor], outputs=node.outputs)
+    factor_name = ctx.fresh(f"{node.label}/factor")
+    ctx.bind(factor_name, np.asarray(2.0**-shift, dtype=np.float32))
+    ctx.emit(node, "mul", [coarse, factor_name], outputs=node.outputs)
 
 
 _LAST_TO_FIRST = {3: [0, 2, 1], 4: [0, 3, 1, 2]}

@@ -53,7 +53,7 @@ def _zero_point_type(ctx: Conversion, node: OnnxNode, zp_index: int) -> np.dtype
     zero_point = ctx.static(node, zp_index, "zero point")
     if zero_point is not None:
         return zero_point.dtype
-    if "output_dtype" in node.attrs and node.attrs["output_dtype"]:  # opset 21: the type without a zero point
+    if node.attrs.get("output_dtype"):  # opset 21: the type without a zero point
         from onnx import helper
 
         return np.dtype(helper.tensor_dtype_to_np_dtype(int(node.attrs["output_dtype"])))
@@ -69,7 +69,7 @@ def given(ctx: Conversion, node: OnnxNode, scale_index: int, zp_index: int, rank
     if node.attrs.get("block_size", 0):
         raise Unsupported(f"parameter block_size: blocked quantization (blocks of {node.attrs['block_size']}) "
                           "has no dabuild kernel; nearest representable: one scale per channel (block_size 0)")
-    scale = np.ravel(ctx.static(node, scale_index, "scale")).astype(np.float64)
+    scale = np.ravel(ctx.required(node, scale_index, "scale")).astype(np.float64)
     zero_point = ctx.static(node, zp_index, "zero point")
     bits, signed = _integer_type(dtype if dtype is not None else _zero_point_type(ctx, node, zp_index))
     points = np.zeros(scale.shape, np.int64) if zero_point is None else np.ravel(zero_point).astype(np.int64)
@@ -133,12 +133,12 @@ def _bias(ctx: Conversion, node: OnnxNode, index: int, factor: np.ndarray) -> li
     if not ctx.has(node, index):
         return []
     name = ctx.fresh(f"{node.inputs[index]}/real")
-    ctx.bind(name, (ctx.static(node, index, "bias").astype(np.float64) * factor).astype(np.float32))
+    ctx.bind(name, (ctx.required(node, index, "bias").astype(np.float64) * factor).astype(np.float32))
     return [name]
 
 
 def _scale(ctx: Conversion, node: OnnxNode, index: int) -> np.ndarray:
-    return np.ravel(ctx.static(node, index, "scale")).astype(np.float64)
+    return np.ravel(ctx.required(node, index, "scale")).astype(np.float64)
 
 
 # ---------------------------------------------------------------- QDQ

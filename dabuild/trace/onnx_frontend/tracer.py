@@ -25,7 +25,7 @@ from dabuild.trace.onnx_frontend.converters import CONVERTERS, SUPPORTED_OPS
 from dabuild.trace.onnx_frontend.quantized import QUANTIZATION_OPS
 
 if TYPE_CHECKING:
-    from dabuild.trace.onnx_frontend.model_file import OnnxModel, OnnxNode
+    from dabuild.trace.onnx_frontend.model_file import OnnxModel
 
 
 def _shape_text(dims: tuple[Any, ...] | list[Any]) -> str:
@@ -98,7 +98,7 @@ class OnnxTracer(TracerPlugin):
                 len(wanted) != len(dims)
                 or any(isinstance(d, int) and w is not None and w != d for d, w in zip(dims, wanted))
             )
-            if mismatch:
+            if mismatch and wanted is not None:
                 raise UsageError(
                     f"{model.where}: input {graph_input.name!r} has shape {_shape_text(dims)} in the model, "
                     f"but model.inputs gives {_shape_text(wanted)}"

@@ -27,6 +27,7 @@ from dabuild.trace.torch_frontend.convert import (
     op_name,
 )
 
+
 def known(target: Any) -> bool:
     """Whether a converter here maps this ATen op (capture decomposes only the others)."""
     return getattr(target, "namespace", None) == "aten" and op_name(target) in CONVERTERS
@@ -266,16 +267,14 @@ def attention(builder: Builder, call: Call) -> str:
         raise Unsupported("grouped-query attention")
     query, key, value = (builder.tensor(call[part]) for part in ("query", "key", "value"))
     rank = len(builder.shape(query))
-    depth = builder.shape(query)[-1]
     scale = call.args.get("scale")
-    scale = 1 / np.sqrt(depth) if scale is None else float(scale)
+    scale = 1 / np.sqrt(builder.size(query, -1)) if scale is None else float(scale)
     perm = [*range(rank - 2), rank - 1, rank - 2]
     scores = builder.emit1("matmul", [query, builder.emit1("transpose", [key], {"perm": perm})])
     scores = builder.emit1("mul", [scores, builder.add_constant(np.float32(scale), "attention_scale")])
     mask = call.args.get("attn_mask")
-    length, source = builder.shape(query)[-2], builder.shape(key)[-2]
     if call.args.get("is_causal"):
-        causal = np.triu(np.full((length, source), -np.inf, np.float32), 1)
+        causal = np.triu(np.full((builder.size(query, -2), builder.size(key, -2)), -np.inf, np.float32), 1)
         scores = builder.emit1("add", [scores, builder.add_constant(causal, "causal_mask")])
     if mask is not None:
         known = builder.constant(mask)
@@ -669,8 +668,9 @@ def slice_(builder: Builder, call: Call) -> str:
     axis_size = call.node.all_input_nodes[0].meta["val"].shape[axis]
     start = 0 if call["start"] is None else _bound(call["start"], axis_size)
     end, step = _bound(call["end"], axis_size), int(call["step"])
-    if shape[axis] is not None:
-        end = min(end, shape[axis])  # type: ignore[type-var]
+    size = shape[axis]
+    if size is not None:
+        end = min(end, size)
     if start == 0 and step == 1 and (end == INT64_MAX or end == shape[axis]):
         return x
     return builder.emit1("slice", [x], {"starts": [start], "ends": [end], "axes": [axis], "steps": [step]})

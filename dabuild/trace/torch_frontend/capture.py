@@ -148,7 +148,16 @@ def example_batch(shapes: dict[str, Shape]) -> int:
 
 def example_inputs(shapes: dict[str, Shape], batch: int) -> list[torch.Tensor]:
     generator = torch.Generator().manual_seed(0)
-    return [torch.randn((batch, *shape[1:]), generator=generator) for shape in shapes.values()]  # type: ignore[misc]
+    return [torch.randn((batch, *sample_sizes(name, shape)), generator=generator) for name, shape in shapes.items()]
+
+
+def sample_sizes(name: str, shape: Shape) -> tuple[int, ...]:
+    """An input's sizes but the batch, which an example input needs known."""
+    sizes = tuple(d for d in shape[1:] if d is not None)
+    if len(sizes) < len(shape) - 1:
+        raise UsageError(f"input {name!r} has shape {shape_text(shape)}: give every size but the batch in "
+                         "model.inputs")
+    return sizes
 
 
 def _refuse_wide_floats(model: torch.nn.Module) -> None:
@@ -175,12 +184,12 @@ def capture_module(
     try:
         with quiet_torch():
             program = torch.export.export(model, tuple(examples), dynamic_shapes=_dynamic_batch(model, len(examples)))
-    except Exception as export_error:  # torch raises many unrelated types here
+    except Exception as export_error:  # noqa: BLE001 - torch raises many unrelated types here
         progress.debug(f"torch.export failed ({first_line(export_error)}); falling back to torch.fx.symbolic_trace")
         try:
             with quiet_torch():
                 return _capture_with_fx(model, examples)
-        except Exception as fx_error:
+        except Exception as fx_error:  # noqa: BLE001 - as above; both failures are reported
             inputs = ", ".join(f"{name}{shape_text(shape)}" for name, shape in shapes.items())
             raise BuildError(
                 f"{describe(model)} with inputs {inputs} cannot be captured: "
@@ -299,5 +308,5 @@ def load_archive(path: Path) -> torch.export.ExportedProgram:
     """A `torch.export.save` archive (.pt2); UsageError naming the file if torch cannot read it."""
     try:
         return torch.export.load(str(path))
-    except Exception as error:  # zip, json and pickle errors alike
+    except Exception as error:  # noqa: BLE001 - zip, json and pickle errors alike
         raise UsageError(f"{path}: not a readable torch.export archive: {first_line(error)}") from None

@@ -143,6 +143,13 @@ class Builder:
     def shape(self, name: str) -> Shape:
         return self.shapes[name]
 
+    def size(self, name: str, axis: int) -> int:
+        """The size of one axis, which the caller needs known (torch.export makes only the batch dynamic)."""
+        size = self.shapes[name][axis]
+        if size is None:
+            raise Unsupported(f"axis {axis} of {name!r} has a dynamic size")
+        return size
+
     # ------------------------------------------------------------ values
 
     def is_tensor(self, arg: Any) -> bool:
@@ -315,13 +322,14 @@ def _fold(builder: Builder, node: fx.Node) -> Any:
     try:
         with torch.no_grad():
             return node.target(*args, **kwargs)  # type: ignore[operator]
-    except Exception as error:  # whatever the op raises on these constants
+    except Exception as error:  # noqa: BLE001 - whatever the op raises on these constants
         raise Unsupported(f"computing it from constants failed: {first_line(error)}") from None
 
 
 def _getitem(builder: Builder, node: fx.Node) -> str:
     source, index = node.args
-    element = builder.values[source][index]  # type: ignore[index]
+    assert isinstance(source, fx.Node) and isinstance(index, int)  # getitem(node, i): an output of a node
+    element = builder.values[source][index]
     if element is None:
         raise Unsupported(f"output {index} of {source.name} is not supported (only the first output is)")
     return element

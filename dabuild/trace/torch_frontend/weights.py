@@ -21,7 +21,7 @@ def read_state_dict(path: Path) -> Mapping[str, torch.Tensor]:
     """The tensors of a state-dict file; UsageError naming the file if it is anything else."""
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as error:  # pickle, zip and torch errors alike
+    except Exception as error:  # noqa: BLE001 - pickle, zip and torch errors alike
         raise UsageError(f"{path}: not a state dict torch.load(weights_only=True) can read: {first_line(error)}") from None
     if not isinstance(state, Mapping) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise UsageError(f"{path}: holds a {type(state).__name__}, not a state dict (a mapping of names to tensors)")

@@ -70,7 +70,7 @@ def _log(line: str) -> None:
 class HookedCTarget(CTarget):
     kind = "hooked-c"
 
-    def pre_trace(self, model_spec) -> None:  # noqa: ANN001
+    def pre_trace(self, model_spec) -> None:
         _log(f"pre_trace {model_spec.source}")
 
     def post_trace(self, graph: Graph) -> None:

@@ -7,8 +7,8 @@ from dabuild.targets.c.kernels import (  # noqa: F401  (they register)
     movement,
     pool,
     resize,
-    select,
 )
+from dabuild.targets.c.kernels import select as select_kernels  # noqa: F401  (registers; `select` is the function)
 from dabuild.targets.c.kernels.registry import KERNELS, Kernel, Operand, Step, select
 
 __all__ = ["KERNELS", "Kernel", "Operand", "Step", "select"]

@@ -170,7 +170,7 @@ def _gemm_weight(step: Step, geometry: dict[str, int], dtype: type) -> tuple[np.
     layer: QConv = step.layer  # type: ignore[assignment]
     groups, outputs, depth = layer.groups, geometry["group_outputs"], geometry["window_depth"]
     rows = _planar_weight(layer).reshape(groups, outputs, depth)
-    weight = np.zeros((groups, geometry["block_outputs"], geometry["depth"]), dtype)
+    weight: np.ndarray = np.zeros((groups, geometry["block_outputs"], geometry["depth"]), dtype)
     weight[:, :outputs, :depth] = rows
     return rows, weight
 

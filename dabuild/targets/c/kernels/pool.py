@@ -18,6 +18,8 @@ from typing import Any
 import numpy as np
 
 from dabuild.ir.ops import OPS
+from dabuild.ir.ops.pool import AvgPool, Pool
+from dabuild.ir.ops.reduce import Reduce
 from dabuild.quant.layers.pool import QAvgPool, QMean
 from dabuild.quant.layers.shape import QSelection
 from dabuild.quant.layers.softmax import QSoftmax
@@ -35,7 +37,7 @@ def _planar_pool(layer: QLayer, qgraph: QGraph, profile: Profile) -> str | None:
 
 def _pool_window(step: Step) -> dict[str, int]:
     layer: QSelection = step.layer  # type: ignore[assignment]
-    kernel_shape, strides, pads, dilations = OPS[layer.op].geometry(layer.op_attrs)
+    kernel_shape, strides, pads, dilations = OPS.typed(layer.op, Pool).geometry(layer.op_attrs)
     return window(step, kernel_shape, strides, pads, dilations)
 
 
@@ -47,7 +49,7 @@ def max_pool(step: Step) -> dict[str, Any]:
 @kernel("avg_pool", "avg_pool", inputs=CHANNELS_LAST, outputs=CHANNELS_LAST, when=_planar_pool)
 def avg_pool(step: Step) -> dict[str, Any]:
     layer: QAvgPool = step.layer  # type: ignore[assignment]
-    counts = OPS["avg_pool"].divisors((1, *step.inputs[0].shape), layer.op_attrs).astype(np.int64)
+    counts = OPS.typed("avg_pool", AvgPool).divisors((1, *step.inputs[0].shape), layer.op_attrs).astype(np.int64)
     return {**_pool_window(step), "count_index": counts.ravel() - 1, "multiplier": layer.multiplier,
             "shift": layer.shift, "input_zero_point": step.inputs[0].params.zero_point,
             "output_zero_point": step.outputs[0].params.zero_point}
@@ -80,7 +82,7 @@ def mean(step: Step) -> dict[str, Any]:
 def reduce_max(step: Step) -> dict[str, Any]:
     layer: QSelection = step.layer  # type: ignore[assignment]
     rank = len(step.inputs[0].shape) + 1
-    axes = [a - 1 for a in OPS["reduce_max"].axes(rank, layer.op_attrs)]
+    axes = [a - 1 for a in OPS.typed("reduce_max", Reduce).axes(rank, layer.op_attrs)]
     return {"walk": reduction_walk(step, axes, bool(layer.op_attrs["keepdims"])), "outputs": step.outputs[0].size}
 
 
