@@ -297,7 +297,7 @@ def test_native_histograms_count_exactly_what_numpy_counts(monkeypatch: pytest.M
     from dabuild.ir.kernels import native
 
     rng = np.random.default_rng(11)
-    values = (rng.standard_t(3, size=(6, 20, 40, 90)) * rng.uniform(0.1, 10, 90)).astype(np.float32)
+    values = (rng.standard_t(3, size=(6, 20, 40, 150)) * rng.uniform(0.1, 10, 150)).astype(np.float32)
     values[2, 3, 4, 5] = 300.0  # a late outlier: windows widen and rebin
     values[:, :, :, 7] = 0.5  # a constant channel
     if layout == "channels last":
@@ -318,11 +318,42 @@ def test_native_histograms_count_exactly_what_numpy_counts(monkeypatch: pytest.M
     assert compiled[0] == compiled[1] == reference
 
 
-def test_native_histograms_reject_non_finite_values_naming_the_tensor() -> None:
-    values = np.ones((2, 3, 4, 4), np.float32)
-    values[1, 2, 0, 0] = np.inf
-    with pytest.raises(BuildError, match="tensor 't' holds 1 NaN or infinite"):
-        Stats().observe("t", values, axis=1)
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_native_whole_histograms_derived_from_big_channels_are_exact(monkeypatch: pytest.MonkeyPatch,
+                                                                     channels_last: bool) -> None:
+    """Channels with enough values per batch have their whole-tensor counts derived from their own rows'
+    gains (histogram.c): the same counts numpy bins value by value, with channel widths finer than the whole's."""
+    from dabuild.ir.kernels import native
+
+    rng = np.random.default_rng(12)
+    values = (rng.standard_normal((3, 96, 96, 5)) * np.array([0.01, 1.0, 30.0, 1.0, 2.0])).astype(np.float32)
+    values[..., 3] = 0.25  # a constant channel: counted into the whole directly
+    values[..., 4] = np.maximum(values[..., 4], 0)  # ReLU-like: half zeros, set aside and counted at once
+    values[1, 7, 7:30, 4] = -0.0
+    values[2, 50, 50, 1] = -700.0  # a late outlier: the whole's window and one channel's widen
+    values = values.transpose(0, 3, 1, 2) if channels_last else np.ascontiguousarray(values.transpose(0, 3, 1, 2))
+
+    def stats(batch: int) -> Stats:
+        result = Stats()
+        for start in range(0, len(values), batch):
+            result.observe("t", values[start:start + batch], axis=1)
+        return result
+
+    monkeypatch.delenv(native.SWITCH, raising=False)
+    compiled = [stats(batch) for batch in (1, 3)]
+    monkeypatch.setenv(native.SWITCH, "0")
+    assert compiled[0] == compiled[1] == stats(3)
+
+
+@pytest.mark.parametrize("channels", [3, 200])
+def test_native_histograms_reject_non_finite_values_naming_the_tensor(channels: int) -> None:
+    """Channels first, and channels last with enough channels for the register tiles of histogram.c."""
+    memory = np.ones((2, 4, 4, channels), np.float32)
+    memory[1, 0, 0, 2] = np.inf
+    memory[0, 3, 1, channels - 1] = np.nan
+    for values in (np.ascontiguousarray(memory.transpose(0, 3, 1, 2)), memory.transpose(0, 3, 1, 2)):
+        with pytest.raises(BuildError, match="tensor 't' holds 2 NaN or infinite"):
+            Stats().observe("t", values, axis=1)
 
 
 def test_batches_past_the_memory_budget_run_in_parts_with_the_same_statistics(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -54,6 +54,9 @@ CASES = [  # batch, channels, out_channels, spatial size, kernel, strides, pads,
     (4, 32, 32, (16, 16), (3, 3), [1, 1], [1, 1, 1, 1], [1, 1], 32),  # depthwise
     (3, 20, 20, (9, 11), (3, 5), [2, 1], [1, 2, 0, 3], [1, 2], 20),  # depthwise, a partial last vector
     (2, 6, 6, (15,), (3,), [1], [1, 1], [2], 6),  # depthwise 1-D
+    (1, 116, 116, (12, 28), (3, 3), [1, 1], [1, 1, 1, 1], [1, 1], 116),  # depthwise: rows of 8-pixel blocks
+    (2, 24, 24, (9, 37), (3, 3), [2, 2], [1, 1, 1, 1], [1, 1], 24),  # depthwise, strided blocks, partial vector
+    (1, 40, 40, (6, 30), (5, 5), [1, 1], [2, 1, 2, 5], [2, 2], 40),  # depthwise, dilated, uneven pads
     (1, 300, 70, (9, 7), (3, 3), [1, 1], [1, 1, 1, 1], [1, 1], 1),  # K in blocks of a tap's channel chunks
     (2, 40, 150, (6, 5), (1, 1), [2, 2], [0, 0, 0, 0], [1, 1], 1),  # channel blocks of 4, 4 and 2 vectors
     (1, 3, 24, (30, 30), (7, 7), [2, 2], [3, 3, 3, 3], [1, 1], 1),  # a stem: K in blocks of kernel rows
@@ -244,3 +247,48 @@ def test_float64_conv_of_integers_is_exact(monkeypatch: pytest.MonkeyPatch, case
     compiled, reference = conv_both_ways(monkeypatch, arrays, attrs)
     assert compiled.dtype == np.float64
     np.testing.assert_array_equal(compiled, reference)
+
+
+def test_layer_threads_work_in_a_forked_child(monkeypatch: pytest.MonkeyPatch) -> None:
+    """threads.c's workers do not survive a fork: a child (a tuning worker) starts its own and gets the same bits."""
+    monkeypatch.delenv(native.SWITCH, raising=False)
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((1, 64, 24, 24)).astype(np.float32)
+    weight = rng.standard_normal((64, 64, 3, 3)).astype(np.float32)
+    kernel = OPS["conv"].prepare({"pads": [1] * 4})
+    with native.layer_threads(2):
+        parent = kernel([x, weight], None)[0]
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child reports through its exit status
+        with native.layer_threads(2):
+            same = np.array_equal(kernel([x, weight], None)[0], parent)
+        os._exit(0 if same else 1)
+    _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+@pytest.mark.parametrize("attrs", [
+    {"kernel": [3, 3], "strides": [2, 2]},
+    {"kernel": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]},
+    {"kernel": [3, 3], "strides": [2, 2], "ceil_mode": True},  # SqueezeNet's: the overhang never wins
+    {"kernel": [2, 3], "strides": [1, 2], "pads": [1, 0, 0, 2], "dilations": [2, 1]},
+])
+def test_max_pool_of_a_conv_output_matches_numpy_bit_for_bit(monkeypatch: pytest.MonkeyPatch, attrs: dict) -> None:
+    """max_pool.c on a channels-last tensor: numpy's maxima, NaN winning and the later of two equal zeros kept."""
+    rng = np.random.default_rng(8)
+    memory = rng.standard_normal((2, 9, 11, 21)).astype(np.float32)  # (N, H, W, C): 21 channels, a partial vector
+    memory[0, 2, 3, 4] = np.nan
+    memory[1, :, :, 5] = np.where(rng.random((9, 11)) < 0.5, -0.0, 0.0)  # zeros of both signs
+    x = memory.transpose(0, 3, 1, 2)  # (N, C, H, W) over channels-last memory, as a conv leaves it
+    monkeypatch.delenv(native.SWITCH, raising=False)
+    compiled = OPS["max_pool"].run([x], attrs)[0]
+    assert channels_last_memory(compiled)
+    monkeypatch.setenv(native.SWITCH, "0")
+    reference = OPS["max_pool"].run([x], attrs)[0]
+    assert compiled.shape == reference.shape
+    np.testing.assert_array_equal(compiled, reference)
+    assert np.array_equal(np.signbit(compiled), np.signbit(reference))
+
+
+def channels_last_memory(y: np.ndarray) -> bool:
+    return y.transpose(0, 2, 3, 1).flags.c_contiguous

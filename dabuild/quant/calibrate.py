@@ -57,8 +57,9 @@ class TensorStats:
         """Count one batch of values; the number of NaN or infinite values instead, counting nothing, if any.
 
         A float32 tensor is counted by the native kernel (dabuild.ir.kernels.histogram.c) where one is built,
-        in place in whatever memory order the interpreter left it: one pass for the extremes, one that bins
-        each value into the per-channel and the whole-tensor histogram. It counts exactly what the numpy
+        in place in whatever memory order the interpreter left it (channels last in tiles of channels whose
+        tables stay in cache): one pass for the extremes, one that bins each value into the per-channel and
+        the whole-tensor histogram. It counts exactly what the numpy
         path (`Histogram.add`) counts.
         """
         native = native_histogram() if values.dtype == np.float32 else None
@@ -76,8 +77,6 @@ class TensorStats:
             return bad
         self.channels.extend(lows, highs)
         self.whole.extend(lows.min(keepdims=True), highs.max(keepdims=True))
-        if view.inner == 1 and view.channels > 1:  # counting wants each channel's values contiguous
-            view, _memory = native.view(values, self.axis, channels_inner=False)
         native.count(view, self.channels.reciprocals(), self.channels.offset, self.channels.counts,
                      float(self.whole.reciprocals()[0]), int(self.whole.offset[0]), self.whole.counts[0])
         return 0

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dabuild.ir.kernels.native import native_histogram
+
 BINS = 2048
 # A width finer than this fraction of the magnitude would make grid indices overflow int64.
 _FINEST_RELATIVE_WIDTH = 2.0**-40
@@ -173,7 +175,7 @@ class Histogram:
         width = _narrowest_width(low, high)
         offset = np.floor(low / width).astype(np.int64)
         seen = self.counts[channels, 0].copy()
-        self.counts[channels] = 0
+        self.counts[channels, 0] = 0  # a channel without a grid has counted into bin 0 alone
         counted = seen > 0
         bins = np.floor(self.low[channels][counted] / width[counted]).astype(np.int64) - offset[counted]
         self.counts[channels[counted], bins] = seen[counted]
@@ -183,6 +185,11 @@ class Histogram:
         """Wider (or slid) windows for gridded channels: old bin k goes to (offset + k) >> doublings, exactly."""
         width, doublings = _widened(low, high, self.width[channels])
         offset = np.floor(low / width).astype(np.int64)
+        native = native_histogram()
+        if native is not None and self.counts.flags.c_contiguous and self.counts.dtype == np.int64:
+            native.rebin(self.counts, channels, self.offset[channels], doublings, offset)
+            self.width[channels], self.offset[channels] = width, offset
+            return
         old = self.counts[channels]
         rows, bins = np.nonzero(old)
         grid = ((self.offset[channels][rows] + bins) >> doublings[rows]) - offset[rows]

@@ -28,6 +28,9 @@
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
 
 /* The register block's loops must unroll completely, or its accumulators live in memory. */
 #define UNROLL _Pragma("GCC unroll 16")
@@ -76,40 +79,52 @@ static inline NAME(vec) NAME(clamp)(NAME(vec) x, ELEM low, ELEM high)
     return (NAME(vec))(((NAME(lanes_mask))highs & above) | ((NAME(lanes_mask))x & ~above));
 }
 
-static inline ELEM NAME(clamp_one)(ELEM value, ELEM low, ELEM high)
+/* The first `count` (< VLEN) lanes of p, the others zero: one masked load where the CPU has them. */
+static inline NAME(vec) NAME(load_partial)(const ELEM *p, ptrdiff_t count)
 {
-    return value < low ? low : value > high ? high : value;
+#ifdef __AVX512F__
+    if (sizeof(ELEM) == 4)
+        return (NAME(vec))_mm512_maskz_loadu_ps((__mmask16)((1u << count) - 1), (const float *)p);
+    return (NAME(vec))_mm512_maskz_loadu_pd((__mmask8)((1u << count) - 1), (const double *)p);
+#else
+    NAME(vec) v = {0};
+    memcpy(&v, p, count * sizeof(ELEM));
+    return v;
+#endif
 }
 
-/* y[pixel, first:first + VLEN] = activation(sum + bias + residual), the channels past out_channels left out. */
+/* p[0:count] = the first `count` (< VLEN) lanes of v, nothing past them written. */
+static inline void NAME(store_partial)(ELEM *p, NAME(vec) v, ptrdiff_t count)
+{
+#ifdef __AVX512F__
+    if (sizeof(ELEM) == 4)
+        _mm512_mask_storeu_ps((float *)p, (__mmask16)((1u << count) - 1), (__m512)v);
+    else
+        _mm512_mask_storeu_pd((double *)p, (__mmask8)((1u << count) - 1), (__m512d)v);
+#else
+    memcpy(p, &v, count * sizeof(ELEM));
+#endif
+}
+
+/* y[pixel, first:first + VLEN] = activation(sum + bias + residual), the channels past out_channels left out.
+ * The lanes past out_channels of a partial last vector are computed on zeros and never stored. */
 static inline __attribute__((always_inline)) void NAME(finish)(const NAME(Conv) *c, ptrdiff_t pixel, ptrdiff_t first, NAME(vec) sum)
 {
     if (c->bias)
         sum += *(const NAME(vec_unaligned) *)(c->bias + first);
     ELEM *y = c->y + pixel * c->out_channels + first;
     const ELEM *residual = c->residual ? c->residual + pixel * c->out_channels + first : NULL;
-    if (c->out_channels - first >= VLEN) {
-        if (residual)
-            sum += *(const NAME(vec_unaligned) *)residual;
-        if (c->activation == RELU)
-            sum = NAME(relu)(sum);
-        else if (c->activation == CLAMP)
-            sum = NAME(clamp)(sum, c->low, c->high);
+    ptrdiff_t count = c->out_channels - first;
+    if (residual)
+        sum += count >= VLEN ? *(const NAME(vec_unaligned) *)residual : NAME(load_partial)(residual, count);
+    if (c->activation == RELU)
+        sum = NAME(relu)(sum);
+    else if (c->activation == CLAMP)
+        sum = NAME(clamp)(sum, c->low, c->high);
+    if (count >= VLEN)
         *(NAME(vec_unaligned) *)y = sum;
-        return;
-    }
-    ELEM lanes[VLEN];  /* the last, partial vector of an O that is not a multiple of VLEN */
-    memcpy(lanes, &sum, sizeof lanes);
-    for (ptrdiff_t lane = 0; lane < c->out_channels - first; lane++) {
-        ELEM value = lanes[lane];
-        if (residual)
-            value += residual[lane];
-        if (c->activation == RELU)
-            value = !(value > 0) && value == value ? 0 : value;
-        else if (c->activation == CLAMP && value == value)
-            value = NAME(clamp_one)(value, c->low, c->high);
-        y[lane] = value;
-    }
+    else
+        NAME(store_partial)(y, sum, count);
 }
 
 /* acc += the products of `count` consecutive inputs of each pixel p, against the weight rows from w on (`ld`
@@ -265,8 +280,8 @@ void NAME(conv2d_nhwc)(const NAME(Conv) *c, ptrdiff_t row0, ptrdiff_t row1)
             switch ((c->padded_channels - o) / VLEN) {
             case 1: NAME(weight_block)(c, ks, offsets, count, partial, start, end, o, 8, 1); break;
             case 2: NAME(weight_block)(c, ks, offsets, count, partial, start, end, o, 8, 2); break;
-            case 3: NAME(weight_block)(c, ks, offsets, count, partial, start, end, o, 6, 3); break;
-            default: NAME(weight_block)(c, ks, offsets, count, partial, start, end, o, 4, 4); break;
+            case 3: NAME(weight_block)(c, ks, offsets, count, partial, start, end, o, 8, 3); break;
+            default: NAME(weight_block)(c, ks, offsets, count, partial, start, end, o, 6, 4); break;
             }
         }
     }
@@ -275,35 +290,96 @@ void NAME(conv2d_nhwc)(const NAME(Conv) *c, ptrdiff_t row0, ptrdiff_t row1)
     free(ks);
 }
 
+/* Depthwise output pixels (n, oh, ow .. ow + PIXELS - 1), channels o .. o + VLEN - 1, for pixels whose taps
+ * are all inside the input along the width (CHECKED: any pixel, one at a time, each tap bounds-checked). The
+ * taps are summed from zero in (kh, kw) order, a tap outside the input skipped, whichever path runs. With
+ * THREE (a 3-wide kernel, undilated, stride STRIDE), each input vector of a kernel row is loaded once and used
+ * by every pixel and tap that reads it. */
+static inline __attribute__((always_inline)) void
+NAME(depthwise_pixels)(const NAME(Conv) *c, ptrdiff_t n, ptrdiff_t oh, ptrdiff_t ow, ptrdiff_t o, const int PIXELS,
+                       const int CHECKED, const int THREE, const int STRIDE)
+{
+    NAME(vec) acc[MAX_PIXELS];
+    UNROLL for (int p = 0; p < PIXELS; p++)
+        acc[p] = (NAME(vec)){0};
+    ptrdiff_t count = c->out_channels - o < VLEN ? c->out_channels - o : VLEN;
+    ptrdiff_t left = ow * c->stride_w - c->pad_left, step = c->stride_w * c->channels;
+    for (ptrdiff_t kh = 0; kh < c->kernel_h; kh++) {
+        ptrdiff_t ih = oh * c->stride_h - c->pad_top + kh * c->dilation_h;
+        if (ih < 0 || ih >= c->height)
+            continue;
+        const ELEM *row = c->x + (n * c->height + ih) * c->width * c->channels + o;
+        const ELEM *w = c->weight + kh * c->kernel_w * c->padded_channels + o;
+        if (THREE) {  /* full vectors only */
+            NAME(vec) inputs[(MAX_PIXELS - 1) * 2 + 3], weights[3];
+            UNROLL for (int i = 0; i < (PIXELS - 1) * STRIDE + 3; i++)
+                inputs[i] = *(const NAME(vec_unaligned) *)(row + (left + i) * c->channels);
+            UNROLL for (int kw = 0; kw < 3; kw++)
+                weights[kw] = *(const NAME(vec_unaligned) *)(w + kw * c->padded_channels);
+            UNROLL for (int kw = 0; kw < 3; kw++)
+                UNROLL for (int p = 0; p < PIXELS; p++)
+                    acc[p] += inputs[p * STRIDE + kw] * weights[kw];
+            continue;
+        }
+        for (ptrdiff_t kw = 0; kw < c->kernel_w; kw++, w += c->padded_channels) {
+            ptrdiff_t iw = left + kw * c->dilation_w;
+            if (CHECKED && (iw < 0 || iw >= c->width))
+                continue;
+            NAME(vec) weights = *(const NAME(vec_unaligned) *)w;
+            const ELEM *x = row + iw * c->channels;
+            UNROLL for (int p = 0; p < PIXELS; p++) {
+                /* a partial last vector must not read past the tensor */
+                NAME(vec) inputs = count == VLEN ? *(const NAME(vec_unaligned) *)(x + p * step)
+                                                 : NAME(load_partial)(x + p * step, count);
+                acc[p] += inputs * weights;
+            }
+        }
+    }
+    UNROLL for (int p = 0; p < PIXELS; p++)
+        NAME(finish)(c, (n * c->out_h + oh) * c->out_w + ow + p, o, acc[p]);
+}
+
+/* The pixels [ow, end) of one row and channel vector whose taps lie inside the width: blocks of MAX_PIXELS, 4,
+ * then single pixels. */
+static inline __attribute__((always_inline)) void
+NAME(depthwise_inside)(const NAME(Conv) *c, ptrdiff_t n, ptrdiff_t oh, ptrdiff_t ow, ptrdiff_t end, ptrdiff_t o,
+                       const int THREE, const int STRIDE)
+{
+    for (; ow + MAX_PIXELS <= end; ow += MAX_PIXELS)
+        NAME(depthwise_pixels)(c, n, oh, ow, o, MAX_PIXELS, 0, THREE, STRIDE);
+    for (; ow + 4 <= end; ow += 4)
+        NAME(depthwise_pixels)(c, n, oh, ow, o, 4, 0, THREE, STRIDE);
+    for (; ow < end; ow++)
+        NAME(depthwise_pixels)(c, n, oh, ow, o, 1, 0, THREE, STRIDE);
+}
+
 /* Depthwise: one input channel per output channel (O == C, weight (KH, KW, OP)), so x's channels line up with
  * the output's and each tap is one elementwise multiply-add of a vector of channels. Rows [row0, row1) of the
- * flattened (N * OH) rows. */
+ * flattened (N * OH) rows. Along each row, the pixels whose taps all lie inside the width run in blocks
+ * without bounds checks (independent sums keep the FMA units busy); the edges run one by one, checked. */
 void NAME(depthwise2d_nhwc)(const NAME(Conv) *c, ptrdiff_t row0, ptrdiff_t row1)
 {
+    /* inside: ow * stride_w - pad_left >= 0 and ow * stride_w - pad_left + (kernel_w - 1) * dilation_w < width */
+    ptrdiff_t reach = (c->kernel_w - 1) * c->dilation_w;
+    ptrdiff_t first = (c->pad_left + c->stride_w - 1) / c->stride_w;
+    ptrdiff_t end = c->width - reach + c->pad_left > 0 ? (c->width - reach + c->pad_left - 1) / c->stride_w + 1 : 0;
+    end = end < c->out_w ? end : c->out_w;
+    first = first < end ? first : end;
+    int three = c->kernel_w == 3 && c->dilation_w == 1 && (c->stride_w == 1 || c->stride_w == 2);
     for (ptrdiff_t row = row0; row < row1; row++) {
         ptrdiff_t n = row / c->out_h, oh = row % c->out_h;
-        for (ptrdiff_t ow = 0; ow < c->out_w; ow++)
-            for (ptrdiff_t o = 0; o < c->out_channels; o += VLEN) {
-                ptrdiff_t count = c->out_channels - o < VLEN ? c->out_channels - o : VLEN;
-                NAME(vec) acc = {0};
-                for (ptrdiff_t kh = 0; kh < c->kernel_h; kh++) {
-                    ptrdiff_t ih = oh * c->stride_h - c->pad_top + kh * c->dilation_h;
-                    if (ih < 0 || ih >= c->height)
-                        continue;
-                    for (ptrdiff_t kw = 0; kw < c->kernel_w; kw++) {
-                        ptrdiff_t iw = ow * c->stride_w - c->pad_left + kw * c->dilation_w;
-                        if (iw < 0 || iw >= c->width)
-                            continue;
-                        const ELEM *x = c->x + ((n * c->height + ih) * c->width + iw) * c->channels + o;
-                        NAME(vec) inputs = {0};  /* a partial last vector must not read past the tensor */
-                        if (count == VLEN)
-                            inputs = *(const NAME(vec_unaligned) *)x;
-                        else
-                            memcpy(&inputs, x, count * sizeof(ELEM));
-                        acc += inputs * *(const NAME(vec_unaligned) *)(c->weight + (kh * c->kernel_w + kw) * c->padded_channels + o);
-                    }
-                }
-                NAME(finish)(c, (n * c->out_h + oh) * c->out_w + ow, o, acc);
-            }
+        for (ptrdiff_t o = 0; o < c->out_channels; o += VLEN) {
+            ptrdiff_t ow = 0;
+            for (; ow < first; ow++)
+                NAME(depthwise_pixels)(c, n, oh, ow, o, 1, 1, 0, 1);
+            if (three && c->out_channels - o >= VLEN && c->stride_w == 1)
+                NAME(depthwise_inside)(c, n, oh, ow, end, o, 1, 1);
+            else if (three && c->out_channels - o >= VLEN)
+                NAME(depthwise_inside)(c, n, oh, ow, end, o, 1, 2);
+            else
+                NAME(depthwise_inside)(c, n, oh, ow, end, o, 0, 1);
+            for (ow = end; ow < c->out_w; ow++)
+                NAME(depthwise_pixels)(c, n, oh, ow, o, 1, 1, 0, 1);
+        }
     }
 }

@@ -1,8 +1,7 @@
 /* Calibration histograms: per-channel extremes and bin counts of a float32 tensor, in one pass each.
  *
  * The tensor is seen as (outer, channels, inner) with element strides (so, sc, 1) when inner > 1, or
- * (outer, channels) with strides (so, 1) when inner == 1 (channels-last memory); counting takes the first
- * form only, since per-channel counts read pixel by pixel across channels miss the cache on nearly every count. Counting mirrors
+ * (outer, channels) with strides (so, 1) when inner == 1 (channels-last memory). Counting mirrors
  * dabuild.quant.histogram.Histogram.add exactly: bin = floor(value / width) - offset in double
  * precision (width a power of two, so multiplying by its reciprocal is the same exact division), bin 0
  * for a channel whose width is still 0. Only channels [c0, c1) are touched, so threads can share a tensor.
@@ -10,6 +9,10 @@
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
 
 #define HISTOGRAM_BINS 2048
 
@@ -23,33 +26,93 @@ static inline const float *element(const TensorView *v, ptrdiff_t o, ptrdiff_t c
     return v->x + o * v->outer_stride + c * v->channel_stride;
 }
 
+typedef float floats16 __attribute__((vector_size(64)));
+typedef int ints16 __attribute__((vector_size(64)));
+typedef float floats16_unaligned __attribute__((vector_size(64), aligned(4)));
+
+/* The extremes of n values, 16 lanes at a time: `value < low ? value : low` lane by lane as the scalar loop
+ * does (a NaN never replaces an extreme; it is counted in *bad instead). */
+static void run_extremes(const float *x, ptrdiff_t n, float *low, float *high, ptrdiff_t *bad)
+{
+    floats16 lo = *low - (floats16){0}, hi = *high - (floats16){0}, infinite = INFINITY - (floats16){0};
+    ints16 nonfinite = {0};
+    ptrdiff_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        floats16 values = *(const floats16_unaligned *)(x + i);
+        floats16 magnitude = (floats16)((ints16)values & 0x7fffffff);
+        nonfinite += (magnitude < infinite) + 1;  /* a comparison gives -1 where true: 1 where not finite */
+        ints16 below = values < lo, above = values > hi;
+        lo = (floats16)(((ints16)values & below) | ((ints16)lo & ~below));
+        hi = (floats16)(((ints16)values & above) | ((ints16)hi & ~above));
+    }
+    float l = *low, h = *high;
+    for (int lane = 0; lane < 16; lane++) {
+        l = lo[lane] < l ? lo[lane] : l;
+        h = hi[lane] > h ? hi[lane] : h;
+        *bad += nonfinite[lane];
+    }
+    for (; i < n; i++) {
+        *bad += !(fabsf(x[i]) < INFINITY);
+        l = x[i] < l ? x[i] : l;
+        h = x[i] > h ? x[i] : h;
+    }
+    *low = l;
+    *high = h;
+}
+
+#define EXTREMES_VECTORS 4  /* vectors of channels whose extremes stay in registers over every pixel */
+
+/* The extremes of channels [c, c + 16 * EXTREMES_VECTORS) of channels-last memory, kept in registers while
+ * every pixel passes (lane by lane the scalar loop's comparisons, in the same pixel order). */
+static void tile_extremes(const TensorView *v, ptrdiff_t c, float *low, float *high, ptrdiff_t *bad)
+{
+    floats16 lo[EXTREMES_VECTORS], hi[EXTREMES_VECTORS];
+    ints16 nonfinite = {0};
+    floats16 infinite = INFINITY - (floats16){0};
+    for (int k = 0; k < EXTREMES_VECTORS; k++) {
+        lo[k] = *(const floats16_unaligned *)(low + c + 16 * k);
+        hi[k] = *(const floats16_unaligned *)(high + c + 16 * k);
+    }
+    for (ptrdiff_t o = 0; o < v->outer; o++) {
+        const float *x = element(v, o, c);
+        for (int k = 0; k < EXTREMES_VECTORS; k++) {
+            floats16 values = *(const floats16_unaligned *)(x + 16 * k);
+            floats16 magnitude = (floats16)((ints16)values & 0x7fffffff);
+            nonfinite += (magnitude < infinite) + 1;  /* a comparison gives -1 where true: 1 where not finite */
+            ints16 below = values < lo[k], above = values > hi[k];
+            lo[k] = (floats16)(((ints16)values & below) | ((ints16)lo[k] & ~below));
+            hi[k] = (floats16)(((ints16)values & above) | ((ints16)hi[k] & ~above));
+        }
+    }
+    for (int k = 0; k < EXTREMES_VECTORS; k++) {
+        *(floats16_unaligned *)(low + c + 16 * k) = lo[k];
+        *(floats16_unaligned *)(high + c + 16 * k) = hi[k];
+    }
+    for (int lane = 0; lane < 16; lane++)
+        *bad += nonfinite[lane];
+}
+
 /* low[c] = min(low[c], values of channel c), high[c] likewise; returns how many values are NaN or infinite. */
-ptrdiff_t channel_extremes(const TensorView *v, float *low, float *high, ptrdiff_t c0, ptrdiff_t c1)
+ptrdiff_t channel_extremes(const TensorView *v, float *restrict low, float *restrict high, ptrdiff_t c0, ptrdiff_t c1)
 {
     ptrdiff_t bad = 0;
-    for (ptrdiff_t o = 0; o < v->outer; o++) {
-        if (v->inner == 1) {
-            const float *x = element(v, o, 0);
-            for (ptrdiff_t c = c0; c < c1; c++) {
+    if (v->inner == 1) {  /* channels last: tiles of channels in registers, then the rest pixel by pixel */
+        for (; c0 + 16 * EXTREMES_VECTORS <= c1; c0 += 16 * EXTREMES_VECTORS)
+            tile_extremes(v, c0, low, high, &bad);
+        for (ptrdiff_t o = 0; o < v->outer && c0 < c1; o++) {
+            const float *restrict x = element(v, o, 0);
+            for (ptrdiff_t c = c0; c < c1; c++) {  /* elementwise across channels: the compiler vectorises it */
                 float value = x[c];
                 bad += !(fabsf(value) < INFINITY);  /* NaN compares false */
                 low[c] = value < low[c] ? value : low[c];
                 high[c] = value > high[c] ? value : high[c];
             }
-            continue;
         }
-        for (ptrdiff_t c = c0; c < c1; c++) {
-            const float *x = element(v, o, c);
-            float lo = low[c], hi = high[c];
-            for (ptrdiff_t i = 0; i < v->inner; i++) {
-                bad += !(fabsf(x[i]) < INFINITY);
-                lo = x[i] < lo ? x[i] : lo;
-                hi = x[i] > hi ? x[i] : hi;
-            }
-            low[c] = lo;
-            high[c] = hi;
-        }
+        return bad;
     }
+    for (ptrdiff_t o = 0; o < v->outer; o++)
+        for (ptrdiff_t c = c0; c < c1; c++)
+            run_extremes(element(v, o, c), v->inner, &low[c], &high[c], &bad);
     return bad;
 }
 
@@ -58,20 +121,155 @@ static inline int64_t bin(float value, double reciprocal, int64_t offset)
     return reciprocal > 0.0 ? (int64_t)floor((double)value * reciprocal) - offset : 0;
 }
 
+#define COUNT_BLOCK 64  /* values whose bins are computed together (vectorised) before they are counted */
+
+/* bins[i] = bin(x[i]) for n <= COUNT_BLOCK values, 8 at a time where the CPU has AVX-512 (the same double
+ * product, floor and int64 conversion of an integral double as bin(), all exact). */
+static inline void block_bins(const float *x, ptrdiff_t n, double r, int64_t first, int64_t *bins)
+{
+    if (!(r > 0.0)) {
+        for (ptrdiff_t i = 0; i < n; i++)
+            bins[i] = 0;
+        return;
+    }
+    ptrdiff_t i = 0;
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
+    __m512d reciprocal = _mm512_set1_pd(r);
+    __m512i offset = _mm512_set1_epi64(first);
+    for (; i + 8 <= n; i += 8) {
+        __m512d scaled = _mm512_mul_pd(_mm512_cvtps_pd(_mm256_loadu_ps(x + i)), reciprocal);
+        __m512d floored = _mm512_roundscale_pd(scaled, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+        _mm512_storeu_si512(bins + i, _mm512_sub_epi64(_mm512_cvttpd_epi64(floored), offset));
+    }
+#endif
+    for (; i < n; i++)
+        bins[i] = (int64_t)floor((double)x[i] * r) - first;
+}
+
+/* The values of x[0:n] that are not zero, in order, into out (room for n + 16), and how many; with AVX-512,
+ * else every value (zeros are then counted like the others). ReLU outputs are half zeros, and counting them
+ * one by one would make every increment of their bin wait for the previous one. */
+static inline ptrdiff_t nonzero_values(const float *x, ptrdiff_t n, float *out)
+{
+    ptrdiff_t kept = 0, i = 0;
+#ifdef __AVX512F__
+    for (; i + 16 <= n; i += 16) {
+        __m512 values = _mm512_loadu_ps(x + i);
+        __mmask16 nonzero = _mm512_cmp_ps_mask(values, _mm512_setzero_ps(), _CMP_NEQ_UQ);
+        _mm512_storeu_ps(out + kept, _mm512_maskz_compress_ps(nonzero, values));  /* register form: fast */
+        kept += __builtin_popcount(nonzero);
+    }
+#endif
+    for (; i < n; i++)
+        out[kept++] = x[i];
+    return kept;
+}
+
+/* row[bin] += 1 and (unless whole is NULL) whole[whole bin] += 1 for `count` consecutive values of one channel;
+ * the zeros that nonzero_values set aside go to the bins of 0 at once (-0 bins as +0). */
+static inline void count_run(const float *x, ptrdiff_t count, double r, int64_t first, int64_t *row,
+                             double whole_reciprocal, int64_t whole_offset, int64_t *whole)
+{
+    float values[COUNT_BLOCK + 16];
+    int64_t bins[COUNT_BLOCK], whole_bins[COUNT_BLOCK];
+    for (ptrdiff_t i0 = 0; i0 < count; i0 += COUNT_BLOCK) {
+        ptrdiff_t n = count - i0 < COUNT_BLOCK ? count - i0 : COUNT_BLOCK;
+        ptrdiff_t kept = nonzero_values(x + i0, n, values);
+        if (kept < n) {
+            row[bin(0.0f, r, first)] += n - kept;
+            if (whole)
+                whole[bin(0.0f, whole_reciprocal, whole_offset)] += n - kept;
+        }
+        block_bins(values, kept, r, first, bins);
+        if (!whole) {
+            for (ptrdiff_t i = 0; i < kept; i++)
+                row[bins[i]]++;
+            continue;
+        }
+        block_bins(values, kept, whole_reciprocal, whole_offset, whole_bins);
+        for (ptrdiff_t i = 0; i < kept; i++) {
+            row[bins[i]]++;
+            whole[whole_bins[i]]++;
+        }
+    }
+}
+
+#define COUNT_TILE 16        /* channels counted together */
+#define COUNT_PIXELS 512     /* pixels gathered at once: a COUNT_TILE x COUNT_PIXELS float scratch is 32 KiB */
+#define DERIVE_VALUES 8192   /* a channel with at least this many values has its whole-tensor counts derived */
+
 /* counts[c][bin] += 1 for each value of channel c, with each channel's reciprocal width and offset; the same
- * values also into `whole` (one histogram of every channel). */
+ * values also into `whole` (one histogram of every channel). Channels [c0, c1), in tiles of COUNT_TILE.
+ *
+ * Channels-last memory (inner == 1) is gathered a block of pixels at a time into a small channel-major
+ * scratch, so each channel's values are counted in one run against its own table (counting across channels
+ * pixel by pixel would jump between tables that share cache sets), without a transposed copy of the tensor.
+ *
+ * The whole-tensor counts of a channel with many values are derived from what its own row gained instead of
+ * counted value by value: both grids are anchored at zero with power-of-two widths, so where the channel's
+ * width w divides the whole's W, channel bin k lies inside whole bin ((offset + k) >> log2(W / w)) - W's
+ * offset, exactly as rebinning merges bins. A channel without a grid yet, or one finer than nothing can be
+ * derived from, is counted into `whole` directly. */
 void channel_counts(const TensorView *v, const double *reciprocal, const int64_t *offset, int64_t *counts,
                     double whole_reciprocal, int64_t whole_offset, int64_t *whole, ptrdiff_t c0, ptrdiff_t c1)
 {
-    for (ptrdiff_t o = 0; o < v->outer; o++)
-        for (ptrdiff_t c = c0; c < c1; c++) {
-            const float *x = element(v, o, c);
-            int64_t *row = counts + c * HISTOGRAM_BINS;
-            double r = reciprocal[c];
-            int64_t first = offset[c];
-            for (ptrdiff_t i = 0; i < v->inner; i++) {
-                row[bin(x[i], r, first)]++;
-                whole[bin(x[i], whole_reciprocal, whole_offset)]++;
-            }
+    static _Thread_local float scratch[COUNT_TILE][COUNT_PIXELS];
+    static _Thread_local int64_t before[COUNT_TILE][HISTOGRAM_BINS];
+    int many = v->outer * v->inner >= DERIVE_VALUES;
+    for (ptrdiff_t t0 = c0; t0 < c1; t0 += COUNT_TILE) {
+        ptrdiff_t width = c1 - t0 < COUNT_TILE ? c1 - t0 : COUNT_TILE;
+        int derive[COUNT_TILE];
+        for (ptrdiff_t j = 0; j < width; j++) {
+            double r = reciprocal[t0 + j];
+            derive[j] = many && whole_reciprocal > 0.0 && r >= whole_reciprocal;  /* w <= W, both powers of two */
+            if (derive[j])
+                memcpy(before[j], counts + (t0 + j) * HISTOGRAM_BINS, sizeof before[j]);
         }
+        if (v->inner == 1) {
+            for (ptrdiff_t o0 = 0; o0 < v->outer; o0 += COUNT_PIXELS) {
+                ptrdiff_t pixels = v->outer - o0 < COUNT_PIXELS ? v->outer - o0 : COUNT_PIXELS;
+                for (ptrdiff_t p = 0; p < pixels; p++) {
+                    const float *x = element(v, o0 + p, t0);
+                    for (ptrdiff_t j = 0; j < width; j++)
+                        scratch[j][p] = x[j];
+                }
+                for (ptrdiff_t j = 0; j < width; j++)
+                    count_run(scratch[j], pixels, reciprocal[t0 + j], offset[t0 + j],
+                              counts + (t0 + j) * HISTOGRAM_BINS, whole_reciprocal, whole_offset,
+                              derive[j] ? NULL : whole);
+            }
+        } else {
+            for (ptrdiff_t j = 0; j < width; j++)
+                for (ptrdiff_t o = 0; o < v->outer; o++)
+                    count_run(element(v, o, t0 + j), v->inner, reciprocal[t0 + j], offset[t0 + j],
+                              counts + (t0 + j) * HISTOGRAM_BINS, whole_reciprocal, whole_offset,
+                              derive[j] ? NULL : whole);
+        }
+        for (ptrdiff_t j = 0; j < width; j++) {
+            if (!derive[j])
+                continue;
+            const int64_t *row = counts + (t0 + j) * HISTOGRAM_BINS;
+            int shift = ilogb(reciprocal[t0 + j]) - ilogb(whole_reciprocal);
+            for (ptrdiff_t k = 0; k < HISTOGRAM_BINS; k++)
+                if (row[k] != before[j][k])
+                    whole[((offset[t0 + j] + k) >> shift) - whole_offset] += row[k] - before[j][k];
+        }
+    }
+}
+
+/* Re-binning of the channels listed in `channels` (n of them) to wider or slid windows, in place: old bin k
+ * of a channel moves to ((old_offset + k) >> doublings) - new_offset, which merges pairs exactly (see
+ * dabuild.quant.histogram). */
+void rebin_channels(int64_t *counts, const int64_t *channels, ptrdiff_t n, const int64_t *old_offset,
+                    const int64_t *doublings, const int64_t *new_offset)
+{
+    int64_t moved[HISTOGRAM_BINS];
+    for (ptrdiff_t i = 0; i < n; i++) {
+        int64_t *row = counts + channels[i] * HISTOGRAM_BINS;
+        memset(moved, 0, sizeof moved);
+        for (ptrdiff_t k = 0; k < HISTOGRAM_BINS; k++)
+            if (row[k])
+                moved[((old_offset[i] + k) >> doublings[i]) - new_offset[i]] += row[k];
+        memcpy(row, moved, sizeof moved);
+    }
 }

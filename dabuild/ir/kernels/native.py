@@ -48,13 +48,13 @@ from typing import Any
 
 import numpy as np
 
-from dabuild.ir.kernels.forking import forget_pool_after_fork, split_rows
+from dabuild.ir.kernels.forking import forget_pool_after_fork
 from dabuild.ir.kernels.integer import NativeInteger
 from dabuild.notices import warn
 
 COMPILER = "cc"
 VARIANTS = (("float", "int", "f32"), ("double", "long long", "f64"))  # conv.c's element types, its mask types, names
-FLAGS = ("-O3", "-march=native", "-shared", "-fPIC")
+FLAGS = ("-O3", "-march=native", "-shared", "-fPIC", "-pthread")
 VECTOR_BYTES = 64  # conv.c's vectors: the weight and bias are padded to whole vectors of their element type
 BLOCK_VECTORS = 4  # vectors of output channels per block of the packed weight (conv.c's BLOCK_VECS)
 SWITCH = "DABUILD_NATIVE_KERNELS"
@@ -76,12 +76,23 @@ def _conv_call(element: type[ctypes._SimpleCData]) -> type[ctypes.Structure]:
     return type(f"ConvCall_{element.__name__}", (ctypes.Structure,), {"_fields_": fields})
 
 
+class MaxPoolCall(ctypes.Structure):
+    """max_pool.c's `MaxPool`: one max pool's tensors and geometry."""
+
+    _fields_ = [("x", ctypes.c_void_p), *((name, ctypes.c_ssize_t) for name in ("height", "width", "channels")),
+                ("y", ctypes.c_void_p),
+                *((name, ctypes.c_ssize_t) for name in ("out_h", "out_w", "kernel_h", "kernel_w", "stride_h",
+                                                        "stride_w", "pad_top", "pad_left", "dilation_h",
+                                                        "dilation_w"))]
+
+
 ELEMENTS: dict[np.dtype, tuple[str, Any]] = {np.dtype(np.float32): ("f32", _conv_call(ctypes.c_float)),
             np.dtype(np.float64): ("f64", _conv_call(ctypes.c_double))}  # conv.c's variants by numpy dtype
 RELU, CLAMP = 1, 2  # conv.c's activations: relu, or a clamp to [low, high]
 NativeActivation = tuple[int, float, float]  # (0 for none, RELU or CLAMP; low, high)
 NO_ACTIVATION: NativeActivation = (0, 0.0, 0.0)
 PARALLEL_MACS = 2_000_000  # a conv with fewer multiply-adds runs on one thread: not worth a dispatch
+CHUNKS_PER_THREAD = 4  # a parallel conv's rows are handed out in about this many chunks per thread
 
 
 class NativeConv:
@@ -101,8 +112,12 @@ class NativeConv:
                 kernel.argtypes = [ctypes.POINTER(call), ctypes.c_ssize_t, ctypes.c_ssize_t]
                 kernel.restype = None
                 self._kernels[dtype, depthwise] = kernel
-        self._pool: ThreadPoolExecutor | None = None
-        forget_pool_after_fork(self)
+        self._max_pool = library.max_pool_nhwc
+        self._max_pool.argtypes = [ctypes.POINTER(MaxPoolCall), ctypes.c_ssize_t, ctypes.c_ssize_t]
+        self._max_pool.restype = None
+        self._parallel = library.parallel_rows
+        self._parallel.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_ssize_t, ctypes.c_int]
+        self._parallel.restype = None
         self.histogram = NativeHistogram(library)  # the same library holds histogram.c, requantize.c and qconv.c
         self.requantize = NativeRequantize(library)
         self.integer = NativeInteger(library)
@@ -122,7 +137,9 @@ class NativeConv:
         if not depthwise:  # blocks of BLOCK_VECTORS vectors of channels, each a contiguous (KH * KW * C, width) slab
             rows, block = taps.reshape(-1, padded), BLOCK_VECTORS * vector
             taps = np.concatenate([rows[:, first:first + block].ravel() for first in range(0, padded, block)])
-        return PackedWeight(taps, weight.shape, depthwise, padded)
+        aligned = aligned_empty(taps.shape, taps.dtype)
+        aligned[...] = taps
+        return PackedWeight(aligned, weight.shape, depthwise, padded)
 
     def __call__(self, x: np.ndarray, weight: PackedWeight, bias: np.ndarray | None, residual: np.ndarray | None,
                  strides: list[int], pads: list[int], dilations: list[int], out: list[int],
@@ -132,25 +149,71 @@ class NativeConv:
         x is (N, H, W, C), residual (N, OH, OW, O) or None, all of the packed weight's dtype, x and residual
         C-contiguous; pads are the (top, left) ones, `out` is (OH, OW).
         """
-        batch, height, width, channels = x.shape
+        plan = self.plan(x.shape, weight, bias, strides, pads, dilations, out, activation)
+        return plan(x, residual)
+
+    def plan(self, shape: tuple[int, ...], weight: PackedWeight, bias: np.ndarray | None, strides: list[int],
+             pads: list[int], dilations: list[int], out: list[int],
+             activation: NativeActivation = NO_ACTIVATION) -> ConvPlan:
+        """The conv of (N, H, W, C) inputs of `shape` prepared once (see `__call__` for the arguments): geometry,
+        packed weight, padded bias and epilogue filled in, so that each run only points the call at its arrays."""
+        batch, height, width, channels = shape
         out_channels, _, kernel_h, kernel_w = weight.shape
         dtype = weight.taps.dtype
         if bias is not None:
             bias = np.concatenate([bias.astype(dtype, copy=False), np.zeros(weight.padded - out_channels, dtype)])
         zeros = np.zeros(channels, dtype)
-        y = np.empty((batch, *out, out_channels), dtype)
         call = ELEMENTS[dtype][1](
-            x.ctypes.data, height, width, channels,
+            None, height, width, channels,
             weight.taps.ctypes.data, kernel_h, kernel_w, out_channels, weight.padded,
-            None if bias is None else bias.ctypes.data, None if residual is None else residual.ctypes.data,
-            y.ctypes.data, out[0], out[1], strides[0], strides[1], pads[0], pads[1], dilations[0], dilations[1],
+            None if bias is None else bias.ctypes.data, None, None,
+            out[0], out[1], strides[0], strides[1], pads[0], pads[1], dilations[0], dilations[1],
             *activation, zeros.ctypes.data,
         )
-        function = self._kernels[dtype, weight.depthwise]
-        rows = batch * out[0]
-        macs = y.size * kernel_h * kernel_w * (1 if weight.depthwise else channels)
-        parts = min(getattr(_LAYER_THREADS, "count", 1), rows) if macs >= PARALLEL_MACS else 1
-        split_rows(self, function, ctypes.byref(call), rows, parts, max(1, available_cores() - 1), "dabuild-conv")
+        macs = batch * out[0] * out[1] * out_channels * kernel_h * kernel_w * (1 if weight.depthwise else channels)
+        return ConvPlan(self, self._kernels[dtype, weight.depthwise], call, (batch, *out, out_channels), dtype,
+                        macs >= PARALLEL_MACS, (weight, bias, zeros))
+
+    def max_pool(self, x: np.ndarray, kernel: list[int], strides: list[int], pads: list[int], dilations: list[int],
+                 out: list[int]) -> np.ndarray:
+        """max_pool.c over a C-contiguous float32 (N, H, W, C) x: the (N, OH, OW, C) maxima, taps outside the
+        input skipped; pads are the (top, left) ones, `out` is (OH, OW)."""
+        batch, height, width, channels = x.shape
+        y = aligned_empty((batch, *out, channels), x.dtype)
+        call = MaxPoolCall(x.ctypes.data, height, width, channels, y.ctypes.data, *out, *kernel, *strides, *pads,
+                           *dilations)
+        self._max_pool(ctypes.byref(call), 0, batch * out[0])
+        return y
+
+    def run(self, function: Any, call: ctypes.Structure, rows: int, parallel: bool) -> None:
+        """function(call, 0, rows), its rows shared among this thread's layer threads if `parallel` (threads.c's
+        persistent workers take chunks of CHUNKS_PER_THREAD per thread, so a delayed thread takes fewer)."""
+        parts = min(getattr(_LAYER_THREADS, "count", 1), rows) if parallel else 1
+        if parts <= 1:
+            function(ctypes.byref(call), 0, rows)  # ctypes releases the GIL for the call
+            return
+        chunk = max(1, rows // (parts * CHUNKS_PER_THREAD))
+        self._parallel(ctypes.cast(function, ctypes.c_void_p), ctypes.byref(call), rows, chunk, parts)
+
+
+class ConvPlan:
+    """One native conv prepared for inputs of one shape (`NativeConv.plan`): calling it with x (and the
+    residual, if the conv adds one) copies the prepared call, points it at the arrays and runs it.
+    A copy per call, so threads may run one plan on different slices at once."""
+
+    def __init__(self, native: NativeConv, function: Any, call: ctypes.Structure, shape: tuple[int, ...],
+                 dtype: np.dtype, parallel: bool, keep: tuple[Any, ...]):
+        self.native, self.function, self.call = native, function, call
+        self.shape, self.dtype, self.parallel = shape, dtype, parallel
+        self._keep = keep  # the arrays the call points into
+
+    def __call__(self, x: np.ndarray, residual: np.ndarray | None) -> np.ndarray:
+        y = aligned_empty(self.shape, self.dtype)
+        call = type(self.call).from_buffer_copy(self.call)
+        call.x, call.y = x.ctypes.data, y.ctypes.data
+        if residual is not None:
+            call.residual = residual.ctypes.data
+        self.native.run(self.function, call, self.shape[0] * self.shape[1], self.parallel)
         return y
 
 
@@ -162,6 +225,15 @@ class PackedWeight:
     shape: tuple[int, ...]
     depthwise: bool
     padded: int  # output channels rounded up to whole vectors
+
+
+def aligned_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """np.empty whose memory starts on a VECTOR_BYTES boundary: a vector load that straddles two cache lines
+    costs two, which made the weight loads of a conv on unaligned packed weights about 1.6x slower."""
+    size = math.prod(shape) * np.dtype(dtype).itemsize
+    buffer = np.empty(size + VECTOR_BYTES, np.uint8)
+    start = -buffer.ctypes.data % VECTOR_BYTES
+    return buffer[start:start + size].view(dtype).reshape(shape)
 
 
 def available_cores() -> int:
@@ -209,19 +281,22 @@ class NativeHistogram:
         self._counts.argtypes = [ctypes.POINTER(TensorView), pointer, pointer, pointer, ctypes.c_double,
                                  ctypes.c_int64, pointer, size, size]
         self._counts.restype = None
+        self._rebin = library.rebin_channels
+        self._rebin.argtypes = [pointer, pointer, size, pointer, pointer, pointer]
+        self._rebin.restype = None
         self._pool: ThreadPoolExecutor | None = None
         forget_pool_after_fork(self)
 
     @staticmethod
-    def view(values: np.ndarray, axis: int | None, channels_inner: bool = True) -> tuple[TensorView, np.ndarray]:
+    def view(values: np.ndarray, axis: int | None) -> tuple[TensorView, np.ndarray]:
         """`values` as histogram.c's view with channels along `axis` (None: one channel), and the array the view
         reads: `values` itself if its memory fits, else a contiguous copy with the channel axis outside the
-        axes after it (`channels_inner` allows channels-last memory as it is)."""
+        axes after it (channels-last memory is read as it is)."""
         if axis is None:
             values = np.ascontiguousarray(values, np.float32).reshape(1, 1, -1)
             axis = 1
         last = np.moveaxis(values, axis, -1)
-        if channels_inner and last.dtype == np.float32 and last.flags.c_contiguous:
+        if last.dtype == np.float32 and last.flags.c_contiguous:
             channels = last.shape[-1]
             return TensorView(last.ctypes.data, last.size // max(channels, 1), channels, 1, channels, 1), last
         values = np.ascontiguousarray(values, np.float32)
@@ -265,6 +340,15 @@ class NativeHistogram:
 
         self._split(view, part)
         whole += wholes[1]
+
+
+    def rebin(self, counts: np.ndarray, channels: np.ndarray, old_offset: np.ndarray, doublings: np.ndarray,
+              new_offset: np.ndarray) -> None:
+        """counts (C-contiguous int64 (channels, BINS)): the listed rows moved to their wider windows in place,
+        as dabuild.quant.histogram.Histogram._rebin does."""
+        vectors = [np.ascontiguousarray(vector, np.int64) for vector in (channels, old_offset, doublings, new_offset)]
+        self._rebin(counts.ctypes.data, vectors[0].ctypes.data, len(vectors[0]),
+                    *(vector.ctypes.data for vector in vectors[1:]))
 
 
 class NativeRequantize:
@@ -337,8 +421,8 @@ def _load() -> NativeConv | None:
         conv = kernels.joinpath("conv.c").read_text()
         source = "\n".join([*(f"#undef ELEM\n#undef MASK\n#undef NAME\n#define ELEM {elem}\n#define MASK {mask}\n"
                                f"#define NAME(name) name##_{suffix}\n{conv}" for elem, mask, suffix in VARIANTS),
-                             *(kernels.joinpath(name).read_text() for name in ("histogram.c", "requantize.c",
-                                                                              "qconv.c"))])
+                             *(kernels.joinpath(name).read_text()
+                               for name in ("histogram.c", "requantize.c", "qconv.c", "threads.c", "max_pool.c"))])
         library, scratch = _build(compiler, version, source)
         try:
             loaded = ctypes.CDLL(str(library))

@@ -31,7 +31,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from dabuild.ir.kernels.native import CLAMP, NO_ACTIVATION, RELU, NativeActivation, PackedWeight, native_conv
+from dabuild.ir.kernels.native import (
+    CLAMP,
+    NO_ACTIVATION,
+    RELU,
+    ConvPlan,
+    NativeActivation,
+    PackedWeight,
+    native_conv,
+)
 from dabuild.ir.ops.activation import check_activation, fused_activation
 from dabuild.ir.ops.base import (
     Kernel,
@@ -113,7 +121,7 @@ class Dense(Op):
         resolved = self.resolve(attrs)
         activation = fused_activation(resolved)
         native_activation = _native_activation(resolved)
-        packs: dict[int, tuple[np.ndarray, PackedWeight]] = {}
+        cache = NativeCache()
         as_conv: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # each weight's (O, in, 1, 1) view, made once
 
         def dense(arrays: list[np.ndarray], out: np.ndarray | None) -> list[np.ndarray]:
@@ -122,7 +130,7 @@ class Dense(Op):
             entry = as_conv.get(id(weight))
             if entry is None or entry[0] is not weight:
                 entry = as_conv[id(weight)] = (weight, weight.T[:, :, None, None])
-            y = _native_dense(x, entry[1], Epilogue(bias, None, activation, native_activation), packs)
+            y = _native_dense(x, entry[1], Epilogue(bias, None, activation, native_activation), cache)
             if y is not None:
                 return [y]
             y = np.matmul(x, weight)
@@ -133,8 +141,7 @@ class Dense(Op):
         return dense
 
 
-def _native_dense(x: np.ndarray, weight: np.ndarray, epilogue: Epilogue,
-                  packs: dict[int, tuple[np.ndarray, PackedWeight]]) -> np.ndarray | None:
+def _native_dense(x: np.ndarray, weight: np.ndarray, epilogue: Epilogue, cache: NativeCache) -> np.ndarray | None:
     """x (..., in) @ weight as the native 1x1 conv of the (rows, in, 1, 1) image `x` with the (out, in, 1, 1)
     `weight`, or None where the native conv does not run it.
 
@@ -145,7 +152,7 @@ def _native_dense(x: np.ndarray, weight: np.ndarray, epilogue: Epilogue,
     if x.ndim < 1 or x.dtype != weight.dtype:
         return None
     rows = x.reshape(-1, x.shape[-1], 1, 1)
-    y = _native_conv(rows, weight, 1, Geometry([1, 1], [1, 1], [0, 0, 0, 0], [1, 1]), [1, 1], epilogue, packs)
+    y = _native_conv(rows, weight, 1, Geometry([1, 1], [1, 1], [0, 0, 0, 0], [1, 1]), [1, 1], epilogue, cache)
     return None if y is None else y.reshape(*x.shape[:-1], weight.shape[0])
 
 
@@ -207,12 +214,15 @@ class Conv(Op):
         activation_attrs = attrs if then is None else {"activation": then[0], "activation_attrs": then[1]}
         activation = fused_activation(activation_attrs)
         native_activation = _native_activation(activation_attrs)
-        packs: dict[int, tuple[np.ndarray, PackedWeight]] = {}  # weights packed for the native conv, by id
+        cache = NativeCache()
 
         def conv(arrays: list[np.ndarray], out: np.ndarray | None) -> list[np.ndarray]:
             x, weight = arrays[0], arrays[1]
             residual = arrays[-1] if then is not None else None
             bias = arrays[2] if len(arrays) - (then is not None) == 3 else None
+            planned = cache.planned(x, weight, bias, residual)
+            if planned is not None:
+                return [planned(x, residual)]
             geometry = Geometry(list(weight.shape[2:]), *conv_geometry(attrs, weight.ndim - 2))
             # Concrete input sizes give concrete output sizes.
             sizes = output_sizes(
@@ -220,10 +230,10 @@ class Conv(Op):
             shape = (x.shape[0], weight.shape[0], *sizes)
             if residual is not None and (residual.shape != shape or residual.dtype != np.result_type(x, weight)):
                 # A broadcasting or type-promoting add: conv, then the add and activation as the nodes would.
-                y = _conv(x, weight, bias, groups, geometry, sizes, Epilogue(bias, None, UNCHANGED), out, packs)
+                y = _conv(x, weight, bias, groups, geometry, sizes, Epilogue(bias, None, UNCHANGED), out, cache)
                 return [activation(np.add(y, residual))]
             epilogue = Epilogue(bias, residual, activation, native_activation)
-            return [_conv(x, weight, bias, groups, geometry, sizes, epilogue, out, packs)]
+            return [_conv(x, weight, bias, groups, geometry, sizes, epilogue, out, cache)]
 
         return conv
 
@@ -245,10 +255,9 @@ def _native_activation(attrs: dict[str, Any]) -> NativeActivation | None:
 
 
 def _conv(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None, groups: int, geometry: Geometry,
-          sizes: list[int], epilogue: Epilogue, out: np.ndarray | None,
-          packs: dict[int, tuple[np.ndarray, PackedWeight]]) -> np.ndarray:
+          sizes: list[int], epilogue: Epilogue, out: np.ndarray | None, cache: NativeCache | None = None) -> np.ndarray:
     """The conv by the fastest method that applies to its shapes and memory order (see the module docstring)."""
-    native = _native_conv(x, weight, groups, geometry, sizes, epilogue, packs)
+    native = _native_conv(x, weight, groups, geometry, sizes, epilogue, cache)
     if native is not None:
         return native
     if groups == x.shape[1] and weight.shape[1] == 1:
@@ -261,15 +270,15 @@ def _conv(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None, groups: in
 
 
 def _native_conv(x: np.ndarray, weight: np.ndarray, groups: int, geometry: Geometry, sizes: list[int],
-                 epilogue: Epilogue, packs: dict[int, tuple[np.ndarray, PackedWeight]] | None = None,
-                 ) -> np.ndarray | None:
+                 epilogue: Epilogue, cache: NativeCache | None = None) -> np.ndarray | None:
     """The conv by the compiled direct conv of dabuild.ir.kernels, or None where that does not apply: grouped
     but not depthwise with one output channel per input channel, not float32, more than two spatial axes,
     DABUILD_NATIVE_KERNELS=0 or no C compiler.
 
     The kernel adds the bias and the residual and applies relu or a clamp (relu6, clip); another activation
-    runs afterwards in numpy. A 1-D conv runs as a 2-D conv of height 1. `packs` keeps each weight's packed
-    form by the weight's id for the next call (a prepared kernel's weight is the same graph constant each time).
+    runs afterwards in numpy. A 1-D conv runs as a 2-D conv of height 1. `cache` keeps each weight's packed
+    form and the prepared call for the next call of a prepared kernel (whose weight is the same graph constant
+    each time).
     """
     spatial = weight.ndim - 2
     depthwise = groups == x.shape[1] == weight.shape[0] and weight.shape[1] == 1 and groups > 1
@@ -278,27 +287,79 @@ def _native_conv(x: np.ndarray, weight: np.ndarray, groups: int, geometry: Geome
     conv = native_conv()
     if conv is None or not conv.takes(x.dtype):
         return None
-
-    def rows(a: np.ndarray) -> np.ndarray:  # (N, C, *spatial) as C-contiguous (N, H, W, C)
-        return np.ascontiguousarray(channels_last(a if spatial == 2 else a[:, :, None]))
-
     lifted = 2 - spatial  # leading geometry entries of the height-1 axis
     strides, dilations = [1] * lifted + geometry.strides, [1] * lifted + geometry.dilations
     pads = [0] * lifted + geometry.pads[:spatial]  # the begin pads; the kernel bounds-checks the end
-    residual = None if epilogue.residual is None else rows(epilogue.residual)
     bias = None if epilogue.bias is None else epilogue.bias.astype(x.dtype, copy=False)
-    entry = None if packs is None else packs.get(id(weight))
-    if entry is None or entry[0] is not weight:
-        entry = (weight, conv.pack(weight if spatial == 2 else weight[:, :, None], depthwise))
-        if packs is not None:
-            packs[id(weight)] = entry
-    native_activation = epilogue.native_activation
-    y = conv(rows(x), entry[1], bias, residual, strides, pads, dilations, [1] * lifted + sizes,
-             native_activation or NO_ACTIVATION)
-    y = y.reshape(len(y), *sizes, y.shape[-1])
-    if native_activation is None:
-        epilogue.activation(y)
-    return y.transpose(0, -1, *range(1, 1 + spatial))
+    cache = cache or NativeCache()
+    packed = cache.pack(conv, weight, depthwise)
+    plan = conv.plan(_rows_shape(x.shape), packed, bias, strides, pads, dilations, [1] * lifted + sizes,
+                     epilogue.native_activation or NO_ACTIVATION)
+    planned = PlannedConv(plan, sizes, None if epilogue.native_activation is not None else epilogue.activation)
+    cache.keep(x, weight, epilogue.bias, epilogue.residual, planned)
+    return planned(x, epilogue.residual)
+
+
+def _rows_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The (N, H, W, C) shape the native conv sees of an (N, C, *spatial) input of one or two spatial axes."""
+    return (shape[0], *([1] * (4 - len(shape))), *shape[2:], shape[1])
+
+
+def _rows(a: np.ndarray) -> np.ndarray:
+    """(N, C, *spatial) as C-contiguous (N, H, W, C): the memory itself for a tensor kept channels last."""
+    return np.ascontiguousarray(channels_last(a if a.ndim == 4 else a[:, :, None]))
+
+
+@dataclass
+class PlannedConv:
+    """A native conv prepared for one input shape: its call, and the activation numpy applies after it (if the
+    kernel cannot). Called with the graph's (N, C, *spatial) tensors, returns the (N, O, *out) result as the
+    transposed view of its channels-last memory."""
+
+    plan: ConvPlan
+    sizes: list[int]
+    activation: Callable[[np.ndarray], np.ndarray] | None
+
+    def __call__(self, x: np.ndarray, residual: np.ndarray | None) -> np.ndarray:
+        y = self.plan(_rows(x), None if residual is None else _rows(residual))
+        y = y.reshape(len(y), *self.sizes, y.shape[-1])
+        if self.activation is not None:
+            self.activation(y)
+        return y.transpose(0, -1, *range(1, 1 + len(self.sizes)))
+
+
+class NativeCache:
+    """What a prepared conv kernel keeps between calls: each weight's packed form (by the weight's id) and the
+    prepared native call of the last input shape, used again while the weight, bias and input shape stay."""
+
+    def __init__(self) -> None:
+        self.packs: dict[int, tuple[np.ndarray, PackedWeight]] = {}
+        self.last: tuple[tuple[Any, ...], np.ndarray, np.ndarray | None, PlannedConv] | None = None
+
+    def pack(self, native: Any, weight: np.ndarray, depthwise: bool) -> PackedWeight:
+        entry = self.packs.get(id(weight))
+        if entry is None or entry[0] is not weight:
+            entry = (weight, native.pack(weight if weight.ndim == 4 else weight[:, :, None], depthwise))
+            self.packs[id(weight)] = entry
+        return entry[1]
+
+    def keep(self, x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None, residual: np.ndarray | None,
+             planned: PlannedConv) -> None:
+        self.last = (self._key(x, residual), weight, bias, planned)
+
+    def planned(self, x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None,
+                residual: np.ndarray | None) -> PlannedConv | None:
+        """The prepared call if it fits these arrays (the same weight and bias, x's shape and dtype, a residual
+        of the output's shape and dtype where the plan adds one) and the native kernels are still on."""
+        last = self.last
+        if (last is None or last[1] is not weight or last[2] is not bias or last[0] != self._key(x, residual)
+                or native_conv() is None):
+            return None
+        return last[3]
+
+    @staticmethod
+    def _key(x: np.ndarray, residual: np.ndarray | None) -> tuple[Any, ...]:
+        return (x.shape, x.dtype, None if residual is None else (residual.shape, residual.dtype))
 
 
 @dataclass

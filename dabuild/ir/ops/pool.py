@@ -1,7 +1,9 @@
 """Pooling: max, average and global average over the spatial axes of (N, C, *spatial).
 
 Max and average pooling combine the strided views of their kernel taps
-elementwise (a loop over the few taps, never over pixels).
+elementwise (a loop over the few taps, never over pixels). A 2-D float32 max
+pool of a tensor kept channels last (a conv's output) runs natively instead
+(dabuild/ir/kernels/max_pool.c, the same maxima bit for bit).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from dabuild.ir.kernels.native import native_conv
 from dabuild.ir.ops.base import REQUIRED, Op, OutputSpec, ShapeError, register
 from dabuild.ir.ops.window import Padder, channels_last, output_sizes, pad_widths, window_attrs, windows
 
@@ -70,11 +73,28 @@ class MaxPool(Pool):
     rule = Pool.rule + "; padding never wins"
 
     def kernel(self, arrays: list[np.ndarray], attrs: dict[str, Any]) -> list[np.ndarray]:
+        native = _native_max_pool(arrays[0], *self.geometry(attrs), attrs["ceil_mode"])
+        if native is not None:
+            return [native]
         taps, _ = self.tap_views(arrays[0], attrs, -np.inf)
         y = taps[0].copy(order="K")  # the taps' memory order: channels last after a conv
         for tap in taps[1:]:
             np.maximum(y, tap, out=y)
         return [y]
+
+
+def _native_max_pool(x: np.ndarray, kernel: list[int], strides: list[int], pads: list[int], dilations: list[int],
+                     ceil_mode: bool) -> np.ndarray | None:
+    """The 2-D max pool of a float32 x kept channels last (a conv's output) by dabuild.ir.kernels' max_pool.c,
+    as the (N, C, OH, OW) view of its channels-last result; None where that does not apply (numpy runs it)."""
+    if x.dtype != np.float32 or x.ndim != 4 or not channels_last(x).flags.c_contiguous:
+        return None
+    native = native_conv()
+    if native is None:
+        return None
+    out: list[int] = output_sizes(x.shape, kernel, strides, pads, dilations, ceil_mode)
+    y = native.max_pool(channels_last(x), kernel, strides, pads[:2], dilations, out)
+    return y.transpose(0, 3, 1, 2)
 
 
 @register
