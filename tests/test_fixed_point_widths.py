@@ -46,12 +46,18 @@ def test_names_parse_to_signedness_width_range_and_storage() -> None:
     assert (int_type("int12").storage, int_type("uint16").qmax, int_type("uint1").qmax) == ("int16", 65535, 1)
 
 
-@pytest.mark.parametrize("name", ["int1", "int17", "uint0", "uint17", "int08", "fp16", "int", "Int8", "int-4"])
+@pytest.mark.parametrize("name", ["int1", "int33", "uint0", "uint33", "int08", "fp16", "int", "Int8", "int-4"])
 def test_unknown_names_are_refused_with_the_known_ones(name: str) -> None:
     assert not is_int_type(name)
     with pytest.raises(BuildError, match=rf"unknown integer dtype '{name}' \(dabuild lowers int2\.\.int16 and "
                                          r"uint1\.\.uint16\)"):
         int_type(name)
+
+
+def test_int17_to_int32_name_only_the_exact_tensors_of_given_models() -> None:
+    """HGQ2 keeps accumulators at full width: int_type takes them, but tuning never offers them."""
+    assert (int_type("int17").bits, int_type("uint32").qmax) == (17, 2**32 - 1)
+    assert not is_int_type("int17") and "int17" not in type_names()
 
 
 def test_accumulators_are_int32_up_to_8_bits_and_wider_beyond() -> None:
