@@ -41,6 +41,8 @@ class Target:
     default_tolerance: ClassVar[Tolerance]   # a level of dabuild.targets.tolerance.LEVELS
     packages: ClassVar[tuple[str, ...]] = ()   # Python packages whose versions enter the export/check keys
     reference: ClassVar[str] = "integer"       # what check compares against: "integer" or "fake_quant" (see above)
+    run_batch: ClassVar[int | None] = None     # samples per `run` in check (None: all at once); an in-process
+                                               # runtime holds a whole batch's tensors in dabuild's memory
     size_options: ClassVar[tuple[str, ...]] = ()  # options that change `stored_bytes` (they enter the tune key)
     # How the artifact's float islands add their float sums, against the reference's order (island_order): the
     # check report states it beside the tolerance, so "exact" or "one step" is explained, not just claimed.

@@ -264,8 +264,12 @@ def check_stage(target: Target, qgraph: QGraph, artifact_dir: Path, x: np.ndarra
     inputs = reference_inputs(target.reference, qgraph, x)
     with (tempfile.TemporaryDirectory(prefix="dabuild-check-") as work,
           progress.track(f"check {target.kind}", len(inputs)) as advance):
-        actual = np.asarray(target.run(Path(artifact_dir), inputs, Path(work)))
-        advance(len(inputs))
+        step = target.run_batch or max(len(inputs), 1)
+        parts = []
+        for start in range(0, max(len(inputs), 1), step):  # at least one run, of no samples if none
+            parts.append(np.asarray(target.run(Path(artifact_dir), inputs[start:start + step], Path(work))))
+            advance(len(parts[-1]))
+        actual = np.concatenate(parts)
     expected = np.asarray(reference_outputs(target.reference, qgraph, inputs))
     if actual.shape != expected.shape:
         raise CheckError(f"{target.kind} artifact {artifact_dir} returned outputs of shape {actual.shape}; "

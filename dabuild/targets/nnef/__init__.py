@@ -98,6 +98,7 @@ class NnefTarget(Target):
     capability: ClassVar[str] = "tract"
     default_tolerance = "approximate"
     reference: ClassVar[str] = "fake_quant"
+    run_batch: ClassVar[int | None] = 32  # onnxruntime/tract hold ~17 MB per ResNet-50 sample
     packages: ClassVar[tuple[str, ...]] = ("tract",)
     size_options: ClassVar[tuple[str, ...]] = ("quantized_kernels",)
 

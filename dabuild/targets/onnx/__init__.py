@@ -54,6 +54,7 @@ class OnnxTarget(Target):
     default_tolerance = "approximate"
     packages: ClassVar[tuple[str, ...]] = PACKAGES
     reference: ClassVar[str] = "fake_quant"
+    run_batch: ClassVar[int | None] = 32  # onnxruntime/tract hold ~17 MB per ResNet-50 sample
     size_options: ClassVar[tuple[str, ...]] = ("opset",)
 
     class Options(Target.Options):
