@@ -84,9 +84,19 @@ def reference_outputs(reference: str, qgraph: QGraph, inputs: np.ndarray) -> np.
             return run_integer(qgraph, part)
         return dequantize_output(qgraph, run_integer(qgraph, quantize_input(qgraph, part)))
 
-    if len(inputs) <= REFERENCE_BATCH or qgraph.has_float_islands:
-        return run(inputs)
-    return np.concatenate([run(inputs[low:low + REFERENCE_BATCH]) for low in range(0, len(inputs), REFERENCE_BATCH)])
+    return in_batches(run, inputs, None if qgraph.has_float_islands else REFERENCE_BATCH)
+
+
+def in_batches(run: Callable[[np.ndarray], np.ndarray], inputs: np.ndarray, batch: int | None,
+               done: Callable[[int], None] = lambda count: None) -> np.ndarray:
+    """`run` over `inputs` `batch` samples at a time (None: all at once; one run, of none, if there are none),
+    its outputs concatenated; `done` hears how many samples each run took."""
+    step = batch or max(len(inputs), 1)
+    parts = []
+    for low in range(0, max(len(inputs), 1), step):
+        parts.append(np.asarray(run(inputs[low:low + step])))
+        done(len(parts[-1]))
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
 def real(values: np.ndarray, params: QuantParams) -> np.ndarray:
@@ -264,12 +274,8 @@ def check_stage(target: Target, qgraph: QGraph, artifact_dir: Path, x: np.ndarra
     inputs = reference_inputs(target.reference, qgraph, x)
     with (tempfile.TemporaryDirectory(prefix="dabuild-check-") as work,
           progress.track(f"check {target.kind}", len(inputs)) as advance):
-        step = target.run_batch or max(len(inputs), 1)
-        parts = []
-        for start in range(0, max(len(inputs), 1), step):  # at least one run, of no samples if none
-            parts.append(np.asarray(target.run(Path(artifact_dir), inputs[start:start + step], Path(work))))
-            advance(len(parts[-1]))
-        actual = np.concatenate(parts)
+        actual = in_batches(lambda part: target.run(Path(artifact_dir), part, Path(work)), inputs, target.run_batch,
+                            advance)
     expected = np.asarray(reference_outputs(target.reference, qgraph, inputs))
     if actual.shape != expected.shape:
         raise CheckError(f"{target.kind} artifact {artifact_dir} returned outputs of shape {actual.shape}; "
