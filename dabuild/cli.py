@@ -104,6 +104,12 @@ def run() -> None:
     signal death."""
     code = main()
     _ignore_interrupts()
+    if code == 130:
+        # stage threads may still be inside native code (torch, onnxruntime): a normal exit would run C++
+        # static destructors under them and abort ("terminate called without an active exception")
+        import os
+
+        os._exit(130)
     sys.exit(code)
 
 
