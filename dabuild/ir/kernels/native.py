@@ -50,6 +50,7 @@ import numpy as np
 
 from dabuild.ir.kernels.forking import forget_pool_after_fork
 from dabuild.ir.kernels.integer import NativeInteger
+from dabuild.ir.kernels.island import NativeIsland
 from dabuild.notices import warn
 
 COMPILER = "cc"
@@ -118,9 +119,10 @@ class NativeConv:
         self._parallel = library.parallel_rows
         self._parallel.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_ssize_t, ctypes.c_int]
         self._parallel.restype = None
-        self.histogram = NativeHistogram(library)  # the same library holds histogram.c, requantize.c and qconv.c
+        self.histogram = NativeHistogram(library)  # the same library holds histogram.c, requantize.c, qconv.c and island_conv.c
         self.requantize = NativeRequantize(library)
         self.integer = NativeInteger(library)
+        self.island = NativeIsland(library)
 
     @staticmethod
     def takes(dtype: np.dtype) -> bool:
@@ -422,7 +424,8 @@ def _load() -> NativeConv | None:
         source = "\n".join([*(f"#undef ELEM\n#undef MASK\n#undef NAME\n#define ELEM {elem}\n#define MASK {mask}\n"
                                f"#define NAME(name) name##_{suffix}\n{conv}" for elem, mask, suffix in VARIANTS),
                              *(kernels.joinpath(name).read_text()
-                               for name in ("histogram.c", "requantize.c", "qconv.c", "threads.c", "max_pool.c"))])
+                               for name in ("histogram.c", "requantize.c", "qconv.c", "threads.c", "max_pool.c",
+                                            "island_conv.c"))])
         library, scratch = _build(compiler, version, source)
         try:
             loaded = ctypes.CDLL(str(library))

@@ -13,6 +13,10 @@ then added, in the C kernels' loop order (and C is built with
 - global_avg_pool, reduce_mean: 0, plus each reduced value in C order, then
   one division by their count (a float32).
 
+2-D convs and dense layers run compiled where the native kernels load (`dabuild.ir.kernels.island`: the
+same terms in the same order, so the same bits); the numpy loops below stay for the rest and as the
+definition the compiled kernel is tested against.
+
 Then the fused activation. Every other op an island holds gives the same
 float32 whatever the order (elementwise arithmetic, max, clamps, copies), so
 its IR kernel is used as it is. With the same quantize/dequantize at the
@@ -27,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from dabuild.ir.kernels.native import layer_thread_count, native_conv
 from dabuild.ir.ops import OPS
 from dabuild.ir.ops.activation import fused_activation
 from dabuild.ir.ops.linear import conv_geometry
@@ -56,6 +61,12 @@ def _with_bias(acc: np.ndarray, inputs: list[np.ndarray], axis: int, attrs: dict
 @ORDERED.register("dense")
 def _dense(inputs: list[np.ndarray], attrs: dict[str, Any]) -> np.ndarray:
     x, weight = inputs[0], inputs[1]
+    native = native_conv()
+    if native is not None and weight.ndim == 2 and x.ndim >= 1:  # the rows of x as the 1x1 images of a conv
+        rows = x.reshape(-1, weight.shape[0], 1, 1)
+        sums = native.island.conv(rows, weight.T[:, :, None, None], 1, [1, 1], [0, 0], [1, 1], [1, 1],
+                                  layer_thread_count())
+        return _with_bias(sums.reshape(*x.shape[:-1], weight.shape[1]), inputs, -1, attrs)
     acc = np.zeros((*x.shape[:-1], weight.shape[1]), np.float32)
     for k in range(weight.shape[0]):
         acc += x[..., k:k + 1] * weight[k]
@@ -74,6 +85,10 @@ def _conv(inputs: list[np.ndarray], attrs: dict[str, Any]) -> np.ndarray:
     strides, pads, dilations = conv_geometry(attrs, 2)
     kernel = list(weight.shape[2:])
     out = output_sizes(x.shape, kernel, strides, pads, dilations)
+    native = native_conv()
+    if native is not None:
+        sums = native.island.conv(x, weight, attrs["groups"], strides, pads[:2], dilations, out, layer_thread_count())
+        return _with_bias(sums, inputs, 1, attrs)
     padded = np.pad(x, ((0, 0), (0, 0), (pads[0], pads[2]), (pads[1], pads[3])))
     groups, per_group = attrs["groups"], weight.shape[1]
     channel_of = (np.arange(weight.shape[0]) // (weight.shape[0] // groups)) * per_group  # first input channel
