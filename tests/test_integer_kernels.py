@@ -13,9 +13,10 @@ import pytest
 
 from dabuild.ir.kernels import native
 from dabuild.ir.kernels.native import layer_threads
-from dabuild.quant.layers.elementwise import LEFT_SHIFT, QAdd, QSub
+from dabuild.quant.layers.elementwise import LEFT_SHIFT, QAdd, QClamp, QRelu, QSub
 from dabuild.quant.layers.linear import QConv, QDense
 from dabuild.quant.qgraph import QGraph, QTensor, QuantParams
+from dabuild.quant.reference import absorbed_clamps, run_integer
 
 RNG = np.random.default_rng(31)
 
@@ -142,3 +143,37 @@ def test_compiled_add_of_feature_maps_equals_the_numpy_reference(layer_class: ty
     np.testing.assert_array_equal(compiled, reference)
     mixed = layer.run([a, np.ascontiguousarray(b)], graph, None)[0]  # operands in different memory orders
     np.testing.assert_array_equal(mixed, reference)
+
+
+@pytest.mark.parametrize("clamp_class, bounds", [(QRelu, (2, 127)), (QClamp, (-20, 60))])
+def test_an_add_applies_the_clamp_after_it_in_one_lookup(clamp_class: type[QClamp], bounds: tuple[int, int]) -> None:
+    """run_integer runs a residual add and the relu (or clamp) that alone reads it as one table look-up, split
+    among threads on a large tensor; the result is the two layers' numpy reference bit for bit."""
+    params = QuantParams(0.05, 2, "int8")
+    tensors = {name: QTensor((32, 64, 64), params) for name in ("a", "b", "s", "y")}
+    first = QRelu(name="first", inputs=["a"], outputs=["b"], low=-100, high=100)  # the add's second operand
+    add = QAdd(name="add", inputs=["a", "b"], outputs=["s"], left_shift=LEFT_SHIFT,
+               input_multiplier=np.array([2**30, 1717986918], np.int32), input_shift=np.array([31, 31], np.int32),
+               multiplier=np.array([2**30], np.int32), shift=np.array([30 + LEFT_SHIFT], np.int32))
+    clamp = clamp_class(name="relu", inputs=["s"], outputs=["y"], low=bounds[0], high=bounds[1])
+    graph = QGraph("a", "y", tensors, [first, add, clamp])
+    assert absorbed_clamps(graph) == {1: clamp}
+    x = RNG.integers(-128, 128, (2, 64, 64, 32)).astype(np.int8).transpose(0, 3, 1, 2)
+    with layer_threads(2):
+        fused = run_integer(graph, x)
+    traced = run_integer(graph, x, keep_intermediates=True)  # each layer's own numpy code
+    np.testing.assert_array_equal(fused, traced["y"])
+    assert fused.min() == bounds[0] and fused.max() <= bounds[1] and len(np.unique(fused)) > 20
+
+
+def test_a_clamp_is_not_absorbed_where_another_layer_reads_the_sum() -> None:
+    params = QuantParams(0.05, 0, "int8")
+    tensors = {name: QTensor((4,), params) for name in ("a", "s", "r", "y")}
+    add = QAdd(name="add", inputs=["a", "a"], outputs=["s"], left_shift=LEFT_SHIFT,
+               input_multiplier=np.array([2**30, 2**30], np.int32), input_shift=np.array([31, 31], np.int32),
+               multiplier=np.array([2**30], np.int32), shift=np.array([31 - LEFT_SHIFT], np.int32))
+    relu = QRelu(name="relu", inputs=["s"], outputs=["r"], low=0, high=127)
+    other = QAdd(name="add2", inputs=["s", "r"], outputs=["y"], left_shift=LEFT_SHIFT,
+                 input_multiplier=add.input_multiplier, input_shift=add.input_shift, multiplier=add.multiplier,
+                 shift=add.shift)
+    assert absorbed_clamps(QGraph("a", "y", tensors, [add, relu, other])) == {}

@@ -14,6 +14,7 @@ import numpy as np
 
 from dabuild.quant import layers  # noqa: F401  (registers every layer type)
 from dabuild.quant.fixed_point import requantize
+from dabuild.quant.layers.elementwise import QAdd, QClamp
 from dabuild.quant.qgraph import QGraph
 
 __all__ = ["dequantize_output", "quantize_input", "requantize", "run_integer", "run_quantized"]
@@ -46,9 +47,16 @@ def run_integer(qgraph: QGraph, x_q: np.ndarray, keep_intermediates: bool = Fals
     values: dict[str, np.ndarray] = {**qgraph.constants, qgraph.input: x_q}
     trace: dict[str, np.ndarray] | None = {} if keep_intermediates and accumulators else None
     last_reader = {name: index for index, layer in enumerate(qgraph.layers) for name in layer.inputs}
+    fused = {} if keep_intermediates else absorbed_clamps(qgraph)
     for index, layer in enumerate(qgraph.layers):
-        results = layer.run([values[name] for name in layer.inputs], qgraph, trace)
-        values.update(zip(layer.outputs, results))
+        if index - 1 in fused:  # the clamp the add before it applied
+            continue
+        inputs = [values[name] for name in layer.inputs]
+        if index in fused:
+            assert isinstance(layer, QAdd)
+            values.update(zip(fused[index].outputs, layer.run_clamped(inputs, qgraph, fused[index])))
+        else:
+            values.update(zip(layer.outputs, layer.run(inputs, qgraph, trace)))
         if not keep_intermediates:
             for name in layer.inputs:
                 if last_reader[name] == index and name != qgraph.output and name not in qgraph.constants:
@@ -56,6 +64,19 @@ def run_integer(qgraph: QGraph, x_q: np.ndarray, keep_intermediates: bool = Fals
     if not keep_intermediates:
         return values[qgraph.output]
     return {**{name: value for name, value in values.items() if name not in qgraph.constants}, **(trace or {})}
+
+
+def absorbed_clamps(qgraph: QGraph) -> dict[int, QClamp]:
+    """Add and sub layers (by index) whose output only the clamp right after them reads (a residual block's
+    relu): the add applies the clamp itself (`QAdd.run_clamped`, one table look-up for both), and the clamp
+    does not run. Only where no intermediate is kept: a trace shows both tensors."""
+    readers: dict[str, int] = {}
+    for layer in qgraph.layers:
+        for name in layer.inputs:
+            readers[name] = readers.get(name, 0) + 1
+    return {index: clamp for index, (layer, clamp) in enumerate(zip(qgraph.layers, qgraph.layers[1:]))
+            if isinstance(layer, QAdd) and isinstance(clamp, QClamp) and len(layer.outputs) == 1
+            and clamp.inputs == layer.outputs and readers[layer.outputs[0]] == 1 and layer.outputs[0] != qgraph.output}
 
 
 def quantize_input(qgraph: QGraph, x: np.ndarray) -> np.ndarray:

@@ -18,6 +18,7 @@ from dabuild.ir.kernels.forking import forget_pool_after_fork, split_rows
 
 BLOCK_VECTORS = 4  # vectors of output channels per packed weight block (qconv.c's QBLOCK_VECS)
 PARALLEL_MACS = 2_000_000  # a conv with fewer multiply-adds runs on one thread
+PARALLEL_LOOKUPS = 1_000_000  # an add looks up fewer elements on one thread
 INT32_LIMIT = 2**31 - 1
 
 
@@ -135,16 +136,23 @@ class NativeInteger:
         split_rows(self, kernel, ctypes.byref(call), rows, parts, max(1, parts - 1), "dabuild-qconv")
         return y
 
-    def add_lookup(self, a: np.ndarray, b: np.ndarray, table: np.ndarray) -> np.ndarray:
+    def add_lookup(self, a: np.ndarray, b: np.ndarray, table: np.ndarray, threads: int = 1) -> np.ndarray:
         """table[a * 256 + b] element by element for two 1-byte arrays of one shape, in a's dtype and memory
-        order (a and b in the same order: an NCHW view of channels-last memory stays one)."""
+        order (a and b in the same order: an NCHW view of channels-last memory stays one); a large array's
+        elements split among `threads`."""
         order = _memory_order(a)
         if order is None or _memory_order(b) != order:
             order = tuple(range(a.ndim))
         a_flat = np.ascontiguousarray(a.transpose(order))
         b_flat = np.ascontiguousarray(b.transpose(order))
         y = np.empty_like(a_flat)
-        self._add(a_flat.ctypes.data, b_flat.ctypes.data, table.ctypes.data, a_flat.size, y.ctypes.data)
+        pointers = (a_flat.ctypes.data, b_flat.ctypes.data, y.ctypes.data)
+
+        def part(_: None, first: int, end: int) -> None:
+            self._add(pointers[0] + first, pointers[1] + first, table.ctypes.data, end - first, pointers[2] + first)
+
+        parts = min(threads, a_flat.size // PARALLEL_LOOKUPS + 1)
+        split_rows(self, part, None, a_flat.size, parts, max(1, parts - 1), "dabuild-qconv")
         return y.transpose(np.argsort(order))
 
 

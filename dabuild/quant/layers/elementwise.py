@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from dabuild.errors import BuildError
-from dabuild.ir.kernels.native import native_conv
+from dabuild.ir.kernels.native import layer_thread_count, native_conv
 from dabuild.ir.ops import OPS
 from dabuild.quant.activations import clamp_bounds, is_table_activation, lookup_table
 from dabuild.quant.fixed_point import accumulator_trace, quantize_multiplier, requantize
@@ -103,24 +103,35 @@ class QAdd(QLayer):
     shift: np.ndarray             # int32 (1,)
 
     def run(self, inputs: list[np.ndarray], graph: QGraph, trace: Trace | None) -> list[np.ndarray]:
+        return self.run_clamped(inputs, graph, None) if trace is None else self._reference(inputs, graph, trace)
+
+    def run_clamped(self, inputs: list[np.ndarray], graph: QGraph, clamp: QClamp | None) -> list[np.ndarray]:
+        """The output, then `clamp` (a clamp layer reading it, or None) applied to it: for 8-bit tensors one
+        look-up of a table that holds both, so the relu after a residual add costs no pass of its own."""
         native = native_conv()
-        if (trace is None and native is not None and native.integer is not None and inputs[0].shape == inputs[1].shape
+        if (native is not None and native.integer is not None and inputs[0].shape == inputs[1].shape
                 and all(np.dtype(params.storage).itemsize == 1
                         for params in (self.params(graph, 0), self.params(graph, 1), self.output_params(graph)))):
             a, b = (np.asarray(x).view(np.uint8) for x in inputs)
-            return [native.integer.add_lookup(a, b, self._pair_table(graph)).view(self.output_params(graph).storage)]
-        return self._reference(inputs, graph, trace)
+            table = self._pair_table(graph, clamp)
+            return [native.integer.add_lookup(a, b, table, layer_thread_count()).view(self.output_params(graph).storage)]
+        [y] = self._reference(inputs, graph, None)
+        return [y] if clamp is None else clamp.run([y], graph, None)
 
-    def _pair_table(self, graph: QGraph) -> np.ndarray:
-        """The output byte for every pair of input bytes (a * 256 + b), by the numpy reference: with 8-bit
-        inputs and output the layer is a function of two bytes, which the compiled add looks up."""
-        table = self.__dict__.get("_pair_table_bytes")
-        if table is None:
+    def _pair_table(self, graph: QGraph, clamp: QClamp | None = None) -> np.ndarray:
+        """The output byte for every pair of input bytes (a * 256 + b), by the numpy reference (and `clamp`'s):
+        with 8-bit inputs and output the layer is a function of two bytes, which the compiled add looks up."""
+        key = None if clamp is None else (clamp.low, clamp.high)
+        tables = self.__dict__.setdefault("_pair_tables", {})
+        if key not in tables:
             every = np.arange(256, dtype=np.uint8)
             a, b = (np.repeat(every, 256), np.tile(every, 256))
             stored = [x.view(self.params(graph, index).storage).reshape(256, 256) for index, x in enumerate((a, b))]
-            table = self.__dict__["_pair_table_bytes"] = self._reference(stored, graph, None)[0].view(np.uint8).ravel()
-        return table
+            [y] = self._reference(stored, graph, None)
+            if clamp is not None:
+                [y] = clamp.run([y], graph, None)
+            tables[key] = y.view(np.uint8).ravel()
+        return tables[key]
 
     def _reference(self, inputs: list[np.ndarray], graph: QGraph, trace: Trace | None) -> list[np.ndarray]:
         a, b = (self._rescaled(graph, i, x) for i, x in enumerate(inputs))
