@@ -23,7 +23,7 @@ from dabuild.progress import Progress
 from dabuild.quant.calibrate import calibrate
 from dabuild.quant.config import NodeConfig, QuantChoice, QuantConfig, default_config
 from dabuild.quant.layers.fallback import QFloat, QFloatWeighted
-from dabuild.quant.lowering import LOWERINGS, quantizable_roles
+from dabuild.quant.lowering import LOWERINGS, WeightCache, quantizable_roles
 from dabuild.quant.qgraph import QGraph
 from dabuild.quant.quantize import quantize
 from dabuild.quant.reference import dequantize_output, quantize_input, run_integer, run_quantized
@@ -573,3 +573,31 @@ def test_a_dag_saves_and_loads_byte_stably(tmp_path: Path, digits_model: tuple[G
     x_q = quantize_input(qgraph, data["x_test"])
     assert np.array_equal(run_integer(loaded, x_q), run_integer(qgraph, x_q))
     assert [type(layer) for layer in loaded.layers] == [type(layer) for layer in qgraph.layers]
+
+
+def test_a_weight_cache_lowers_configs_as_without_it_and_quantizes_each_weight_once() -> None:
+    """A tuning run's cache hands back a node's weights (and their packing) while its choice stays, and lowers
+    each config to the same layers as a fresh lowering; a changed choice is quantized anew."""
+    rng = np.random.default_rng(3)
+    constants = {"w1": rng.normal(0, 0.3, (6, 4, 3, 3)), "w2": rng.normal(0, 0.3, (5, 6, 1, 1))}
+    graph = graph_of([Node("a", "conv", ["x", "w1"], ["h"], {"pads": [1, 1, 1, 1], "activation": "relu"}),
+                      Node("b", "conv", ["h", "w2"], ["y"], {})], (4, 7, 7), constants)
+    x = image()
+    stats = calibrate(graph, [{"x": x}], Progress.silent())
+    base = default_config(graph, C_CAPABILITY)
+    per_channel = QuantConfig({**base.nodes, "b": with_weights(base, granularity="per_channel").nodes["b"]})
+    cache = WeightCache()
+    first = quantize(graph, stats, base, weight_cache=cache)
+    y_first = run_integer(first, quantize_input(first, x))  # packs each weight into the cache's dicts
+    for config in (per_channel, base):
+        cached, fresh = quantize(graph, stats, config, weight_cache=cache), quantize(graph, stats, config)
+        for layer, expected in zip(cached.layers, fresh.layers):
+            np.testing.assert_array_equal(layer.weight, expected.weight)
+            np.testing.assert_array_equal(layer.multiplier, expected.multiplier)
+        np.testing.assert_array_equal(run_integer(cached, quantize_input(cached, x)),
+                                      run_integer(fresh, quantize_input(fresh, x)))
+    assert cached.layers[0].weight is first.layers[0].weight  # node a's choice never changed
+    assert vars(cached.layers[0])["_packs"] is vars(first.layers[0])["_packs"]
+    assert cached.layers[1].weight is not first.layers[1].weight  # b went per channel and back: quantized again
+    assert not cached.layers[1].weight.flags.writeable
+    np.testing.assert_array_equal(run_integer(cached, quantize_input(cached, x)), y_first)

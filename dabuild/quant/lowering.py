@@ -118,6 +118,34 @@ def quantize_weight(weight: np.ndarray, choice: QuantChoice, where: str,
     return q, scales
 
 
+class WeightCache:
+    """The integer weights each node was last lowered with, by choice, and what the kernels derived from them.
+
+    A tuning run lowers hundreds of configs that differ from one another in a node or two; quantizing and
+    packing ResNet-50's 25 M weights again for each was a tenth of a trial. A node's entry is reused while
+    its weight choice stays, and replaced when it changes, so the cache holds one lowered graph's weights
+    (which the last trial's graph held anyway). Cached arrays are read-only: a layer never writes its weight.
+    """
+
+    def __init__(self) -> None:
+        self._entries: dict[str, tuple[tuple[object, ...], np.ndarray, np.ndarray, dict[int, object]]] = {}
+
+    def weights(self, node: str, key: tuple[object, ...],
+                compute: Callable[[], tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+        """Node `node`'s integer weights and scales for `key` (everything they depend on), computed once."""
+        entry = self._entries.get(node)
+        if entry is None or entry[0] != key:
+            weight, scale = compute()
+            weight.flags.writeable = scale.flags.writeable = False
+            entry = self._entries[node] = (key, weight, scale, {})
+        return entry[1], entry[2]
+
+    def derived(self, node: str) -> dict[int, object]:
+        """A dict that lives as long as node `node`'s cached weights: where its layers keep what they derive
+        from them (qconv.c's packed weights)."""
+        return self._entries[node][3] if node in self._entries else {}
+
+
 @dataclass
 class Lowering:
     """What a lowering reads (graph, stats, node, config) and the tensors it adds to."""
@@ -134,6 +162,7 @@ class Lowering:
     renames: dict[str, str] = field(default_factory=dict)  # tensor -> the name it goes by once lowered (fake_quant)
     island: set[str] = field(default_factory=set)  # tensors that stay float32 (layers.fallback.island_tensors)
     floats: dict[str, tuple[int, ...]] = field(default_factory=dict)  # those lowered so far: per-sample shapes
+    weight_cache: WeightCache | None = None  # integer weights kept from the configs lowered before (tuning)
 
     @property
     def activation(self) -> QuantChoice:
@@ -198,9 +227,15 @@ class Lowering:
         """The node's integer weights and scales: the model's own where it gives them (Graph.given), else as
         `choice` quantizes them."""
         given = self.graph.given.get(self.node.inputs[1]) if self.node.op in ("dense", "conv") else None
-        if given is not None:
-            return weight_integers(weight, given, channel_axis, self.where)
-        return quantize_weight(weight, choice, self.where, channel_axis)
+
+        def compute() -> tuple[np.ndarray, np.ndarray]:
+            if given is not None:
+                return weight_integers(weight, given, channel_axis, self.where)
+            return quantize_weight(weight, choice, self.where, channel_axis)
+
+        if self.weight_cache is None:
+            return compute()
+        return self.weight_cache.weights(self.node.name, (choice, channel_axis, given is not None), compute)
 
     def output(self, tensor: str, params: QuantParams, like: str | None = None) -> None:
         """Declare a lowered output tensor (shaped like the float tensor `like`, by default itself)."""

@@ -33,6 +33,7 @@ from dabuild.ir.kernels.native import available_cores, layer_threads
 from dabuild.ir.memory import samples_that_fit
 from dabuild.quant.calibrate import Stats
 from dabuild.quant.config import QuantConfig
+from dabuild.quant.lowering import WeightCache
 from dabuild.quant.qgraph import QGraph
 from dabuild.quant.quantize import quantize
 from dabuild.quant.reference import quantize_input, run_integer, run_quantized
@@ -80,6 +81,7 @@ class Evaluator:
         self.input = self.graph.inputs[0].name
         self.threads = setup.threads or available_cores()
         self.interpreter = Interpreter(self.graph, threads=self.threads)  # prepared once for every batch
+        self.weight_cache = WeightCache()  # each node's integer (and packed) weights, while its choice stays
         self.batch_size = samples_that_fit(self.graph, "tune", setup.batch_size, setup.x.nbytes, "evaluation data")
         self.float_outputs = np.concatenate([self.interpreter.run({self.input: x})[self.graph.outputs[0]]
                                              for x in self._batches()])
@@ -91,7 +93,7 @@ class Evaluator:
 
     def quantize(self, config: QuantConfig) -> QGraph:
         """The graph lowered under `config`, as it is scored (and as the tune stage writes it)."""
-        return quantize(self.graph, self.stats, config, self.setup.bias_correction)
+        return quantize(self.graph, self.stats, config, self.setup.bias_correction, self.weight_cache)
 
     def score(self, config: QuantConfig, floor: float | None = None) -> Score:
         """The config's metric on the evaluation data; with `floor` (the least passing score) and a metric

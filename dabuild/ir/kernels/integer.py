@@ -45,6 +45,7 @@ class PackedQWeight:
     channels: int  # input channels rounded up to whole groups
     group: int
     sums: np.ndarray  # int64 (O,): each output channel's sum of weights (the uint8 kernel's bias correction)
+    magnitudes: np.ndarray  # int64 (O,): each output channel's sum of |w|, the accumulator's bound per unit of input
 
 
 @dataclass(frozen=True)
@@ -91,8 +92,8 @@ class NativeInteger:
         block = BLOCK_VECTORS * self.lanes
         flat = np.concatenate([np.ascontiguousarray(rows[:, first:first + block]).ravel()
                                for first in range(0, padded, block)])
-        sums = weight.astype(np.int64).reshape(out_channels, -1).sum(axis=1)
-        return PackedQWeight(flat, weight.shape, padded, whole, group, sums)
+        wide = weight.astype(np.int64).reshape(out_channels, -1)
+        return PackedQWeight(flat, weight.shape, padded, whole, group, wide.sum(axis=1), np.abs(wide).sum(axis=1))
 
     def conv(self, x: np.ndarray, zero_point: int, weight: PackedQWeight, requantization: Requantization,
              strides: list[int], pads: list[int], dilations: list[int], out: list[int], storage: np.dtype,

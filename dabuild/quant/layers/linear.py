@@ -17,7 +17,6 @@ exactly; the result equals integer arithmetic bit for bit, at BLAS speed.
 
 from __future__ import annotations
 
-import functools
 from abc import abstractmethod
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -85,15 +84,16 @@ class QWeighted(QLayer):
         if (native is None or native.integer is None or np.dtype(source.storage).itemsize != 1
                 or self.weight.dtype.itemsize != 1 or storage.itemsize not in (1, 2, 4)):
             return None
-        bias, magnitudes = np.abs(self.bias.astype(np.int64)), self._weight_magnitudes
+        quads = native.integer.quads and np.dtype(source.storage) in (np.dtype(np.int8), np.dtype(np.uint8))
+        packed = self._packing(4 if quads else 2)
+        bias, magnitudes = np.abs(self.bias.astype(np.int64)), packed.magnitudes
         if np.max(bias + magnitudes * (source.qmax - source.qmin)) > INT32_MAX:
             return None
-        packed = self._packing(2)
-        if native.integer.quads and np.dtype(source.storage) in (np.dtype(np.int8), np.dtype(np.uint8)):
-            quads = self._packing(4)  # the uint8 x int8 kernel sums u w with u up to 255, and takes p sum w off the bias
+        if quads:  # the uint8 x int8 kernel sums u w with u up to 255, and takes p sum w off the bias
             pad = int(source.zero_point) + (128 if np.dtype(source.storage) == np.int8 else 0)
-            if np.max(np.abs(self.bias.astype(np.int64) - pad * quads.sums) + 255 * magnitudes) <= INT32_MAX:
-                packed = quads
+            if np.max(np.abs(self.bias.astype(np.int64) - pad * packed.sums) + 255 * magnitudes) > INT32_MAX:
+                packed = self._packing(2)
+
         def per_channel(values: np.ndarray) -> np.ndarray:
             return np.ascontiguousarray(np.broadcast_to(values.astype(np.int64), len(self.bias)))
 
@@ -102,14 +102,9 @@ class QWeighted(QLayer):
         return native.integer.conv(x, int(source.zero_point), packed, requantization, strides, pads, dilations, out,
                                    storage, layer_thread_count())
 
-    @functools.cached_property
-    def _weight_magnitudes(self) -> np.ndarray:
-        """Each output channel's sum of |w| (int64): the accumulator's bound per unit of input."""
-        weight = self.conv_weight()
-        return np.abs(weight.astype(np.int64)).reshape(len(weight), -1).sum(axis=1)
-
     def _packing(self, group: int) -> PackedQWeight:
-        """The weight packed for qconv.c in groups of `group` input channels, made once per layer."""
+        """The weight packed for qconv.c in groups of `group` input channels, made once per layer (once per
+        weight in a tuning run: lowering hands layers of one cached weight one `_packs`, see WeightCache)."""
         packs = self.__dict__.setdefault("_packs", {})
         if group not in packs:
             native = native_conv()
@@ -276,10 +271,13 @@ def _weighted_layers(ctx: Lowering, layer_class: type[QWeighted], weight: np.nda
                          f"{weight_choice.dtype} weights")
     multiplier, shift = quantize_multiplier(accumulator_scale / target.scale, ctx.where)
     low, high = clamp_bounds("none" if table else activation, activation_attrs, target)
-    layers: list[QLayer] = [layer_class(
+    layer = layer_class(
         name=node.name, inputs=[node.inputs[0]], outputs=[written], weight=weight_q,
         bias=bias_q.astype(np.int32 if np.all(np.abs(bias_q) <= INT32_MAX) else np.int64),
-        multiplier=multiplier, shift=shift, weight_scale=weight_scale, output_min=low, output_max=high, **geometry)]
+        multiplier=multiplier, shift=shift, weight_scale=weight_scale, output_min=low, output_max=high, **geometry)
+    if ctx.weight_cache is not None:  # packed once per cached weight, not once per lowered config
+        layer.__dict__["_packs"] = ctx.weight_cache.derived(node.name)
+    layers: list[QLayer] = [layer]
     if table:
         layers.append(lookup_layer(ctx, f"{node.name}:{activation}", written, output, activation, activation_attrs))
     return layers
