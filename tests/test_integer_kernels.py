@@ -177,3 +177,24 @@ def test_a_clamp_is_not_absorbed_where_another_layer_reads_the_sum() -> None:
                  input_multiplier=add.input_multiplier, input_shift=add.input_shift, multiplier=add.multiplier,
                  shift=add.shift)
     assert absorbed_clamps(QGraph("a", "y", tensors, [add, relu, other])) == {}
+
+
+@pytest.mark.parametrize("dtype, zero_point", [("int8", -3), ("uint8", 128), ("int16", 5), ("uint16", 7), ("int4", 1)])
+def test_compiled_quantization_equals_the_numpy_one(dtype: str, zero_point: int,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """quantize.c (large arrays) against QuantParams.quantize's numpy code: exact ties and the float32
+    neighbours below them, NaN and infinities, values far past the range, a channels-last view, two threads."""
+    params = QuantParams(0.0371, zero_point, dtype)
+    x = (RNG.standard_normal(60000) * 2.0 ** RNG.integers(-8, 12, 60000)).astype(np.float32)
+    x[:5] = [np.nan, np.inf, -np.inf, -0.0, 0.0]
+    ties = (RNG.integers(-300, 300, 1000) + np.float32(0.5)) * np.float32(0.0371)
+    x[100:1100], x[1100:2100] = ties, np.nextafter(ties, np.float32(0))
+    view = x.reshape(6, 100, 100).transpose(0, 2, 1)
+    with layer_threads(2):
+        compiled = params.quantize(view)
+    with monkeypatch.context() as numpy_only:
+        numpy_only.setenv(native.SWITCH, "0")
+        reference = params.quantize(view)
+    assert compiled.dtype == reference.dtype and compiled.shape == reference.shape
+    np.testing.assert_array_equal(compiled, reference)
+    assert compiled.strides == (10000 * compiled.itemsize, compiled.itemsize, 100 * compiled.itemsize)

@@ -37,6 +37,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from dabuild.errors import BuildError
+from dabuild.ir.kernels.native import layer_thread_count, native_conv
 from dabuild.ir.npz import read_npz, write_npz
 from dabuild.quant.dtypes import int_type
 from dabuild.quant.fixed_point import round_half_away
@@ -45,6 +46,7 @@ from dabuild.registry import Registry
 QGRAPH_FILE = "qgraph.json"
 QWEIGHTS_FILE = "qweights.npz"
 FORMAT_VERSION = 2
+NATIVE_SIZE = 4096  # QuantParams.quantize takes arrays of this many values and more to quantize.c
 _CONSTANT_KEY = ":constant:"  # npz member prefix of graph constants (layer arrays are "<layer>/<field>")
 
 Trace = dict[str, np.ndarray]
@@ -90,9 +92,15 @@ class QuantParams:
         return int_type(self.dtype).storage
 
     def quantize(self, x: np.ndarray) -> np.ndarray:
-        """float -> int in float32, the way model_forward_float does it in C."""
+        """float -> int in float32, the way model_forward_float does it in C (and quantize.c, which takes
+        large arrays: a graph input, a float island's output)."""
         if not self.plain:
             return self._quantize_fixed(x)
+        native = native_conv()
+        storage = np.dtype(self.storage)
+        if native is not None and native.integer is not None and storage.itemsize <= 2 and np.size(x) >= NATIVE_SIZE:
+            return native.integer.quantize(np.asarray(x, dtype=np.float32), self.scale, self.zero_point, self.qmin,
+                                           self.qmax, storage, layer_thread_count())
         scaled = np.asarray(x, dtype=np.float32) / np.float32(self.scale)
         # Bound before rounding (C must, float->int of huge values is undefined); NaN goes to the bottom.
         span = np.float32(self.qmax - self.qmin)

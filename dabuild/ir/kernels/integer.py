@@ -1,4 +1,5 @@
-"""qconv.c with numpy arrays in and out: the integer reference's 8-bit conv and add, compiled.
+"""qconv.c and quantize.c with numpy arrays in and out: the integer reference's 8-bit conv and add, and its
+float -> integer quantization, compiled.
 
 Loaded with the interpreter's native kernels (`dabuild.ir.kernels.native`, same library, same cache and
 proof); `dabuild.quant.layers` call it for the layers it takes and keep their numpy code for the rest and
@@ -18,7 +19,7 @@ from dabuild.ir.kernels.forking import forget_pool_after_fork, split_rows
 
 BLOCK_VECTORS = 4  # vectors of output channels per packed weight block (qconv.c's QBLOCK_VECS)
 PARALLEL_MACS = 2_000_000  # a conv with fewer multiply-adds runs on one thread
-PARALLEL_LOOKUPS = 1_000_000  # an add looks up fewer elements on one thread
+PARALLEL_LOOKUPS = 1_000_000  # an add looks up (a quantization converts) fewer elements on one thread
 INT32_LIMIT = 2**31 - 1
 
 
@@ -76,6 +77,10 @@ class NativeInteger:
         self._add.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_ssize_t, ctypes.c_void_p]
         self._add.restype = None
         library.qconv_lanes.restype = ctypes.c_ssize_t
+        self._quantize = library.quantize_f32
+        self._quantize.argtypes = [ctypes.c_void_p, *[ctypes.c_float] * 5, ctypes.c_ssize_t, ctypes.c_void_p,
+                                   ctypes.c_ssize_t, ctypes.c_ssize_t]
+        self._quantize.restype = None
         self.lanes = int(library.qconv_lanes())
         self._pool: ThreadPoolExecutor | None = None
         forget_pool_after_fork(self)
@@ -154,6 +159,23 @@ class NativeInteger:
 
         parts = min(threads, a_flat.size // PARALLEL_LOOKUPS + 1)
         split_rows(self, part, None, a_flat.size, parts, max(1, parts - 1), "dabuild-qconv")
+        return y.transpose(np.argsort(order))
+
+    def quantize(self, x: np.ndarray, scale: float, zero_point: int, qmin: int, qmax: int, storage: np.dtype,
+                 threads: int = 1) -> np.ndarray:
+        """float32 x as QuantParams.quantize makes it integers of `storage` (1 or 2 bytes; see quantize.c), in
+        x's memory order; a large array's elements split among `threads`."""
+        order = _memory_order(x) or tuple(range(x.ndim))
+        flat = np.ascontiguousarray(x.transpose(order))
+        y = np.empty(flat.shape, storage)
+        arguments = (flat.ctypes.data, np.float32(scale), np.float32(qmax - qmin), np.float32(zero_point),
+                     np.float32(qmin), np.float32(qmax), y.itemsize, y.ctypes.data)
+
+        def part(_: None, first: int, end: int) -> None:
+            self._quantize(*arguments, first, end)
+
+        parts = min(threads, flat.size // PARALLEL_LOOKUPS + 1)
+        split_rows(self, part, None, flat.size, parts, max(1, parts - 1), "dabuild-qconv")
         return y.transpose(np.argsort(order))
 
 

@@ -425,7 +425,7 @@ def _load() -> NativeConv | None:
                                f"#define NAME(name) name##_{suffix}\n{conv}" for elem, mask, suffix in VARIANTS),
                              *(kernels.joinpath(name).read_text()
                                for name in ("histogram.c", "requantize.c", "qconv.c", "threads.c", "max_pool.c",
-                                            "island_conv.c"))])
+                                            "island_conv.c", "quantize.c"))])
         library, scratch = _build(compiler, version, source)
         try:
             loaded = ctypes.CDLL(str(library))
