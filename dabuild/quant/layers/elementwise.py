@@ -28,6 +28,8 @@ from dabuild.quant.fixed_point import accumulator_trace, quantize_multiplier, re
 from dabuild.quant.lowering import Lowering, lowers
 from dabuild.quant.qgraph import QGraph, QLayer, Trace, layer_type
 
+PAIR_TABLES: dict[tuple[object, ...], np.ndarray] = {}  # QAdd's 64 KiB look-up tables by what they depend on
+PAIR_TABLES_KEPT = 256  # at most 16 MiB of them
 LEFT_SHIFT = 20  # |x - zp| <= 255 < 2**8, so the shifted inputs stay below 2**28 and their sum below 2**29
 
 
@@ -120,18 +122,27 @@ class QAdd(QLayer):
 
     def _pair_table(self, graph: QGraph, clamp: QClamp | None = None) -> np.ndarray:
         """The output byte for every pair of input bytes (a * 256 + b), by the numpy reference (and `clamp`'s):
-        with 8-bit inputs and output the layer is a function of two bytes, which the compiled add looks up."""
-        key = None if clamp is None else (clamp.low, clamp.high)
-        tables = self.__dict__.setdefault("_pair_tables", {})
-        if key not in tables:
+        with 8-bit inputs and output the layer is a function of two bytes, which the compiled add looks up.
+        Kept by everything it depends on (PAIR_TABLES), so the trials of a tuning run, whose configs lower
+        each add anew, mostly find it made."""
+        key = (type(self), self.left_shift, *(tuple(int(v) for v in values) for values in (
+            self.input_multiplier, self.input_shift, self.multiplier, self.shift)),
+            self.params(graph, 0), self.params(graph, 1), self.output_params(graph),
+            None if clamp is None else (clamp.low, clamp.high))
+        table = PAIR_TABLES.get(key)
+        if table is None:
             every = np.arange(256, dtype=np.uint8)
             a, b = (np.repeat(every, 256), np.tile(every, 256))
             stored = [x.view(self.params(graph, index).storage).reshape(256, 256) for index, x in enumerate((a, b))]
             [y] = self._reference(stored, graph, None)
             if clamp is not None:
                 [y] = clamp.run([y], graph, None)
-            tables[key] = y.view(np.uint8).ravel()
-        return tables[key]
+            table = y.view(np.uint8).ravel()
+            table.flags.writeable = False
+            if len(PAIR_TABLES) >= PAIR_TABLES_KEPT:
+                del PAIR_TABLES[next(iter(PAIR_TABLES))]  # the oldest
+            PAIR_TABLES[key] = table
+        return table
 
     def _reference(self, inputs: list[np.ndarray], graph: QGraph, trace: Trace | None) -> list[np.ndarray]:
         a, b = (self._rescaled(graph, i, x) for i, x in enumerate(inputs))
