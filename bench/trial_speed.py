@@ -6,7 +6,7 @@ cost differs: the default (all int8), an op-type-wise move (every conv's weights
 fp32 fallbacks of a conv (a float island: the slowest trials of a basic run) and of the dense layer. Each
 trial runs twice and the second run is timed (the first fills the weight cache the way a tuning run's
 earlier trials do). Prints each trial's seconds, onnxruntime's over the same images, and their ratio
-(the big_model goal: <= 2), then where the default trial's time goes by layer type.
+(the big_model goal: <= 2), then where the default trial's CPU time goes by layer type.
 
 Usage: python bench/trial_speed.py DIR [--evaluation 64]
 """
@@ -62,23 +62,26 @@ def configs(evaluator: Evaluator) -> dict[str, QuantConfig]:
 
 
 def layer_seconds(evaluator: Evaluator, config: QuantConfig) -> dict[str, float]:
-    """Seconds per layer type of one batch of the config's integer run, as run_integer runs it."""
+    """CPU seconds (every thread's: steadier than wall time on a shared machine) per layer type of one batch
+    of the config's integer run, as run_integer runs it, and of lowering the config."""
+    start = time.process_time()
     qgraph = evaluator.quantize(config)
+    seconds: dict[str, float] = defaultdict(float)
+    seconds["lowering"] = time.process_time() - start
     x = evaluator.setup.x[:evaluator.batch_size]
     fused = absorbed_clamps(qgraph)
     values = {**qgraph.constants, qgraph.input: quantize_input(qgraph, x)}
-    seconds: dict[str, float] = defaultdict(float)
     with layer_threads(evaluator.threads):
         for index, layer in enumerate(qgraph.layers):
             if index - 1 in fused:
                 continue
             inputs = [values[name] for name in layer.inputs]
-            start = time.perf_counter()
+            start = time.process_time()
             if index in fused:
                 outputs, names, op = layer.run_clamped(inputs, qgraph, fused[index]), fused[index].outputs, "add+relu"
             else:
                 outputs, names, op = layer.run(inputs, qgraph, None), layer.outputs, layer.op
-            seconds[op] += time.perf_counter() - start
+            seconds[op] += time.process_time() - start
             values.update(zip(names, outputs))
     return seconds
 
@@ -107,9 +110,10 @@ def main() -> None:
               flush=True)
     seconds = layer_seconds(evaluator, configs(evaluator)["default (int8)"])
     total = sum(seconds.values())
-    print(f"default trial by layer type ({evaluator.batch_size} images):")
+    images = min(evaluator.batch_size, len(evaluator.setup.x))
+    print(f"default trial by layer type (CPU time, {images} images):")
     for op, value in sorted(seconds.items(), key=lambda item: -item[1]):
-        print(f"  {op:<10} {value:6.2f} s  {100 * value / total:5.1f} %")
+        print(f"  {op:<10} {1000 * value / images:7.2f} ms per image  {100 * value / total:5.1f} %")
 
 
 if __name__ == "__main__":
