@@ -30,21 +30,10 @@ from dabuild.quant.reference import absorbed_clamps, quantize_input
 from dabuild.tune.evaluate import EvalSetup, Evaluator
 from dabuild.tune.space import FP32, build_space
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from big_model import qdq_seconds  # onnxruntime timed as big_model.py times it
+
 CAPABILITY = Path(__file__).resolve().parents[1] / "capabilities" / "c.yaml"
-
-
-def qdq_seconds(model: Path, images: np.ndarray) -> float:
-    """onnxruntime (all cores) on the QDQ model over `images` in batches of 32, after one warm-up (as
-    bench/big_model.py times it)."""
-    import onnxruntime as ort
-
-    session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
-    name = session.get_inputs()[0].name
-    session.run(None, {name: images[:1]})
-    start = time.perf_counter()
-    for low in range(0, len(images), 32):
-        session.run(None, {name: images[low:low + 32]})
-    return time.perf_counter() - start
 
 
 def configs(evaluator: Evaluator) -> dict[str, QuantConfig]:

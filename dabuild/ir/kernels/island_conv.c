@@ -116,6 +116,17 @@ ISLAND_FUNCTION void island_conv_nhwc(const IslandConv *p, ptrdiff_t row0, ptrdi
     }
 }
 
+/* Where tap (kh, kw) of output pixel (n, oh, ow) reads x (its channel 0), or NULL in the padding. */
+static inline const float *island_tap(const IslandConv *p, ptrdiff_t n, ptrdiff_t oh, ptrdiff_t ow, ptrdiff_t kh,
+                                      ptrdiff_t kw)
+{
+    ptrdiff_t ih = oh * p->stride_h - p->pad_top + kh * p->dilation_h;
+    ptrdiff_t iw = ow * p->stride_w - p->pad_left + kw * p->dilation_w;
+    if (ih < 0 || ih >= p->height || iw < 0 || iw >= p->width)
+        return NULL;
+    return p->x + ((n * p->height + ih) * p->width + iw) * p->channels;
+}
+
 ISLAND_FUNCTION void island_grouped_nhwc(const IslandConv *p, ptrdiff_t row0, ptrdiff_t row1)
 {
     ISLAND_NO_CONTRACT
@@ -124,26 +135,19 @@ ISLAND_FUNCTION void island_grouped_nhwc(const IslandConv *p, ptrdiff_t row0, pt
         ptrdiff_t n = row / p->out_h, oh = row % p->out_h;
         for (ptrdiff_t ow = 0; ow < p->out_w; ow++) {
             float *restrict y = p->y + ((n * p->out_h + oh) * p->out_w + ow) * outs;
-            for (ptrdiff_t o = 0; o < outs; o++)
-                y[o] = 0.0f;
-            for (ptrdiff_t c = 0; c < p->group_channels; c++) {
-                for (ptrdiff_t kh = 0; kh < p->kernel_h; kh++) {
-                    ptrdiff_t ih = oh * p->stride_h - p->pad_top + kh * p->dilation_h;
-                    if (ih < 0 || ih >= p->height)
-                        continue;
-                    for (ptrdiff_t kw = 0; kw < p->kernel_w; kw++) {
-                        ptrdiff_t iw = ow * p->stride_w - p->pad_left + kw * p->dilation_w;
-                        if (iw < 0 || iw >= p->width)
+            memset(y, 0, (size_t)outs * sizeof *y);
+            const float *restrict w = p->weight;  /* (c, kh, kw) in order, each O wide */
+            for (ptrdiff_t c = 0; c < p->group_channels; c++)
+                for (ptrdiff_t kh = 0; kh < p->kernel_h; kh++)
+                    for (ptrdiff_t kw = 0; kw < p->kernel_w; kw++, w += outs) {
+                        const float *x = island_tap(p, n, oh, ow, kh, kw);
+                        if (x == NULL)
                             continue;
-                        const float *restrict x = p->x + ((n * p->height + ih) * p->width + iw) * p->channels + c;
-                        const float *restrict w = p->weight + ((c * p->kernel_h + kh) * p->kernel_w + kw) * outs;
                         for (ptrdiff_t o = 0; o < outs; o++) {
-                            float product = x[p->first[o]] * w[o];
+                            float product = x[p->first[o] + c] * w[o];
                             y[o] = y[o] + product;
                         }
                     }
-                }
-            }
         }
     }
 }
