@@ -289,6 +289,22 @@ def test_an_op_without_a_float_kernel_names_the_layer(tmp_path: Path) -> None:
         exported(quantize(graph, stats, config), tmp_path, "host")
 
 
+def test_tuning_never_makes_an_op_without_a_float_kernel_fp32() -> None:
+    """elu has an integer form (a table) but no C float kernel: its node is offered integer choices only, the
+    softmax beside it fp32 too; a recipe asking elu for fp32 is an error at its line (tests/corpus/recipes/
+    float_island_op_without_kernel.yaml)."""
+    from dabuild.tune.space import FP32, build_space
+
+    cnn = island_cnn()
+    graph = Graph(cnn.inputs, ["s"], [*cnn.nodes, Node("smooth", "elu", ["y"], ["e"], {}),
+                                      Node("soft", "softmax", ["e"], ["s"], {})], cnn.constants)
+    space = build_space(graph, C)
+    assert FP32 not in space.nodes["smooth"].candidates and len(space.nodes["smooth"].candidates) > 0
+    assert FP32 in space.nodes["soft"].candidates and FP32 in space.nodes["fc2"].candidates
+    with pytest.raises(BuildError, match=r"op_type\.elu\.activation\.dtype: capability 'c' runs no float island"):
+        build_space(graph, C, {"op_type": {"elu": {"activation": {"dtype": ["fp32"]}}}})
+
+
 @pytest.mark.parametrize("cpu", ["host", "cortex-m3"])
 def test_tuning_offers_islands_only_where_the_core_runs_them(digits: Path, cpu: str) -> None:
     """The c capability runs float islands, but not on a core without an FPU: the tune stage of a recipe
