@@ -62,8 +62,9 @@ def island_cnn(channels: int = 6) -> Graph:
                  {name: np.asarray(value, np.float32) for name, value in constants.items()})
 
 
-def with_islands(island: list[str]) -> QGraph:
-    graph = island_cnn()
+def with_islands(island: list[str], graph: Graph | None = None) -> QGraph:
+    """`graph` (default: island_cnn) quantized with the nodes of `island` in fp32."""
+    graph = graph or island_cnn()
     config = default_config(graph, C)
     for name in island:
         config.nodes[name] = NodeConfig(weight=None, activation=None)
@@ -200,15 +201,6 @@ ATTENTION_ISLAND = ["pool", "tokens", "kt", "scores", "scaled", "attend", "mixed
                     "tanh", "sigmoid", "erf", "exp", "flat"]
 
 
-def attention_islands() -> QGraph:
-    graph = attention_block()
-    config = default_config(graph, C)
-    for name in ATTENTION_ISLAND:
-        config.nodes[name] = NodeConfig(weight=None, activation=None)
-    stats = calibrate(graph, [{"x": DATA["x_train"][:300]}], Progress.silent())
-    return quantize(graph, stats, config)
-
-
 def test_the_transcendentals_are_the_ir_ops_within_a_few_ulp() -> None:
     """island_order's exp, tanh, sigmoid, erf, gelu, softmax, matmul and avg_pool (the C kernels' float32
     sequences) compute the IR ops: exp within 1 ulp of float64's e**x over its whole finite range."""
@@ -234,7 +226,7 @@ def test_the_transcendentals_are_the_ir_ops_within_a_few_ulp() -> None:
 def test_an_attention_island_is_exact_on_the_host(tmp_path: Path) -> None:
     """avg_pool, transpose, matmul of two tensors and by a constant, softmax and the transcendentals as one
     island (q, k, v quantized, handing it float): outputs and every island tensor bit-exact, check `exact`."""
-    qgraph = attention_islands()
+    qgraph = with_islands(ATTENTION_ISLAND, attention_block())
     target, artifact = exported(qgraph, tmp_path, "host")
     kernels = json.loads((artifact / "model.json").read_text())["kernels"]
     assert {kernels[name] for name in ATTENTION_ISLAND} == {
@@ -258,7 +250,7 @@ def test_an_attention_island_is_exact_on_the_host(tmp_path: Path) -> None:
 @pytest.mark.skipif(not QEMU, reason="needs gcc-arm-none-eabi, libnewlib-arm-none-eabi and qemu-system-arm")
 def test_an_attention_island_is_exact_in_qemu(tmp_path: Path) -> None:
     """On a Cortex-M4F the FPU and dabuild's own exp (no newlib libm) give the reference's float32 bits."""
-    qgraph = attention_islands()
+    qgraph = with_islands(ATTENTION_ISLAND, attention_block())
     target, artifact = exported(qgraph, tmp_path, "cortex-m4")
     x_q = quantize_input(qgraph, DATA["x_test"][:20])
     reference = run_integer(qgraph, x_q, keep_intermediates=True)
