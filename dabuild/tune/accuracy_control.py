@@ -10,7 +10,9 @@
 2. rank: each node's harm is what restoring it alone to its safest choice (a
    float island where the capability runs them, else its widest type)
    recovers of the metric, measured on a subset of the evaluation data
-   (`Search.subset_metric`: a cheap estimate, not a trial); ties go to the
+   (`Search.subset_metric`: a cheap estimate, not a trial; for accuracy
+   and top-k the subset holds the rows nearest the float decisions and
+   estimates the whole set's score, see `Evaluator.subset`); ties go to the
    node's own output error, on the same subset.
 3. restore, most harmful first, one node at a time: the node's restoration
    is the best-scoring on the subset of its safer choices (another range
