@@ -35,6 +35,7 @@ from dabuild.quant.config import QuantChoice
 from dabuild.quant.dtypes import accumulator_max, fitting_type
 from dabuild.quant.fixed_point import INT32_MAX, accumulator_trace, quantize_multiplier, requantize, round_half_away
 from dabuild.quant.given import EXACT
+from dabuild.quant.layers.blocked import lower_blocked_dense
 from dabuild.quant.layers.elementwise import lookup_layer
 from dabuild.quant.layers.fallback import lower_float_weighted
 from dabuild.quant.lowering import Lowering, lowers
@@ -329,11 +330,14 @@ def _weight_choice(ctx: Lowering) -> QuantChoice:
     return ctx.config.weight
 
 
-@lowers("dense", weighted=True, layers=("dense", "lookup", "float_weighted"))
+@lowers("dense", weighted=True, layers=("dense", "blocked_dense", "lookup", "float_weighted"))
 def lower_dense(ctx: Lowering) -> list[QLayer]:
     inputs = ctx.node.inputs
     weight = ctx.constant(inputs[1])
     bias = ctx.constant(inputs[2]) if len(inputs) > 2 else np.zeros(weight.shape[1])
+    blocks = ctx.weight_blocks(weight, 1)
+    if blocks is not None:
+        return lower_blocked_dense(ctx, blocks, bias)
     return _weighted_layers(ctx, QDense, weight, bias, _weight_choice(ctx), 1, {})
 
 
