@@ -68,6 +68,18 @@ class QBlockedDense(QLayer):
     def blocks(self) -> int:
         return int(self.block_multiplier.shape[0])
 
+    def element_scales(self) -> np.ndarray:
+        """The weight scale of every (input, output) element (float64, the weight's shape)."""
+        return np.repeat(self.weight_scale, self.block_size, axis=0)[:self.in_features]
+
+    def dequantized_weight(self) -> np.ndarray:
+        """The real weights (float64): what the file's blocked DequantizeLinear gives."""
+        return self.weight.astype(np.float64) * self.element_scales()
+
+    def real_bias(self, target: QuantParams) -> np.ndarray:
+        """The bias in real units (float64): its integers times s_y * 2**-shift (exact: a dyadic rational)."""
+        return self.bias.astype(np.float64) * 2.0 ** -self.shift.astype(np.float64) * target.scale
+
     def partial_sums(self, centred: np.ndarray) -> np.ndarray:
         """(rows, in) centred inputs -> (rows, blocks, out) block sums as int64 (float64 products are exact:
         every |partial sum| is far below 2**53)."""
