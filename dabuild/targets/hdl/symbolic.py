@@ -619,6 +619,10 @@ def _refuse(why: str) -> Converter:
 CONVERTERS.add("softmax", _refuse(
     "its integer reference divides each exponential by their sum, and da4ml has no division by a variable "
     "(end the graph at the logits: the largest logit is the predicted class)"))
+CONVERTERS.add("blocked_dense", _refuse(
+    "its weight scales change block by block along the inputs (blocked quantization), and dabuild maps no "
+    "per-block rescaling onto da4ml logic; nearest representable: one power-of-two scale per output channel "
+    "(block_size 0)"))
 _FLOAT = _refuse("a float island's layer runs float arithmetic, which fixed-point logic has not "
                  "(capability 'da4ml' has no fp32 fallback)")
 CONVERTERS.add("float", _FLOAT)
