@@ -242,3 +242,51 @@ def test_a_blocked_conv_weight_is_refused_naming_node_and_nearest(tmp_path: Path
     with pytest.raises(BuildError, match="node .* \\(conv\\): parameter block_size: .* nearest representable: one "
                                          "scale per output channel"):
         quantize(traced, stats, build_space(traced, CAPABILITIES["c"]).default())
+
+
+RECIPE = """\
+name: blocked-mlp
+model:
+  framework: onnx
+  source: model.onnx
+data:
+  calibration: {source: data.npz, x: x_train}
+  evaluation: {source: data.npz, x: x_test, y: y_test}
+  metric: accuracy
+tuning:
+  strategy: given
+targets:
+  - name: mcu
+    kind: c
+    check_io: {tolerance: exact}
+  - name: ort
+    kind: onnx
+  - name: tract
+    kind: nnef
+"""
+
+
+@pytest.mark.slow
+def test_blocked_mlp_builds_end_to_end_and_every_artifact_agrees_with_onnxruntime(tmp_path: Path, cache_dir) -> None:
+    """strategy given, c/onnx/nnef checked by the build; then each artifact in its runtime against onnxruntime
+    running the original file (labels: the original's own predictions)."""
+    pytest.importorskip("tract")
+    from imported_models import target_figures
+
+    from dabuild.cli import main
+    from dabuild.recipe import load_recipe
+
+    folder = tmp_path / "blocked-mlp"
+    folder.mkdir()
+    onnx.save(blocked_mlp(), folder / "model.onnx")
+    x_train, x_test = inputs(200, seed=11), inputs(200, seed=12)
+    labels = ort.InferenceSession(str(folder / "model.onnx")).run(None, {"x": x_test})[0].argmax(axis=1)
+    np.savez(folder / "data.npz", x_train=x_train, x_test=x_test, y_test=labels)
+    (folder / "recipe.yaml").write_text(RECIPE)
+    assert main(["build", str(folder), "--build-dir", str(tmp_path / "build"), "-q"]) == 0
+    rows = target_figures(load_recipe(folder / "recipe.yaml"), tmp_path / "build" / "blocked-mlp",
+                          folder / "model.onnx", "onnxruntime")
+    assert {row.kind for row in rows} == {"c", "onnx", "nnef"}
+    for row in rows:
+        assert row.steps_vs_reference <= (0 if row.kind == "c" else 1)
+        assert row.steps_vs_original <= 1 and row.accuracy >= 0.95
