@@ -30,7 +30,7 @@ class FakeQuant(Op):
         except (ValueError, TypeError) as error:
             raise ShapeError(f"fake_quant: {error}") from None
         shape = tuple(inputs[0].shape)
-        if given.blocked:
+        if given.blocked and given.axis is not None:  # GivenQuant makes a blocked record name its axis
             axis = normalize_axis(given.axis, len(shape), "fake_quant")
             expected = tuple(None if size is None else -(-size // given.block_size) if index == axis else size
                              for index, size in enumerate(shape))
