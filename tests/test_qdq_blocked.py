@@ -290,3 +290,63 @@ def test_blocked_mlp_builds_end_to_end_and_every_artifact_agrees_with_onnxruntim
     for row in rows:
         assert row.steps_vs_reference <= (0 if row.kind == "c" else 1)
         assert row.steps_vs_original <= 1 and row.accuracy >= 0.95
+
+
+def matmul_nbits_mlp(symmetric: bool) -> onnx.ModelProto:
+    """A float MLP 64 -> 32 -> 10 whose activations carry QDQ pairs, its MatMul weights then quantized to 4 bits
+    by onnxruntime's MatMulNBitsQuantizer in QDQ format (blocks of 32 and 16 inputs; asymmetric: uint4 with
+    a zero point per block)."""
+    from onnxruntime.quantization import QuantFormat
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    rng = np.random.default_rng(4)
+
+    def constant(name: str, values: np.ndarray) -> onnx.TensorProto:
+        return onnx.numpy_helper.from_array(values, name)
+
+    initializers = [constant("w1", rng.normal(0, 0.08, (64, 32)).astype(np.float32)),
+                    constant("b1", rng.normal(0, 0.3, 32).astype(np.float32)),
+                    constant("w2", rng.normal(0, 0.03, (32, 10)).astype(np.float32)),
+                    constant("xs", np.float32(2.0 ** -5)), constant("xz", np.int8(0)),
+                    constant("hs", np.float32(2.0 ** -4)), constant("hz", np.int8(-128)),
+                    constant("ys", np.float32(OUTPUT_SCALE)), constant("yz", np.int8(0))]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"]),
+             helper.make_node("DequantizeLinear", ["xq", "xs", "xz"], ["xd"]),
+             helper.make_node("MatMul", ["xd", "w1"], ["m1"]),
+             helper.make_node("Add", ["m1", "b1"], ["a1"]),
+             helper.make_node("Relu", ["a1"], ["r1"]),
+             helper.make_node("QuantizeLinear", ["r1", "hs", "hz"], ["hq"]),
+             helper.make_node("DequantizeLinear", ["hq", "hs", "hz"], ["hd"]),
+             helper.make_node("MatMul", ["hd", "w2"], ["y"]),
+             helper.make_node("QuantizeLinear", ["y", "ys", "yz"], ["yq"]),
+             helper.make_node("DequantizeLinear", ["yq", "ys", "yz"], ["out"])]
+    graph = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 64])],
+                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, ["n", 10])], initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    model.ir_version = 10
+    quantizer = MatMulNBitsQuantizer(model, block_size=16, is_symmetric=symmetric, quant_format=QuantFormat.QDQ)
+    quantizer.process()
+    return quantizer.model.model
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_onnxruntimes_matmul_nbits_qdq_output_runs_block_by_block(symmetric: bool, tmp_path: Path) -> None:
+    from dabuild.targets.c import CTarget
+
+    model = matmul_nbits_mlp(symmetric)
+    blocked = [node for node in model.graph.node if node.op_type == "DequantizeLinear" and len(node.attribute) == 2]
+    assert len(blocked) == 2 and (len(blocked[0].input) == 3) != symmetric  # asymmetric: zero points per block
+    onnx.save(model, tmp_path / "nbits.onnx")
+    x = np.random.default_rng(6).normal(0, 1.5, (300, 64)).astype(np.float32)
+    expected = ort.InferenceSession(str(tmp_path / "nbits.onnx")).run(None, {"x": x})[0]
+    graph = optimize(OnnxTracer(str(tmp_path / "nbits.onnx")).trace())
+    assert {(given.dtype, given.block_size) for given in graph.given.values()} == {("int4" if symmetric else "uint4", 16)}
+    stats = calibrate(graph, [{"x": x}], Progress.silent())
+    qgraph = quantize(graph, stats, build_space(graph, CAPABILITIES["c"]).default())
+    assert [layer.op for layer in qgraph.layers] == ["blocked_dense", "blocked_dense"]
+    assert steps(run_quantized(qgraph, x), expected) <= 1
+    target = CTarget(CTarget.Options())
+    (tmp_path / "c").mkdir()
+    target.export(qgraph, tmp_path / "c")
+    x_q = np.random.default_rng(8).integers(-128, 128, (200, 64)).astype(np.int8)
+    assert np.array_equal(target.run(tmp_path / "c", x_q, tmp_path), run_integer(qgraph, x_q))

@@ -6,7 +6,9 @@ The contract every frontend keeps (the one thing a frontend does about it):
   attributes are a `GivenQuant` (`GivenQuant.attrs()` writes them,
   `GivenQuant.from_attrs` reads them):
   `y = (clip(round(x / scale) + zero_point, qmin, qmax) - zero_point) * scale`
-  - `scale`: list of positive floats, one (per tensor) or one per slice of `axis`;
+  - `scale`: list of positive floats, one (per tensor) or one per slice of `axis`
+    (blocked: negative ones too, as onnxruntime's symmetric MatMulNBits writes
+    them so -8 reaches the largest magnitude; the integer path flips their signs);
   - `zero_point`: list of ints of the same length, inside the dtype's range;
   - `bits`, `signed`: the integer type, any width (its name, `dtype`, is e.g.
     int8 or uint4); integer lowering maps it onto dabuild's int2..int16 /
@@ -109,8 +111,8 @@ class GivenQuant:
             raise ValueError(f"{len(self.scale)} scales but {len(self.zero_point)} zero points")
         if self.rounding not in ROUNDINGS:
             raise ValueError(f"unknown rounding {self.rounding!r} (known: {', '.join(ROUNDINGS)})")
-        if not all(np.isfinite(s) and s > 0 for s in self.scale):
-            raise ValueError(f"scales must be positive and finite (got {min(self.scale):g})")
+        if not all(np.isfinite(s) and (s > 0 or (s < 0 and self.blocked)) for s in self.scale):
+            raise ValueError(f"scales must be positive and finite (negative only in blocks) (got {min(self.scale):g})")
         if self.bits < 1:
             raise ValueError(f"bit width {self.bits} is not positive")
         if self.axis is None and len(self.scale) != 1:

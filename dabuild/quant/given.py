@@ -11,7 +11,8 @@ What the integer path cannot represent is refused, naming the node, the
 parameter and the nearest representable choice: widths outside
 int2..int16/uint1..uint16, rounding other than to nearest, per-channel or
 narrow-range activations, weights with a zero point, per-channel weights along
-another axis than the output channels, blocked weights outside a dense.
+another axis than the output channels, blocked weights outside a dense
+(blocked weights may have zero points: they are centred away).
 
 Blocked weights (ONNX opset 21 `block_size`) of a dense (in, out) come as
 `WeightBlocks`: scales per block of inputs and output channel. Blocks along
@@ -67,8 +68,9 @@ def _is_power_of_two(values: tuple[float, ...]) -> bool:
 
 
 def scheme_of(given: GivenQuant) -> str:
-    """pot (zero point 0, power-of-two scales), sym (zero point 0) or asym."""
-    if any(given.zero_point):
+    """pot (zero point 0, power-of-two scales), sym (zero point 0) or asym; blocked weights are symmetric once
+    their zero points are centred away (`weight_blocks`)."""
+    if any(given.zero_point) and not given.blocked:
         return "asym"
     return "pot" if _is_power_of_two(given.scale) else "sym"
 
@@ -123,22 +125,26 @@ def _symmetric(given: GivenQuant, where: str) -> None:
 def weight_blocks(weight: np.ndarray, given: GivenQuant, channel_axis: int, where: str,
                   ) -> WeightBlocks | tuple[np.ndarray, np.ndarray]:
     """A blocked given weight as WeightBlocks, or as (integers, one scale per output channel) where the blocks
-    are per-channel scales in disguise (module doc). BuildError for a weight other than a dense's 2-D one."""
-    _symmetric(given, where)
+    are per-channel scales in disguise (module doc). Zero points (onnxruntime's asymmetric MatMulNBits uint4)
+    are taken off the integers here (signed, int8 storage where they fit), so such a weight always takes the
+    blocked path, whose kernels read symmetric integers; negative scales (its symmetric form) flip their
+    integers' signs. BuildError for a weight other than a dense's 2-D one."""
+    check_type(given, where)
     channel_axis %= weight.ndim
     if weight.ndim != 2:
         raise BuildError(f"{where}: parameter block_size: blocked scales (blocks of {given.block_size} along axis "
                          f"{given.axis}) are lowered for a dense's 2-D weight only; nearest representable: one "
                          "scale per output channel (block_size 0)")
-    integers = given.integers(weight).astype(int_type(given.dtype).storage)
-    inputs = 1 - channel_axis
     per_element = given.broadcast(given.scale, weight.shape)
+    centred = (given.integers(weight) - given.broadcast(given.zero_point, weight.shape)) * np.sign(per_element)
+    integers = centred.astype(np.int8 if np.abs(centred).max(initial=0) <= 127 else np.int16)
+    inputs = 1 - channel_axis
     if given.axis == inputs:
         block_size, scales = given.block_size, given.blocks(given.scale)
     else:  # blocks of output channels: one scale per input row and channel
         block_size, scales = 1, per_element
-    scales = np.asarray(scales if inputs == 0 else scales.T, dtype=np.float64)
-    if np.all(scales == scales[:1]):
+    scales = np.abs(np.asarray(scales if inputs == 0 else scales.T, dtype=np.float64))
+    if not any(given.zero_point) and np.all(scales == scales[:1]):
         return integers, scales[0]
     return WeightBlocks(integers, scales, block_size)
 
