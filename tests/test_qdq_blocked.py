@@ -2,10 +2,11 @@
 blocked int4 and int8 MatMul/Gemm weights, hand-built with onnx's helper. dabuild's integer reference agrees
 with onnxruntime running the original file within one output step; the c target equals the reference bit for
 bit, the onnx target (the weights written back as blocked DequantizeLinear) and the nnef target agree with it in
-their runtimes; the hdl target refuses it, naming the layer."""
+their runtimes; the hdl target builds it exactly where its scales are powers of two."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -177,6 +178,17 @@ def test_c_target_runs_the_blocks_bit_exactly(mlp_file: Path, tmp_path: Path) ->
     assert np.array_equal(actual, expected) and len(np.unique(expected)) > 20
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("arm-none-eabi-gcc") is None or shutil.which("qemu-system-arm") is None,
+                    reason="needs gcc-arm-none-eabi, libnewlib-arm-none-eabi and qemu-system-arm")
+@pytest.mark.parametrize("cpu", ["cortex-m0", "cortex-m4"])
+def test_c_target_runs_the_blocks_bit_exactly_in_qemu(cpu: str, mlp_file: Path, tmp_path: Path) -> None:
+    from test_c_mcu import run_in_qemu
+
+    actual, expected, _, _ = run_in_qemu(given_qgraph(mlp_file), tmp_path, cpu)
+    assert np.array_equal(actual, expected)
+
+
 def test_onnx_target_writes_blocked_dequantize_linear_and_agrees_in_onnxruntime(mlp_file: Path, tmp_path: Path) -> None:
     from dabuild.targets.onnx.qdq import to_qdq_onnx
 
@@ -208,7 +220,9 @@ def test_nnef_target_runs_the_blocks_in_tract(mlp_file: Path, tmp_path: Path) ->
     assert steps(got, run_quantized(qgraph, x)) <= 1
 
 
-def test_hdl_target_refuses_blocked_weights_naming_layer_op_and_target(tmp_path: Path) -> None:
+def test_hdl_target_builds_power_of_two_blocks_exactly_and_refuses_others(tmp_path: Path) -> None:
+    """da4ml's logic equals the integer reference on full-range inputs (ties included: power-of-two scales make
+    them common); scales that are not powers of two are refused naming the node and the nearest one."""
     pytest.importorskip("da4ml")
     from da4ml.trace import HWConfig
 
@@ -216,10 +230,21 @@ def test_hdl_target_refuses_blocked_weights_naming_layer_op_and_target(tmp_path:
 
     onnx.save(blocked_mlp(pot=True), tmp_path / "pot.onnx")
     qgraph = given_qgraph(tmp_path / "pot.onnx", "da4ml")
-    with pytest.raises(BuildError, match="layer .* \\(blocked_dense\\).*blocked quantization.* nearest "
-                                         "representable: one power-of-two scale per output channel.*the hdl target "
-                                         "cannot build this graph"):
-        trace(qgraph, HWConfig(1, -1, -1))
+    assert [layer.op for layer in qgraph.layers if "dense" in layer.op] == ["blocked_dense"] * 3
+    comb = trace(qgraph, HWConfig(1, -1, -1))
+    x_q = np.random.default_rng(2).integers(-128, 128, (2000, FEATURES)).astype(np.int8)
+    expected = run_integer(qgraph, x_q)
+    real = x_q.astype(np.float64) * qgraph.input_params.scale
+    actual = np.asarray(comb.predict(real, n_threads=1)).reshape(expected.shape) / qgraph.output_params.scale
+    assert np.array_equal(actual, expected) and len(np.unique(expected)) > 10
+    model = blocked_mlp(pot=True)
+    scales = next(tensor for tensor in model.graph.initializer if tensor.name == "s1")
+    scales.CopyFrom(helper.make_tensor("s1", TensorProto.FLOAT, scales.dims, [0.01] * len(scales.float_data)))
+    onnx.save(model, tmp_path / "not_pot.onnx")
+    graph = optimize(OnnxTracer(str(tmp_path / "not_pot.onnx")).trace())
+    with pytest.raises(BuildError, match="node .* \\(dense\\), weight: parameter scale: 0.01 is not a power of "
+                                         "two.* nearest representable: 2\\*\\*-7"):
+        build_space(graph, CAPABILITIES["da4ml"])
 
 
 def test_a_blocked_conv_weight_is_refused_naming_node_and_nearest(tmp_path: Path) -> None:
