@@ -25,12 +25,12 @@ from typing import ClassVar
 import numpy as np
 
 from dabuild.errors import BuildError
-from dabuild.quant.activations import clamp_bounds, is_table_activation, pre_activation
+from dabuild.quant.activations import FusedActivation, clamp_bounds
 from dabuild.quant.fixed_point import MAX_SHIFT, accumulator_trace, requantize, round_half_away
 from dabuild.quant.given import EXACT, WeightBlocks
 from dabuild.quant.layers.elementwise import lookup_layer
 from dabuild.quant.lowering import Lowering
-from dabuild.quant.qgraph import QGraph, QLayer, QuantParams, Trace, layer_type
+from dabuild.quant.qgraph import DenseFeatures, QGraph, QLayer, QuantParams, Trace, layer_type
 
 MULTIPLIER_BITS = 30  # every block multiplier below 2**30: an int32 C multiplies without care
 ACCUMULATOR_BITS = 62  # |acc| below 2**62: the int64 sum, its rounding term and the C rounding never overflow
@@ -43,7 +43,7 @@ def block_starts(inputs: int, block_size: int) -> np.ndarray:
 
 @layer_type
 @dataclass
-class QBlockedDense(QLayer):
+class QBlockedDense(QLayer, DenseFeatures):
     """Fully connected over the last axis with one weight scale per block of inputs and output (module doc)."""
 
     op: ClassVar[str] = "blocked_dense"
@@ -55,14 +55,6 @@ class QBlockedDense(QLayer):
     weight_scale: np.ndarray      # float64 (blocks, out_features), kept for reports and the onnx target
     output_min: int
     output_max: int
-
-    @property
-    def in_features(self) -> int:
-        return int(self.weight.shape[0])
-
-    @property
-    def out_features(self) -> int:
-        return int(self.weight.shape[1])
 
     @property
     def blocks(self) -> int:
@@ -144,19 +136,16 @@ def lower_blocked_dense(ctx: Lowering, blocks: WeightBlocks, bias: np.ndarray) -
                          f"{blocks.block_size}) runs with a quantized output only; nearest representable: quantize "
                          "its output in the model")
     source = ctx.params(node.inputs[0])
-    activation = node.attrs.get("activation", "none")
-    activation_attrs = dict(node.attrs.get("activation_attrs", {}))
-    output = node.outputs[0]
-    table = is_table_activation(activation)
-    written = pre_activation(output) if table else output
-    target = ctx.calibrated(written)
-    ctx.output(written, target, like=output)
+    fused = FusedActivation.of(node)
+    target = ctx.calibrated(fused.written)
+    ctx.output(fused.written, target, like=node.outputs[0])
     multiplier, shift, bias_q = block_rescaling(source, target, blocks, bias, ctx.where)
-    low, high = clamp_bounds("none" if table else activation, activation_attrs, target)
+    low, high = clamp_bounds("none" if fused.table else fused.op, fused.attrs, target)
     layers: list[QLayer] = [QBlockedDense(
-        name=node.name, inputs=[node.inputs[0]], outputs=[written], weight=blocks.integers,
+        name=node.name, inputs=[node.inputs[0]], outputs=[fused.written], weight=blocks.integers,
         block_size=blocks.block_size, block_multiplier=multiplier, shift=shift, bias=bias_q,
         weight_scale=blocks.scales, output_min=low, output_max=high)]
-    if table:
-        layers.append(lookup_layer(ctx, f"{node.name}:{activation}", written, output, activation, activation_attrs))
+    if fused.table:
+        layers.append(lookup_layer(ctx, f"{node.name}:{fused.op}", fused.written, node.outputs[0], fused.op,
+                                   fused.attrs))
     return layers

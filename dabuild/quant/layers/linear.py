@@ -39,7 +39,7 @@ from dabuild.quant.layers.blocked import lower_blocked_dense
 from dabuild.quant.layers.elementwise import lookup_layer
 from dabuild.quant.layers.fallback import lower_float_weighted
 from dabuild.quant.lowering import Lowering, lowers
-from dabuild.quant.qgraph import QGraph, QLayer, QuantParams, Trace, layer_type
+from dabuild.quant.qgraph import DenseFeatures, QGraph, QLayer, QuantParams, Trace, layer_type
 
 PER_CHANNEL_MINMAX = QuantChoice("int8", "sym", "per_channel", "minmax")
 
@@ -145,20 +145,12 @@ class QWeighted(QLayer):
 
 @layer_type
 @dataclass
-class QDense(QWeighted):
+class QDense(QWeighted, DenseFeatures):
     """Fully connected over the last axis; weight (in_features, out_features)."""
 
     op: ClassVar[str] = "dense"
     channel_axis: ClassVar[int] = -1
     weight_channel_axis: ClassVar[int] = -1
-
-    @property
-    def in_features(self) -> int:
-        return int(self.weight.shape[0])
-
-    @property
-    def out_features(self) -> int:
-        return int(self.weight.shape[1])
 
     def accumulate(self, centred: np.ndarray) -> np.ndarray:
         return centred @ self.weight.astype(np.float64)
