@@ -91,7 +91,8 @@ ELEMENTS: dict[np.dtype, tuple[str, Any]] = {np.dtype(np.float32): ("f32", _conv
 RELU, CLAMP = 1, 2  # conv.c's activations: relu, or a clamp to [low, high]
 NativeActivation = tuple[int, float, float]  # (0 for none, RELU or CLAMP; low, high)
 NO_ACTIVATION: NativeActivation = (0, 0.0, 0.0)
-PARALLEL_MACS = 2_000_000  # a conv with fewer multiply-adds runs on one thread: not worth a dispatch
+PARALLEL_MACS = 2_000_000  # a conv with fewer multiply-adds (about 25 us here) runs on one thread
+DEPTHWISE_COST = 4  # a depthwise multiply-add takes about 4 of a full conv's (one input per weight vector loaded)
 CHUNKS_PER_THREAD = 4  # a parallel conv's rows are handed out in about this many chunks per thread
 
 
@@ -171,8 +172,9 @@ class NativeConv:
             *activation, zeros.ctypes.data,
         )
         macs = batch * out[0] * out[1] * out_channels * kernel_h * kernel_w * (1 if weight.depthwise else channels)
+        work = macs * (DEPTHWISE_COST if weight.depthwise else 1)
         return ConvPlan(self, self._kernels[dtype, weight.depthwise], call, (batch, *out, out_channels), dtype,
-                        macs >= PARALLEL_MACS, (weight, bias, zeros))
+                        work >= PARALLEL_MACS, (weight, bias, zeros))
 
     def max_pool(self, x: np.ndarray, kernel: list[int], strides: list[int], pads: list[int], dilations: list[int],
                  out: list[int]) -> np.ndarray:
