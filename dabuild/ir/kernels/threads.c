@@ -37,7 +37,7 @@
 #ifndef WAIT_NS
 #define WAIT_NS 20000  /* the caller spins this long for a worker's last chunk before it sleeps */
 #endif
-#define QUIET_JOBS 64  /* the most jobs the caller runs alone, without waking workers, after one nobody helped */
+#define QUIET_JOBS 8  /* the most jobs the caller runs alone, without waking workers, after one nobody helped */
 
 typedef void (*RowsFunction)(const void *call, ptrdiff_t row0, ptrdiff_t row1);
 
