@@ -163,8 +163,9 @@ static void *pool_worker(void *argument)
             pthread_mutex_unlock(&pool.lock);
         }
         seen = atomic_load_explicit(&pool.ticket, memory_order_acquire) >> 32;
-        spin = !on_callers_core();  /* else it would keep the caller from its core: no rows, and no spin */
-        if (spin && index < pool.helpers)
+        /* on the caller's core it would keep the caller from running: no rows, and no spin */
+        spin = index < pool.helpers && !on_callers_core();
+        if (spin)
             pool_take(seen, 1);
     }
     return NULL;
