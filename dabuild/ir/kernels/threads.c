@@ -10,7 +10,8 @@
  * On a busy machine a worker costs the caller time unless it runs on another core, so it gives way:
  * - Spinning is bounded in time on both sides. A worker spins SPIN_NS after a job (so the next layer, a few
  *   microseconds of Python later, finds it awake) and then sleeps on a condition variable; the caller spins
- *   WAIT_NS for a worker's last chunk and then sleeps until the worker signals it. A worker that spun through
+ *   for a worker's last chunk as long as two of its own chunks took (at least WAIT_NS, at most WAIT_MAX_NS:
+ *   longer means the worker lost its core) and then sleeps until the worker signals it. A worker that spun through
  *   all the Python between layers kept a core busy for the whole inference, time the caller's Python needed.
  * - A worker that wakes on the caller's core (the scheduler puts a woken thread there when no core is idle,
  *   and it then preempts the caller) takes no rows and sleeps at once, so the caller goes on alone. Two
@@ -35,8 +36,9 @@
 #define SPIN_NS 50000  /* a worker spins this long after a job before it sleeps */
 #endif
 #ifndef WAIT_NS
-#define WAIT_NS 20000  /* the caller spins this long for a worker's last chunk before it sleeps */
+#define WAIT_NS 20000  /* the caller spins at least this long for a worker's last chunk before it sleeps */
 #endif
+#define WAIT_MAX_NS 1000000  /* and at most this long */
 #define QUIET_JOBS 8  /* the most jobs the caller runs alone, without waking workers, after one nobody helped */
 
 typedef void (*RowsFunction)(const void *call, ptrdiff_t row0, ptrdiff_t row1);
@@ -121,21 +123,22 @@ static int job_finished(const void *rows)
  * setting up the next job fails its claim, so a late worker never runs one job's rows with another's call,
  * and nobody waits for a worker that has not claimed anything. A worker that finishes the job's last rows
  * wakes the caller if it sleeps (both sides' flag-then-check is sequentially consistent, so one of them
- * always sees the other). */
-static void pool_take(unsigned long long generation, int worker)
+ * always sees the other). Returns how many chunks this thread computed. */
+static int pool_take(unsigned long long generation, int worker)
 {
-    for (;;) {
+    for (int taken = 0;;) {
         unsigned long long ticket = atomic_load_explicit(&pool.ticket, memory_order_acquire);
         if (ticket >> 32 != generation)
-            return;
+            return taken;
         RowsFunction function = pool.function;
         const void *call = pool.call;
         ptrdiff_t rows = pool.rows, row0 = (ptrdiff_t)(ticket & 0xffffffffu);
         if (row0 >= rows)
-            return;
+            return taken;
         ptrdiff_t row1 = row0 + pool.chunk < rows ? row0 + pool.chunk : rows;
         if (!atomic_compare_exchange_weak(&pool.ticket, &ticket, ticket + (unsigned long long)(row1 - row0)))
             continue;
+        taken++;
         if (worker)
             atomic_store_explicit(&pool.helped, 1, memory_order_relaxed);
         function(call, row0, row1);
@@ -228,8 +231,11 @@ void parallel_rows(RowsFunction function, const void *call, ptrdiff_t rows, ptrd
         pthread_cond_broadcast(&pool.wake);
         pthread_mutex_unlock(&pool.lock);
     }
-    pool_take(generation, 0);
-    if (!pool_spin(job_finished, &rows, WAIT_NS)) {  /* a worker still on its last chunk */
+    long long start = pool_now();
+    int taken = pool_take(generation, 0);
+    long long wait = taken ? 2 * (pool_now() - start) / taken : WAIT_NS;
+    wait = wait < WAIT_NS ? WAIT_NS : wait > WAIT_MAX_NS ? WAIT_MAX_NS : wait;
+    if (!pool_spin(job_finished, &rows, wait)) {  /* a worker still on its last chunk */
         pthread_mutex_lock(&pool.lock);
         atomic_store(&pool.caller_sleeps, 1);
         while (!job_finished(&rows))
