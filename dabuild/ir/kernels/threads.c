@@ -11,8 +11,9 @@
  * - Spinning is bounded in time on both sides. A worker spins SPIN_NS after a job (so the next layer, a few
  *   microseconds of Python later, finds it awake) and then sleeps on a condition variable; the caller spins
  *   for a worker's last chunk as long as two of its own chunks took (at least WAIT_NS, at most WAIT_MAX_NS:
- *   longer means the worker lost its core) and then sleeps until the worker signals it. A worker that spun through
- *   all the Python between layers kept a core busy for the whole inference, time the caller's Python needed.
+ *   longer means the worker lost its core) and then sleeps until the worker signals it. A worker that spun
+ *   through all the Python between layers kept a core busy for the whole inference, time the caller's Python
+ *   needed.
  * - A worker that wakes on the caller's core (the scheduler puts a woken thread there when no core is idle,
  *   and it then preempts the caller) takes no rows and sleeps at once, so the caller goes on alone. Two
  *   threads time-sharing one core made a 2-thread MobileNetV2 three times slower than 1 thread.
@@ -23,13 +24,15 @@
  * One job at a time: a caller that finds the pool busy (another Python thread's layer) runs its rows alone.
  * A forked child starts without workers and starts its own when it needs them.
  */
-#define _GNU_SOURCE
 #include <pthread.h>
-#include <sched.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <time.h>
+#ifdef __linux__
+int sched_getcpu(void);  /* glibc's and musl's; <sched.h> declares it only under _GNU_SOURCE, which would have to
+                            come before the first include of the library's one source (see native.py) */
+#endif
 
 #define MAX_WORKERS 15
 #ifndef SPIN_NS
