@@ -83,22 +83,31 @@ static long long pool_now(void)
     return (long long)now.tv_sec * 1000000000LL + now.tv_nsec;
 }
 
-/* Spin until done(argument) or `nanoseconds` have passed (the clock read every 64 pauses); whether done. */
-static int pool_spin(int (*done)(const void *), const void *argument, long long nanoseconds)
+/* Return once done(argument): spin up to `nanoseconds` (the clock read every 64 pauses), then sleep on
+ * `condition` with `sleeping` raised, which tells the thread that makes done() true to signal (it raises what
+ * done() reads, then reads `sleeping`; both sequentially consistent, so one of the two sees the other). */
+static void pool_wait(int (*done)(const void *), const void *argument, long long nanoseconds,
+                      pthread_cond_t *condition, atomic_int *sleeping)
 {
     long long deadline = 0;
-    for (unsigned spins = 1;; spins++) {
+    for (unsigned spins = 1; nanoseconds > 0; spins++) {
         if (done(argument))
-            return 1;
+            return;
         if (spins % 64 == 0) {
             long long now = pool_now();
             if (deadline == 0)
                 deadline = now + nanoseconds;
             else if (now >= deadline)
-                return 0;
+                break;
         }
         pool_pause();
     }
+    pthread_mutex_lock(&pool.lock);
+    atomic_fetch_add(sleeping, 1);
+    while (!done(argument))
+        pthread_cond_wait(condition, &pool.lock);
+    atomic_fetch_sub(sleeping, 1);
+    pthread_mutex_unlock(&pool.lock);
 }
 
 /* Whether this thread runs on the core the caller published the job from (never known off Linux). */
@@ -160,14 +169,7 @@ static void *pool_worker(void *argument)
     unsigned long long seen = (unsigned long long)((intptr_t)argument >> 8);  /* the generation before its job */
     int spin = 1;
     for (;;) {
-        if (!spin || !pool_spin(generation_moved, &seen, SPIN_NS)) {
-            pthread_mutex_lock(&pool.lock);
-            atomic_fetch_add(&pool.sleepers, 1);
-            while (!generation_moved(&seen))
-                pthread_cond_wait(&pool.wake, &pool.lock);
-            atomic_fetch_sub(&pool.sleepers, 1);
-            pthread_mutex_unlock(&pool.lock);
-        }
+        pool_wait(generation_moved, &seen, spin ? SPIN_NS : 0, &pool.wake, &pool.sleepers);
         seen = atomic_load_explicit(&pool.ticket, memory_order_acquire) >> 32;
         /* on the caller's core it would keep the caller from running: no rows, and no spin */
         spin = index < pool.helpers && !on_callers_core();
@@ -238,14 +240,7 @@ void parallel_rows(RowsFunction function, const void *call, ptrdiff_t rows, ptrd
     int taken = pool_take(generation, 0);
     long long wait = taken ? 2 * (pool_now() - start) / taken : WAIT_NS;
     wait = wait < WAIT_NS ? WAIT_NS : wait > WAIT_MAX_NS ? WAIT_MAX_NS : wait;
-    if (!pool_spin(job_finished, &rows, wait)) {  /* a worker still on its last chunk */
-        pthread_mutex_lock(&pool.lock);
-        atomic_store(&pool.caller_sleeps, 1);
-        while (!job_finished(&rows))
-            pthread_cond_wait(&pool.done, &pool.lock);
-        atomic_store(&pool.caller_sleeps, 0);
-        pthread_mutex_unlock(&pool.lock);
-    }
+    pool_wait(job_finished, &rows, wait, &pool.done, &pool.caller_sleeps);  /* a worker's last chunk */
     if (atomic_load_explicit(&pool.helped, memory_order_relaxed)) {
         pool.quiet = pool.backoff = 0;
     } else if (!quiet) {
