@@ -9,12 +9,11 @@ thread split (tests/test_integer_kernels.py compares them on every spec case).
 from __future__ import annotations
 
 import ctypes
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
 
-from dabuild.ir.kernels.forking import forget_pool_after_fork, split_rows
+from dabuild.ir.kernels.threads import RowSplitter
 
 BLOCK_VECTORS = 4  # vectors of output channels per packed weight block (qconv.c's QBLOCK_VECS)
 PARALLEL_MACS = 2_000_000  # a conv with fewer multiply-adds runs on one thread
@@ -61,7 +60,8 @@ class Requantization:
 class NativeInteger:
     """qconv2d_nhwc, qconv2d_u8_nhwc and qadd_lookup of one loaded library."""
 
-    def __init__(self, library: ctypes.CDLL):
+    def __init__(self, library: ctypes.CDLL, rows: RowSplitter):
+        self._rows = rows
         self._conv = library.qconv2d_nhwc
         self._conv.argtypes = [ctypes.POINTER(QConvCall), ctypes.c_ssize_t, ctypes.c_ssize_t]
         self._conv.restype = None
@@ -75,8 +75,6 @@ class NativeInteger:
         self._add.restype = None
         library.qconv_lanes.restype = ctypes.c_ssize_t
         self.lanes = int(library.qconv_lanes())
-        self._pool: ThreadPoolExecutor | None = None
-        forget_pool_after_fork(self)
 
     def pack(self, weight: np.ndarray, group: int = 2) -> PackedQWeight:
         """The weight in qconv.c's layout (see qconv.c) for groups of 2 (int16) or 4 (int8) input channels."""
@@ -131,8 +129,7 @@ class NativeInteger:
                          dilations[0], dilations[1], zeros.ctypes.data)
         rows = batch * out[0]
         macs = y.size * kernel_h * kernel_w * channels
-        parts = min(threads, rows) if macs >= PARALLEL_MACS else 1
-        split_rows(self, kernel, ctypes.byref(call), rows, parts, max(1, parts - 1), "dabuild-qconv")
+        self._rows(kernel, ctypes.byref(call), rows, threads if macs >= PARALLEL_MACS else 1)
         return y
 
     def add_lookup(self, a: np.ndarray, b: np.ndarray, table: np.ndarray) -> np.ndarray:
