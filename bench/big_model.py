@@ -16,8 +16,8 @@ config), targets c and onnx. Runs `dabuild build` in a child process and prints
 - one full trial (the slowest trial of tune:c's history that scored every
   evaluation image) / onnxruntime running the onnx target's int8 QDQ model on
   the same 256 images (goal <= 2), both on the machine's cores;
-- the build's peak RSS (goal <= 2 GB; the largest of its processes), the build run with DABUILD_MEMORY=2G
-  (unless the environment sets another budget) so that it sizes its batches to that goal;
+- the build's peak RSS (goal <= 2 GB; the largest of its processes), the build run with DABUILD_MEMORY set to
+  the goal, 2e9 bytes (unless the environment sets another budget), so that it sizes its batches to that goal;
 - C source bytes / weight bytes (goal <= 2; int8 weights, int32 biases) and the
   time of compiling the generated C at -O2.
 
@@ -44,7 +44,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the fa
 from architectures import IMAGE, export_onnx
 
 GOALS = {"build": 15 * 60, "calibrate": 1.5, "trial": 2.0, "rss": 2.0, "source": 2.0}
-BUDGET, MEMORY = "DABUILD_MEMORY", "2G"  # the build runs within the memory goal's budget (unless set otherwise)
+# The build's budget is the RSS goal itself, in its unit (2 GB = 2e9 bytes; "2G" would be 2 GiB), unless set otherwise.
+BUDGET, MEMORY = "DABUILD_MEMORY", str(int(GOALS["rss"] * 1e9))
 
 
 def make_recipe(work: Path, calibration: int, evaluation: int, trials: int, architecture: str = "resnet") -> Path:
