@@ -92,9 +92,9 @@ class OnnxTarget(Target):
     def _session(self, purpose: str, artifact_dir: Path) -> tuple[Any, dict[str, str] | None]:
         """The onnxruntime session for `purpose` ("run" the model, or "trace" its every quantized tensor) and the
         tensors it returns (QGraph tensor -> the model's output; None: the model's own outputs), built once per
-        artifact and kept while this target lives:
-        check runs the artifact batch after batch, and its proof traces it a few samples at a time, so loading,
-        shape inference and session setup of a 100 MB model happen once, not per batch."""
+        artifact and kept while this target lives: check runs the artifact batch after batch, and its proof traces
+        it a few samples at a time, so loading, shape inference and session setup of a 100 MB model happen once,
+        not per batch."""
         runner = _import("dabuild.targets.onnx.runner")
         path = Path(artifact_dir) / MODEL_FILE
         try:
