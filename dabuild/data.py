@@ -88,7 +88,7 @@ def load_inputs(spec: Any, base_dir: Path | None, input_names: list[str]) -> dic
     """Graph input name -> float32 array (first `spec.samples` rows), all with one length."""
     path = _path(spec, base_dir)
     keys = _input_keys(spec, input_names)
-    arrays = {name: _samples(_read(path, key), spec).astype(np.float32) for name, key in keys.items()}
+    arrays = {name: _samples(_read(path, key), spec).astype(np.float32, copy=False) for name, key in keys.items()}
     lengths = {keys[name]: len(array) for name, array in arrays.items()}
     if len(set(lengths.values())) > 1:
         listed = ", ".join(f"{key} has {n}" for key, n in lengths.items())

@@ -325,7 +325,8 @@ class NativeHistogram:
 
     def count(self, view: TensorView, reciprocal: np.ndarray, offset: np.ndarray, counts: np.ndarray,
               whole_reciprocal: float, whole_offset: int, whole: np.ndarray) -> None:
-        """counts (channels, BINS) and whole (BINS,) += the tensor's bin counts (int64, C-contiguous)."""
+        """counts (channels, BINS), int32, and whole (BINS,), int64, += the tensor's bin counts (both C-contiguous;
+        the caller keeps every count of `counts` below 2^31)."""
         wholes = [whole, np.zeros_like(whole)]
 
         def part(index: int, first: int, end: int) -> None:
@@ -338,7 +339,7 @@ class NativeHistogram:
 
     def rebin(self, counts: np.ndarray, channels: np.ndarray, old_offset: np.ndarray, doublings: np.ndarray,
               new_offset: np.ndarray) -> None:
-        """counts (C-contiguous int64 (channels, BINS)): the listed rows moved to their wider windows in place,
+        """counts (C-contiguous int32 (channels, BINS)): the listed rows moved to their wider windows in place,
         as dabuild.quant.histogram.Histogram._rebin does."""
         vectors = [np.ascontiguousarray(vector, np.int64) for vector in (channels, old_offset, doublings, new_offset)]
         self._rebin(counts.ctypes.data, vectors[0].ctypes.data, len(vectors[0]),
