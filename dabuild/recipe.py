@@ -112,6 +112,17 @@ def _is_regular(path: Path) -> bool:
 _PYTHON_NAME = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 
 
+class InputSpec(BaseModel):
+    """A model input with its element type: integer inputs (token ids) may only index embedding tables."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    shape: list[PositiveInt | None] = Field(description="The input's shape; null marks the dynamic (batch) dimension.")
+    dtype: Literal["float32", "int64", "int32"] = Field(
+        default="float32", description="Element type: float32, or int64/int32 for indices into an embedding table."
+    )
+
+
 class ModelSpec(BaseModel):
     """Where the model comes from and how to call it."""
 
@@ -130,8 +141,10 @@ class ModelSpec(BaseModel):
         default=None,
         description="An .npz of arrays; when given, `name` in `source` is a factory called with them.",
     )
-    inputs: dict[str, list[PositiveInt | None]] | None = Field(
-        default=None, description="Input name -> shape; null marks a dynamic (batch) dimension."
+    inputs: dict[str, list[PositiveInt | None] | InputSpec] | None = Field(
+        default=None,
+        description="Input name -> shape (null marks a dynamic (batch) dimension), or -> {shape, dtype} for an "
+        "integer input (token ids feeding an embedding): dtype int64 or int32.",
     )
     depends: list[ExistingPath] = Field(
         default=[], description="Further files the model reads; a change to any of them re-traces."

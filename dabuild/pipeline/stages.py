@@ -49,7 +49,7 @@ class ModelInput:
     framework: str | None
     source: str
     weights: Path | None
-    inputs: dict[str, list[int | None]] | None
+    inputs: dict[str, list[int | None] | dict[str, Any]] | None  # a shape, or {shape, dtype} (trace.base)
 
 
 def model_input(config: dict[str, Any], files: dict[str, Path]) -> ModelInput:
