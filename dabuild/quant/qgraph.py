@@ -128,6 +128,10 @@ class QuantParams:
         return np.arange(self.qmin, self.qmax + 1, dtype=np.int64)
 
 
+# The params of an integer graph input (token ids): its values are the integers themselves, never quantized.
+INDICES = QuantParams(1.0, 0, "int32")
+
+
 @dataclass
 class QTensor:
     """An activation tensor: its per-sample shape (no batch axis) and quantization."""
@@ -203,6 +207,11 @@ class QGraph:
     def input_names(self) -> list[str]:
         """Graph input names, as the float Graph lists them (integer lowering allows one)."""
         return [self.input]
+
+    @property
+    def takes_indices(self) -> bool:
+        """Is the graph input integer indices (token ids into an embedding table) rather than quantized reals?"""
+        return self.input_params == INDICES
 
     @property
     def input_params(self) -> QuantParams:
