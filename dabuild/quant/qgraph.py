@@ -226,10 +226,12 @@ class QGraph:
         or holds weights stored in a numpy type not in `weights` (int8 storage: any width up to 8 bits).
 
         A target calls it on export for the dtypes its kernels run, so a type its capability does not list
-        fails there, by layer and type, instead of running with the wrong range."""
+        fails there, by layer and type, instead of running with the wrong range. Integer indices (`INDICES`)
+        are no quantized tensor: a target takes them where it writes the embedding layer that reads them."""
         for layer in self.layers:
             for name in (*layer.inputs, *layer.outputs):
-                dtype = self.tensors[name].params.dtype if name in self.tensors else None
+                params = self.tensors[name].params if name in self.tensors else None
+                dtype = None if params is None or params == INDICES else params.dtype
                 if dtype is not None and dtype not in activations:
                     raise BuildError(f"layer {layer.name!r} ({layer.op}): the {target} target cannot run tensor "
                                      f"{name!r} of dtype {dtype} (it runs {', '.join(activations)})")

@@ -8,6 +8,7 @@ on the raw float32 files of the check, so both run the model the same way.
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 import numpy as np
 import onnxruntime as ort
@@ -25,20 +26,25 @@ def run_model(model: str | bytes, inputs: np.ndarray, threads: int = 1,
               outputs: list[str] | None = None) -> list[np.ndarray]:
     """The model's outputs (or the named tensors `outputs`) on a float32 batch fed to its only input."""
     runner = session(model, threads)
-    feed = {runner.get_inputs()[0].name: np.ascontiguousarray(inputs, dtype=np.float32)}
+    feed = {runner.get_inputs()[0].name: np.ascontiguousarray(inputs, dtype=input_dtype(runner))}
     return runner.run(outputs, feed)
+
+
+def input_dtype(runner: Any) -> type:
+    """float32, or int64 for a model whose input is integer indices (token ids)."""
+    return np.int64 if runner.get_inputs()[0].type == "tensor(int64)" else np.float32
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Run an ONNX model on a raw float32 batch; write raw float32 outputs.")
     parser.add_argument("model")
-    parser.add_argument("inputs", help="raw float32 values, C order, whole samples")
+    parser.add_argument("inputs", help="raw float32 (int64 for token ids) values, C order, whole samples")
     parser.add_argument("outputs")
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
     runner = session(args.model, args.threads)
     sample_shape = [int(d) for d in runner.get_inputs()[0].shape[1:]]
-    x = np.fromfile(args.inputs, dtype=np.float32).reshape(-1, *sample_shape)
+    x = np.fromfile(args.inputs, dtype=input_dtype(runner)).reshape(-1, *sample_shape)
     y = runner.run(None, {runner.get_inputs()[0].name: x})[0]
     np.ascontiguousarray(y, dtype=np.float32).tofile(args.outputs)
     return 0
