@@ -2,6 +2,7 @@
 
 from dabuild.targets.c.kernels import (  # noqa: F401  (they register)
     elementwise,
+    embedding,
     island,
     linear,
     matmul,
