@@ -98,7 +98,8 @@ def plan(recipe: Recipe, capabilities: dict[str, CapabilitySpec], targets: list[
             {
                 "framework": model.framework,
                 "entry": _source_entry(recipe),
-                "inputs": model.inputs,
+                "inputs": None if model.inputs is None else {  # a shape, or {shape, dtype} of an integer input
+                    name: entry if isinstance(entry, list) else entry.model_dump() for name, entry in model.inputs.items()},
                 "hooks": _trace_hooks(recipe),
             },
             files=model_files,

@@ -343,7 +343,8 @@ def out_of_range(indices: np.ndarray, rows: int) -> str | None:
     if not bad.size:
         return None
     where = np.unravel_index(int(bad[0]), np.shape(indices))
-    return (f"{bad.size} indices lie outside the table's rows 0..{rows - 1}, the first {int(np.ravel(indices)[bad[0]])} "
+    count = "1 index lies" if bad.size == 1 else f"{bad.size} indices lie"
+    return (f"{count} outside the table's rows 0..{rows - 1}, the first {int(np.ravel(indices)[bad[0]])} "
             f"at position {list(map(int, where))}")
 
 
