@@ -22,11 +22,11 @@ from dabuild.cli import main  # noqa: E402
 from dabuild.errors import BuildError, UsageError  # noqa: E402
 from dabuild.ir.interpreter import run  # noqa: E402
 from dabuild.ir.passes import optimize  # noqa: E402
+from dabuild.progress import Progress  # noqa: E402
 from dabuild.quant.calibrate import calibrate  # noqa: E402
 from dabuild.quant.config import NodeConfig, QuantChoice, QuantConfig  # noqa: E402
 from dabuild.quant.quantize import quantize  # noqa: E402
 from dabuild.quant.reference import quantize_input, run_integer  # noqa: E402
-from dabuild.progress import Progress  # noqa: E402
 from dabuild.trace import trace_model  # noqa: E402
 
 VOCAB, TOKENS, WIDTH, CLASSES = 30, 8, 12, 4
@@ -57,7 +57,7 @@ def classifier(folder: Path, flatten: bool = False) -> torch.nn.Module:
     """The model of MODEL_PY, written to folder/model.py so a recipe can name it too."""
     (folder / "model.py").write_text(MODEL_PY)
     namespace: dict = {}
-    exec(compile(MODEL_PY, str(folder / "model.py"), "exec"), namespace)  # noqa: S102 - the test's own source
+    exec(compile(MODEL_PY, str(folder / "model.py"), "exec"), namespace)
     return namespace["build"](flatten)
 
 
@@ -217,10 +217,10 @@ def one_bad_id() -> np.ndarray:
 
 
 @pytest.mark.parametrize(("ids", "message"), [
-    (one_bad_id(), rf"recipe.yaml:4:\d+: array 'ids': indexes the table of node '/embed/Gather_1' \(embedding\): "
-                   rf"1 index lies outside the table's rows 0..{VOCAB - 1}, the first {VOCAB} at position \[5, 3\]"),
-    (token_ids(48).astype(np.float32), r"recipe.yaml:4:\d+: .*holds float32 values, but model input 'ids' takes "
-                                       "integers"),
+    (one_bad_id(), (rf"recipe.yaml:4:\d+: array 'ids': indexes the table of node '/embed/Gather_1' \(embedding\): "
+                    rf"1 index lies outside the table's rows 0..{VOCAB - 1}, the first {VOCAB} at position \[5, 3\]")),
+    (token_ids(48).astype(np.float32), (r"recipe.yaml:4:\d+: .*holds float32 values, but model input 'ids' takes "
+                                        "integers")),
 ], ids=["out-of-range", "float-ids"])
 def test_bad_token_data_is_a_validation_error_at_the_recipe_line(tmp_path: Path, cache_dir: Path, ids: np.ndarray,
                                                                  message: str, capsys: pytest.CaptureFixture) -> None:

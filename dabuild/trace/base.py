@@ -55,7 +55,7 @@ class TracerPlugin(ABC):
     suffixes: ClassVar[tuple[str, ...]] = ()  # model file suffixes this plugin reads, e.g. (".onnx",)
     weights_suffixes: ClassVar[tuple[str, ...]] = ()  # weight files it loads into a factory's model, e.g. (".pt",)
     progress: Progress = Progress.silent()  # trace_model sets the caller's; plugins report through it
-    dtypes: dict[str, str] = {}  # noqa: RUF012  (trace_model sets model.inputs' element types; float32 if absent)
+    dtypes: dict[str, str] = {}  # model.inputs' element types by input name (trace_model sets them); float32 if absent
 
     def __init__(self, model: Any, inputs: dict[str, Shape] | None = None):
         self.model = model
@@ -136,7 +136,7 @@ def declared_inputs(inputs: dict[str, Any] | None) -> tuple[dict[str, Shape] | N
     if inputs is None:
         return None, {}
     shapes: dict[str, Shape] = {}
-    dtypes: dict[str, str] = {}
+    dtypes: dict[str, str] = {}  # model.inputs' element types by input name (trace_model sets them); float32 if absent
     for name, entry in inputs.items():
         if isinstance(entry, (list, tuple)):
             shapes[name] = tuple(entry)

@@ -31,8 +31,8 @@ from typing import Any
 import numpy as np
 
 from dabuild.errors import BuildError
-from dabuild.quant.layers.embedding import QEmbedding
 from dabuild.quant.layers.elementwise import QAdd, QClamp, QLookup, QMul, QPrelu
+from dabuild.quant.layers.embedding import QEmbedding
 from dabuild.quant.layers.fallback import QFloat, QFloatWeighted
 from dabuild.quant.layers.linear import QConv, QConvTranspose, QDense, QWeighted, transposed_layout
 from dabuild.quant.layers.matmul import QMatMul

@@ -48,10 +48,10 @@ from dabuild.ir.graph import Node
 from dabuild.ir.ops import OPS
 from dabuild.quant.activations import lookup_table
 from dabuild.quant.fixed_point import quantize_multiplier
+from dabuild.quant.layers.embedding import QEmbedding
 from dabuild.quant.layers.fallback import QFloatWeighted
 from dabuild.quant.layers.linear import QWeighted, transposed_layout
 from dabuild.quant.layers.shape import SELECTION_OPS
-from dabuild.quant.layers.embedding import QEmbedding
 from dabuild.quant.qgraph import INDICES, QGraph, QLayer, QuantParams
 from dabuild.registry import Registry
 from dabuild.targets.onnx_float import EXPORTERS, IR_VERSION, OPSET, Emitter, value_info

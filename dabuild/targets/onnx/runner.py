@@ -30,9 +30,9 @@ def run_model(model: str | bytes, inputs: np.ndarray, threads: int = 1,
     return runner.run(outputs, feed)
 
 
-def input_dtype(runner: Any) -> type:
+def input_dtype(runner: Any) -> np.dtype:
     """float32, or int64 for a model whose input is integer indices (token ids)."""
-    return np.int64 if runner.get_inputs()[0].type == "tensor(int64)" else np.float32
+    return np.dtype(np.int64 if runner.get_inputs()[0].type == "tensor(int64)" else np.float32)
 
 
 def main(argv: list[str] | None = None) -> int:
