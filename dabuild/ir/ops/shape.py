@@ -356,6 +356,7 @@ class Embedding(Op):
 
     name = "embedding"
     per_sample = True
+    reads_indices = True  # a float island would dequantize the ids into floats
     arity = (2, 2)
     signature = "indices (integer), table (rows, ...)"
     rule = "shape(indices) + table.shape[1:]"
