@@ -103,9 +103,11 @@ def _indices(graph: Graph, name: str, array: np.ndarray) -> str | None:
     if array.dtype.kind not in "iu":
         return (f"holds {array.dtype} values, but model input {name!r} takes integers (indices into an embedding "
                 "table); store it as integers")
+    shapes = graph.tensor_shapes()
     for node in graph.nodes:
-        if node.op == "embedding" and node.inputs[0] == name:
-            problem = out_of_range(array, len(graph.constants[node.inputs[1]]))
+        rows = shapes[node.inputs[1]].shape[0] if node.op == "embedding" and node.inputs[0] == name else None
+        if rows is not None:
+            problem = out_of_range(array, rows)
             if problem is not None:
                 return f"indexes the table of node {node.name!r} (embedding): {problem}"
     return None

@@ -196,7 +196,7 @@ def build_space(graph: Graph, capability: CapabilitySpec, narrowing: Mapping[str
         if "weight" not in (quantizable_roles(node.op) or ()):
             weight = None
         macs = 0
-        if weight is not None:
+        if weight is not None and not OPS[node.op].reads_indices:  # a table lookup multiplies nothing
             out = shapes[node.outputs[0]].shape
             per_sample = math.prod(int(d or 1) for d in out[1:])
             channels = out[-1] if node.op in LAST_AXIS_OPS else out[1]
