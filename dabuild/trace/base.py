@@ -136,7 +136,7 @@ def declared_inputs(inputs: dict[str, Any] | None) -> tuple[dict[str, Shape] | N
     if inputs is None:
         return None, {}
     shapes: dict[str, Shape] = {}
-    dtypes: dict[str, str] = {}  # model.inputs' element types by input name (trace_model sets them); float32 if absent
+    dtypes: dict[str, str] = {}  # only the inputs that are not float32
     for name, entry in inputs.items():
         if isinstance(entry, (list, tuple)):
             shapes[name] = tuple(entry)
