@@ -254,7 +254,7 @@ class OnnxTracer(TracerPlugin):
         graph = Graph(inputs=[spec for name, spec in specs.items() if name not in integer or name in read],
                       outputs=list(model.outputs), nodes=ctx.nodes, constants=ctx.constants)
         try:
-            check_integer_inputs(graph, {name: spec.dtype for name, spec in specs.items()})
+            check_integer_inputs(graph, {})  # the file states its own types; trace_model checks model.inputs
         except UsageError as error:
             raise UsageError(f"{model.where}: {error}") from None
         return graph
