@@ -30,8 +30,10 @@ from pydantic import (
     AfterValidator,
     BaseModel,
     ConfigDict,
+    Discriminator,
     Field,
     PrivateAttr,
+    Tag,
     ValidationInfo,
     field_validator,
 )
@@ -123,6 +125,16 @@ class InputSpec(BaseModel):
     )
 
 
+def _input_form(entry: Any) -> str:
+    """Which form a model.inputs entry has, so a bad one is reported against that form alone."""
+    return "spec" if isinstance(entry, dict) else "shape"
+
+
+InputEntry = Annotated[
+    Annotated[list[PositiveInt | None], Tag("shape")] | Annotated[InputSpec, Tag("spec")], Discriminator(_input_form)
+]
+
+
 class ModelSpec(BaseModel):
     """Where the model comes from and how to call it."""
 
@@ -141,7 +153,7 @@ class ModelSpec(BaseModel):
         default=None,
         description="An .npz of arrays; when given, `name` in `source` is a factory called with them.",
     )
-    inputs: dict[str, list[PositiveInt | None] | InputSpec] | None = Field(
+    inputs: dict[str, InputEntry] | None = Field(
         default=None,
         description="Input name -> shape (null marks a dynamic (batch) dimension), or -> {shape, dtype} for an "
         "integer input (token ids feeding an embedding): dtype int64 or int32.",
