@@ -42,6 +42,9 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "bench"))
+from ort_peer import calibration_reader, ort_accuracy  # noqa: E402
+
 DIGITS = REPO / "recipes" / "digits"
 DIGITS_CNN = REPO / "recipes" / "digits-cnn"
 BATCH = 64                # the recipe's default batch size
@@ -163,25 +166,10 @@ def onnx_mlp(path: Path) -> None:
 def ort_accuracies(model: Path, calibration: np.ndarray, x_test: np.ndarray, y_test: np.ndarray,
                    per_channel: bool = False) -> tuple[float, dict[str, float]]:
     """fp32 accuracy of the ONNX `model` and, per calibration method, of its quantize_static int8 version."""
-    import onnxruntime as ort
-    from onnxruntime.quantization import (
-        CalibrationDataReader,
-        CalibrationMethod,
-        QuantFormat,
-        QuantType,
-        quantize_static,
-    )
-
-    class Reader(CalibrationDataReader):
-        def __init__(self) -> None:
-            self.batches = iter([{"x": calibration[i:i + BATCH]} for i in range(0, len(calibration), BATCH)])
-
-        def get_next(self) -> dict[str, np.ndarray] | None:
-            return next(self.batches, None)
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
 
     def accuracy(path: Path) -> float:
-        session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-        return float(np.mean(session.run(None, {"x": x_test})[0].argmax(1) == y_test))
+        return ort_accuracy(path, x_test, y_test, batch_size=len(x_test))
 
     results = {}
     fp32 = accuracy(model)
@@ -189,8 +177,8 @@ def ort_accuracies(model: Path, calibration: np.ndarray, x_test: np.ndarray, y_t
         for method in ("MinMax", "Entropy", "Percentile"):
             quantized = Path(folder) / f"{model.stem}.{method}.onnx"
             with contextlib.redirect_stdout(io.StringIO()):  # its progress prints would interleave with ours
-                quantize_static(model, quantized, Reader(), quant_format=QuantFormat.QDQ, per_channel=per_channel,
-                                activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
+                quantize_static(model, quantized, calibration_reader(calibration, BATCH), quant_format=QuantFormat.QDQ,
+                                per_channel=per_channel, activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
                                 calibrate_method=getattr(CalibrationMethod, method))
             results[method] = accuracy(quantized)
     return fp32, results

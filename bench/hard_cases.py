@@ -46,6 +46,9 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "bench"))
+from ort_peer import calibration_reader, ort_accuracy, upgrade_to_opset21  # noqa: E402
+
 NNCF_PYTHON = Path(os.environ.get("NNCF_PYTHON", REPO / ".venv-nncf" / "bin" / "python"))
 GOAL = 0.01  # relative
 EPOCHS = 5
@@ -190,15 +193,6 @@ def build_case(name: str, model_class: type, data: tuple[np.ndarray, np.ndarray]
     return Case(name, folder, x_cal, x_eval, y_eval, fp32, "onnx-int4.yaml" if name == "int4" else None)
 
 
-def ort_accuracy(model: Path, x: np.ndarray, labels: np.ndarray) -> float:
-    import onnxruntime
-
-    session = onnxruntime.InferenceSession(str(model), providers=["CPUExecutionProvider"])
-    outputs = np.concatenate([session.run(None, {session.get_inputs()[0].name: x[i:i + 250]})[0]
-                              for i in range(0, len(x), 250)])
-    return float((outputs.argmax(axis=1) == labels).mean())
-
-
 @dataclass
 class Row:
     tool: str
@@ -261,30 +255,12 @@ def dabuild_row(case: Case) -> Row:
 # ---------------------------------------------------------------- onnxruntime quantize_static
 
 def ort_rows(case: Case, root: Path) -> list[Row]:
-    import onnx
-    from onnx import version_converter
-    from onnxruntime.quantization import (
-        CalibrationDataReader,
-        CalibrationMethod,
-        QuantFormat,
-        QuantType,
-        quantize_static,
-    )
-
-    class Samples(CalibrationDataReader):
-        def __init__(self) -> None:
-            self.batches = iter([{"x": case.x_cal[i:i + 100]} for i in range(0, len(case.x_cal), 100)])
-
-        def get_next(self) -> dict[str, np.ndarray] | None:
-            return next(self.batches, None)
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
 
     source = case.folder / "model.onnx"
     weight_type = QuantType.QInt8
     if case.name == "int4":  # QInt4 weights need opset 21
-        upgraded = version_converter.convert_version(onnx.load(source), 21)
-        upgraded.ir_version = 10
-        source = root / f"{case.name}-opset21.onnx"
-        onnx.save(upgraded, source)
+        source = upgrade_to_opset21(source, root / f"{case.name}-opset21.onnx")
         weight_type = QuantType.QInt4
     rows = []
     for method in (CalibrationMethod.MinMax, CalibrationMethod.Entropy, CalibrationMethod.Percentile,
@@ -293,8 +269,8 @@ def ort_rows(case: Case, root: Path) -> list[Row]:
             output = root / f"{case.name}-ort-{method.name}-{per_channel}.onnx"
             start = time.perf_counter()
             try:
-                quantize_static(source, output, Samples(), quant_format=QuantFormat.QDQ, per_channel=per_channel,
-                                weight_type=weight_type, calibrate_method=method)
+                quantize_static(source, output, calibration_reader(case.x_cal, 100), quant_format=QuantFormat.QDQ,
+                                per_channel=per_channel, weight_type=weight_type, calibrate_method=method)
                 accuracy = ort_accuracy(output, case.x_eval, case.y_eval)
                 size: int | None = output.stat().st_size
                 note = ""

@@ -35,7 +35,9 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "bench"))
 
+from ort_peer import calibration_reader, ort_accuracy, upgrade_to_opset21  # noqa: E402
 from test_mixed_precision import MIXED, PER_TENSOR_WEIGHTS, uniform_weights  # noqa: E402
 from test_strategies import inc_basic_trials  # noqa: E402
 from test_tuning import C_FALLBACK, NLL, digits_recipe, tune  # noqa: E402
@@ -104,38 +106,14 @@ def resume(root: Path, folder: Path, stages: tuple[Path, Path], trials: int) -> 
           f"{len(again)} of the first run's re-evaluated")
 
 
-def onnxruntime_accuracy(model: bytes, x: np.ndarray, labels: np.ndarray) -> float:
-    import onnxruntime
-
-    session = onnxruntime.InferenceSession(model, providers=["CPUExecutionProvider"])
-    return float((session.run(None, {session.get_inputs()[0].name: x})[0].argmax(axis=1) == labels).mean())
-
-
 def onnxruntime_w4a8(model_file: Path, calibration: np.ndarray, batch_size: int, root: Path) -> bytes:
     """model.onnx quantized by onnxruntime the way its docs suggest for 4-bit weights: quantize_static, QDQ,
     per-channel symmetric int4 weights, int8 activations, MinMax over the calibration samples. Upgraded to
     opset 21 first, where QuantizeLinear/DequantizeLinear take int4."""
-    import onnx
-    from onnx import version_converter
-    from onnxruntime.quantization import (
-        CalibrationDataReader,
-        CalibrationMethod,
-        QuantFormat,
-        QuantType,
-        quantize_static,
-    )
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
 
-    class Samples(CalibrationDataReader):
-        def __init__(self) -> None:
-            self.batches = iter([{"x": calibration[i:i + batch_size]} for i in range(0, len(calibration), batch_size)])
-
-        def get_next(self) -> dict[str, np.ndarray] | None:
-            return next(self.batches, None)
-
-    upgraded = version_converter.convert_version(onnx.load(model_file), 21)
-    upgraded.ir_version = 10
-    onnx.save(upgraded, root / "model-opset21.onnx")
-    quantize_static(root / "model-opset21.onnx", root / "model-w4a8.onnx", Samples(), quant_format=QuantFormat.QDQ,
+    quantize_static(upgrade_to_opset21(model_file, root / "model-opset21.onnx"), root / "model-w4a8.onnx",
+                    calibration_reader(calibration, batch_size), quant_format=QuantFormat.QDQ,
                     per_channel=True, weight_type=QuantType.QInt4, activation_type=QuantType.QInt8,
                     calibrate_method=CalibrationMethod.MinMax)
     return (root / "model-w4a8.onnx").read_bytes()
@@ -154,9 +132,9 @@ def mixed_precision(root: Path) -> None:
     calibration = load_inputs(recipe.data.calibration, folder, [t.name for t in graph.inputs])["x"]
     x = load_inputs(recipe.data.evaluation, folder, [t.name for t in graph.inputs])["x"]
     labels = load_labels(recipe.data.evaluation, folder)
-    ort_fp32 = onnxruntime_accuracy((folder / "model.onnx").read_bytes(), x, labels)
-    ort_w4a8 = onnxruntime_accuracy(onnxruntime_w4a8(folder / "model.onnx", calibration,
-                                                     recipe.data.calibration.batch_size, root), x, labels)
+    ort_fp32 = ort_accuracy((folder / "model.onnx").read_bytes(), x, labels)
+    ort_w4a8 = ort_accuracy(onnxruntime_w4a8(folder / "model.onnx", calibration,
+                                            recipe.data.calibration.batch_size, root), x, labels)
     evaluator = Evaluator(EvalSetup(*stages, x, labels, "accuracy", folder, recipe.data.evaluation.batch_size))
     fp32 = evaluator.baseline
     default = build_space(graph, MIXED)

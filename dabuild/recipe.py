@@ -562,19 +562,32 @@ def _check_float_islands(document: YamlDocument, space: SpaceNarrowing, targets:
         why = load(TARGETS, target.kind).refuses_float_islands(options if isinstance(options, dict) else {})
         if why is not None:
             without.append((target.name, f"{why}, so it runs no float islands"))
-    if not without:
-        return []
     diagnostics = []
     for kind, entries in (("op_type", space.op_type), ("op_name", space.op_name)):
         for key, narrowing in entries.items():
+            # an op_type's own float kernels are known now; an op_name's op type only once traced (tune's space)
+            refusing = without or ([] if kind == "op_name" else _without_float_kernel(key, targets, resolved,
+                                                                                      capabilities))
             for role in ("weight", "activation"):
                 choices = getattr(narrowing, role)
-                if choices is not None and "fp32" in (choices.dtype or []):
-                    name, why = without[0]
+                if refusing and choices is not None and "fp32" in (choices.dtype or []):
+                    name, why = refusing[0]
                     diagnostics.append(document.diagnostic(
                         ("tuning", "space", kind, key, role, "dtype"),
                         f"fp32 asks for a float island, but target {name!r}: {why}"))
     return diagnostics
+
+
+def _without_float_kernel(op: str, targets: list[TargetSpec], resolved: list[tuple[dict, str, Tolerance]],
+                          capabilities: dict[str, CapabilitySpec]) -> list[tuple[str, str]]:
+    """The targets whose capability runs float islands but none of op `op` (it is not in their float_ops)."""
+    found = []
+    for target, (_, capability, _) in zip(targets, resolved):
+        spec = capabilities.get(capability)
+        if spec is not None and spec.fp32_fallback and not spec.runs_float(op):
+            kernels = ", ".join(spec.float_ops or [])
+            found.append((target.name, f"capability {capability!r} has no float kernel for op {op!r} (float_ops: {kernels})"))
+    return found
 
 
 def _check_space_op_types(document: YamlDocument, space: SpaceNarrowing) -> list[Diagnostic]:

@@ -62,8 +62,9 @@ def island_cnn(channels: int = 6) -> Graph:
                  {name: np.asarray(value, np.float32) for name, value in constants.items()})
 
 
-def with_islands(island: list[str]) -> QGraph:
-    graph = island_cnn()
+def with_islands(island: list[str], graph: Graph | None = None) -> QGraph:
+    """`graph` (default: island_cnn) quantized with the nodes of `island` in fp32."""
+    graph = graph or island_cnn()
     config = default_config(graph, C)
     for name in island:
         config.nodes[name] = NodeConfig(weight=None, activation=None)
@@ -165,6 +166,100 @@ def test_islands_are_exact_in_qemu(cpu: str, tmp_path: Path) -> None:
             np.testing.assert_array_equal(traced[tensor].view(np.int32), reference[tensor].view(np.int32), tensor)
 
 
+def attention_block() -> Graph:
+    """avg_pool over the 8x8 image, its rows as 8 tokens; q, k, v dense; softmax(q @ k^T * scale) @ v; a
+    matmul by a constant; then gelu (erf), gelu (tanh), tanh, sigmoid, erf and exp in a row, and a dense head."""
+    rng = np.random.default_rng(9)
+    constants = {f"w{name}": rng.normal(0, 0.5, (8, 8)) for name in "qkv"} | {
+        f"b{name}": rng.normal(0, 0.1, 8) for name in "qkv"} | {
+        "scale": np.full(1, 8 ** -0.5), "proj": rng.normal(0, 0.5, (8, 8)), "wo": rng.normal(0, 0.3, (64, 10))}
+    nodes = [
+        Node("image", "reshape", ["x"], ["image"], {"shape": [0, 1, 8, 8]}),
+        Node("pool", "avg_pool", ["image"], ["pooled"], {"kernel": [3, 3], "strides": [1, 1], "pads": [1, 1, 1, 1]}),
+        Node("tokens", "reshape", ["pooled"], ["t"], {"shape": [0, 8, 8]}),
+        *(Node(name, "dense", ["t", f"w{name}", f"b{name}"], [name + "_out"], {}) for name in "qkv"),
+        Node("kt", "transpose", ["k_out"], ["kt_out"], {"perm": [0, 2, 1]}),
+        Node("scores", "matmul", ["q_out", "kt_out"], ["s"], {}),
+        Node("scaled", "mul", ["s", "scale"], ["ss"], {}),
+        Node("attend", "softmax", ["ss"], ["a"], {"axis": -1}),
+        Node("mixed", "matmul", ["a", "v_out"], ["m"], {}),
+        Node("project", "matmul", ["m", "proj"], ["p"], {}),
+        Node("gelu", "gelu", ["p"], ["g1"], {}),
+        Node("gelu_tanh", "gelu", ["g1"], ["g2"], {"approximate": "tanh"}),
+        Node("tanh", "tanh", ["g2"], ["h1"], {}),
+        Node("sigmoid", "sigmoid", ["h1"], ["h2"], {}),
+        Node("erf", "erf", ["h2"], ["h3"], {}),
+        Node("exp", "exp", ["h3"], ["h4"], {}),
+        Node("flat", "flatten", ["h4"], ["f"], {}),
+        Node("head", "dense", ["f", "wo"], ["y"], {}),
+    ]
+    return Graph([TensorSpec("x", (None, 64))], ["y"], nodes,
+                 {name: np.asarray(value, np.float32) for name, value in constants.items()})
+
+
+ATTENTION_ISLAND = ["pool", "tokens", "kt", "scores", "scaled", "attend", "mixed", "project", "gelu", "gelu_tanh",
+                    "tanh", "sigmoid", "erf", "exp", "flat"]
+
+
+def test_the_transcendentals_are_the_ir_ops_within_a_few_ulp() -> None:
+    """island_order's exp, tanh, sigmoid, erf, gelu, softmax, matmul and avg_pool (the C kernels' float32
+    sequences) compute the IR ops: exp within 1 ulp of float64's e**x over its whole finite range."""
+    from dabuild.ir.ops import OPS
+    from dabuild.quant.layers.island_order import expf32
+
+    x = np.linspace(-86.9, 88.7, 400_001, dtype=np.float32)
+    exact = np.exp(x.astype(np.float64))
+    assert np.max(np.abs(expf32(x) - exact) / np.spacing(exact.astype(np.float32))) <= 1.0
+    assert expf32(np.float32(89.0)) == np.inf and expf32(np.float32(-88.0)) == 0 and np.isnan(expf32(np.nan))
+    v = np.random.default_rng(0).normal(0, 3, (4, 6, 5)).astype(np.float32)
+    for op, attrs in (("exp", {}), ("tanh", {}), ("sigmoid", {}), ("erf", {}), ("gelu", {}),
+                      ("gelu", {"approximate": "tanh"}), ("softmax", {"axis": 1})):
+        want = OPS[op].run([v], OPS[op].resolve(attrs))[0]
+        np.testing.assert_allclose(run_ordered(op, [v], attrs)[0], want, rtol=2e-6, atol=5e-7, err_msg=op)
+    a, b = v[:, None], np.random.default_rng(1).normal(size=(3, 5, 2)).astype(np.float32)
+    np.testing.assert_allclose(run_ordered("matmul", [a, b], {})[0], a @ b, rtol=1e-5, atol=1e-6)
+    pool = {"kernel": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1], "ceil_mode": True}
+    np.testing.assert_allclose(run_ordered("avg_pool", [v[None]], pool)[0],
+                               OPS["avg_pool"].run([v[None]], OPS["avg_pool"].resolve(pool))[0], rtol=1e-6)
+
+
+def test_an_attention_island_is_exact_on_the_host(tmp_path: Path) -> None:
+    """avg_pool, transpose, matmul of two tensors and by a constant, softmax and the transcendentals as one
+    island (q, k, v quantized, handing it float): outputs and every island tensor bit-exact, check `exact`."""
+    qgraph = with_islands(ATTENTION_ISLAND, attention_block())
+    target, artifact = exported(qgraph, tmp_path, "host")
+    kernels = json.loads((artifact / "model.json").read_text())["kernels"]
+    assert {kernels[name] for name in ATTENTION_ISLAND} == {
+        "float_avg_pool", "float_unary", "float_transpose", "float_matmul", "float_binary", "float_softmax"}
+    assert {kernels[name] for name in "qkv"} == {"float_dense"}
+    x = DATA["x_test"][:200]
+    (tmp_path / "check").mkdir()
+    report = check_stage(target, qgraph, artifact, x, None, tmp_path / "check", tmp_path / "debug", Progress.silent())
+    assert report["ok"] and report["tolerance"] == "exact"
+    work = tmp_path / "work"
+    work.mkdir()
+    x_q = quantize_input(qgraph, x)
+    traced = target.trace(artifact, x_q, work)
+    reference = run_integer(qgraph, x_q, keep_intermediates=True)
+    assert traced is not None and set(qgraph.floats) <= set(traced)
+    for name in qgraph.floats:
+        np.testing.assert_array_equal(traced[name].view(np.int32), reference[name].view(np.int32), err_msg=name)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not QEMU, reason="needs gcc-arm-none-eabi, libnewlib-arm-none-eabi and qemu-system-arm")
+def test_an_attention_island_is_exact_in_qemu(tmp_path: Path) -> None:
+    """On a Cortex-M4F the FPU and dabuild's own exp (no newlib libm) give the reference's float32 bits."""
+    qgraph = with_islands(ATTENTION_ISLAND, attention_block())
+    target, artifact = exported(qgraph, tmp_path, "cortex-m4")
+    x_q = quantize_input(qgraph, DATA["x_test"][:20])
+    reference = run_integer(qgraph, x_q, keep_intermediates=True)
+    traced = target.trace(artifact, x_q, tmp_path)
+    assert traced is not None
+    for name in [*qgraph.floats, qgraph.output]:
+        np.testing.assert_array_equal(traced[name], reference[name], err_msg=name)
+
+
 @pytest.mark.parametrize("cpu", ["cortex-m0", "cortex-m3"])
 def test_cores_without_an_fpu_refuse_islands(cpu: str, tmp_path: Path) -> None:
     qgraph = with_islands(["fc2"])
@@ -174,16 +269,32 @@ def test_cores_without_an_fpu_refuse_islands(cpu: str, tmp_path: Path) -> None:
 
 
 def test_an_op_without_a_float_kernel_names_the_layer(tmp_path: Path) -> None:
-    """A softmax island needs libm's exp: the c capability does not offer it, and a QGraph that has one
+    """A log_softmax island would need a log: the c capability does not offer it, and a QGraph that has one
     anyway is refused naming the layer."""
-    graph = island_cnn()
-    graph = Graph(graph.inputs, ["s"], [*graph.nodes, Node("soft", "softmax", ["y"], ["s"], {})], graph.constants)
-    assert not C.runs_float("softmax") and C.runs_float("conv")
-    config = default_config(graph, C)
+    cnn = island_cnn()
+    graph = Graph(cnn.inputs, ["s"], [*cnn.nodes, Node("soft", "log_softmax", ["y"], ["s"], {})], cnn.constants)
+    assert not C.runs_float("log_softmax") and C.runs_float("softmax")
+    config = default_config(cnn, C)
     config.nodes["soft"] = NodeConfig(weight=None, activation=None)
     stats = calibrate(graph, [{"x": DATA["x_train"][:100]}], Progress.silent())
-    with pytest.raises(BuildError, match=r"layer 'soft'.*float op 'softmax'"):
+    with pytest.raises(BuildError, match=r"layer 'soft'.*float op 'log_softmax'"):
         exported(quantize(graph, stats, config), tmp_path, "host")
+
+
+def test_tuning_never_makes_an_op_without_a_float_kernel_fp32() -> None:
+    """elu has an integer form (a table) but no C float kernel: its node is offered integer choices only, the
+    softmax beside it fp32 too; a recipe asking elu for fp32 is an error at its line (tests/corpus/recipes/
+    float_island_op_without_kernel.yaml)."""
+    from dabuild.tune.space import FP32, build_space
+
+    cnn = island_cnn()
+    graph = Graph(cnn.inputs, ["s"], [*cnn.nodes, Node("smooth", "elu", ["y"], ["e"], {}),
+                                      Node("soft", "softmax", ["e"], ["s"], {})], cnn.constants)
+    space = build_space(graph, C)
+    assert FP32 not in space.nodes["smooth"].candidates and len(space.nodes["smooth"].candidates) > 0
+    assert FP32 in space.nodes["soft"].candidates and FP32 in space.nodes["fc2"].candidates
+    with pytest.raises(BuildError, match=r"op_type\.elu\.activation\.dtype: capability 'c' runs no float island"):
+        build_space(graph, C, {"op_type": {"elu": {"activation": {"dtype": ["fp32"]}}}})
 
 
 @pytest.mark.parametrize("cpu", ["host", "cortex-m3"])

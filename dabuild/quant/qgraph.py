@@ -180,6 +180,20 @@ class QLayer(ABC):
         """The output arrays; layers with an accumulator add it to `trace` as `<layer>:accumulator`."""
 
 
+class DenseFeatures:
+    """in_features and out_features of a layer whose `weight` is (in_features, out_features)."""
+
+    weight: np.ndarray
+
+    @property
+    def in_features(self) -> int:
+        return int(self.weight.shape[0])
+
+    @property
+    def out_features(self) -> int:
+        return int(self.weight.shape[1])
+
+
 LAYER_TYPES: Registry[type[QLayer]] = Registry("integer layer type", "the QGraph")
 
 

@@ -2,11 +2,17 @@
 
 1. cheapest: every node at its cheapest choice (fewest weight bits, then
    activation bits; per-channel weights and then the capability's order
-   among equals). One full evaluation; done if it meets the goal.
+   among equals). Scored on the subset first, like every config after it:
+   one full evaluation if the subset expects it to pass, done if the full
+   set agrees; a config the subset fails is not worth a full evaluation
+   (NNCF spends one on its starting point whatever happens, which is why it
+   needs three where the start misses and one restoration carries the goal).
 2. rank: each node's harm is what restoring it alone to its safest choice (a
    float island where the capability runs them, else its widest type)
    recovers of the metric, measured on a subset of the evaluation data
-   (`Search.subset_metric`: a cheap estimate, not a trial); ties go to the
+   (`Search.subset_metric`: a cheap estimate, not a trial; for accuracy
+   and top-k the subset holds the rows nearest the float decisions and
+   estimates the whole set's score, see `Evaluator.subset`); ties go to the
    node's own output error, on the same subset.
 3. restore, most harmful first, one node at a time: the node's restoration
    is the best-scoring on the subset of its safer choices (another range
@@ -76,8 +82,7 @@ class AccuracyControlStrategy:
         space = search.space
         sign = 1 if search.metric.higher_is_better else -1
         cheapest = QuantConfig({name: cheapest_choice(node) for name, node in space.nodes.items()})
-        [start] = search.evaluate([cheapest], "cheapest")
-        if start.passed:
+        if search.subset_predicts_pass(cheapest) and search.evaluate([cheapest], "cheapest")[0].passed:
             return
         choosing = [name for name, node in space.nodes.items() if precise_choice(node, cheapest.nodes[name])
                     != cheapest.nodes[name]]

@@ -152,7 +152,8 @@ class Search:
         return len(self._subset_metrics)
 
     def subset_metric(self, config: QuantConfig) -> float:
-        """`config`'s metric on `subset_rows` (a cheap estimate, no trial spent); remembered by config."""
+        """`config`'s metric as `subset_rows` estimate it (`Evaluator.subset_metric`: no trial spent);
+        remembered by config."""
         key = config.content_hash()
         if key not in self._subset_metrics:
             self._check_budget()
@@ -160,7 +161,11 @@ class Search:
         return self._subset_metrics[key]
 
     def subset_passes(self, config: QuantConfig) -> bool:
-        """Does `config` meet the goal on the subset, measured against the float graph on the same rows?"""
+        """Does `config` meet the goal on the subset, measured against the float graph on the same rows? (On a
+        marginal subset, `Evaluator.subset_is_marginal`, the subset metric estimates the whole set's, which is
+        then held to the goal against the whole set's baseline.)"""
+        if self.evaluator.subset_is_marginal:
+            return self.goal.passes(self.baseline, self.subset_metric(config), self.metric.higher_is_better)
         baseline = self.evaluator.subset_baseline(self.subset_rows)
         return self.goal.passes(baseline, self.subset_metric(config), self.metric.higher_is_better)
 

@@ -46,17 +46,18 @@ KEPT_TYPES = ("int8", "int16", "uint8", "uint16")   # a kernel chose these eleme
 def c_type(values: np.ndarray) -> str:
     """The C element type of a constant array: float for float32 (a float island's constants), its own when a
     kernel chose a narrow one, else the narrowest of int8_t, int16_t and int32_t that holds every value
-    (constants take no more flash than they need)."""
+    (constants take no more flash than they need); int64_t for the wide biases of blocked_dense (C99 types an
+    unsuffixed decimal constant beyond long as long long, so the literals need no suffix)."""
     array = np.asarray(values)
     if array.dtype == np.float32:
         return "float"
     if array.dtype.name in KEPT_TYPES:
         return f"{array.dtype.name}_t"
     low, high = (int(array.min()), int(array.max())) if array.size else (0, 0)
-    for bits in (8, 16, 32):
+    for bits in (8, 16, 32, 64):
         if -(1 << (bits - 1)) <= low and high < 1 << (bits - 1):
             return f"int{bits}_t"
-    raise ValueError(f"constants from {low} to {high} do not fit int32")
+    raise ValueError(f"constants from {low} to {high} do not fit int64")
 
 
 def c_identifier(name: str, taken: set[str], prefix: str = "l_") -> str:

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from dabuild.errors import BuildError
+from dabuild.quant.layers.blocked import QBlockedDense
 from dabuild.quant.layers.elementwise import QAdd, QClamp, QLookup, QMul, QPrelu
 from dabuild.quant.layers.embedding import QEmbedding
 from dabuild.quant.layers.fallback import QFloat, QFloatWeighted
@@ -138,6 +139,17 @@ def _weighted(e: Emitter, layer: QWeighted, quantized_kernels: bool) -> None:
         _tract_quantized(e, layer)
     else:
         _fake_quantized(e, layer)
+
+
+@exports("blocked_dense")
+def _blocked_dense(e: Emitter, layer: QBlockedDense, quantized_kernels: bool) -> None:
+    """Fake-quant (graph.quant has one scale per tensor): the float dense on the weight dequantized block by
+    block and the real bias, then onto the output grid within the fused clamp."""
+    rank = len(shape(e, layer.inputs[0]))
+    bias = layer.real_bias(e.params(layer.outputs[0])).astype(np.float32).reshape([1] * (rank - 1) + [-1])
+    inputs = [e.real(layer.inputs[0]), e.variable(f"{layer.name}_weight", layer.dequantized_weight().astype(np.float32)),
+              e.variable(f"{layer.name}_bias", bias)]
+    _finish(e, layer, _float_op(e, layer, "dense", {}, inputs), layer.output_min, layer.output_max)
 
 
 @exports("conv_transpose")

@@ -48,6 +48,7 @@ from dabuild.ir.graph import Node
 from dabuild.ir.ops import OPS
 from dabuild.quant.activations import lookup_table
 from dabuild.quant.fixed_point import quantize_multiplier
+from dabuild.quant.layers.blocked import QBlockedDense
 from dabuild.quant.layers.embedding import QEmbedding
 from dabuild.quant.layers.fallback import QFloatWeighted
 from dabuild.quant.layers.linear import QWeighted, transposed_layout
@@ -227,6 +228,23 @@ def _weighted(w: QdqWriter, layer: Any) -> None:
     w.node(layer.op, layer, inputs, {**geometry, **activation})
 
 
+@writes("blocked_dense")
+def _blocked_dense(w: QdqWriter, layer: QBlockedDense) -> None:
+    """The weight as the file gave it: integers behind a blocked DequantizeLinear (opset 21: one scale per block
+    of `block_size` inputs and output, axis 0), then the float dense; the bias in float (its int64 integers times
+    s_y * 2**-shift)."""
+    e, target = w.emitter, layer.output_params(w.qgraph)
+    weight = e.initializer(e.fresh(f"{layer.name}/weight"), layer.weight)
+    w.weights.append(weight)
+    scale = e.initializer(e.fresh(f"{layer.name}/weight_scale"), layer.weight_scale.astype(np.float32))
+    real = e.fresh(f"{layer.name}/weight/real")
+    e.add("DequantizeLinear", [weight, scale], [real], f"{layer.name}/weight/dequantize", axis=0,
+          block_size=layer.block_size)
+    bias = e.initializer(e.fresh(f"{layer.name}/bias"), layer.real_bias(target).astype(np.float32))
+    inputs = [w.read(layer.inputs[0]), real, bias]
+    w.node("dense", layer, inputs, clamp_activation(target, layer.output_min, layer.output_max))
+
+
 @writes("conv_transpose")
 def _conv_transpose(w: QdqWriter, layer: Any) -> None:
     """ONNX's weight layout (C, O/groups, *kernel) has the output channels on axis 1 only without groups; a
@@ -365,6 +383,7 @@ def _float_weighted(w: QdqWriter, layer: Any) -> None:
 
 
 INT4_OPSET = 21  # the first opset whose DequantizeLinear reads INT4 (onnxruntime >= 1.20 runs it)
+BLOCKED_OPSET = 21  # and the first whose DequantizeLinear takes block_size
 
 
 def fits_int4(values: np.ndarray) -> bool:
@@ -404,9 +423,15 @@ def to_qdq_onnx(qgraph: QGraph, opset: int | None = None, name: str = "dabuild",
     QuantizeLinear saturates to its zero point's full type, so activations must be exactly int8 or uint8
     (opset 17 has no narrower or 16-bit types); weights of up to 8 bits are exact in int8. Weights of 4 bits
     or fewer are INT4 initializers at opset 21 (the default opset then); at an opset asked below 21 they stay
-    in int8. `check=False` skips onnx's checker (for sizing a model nobody runs)."""
-    if opset is None and narrow_weights(qgraph):
+    in int8. Blocked weights (blocked_dense) need opset 21 (the default then; a lower one asked is refused).
+    `check=False` skips onnx's checker (for sizing a model nobody runs)."""
+    blocked = [layer.name for layer in qgraph.layers if isinstance(layer, QBlockedDense)]
+    if opset is None and (narrow_weights(qgraph) or blocked):
         opset = INT4_OPSET
+    if blocked and opset is not None and opset < BLOCKED_OPSET:
+        raise BuildError(f"onnx export: layer {blocked[0]!r} (blocked_dense) has blocked weight scales, which "
+                         f"DequantizeLinear reads from opset {BLOCKED_OPSET} on; nearest representable: "
+                         f"options.opset {BLOCKED_OPSET}")
     qgraph.require_dtypes("onnx", activations=[name for name in ONNX_TYPES if name != "int32"])
     missing = [f"{layer.name!r} ({layer.op})" for layer in qgraph.layers if layer.op not in WRITERS]
     if missing:

@@ -10,14 +10,19 @@ to float32 on its own (separate statements, and -ffp-contract=off), so the
 results equal the integer reference's bit for bit: check stays `exact`.
 
 Every tensor is canonical (channels first); an int8 input stored channels
-last is converted before. Activations need no libm: relu, relu6, clip and
-leaky_relu, alone or fused into dense/conv. The other ops an island may hold
-(softmax, sigmoid, matmul of two tensors, ...) have no float kernel here: a
-build error names the layer.
+last is converted before. No kernel needs libm: exp, tanh, sigmoid, erf and
+gelu (alone or fused into dense/conv) and softmax call dabuild_kernels.h's
+own dabuild_expf and the rest, fixed float32 sequences island_order repeats
+in numpy, so they are exact too. matmul multiplies two tensors (or a tensor
+and a constant) with numpy's broadcasting, avg_pool divides by each
+window's count, transpose copies through a table of source offsets. An op
+with no float kernel here (the c capability's float_ops leaves it out, so
+tuning never picks it) is a build error naming the layer.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,7 +37,7 @@ from dabuild.targets.c.layout import Storage, Walk, broadcast_strides
 from dabuild.targets.c.literals import c_float
 from dabuild.targets.c.profiles import Profile
 
-ACTIVATIONS = ("none", "relu", "relu6", "clip", "leaky_relu")
+ACTIVATIONS = ("none", "relu", "relu6", "clip", "leaky_relu", "exp", "tanh", "sigmoid", "erf", "gelu")
 UNARY = ACTIVATIONS[1:]
 COPIES = ("identity", "reshape", "flatten", "squeeze", "unsqueeze")
 BINARY = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
@@ -94,6 +99,15 @@ def activation(name: str, attrs: dict[str, Any]) -> str:
         low = "" if attrs["min"] is None else f"v = v > {c_float(attrs['min'])} ? v : {c_float(attrs['min'])}; "
         high = "" if attrs["max"] is None else f"v = v < {c_float(attrs['max'])} ? v : {c_float(attrs['max'])};"
         return (low + high).strip()
+    if name in ("exp", "tanh", "sigmoid", "erf"):
+        return f"v = dabuild_{name}f(v);"
+    if name == "gelu":  # island_order.gelu32's operations, one rounding each
+        if attrs["approximate"] == "tanh":
+            inner = (f"float c = {c_float(np.float32(0.044715))} * v; c = c * v; c = c * v; c = v + c; "
+                     f"c = {c_float(np.float32(math.sqrt(2 / math.pi)))} * c; float e = dabuild_tanhf(c);")
+        else:
+            inner = f"float e = dabuild_erff(v * {c_float(np.float32(1 / math.sqrt(2)))});"
+        return "{ " + inner + " e = e + 1.0f; e = e * 0.5f; v = v * e; }"
     return ""
 
 
@@ -112,7 +126,7 @@ def _float_layer(ops: tuple[str, ...], fused: bool = False) -> Condition:
         if not profile.fpu:
             return f"cpu {profile.name!r} has no FPU, so it runs no float islands"
         if fused and layer.op_attrs.get("activation", "none") not in ACTIVATIONS:  # type: ignore[attr-defined]
-            return f"its fused {layer.op_attrs['activation']} needs libm"  # type: ignore[attr-defined]
+            return f"its fused {layer.op_attrs['activation']} has no float kernel"  # type: ignore[attr-defined]
         return None
     return runs
 
@@ -224,11 +238,17 @@ def float_mean(step: Step) -> dict[str, Any]:
     else:
         attrs = OPS["reduce_mean"].resolve(layer.op_attrs)
         axes = tuple(a - 1 for a in OPS["reduce_mean"].axes(rank, attrs))  # type: ignore[attr-defined]
+    starts, steps = _rows(shape, axes)
+    return {**_base(step), "starts": starts, "steps": steps, "count": c_float(steps.size)}
+
+
+def _rows(shape: tuple[int, ...], axes: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """A reduction over `axes` of a C-order `shape` as rows: each row's first offset, and each reduced value's
+    offset from it (the reduced values in C order)."""
     kept = [a for a in range(len(shape)) if a not in axes]
     offsets = np.arange(int(np.prod(shape))).reshape(shape).transpose(*kept, *axes).reshape(
         int(np.prod([shape[a] for a in kept])), -1)
-    return {**_base(step), "starts": offsets[:, 0].astype(np.int32), "steps": (offsets[0] - offsets[0, 0]).astype(np.int32),
-            "count": c_float(offsets.shape[1])}
+    return offsets[:, 0].astype(np.int32), (offsets[0] - offsets[0, 0]).astype(np.int32)
 
 
 def _unary(step: Step) -> dict[str, Any]:
@@ -262,3 +282,80 @@ def float_binary(step: Step) -> dict[str, Any]:
     walk = Walk.over(out.shape, out.storage.order, {"o": out.strides, "a": broadcast_strides(storages[0], out.shape),
                                                       "b": broadcast_strides(storages[1], out.shape)})
     return {**base, "walk": walk, "operator": BINARY[layer.float_op]}
+
+
+@kernel("float", "float_softmax", inputs=CANONICAL, outputs=CANONICAL, dtypes=("int8", ""),
+        when=_float_layer(("softmax",)))
+def float_softmax(step: Step) -> dict[str, Any]:
+    """Per row along the axis: the max, then e = exp(x - max) summed from 0 in index order, then each e (computed
+    again) divided by the sum: island_order's softmax."""
+    layer: Any = step.layer
+    shape = step.inputs[0].shape
+    axis = OPS["softmax"].resolve(layer.op_attrs)["axis"] % (len(shape) + 1) - 1  # the per-sample axis
+    starts, steps = _rows(shape, (axis,))
+    return {**_base(step), "starts": starts, "steps": steps}
+
+
+def _matrices(shape: tuple[int, ...], batch: tuple[int, ...]) -> np.ndarray:
+    """The first offset of each matrix of a C-order `shape` (at least 2-D), broadcast over `batch`."""
+    lead = shape[:-2]
+    firsts = np.arange(int(np.prod(lead, dtype=np.int64))).reshape(lead) * (shape[-2] * shape[-1])
+    return np.broadcast_to(firsts, batch).ravel().astype(np.int32)
+
+
+@kernel("float", "float_matmul", inputs=CANONICAL, outputs=CANONICAL, dtypes=("int8", ""),
+        when=_float_layer(("matmul",)))
+def float_matmul(step: Step) -> dict[str, Any]:
+    """numpy.matmul of two tensors (or a tensor and a constant): per matrix of the broadcast batch, each
+    a[i, :] . b[:, j] summed from 0 in t order: island_order's matmul. A tensor operand is its sample with a
+    batch axis of 1, as the IR's batch-first matmul reads it; a 1-D operand is promoted as numpy does."""
+    layer: Any = step.layer
+    shapes, position = [], 0
+    for name in layer.inputs:
+        if name in step.constants:
+            shapes.append(tuple(np.shape(step.constants[name])))
+        else:
+            shapes.append((1, *step.inputs[position].shape))
+            position += 1
+    a, b = shapes
+    a = (1, *a) if len(a) == 1 else a
+    b = (*b, 1) if len(b) == 1 else b
+    batch = tuple(np.broadcast_shapes(a[:-2], b[:-2]))
+    return {**_base(step), "a_starts": _matrices(a, batch), "b_starts": _matrices(b, batch), "rows": a[-2],
+            "inner": a[-1], "columns": b[-1]}
+
+
+@kernel("float", "float_avg_pool", inputs=CANONICAL, outputs=CANONICAL, dtypes=("int8", ""),
+        when=_float_layer(("avg_pool",)))
+def float_avg_pool(step: Step) -> dict[str, Any]:
+    """Per window, its taps summed from 0 in kernel row, column order (the padding and the ceil-mode overhang
+    skipped), then one division by the window's count (the IR op's divisors): island_order's avg_pool."""
+    layer: Any = step.layer
+    attrs = OPS["avg_pool"].resolve(layer.op_attrs)
+    kernel_size, strides, pads, dilations = OPS["avg_pool"].geometry(attrs)  # type: ignore[attr-defined]
+    x, y = step.inputs[0].shape, step.outputs[0].shape
+    divisors = OPS["avg_pool"].divisors((1, *x), attrs)  # type: ignore[attr-defined]
+    if len(x) == 2:
+        x, y = (x[0], 1, x[1]), (y[0], 1, y[1])
+        kernel_size, strides, pads, dilations = [1, *kernel_size], [1, *strides], [0, pads[0], 0, pads[1]], [1, *dilations]
+    return {**_base(step), "in_shape": x, "out_shape": y, "kernel_size": kernel_size, "strides": strides,
+            "pads": pads, "dilations": dilations, "divisors": np.asarray(divisors, np.float32).ravel()}
+
+
+def _batch_first(layer: QLayer, qgraph: QGraph, profile: Profile) -> str | None:
+    """The float transpose's condition: also, its permutation keeps the batch axis first."""
+    why = _float_layer(("transpose",))(layer, qgraph, profile)
+    if why is None and not OPS["transpose"].samplewise(layer.op_attrs):  # type: ignore[attr-defined]
+        return "it moves the batch axis; the C model runs one sample at a time"
+    return why
+
+
+@kernel("float", "float_transpose", inputs=CANONICAL, outputs=CANONICAL, dtypes=("int8", ""),
+        when=_batch_first)
+def float_transpose(step: Step) -> dict[str, Any]:
+    """Each output value copied from its input offset (a table): any permutation that keeps the batch first."""
+    layer: Any = step.layer
+    shape = step.inputs[0].shape
+    perm = OPS["transpose"].resolve(layer.op_attrs)["perm"]
+    sources = np.arange(int(np.prod(shape))).reshape(shape).transpose([a - 1 for a in perm[1:]]).ravel()
+    return {**_base(step), "sources": sources.astype(np.int32)}
