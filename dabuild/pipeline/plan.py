@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from dabuild.recipe import Recipe, TargetSpec
 
 # Bump a stage's version when its code changes (tests/test_stage_versions.py enforces it; see pipeline/versions.py).
-STAGE_VERSIONS = {"trace": 21, "calibrate": 20, "tune": 31, "export": 29, "check": 24}
+STAGE_VERSIONS = {"trace": 22, "calibrate": 21, "tune": 32, "export": 30, "check": 25}
 
 
 @dataclass(frozen=True)
@@ -98,7 +98,8 @@ def plan(recipe: Recipe, capabilities: dict[str, CapabilitySpec], targets: list[
             {
                 "framework": model.framework,
                 "entry": _source_entry(recipe),
-                "inputs": model.inputs,
+                "inputs": None if model.inputs is None else {  # a shape, or {shape, dtype} of an integer input
+                    name: entry if isinstance(entry, list) else entry.model_dump() for name, entry in model.inputs.items()},
                 "hooks": _trace_hooks(recipe),
             },
             files=model_files,

@@ -34,7 +34,7 @@ _RANGE = "range"
 _AXIS = "axis"
 _HISTOGRAM_FIELDS = ("counts", "width", "offset", "low", "high")
 # Ops whose output features lie on the last axis, (batch, ..., features); others use axis 1 (NCHW).
-LAST_AXIS_OPS = frozenset({"dense", "matmul"})
+LAST_AXIS_OPS = frozenset({"dense", "matmul", "embedding"})
 
 
 @dataclass(eq=False)
@@ -216,8 +216,11 @@ class Stats:
 
 
 def observed_tensors(graph: Graph) -> list[str]:
-    """The tensors whose ranges quantization needs: graph inputs and node outputs."""
-    return [spec.name for spec in graph.inputs] + [out for node in graph.nodes for out in node.outputs]
+    """The tensors whose ranges quantization needs: graph inputs (but integer ones, never quantized) and node
+    outputs."""
+    integer = set(graph.integer_inputs())
+    return ([spec.name for spec in graph.inputs if spec.name not in integer]
+            + [out for node in graph.nodes for out in node.outputs])
 
 
 def histogram_bytes(graph: Graph) -> int:
@@ -298,9 +301,12 @@ def calibrate(graph: Graph, batches: Iterable[dict[str, np.ndarray]], progress: 
     shapes: dict[str, tuple[int, ...]] = {}
     interpreter = Interpreter(graph, threads=available_cores())
 
+    integer = set(graph.integer_inputs())  # token ids: not quantized, so no histograms
+
     def observe(name: str, values: np.ndarray) -> None:
         shapes[name] = values.shape
-        stats.observe(name, values, axes(name, shapes), where[name])
+        if name not in integer:
+            stats.observe(name, values, axes(name, shapes), where[name])
 
     fit: int | None = None
     with progress.track("calibrate", None) as advance:

@@ -128,6 +128,10 @@ class QuantParams:
         return np.arange(self.qmin, self.qmax + 1, dtype=np.int64)
 
 
+# The params of an integer graph input (token ids): its values are the integers themselves, never quantized.
+INDICES = QuantParams(1.0, 0, "int32")
+
+
 @dataclass
 class QTensor:
     """An activation tensor: its per-sample shape (no batch axis) and quantization."""
@@ -219,6 +223,11 @@ class QGraph:
         return [self.input]
 
     @property
+    def takes_indices(self) -> bool:
+        """Is the graph input integer indices (token ids into an embedding table) rather than quantized reals?"""
+        return self.input_params == INDICES
+
+    @property
     def input_params(self) -> QuantParams:
         return self.tensors[self.input].params
 
@@ -231,10 +240,12 @@ class QGraph:
         or holds weights stored in a numpy type not in `weights` (int8 storage: any width up to 8 bits).
 
         A target calls it on export for the dtypes its kernels run, so a type its capability does not list
-        fails there, by layer and type, instead of running with the wrong range."""
+        fails there, by layer and type, instead of running with the wrong range. Integer indices (`INDICES`)
+        are no quantized tensor: a target takes them where it writes the embedding layer that reads them."""
         for layer in self.layers:
             for name in (*layer.inputs, *layer.outputs):
-                dtype = self.tensors[name].params.dtype if name in self.tensors else None
+                params = self.tensors[name].params if name in self.tensors else None
+                dtype = None if params is None or params == INDICES else params.dtype
                 if dtype is not None and dtype not in activations:
                     raise BuildError(f"layer {layer.name!r} ({layer.op}): the {target} target cannot run tensor "
                                      f"{name!r} of dtype {dtype} (it runs {', '.join(activations)})")

@@ -68,8 +68,11 @@ def _versions(target: Target) -> dict[str, str]:
 
 
 def reference_inputs(reference: str, qgraph: QGraph, x: np.ndarray) -> np.ndarray:
-    """What the artifact's `run` takes: the quantized inputs for integer targets, else the float ones."""
-    return quantize_input(qgraph, x) if reference == "integer" else np.asarray(x, dtype=np.float32)
+    """What the artifact's `run` takes: the quantized inputs for integer targets, else the float ones (int64
+    token ids for a graph whose input indexes an embedding table)."""
+    if reference == "integer":
+        return quantize_input(qgraph, x)
+    return np.asarray(x, dtype=np.int64 if qgraph.takes_indices else np.float32)
 
 
 REFERENCE_BATCH = 32  # samples the reference runs at once: a ResNet-50's live integer tensors take ~5 MB each

@@ -4,6 +4,7 @@ the lowering that emits it. Importing this package registers them all."""
 from dabuild.quant.layers import (  # noqa: F401  (they register)
     blocked,
     elementwise,
+    embedding,
     fallback,
     given,
     linear,

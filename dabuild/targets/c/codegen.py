@@ -209,15 +209,15 @@ def render(qgraph: QGraph, profile: Profile = PROFILES[HOST]) -> Rendered:
         if tensor in constant_names:
             return constant_names[tensor]
         buffer = program.buffer.get(tensor, tensor)
-        if buffer == program.input:
-            return "in"
+        if buffer == program.input:  # token ids are int32: a kernel's int8 pointer, which it casts back
+            return "(const int8_t *)(const void *)in" if qgraph.takes_indices else "in"
         if buffer == program.output:
             return "out"
         return f"arena + {arena.placements[buffer].offset}"
 
     files: dict[str, str | bytes] = {COMMON_HEADER: env.get_template(f"{COMMON_HEADER}.j2").render(version=version)}
     calls: list[dict[str, Any]] = []
-    traced = [Traced(qgraph.input, program.storage[qgraph.input])]
+    traced = [Traced(qgraph.input, program.storage[qgraph.input], qgraph.input_params.storage)]
     kernel_contexts = [step.kernel.context(step) for step in program.steps]
     weight_bytes = _weight_bytes(qgraph, program, kernel_contexts)
     blob = weight_blob(kernel_contexts)
@@ -260,6 +260,7 @@ def render(qgraph: QGraph, profile: Profile = PROFILES[HOST]) -> Rendered:
                       for name in program.constants],
         "calls": calls,
         "input_name": qgraph.input,
+        "indices": qgraph.takes_indices,
         "common_header": COMMON_HEADER,
         "blob_bytes": len(blob),
     }

@@ -655,6 +655,9 @@ def _refuse(why: str) -> Converter:
 CONVERTERS.add("softmax", _refuse(
     "its integer reference divides each exponential by their sum, and da4ml has no division by a variable "
     "(end the graph at the logits: the largest logit is the predicted class)"))
+CONVERTERS.add("embedding", _refuse(
+    "it reads table rows at run-time token ids, a memory lookup that da4ml's fixed adder graphs do not express "
+    "(build it for the c, onnx or nnef target)"))
 _FLOAT = _refuse("a float island's layer runs float arithmetic, which fixed-point logic has not "
                  "(capability 'da4ml' has no fp32 fallback)")
 CONVERTERS.add("float", _FLOAT)

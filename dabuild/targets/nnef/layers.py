@@ -33,6 +33,7 @@ import numpy as np
 from dabuild.errors import BuildError
 from dabuild.quant.layers.blocked import QBlockedDense
 from dabuild.quant.layers.elementwise import QAdd, QClamp, QLookup, QMul, QPrelu
+from dabuild.quant.layers.embedding import QEmbedding
 from dabuild.quant.layers.fallback import QFloat, QFloatWeighted
 from dabuild.quant.layers.linear import QConv, QConvTranspose, QDense, QWeighted, transposed_layout
 from dabuild.quant.layers.matmul import QMatMul
@@ -193,6 +194,18 @@ def _lookup(e: Emitter, layer: QLookup, quantized_kernels: bool) -> None:
     index = e.call(f"{output}_index", "tract_core_cast", offset, to="'i64'")
     table = e.variable(f"{layer.name}_table", e.params(layer.outputs[0]).dequantize(layer.table))
     e.set_real(layer.outputs[0], e.call(layer.outputs[0], "tract_core_gather", table, index, axis="0"))
+
+
+@exports("embedding")
+def _embedding(e: Emitter, layer: QEmbedding, quantized_kernels: bool) -> None:
+    """The table's real values gathered at the token ids: per tensor exactly the output (its params are the
+    table's); per row put on the output's grid, as the reference requantizes each row."""
+    output, params = layer.outputs[0], e.params(layer.outputs[0])
+    scales = layer.weight_scale.reshape(-1, *(1,) * (layer.weight.ndim - 1))
+    real = params.dequantize(layer.weight) if not layer.per_row else (layer.weight * scales).astype(np.float32)
+    rows = e.call(f"{output}_rows" if layer.per_row else output, "tract_core_gather",
+                  e.variable(f"{layer.name}_table", real), e.real(layer.inputs[0]), axis="0")
+    e.set_real(output, e.fake_quant(rows, params, output) if layer.per_row else rows)
 
 
 @exports("add", "sub", "mul", "max", "min", "matmul")

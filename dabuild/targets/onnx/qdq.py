@@ -49,10 +49,11 @@ from dabuild.ir.ops import OPS
 from dabuild.quant.activations import lookup_table
 from dabuild.quant.fixed_point import quantize_multiplier
 from dabuild.quant.layers.blocked import QBlockedDense
+from dabuild.quant.layers.embedding import QEmbedding
 from dabuild.quant.layers.fallback import QFloatWeighted
 from dabuild.quant.layers.linear import QWeighted, transposed_layout
 from dabuild.quant.layers.shape import SELECTION_OPS
-from dabuild.quant.qgraph import QGraph, QLayer, QuantParams
+from dabuild.quant.qgraph import INDICES, QGraph, QLayer, QuantParams
 from dabuild.registry import Registry
 from dabuild.targets.onnx_float import EXPORTERS, IR_VERSION, OPSET, Emitter, value_info
 
@@ -159,7 +160,7 @@ class QdqWriter:
         node = Node(layer.name, op, inputs, [self.output(name) for name in layer.outputs], attrs)
         EXPORTERS[op](self.emitter, node, OPS[op].resolve(attrs))
 
-    def weight(self, layer: QWeighted | QFloatWeighted, axis: int) -> str:
+    def weight(self, layer: QWeighted | QFloatWeighted | QEmbedding, axis: int) -> str:
         """The layer's int8 weight behind a DequantizeLinear (per channel along `axis` when it has many scales)."""
         e = self.emitter
         scale = _scalar_or_vector(layer.weight_scale, np.float32)
@@ -339,6 +340,19 @@ def _mean(w: QdqWriter, layer: Any) -> None:
     w.node(op, layer, [w.read(layer.inputs[0])], {"axes": layer.axes, "keepdims": layer.keepdims})
 
 
+@writes("embedding")
+def _embedding(w: QdqWriter, layer: Any) -> None:
+    """Per tensor: an exact int8 Gather from the table (the output carries its params). Per row: Gather from the
+    table dequantized per row, the picked rows quantized to the output's params (rounding as onnxruntime does)."""
+    ids = w.read(layer.inputs[0])
+    if layer.per_row:
+        w.node("embedding", layer, [ids, w.weight(layer, axis=0)], {})
+        return
+    e = w.emitter
+    table = e.initializer(e.fresh(f"{layer.name}/weight"), layer.weight)  # int8 kept: Gather reads it
+    e.add("Gather", [table, ids], [w.integer_output(layer.outputs[0])], layer.name, axis=0)
+
+
 @writes("softmax", "concat")
 def _axis(w: QdqWriter, layer: Any) -> None:
     w.node(layer.op, layer, [w.read(name) for name in layer.inputs], {"axis": layer.axis})
@@ -423,21 +437,26 @@ def to_qdq_onnx(qgraph: QGraph, opset: int | None = None, name: str = "dabuild",
     if missing:
         raise BuildError(f"onnx export: no QDQ writer for layer {', '.join(missing)}")
     writer = QdqWriter(qgraph)
-    writer.quantize(qgraph.input, qgraph.input, writer.emitter.fresh(f"{qgraph.input}/real"))
+    if qgraph.takes_indices:  # token ids: read as they come, by the embeddings' Gathers
+        writer.integers[qgraph.input] = writer.real[qgraph.input] = qgraph.input
+    else:
+        writer.quantize(qgraph.input, qgraph.input, writer.emitter.fresh(f"{qgraph.input}/real"))
     for layer in qgraph.layers:
         WRITERS[layer.op](writer, layer)
         writer.finish_layer()
     tensors = qgraph.tensors
     graph = helper.make_graph(
         writer.emitter.nodes, name,
-        inputs=[value_info(qgraph.input, (None, *tensors[qgraph.input].shape))],
+        inputs=[value_info(qgraph.input, (None, *tensors[qgraph.input].shape),
+                           "int64" if qgraph.takes_indices else "float32")],
         outputs=[value_info(qgraph.output, (None, *tensors[qgraph.output].shape))],
         initializer=writer.emitter.initializers,
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="dabuild",
                               producer_version=dabuild.__version__)
     model.ir_version = IR_VERSION
-    activations = {tensor: writer.integers[tensor] for tensor in tensors if tensor not in qgraph.constants}
+    activations = {tensor: writer.integers[tensor] for tensor in tensors
+                   if tensor not in qgraph.constants and tensors[tensor].params != INDICES}
     helper.set_model_props(model, {QUANTIZED_TENSORS: json.dumps(activations, sort_keys=True)})
     if opset is not None and opset != OPSET:
         try:

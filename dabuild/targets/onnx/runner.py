@@ -8,6 +8,7 @@ on the raw float32 files of the check, so both run the model the same way.
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 import numpy as np
 import onnxruntime as ort
@@ -29,21 +30,27 @@ def session(model: str | bytes, threads: int = 1) -> ort.InferenceSession:
 
 def run_session(runner: ort.InferenceSession, inputs: np.ndarray,
                 outputs: list[str] | None = None) -> list[np.ndarray]:
-    """The session's outputs (or the named tensors `outputs`) on a float32 batch fed to its only input."""
-    feed = {runner.get_inputs()[0].name: np.ascontiguousarray(inputs, dtype=np.float32)}
+    """The session's outputs (or the named tensors `outputs`) on a batch fed to its only input, in that
+    input's dtype (float32, or int64 token ids)."""
+    feed = {runner.get_inputs()[0].name: np.ascontiguousarray(inputs, dtype=input_dtype(runner))}
     return runner.run(outputs, feed)
+
+
+def input_dtype(runner: Any) -> np.dtype:
+    """float32, or int64 for a model whose input is integer indices (token ids)."""
+    return np.dtype(np.int64 if runner.get_inputs()[0].type == "tensor(int64)" else np.float32)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Run an ONNX model on a raw float32 batch; write raw float32 outputs.")
     parser.add_argument("model")
-    parser.add_argument("inputs", help="raw float32 values, C order, whole samples")
+    parser.add_argument("inputs", help="raw float32 (int64 for token ids) values, C order, whole samples")
     parser.add_argument("outputs")
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
     runner = session(args.model, args.threads)
     sample_shape = [int(d) for d in runner.get_inputs()[0].shape[1:]]
-    x = np.fromfile(args.inputs, dtype=np.float32).reshape(-1, *sample_shape)
+    x = np.fromfile(args.inputs, dtype=input_dtype(runner)).reshape(-1, *sample_shape)
     y = runner.run(None, {runner.get_inputs()[0].name: x})[0]
     np.ascontiguousarray(y, dtype=np.float32).tofile(args.outputs)
     return 0

@@ -3,6 +3,7 @@
 from dabuild.targets.c.kernels import (  # noqa: F401  (they register)
     blocked,
     elementwise,
+    embedding,
     island,
     linear,
     matmul,
