@@ -9,7 +9,7 @@ calibrate stage's work without its file I/O: histograms of every tensor, per
 tensor and per channel). Prints both times by wall clock and by the process's
 CPU time (which other load on the machine inflates less) and calibrate / inference
 (goal <= 1.5, issue 13). The first calibration also pays for allocating the
-histograms (16 KiB per channel of every tensor), a cost that does not grow with N.
+histograms (8 KiB per channel of every tensor), a cost that does not grow with N.
 
 Usage: python bench/calibration_speed.py [--models resnet50 ...] [--images 128] [--batch 64] [--rounds 1]
 """

@@ -9,7 +9,12 @@ the same thread count (interleaved rounds, the fastest call of each). Prints
 ms per image and dabuild's speed / onnxruntime's (target >= 0.5). At 1 thread
 both run on the calling thread, so each is also timed by that thread's CPU
 time (`cpu`), which waiting for a core on a loaded machine does not inflate;
-at 2 threads only wall time exists. With --profile, also the interpreter's CPU
+at 2 threads only wall time exists. On a saturated machine (load 10 on 2 cores)
+the fastest wall time mostly says whether a whole run fitted between two
+preemptions: onnxruntime's 3-4 ms runs sometimes do, 5-6 ms ones almost never,
+so a 1-thread wall ratio of 0.1 can sit next to a cpu ratio of 0.65; compare
+the cpu lines then, and run 2 threads against 1 in one process to judge the
+threading. With --profile, also the interpreter's CPU
 time per op kind (and the five slowest steps with their shapes) at 1 thread.
 
 Usage: python bench/model_speed.py [--models resnet ...] [--threads 1 2] [--seconds 4] [--profile]

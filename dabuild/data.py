@@ -9,7 +9,7 @@ the file and the key.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -84,11 +84,18 @@ def _samples(array: np.ndarray, spec: Any) -> np.ndarray:
     return array if spec.samples is None else array[: spec.samples]
 
 
-def load_inputs(spec: Any, base_dir: Path | None, input_names: list[str]) -> dict[str, np.ndarray]:
-    """Graph input name -> float32 array (first `spec.samples` rows), all with one length."""
+def load_inputs(spec: Any, base_dir: Path | None, input_names: list[str],
+                integer: Collection[str] = ()) -> dict[str, np.ndarray]:
+    """Graph input name -> float32 array, int64 for the `integer` inputs (token ids), first `spec.samples` rows,
+    all with one length."""
     path = _path(spec, base_dir)
     keys = _input_keys(spec, input_names)
-    arrays = {name: _samples(_read(path, key), spec).astype(np.float32) for name, key in keys.items()}
+    arrays = {name: _samples(_read(path, key), spec) for name, key in keys.items()}
+    for name, array in arrays.items():
+        if name in integer and array.dtype.kind not in "iu":
+            raise UsageError(f"{path}: array {keys[name]!r} holds {array.dtype} values, but model input {name!r} "
+                             "takes integers (indices into an embedding table); store it as integers")
+        arrays[name] = array.astype(np.int64 if name in integer else np.float32, copy=False)
     lengths = {keys[name]: len(array) for name, array in arrays.items()}
     if len(set(lengths.values())) > 1:
         listed = ", ".join(f"{key} has {n}" for key, n in lengths.items())

@@ -30,8 +30,10 @@ from pydantic import (
     AfterValidator,
     BaseModel,
     ConfigDict,
+    Discriminator,
     Field,
     PrivateAttr,
+    Tag,
     ValidationInfo,
     field_validator,
 )
@@ -112,6 +114,27 @@ def _is_regular(path: Path) -> bool:
 _PYTHON_NAME = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 
 
+class InputSpec(BaseModel):
+    """A model input with its element type: integer inputs (token ids) may only index embedding tables."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    shape: list[PositiveInt | None] = Field(description="The input's shape; null marks the dynamic (batch) dimension.")
+    dtype: Literal["float32", "int64", "int32"] = Field(
+        default="float32", description="Element type: float32, or int64/int32 for indices into an embedding table."
+    )
+
+
+def _input_form(entry: Any) -> str:
+    """Which form a model.inputs entry has, so a bad one is reported against that form alone."""
+    return "spec" if isinstance(entry, dict) else "shape"
+
+
+InputEntry = Annotated[
+    Annotated[list[PositiveInt | None], Tag("shape")] | Annotated[InputSpec, Tag("spec")], Discriminator(_input_form)
+]
+
+
 class ModelSpec(BaseModel):
     """Where the model comes from and how to call it."""
 
@@ -130,8 +153,10 @@ class ModelSpec(BaseModel):
         default=None,
         description="An .npz of arrays; when given, `name` in `source` is a factory called with them.",
     )
-    inputs: dict[str, list[PositiveInt | None]] | None = Field(
-        default=None, description="Input name -> shape; null marks a dynamic (batch) dimension."
+    inputs: dict[str, InputEntry] | None = Field(
+        default=None,
+        description="Input name -> shape (null marks a dynamic (batch) dimension), or -> {shape, dtype} for an "
+        "integer input (token ids feeding an embedding): dtype int64 or int32.",
     )
     depends: list[ExistingPath] = Field(
         default=[], description="Further files the model reads; a change to any of them re-traces."

@@ -318,6 +318,27 @@ def test_native_histograms_count_exactly_what_numpy_counts(monkeypatch: pytest.M
     assert compiled[0] == compiled[1] == reference
 
 
+def test_int32_channel_counts_widen_before_they_could_overflow(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Per-channel rows count in int32 until a channel could pass the limit, then in int64: the same counts."""
+    from dabuild.quant import histogram
+
+    rng = np.random.default_rng(12)
+    values = rng.standard_normal((5, 16, 10, 20)).astype(np.float32)  # 200 values per channel and sample
+
+    def stats() -> Stats:
+        result = Stats()
+        for sample in values:
+            result.observe("t", sample[None], axis=1)
+        return result
+
+    narrow = stats()
+    assert narrow.tensors["t"].channels.counts.dtype == np.int32
+    monkeypatch.setattr(histogram, "NARROW_COUNT_LIMIT", 500)  # crossed by the third sample
+    widened = stats()
+    assert widened.tensors["t"].channels.counts.dtype == np.int64 and widened == narrow
+    assert widened.tensors["t"].channels.counts.sum(axis=1).tolist() == [5 * 200] * 16
+
+
 @pytest.mark.parametrize("channels_last", [False, True])
 def test_native_whole_histograms_derived_from_big_channels_are_exact(monkeypatch: pytest.MonkeyPatch,
                                                                      channels_last: bool) -> None:

@@ -123,3 +123,21 @@ def test_a_reference_check_does_not_know_is_refused(tmp_path: Path) -> None:
     with pytest.raises(CheckError, match=r"asks for a 'float' reference"):
         check_stage(FloatTarget(), random_mlp(), tmp_path, np.zeros((1, 20), np.float32), None, tmp_path, tmp_path,
                     Progress.silent())
+
+
+@pytest.mark.parametrize("level", sorted(LEVELS))
+def test_the_proof_compares_integers_where_they_differ_as_a_full_comparison_would(level: str) -> None:
+    """Equal integers are an error of exactly 0, so comparing only the differing ones gives the same verdict,
+    mismatch count and largest error as comparing all."""
+    from dabuild.quant.qgraph import QuantParams
+    from dabuild.targets.check import _compare, _compare_differing
+
+    rng = np.random.default_rng(3)
+    params = QuantParams(0.0173, 5)
+    expected = rng.integers(-128, 128, (4, 3, 50, 50)).astype(np.int8)
+    for changed in (0, 1, 3, 40, 2000):
+        actual = expected.copy()
+        where = rng.choice(actual.size, changed, replace=False)
+        actual.flat[where] = np.clip(actual.flat[where].astype(int) + rng.choice([-2, -1, 1, 2], changed), -128, 127)
+        full = _compare(expected, actual, params, level)
+        assert _compare_differing(expected, actual, params, level) == (full.ok, full.mismatches, full.max_abs_err)

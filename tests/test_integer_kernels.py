@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dabuild.ir.kernels import native
+from dabuild.ir.kernels import integer, native
 from dabuild.ir.kernels.native import layer_threads
 from dabuild.quant.layers.elementwise import LEFT_SHIFT, QAdd, QClamp, QRelu, QSub
 from dabuild.quant.layers.linear import QConv, QDense
@@ -146,9 +146,11 @@ def test_compiled_add_of_feature_maps_equals_the_numpy_reference(layer_class: ty
 
 
 @pytest.mark.parametrize("clamp_class, bounds", [(QRelu, (2, 127)), (QClamp, (-20, 60))])
-def test_an_add_applies_the_clamp_after_it_in_one_lookup(clamp_class: type[QClamp], bounds: tuple[int, int]) -> None:
+def test_an_add_applies_the_clamp_after_it_in_one_lookup(clamp_class: type[QClamp], bounds: tuple[int, int],
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """run_integer runs a residual add and the relu (or clamp) that alone reads it as one table look-up, split
-    among threads on a large tensor; the result is the two layers' numpy reference bit for bit."""
+    among threads (threads.c's rows are its elements); the result is the two layers' numpy reference bit for bit."""
+    monkeypatch.setattr(integer, "PARALLEL_LOOKUPS", 1000)  # this small tensor split as a large one would be
     params = QuantParams(0.05, 2, "int8")
     tensors = {name: QTensor((32, 64, 64), params) for name in ("a", "b", "s", "y")}
     first = QRelu(name="first", inputs=["a"], outputs=["b"], low=-100, high=100)  # the add's second operand
@@ -184,6 +186,7 @@ def test_compiled_quantization_equals_the_numpy_one(dtype: str, zero_point: int,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """quantize.c (large arrays) against QuantParams.quantize's numpy code: exact ties and the float32
     neighbours below them, NaN and infinities, values far past the range, a channels-last view, two threads."""
+    monkeypatch.setattr(integer, "PARALLEL_LOOKUPS", 1000)  # split among the threads as a large array would be
     params = QuantParams(0.0371, zero_point, dtype)
     x = (RNG.standard_normal(60000) * 2.0 ** RNG.integers(-8, 12, 60000)).astype(np.float32)
     x[:5] = [np.nan, np.inf, -np.inf, -0.0, 0.0]

@@ -86,7 +86,7 @@ def image(n: int = 64, shape: tuple[int, ...] = (4, 7, 7), seed: int = 1) -> np.
 
 def test_quantized_roles_follow_the_lowerings() -> None:
     weighted = {op for op in LOWERINGS if quantizable_roles(op) == ("weight", "activation")}
-    assert weighted == {"conv", "conv_transpose", "dense"}
+    assert weighted == {"conv", "conv_transpose", "dense", "embedding"}
     assert all(quantizable_roles(op) == ("activation",) for op in set(LOWERINGS) - weighted)
     assert quantizable_roles("no_such_op") is None
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -109,6 +111,37 @@ def test_layer_threads_give_the_same_bits(monkeypatch: pytest.MonkeyPatch) -> No
     with native.layer_threads(2):
         two = kernel([x, weight], None)[0]
     np.testing.assert_array_equal(one, two)
+
+
+def test_layer_threads_give_the_same_bits_while_another_process_hogs_a_core(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a busy machine the worker wakes late, on the caller's core (and gives way) or not at all, and the caller
+    takes the rows it leaves: whoever computes them, a small net at batch 1 on 2 threads gives 1 thread's bits,
+    run after run (threads.c's sleep, give-way and quiet paths all run here; none of them may hang)."""
+    monkeypatch.delenv(native.SWITCH, raising=False)
+    graph = mobile_block()
+    feeds = {"x": np.random.default_rng(4).standard_normal((1, 32, 24, 24)).astype(np.float32)}
+    one = Interpreter(graph, threads=1).run(feeds)["y"]
+    two = Interpreter(graph, threads=2)
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        for _ in range(60):
+            np.testing.assert_array_equal(two.run(feeds)["y"], one)
+    finally:
+        hog.kill()
+        hog.wait()
+
+
+def mobile_block() -> Graph:
+    """A MobileNetV2 block at a size the native kernels split among threads: 1x1 expansion, 3x3 depthwise,
+    1x1 projection, residual add."""
+    rng = np.random.default_rng(6)
+    constants = {name: rng.standard_normal(shape).astype(np.float32) for name, shape in
+                 {"w1": (192, 32, 1, 1), "w2": (192, 1, 3, 3), "w3": (32, 192, 1, 1)}.items()}
+    nodes = [Node("expand", "conv", ["x", "w1"], ["e"], {"activation": "relu"}),
+             Node("depthwise", "conv", ["e", "w2"], ["d"], {"pads": [1] * 4, "groups": 192, "activation": "relu"}),
+             Node("project", "conv", ["d", "w3"], ["p"], {}),
+             Node("sum", "add", ["p", "x"], ["y"], {})]
+    return Graph([TensorSpec("x", (None, 32, 24, 24))], ["y"], nodes, constants)
 
 
 def test_relu_keeps_nan_as_numpy_does(monkeypatch: pytest.MonkeyPatch) -> None:

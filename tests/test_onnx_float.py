@@ -178,7 +178,17 @@ def run_onnxruntime(graph: Graph, feeds: dict[str, np.ndarray]) -> list[np.ndarr
 
 
 def test_every_op_has_a_case() -> None:
-    assert set(OPS) - {"where"} <= {case.op for case in CASES.values()}  # where: its own test (condition first)
+    # where (condition first) and embedding (integer ids) have their own tests
+    assert set(OPS) - {"where", "embedding"} <= {case.op for case in CASES.values()}
+
+
+def test_embedding_of_int64_ids_agrees_with_onnxruntime() -> None:
+    table = normal(7, 3, 2)
+    graph = Graph([TensorSpec("ids", (None, 4), "int64")], ["y0"], [Node("node", "embedding", ["ids", "t"], ["y0"])],
+                  {"t": table})
+    ids = RNG.integers(0, 7, (2, 4))
+    np.testing.assert_array_equal(run(graph, {"ids": ids})["y0"], run_onnxruntime(graph, {"ids": ids})[0])
+    np.testing.assert_array_equal(run(graph, {"ids": ids})["y0"], table[ids])
 
 
 def test_where_with_a_constant_condition_agrees_with_onnxruntime() -> None:

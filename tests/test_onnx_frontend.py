@@ -351,7 +351,7 @@ def test_fixed_batch_that_cannot_be_relaxed_runs_sample_by_sample() -> None:
 
 def shape_input_model(read_by_gather: bool = False) -> Any:
     """x (N, 3, 4) reshaped to the shape of an int64 input ids (N, 12), as a model reads a size off a token tensor;
-    with `read_by_gather`, ids also indexes an embedding table (a value, not a shape, that dabuild cannot take)."""
+    with `read_by_gather`, ids also indexes an embedding table (a value, not a shape: an embedding)."""
     net = Net(13)
     y = net.op("Relu", net.op("Reshape", "x", net.op("Shape", "ids")))
     if read_by_gather:
@@ -391,9 +391,14 @@ def test_a_model_with_a_shape_only_integer_input_builds_end_to_end(tmp_path: Pat
     assert all(check["ok"] for check in summary["checks"].values()) and len(summary["checks"]) == 2
 
 
-def test_an_integer_input_read_as_values_is_refused_naming_the_node() -> None:
-    with pytest.raises(UsageError, match=r"node '.*gather.*' \(Gather\)"):
-        trace_model(shape_input_model(read_by_gather=True))
+def test_an_integer_input_that_also_indexes_a_table_stays_an_integer_input() -> None:
+    """ids read as Gather indices into a constant table (an embedding) stay a graph input of dtype int64."""
+    graph = trace_model(shape_input_model(read_by_gather=True))
+    assert [(spec.name, spec.dtype) for spec in graph.inputs] == [("x", "float32"), ("ids", "int64")]
+    assert "embedding" in [node.op for node in graph.nodes]
+    feeds = {**images(np.random.default_rng(3), 5, 3, 4), "ids": np.random.default_rng(4).integers(0, 20, (5, 12))}
+    want = expected(shape_input_model(read_by_gather=True), feeds)[0]
+    np.testing.assert_allclose(run(graph, feeds)[graph.outputs[0]], want, rtol=1e-5)
 
 
 def test_model_inputs_null_relaxes_and_a_given_size_keeps_the_files_batch() -> None:

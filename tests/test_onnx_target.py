@@ -504,3 +504,16 @@ def test_transposed_conv_exports_as_qdq_within_one_step(tmp_path: Path, groups: 
     x = DATA["x_test"][:100]
     steps = np.abs(target.run(artifact, x, tmp_path) - run_quantized(qgraph, x)) / qgraph.output_params.scale
     assert steps.max() <= 1 + 1e-6
+
+
+def test_a_target_keeps_its_session_only_while_the_artifact_is_unchanged(tmp_path: Path) -> None:
+    """check runs one artifact batch after batch on one session; a model rewritten in place gets a new one."""
+    target, x = OnnxTarget(), DATA["x_test"][:8]
+    first, second = lower(small_cnn()), lower(small_cnn(channels=4))
+    target.export(first, tmp_path)
+    assert np.array_equal(target.run(tmp_path, x[:4], tmp_path), target.run(tmp_path, x, tmp_path)[:4])
+    assert set(target.trace(tmp_path, x[:2], tmp_path)) == set(first.tensors) - set(first.constants)
+    target.export(second, tmp_path)
+    assert np.array_equal(target.run(tmp_path, x, tmp_path), OnnxTarget().run(tmp_path, x, tmp_path))
+    trace = target.trace(tmp_path, x[:2], tmp_path)
+    assert trace[second.output].shape == (2, 10) and set(trace) == set(second.tensors) - set(second.constants)

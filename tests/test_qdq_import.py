@@ -137,11 +137,14 @@ def test_hand_built_qdq_across_opsets_and_types(opset, dtype, per_axis, tmp_path
     assert output_steps(run_quantized(qgraph, x), expected, 0.1) <= 1
 
 
-def test_float8_and_blocked_quantization_are_refused_naming_node_parameter_and_nearest(tmp_path):
-    model = qdq_matmul_model(21, TensorProto.INT4, np.ones((64, 10), np.int64), np.full((2, 10), 0.01, np.float32), 0)
-    model.graph.node[2].attribute.append(helper.make_attribute("block_size", 32))
+def test_float8_and_blocked_activations_are_refused_naming_node_parameter_and_nearest(tmp_path):
+    model = qdq_matmul_model(21, TensorProto.INT8, np.ones((64, 10), np.int64), np.array(0.01, np.float32), None)
+    model.graph.initializer.append(helper.make_tensor("sb", TensorProto.FLOAT, [1, 2], [0.02, 0.03]))
+    model.graph.initializer.append(helper.make_tensor("zb", TensorProto.INT8, [1, 2], [0, 0]))
+    model.graph.node[0].CopyFrom(helper.make_node("QuantizeLinear", ["x", "sb", "zb"], ["xq"], axis=1, block_size=32))
     onnx.save(model, tmp_path / "blocked.onnx")
-    with pytest.raises(UsageError, match="parameter block_size: .* nearest representable: one scale per channel"):
+    with pytest.raises(UsageError, match="QuantizeLinear.*parameter block_size: the activation it quantizes is "
+                                         "blocked .* nearest representable: one scale for the tensor"):
         OnnxTracer(str(tmp_path / "blocked.onnx")).trace()
     model = qdq_matmul_model(21, TensorProto.INT8, np.ones((64, 10), np.int64), np.array(0.01, np.float32), None)
     model.graph.initializer[4].CopyFrom(helper.make_tensor("z", TensorProto.FLOAT8E4M3FN, [], [0.0]))

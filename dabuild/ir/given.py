@@ -6,7 +6,9 @@ The contract every frontend keeps (the one thing a frontend does about it):
   attributes are a `GivenQuant` (`GivenQuant.attrs()` writes them,
   `GivenQuant.from_attrs` reads them):
   `y = (clip(round(x / scale) + zero_point, qmin, qmax) - zero_point) * scale`
-  - `scale`: list of positive floats, one (per tensor) or one per slice of `axis`;
+  - `scale`: list of positive floats, one (per tensor) or one per slice of `axis`
+    (blocked: negative ones too, as onnxruntime's symmetric MatMulNBits writes
+    them so -8 reaches the largest magnitude; the integer path flips their signs);
   - `zero_point`: list of ints of the same length, inside the dtype's range;
   - `bits`, `signed`: the integer type, any width (its name, `dtype`, is e.g.
     int8 or uint4); integer lowering maps it onto dabuild's int2..int16 /
@@ -15,6 +17,11 @@ The contract every frontend keeps (the one thing a frontend does about it):
     (float8), naming the node;
   - `axis`: None (per tensor) or the axis the per-channel parameters run along,
     counted on the tensor as the IR sees it (batch axis included for activations);
+  - `block_size`, `scale_shape` (weights only; ONNX opset 21 blocked
+    DequantizeLinear): 0 and () unless blocked; blocked, `scale` and
+    `zero_point` are flattened (C order) over `scale_shape`, which has the
+    tensor's rank and, along `axis`, one entry per block of `block_size`
+    elements (the last block may be shorter);
   - `narrow`: True for the symmetric signed range [-qmax, qmax] (unsigned: [0, qmax - 1]);
   - `rounding`: one of ROUNDINGS (`half_even` is ONNX QuantizeLinear's and
     QONNX `ROUND`; `half_away` is dabuild's own).
@@ -93,14 +100,19 @@ class GivenQuant:
     axis: int | None = None
     narrow: bool = False
     rounding: str = "half_even"
+    block_size: int = 0
+    scale_shape: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
+        if self.block_size and (self.axis is None or int(np.prod(self.scale_shape)) != len(self.scale)):
+            raise ValueError(f"blocked scales need an axis and a scale_shape of {len(self.scale)} elements "
+                             f"(got axis {self.axis}, scale_shape {list(self.scale_shape)})")
         if len(self.scale) != len(self.zero_point) or not self.scale:
             raise ValueError(f"{len(self.scale)} scales but {len(self.zero_point)} zero points")
         if self.rounding not in ROUNDINGS:
             raise ValueError(f"unknown rounding {self.rounding!r} (known: {', '.join(ROUNDINGS)})")
-        if not all(np.isfinite(s) and s > 0 for s in self.scale):
-            raise ValueError(f"scales must be positive and finite (got {min(self.scale):g})")
+        if not all(np.isfinite(s) and (s > 0 or (s < 0 and self.blocked)) for s in self.scale):
+            raise ValueError(f"scales must be positive and finite (negative only in blocks) (got {min(self.scale):g})")
         if self.bits < 1:
             raise ValueError(f"bit width {self.bits} is not positive")
         if self.axis is None and len(self.scale) != 1:
@@ -115,6 +127,11 @@ class GivenQuant:
     def per_channel(self) -> bool:
         return self.axis is not None
 
+    @property
+    def blocked(self) -> bool:
+        """Scales per block of `block_size` elements along `axis` (and per slice of every other axis)."""
+        return self.block_size > 0
+
     def bounds(self) -> tuple[int, int]:
         """The integer range [qmin, qmax]; narrow: [-qmax, qmax] signed, [0, qmax - 1] unsigned (as QONNX)."""
         if not self.signed:
@@ -124,42 +141,58 @@ class GivenQuant:
 
     def attrs(self) -> dict[str, Any]:
         """The fake_quant node's attributes (JSON-able)."""
+        blocked = {"block_size": self.block_size, "scale_shape": list(self.scale_shape)} if self.blocked else {}
         return {"scale": [float(s) for s in self.scale], "zero_point": [int(z) for z in self.zero_point],
-                "bits": self.bits, "signed": self.signed, "axis": self.axis, "narrow": self.narrow, "rounding": self.rounding}
+                "bits": self.bits, "signed": self.signed, "axis": self.axis, "narrow": self.narrow, "rounding": self.rounding,
+                **blocked}
 
     @classmethod
     def from_attrs(cls, attrs: dict[str, Any]) -> GivenQuant:
         return cls(tuple(float(s) for s in attrs["scale"]), tuple(int(z) for z in attrs["zero_point"]),
                    int(attrs["bits"]), bool(attrs["signed"]), attrs.get("axis"), bool(attrs.get("narrow", False)),
-                   str(attrs.get("rounding", "half_even")))
+                   str(attrs.get("rounding", "half_even")), int(attrs.get("block_size") or 0),
+                   tuple(int(d) for d in attrs.get("scale_shape") or ()))
 
-    def _shaped(self, values: tuple[float, ...] | tuple[int, ...], ndim: int) -> np.ndarray:
+    def blocks(self, values: tuple[float, ...] | tuple[int, ...]) -> np.ndarray:
+        """A blocked parameter (scale or zero_point) as its array of `scale_shape`."""
+        return np.asarray(values, dtype=np.float64).reshape(self.scale_shape)
+
+    def broadcast(self, values: tuple[float, ...] | tuple[int, ...], shape: tuple[int, ...]) -> np.ndarray:
+        """A parameter broadcastable against a tensor of `shape` (blocked: repeated over each block)."""
         array = np.asarray(values, dtype=np.float64)
         if self.axis is None:
             return array.reshape(())
-        shape = [1] * ndim
-        shape[self.axis % ndim] = -1
-        return array.reshape(shape)
+        axis = self.axis % len(shape)
+        if self.blocked:
+            return np.repeat(self.blocks(values), self.block_size, axis=axis).take(range(shape[axis]), axis=axis)
+        broadcast = [1] * len(shape)
+        broadcast[axis] = -1
+        return array.reshape(broadcast)
 
     def integers(self, x: np.ndarray) -> np.ndarray:
         """The integers x quantizes to (float64 holding integers)."""
         x = np.asarray(x, dtype=np.float64)
         low, high = self.bounds()
-        q = round_values(x / self._shaped(self.scale, x.ndim), self.rounding) + self._shaped(self.zero_point, x.ndim)
+        q = round_values(x / self.broadcast(self.scale, x.shape), self.rounding) + self.broadcast(self.zero_point, x.shape)
         return np.clip(q, low, high)
 
     def fake_quantize(self, x: np.ndarray) -> np.ndarray:
         """x quantized and dequantized, in float32 (what the fake_quant op computes)."""
-        ndim = np.ndim(x)
-        centred = self.integers(x) - self._shaped(self.zero_point, ndim)
-        return (centred * self._shaped(self.scale, ndim)).astype(np.float32)
+        shape = np.shape(x)
+        centred = self.integers(x) - self.broadcast(self.zero_point, shape)
+        return (centred * self.broadcast(self.scale, shape)).astype(np.float32)
 
     def transposed(self, perm: list[int]) -> GivenQuant:
-        """The record of the tensor transposed by `perm` (the channel axis moves with it)."""
+        """The record of the tensor transposed by `perm` (the channel axis moves with it; blocked scales too)."""
         if self.axis is None:
             return self
-        return GivenQuant(self.scale, self.zero_point, self.bits, self.signed, list(perm).index(self.axis % len(perm)),
-                          self.narrow, self.rounding)
+        axis = list(perm).index(self.axis % len(perm))
+        if not self.blocked:
+            return GivenQuant(self.scale, self.zero_point, self.bits, self.signed, axis, self.narrow, self.rounding)
+        scale, zero_point = (np.transpose(self.blocks(values), perm) for values in (self.scale, self.zero_point))
+        return GivenQuant(tuple(float(s) for s in scale.ravel()), tuple(int(z) for z in zero_point.ravel()),
+                          self.bits, self.signed, axis, self.narrow, self.rounding, self.block_size,
+                          tuple(int(d) for d in scale.shape))
 
     def to_json(self) -> dict[str, Any]:
         return self.attrs()

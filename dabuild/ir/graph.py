@@ -76,6 +76,10 @@ class Graph:
         """Tensor name -> the node that writes it."""
         return {out: node for node in self.nodes for out in node.outputs}
 
+    def integer_inputs(self) -> list[str]:
+        """The graph inputs of an integer element type: token ids, which only index embedding tables."""
+        return [spec.name for spec in self.inputs if np.dtype(spec.dtype).kind in "iu"]
+
     def consumers(self) -> dict[str, list[Node]]:
         """Tensor name -> the nodes that read it, in graph order."""
         readers: dict[str, list[Node]] = {}

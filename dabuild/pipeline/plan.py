@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from dabuild.recipe import Recipe, TargetSpec
 
 # Bump a stage's version when its code changes (tests/test_stage_versions.py enforces it; see pipeline/versions.py).
-STAGE_VERSIONS = {"trace": 19, "calibrate": 18, "tune": 29, "export": 27, "check": 22}
+STAGE_VERSIONS = {"trace": 23, "calibrate": 22, "tune": 33, "export": 31, "check": 26}
 
 
 @dataclass(frozen=True)
@@ -98,7 +98,8 @@ def plan(recipe: Recipe, capabilities: dict[str, CapabilitySpec], targets: list[
             {
                 "framework": model.framework,
                 "entry": _source_entry(recipe),
-                "inputs": model.inputs,
+                "inputs": None if model.inputs is None else {  # a shape, or {shape, dtype} of an integer input
+                    name: entry if isinstance(entry, list) else entry.model_dump() for name, entry in model.inputs.items()},
                 "hooks": _trace_hooks(recipe),
             },
             files=model_files,

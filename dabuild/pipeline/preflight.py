@@ -18,6 +18,7 @@ import numpy as np
 
 from dabuild.errors import BuildError, Diagnostic, ValidationError
 from dabuild.ir.graph import Graph
+from dabuild.ir.ops.shape import out_of_range
 from dabuild.recipe import BUILTIN_METRICS, Recipe, top_k_of
 from dabuild.yamlpos import YamlDocument
 
@@ -77,6 +78,7 @@ def _inputs(document: YamlDocument, loc: tuple, spec: Any, graph: Graph) -> list
         keys = dict(spec.x)
         where = {name: loc + ("x", name) for name in names}
     found = []
+    integer = set(graph.integer_inputs())
     for tensor in graph.inputs:
         array = _used(spec, keys[tensor.name])
         want = tensor.shape[1:]
@@ -89,7 +91,26 @@ def _inputs(document: YamlDocument, loc: tuple, spec: Any, graph: Graph) -> list
             bad = int(array.size - np.isfinite(array).sum())
             found.append(document.diagnostic(where[tensor.name], f"array {keys[tensor.name]!r} has {bad} NaN or "
                                              "infinite values in the rows used"))
+        elif tensor.name in integer:
+            problem = _indices(graph, tensor.name, array)
+            if problem is not None:
+                found.append(document.diagnostic(where[tensor.name], f"array {keys[tensor.name]!r}: {problem}"))
     return found
+
+
+def _indices(graph: Graph, name: str, array: np.ndarray) -> str | None:
+    """Why the data of integer input `name` cannot index the tables it indexes (integers, in every table's rows)."""
+    if array.dtype.kind not in "iu":
+        return (f"holds {array.dtype} values, but model input {name!r} takes integers (indices into an embedding "
+                "table); store it as integers")
+    shapes = graph.tensor_shapes()
+    for node in graph.nodes:
+        rows = shapes[node.inputs[1]].shape[0] if node.op == "embedding" and node.inputs[0] == name else None
+        if rows is not None:
+            problem = out_of_range(array, rows)
+            if problem is not None:
+                return f"indexes the table of node {node.name!r} (embedding): {problem}"
+    return None
 
 
 def _fits(want: tuple[int | None, ...], got: tuple[int, ...]) -> bool:

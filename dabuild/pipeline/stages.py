@@ -49,7 +49,7 @@ class ModelInput:
     framework: str | None
     source: str
     weights: Path | None
-    inputs: dict[str, list[int | None]] | None
+    inputs: dict[str, list[int | None] | dict[str, Any]] | None  # a shape, or {shape, dtype} (trace.base)
 
 
 def model_input(config: dict[str, Any], files: dict[str, Path]) -> ModelInput:
@@ -83,7 +83,7 @@ def calibrate(run: StageRun) -> None:
 
     graph = Graph.load(run.inputs["graph"])
     spec = DataFile.from_config(run.stage.config, run.stage.files["data"])
-    arrays = load_inputs(spec, None, [t.name for t in graph.inputs])
+    arrays = load_inputs(spec, None, [t.name for t in graph.inputs], graph.integer_inputs())
     stats = calibrate_graph(graph, batches(arrays, spec.batch_size), run.progress)
     stats.save(run.out_dir)
 
@@ -106,7 +106,8 @@ def check(run: StageRun) -> None:
     target = target_of(config)
     qgraph = QGraph.load(run.inputs["qgraph"] / "qgraph")
     spec = DataFile.from_config(config["evaluation"], run.stage.files["evaluation"])
-    x = next(iter(load_inputs(spec, None, qgraph.input_names).values()))
+    x = next(iter(load_inputs(spec, None, qgraph.input_names, qgraph.input_names if qgraph.takes_indices else ())
+                  .values()))
     labels = required_labels(spec, None)
     if config["samples"] is not None:
         x, labels = x[: config["samples"]], labels[: config["samples"]]

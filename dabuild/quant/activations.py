@@ -38,6 +38,26 @@ def pre_activation(tensor: str) -> str:
     return f"{tensor}:pre_activation"
 
 
+@dataclasses.dataclass(frozen=True)
+class FusedActivation:
+    """A dense/conv node's fused activation: its op and attrs, and the tensor the weighted layer writes (the
+    node's output, or for a table activation the pre-activation the lookup layer reads)."""
+
+    op: str
+    attrs: dict[str, Any]
+    written: str
+
+    @property
+    def table(self) -> bool:
+        return is_table_activation(self.op)
+
+    @classmethod
+    def of(cls, node: Node) -> FusedActivation:
+        op = node.attrs.get("activation", "none")
+        return cls(op, dict(node.attrs.get("activation_attrs", {})),
+                   pre_activation(node.outputs[0]) if is_table_activation(op) else node.outputs[0])
+
+
 def clamp_bounds(op: str, attrs: dict[str, Any], params: QuantParams) -> tuple[int, int]:
     """[low, high] of a clamp activation ("none" too: the dtype's range) in the quantized domain of `params`."""
     real = {"none": (None, None), "relu": (0.0, None), "relu6": (0.0, 6.0)}

@@ -34,7 +34,7 @@ _RANGE = "range"
 _AXIS = "axis"
 _HISTOGRAM_FIELDS = ("counts", "width", "offset", "low", "high")
 # Ops whose output features lie on the last axis, (batch, ..., features); others use axis 1 (NCHW).
-LAST_AXIS_OPS = frozenset({"dense", "matmul"})
+LAST_AXIS_OPS = frozenset({"dense", "matmul", "embedding"})
 
 
 @dataclass(eq=False)
@@ -49,9 +49,9 @@ class TensorStats:
     def start(cls, values: np.ndarray, axis: int | None) -> TensorStats:
         """Empty histograms sized for `values`; a negative axis counts from the end, as in numpy."""
         if axis is None:
-            return cls(None, Histogram.empty(1), Histogram.empty(1))
+            return cls(None, Histogram.empty(1), Histogram.empty(1, narrow=True))
         axis %= values.ndim
-        return cls(axis, Histogram.empty(1), Histogram.empty(values.shape[axis]))
+        return cls(axis, Histogram.empty(1), Histogram.empty(values.shape[axis], narrow=True))
 
     def observe(self, values: np.ndarray) -> int:
         """Count one batch of values; the number of NaN or infinite values instead, counting nothing, if any.
@@ -61,8 +61,13 @@ class TensorStats:
         tables stay in cache): one pass for the extremes, one that bins each value into the per-channel and
         the whole-tensor histogram. It counts exactly what the numpy
         path (`Histogram.add`) counts.
+
+        The per-channel rows are int32 (the whole-tensor row, int64, says how many values each channel has
+        counted) until a channel could pass 2^31 - 1 values; then they widen to int64 and count in numpy.
         """
-        native = native_histogram() if values.dtype == np.float32 else None
+        channels = self.channels.channels
+        self.channels.make_room(int(self.whole.counts.sum()) // channels, values.size // channels)
+        native = native_histogram() if values.dtype == np.float32 and self.channels.counts.dtype == np.int32 else None
         if native is None:
             finite = np.isfinite(values)
             if not finite.all():
@@ -211,18 +216,21 @@ class Stats:
 
 
 def observed_tensors(graph: Graph) -> list[str]:
-    """The tensors whose ranges quantization needs: graph inputs and node outputs."""
-    return [spec.name for spec in graph.inputs] + [out for node in graph.nodes for out in node.outputs]
+    """The tensors whose ranges quantization needs: graph inputs (but integer ones, never quantized) and node
+    outputs."""
+    integer = set(graph.integer_inputs())
+    return ([spec.name for spec in graph.inputs if spec.name not in integer]
+            + [out for node in graph.nodes for out in node.outputs])
 
 
 def histogram_bytes(graph: Graph) -> int:
-    """The bytes calibration's histograms of `graph` take: BINS int64 counts per channel of each observed
-    tensor, and per tensor as a whole (held for the whole stage, whatever the batch size)."""
+    """The bytes calibration's histograms of `graph` take: BINS int32 counts per channel of each observed
+    tensor, and BINS int64 ones per tensor as a whole (held for the whole stage, whatever the batch size)."""
     specs = graph.tensor_shapes()
     shapes = {name: tuple(1 if d is None else d for d in spec.shape) for name, spec in specs.items()}
-    channels = sum(1 + (0 if axis is None else shapes[name][axis])
-                   for name, axis in channel_axes(graph, shapes).items())
-    return channels * BINS * np.dtype(np.int64).itemsize
+    axes = channel_axes(graph, shapes)
+    channels = sum(1 if axis is None else shapes[name][axis] for name, axis in axes.items())
+    return BINS * (channels * np.dtype(np.int32).itemsize + len(axes) * np.dtype(np.int64).itemsize)
 
 
 def channel_axes(graph: Graph, shapes: dict[str, tuple[int, ...]]) -> dict[str, int | None]:
@@ -293,9 +301,12 @@ def calibrate(graph: Graph, batches: Iterable[dict[str, np.ndarray]], progress: 
     shapes: dict[str, tuple[int, ...]] = {}
     interpreter = Interpreter(graph, threads=available_cores())
 
+    integer = set(graph.integer_inputs())  # token ids: not quantized, so no histograms
+
     def observe(name: str, values: np.ndarray) -> None:
         shapes[name] = values.shape
-        stats.observe(name, values, axes(name, shapes), where[name])
+        if name not in integer:
+            stats.observe(name, values, axes(name, shapes), where[name])
 
     fit: int | None = None
     with progress.track("calibrate", None) as advance:

@@ -11,7 +11,17 @@ What the integer path cannot represent is refused, naming the node, the
 parameter and the nearest representable choice: widths outside
 int2..int16/uint1..uint16, rounding other than to nearest, per-channel or
 narrow-range activations, weights with a zero point, per-channel weights along
-another axis than the output channels. A type that differs from what the
+another axis than the output channels, blocked weights outside a dense
+(blocked weights may have zero points: they are centred away).
+
+Blocked weights (ONNX opset 21 `block_size`) of a dense (in, out) come as
+`WeightBlocks`: scales per block of inputs and output channel. Blocks along
+the output channels are per-channel scales in disguise when every input row
+shares them (and so are blocks along the inputs that all share one scale per
+channel): those become ordinary per-channel weights. What remains cannot be
+folded into one scale per output, so it lowers to a `blocked_dense` layer
+(`dabuild.quant.layers.blocked`); blocks along the output channels whose
+scales change from row to row are blocks of one input there. A type that differs from what the
 capability offers only in signedness is shifted exactly (uint8 with zero point
 z is int8 with zero point z - 128), so onnxruntime's uint8 activations run on
 int8-only kernels unchanged.
@@ -30,6 +40,7 @@ from which the quantizer's own rounding gives what it gives on the float.
 from __future__ import annotations
 
 from collections.abc import Collection
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -57,8 +68,9 @@ def _is_power_of_two(values: tuple[float, ...]) -> bool:
 
 
 def scheme_of(given: GivenQuant) -> str:
-    """pot (zero point 0, power-of-two scales), sym (zero point 0) or asym."""
-    if any(given.zero_point):
+    """pot (zero point 0, power-of-two scales), sym (zero point 0) or asym; blocked weights are symmetric once
+    their zero points are centred away (`weight_blocks`)."""
+    if any(given.zero_point) and not given.blocked:
         return "asym"
     return "pot" if _is_power_of_two(given.scale) else "sym"
 
@@ -93,13 +105,62 @@ def activation_params(given: GivenQuant, where: str, dtype: str | None = None) -
     return QuantParams(scale, zero_point, given.dtype)
 
 
-def weight_integers(weight: np.ndarray, given: GivenQuant, channel_axis: int, where: str,
-                    ) -> tuple[np.ndarray, np.ndarray]:
-    """The given integer weights and their scales (shape (1,) or one per output channel), as quantize_weight."""
+@dataclass(frozen=True)
+class WeightBlocks:
+    """A dense (in, out) weight whose scales change along the inputs: `scales` (blocks, out), one row per
+    `block_size` inputs (the last block may be shorter)."""
+
+    integers: np.ndarray
+    scales: np.ndarray
+    block_size: int
+
+
+def _symmetric(given: GivenQuant, where: str) -> None:
     check_type(given, where)
     if any(given.zero_point):
-        raise BuildError(f"{where}: parameter zero_point: the weight has zero point {given.zero_point[0]}; "
+        raise BuildError(f"{where}: parameter zero_point: the weight has zero point {max(given.zero_point, key=abs)}; "
                          "dabuild's kernels take symmetric weights; nearest representable: zero point 0")
+
+
+def weight_blocks(weight: np.ndarray, given: GivenQuant, channel_axis: int, where: str,
+                  ) -> WeightBlocks | tuple[np.ndarray, np.ndarray]:
+    """A blocked given weight as WeightBlocks, or as (integers, one scale per output channel) where the blocks
+    are per-channel scales in disguise (module doc). Zero points (onnxruntime's asymmetric MatMulNBits uint4)
+    are taken off the integers here (signed, int8 storage where they fit), so such a weight always takes the
+    blocked path, whose kernels read symmetric integers; negative scales (its symmetric form) flip their
+    integers' signs. BuildError for a weight other than a dense's 2-D one."""
+    check_type(given, where)
+    channel_axis %= weight.ndim
+    if weight.ndim != 2:
+        raise BuildError(f"{where}: parameter block_size: blocked scales (blocks of {given.block_size} along axis "
+                         f"{given.axis}) are lowered for a dense's 2-D weight only; nearest representable: one "
+                         "scale per output channel (block_size 0)")
+    per_element = given.broadcast(given.scale, weight.shape)
+    centred = (given.integers(weight) - given.broadcast(given.zero_point, weight.shape)) * np.sign(per_element)
+    integers = centred.astype(np.int8 if np.abs(centred).max(initial=0) <= 127 else np.int16)
+    inputs = 1 - channel_axis
+    if given.axis == inputs:
+        block_size, scales = given.block_size, given.blocks(given.scale)
+    else:  # blocks of output channels: one scale per input row and channel
+        block_size, scales = 1, per_element
+    scales = np.abs(np.asarray(scales if inputs == 0 else scales.T, dtype=np.float64))
+    if not any(given.zero_point) and np.all(scales == scales[:1]):
+        return integers, scales[0]
+    return WeightBlocks(integers, scales, block_size)
+
+
+def weight_integers(weight: np.ndarray, given: GivenQuant, channel_axis: int, where: str,
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """The given integer weights and their scales (shape (1,) or one per output channel), as quantize_weight;
+    BuildError for blocked scales that are not per-channel ones (`weight_blocks` lowers those)."""
+    if given.blocked:
+        blocks = weight_blocks(weight, given, channel_axis, where)
+        if isinstance(blocks, WeightBlocks):
+            raise BuildError(f"{where}: parameter block_size: the weight's scales change along its inputs (blocks "
+                             f"of {blocks.block_size}), which only a dense lowers; nearest representable: one scale "
+                             "per output channel (block_size 0)")
+        return blocks
+    _symmetric(given, where)
     channel_axis %= weight.ndim
     if given.axis is not None and given.axis % weight.ndim != channel_axis:
         raise BuildError(f"{where}: parameter axis: the weight is quantized per slice of axis {given.axis}, "
@@ -217,8 +278,8 @@ def given_choices(graph: Graph, offered: dict[str, tuple[Collection[str], Collec
         weight = node.inputs[1] if len(node.inputs) > 1 else None
         if weight in graph.given and node.op in ("dense", "conv"):
             given = graph.given[weight]
-            roles["weight"] = (QuantChoice(given.dtype, scheme_of(given),
-                                           "per_channel" if given.per_channel else "per_tensor", GIVEN), given)
+            granularity = "per_block" if given.blocked else "per_channel" if given.per_channel else "per_tensor"
+            roles["weight"] = (QuantChoice(given.dtype, scheme_of(given), granularity, GIVEN), given)
         quantizer = node if node.op == OP else reads.get(node.outputs[0])
         if node.op == FIXED_OP:
             fixed = FixedQuant.from_attrs(node.attrs)

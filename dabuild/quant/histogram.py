@@ -12,7 +12,9 @@ not on how they were split into batches. The zero anchor also makes |x|
 foldable without approximation (bin k of |x| is bins k and -k-1 of x), which
 symmetric schemes need.
 
-Memory is BINS counts per channel whatever the number of samples.
+Memory is BINS counts per channel whatever the number of samples: int32 ones for a histogram of many
+channels (`Histogram.empty(..., narrow=True)`) until a channel could count past 2^31 - 1 values
+(`Histogram.make_room`), int64 ones otherwise.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import numpy as np
 from dabuild.ir.kernels.native import native_histogram
 
 BINS = 2048
+NARROW_COUNT_LIMIT = np.iinfo(np.int32).max  # values an int32 channel row may count in all
 # A width finer than this fraction of the magnitude would make grid indices overflow int64.
 _FINEST_RELATIVE_WIDTH = 2.0**-40
 
@@ -119,16 +122,23 @@ class Histogram:
     its count in bin 0; it gets a grid as soon as a second value appears.
     """
 
-    counts: np.ndarray  # int64 (channels, BINS)
+    counts: np.ndarray  # int32 or int64 (channels, BINS)
     width: np.ndarray   # float64 (channels,)
     offset: np.ndarray  # int64 (channels,): grid index of counts[:, 0]
     low: np.ndarray     # float64 (channels,), +inf before any value
     high: np.ndarray    # float64 (channels,), -inf before any value
 
     @classmethod
-    def empty(cls, channels: int) -> Histogram:
-        return cls(np.zeros((channels, BINS), dtype=np.int64), np.zeros(channels), np.zeros(channels, dtype=np.int64),
-                   np.full(channels, np.inf), np.full(channels, -np.inf))
+    def empty(cls, channels: int, narrow: bool = False) -> Histogram:
+        """No values yet; `narrow`: int32 counts (see `make_room`)."""
+        return cls(np.zeros((channels, BINS), dtype=np.int32 if narrow else np.int64), np.zeros(channels),
+                   np.zeros(channels, dtype=np.int64), np.full(channels, np.inf), np.full(channels, -np.inf))
+
+    def make_room(self, counted: int, more: int) -> None:
+        """Widen int32 counts to int64 if a channel that has counted `counted` values could pass 2^31 - 1 with
+        `more` (no bin can hold more than its channel's values, so below that none overflows)."""
+        if self.counts.dtype != np.int64 and counted + more > NARROW_COUNT_LIMIT:
+            self.counts = self.counts.astype(np.int64)
 
     @property
     def channels(self) -> int:
@@ -186,7 +196,7 @@ class Histogram:
         width, doublings = _widened(low, high, self.width[channels])
         offset = np.floor(low / width).astype(np.int64)
         native = native_histogram()
-        if native is not None and self.counts.flags.c_contiguous and self.counts.dtype == np.int64:
+        if native is not None and self.counts.flags.c_contiguous and self.counts.dtype == np.int32:
             native.rebin(self.counts, channels, self.offset[channels], doublings, offset)
             self.width[channels], self.offset[channels] = width, offset
             return
@@ -205,7 +215,7 @@ class Histogram:
         if len(occupied) == 0:
             raise ValueError("histogram channel has no values")
         first, last = int(occupied[0]), int(occupied[-1])
-        return Bins(counts[first:last + 1].copy(), int(self.offset[channel]) + first, float(self.width[channel]),
+        return Bins(counts[first:last + 1].astype(np.int64), int(self.offset[channel]) + first, float(self.width[channel]),
                     float(self.low[channel]), float(self.high[channel]))
 
     __hash__ = None  # type: ignore[assignment]  # mutable and compared by value: unhashable, as with no __hash__

@@ -22,7 +22,7 @@ from dabuild.quant.calibrate import Stats
 from dabuild.quant.config import NodeConfig, QuantChoice
 from dabuild.quant.dtypes import NAMES_TEXT, int_type, is_int_type
 from dabuild.quant.fixed_point import round_half_away
-from dabuild.quant.given import EXACT, GIVEN, weight_integers
+from dabuild.quant.given import EXACT, GIVEN, WeightBlocks, weight_blocks, weight_integers
 from dabuild.quant.qgraph import LAYER_TYPES, QLayer, QTensor, QuantParams
 from dabuild.registry import Registry
 
@@ -236,6 +236,15 @@ class Lowering:
         if self.weight_cache is None:
             return compute()
         return self.weight_cache.weights(self.node.name, (choice, channel_axis, given is not None), compute)
+
+    def weight_blocks(self, weight: np.ndarray, channel_axis: int) -> WeightBlocks | None:
+        """The node's given weight as blocks where its scales change along the inputs (a dense's blocked
+        weights, `dabuild.quant.given.weight_blocks`), else None."""
+        given = self.graph.given.get(self.node.inputs[1])
+        if given is None or not given.blocked:
+            return None
+        blocks = weight_blocks(weight, given, channel_axis, self.where)
+        return blocks if isinstance(blocks, WeightBlocks) else None
 
     def output(self, tensor: str, params: QuantParams, like: str | None = None) -> None:
         """Declare a lowered output tensor (shaped like the float tensor `like`, by default itself)."""

@@ -136,6 +136,10 @@ class QuantParams:
         return np.arange(self.qmin, self.qmax + 1, dtype=np.int64)
 
 
+# The params of an integer graph input (token ids): its values are the integers themselves, never quantized.
+INDICES = QuantParams(1.0, 0, "int32")
+
+
 @dataclass
 class QTensor:
     """An activation tensor: its per-sample shape (no batch axis) and quantization."""
@@ -184,6 +188,20 @@ class QLayer(ABC):
         """The output arrays; layers with an accumulator add it to `trace` as `<layer>:accumulator`."""
 
 
+class DenseFeatures:
+    """in_features and out_features of a layer whose `weight` is (in_features, out_features)."""
+
+    weight: np.ndarray
+
+    @property
+    def in_features(self) -> int:
+        return int(self.weight.shape[0])
+
+    @property
+    def out_features(self) -> int:
+        return int(self.weight.shape[1])
+
+
 LAYER_TYPES: Registry[type[QLayer]] = Registry("integer layer type", "the QGraph")
 
 
@@ -213,6 +231,11 @@ class QGraph:
         return [self.input]
 
     @property
+    def takes_indices(self) -> bool:
+        """Is the graph input integer indices (token ids into an embedding table) rather than quantized reals?"""
+        return self.input_params == INDICES
+
+    @property
     def input_params(self) -> QuantParams:
         return self.tensors[self.input].params
 
@@ -225,10 +248,12 @@ class QGraph:
         or holds weights stored in a numpy type not in `weights` (int8 storage: any width up to 8 bits).
 
         A target calls it on export for the dtypes its kernels run, so a type its capability does not list
-        fails there, by layer and type, instead of running with the wrong range."""
+        fails there, by layer and type, instead of running with the wrong range. Integer indices (`INDICES`)
+        are no quantized tensor: a target takes them where it writes the embedding layer that reads them."""
         for layer in self.layers:
             for name in (*layer.inputs, *layer.outputs):
-                dtype = self.tensors[name].params.dtype if name in self.tensors else None
+                params = self.tensors[name].params if name in self.tensors else None
+                dtype = None if params is None or params == INDICES else params.dtype
                 if dtype is not None and dtype not in activations:
                     raise BuildError(f"layer {layer.name!r} ({layer.op}): the {target} target cannot run tensor "
                                      f"{name!r} of dtype {dtype} (it runs {', '.join(activations)})")

@@ -36,7 +36,7 @@ from dabuild.quant.lowering import (
     float_only_message,
     quantize_weight,
 )
-from dabuild.quant.qgraph import QGraph, QLayer, QTensor
+from dabuild.quant.qgraph import INDICES, QGraph, QLayer, QTensor
 
 __all__ = ["activation_params", "quantize", "quantize_multiplier", "quantize_weight"]
 
@@ -65,7 +65,8 @@ def quantize(graph: Graph, stats: Stats, config: QuantConfig, bias_correction: b
     spec = graph.inputs[0]
     choice = next((config.nodes[n.name].activation for n in graph.nodes
                    if spec.name in n.inputs and config.nodes[n.name].activation is not None), MINMAX_INT8)
-    ctx.tensors[spec.name] = QTensor(ctx.sample_shape(spec.name), ctx.calibrated(spec.name, choice))
+    params = INDICES if spec.name in graph.integer_inputs() else ctx.calibrated(spec.name, choice)
+    ctx.tensors[spec.name] = QTensor(ctx.sample_shape(spec.name), params)
     qlayers: list[QLayer] = []
     for node in graph.nodes:
         ctx.node, ctx.config = node, config.nodes[node.name]

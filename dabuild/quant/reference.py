@@ -80,6 +80,9 @@ def absorbed_clamps(qgraph: QGraph) -> dict[int, QClamp]:
 
 
 def quantize_input(qgraph: QGraph, x: np.ndarray) -> np.ndarray:
+    """The graph input's integers: real inputs quantized, integer indices (token ids) as they are."""
+    if qgraph.takes_indices:
+        return np.asarray(x).astype(qgraph.input_params.storage)
     return qgraph.input_params.quantize(x)
 
 

@@ -299,6 +299,11 @@ def _resize(e: Emitter, node: Node, attrs: dict[str, Any]) -> None:
           nearest_mode=attrs["nearest_mode"])
 
 
+@exports("embedding")
+def _embedding(e: Emitter, node: Node, attrs: dict[str, Any]) -> None:
+    e.add("Gather", [node.inputs[1], node.inputs[0]], node.outputs, node.name, axis=0)
+
+
 @exports("gather")
 def _gather(e: Emitter, node: Node, attrs: dict[str, Any]) -> None:
     indices = e.constant(attrs["indices"], np.int64, f"{node.name}_indices")
@@ -445,9 +450,10 @@ def _fixed_quant(e: Emitter, node: Node, attrs: dict[str, Any]) -> None:
     step("Mul", q, constant(2.0**-f, "step"), output=node.outputs[0])
 
 
-def value_info(name: str, shape: tuple[int | None, ...]) -> onnx.ValueInfoProto:
+def value_info(name: str, shape: tuple[int | None, ...], dtype: str = "float32") -> onnx.ValueInfoProto:
+    """A float32 (or, for an integer input, int64: token ids) tensor with the batch left open."""
     dims = [BATCH if d is None else d for d in shape]
-    return helper.make_tensor_value_info(name, TensorProto.FLOAT, dims)
+    return helper.make_tensor_value_info(name, TensorProto.FLOAT if dtype == "float32" else TensorProto.INT64, dims)
 
 
 def to_onnx(graph: Graph, name: str = "dabuild") -> onnx.ModelProto:
@@ -462,7 +468,7 @@ def to_onnx(graph: Graph, name: str = "dabuild") -> onnx.ModelProto:
     onnx_graph = helper.make_graph(
         emitter.nodes,
         name,
-        inputs=[value_info(spec.name, spec.shape) for spec in graph.inputs],
+        inputs=[value_info(spec.name, spec.shape, spec.dtype) for spec in graph.inputs],
         outputs=[value_info(output, specs[output].shape) for output in graph.outputs],
         initializer=emitter.initializers,
     )

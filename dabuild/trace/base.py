@@ -25,6 +25,8 @@ from itertools import count
 from pathlib import Path
 from typing import Any, ClassVar
 
+import numpy as np
+
 from dabuild import plugins
 from dabuild.errors import BuildError, UsageError
 from dabuild.ir.graph import Graph
@@ -53,6 +55,7 @@ class TracerPlugin(ABC):
     suffixes: ClassVar[tuple[str, ...]] = ()  # model file suffixes this plugin reads, e.g. (".onnx",)
     weights_suffixes: ClassVar[tuple[str, ...]] = ()  # weight files it loads into a factory's model, e.g. (".pt",)
     progress: Progress = Progress.silent()  # trace_model sets the caller's; plugins report through it
+    dtypes: dict[str, str] = {}  # model.inputs' element types by input name (trace_model sets them); float32 if absent
 
     def __init__(self, model: Any, inputs: dict[str, Shape] | None = None):
         self.model = model
@@ -115,13 +118,54 @@ def trace_model(
     framework: str | None = None,
     inputs: dict[str, Shape] | None = None,
     progress: Progress | None = None,
+    dtypes: dict[str, str] | None = None,
 ) -> Graph:
     """Trace `model` with the named frontend (or the one `choose_framework` picks); the raw Graph."""
     name = framework or choose_framework(model)
     tracer = plugins.load(plugins.TRACERS, name)(model, inputs)
     if progress is not None:
         tracer.progress = progress
-    return tracer.trace()
+    tracer.dtypes = dict(dtypes or {})
+    graph = tracer.trace()
+    check_integer_inputs(graph, tracer.dtypes)
+    return graph
+
+
+def declared_inputs(inputs: dict[str, Any] | None) -> tuple[dict[str, Shape] | None, dict[str, str]]:
+    """model.inputs as shapes by name and the element types it declares (entries {shape, dtype})."""
+    if inputs is None:
+        return None, {}
+    shapes: dict[str, Shape] = {}
+    dtypes: dict[str, str] = {}  # only the inputs that are not float32
+    for name, entry in inputs.items():
+        if isinstance(entry, (list, tuple)):
+            shapes[name] = tuple(entry)
+            continue
+        fields = entry if isinstance(entry, dict) else {"shape": entry.shape, "dtype": entry.dtype}  # recipe's
+        shapes[name] = tuple(fields["shape"])
+        if fields.get("dtype", "float32") != "float32":
+            dtypes[name] = fields["dtype"]
+    return shapes, dtypes
+
+
+def check_integer_inputs(graph: Graph, declared: dict[str, str]) -> None:
+    """UsageError unless every integer graph input only indexes embedding tables (a Gather of a constant table,
+    torch's nn.Embedding), and the element types model.inputs declares are the graph's."""
+    for spec in graph.inputs:
+        want = declared.get(spec.name, spec.dtype)
+        if (np.dtype(want).kind == "f") != (np.dtype(spec.dtype).kind == "f"):
+            raise UsageError(f"model.inputs declares input {spec.name!r} as {want}, but the model takes {spec.dtype}")
+    integer = {spec.name: spec.dtype for spec in graph.inputs if np.dtype(spec.dtype).kind in "iu"}
+    for node in graph.nodes:
+        read = [name for position, name in enumerate(node.inputs)
+                if name in integer and (node.op, position) != ("embedding", 0)]
+        if read:
+            raise UsageError(f"node {node.name!r} ({node.op}) reads the integer input {read[0]!r} "
+                             f"({integer[read[0]]}); an integer input may only index an embedding table (a Gather "
+                             "of a constant table, nn.Embedding) or feed shape computations, which loading evaluates")
+    unread = [name for name in integer if name in graph.outputs]
+    if unread:
+        raise UsageError(f"graph output {unread[0]!r} is the integer input itself")
 
 
 def user_location(tb: traceback.StackSummary) -> str:
@@ -238,7 +282,7 @@ def trace_stage(model_spec: Any, base_dir: Path | None, out_dir: Path, progress:
     recipe's ModelSpec has them).
     """
     model = load_model(model_spec.source, base_dir, model_spec.weights)
-    inputs = None if model_spec.inputs is None else {k: tuple(v) for k, v in model_spec.inputs.items()}
-    graph = optimize(trace_model(model, model_spec.framework, inputs, progress))
+    inputs, dtypes = declared_inputs(model_spec.inputs)
+    graph = optimize(trace_model(model, model_spec.framework, inputs, progress, dtypes))
     graph.save(Path(out_dir))
     progress.info(f"traced {model_spec.source}: {graph.summary()}")

@@ -28,6 +28,7 @@ from dabuild.capability import CapabilitySpec, QuantChoices
 from dabuild.errors import BuildError
 from dabuild.ir.given import OPS as GIVEN_OPS
 from dabuild.ir.graph import Graph
+from dabuild.ir.ops import OPS
 from dabuild.quant.calibrate import LAST_AXIS_OPS
 from dabuild.quant.config import NodeConfig, QuantChoice, QuantConfig
 from dabuild.quant.dtypes import NAMES_TEXT, int_type, is_int_type
@@ -195,7 +196,7 @@ def build_space(graph: Graph, capability: CapabilitySpec, narrowing: Mapping[str
         if "weight" not in (quantizable_roles(node.op) or ()):
             weight = None
         macs = 0
-        if weight is not None:
+        if weight is not None and not OPS[node.op].reads_indices:  # a table lookup multiplies nothing
             out = shapes[node.outputs[0]].shape
             per_sample = math.prod(int(d or 1) for d in out[1:])
             channels = out[-1] if node.op in LAST_AXIS_OPS else out[1]
@@ -269,13 +270,15 @@ def _candidates(name: str, op: str, capability: CapabilitySpec, by_type: Mapping
             where = _where(name, op, by_name, role)
             raise BuildError(f"{where}: op {op!r} has no {role} to quantize")
     dtype_lists = {role: fields["dtype"] for role, fields in keys.items() if "dtype" in fields}
+    runs_float = capability.runs_float(op) and not (op in OPS and OPS[op].reads_indices)
     for role, dtypes in dtype_lists.items():
-        if FLOAT_DTYPE in dtypes and not capability.runs_float(op):
-            why = "does not allow fp32 fallback" if not capability.fp32_fallback else \
-                f"runs no float island of op {op!r} (float_ops: {', '.join(capability.float_ops or [])})"
+        if FLOAT_DTYPE in dtypes and not runs_float:
+            why = "does not allow fp32 fallback" if not capability.fp32_fallback else (
+                f"runs no float island of op {op!r} (float_ops: {', '.join(capability.float_ops or [])}; an op "
+                "reading integer indices never runs as one)")
             raise BuildError(f"{_where(name, op, by_name, role, 'dtype')}: capability {capability.name!r} {why}")
     keep_float = all(FLOAT_DTYPE in dtypes for dtypes in dtype_lists.values())
-    fallback = (FP32,) if capability.runs_float(op) and keep_float else ()
+    fallback = (FP32,) if runs_float and keep_float else ()
     missing = [role for role in roles or () if getattr(entry, role) is None]
     if roles is None or missing:
         if fallback:

@@ -10,12 +10,11 @@ thread split (tests/test_integer_kernels.py compares them on every spec case).
 from __future__ import annotations
 
 import ctypes
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
 
-from dabuild.ir.kernels.forking import forget_pool_after_fork, split_rows
+from dabuild.ir.kernels.threads import RowSplitter
 
 BLOCK_VECTORS = 4  # vectors of output channels per packed weight block (qconv.c's QBLOCK_VECS)
 PARALLEL_MACS = 2_000_000  # a conv with fewer multiply-adds runs on one thread
@@ -61,10 +60,24 @@ class Requantization:
     high: int
 
 
-class NativeInteger:
-    """qconv2d_nhwc, qconv2d_u8_nhwc and qadd_lookup of one loaded library."""
+class QAddCall(ctypes.Structure):
+    """qconv.c's `QAdd`: one add's inputs, table and output."""
 
-    def __init__(self, library: ctypes.CDLL):
+    _fields_ = [(name, ctypes.c_void_p) for name in ("a", "b", "table", "y")]
+
+
+class QuantizeCall(ctypes.Structure):
+    """quantize.c's `Quantize`: one conversion's input, parameters and output."""
+
+    _fields_ = [("x", ctypes.c_void_p), *((name, ctypes.c_float) for name in ("scale", "span", "zero_point", "qmin", "qmax")),
+                ("out_bytes", ctypes.c_ssize_t), ("y", ctypes.c_void_p)]
+
+
+class NativeInteger:
+    """qconv2d_nhwc, qconv2d_u8_nhwc, qadd_lookup and quantize_f32 of one loaded library."""
+
+    def __init__(self, library: ctypes.CDLL, rows: RowSplitter):
+        self._rows = rows
         self._conv = library.qconv2d_nhwc
         self._conv.argtypes = [ctypes.POINTER(QConvCall), ctypes.c_ssize_t, ctypes.c_ssize_t]
         self._conv.restype = None
@@ -74,16 +87,13 @@ class NativeInteger:
         library.qconv_u8_available.restype = ctypes.c_int
         self.quads = bool(library.qconv_u8_available())  # the uint8 x int8 kernel (VNNI) was compiled
         self._add = library.qadd_lookup
-        self._add.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_ssize_t, ctypes.c_void_p]
+        self._add.argtypes = [ctypes.POINTER(QAddCall), ctypes.c_ssize_t, ctypes.c_ssize_t]
         self._add.restype = None
-        library.qconv_lanes.restype = ctypes.c_ssize_t
         self._quantize = library.quantize_f32
-        self._quantize.argtypes = [ctypes.c_void_p, *[ctypes.c_float] * 5, ctypes.c_ssize_t, ctypes.c_void_p,
-                                   ctypes.c_ssize_t, ctypes.c_ssize_t]
+        self._quantize.argtypes = [ctypes.POINTER(QuantizeCall), ctypes.c_ssize_t, ctypes.c_ssize_t]
         self._quantize.restype = None
+        library.qconv_lanes.restype = ctypes.c_ssize_t
         self.lanes = int(library.qconv_lanes())
-        self._pool: ThreadPoolExecutor | None = None
-        forget_pool_after_fork(self)
 
     def pack(self, weight: np.ndarray, group: int = 2) -> PackedQWeight:
         """The weight in qconv.c's layout (see qconv.c) for groups of 2 (int16) or 4 (int8) input channels."""
@@ -138,8 +148,7 @@ class NativeInteger:
                          dilations[0], dilations[1], zeros.ctypes.data)
         rows = batch * out[0]
         macs = y.size * kernel_h * kernel_w * channels
-        parts = min(threads, rows) if macs >= PARALLEL_MACS else 1
-        split_rows(self, kernel, ctypes.byref(call), rows, parts, max(1, parts - 1), "dabuild-qconv")
+        self._rows(kernel, ctypes.byref(call), rows, threads if macs >= PARALLEL_MACS else 1)
         return y
 
     def add_lookup(self, a: np.ndarray, b: np.ndarray, table: np.ndarray, threads: int = 1) -> np.ndarray:
@@ -152,13 +161,8 @@ class NativeInteger:
         a_flat = np.ascontiguousarray(a.transpose(order))
         b_flat = np.ascontiguousarray(b.transpose(order))
         y = np.empty_like(a_flat)
-        pointers = (a_flat.ctypes.data, b_flat.ctypes.data, y.ctypes.data)
-
-        def part(_: None, first: int, end: int) -> None:
-            self._add(pointers[0] + first, pointers[1] + first, table.ctypes.data, end - first, pointers[2] + first)
-
-        parts = min(threads, a_flat.size // PARALLEL_LOOKUPS + 1)
-        split_rows(self, part, None, a_flat.size, parts, max(1, parts - 1), "dabuild-qconv")
+        call = QAddCall(a_flat.ctypes.data, b_flat.ctypes.data, table.ctypes.data, y.ctypes.data)
+        self._rows(self._add, ctypes.byref(call), y.size, threads if y.size >= PARALLEL_LOOKUPS else 1)
         return y.transpose(np.argsort(order))
 
     def quantize(self, x: np.ndarray, scale: float, zero_point: int, qmin: int, qmax: int, storage: np.dtype,
@@ -168,14 +172,9 @@ class NativeInteger:
         order = _memory_order(x) or tuple(range(x.ndim))
         flat = np.ascontiguousarray(x.transpose(order))
         y = np.empty(flat.shape, storage)
-        arguments = (flat.ctypes.data, np.float32(scale), np.float32(qmax - qmin), np.float32(zero_point),
-                     np.float32(qmin), np.float32(qmax), y.itemsize, y.ctypes.data)
-
-        def part(_: None, first: int, end: int) -> None:
-            self._quantize(*arguments, first, end)
-
-        parts = min(threads, flat.size // PARALLEL_LOOKUPS + 1)
-        split_rows(self, part, None, flat.size, parts, max(1, parts - 1), "dabuild-qconv")
+        call = QuantizeCall(flat.ctypes.data, np.float32(scale), np.float32(qmax - qmin), np.float32(zero_point),
+                            np.float32(qmin), np.float32(qmax), y.itemsize, y.ctypes.data)
+        self._rows(self._quantize, ctypes.byref(call), y.size, threads if y.size >= PARALLEL_LOOKUPS else 1)
         return y.transpose(np.argsort(order))
 
 

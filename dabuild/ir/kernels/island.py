@@ -13,7 +13,7 @@ import ctypes
 
 import numpy as np
 
-from dabuild.ir.kernels.forking import forget_pool_after_fork, split_rows
+from dabuild.ir.kernels.threads import RowSplitter
 
 WIDTH = 64  # output channels per packed block (island_conv.c's ISLAND_WIDTH)
 PARALLEL_MACS = 2_000_000  # a conv with fewer multiply-adds runs on one thread
@@ -33,14 +33,13 @@ class IslandConvCall(ctypes.Structure):
 class NativeIsland:
     """island_conv_nhwc and island_grouped_nhwc of one loaded library."""
 
-    def __init__(self, library: ctypes.CDLL):
+    def __init__(self, library: ctypes.CDLL, rows: RowSplitter):
+        self._rows = rows
         self._dense = library.island_conv_nhwc
         self._grouped = library.island_grouped_nhwc
         for function in (self._dense, self._grouped):
             function.argtypes = [ctypes.POINTER(IslandConvCall), ctypes.c_ssize_t, ctypes.c_ssize_t]
             function.restype = None
-        self._pool = None
-        forget_pool_after_fork(self)
 
     def conv(self, x: np.ndarray, weight: np.ndarray, groups: int, strides: list[int], pads: list[int],
              dilations: list[int], out: list[int], threads: int = 1) -> np.ndarray:
@@ -66,6 +65,6 @@ class NativeIsland:
                               y.ctypes.data, out[0], out[1], strides[0], strides[1], pads[0], pads[1],
                               dilations[0], dilations[1])
         rows = batch * out[0]
-        parts = min(threads, rows) if y.size * kernel_h * kernel_w * group_channels >= PARALLEL_MACS else 1
-        split_rows(self, kernel, ctypes.byref(call), rows, parts, max(1, parts - 1), "dabuild-island")
+        macs = y.size * kernel_h * kernel_w * group_channels
+        self._rows(kernel, ctypes.byref(call), rows, threads if macs >= PARALLEL_MACS else 1)
         return y.transpose(0, 3, 1, 2)

@@ -51,6 +51,7 @@ import numpy as np
 from dabuild.ir.kernels.forking import forget_pool_after_fork
 from dabuild.ir.kernels.integer import NativeInteger
 from dabuild.ir.kernels.island import NativeIsland
+from dabuild.ir.kernels.threads import RowSplitter
 from dabuild.notices import warn
 
 COMPILER = "cc"
@@ -92,8 +93,8 @@ ELEMENTS: dict[np.dtype, tuple[str, Any]] = {np.dtype(np.float32): ("f32", _conv
 RELU, CLAMP = 1, 2  # conv.c's activations: relu, or a clamp to [low, high]
 NativeActivation = tuple[int, float, float]  # (0 for none, RELU or CLAMP; low, high)
 NO_ACTIVATION: NativeActivation = (0, 0.0, 0.0)
-PARALLEL_MACS = 2_000_000  # a conv with fewer multiply-adds runs on one thread: not worth a dispatch
-CHUNKS_PER_THREAD = 4  # a parallel conv's rows are handed out in about this many chunks per thread
+PARALLEL_MACS = 2_000_000  # a conv with fewer multiply-adds (about 25 us here) runs on one thread
+DEPTHWISE_COST = 4  # a depthwise multiply-add costs about 4 of a full conv's (measured on MobileNetV2's layers)
 
 
 class NativeConv:
@@ -116,13 +117,11 @@ class NativeConv:
         self._max_pool = library.max_pool_nhwc
         self._max_pool.argtypes = [ctypes.POINTER(MaxPoolCall), ctypes.c_ssize_t, ctypes.c_ssize_t]
         self._max_pool.restype = None
-        self._parallel = library.parallel_rows
-        self._parallel.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_ssize_t, ctypes.c_int]
-        self._parallel.restype = None
-        self.histogram = NativeHistogram(library)  # the same library holds histogram.c, requantize.c, qconv.c and island_conv.c
+        self.rows = RowSplitter(library)  # threads.c; the same library holds histogram.c, requantize.c, qconv.c,
+        self.histogram = NativeHistogram(library)  # island_conv.c and quantize.c
         self.requantize = NativeRequantize(library)
-        self.integer = NativeInteger(library)
-        self.island = NativeIsland(library)
+        self.integer = NativeInteger(library, self.rows)
+        self.island = NativeIsland(library, self.rows)
 
     @staticmethod
     def takes(dtype: np.dtype) -> bool:
@@ -173,8 +172,9 @@ class NativeConv:
             *activation, zeros.ctypes.data,
         )
         macs = batch * out[0] * out[1] * out_channels * kernel_h * kernel_w * (1 if weight.depthwise else channels)
+        work = macs * (DEPTHWISE_COST if weight.depthwise else 1)
         return ConvPlan(self, self._kernels[dtype, weight.depthwise], call, (batch, *out, out_channels), dtype,
-                        macs >= PARALLEL_MACS, (weight, bias, zeros))
+                        work >= PARALLEL_MACS, (weight, bias, zeros))
 
     def max_pool(self, x: np.ndarray, kernel: list[int], strides: list[int], pads: list[int], dilations: list[int],
                  out: list[int]) -> np.ndarray:
@@ -188,14 +188,8 @@ class NativeConv:
         return y
 
     def run(self, function: Any, call: ctypes.Structure, rows: int, parallel: bool) -> None:
-        """function(call, 0, rows), its rows shared among this thread's layer threads if `parallel` (threads.c's
-        persistent workers take chunks of CHUNKS_PER_THREAD per thread, so a delayed thread takes fewer)."""
-        parts = min(getattr(_LAYER_THREADS, "count", 1), rows) if parallel else 1
-        if parts <= 1:
-            function(ctypes.byref(call), 0, rows)  # ctypes releases the GIL for the call
-            return
-        chunk = max(1, rows // (parts * CHUNKS_PER_THREAD))
-        self._parallel(ctypes.cast(function, ctypes.c_void_p), ctypes.byref(call), rows, chunk, parts)
+        """function(call, 0, rows), its rows shared among this thread's layer threads if `parallel`."""
+        self.rows(function, ctypes.byref(call), rows, layer_thread_count() if parallel else 1)
 
 
 class ConvPlan:
@@ -333,7 +327,8 @@ class NativeHistogram:
 
     def count(self, view: TensorView, reciprocal: np.ndarray, offset: np.ndarray, counts: np.ndarray,
               whole_reciprocal: float, whole_offset: int, whole: np.ndarray) -> None:
-        """counts (channels, BINS) and whole (BINS,) += the tensor's bin counts (int64, C-contiguous)."""
+        """counts (channels, BINS), int32, and whole (BINS,), int64, += the tensor's bin counts (both C-contiguous;
+        the caller keeps every count of `counts` below 2^31)."""
         wholes = [whole, np.zeros_like(whole)]
 
         def part(index: int, first: int, end: int) -> None:
@@ -346,7 +341,7 @@ class NativeHistogram:
 
     def rebin(self, counts: np.ndarray, channels: np.ndarray, old_offset: np.ndarray, doublings: np.ndarray,
               new_offset: np.ndarray) -> None:
-        """counts (C-contiguous int64 (channels, BINS)): the listed rows moved to their wider windows in place,
+        """counts (C-contiguous int32 (channels, BINS)): the listed rows moved to their wider windows in place,
         as dabuild.quant.histogram.Histogram._rebin does."""
         vectors = [np.ascontiguousarray(vector, np.int64) for vector in (channels, old_offset, doublings, new_offset)]
         self._rebin(counts.ctypes.data, vectors[0].ctypes.data, len(vectors[0]),

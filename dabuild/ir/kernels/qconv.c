@@ -245,9 +245,17 @@ int qconv_u8_available(void) { return 0; }
 /* The number of int32 lanes of this build's vectors: the packed weight's unit of output channels. */
 ptrdiff_t qconv_lanes(void) { return QLANES; }
 
-/* y[i] = table[a[i] * 256 + b[i]] for n bytes. */
-void qadd_lookup(const uint8_t *a, const uint8_t *b, const uint8_t *table, ptrdiff_t n, uint8_t *y)
+/* One add: its two 1-byte inputs, the table and the output, all of one element count. */
+typedef struct {
+    const uint8_t *a, *b, *table;
+    uint8_t *y;
+} QAdd;
+
+/* y[i] = table[a[i] * 256 + b[i]] for elements [first, end): threads.c's rows are elements here. */
+void qadd_lookup(const QAdd *p, ptrdiff_t first, ptrdiff_t end)
 {
-    for (ptrdiff_t i = 0; i < n; i++)
+    const uint8_t *a = p->a, *b = p->b, *table = p->table;
+    uint8_t *y = p->y;  /* locals: a store through a byte pointer could otherwise change *p for the next element */
+    for (ptrdiff_t i = first; i < end; i++)
         y[i] = table[(ptrdiff_t)a[i] << 8 | b[i]];
 }

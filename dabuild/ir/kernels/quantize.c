@@ -29,17 +29,26 @@ QUANTIZE_FUNCTION static inline float quantize_one(float x, float scale, float s
     return q < qmin ? qmin : q > qmax ? qmax : q;
 }
 
-/* Elements [first, end) of x into y (out_bytes 1 or 2 per element, two's complement or unsigned alike). */
-QUANTIZE_FUNCTION void quantize_f32(const float *x, float scale, float span, float zero_point, float qmin, float qmax,
-                  ptrdiff_t out_bytes, void *y, ptrdiff_t first, ptrdiff_t end)
+/* One conversion: x, its quantization parameters (span = qmax - qmin) and y, of out_bytes (1 or 2) per element. */
+typedef struct {
+    const float *x;
+    float scale, span, zero_point, qmin, qmax;
+    ptrdiff_t out_bytes;
+    void *y;
+} Quantize;
+
+/* Elements [first, end) of x into y (two's complement or unsigned alike): threads.c's rows are elements here. */
+QUANTIZE_FUNCTION void quantize_f32(const Quantize *p, ptrdiff_t first, ptrdiff_t end)
 {
+    const float scale = p->scale, span = p->span, zero_point = p->zero_point, qmin = p->qmin, qmax = p->qmax;
     const float bottom = -span - 1.0f;
-    if (out_bytes == 1) {
-        uint8_t *out = y;
+    const float *x = p->x;
+    if (p->out_bytes == 1) {
+        uint8_t *out = p->y;
         for (ptrdiff_t i = first; i < end; i++)
             out[i] = (uint8_t)(int32_t)quantize_one(x[i], scale, span, bottom, zero_point, qmin, qmax);
     } else {
-        uint16_t *out = y;
+        uint16_t *out = p->y;
         for (ptrdiff_t i = first; i < end; i++)
             out[i] = (uint16_t)(int32_t)quantize_one(x[i], scale, span, bottom, zero_point, qmin, qmax);
     }

@@ -52,6 +52,7 @@ class Op(ABC):
     required: ClassVar[frozenset[str]] = frozenset()  # the attributes without default, derived from `defaults`
     in_place: ClassVar[tuple[int, ...]] = ()  # inputs the prepared kernel may write its output into (see `prepare`)
     per_sample: ClassVar[bool] = False  # output sample i depends on input sample i alone (batch axis 0)
+    reads_indices: ClassVar[bool] = False  # input 0 is integer indices (token ids): never a float island's op
 
     def infer(self, inputs: list[TensorSpec], attrs: dict[str, Any]) -> list[OutputSpec]:
         """(shape, dtype) of each output; ShapeError if the inputs or attributes do not fit."""

@@ -19,8 +19,9 @@ class FakeQuant(Op):
 
     name = OP
     defaults = {"scale": REQUIRED, "zero_point": REQUIRED, "bits": REQUIRED, "signed": REQUIRED, "axis": None,
-                "narrow": False, "rounding": "half_even"}
-    rule = "same shape as x; (clip(round(x / scale) + zero_point, qmin, qmax) - zero_point) * scale"
+                "narrow": False, "rounding": "half_even", "block_size": 0, "scale_shape": None}
+    rule = ("same shape as x; (clip(round(x / scale) + zero_point, qmin, qmax) - zero_point) * scale; blocked: "
+            "scale_shape's block along axis per block_size elements")
     per_sample = True
 
     def shape_rule(self, inputs: list[TensorSpec], attrs: dict[str, Any]) -> list[OutputSpec]:
@@ -29,7 +30,15 @@ class FakeQuant(Op):
         except (ValueError, TypeError) as error:
             raise ShapeError(f"fake_quant: {error}") from None
         shape = tuple(inputs[0].shape)
-        if given.axis is not None:
+        if given.blocked and given.axis is not None:  # GivenQuant makes a blocked record name its axis
+            axis = normalize_axis(given.axis, len(shape), "fake_quant")
+            expected = tuple(None if size is None else -(-size // given.block_size) if index == axis else size
+                             for index, size in enumerate(shape))
+            if len(given.scale_shape) != len(shape) or any(
+                    size is not None and size != blocks for size, blocks in zip(expected, given.scale_shape)):
+                raise ShapeError(f"fake_quant: scales of shape {list(given.scale_shape)} do not block a tensor of "
+                                 f"shape {list(shape)} by {given.block_size} along axis {axis}")
+        elif given.axis is not None:
             axis = normalize_axis(given.axis, len(shape), "fake_quant")
             if shape[axis] is not None and shape[axis] != len(given.scale):
                 raise ShapeError(f"fake_quant: {len(given.scale)} scales along axis {axis} of size {shape[axis]}")

@@ -1,5 +1,6 @@
 """Ops that move data without arithmetic: reshape, flatten, transpose, concat, split, slice, pad, squeeze,
-unsqueeze, gather (constant indices), tile, expand."""
+unsqueeze, gather (constant indices), embedding (run-time integer indices into a constant table), tile,
+expand."""
 
 from __future__ import annotations
 
@@ -334,6 +335,46 @@ class Gather(Op):
 
     def kernel(self, arrays: list[np.ndarray], attrs: dict[str, Any]) -> list[np.ndarray]:
         return [np.take(arrays[0], np.asarray(attrs["indices"], dtype=np.int64), axis=attrs["axis"])]
+
+
+def out_of_range(indices: np.ndarray, rows: int) -> str | None:
+    """Why integer `indices` cannot pick rows of a table of `rows` rows (the first bad one), or None."""
+    bad = np.flatnonzero((np.ravel(indices) < 0) | (np.ravel(indices) >= rows))
+    if not bad.size:
+        return None
+    where = np.unravel_index(int(bad[0]), np.shape(indices))
+    count = "1 index lies" if bad.size == 1 else f"{bad.size} indices lie"
+    return (f"{count} outside the table's rows 0..{rows - 1}, the first {int(np.ravel(indices)[bad[0]])} "
+            f"at position {list(map(int, where))}")
+
+
+@register
+class Embedding(Op):
+    """Rows of a constant table at integer indices that arrive at run time (token ids): ONNX Gather(table, ids)
+    along axis 0, torch's nn.Embedding. The indices come first, so the table is input 1 like every weight.
+    Indices outside 0..rows-1 are an error (never wrapped or clamped): ONNX's negative indices are refused."""
+
+    name = "embedding"
+    per_sample = True
+    reads_indices = True  # a float island would dequantize the ids into floats
+    arity = (2, 2)
+    signature = "indices (integer), table (rows, ...)"
+    rule = "shape(indices) + table.shape[1:]"
+
+    def shape_rule(self, inputs: list[TensorSpec], attrs: dict[str, Any]) -> list[OutputSpec]:
+        indices, table = inputs
+        if np.dtype(indices.dtype).kind not in "iu":
+            raise ShapeError(f"embedding indices must be integers, got {indices.dtype}")
+        if not table.shape:
+            raise ShapeError("embedding table must have at least one axis (its rows)")
+        return [((*indices.shape, *table.shape[1:]), table.dtype)]
+
+    def kernel(self, arrays: list[np.ndarray], attrs: dict[str, Any]) -> list[np.ndarray]:
+        indices, table = arrays
+        problem = out_of_range(indices, len(table))
+        if problem is not None:
+            raise ShapeError(f"embedding: {problem}")
+        return [np.take(table, indices, axis=0)]
 
 
 @register

@@ -2,7 +2,9 @@
 the lowering that emits it. Importing this package registers them all."""
 
 from dabuild.quant.layers import (  # noqa: F401  (they register)
+    blocked,
     elementwise,
+    embedding,
     fallback,
     given,
     linear,

@@ -34,10 +34,11 @@ from dabuild.quant.config import QuantChoice
 from dabuild.quant.dtypes import accumulator_max, fitting_type
 from dabuild.quant.fixed_point import INT32_MAX, accumulator_trace, quantize_multiplier, requantize, round_half_away
 from dabuild.quant.given import EXACT
+from dabuild.quant.layers.blocked import lower_blocked_dense
 from dabuild.quant.layers.elementwise import lookup_layer
 from dabuild.quant.layers.fallback import lower_float_weighted
 from dabuild.quant.lowering import Lowering, lowers
-from dabuild.quant.qgraph import QGraph, QLayer, QuantParams, Trace, layer_type
+from dabuild.quant.qgraph import DenseFeatures, QGraph, QLayer, QuantParams, Trace, layer_type
 
 PER_CHANNEL_MINMAX = QuantChoice("int8", "sym", "per_channel", "minmax")
 
@@ -139,20 +140,12 @@ class QWeighted(QLayer):
 
 @layer_type
 @dataclass
-class QDense(QWeighted):
+class QDense(QWeighted, DenseFeatures):
     """Fully connected over the last axis; weight (in_features, out_features)."""
 
     op: ClassVar[str] = "dense"
     channel_axis: ClassVar[int] = -1
     weight_channel_axis: ClassVar[int] = -1
-
-    @property
-    def in_features(self) -> int:
-        return int(self.weight.shape[0])
-
-    @property
-    def out_features(self) -> int:
-        return int(self.weight.shape[1])
 
     def accumulate(self, centred: np.ndarray) -> np.ndarray:
         return centred @ self.weight.astype(np.float64)
@@ -327,11 +320,14 @@ def _weight_choice(ctx: Lowering) -> QuantChoice:
     return ctx.config.weight
 
 
-@lowers("dense", weighted=True, layers=("dense", "lookup", "float_weighted"))
+@lowers("dense", weighted=True, layers=("dense", "blocked_dense", "lookup", "float_weighted"))
 def lower_dense(ctx: Lowering) -> list[QLayer]:
     inputs = ctx.node.inputs
     weight = ctx.constant(inputs[1])
     bias = ctx.constant(inputs[2]) if len(inputs) > 2 else np.zeros(weight.shape[1])
+    blocks = ctx.weight_blocks(weight, 1)
+    if blocks is not None:
+        return lower_blocked_dense(ctx, blocks, bias)
     return _weighted_layers(ctx, QDense, weight, bias, _weight_choice(ctx), 1, {})
 
 

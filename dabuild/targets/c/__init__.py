@@ -235,6 +235,7 @@ class CTarget(Target):
             "program": PROGRAM,
             "sources": ["main.c", *rendered.library_sources],
             "input_size": qgraph.tensors[qgraph.input].size,
+            "input_dtype": qgraph.input_params.storage,  # int32 for token ids
             "output_size": qgraph.tensors[qgraph.output].size,
             "output_shape": list(qgraph.tensors[qgraph.output].shape),
             "arena_bytes": rendered.arena.peak_bytes,
@@ -275,10 +276,10 @@ class CTarget(Target):
 
     def _execute(self, artifact_dir: Path, program: Path, inputs: np.ndarray, work_dir: Path,
                  traced: bool = False) -> np.ndarray:
-        """Run a built test program or image on `inputs` (int8 samples, all in one run); its outputs, one row
-        per sample. It reads work_dir/inputs.bin and writes work_dir/outputs.bin (and work_dir/trace/)."""
+        """Run a built test program or image on `inputs` (int8 samples, or int32 token ids, all in one run); its
+        outputs, one row per sample. It reads work_dir/inputs.bin and writes work_dir/outputs.bin (and work_dir/trace/)."""
         manifest = json.loads((artifact_dir / MANIFEST).read_text())
-        samples = np.ascontiguousarray(inputs, dtype=np.int8).reshape(len(inputs), -1)
+        samples = np.ascontiguousarray(inputs, dtype=manifest.get("input_dtype", "int8")).reshape(len(inputs), -1)
         if samples.shape[1] != manifest["input_size"]:
             raise BuildError(f"C artifact {artifact_dir} takes {manifest['input_size']} values per sample, "
                              f"got {samples.shape[1]}")
@@ -343,7 +344,8 @@ class CTarget(Target):
         measured = dict(json.loads((artifact_dir / MANIFEST).read_text()).get("firmware", {}))
         if self.runner == "qemu" and len(inputs):
             image = self._build(artifact_dir, work_dir, ("-DDABUILD_COUNT",))
-            np.ascontiguousarray(inputs[:1], dtype=np.int8).tofile(work_dir / "inputs.bin")
+            dtype = json.loads((artifact_dir / MANIFEST).read_text()).get("input_dtype", "int8")
+            np.ascontiguousarray(inputs[:1], dtype=dtype).tofile(work_dir / "inputs.bin")
             counts = firmware.count_instructions(self.profile, image, work_dir, self.options.timeout)
             measured["instructions_per_inference"] = counts[0]
         return {"firmware": measured} if measured else {}

@@ -46,17 +46,18 @@ KEPT_TYPES = ("int8", "int16", "uint8", "uint16")   # a kernel chose these eleme
 def c_type(values: np.ndarray) -> str:
     """The C element type of a constant array: float for float32 (a float island's constants), its own when a
     kernel chose a narrow one, else the narrowest of int8_t, int16_t and int32_t that holds every value
-    (constants take no more flash than they need)."""
+    (constants take no more flash than they need); int64_t for the wide biases of blocked_dense (C99 types an
+    unsuffixed decimal constant beyond long as long long, so the literals need no suffix)."""
     array = np.asarray(values)
     if array.dtype == np.float32:
         return "float"
     if array.dtype.name in KEPT_TYPES:
         return f"{array.dtype.name}_t"
     low, high = (int(array.min()), int(array.max())) if array.size else (0, 0)
-    for bits in (8, 16, 32):
+    for bits in (8, 16, 32, 64):
         if -(1 << (bits - 1)) <= low and high < 1 << (bits - 1):
             return f"int{bits}_t"
-    raise ValueError(f"constants from {low} to {high} do not fit int32")
+    raise ValueError(f"constants from {low} to {high} do not fit int64")
 
 
 def c_identifier(name: str, taken: set[str], prefix: str = "l_") -> str:
@@ -208,15 +209,15 @@ def render(qgraph: QGraph, profile: Profile = PROFILES[HOST]) -> Rendered:
         if tensor in constant_names:
             return constant_names[tensor]
         buffer = program.buffer.get(tensor, tensor)
-        if buffer == program.input:
-            return "in"
+        if buffer == program.input:  # token ids are int32: a kernel's int8 pointer, which it casts back
+            return "(const int8_t *)(const void *)in" if qgraph.takes_indices else "in"
         if buffer == program.output:
             return "out"
         return f"arena + {arena.placements[buffer].offset}"
 
     files: dict[str, str | bytes] = {COMMON_HEADER: env.get_template(f"{COMMON_HEADER}.j2").render(version=version)}
     calls: list[dict[str, Any]] = []
-    traced = [Traced(qgraph.input, program.storage[qgraph.input])]
+    traced = [Traced(qgraph.input, program.storage[qgraph.input], qgraph.input_params.storage)]
     kernel_contexts = [step.kernel.context(step) for step in program.steps]
     weight_bytes = _weight_bytes(qgraph, program, kernel_contexts)
     blob = weight_blob(kernel_contexts)
@@ -259,6 +260,7 @@ def render(qgraph: QGraph, profile: Profile = PROFILES[HOST]) -> Rendered:
                       for name in program.constants],
         "calls": calls,
         "input_name": qgraph.input,
+        "indices": qgraph.takes_indices,
         "common_header": COMMON_HEADER,
         "blob_bytes": len(blob),
     }

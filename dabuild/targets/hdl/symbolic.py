@@ -49,6 +49,8 @@ from dabuild.ir.ops.reduce import Reduce
 from dabuild.quant import layers  # noqa: F401  (registers every layer type)
 from dabuild.quant.dtypes import int_type
 from dabuild.quant.fixed_point import requantize as requantize_integers
+from dabuild.quant.given import nearest_power_of_two
+from dabuild.quant.layers.blocked import QBlockedDense
 from dabuild.quant.layers.elementwise import QAdd, QClamp, QLookup, QMul
 from dabuild.quant.layers.given import QFixedQuant
 from dabuild.quant.layers.linear import QConv, QConvTranspose, QDense, QWeighted
@@ -287,6 +289,40 @@ def convert_dense(layer: QDense, graph: QGraph, inputs: list[FixedVariableArray]
     lsb = _accumulator_lsb(layer, graph, where)
     accumulator = _affine(inputs[0], layer.weight, layer.bias, lsb, layer.params(graph).scale)
     return _finish_weighted(layer, graph, accumulator, lsb, where)
+
+
+def _lowest_bits(values: np.ndarray) -> np.ndarray:
+    """The least power of two each (dyadic) float64 is a multiple of; inf for 0."""
+    mantissa, exponent = np.frexp(np.asarray(values, dtype=np.float64))
+    integers = np.abs((mantissa * 2.0**53).astype(np.int64))
+    lowest = np.maximum(integers & -integers, 1)
+    return np.where(integers != 0, np.ldexp(lowest.astype(np.float64), exponent - 53), np.inf)
+
+
+@converts("blocked_dense")
+def convert_blocked_dense(layer: QBlockedDense, graph: QGraph,
+                          inputs: list[FixedVariableArray]) -> list[FixedVariableArray]:
+    """rows @ (w * s_w per block) + bias, exact in real units, then requantized: what the layer's run computes
+    when every block multiplier is its exact ratio s_x * s_w / s_y (power-of-two scales whose ratios the
+    accumulator's fractional bits hold). The accumulator's step (where ties are told apart) is the finest of
+    s_x * s_w and the bias's lowest bit."""
+    where = described(layer)
+    source, output = layer.params(graph), layer.output_params(graph)
+    fractional_bits(source, f"{where}, input {layer.inputs[0]!r}")
+    scales = layer.weight_scale.ravel()
+    off_grid = scales[np.log2(scales) % 1 != 0]
+    if off_grid.size:
+        raise BuildError(f"{where}: parameter scale: blocked weight scale {off_grid[0]:g} is not a power of two; "
+                         f"nearest representable: {nearest_power_of_two(float(off_grid[0]))}")
+    unit = output.scale * 2.0 ** -layer.shift.astype(np.float64)
+    if not np.array_equal(layer.block_multiplier * unit, source.scale * layer.weight_scale):
+        raise BuildError(f"{where}: its block scales span more than the accumulator's fractional bits hold, so its "
+                         "multipliers round them and fixed-point logic cannot compute what its reference does; "
+                         "nearest representable: block scales within 2**30 of each other per output")
+    bias = layer.real_bias(output)
+    lsb = np.minimum(source.scale * layer.weight_scale.min(axis=0), _lowest_bits(bias))
+    accumulator = inputs[0] @ layer.dequantized_weight() + bias
+    return [requantize(accumulator, lsb, output, layer.output_min, layer.output_max, where)]
 
 
 @converts("conv")
@@ -619,6 +655,9 @@ def _refuse(why: str) -> Converter:
 CONVERTERS.add("softmax", _refuse(
     "its integer reference divides each exponential by their sum, and da4ml has no division by a variable "
     "(end the graph at the logits: the largest logit is the predicted class)"))
+CONVERTERS.add("embedding", _refuse(
+    "it reads table rows at run-time token ids, a memory lookup that da4ml's fixed adder graphs do not express "
+    "(build it for the c, onnx or nnef target)"))
 _FLOAT = _refuse("a float island's layer runs float arithmetic, which fixed-point logic has not "
                  "(capability 'da4ml' has no fp32 fallback)")
 CONVERTERS.add("float", _FLOAT)

@@ -61,13 +61,18 @@ def build_document(qgraph: QGraph, quantized_kernels: bool) -> tuple[Emitter, st
     identifier of every QGraph tensor's real value."""
     qgraph.require_dtypes("nnef", activations=("int8",))  # graph.quant declares 8-bit signed tensors (QI8)
     e = Emitter(qgraph)
-    source = e.external(f"{qgraph.input}_float", qgraph.tensors[qgraph.input].shape)
-    e.set_real(qgraph.input, e.fake_quant(source, qgraph.input_params, qgraph.input))
+    if qgraph.takes_indices:  # token ids: the embeddings' gathers read them as they come
+        source = e.external(qgraph.input, qgraph.tensors[qgraph.input].shape, "integer")
+        e.set_real(qgraph.input, source)
+    else:
+        source = e.external(f"{qgraph.input}_float", qgraph.tensors[qgraph.input].shape)
+        e.set_real(qgraph.input, e.fake_quant(source, qgraph.input_params, qgraph.input))
     for layer in qgraph.layers:
         export_layer(e, layer, quantized_kernels)
     output = e.real(qgraph.output)
     # Every tensor gets a real form (tract drops the ones no output reads), so a trace can name any of them.
-    traced = {name: e.real(name) for name in qgraph.tensors if name not in qgraph.constants}
+    traced = {name: e.real(name) for name in qgraph.tensors
+              if name not in qgraph.constants and not (name == qgraph.input and qgraph.takes_indices)}
     return e, source, output, traced
 
 
@@ -84,10 +89,11 @@ def _archive(files: dict[str, bytes]) -> bytes:
 
 
 def _run_model(path: Path, inputs: np.ndarray, outputs: int) -> list[np.ndarray]:
+    """The first `outputs` outputs of the model on `inputs` (float32, or int64 token ids as they are)."""
     tract = _tract()
     try:
         runnable = tract.nnef().load(str(path)).into_runnable()
-        results = runnable.run([np.ascontiguousarray(inputs, dtype=np.float32)])
+        results = runnable.run([np.ascontiguousarray(inputs)])
         return [results[i].to_numpy() for i in range(outputs)]
     except tract.TractError as error:
         raise BuildError(f"tract could not run the NNEF model {path}: {str(error).splitlines()[0]}") from error
@@ -126,15 +132,16 @@ class NnefTarget(Target):
         (out_dir / ARCHIVE).write_bytes(_archive(files))
         manifest = {"archive": ARCHIVE, "input": qgraph.input, "output": qgraph.output,
                     "input_shape": list(qgraph.tensors[qgraph.input].shape),
+                    "input_dtype": "int64" if qgraph.takes_indices else "float32",
                     "output_shape": list(qgraph.tensors[qgraph.output].shape), "trace": traced,
                     "quantized_tensors": sorted(e.quant)}
         (out_dir / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
 
     def run(self, artifact_dir: Path, inputs: np.ndarray, work_dir: Path) -> np.ndarray:
-        """float32 inputs (batch, *input shape) -> float32 outputs, run by tract."""
+        """float32 (or int64 token ids) inputs (batch, *input shape) -> float32 outputs, run by tract."""
         artifact_dir = Path(artifact_dir)
         manifest = json.loads((artifact_dir / MANIFEST).read_text())
-        inputs = np.asarray(inputs, dtype=np.float32)
+        inputs = np.asarray(inputs, dtype=manifest.get("input_dtype", "float32"))
         if list(inputs.shape[1:]) != manifest["input_shape"]:
             raise BuildError(f"NNEF artifact {artifact_dir} takes inputs of shape (batch, "
                              f"{', '.join(map(str, manifest['input_shape']))}), got {inputs.shape}")
@@ -151,15 +158,17 @@ class NnefTarget(Target):
         names = list(dict.fromkeys(manifest["trace"].values()))
         graph = _SIGNATURE.sub(lambda m: f"graph {m[1]}({m[2]}) -> ({', '.join(names)})", graph, count=1)
         (unpacked / GRAPH_FILE).write_text(graph)
-        values = dict(zip(names, _run_model(unpacked, np.asarray(inputs, np.float32), len(names))))
+        inputs = np.asarray(inputs, dtype=manifest.get("input_dtype", "float32"))
+        values = dict(zip(names, _run_model(unpacked, inputs, len(names))))
         return {tensor: values[name] for tensor, name in manifest["trace"].items()}
 
     def rerun_script(self, artifact_dir: Path, inputs_file: str, outputs_file: str) -> str:
-        """Run the archive in tract on raw float32 inputs and write raw float32 outputs."""
+        """Run the archive in tract on raw float32 (int64 token ids) inputs and write raw float32 outputs."""
         manifest = json.loads((Path(artifact_dir) / MANIFEST).read_text())
         archive = f"{Path(artifact_dir).name}/{manifest['archive']}"
+        dtype = manifest.get("input_dtype", "float32")
         program = ("import sys, numpy as np, tract; "
-                   f"x = np.fromfile(sys.argv[2], np.float32).reshape(-1, {', '.join(map(str, manifest['input_shape']))}); "
+                   f"x = np.fromfile(sys.argv[2], np.{dtype}).reshape(-1, {', '.join(map(str, manifest['input_shape']))}); "
                    "y = tract.nnef().load(sys.argv[1]).into_runnable().run([x])[0].to_numpy(); "
                    "y.astype(np.float32).tofile(sys.argv[3])")
         return '"${PYTHON:-python3}" ' + shlex.join(["-c", program, archive, inputs_file, outputs_file]) + "\n"

@@ -81,9 +81,10 @@ class Emitter:
             self.quant[name] = params
         return name
 
-    def external(self, tensor: str, shape: tuple[int, ...]) -> str:
+    def external(self, tensor: str, shape: tuple[int, ...], kind: str = "scalar") -> str:
+        """The graph input: `scalar` (float32) values, or `integer` (int64) token ids."""
         name = self.fresh(tensor)
-        self.lines.append(f"{name} = external<scalar>(shape = [N{''.join(f', {d}' for d in shape)}]);")
+        self.lines.append(f"{name} = external<{kind}>(shape = [N{''.join(f', {d}' for d in shape)}]);")
         return name
 
     # The two forms of a QGraph tensor.

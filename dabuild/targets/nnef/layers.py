@@ -31,7 +31,9 @@ from typing import Any
 import numpy as np
 
 from dabuild.errors import BuildError
+from dabuild.quant.layers.blocked import QBlockedDense
 from dabuild.quant.layers.elementwise import QAdd, QClamp, QLookup, QMul, QPrelu
+from dabuild.quant.layers.embedding import QEmbedding
 from dabuild.quant.layers.fallback import QFloat, QFloatWeighted
 from dabuild.quant.layers.linear import QConv, QConvTranspose, QDense, QWeighted, transposed_layout
 from dabuild.quant.layers.matmul import QMatMul
@@ -139,6 +141,17 @@ def _weighted(e: Emitter, layer: QWeighted, quantized_kernels: bool) -> None:
         _fake_quantized(e, layer)
 
 
+@exports("blocked_dense")
+def _blocked_dense(e: Emitter, layer: QBlockedDense, quantized_kernels: bool) -> None:
+    """Fake-quant (graph.quant has one scale per tensor): the float dense on the weight dequantized block by
+    block and the real bias, then onto the output grid within the fused clamp."""
+    rank = len(shape(e, layer.inputs[0]))
+    bias = layer.real_bias(e.params(layer.outputs[0])).astype(np.float32).reshape([1] * (rank - 1) + [-1])
+    inputs = [e.real(layer.inputs[0]), e.variable(f"{layer.name}_weight", layer.dequantized_weight().astype(np.float32)),
+              e.variable(f"{layer.name}_bias", bias)]
+    _finish(e, layer, _float_op(e, layer, "dense", {}, inputs), layer.output_min, layer.output_max)
+
+
 @exports("conv_transpose")
 def _conv_transpose(e: Emitter, layer: QConvTranspose, quantized_kernels: bool) -> None:
     """Fake-quant: the float deconv on the dequantized weight (back in ONNX's layout) and bias."""
@@ -181,6 +194,18 @@ def _lookup(e: Emitter, layer: QLookup, quantized_kernels: bool) -> None:
     index = e.call(f"{output}_index", "tract_core_cast", offset, to="'i64'")
     table = e.variable(f"{layer.name}_table", e.params(layer.outputs[0]).dequantize(layer.table))
     e.set_real(layer.outputs[0], e.call(layer.outputs[0], "tract_core_gather", table, index, axis="0"))
+
+
+@exports("embedding")
+def _embedding(e: Emitter, layer: QEmbedding, quantized_kernels: bool) -> None:
+    """The table's real values gathered at the token ids: per tensor exactly the output (its params are the
+    table's); per row put on the output's grid, as the reference requantizes each row."""
+    output, params = layer.outputs[0], e.params(layer.outputs[0])
+    scales = layer.weight_scale.reshape(-1, *(1,) * (layer.weight.ndim - 1))
+    real = params.dequantize(layer.weight) if not layer.per_row else (layer.weight * scales).astype(np.float32)
+    rows = e.call(f"{output}_rows" if layer.per_row else output, "tract_core_gather",
+                  e.variable(f"{layer.name}_table", real), e.real(layer.inputs[0]), axis="0")
+    e.set_real(output, e.fake_quant(rows, params, output) if layer.per_row else rows)
 
 
 @exports("add", "sub", "mul", "max", "min", "matmul")

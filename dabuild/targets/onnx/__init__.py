@@ -20,7 +20,7 @@ import shlex
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from types import ModuleType
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 from pydantic import Field
@@ -85,16 +85,57 @@ class OnnxTarget(Target):
         qdq = _import("dabuild.targets.onnx.qdq")
         return qdq.initializer_bytes(qdq.to_qdq_onnx(qgraph, self.options.opset, check=False))
 
-    def _run(self, model: str | bytes, artifact_dir: Path, inputs: np.ndarray,
-             outputs: list[str] | None = None) -> list[np.ndarray]:
+    def __init__(self, options: Target.Options | None = None):
+        super().__init__(options)
+        self._sessions: dict[str, tuple[tuple[str, int, int], Any, dict[str, str] | None]] = {}
+
+    def _session(self, purpose: str, artifact_dir: Path) -> tuple[Any, dict[str, str] | None]:
+        """The onnxruntime session for `purpose` ("run" the model, or "trace" its every quantized tensor) and the
+        tensors it returns (QGraph tensor -> the model's output; None: the model's own outputs), built once per
+        artifact and kept while this target lives: check runs the artifact batch after batch, and its proof traces
+        it a few samples at a time, so loading, shape inference and session setup of a 100 MB model happen once,
+        not per batch."""
+        runner = _import("dabuild.targets.onnx.runner")
+        path = Path(artifact_dir) / MODEL_FILE
+        try:
+            status = path.stat()
+        except OSError as error:
+            raise BuildError(f"onnxruntime could not run {path}: {error.strerror}") from error
+        key = (str(path.resolve()), status.st_mtime_ns, status.st_size)
+        if purpose in self._sessions and self._sessions[purpose][0] == key:
+            return self._sessions[purpose][1:]
+        self._sessions.pop(purpose, None)  # the old session goes before the new one is built
+        model, outputs = (str(path), None) if purpose == "run" else self._traced_model(path)
+        try:
+            session = runner.session(model, self.options.threads)
+        except Exception as error:  # onnxruntime raises its own exception types for bad models
+            raise BuildError(f"onnxruntime could not run {path}: {error}") from error
+        self._sessions[purpose] = (key, session, outputs)
+        return session, outputs
+
+    @staticmethod
+    def _traced_model(path: Path) -> tuple[bytes, dict[str, str]]:
+        """A copy of the model with every quantized tensor's integers as an extra output, and which output shows
+        which QGraph tensor (the model's own output shows its output tensor as it returns it)."""
+        onnx = _import("onnx")
+        qdq = _import("dabuild.targets.onnx.qdq")
+        model = onnx.load(str(path))
+        output = model.graph.output[0].name  # the QGraph's output tensor, dequantized
+        tensors = {tensor: output if tensor == output else name for tensor, name in qdq.quantized_tensors(model).items()}
+        inferred = {info.name: info for info in onnx.shape_inference.infer_shapes(model).graph.value_info}
+        model.graph.output.extend(inferred[name] for name in tensors.values() if name != output)
+        return model.SerializeToString(), tensors
+
+    def _run(self, purpose: str, artifact_dir: Path, inputs: np.ndarray) -> list[np.ndarray]:
+        session, outputs = self._session(purpose, artifact_dir)
         runner = _import("dabuild.targets.onnx.runner")
         try:
-            return runner.run_model(model, inputs, self.options.threads, outputs)
+            return runner.run_session(session, inputs, None if outputs is None else list(outputs.values()))
         except Exception as error:  # onnxruntime raises its own exception types for bad models and inputs
             raise BuildError(f"onnxruntime could not run {Path(artifact_dir) / MODEL_FILE}: {error}") from error
 
     def run(self, artifact_dir: Path, inputs: np.ndarray, work_dir: Path) -> np.ndarray:
-        return self._run(str(Path(artifact_dir) / MODEL_FILE), artifact_dir, inputs)[0]
+        return self._run("run", artifact_dir, inputs)[0]
 
     def trace(self, artifact_dir: Path, inputs: np.ndarray, work_dir: Path) -> dict[str, np.ndarray]:
         """The integers of every quantized tensor, read as extra outputs of a copy of the model, and the
@@ -103,14 +144,9 @@ class OnnxTarget(Target):
         Tensors that are graph outputs are not fused away, so onnxruntime runs this copy with its
         QuantizeLinear nodes in place: the values are those of the unfused QDQ path.
         """
-        onnx = _import("onnx")
-        qdq = _import("dabuild.targets.onnx.qdq")
-        model = onnx.load(str(Path(artifact_dir) / MODEL_FILE))
-        output = model.graph.output[0].name  # the QGraph's output tensor, dequantized
-        tensors = {tensor: output if tensor == output else name for tensor, name in qdq.quantized_tensors(model).items()}
-        inferred = {info.name: info for info in onnx.shape_inference.infer_shapes(model).graph.value_info}
-        model.graph.output.extend(inferred[name] for name in tensors.values() if name != output)
-        values = self._run(model.SerializeToString(), artifact_dir, inputs, list(tensors.values()))
+        values = self._run("trace", artifact_dir, inputs)
+        _session, tensors = self._session("trace", artifact_dir)
+        assert tensors is not None
         return dict(zip(tensors, values))
 
     def rerun_script(self, artifact_dir: Path, inputs_file: str, outputs_file: str) -> str:

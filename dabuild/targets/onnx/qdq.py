@@ -48,10 +48,12 @@ from dabuild.ir.graph import Node
 from dabuild.ir.ops import OPS
 from dabuild.quant.activations import lookup_table
 from dabuild.quant.fixed_point import quantize_multiplier
+from dabuild.quant.layers.blocked import QBlockedDense
+from dabuild.quant.layers.embedding import QEmbedding
 from dabuild.quant.layers.fallback import QFloatWeighted
 from dabuild.quant.layers.linear import QWeighted, transposed_layout
 from dabuild.quant.layers.shape import SELECTION_OPS
-from dabuild.quant.qgraph import QGraph, QLayer, QuantParams
+from dabuild.quant.qgraph import INDICES, QGraph, QLayer, QuantParams
 from dabuild.registry import Registry
 from dabuild.targets.onnx_float import EXPORTERS, IR_VERSION, OPSET, Emitter, value_info
 
@@ -158,7 +160,7 @@ class QdqWriter:
         node = Node(layer.name, op, inputs, [self.output(name) for name in layer.outputs], attrs)
         EXPORTERS[op](self.emitter, node, OPS[op].resolve(attrs))
 
-    def weight(self, layer: QWeighted | QFloatWeighted, axis: int) -> str:
+    def weight(self, layer: QWeighted | QFloatWeighted | QEmbedding, axis: int) -> str:
         """The layer's int8 weight behind a DequantizeLinear (per channel along `axis` when it has many scales)."""
         e = self.emitter
         scale = _scalar_or_vector(layer.weight_scale, np.float32)
@@ -224,6 +226,23 @@ def _weighted(w: QdqWriter, layer: Any) -> None:
     inputs = [w.read(layer.inputs[0]), w.weight(layer, axis=0 if layer.op == "conv" else 1), w.bias(layer)]
     activation = clamp_activation(layer.output_params(w.qgraph), layer.output_min, layer.output_max)
     w.node(layer.op, layer, inputs, {**geometry, **activation})
+
+
+@writes("blocked_dense")
+def _blocked_dense(w: QdqWriter, layer: QBlockedDense) -> None:
+    """The weight as the file gave it: integers behind a blocked DequantizeLinear (opset 21: one scale per block
+    of `block_size` inputs and output, axis 0), then the float dense; the bias in float (its int64 integers times
+    s_y * 2**-shift)."""
+    e, target = w.emitter, layer.output_params(w.qgraph)
+    weight = e.initializer(e.fresh(f"{layer.name}/weight"), layer.weight)
+    w.weights.append(weight)
+    scale = e.initializer(e.fresh(f"{layer.name}/weight_scale"), layer.weight_scale.astype(np.float32))
+    real = e.fresh(f"{layer.name}/weight/real")
+    e.add("DequantizeLinear", [weight, scale], [real], f"{layer.name}/weight/dequantize", axis=0,
+          block_size=layer.block_size)
+    bias = e.initializer(e.fresh(f"{layer.name}/bias"), layer.real_bias(target).astype(np.float32))
+    inputs = [w.read(layer.inputs[0]), real, bias]
+    w.node("dense", layer, inputs, clamp_activation(target, layer.output_min, layer.output_max))
 
 
 @writes("conv_transpose")
@@ -321,6 +340,19 @@ def _mean(w: QdqWriter, layer: Any) -> None:
     w.node(op, layer, [w.read(layer.inputs[0])], {"axes": layer.axes, "keepdims": layer.keepdims})
 
 
+@writes("embedding")
+def _embedding(w: QdqWriter, layer: Any) -> None:
+    """Per tensor: an exact int8 Gather from the table (the output carries its params). Per row: Gather from the
+    table dequantized per row, the picked rows quantized to the output's params (rounding as onnxruntime does)."""
+    ids = w.read(layer.inputs[0])
+    if layer.per_row:
+        w.node("embedding", layer, [ids, w.weight(layer, axis=0)], {})
+        return
+    e = w.emitter
+    table = e.initializer(e.fresh(f"{layer.name}/weight"), layer.weight)  # int8 kept: Gather reads it
+    e.add("Gather", [table, ids], [w.integer_output(layer.outputs[0])], layer.name, axis=0)
+
+
 @writes("softmax", "concat")
 def _axis(w: QdqWriter, layer: Any) -> None:
     w.node(layer.op, layer, [w.read(name) for name in layer.inputs], {"axis": layer.axis})
@@ -351,6 +383,7 @@ def _float_weighted(w: QdqWriter, layer: Any) -> None:
 
 
 INT4_OPSET = 21  # the first opset whose DequantizeLinear reads INT4 (onnxruntime >= 1.20 runs it)
+BLOCKED_OPSET = 21  # and the first whose DequantizeLinear takes block_size
 
 
 def fits_int4(values: np.ndarray) -> bool:
@@ -390,29 +423,40 @@ def to_qdq_onnx(qgraph: QGraph, opset: int | None = None, name: str = "dabuild",
     QuantizeLinear saturates to its zero point's full type, so activations must be exactly int8 or uint8
     (opset 17 has no narrower or 16-bit types); weights of up to 8 bits are exact in int8. Weights of 4 bits
     or fewer are INT4 initializers at opset 21 (the default opset then); at an opset asked below 21 they stay
-    in int8. `check=False` skips onnx's checker (for sizing a model nobody runs)."""
-    if opset is None and narrow_weights(qgraph):
+    in int8. Blocked weights (blocked_dense) need opset 21 (the default then; a lower one asked is refused).
+    `check=False` skips onnx's checker (for sizing a model nobody runs)."""
+    blocked = [layer.name for layer in qgraph.layers if isinstance(layer, QBlockedDense)]
+    if opset is None and (narrow_weights(qgraph) or blocked):
         opset = INT4_OPSET
+    if blocked and opset is not None and opset < BLOCKED_OPSET:
+        raise BuildError(f"onnx export: layer {blocked[0]!r} (blocked_dense) has blocked weight scales, which "
+                         f"DequantizeLinear reads from opset {BLOCKED_OPSET} on; nearest representable: "
+                         f"options.opset {BLOCKED_OPSET}")
     qgraph.require_dtypes("onnx", activations=[name for name in ONNX_TYPES if name != "int32"])
     missing = [f"{layer.name!r} ({layer.op})" for layer in qgraph.layers if layer.op not in WRITERS]
     if missing:
         raise BuildError(f"onnx export: no QDQ writer for layer {', '.join(missing)}")
     writer = QdqWriter(qgraph)
-    writer.quantize(qgraph.input, qgraph.input, writer.emitter.fresh(f"{qgraph.input}/real"))
+    if qgraph.takes_indices:  # token ids: read as they come, by the embeddings' Gathers
+        writer.integers[qgraph.input] = writer.real[qgraph.input] = qgraph.input
+    else:
+        writer.quantize(qgraph.input, qgraph.input, writer.emitter.fresh(f"{qgraph.input}/real"))
     for layer in qgraph.layers:
         WRITERS[layer.op](writer, layer)
         writer.finish_layer()
     tensors = qgraph.tensors
     graph = helper.make_graph(
         writer.emitter.nodes, name,
-        inputs=[value_info(qgraph.input, (None, *tensors[qgraph.input].shape))],
+        inputs=[value_info(qgraph.input, (None, *tensors[qgraph.input].shape),
+                           "int64" if qgraph.takes_indices else "float32")],
         outputs=[value_info(qgraph.output, (None, *tensors[qgraph.output].shape))],
         initializer=writer.emitter.initializers,
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="dabuild",
                               producer_version=dabuild.__version__)
     model.ir_version = IR_VERSION
-    activations = {tensor: writer.integers[tensor] for tensor in tensors if tensor not in qgraph.constants}
+    activations = {tensor: writer.integers[tensor] for tensor in tensors
+                   if tensor not in qgraph.constants and tensors[tensor].params != INDICES}
     helper.set_model_props(model, {QUANTIZED_TENSORS: json.dumps(activations, sort_keys=True)})
     if opset is not None and opset != OPSET:
         try:

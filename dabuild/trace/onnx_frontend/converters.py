@@ -665,9 +665,15 @@ def upsample(ctx: Conversion, node: OnnxNode) -> None:
             {"mode": _RESIZE_MODES[mode], "coordinate_transformation_mode": "asymmetric", "nearest_mode": "floor"})
 
 
-@converts("Gather", static=(1,), emits=("gather",))
+@converts("Gather", static=(1,), emits=("gather", "embedding"))
 def gather(ctx: Conversion, node: OnnxNode) -> None:
-    """Gather from a run-time tensor at indices known when loading (a Gather of known values folds)."""
+    """Gather from a run-time tensor at indices known when loading (a Gather of known values folds), or rows of a
+    constant table at run-time integer indices (token ids): an embedding."""
+    if node.inputs[1] in ctx.specs and node.inputs[0] in ctx.known:
+        if _axis(node.attrs.get("axis", 0), ctx.rank(node.inputs[0])) != 0:
+            raise Unsupported("it gathers a constant table at run-time indices along an axis other than 0")
+        ctx.emit(node, "embedding", [node.inputs[1], node.inputs[0]], {}, node.outputs)
+        return
     indices = ctx.static(node, 1, "indices")
     assert indices is not None  # a required input
     rank = ctx.rank(node.inputs[0])

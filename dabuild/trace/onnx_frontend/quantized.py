@@ -13,9 +13,14 @@ without arithmetic (MaxPool, Reshape, Flatten in onnxruntime's QOperator
 format) run their ordinary converter on the real values, which they keep on
 the grid.
 
+Blocked scales (opset 21 `block_size`) are taken over integer initializers
+(weights: a blocked `GivenQuant`, whose scales keep their ONNX shape); the
+integer path runs them block by block (`dabuild.quant.layers.blocked`).
+
 Refused, naming the node and the nearest representable choice: float8/float4
-types, blocked scales (block_size), integer types over 16 bits outside a
-bias, dynamic quantization (DynamicQuantizeLinear has no converter).
+types, blocked scales over a run-time tensor (an activation), integer types
+over 16 bits outside a bias, dynamic quantization (DynamicQuantizeLinear has
+no converter).
 """
 
 from __future__ import annotations
@@ -66,12 +71,12 @@ def given(ctx: Conversion, node: OnnxNode, scale_index: int, zp_index: int, rank
 
     `axis`: where per-channel scales run (default: the node's `axis` attribute, 1 as ONNX defines it).
     """
-    if node.attrs.get("block_size", 0):
-        raise Unsupported(f"parameter block_size: blocked quantization (blocks of {node.attrs['block_size']}) "
-                          "has no dabuild kernel; nearest representable: one scale per channel (block_size 0)")
-    scale = np.ravel(ctx.required(node, scale_index, "scale")).astype(np.float64)
     zero_point = ctx.static(node, zp_index, "zero point")
     bits, signed = _integer_type(dtype if dtype is not None else _zero_point_type(ctx, node, zp_index))
+    block_size = int(node.attrs.get("block_size", 0))
+    if block_size:
+        return _blocked(ctx, node, scale_index, zero_point, rank, bits, signed, block_size)
+    scale = np.ravel(ctx.required(node, scale_index, "scale")).astype(np.float64)
     points = np.zeros(scale.shape, np.int64) if zero_point is None else np.ravel(zero_point).astype(np.int64)
     per_channel = scale.size > 1
     channel_axis = (node.attrs.get("axis", 1) if axis is None else axis) % max(rank, 1) if per_channel else None
@@ -79,14 +84,33 @@ def given(ctx: Conversion, node: OnnxNode, scale_index: int, zp_index: int, rank
                       bits, signed, channel_axis)
 
 
+def _blocked(ctx: Conversion, node: OnnxNode, scale_index: int, zero_point: np.ndarray | None, rank: int,
+             bits: int, signed: bool, block_size: int) -> GivenQuant:
+    """The blocked quantization of opset 21: scales of the tensor's rank, one per block along `axis`."""
+    scale = np.asarray(ctx.required(node, scale_index, "scale"), dtype=np.float64)
+    if scale.ndim != rank or block_size < 0:
+        raise Unsupported(f"parameter block_size: blocks of {block_size} need scales of the tensor's rank {rank} "
+                          f"(got shape {list(scale.shape)}); nearest representable: one scale per channel")
+    points = np.zeros(scale.shape, np.int64) if zero_point is None else np.asarray(zero_point).astype(np.int64)
+    if points.shape != scale.shape:
+        raise Unsupported(f"parameter zero_point: shape {list(points.shape)} differs from the blocked scales' "
+                          f"{list(scale.shape)}")
+    return GivenQuant(tuple(float(s) for s in scale.ravel()), tuple(int(z) for z in points.ravel()), bits, signed,
+                      int(node.attrs.get("axis", 1)) % max(rank, 1), block_size=block_size,
+                      scale_shape=tuple(int(d) for d in scale.shape))
+
+
+def _refuse_blocked(quant: GivenQuant, what: str) -> None:
+    """Unsupported for blocked scales over a run-time tensor: dabuild quantizes activations per tensor."""
+    if quant.blocked:
+        raise Unsupported(f"parameter block_size: {what} is blocked (blocks of {quant.block_size}); dabuild blocks "
+                          "only weights (integer initializers); nearest representable: one scale for the tensor")
+
+
 def _real_values(values: np.ndarray, quant: GivenQuant) -> np.ndarray:
-    ndim = values.ndim
-    shape = [1] * ndim
-    if quant.axis is not None:
-        shape[quant.axis] = -1
-    scale = np.asarray(quant.scale).reshape(shape if quant.axis is not None else ())
-    zero_point = np.asarray(quant.zero_point).reshape(shape if quant.axis is not None else ())
-    return ((values.astype(np.float64) - zero_point) * scale).astype(np.float32)
+    """What DequantizeLinear makes of integer `values` (float32)."""
+    centred = values.astype(np.float64) - quant.broadcast(quant.zero_point, values.shape)
+    return (centred * quant.broadcast(quant.scale, values.shape)).astype(np.float32)
 
 
 def real_input(ctx: Conversion, node: OnnxNode, index: int, scale_index: int, zp_index: int,
@@ -108,6 +132,7 @@ def real_input(ctx: Conversion, node: OnnxNode, index: int, scale_index: int, zp
 def _quantized_output(ctx: Conversion, node: OnnxNode, source: str, scale_index: int, zp_index: int) -> None:
     """fake_quant from the float result `source` to the node's output, at its output scale and zero point."""
     quant = given(ctx, node, scale_index, zp_index, ctx.rank(source))
+    _refuse_blocked(quant, "its output")
     ctx.emit(node, "fake_quant", [source], quant.attrs(), node.outputs[:1])
     ctx.quantized.add(node.outputs[0])
 
@@ -147,6 +172,7 @@ def _scale(ctx: Conversion, node: OnnxNode, index: int) -> np.ndarray:
 @converts("QuantizeLinear", MICROSOFT + "QuantizeLinear", static=(1, 2), emits=("fake_quant",))
 def quantize_linear(ctx: Conversion, node: OnnxNode) -> None:
     quant = given(ctx, node, 1, 2, ctx.rank(node.inputs[0]))
+    _refuse_blocked(quant, "the activation it quantizes")
     if quant.bits > WIDEST_GIVEN:
         raise Unsupported(f"parameter zero_point type: {quant.dtype} activations are wider than dabuild's widest "
                           f"type; nearest representable: {'' if quant.signed else 'u'}int16")
@@ -156,6 +182,8 @@ def quantize_linear(ctx: Conversion, node: OnnxNode) -> None:
 
 @converts("DequantizeLinear", MICROSOFT + "DequantizeLinear", static=(1, 2), emits=("fake_quant", "identity"))
 def dequantize_linear(ctx: Conversion, node: OnnxNode) -> None:
+    if node.inputs[0] not in ctx.known and node.attrs.get("block_size", 0):
+        _refuse_blocked(given(ctx, node, 1, 2, ctx.rank(node.inputs[0])), "the run-time tensor it dequantizes")
     name = real_input(ctx, node, 0, 1, 2)
     if name not in ctx.known and not any(name in written.outputs for written in ctx.nodes):
         raise Unsupported(f"it dequantizes the graph input {name!r}; dabuild graphs take real values: nearest "

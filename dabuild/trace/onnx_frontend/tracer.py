@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from dabuild.errors import BuildError, UsageError
 from dabuild.ir.graph import Graph, TensorSpec
 from dabuild.ir.ops import OPS
-from dabuild.trace.base import Shape, TracerPlugin
+from dabuild.trace.base import Shape, TracerPlugin, check_integer_inputs
 from dabuild.trace.onnx_frontend.conversion import Conversion, Unsupported
 from dabuild.trace.onnx_frontend.converters import CONVERTERS, SUPPORTED_OPS
 from dabuild.trace.onnx_frontend.quantized import QUANTIZATION_OPS
@@ -169,7 +169,8 @@ class OnnxTracer(TracerPlugin):
             if graph_input.dtype is not None and graph_input.dtype.kind not in "fiub":
                 raise UsageError(
                     f"{model.where}: input {graph_input.name!r} has element type {graph_input.dtype}; "
-                    "dabuild graphs take float inputs (and integer ones that feed only shape computations)"
+                    "dabuild graphs take float inputs (and integer ones that index embedding tables or feed only shape "
+                    "computations)"
                 )
             if graph_input.dtype is not None and graph_input.dtype.kind == "f" and graph_input.dtype.itemsize > 4:
                 raise UsageError(
@@ -177,8 +178,9 @@ class OnnxTracer(TracerPlugin):
                     f"{graph_input.dtype}, and dabuild computes in float32, which would change its results "
                     "(overflow to inf, lost precision); export the model in float32 (torch: model.float())"
                 )
-        shape_only = [graph_input for graph_input in model.inputs
-                      if graph_input.dtype is not None and graph_input.dtype.kind != "f"]
+        indices = {node.inputs[1] for node in model.nodes if node.kind == "Gather"}
+        shape_only = [graph_input for graph_input in model.inputs if graph_input.dtype is not None
+                      and graph_input.dtype.kind != "f" and graph_input.name not in indices]
         for graph_input in shape_only:
             self.progress.info(f"{model.where}: input {graph_input.name!r} ({graph_input.dtype}) feeds only shape "
                                "computations, which loading evaluates; the graph does not take it")
@@ -235,7 +237,10 @@ class OnnxTracer(TracerPlugin):
 
     def _convert(self, shapes: dict[str, Shape], relaxed_batch: bool = False) -> Graph:
         model = self.onnx_model()
-        specs = {name: TensorSpec(name, shape) for name, shape in shapes.items()}
+        integer = {graph_input.name: graph_input.dtype for graph_input in model.inputs
+                   if graph_input.dtype is not None and graph_input.dtype.kind != "f"}
+        specs = {name: TensorSpec(name, shape, "int64" if name in integer else "float32")
+                 for name, shape in shapes.items()}
         ctx = self.apply_model(specs, relaxed_batch)
         for name in model.outputs:
             if name in ctx.quantized:
@@ -245,16 +250,11 @@ class OnnxTracer(TracerPlugin):
                 ctx.materialize(name)
             except Unsupported as reason:
                 raise UsageError(f"{model.where}: graph output {name!r}: {reason}") from None
-        integer = {graph_input.name: graph_input.dtype for graph_input in model.inputs
-                   if graph_input.dtype is not None and graph_input.dtype.kind != "f"}
-        for node in ctx.nodes:
-            read = [name for name in node.inputs if name in integer]
-            if read:
-                raise UsageError(f"{model.where}: node {node.name!r} ({node.op}) reads the integer input {read[0]!r} "
-                                 f"({integer[read[0]]}); dabuild graphs compute on float inputs, and an integer input "
-                                 "may feed only shape computations (Shape, Size), which loading evaluates")
-        unread = [name for name in integer if name in model.outputs]
-        if unread:
-            raise UsageError(f"{model.where}: graph output {unread[0]!r} is the integer input itself")
-        return Graph(inputs=[spec for name, spec in specs.items() if name not in integer],
-                     outputs=list(model.outputs), nodes=ctx.nodes, constants=ctx.constants)
+        read = {name for node in ctx.nodes for name in node.inputs} | set(model.outputs)
+        graph = Graph(inputs=[spec for name, spec in specs.items() if name not in integer or name in read],
+                      outputs=list(model.outputs), nodes=ctx.nodes, constants=ctx.constants)
+        try:
+            check_integer_inputs(graph, {})  # the file states its own types; trace_model checks model.inputs
+        except UsageError as error:
+            raise UsageError(f"{model.where}: {error}") from None
+        return graph

@@ -64,7 +64,7 @@ class TorchTracer(TracerPlugin):
         if isinstance(self.model, (str, Path)):
             return capture_program(self.program, known)
         with eval_mode(self.module):
-            return capture_module(self.module, inputs, known, self.progress)
+            return capture_module(self.module, inputs, known, self.progress, self.dtypes)
 
     def trace(self) -> Graph:
         from dabuild.trace.torch_frontend.capture import describe

@@ -560,6 +560,15 @@ def repeat(builder: Builder, call: Call) -> str:
     return builder.emit1("tile", [x], {"repeats": repeats})
 
 
+@aten("embedding", emits=("embedding",))
+def embedding(builder: Builder, call: Call) -> str:
+    """nn.Embedding / F.embedding: rows of the (constant) weight at run-time integer indices. padding_idx only
+    shapes the gradient, max_norm is applied when the module is built (torch.export records no renorm here)."""
+    if not builder.is_tensor(call["indices"]) or builder.is_tensor(call["weight"]):
+        raise Unsupported("an embedding needs a constant table and indices that arrive at run time")
+    return builder.emit1("embedding", [builder.tensor(call["indices"]), builder.tensor(call["weight"])])
+
+
 @aten("index_select", emits=("gather",))
 def index_select(builder: Builder, call: Call) -> str:
     x = builder.tensor(call["self"])

@@ -146,9 +146,13 @@ def example_batch(shapes: dict[str, Shape]) -> int:
     return next(n for n in range(2, 1 << 16) if n not in taken)
 
 
-def example_inputs(shapes: dict[str, Shape], batch: int) -> list[torch.Tensor]:
+def example_inputs(shapes: dict[str, Shape], batch: int, dtypes: dict[str, str] | None = None) -> list[torch.Tensor]:
+    """Random float inputs; zeros for the integer ones (`dtypes`), a valid index into any embedding table."""
     generator = torch.Generator().manual_seed(0)
-    return [torch.randn((batch, *sample_sizes(name, shape)), generator=generator) for name, shape in shapes.items()]
+    integer = dtypes or {}
+    return [torch.zeros((batch, *sample_sizes(name, shape)), dtype=getattr(torch, integer[name])) if name in integer
+            else torch.randn((batch, *sample_sizes(name, shape)), generator=generator)
+            for name, shape in shapes.items()]
 
 
 def sample_sizes(name: str, shape: Shape) -> tuple[int, ...]:
@@ -172,7 +176,8 @@ def _refuse_wide_floats(model: torch.nn.Module) -> None:
 
 
 def capture_module(
-    model: torch.nn.Module, shapes: dict[str, Shape], known: Callable[[Any], bool], progress: Progress
+    model: torch.nn.Module, shapes: dict[str, Shape], known: Callable[[Any], bool], progress: Progress,
+    dtypes: dict[str, str] | None = None,
 ) -> Capture:
     """`model` (in eval mode) as an ATen graph with a dynamic batch: export first, fx if export fails.
 
@@ -180,7 +185,7 @@ def capture_module(
     """
     _refuse_wide_floats(model)
     batch = example_batch(shapes)
-    examples = example_inputs(shapes, batch)
+    examples = example_inputs(shapes, batch, dtypes)
     try:
         with quiet_torch():
             program = torch.export.export(model, tuple(examples), dynamic_shapes=_dynamic_batch(model, len(examples)))

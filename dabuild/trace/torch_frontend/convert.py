@@ -106,6 +106,7 @@ class Builder:
         self.nodes: list[Node] = []
         self.constants: dict[str, np.ndarray] = {}
         self.shapes: dict[str, Shape] = {}
+        self.dtypes: dict[str, str] = {}  # tensors of another element type than float32 (integer inputs)
         self.values: dict[fx.Node, Any] = {}  # tensor name(s) or folded value
         self.symbolic: set[fx.Node] = set()
         self.failed: dict[fx.Node, str] = {}  # node -> why it cannot be mapped ("" = no converter)
@@ -227,11 +228,14 @@ class Builder:
         names = [name] if outputs == 1 else [self.fresh(f"{name}.{index}") for index in range(outputs)]
         try:
             implementation.check_arity(len(inputs))
-            inferred = implementation.infer([TensorSpec(i, self.shapes[i]) for i in inputs], attrs)
+            inferred = implementation.infer([TensorSpec(i, self.shapes[i], self.dtypes.get(i, "float32"))
+                                             for i in inputs], attrs)
         except ShapeError as error:
             raise Unsupported(f"{op}: {error}") from None
-        for output, (shape, _dtype) in zip(names, inferred):
+        for output, (shape, dtype) in zip(names, inferred):
             self.shapes[output] = tuple(shape)
+            if dtype != "float32":
+                self.dtypes[output] = dtype
         self.nodes.append(Node(name, op, inputs, names, attrs))
         return names
 
@@ -261,7 +265,10 @@ def convert(capture: Capture, inputs: dict[str, Shape], origin: str) -> Graph:
                              f"model.inputs declares {shape_text(declared)}")
         builder.values[node] = name
         builder.shapes[name] = shape
-        specs.append(TensorSpec(name, shape))
+        integer = not builder.meta(node).dtype.is_floating_point
+        if integer:
+            builder.dtypes[name] = "int64"
+        specs.append(TensorSpec(name, shape, "int64" if integer else "float32"))
     for node in capture.graph.nodes:
         if node.op in ("placeholder", "get_attr") and node in capture.tensors:
             builder.values[node] = capture.tensors[node]

@@ -1,7 +1,9 @@
 """The C kernels, one module per kind; importing this package registers them all (see `registry`)."""
 
 from dabuild.targets.c.kernels import (  # noqa: F401  (they register)
+    blocked,
     elementwise,
+    embedding,
     island,
     linear,
     matmul,
