@@ -126,16 +126,18 @@ class OnnxTarget(Target):
         model.graph.output.extend(inferred[name] for name in tensors.values() if name != output)
         return model.SerializeToString(), tensors
 
-    def _run(self, purpose: str, artifact_dir: Path, inputs: np.ndarray) -> list[np.ndarray]:
+    def _run(self, purpose: str, artifact_dir: Path,
+             inputs: np.ndarray) -> tuple[list[np.ndarray], dict[str, str] | None]:
+        """The purpose's session run on `inputs`, and which QGraph tensor each output shows (see `_session`)."""
         session, outputs = self._session(purpose, artifact_dir)
         runner = _import("dabuild.targets.onnx.runner")
         try:
-            return runner.run_session(session, inputs, None if outputs is None else list(outputs.values()))
+            return runner.run_session(session, inputs, None if outputs is None else list(outputs.values())), outputs
         except Exception as error:  # onnxruntime raises its own exception types for bad models and inputs
             raise BuildError(f"onnxruntime could not run {Path(artifact_dir) / MODEL_FILE}: {error}") from error
 
     def run(self, artifact_dir: Path, inputs: np.ndarray, work_dir: Path) -> np.ndarray:
-        return self._run("run", artifact_dir, inputs)[0]
+        return self._run("run", artifact_dir, inputs)[0][0]
 
     def trace(self, artifact_dir: Path, inputs: np.ndarray, work_dir: Path) -> dict[str, np.ndarray]:
         """The integers of every quantized tensor, read as extra outputs of a copy of the model, and the
@@ -144,8 +146,7 @@ class OnnxTarget(Target):
         Tensors that are graph outputs are not fused away, so onnxruntime runs this copy with its
         QuantizeLinear nodes in place: the values are those of the unfused QDQ path.
         """
-        values = self._run("trace", artifact_dir, inputs)
-        _session, tensors = self._session("trace", artifact_dir)
+        values, tensors = self._run("trace", artifact_dir, inputs)
         assert tensors is not None
         return dict(zip(tensors, values))
 
