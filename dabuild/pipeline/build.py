@@ -18,8 +18,11 @@ from dabuild.pipeline.execute import Outcome, Session, Workspace, write_failure
 from dabuild.pipeline.lock import BuildLock
 from dabuild.pipeline.plan import Stage, plan
 from dabuild.pipeline.preflight import preflight, refuse_unbuildable
+from dabuild.pipeline.remote import Remote
+from dabuild.pipeline.remote_settings import load_settings
 from dabuild.pipeline.stages import stage_functions
 from dabuild.pipeline.store import Store
+from dabuild.pipeline.trust import key_from
 from dabuild.progress import Progress
 from dabuild.recipe import Recipe
 
@@ -30,6 +33,7 @@ class BuildOptions:
     targets: tuple[str, ...] | None = None
     jobs: int = 1
     use_cache: bool = True
+    push: bool = True  # to the team's remote cache, where one is configured (--no-push: read it only)
 
 
 @dataclass(frozen=True)
@@ -95,7 +99,7 @@ def _build_locked(recipe: Recipe, options: BuildOptions, progress: Progress, sta
         stamp.remove(stamp_file)
         workspace.clear_leftovers()
         _drop_unreadable_doit_db(workspace, progress)
-        store = Store() if options.use_cache else None
+        store = open_store(recipe.path.parent, options.push) if options.use_cache else None
         session = Session(
             workspace,
             store,
@@ -116,6 +120,23 @@ def _build_locked(recipe: Recipe, options: BuildOptions, progress: Progress, sta
             stamp.write(stamp_file, _files_read(recipe, stages, capabilities), _files_written(workspace, stages),
                         summary.to_json())
     return summary
+
+
+def open_store(project: Path, push: bool = True) -> Store:
+    """The local store, with the team key and the remote the configuration names (pipeline/remote_settings.py)."""
+    settings = load_settings(project, no_push=not push)
+    try:
+        key = key_from(settings.key_file if settings else None)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    remote = None
+    if settings is not None:
+        if key is None:
+            notices.warn(f"remote {settings.url} ({settings.source}): no team key ($DABUILD_CACHE_KEY or key_file): "
+                         "a shared cache serves only signed entries, so the remote is not used")
+        else:
+            remote = Remote(settings, key)
+    return Store(key=key, remote=remote)
 
 
 def _link_reports(workspace: Workspace, stages: list[Stage]) -> None:
