@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shutil
 import sys
@@ -53,6 +54,8 @@ def _parser() -> argparse.ArgumentParser:
     build.add_argument("--target", action="append", metavar="NAME", help="build only this target (repeatable)")
     build.add_argument("-j", "--jobs", type=int, default=1, metavar="N", help="run N independent stages at once")
     build.add_argument("--no-cache", action="store_true", help="neither read nor write the run cache")
+    build.add_argument("--executor", metavar="WHERE",
+                       help="where trials are scored: local (default) or dask://HOST:PORT (also: DABUILD_EXECUTOR)")
     build.add_argument("--no-push", action="store_true",
                        help="read the team's remote cache but write nothing to it (also: DABUILD_NO_PUSH=1)")
 
@@ -182,7 +185,10 @@ def _load_recipes(args: argparse.Namespace) -> list:
 
 
 def _build(args: argparse.Namespace, progress: Progress) -> int:
+    from dabuild.tune.executors import EXECUTOR_ENV, dask_address
+
     start = time.monotonic()
+    cluster = dask_address(args.executor or os.environ.get(EXECUTOR_ENV))  # a bad address: exit 2 at once
     targets = tuple(args.target) if args.target else None
     if _nothing_to_do(args, targets, start):
         return 0
@@ -190,7 +196,8 @@ def _build(args: argparse.Namespace, progress: Progress) -> int:
 
     options = BuildOptions(
         build_root=args.build_dir, targets=targets, jobs=max(1, args.jobs), use_cache=not args.no_cache,
-        push=not args.no_push
+        push=not args.no_push,
+        cluster=cluster,
     )
     for recipe in _load_recipes(args):
         start = time.monotonic()

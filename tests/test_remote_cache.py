@@ -21,7 +21,7 @@ from dabuild.pipeline.manifest import Manifest
 from dabuild.pipeline.remote import Remote
 from dabuild.pipeline.remote_settings import RemoteSettings
 from dabuild.pipeline.store import Store
-from dabuild.pipeline.trust import TeamKey
+from dabuild.trust import TeamKey
 from tests.conftest import DIGITS
 from tests.remote_servers import free_port, s3_server, sftp_server, sshd_missing
 

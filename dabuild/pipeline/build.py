@@ -22,9 +22,9 @@ from dabuild.pipeline.remote import Remote
 from dabuild.pipeline.remote_settings import load_settings
 from dabuild.pipeline.stages import stage_functions
 from dabuild.pipeline.store import Store
-from dabuild.pipeline.trust import key_from
 from dabuild.progress import Progress
 from dabuild.recipe import Recipe
+from dabuild.trust import key_from
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,7 @@ class BuildOptions:
     jobs: int = 1
     use_cache: bool = True
     push: bool = True  # to the team's remote cache, where one is configured (--no-push: read it only)
+    cluster: str | None = None  # a Dask scheduler's address: trials are scored on its workers
 
 
 @dataclass(frozen=True)
@@ -103,7 +104,7 @@ def _build_locked(recipe: Recipe, options: BuildOptions, progress: Progress, sta
         session = Session(
             workspace,
             store,
-            stage_functions(options.jobs, store.trials_root if store else None),
+            stage_functions(options.jobs, store.trials_root if store else None, options.cluster),
             progress,
         )
         traced = [stage for stage in stages if stage.kind == "trace"]

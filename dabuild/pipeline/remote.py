@@ -36,7 +36,7 @@ from dabuild.notices import warn
 from dabuild.pipeline.hashing import canonical_json, hash_value
 from dabuild.pipeline.manifest import Manifest
 from dabuild.pipeline.remote_settings import PROTOCOL_EXTRAS, RemoteSettings
-from dabuild.pipeline.trust import TeamKey
+from dabuild.trust import TeamKey
 
 LAYOUT = "v1"
 CONNECT_SECONDS = 10

@@ -17,12 +17,14 @@ from typing import Any
 from dabuild.pipeline.execute import StageFunction, StageRun
 
 
-def stage_functions(jobs: int = 1, trials_root: Path | None = None) -> dict[str, StageFunction]:
+def stage_functions(jobs: int = 1, trials_root: Path | None = None,
+                    cluster: str | None = None) -> dict[str, StageFunction]:
     """The function run for each stage kind.
 
-    `jobs` processes score tuning trials; `trials_root` is the run cache's trial
+    `jobs` processes score tuning trials, or the workers of the Dask cluster at
+    `cluster` (a scheduler address); `trials_root` is the run cache's trial
     store (None with --no-cache: tuning then remembers nothing between runs).
-    Neither changes what a stage writes.
+    None of them changes what a stage writes.
     """
 
     def tune(run: StageRun) -> None:
@@ -31,7 +33,7 @@ def stage_functions(jobs: int = 1, trials_root: Path | None = None) -> dict[str,
         constraints = [target_of(budgeted).fits for budgeted in run.stage.config.get("budgets", [])]
         stored_by = run.stage.config.get("stored_by_target")  # the target whose artifact size `size` counts
         tune_stage(run.stage.config, run.stage.files, run.inputs["graph"], run.inputs["stats"], run.out_dir,
-                   run.progress, trials_root=trials_root, jobs=jobs,
+                   run.progress, trials_root=trials_root, jobs=jobs, cluster=cluster,
                    keep_dir=run.build_dir / "debug" / run.stage.dirname,
                    journal=run.build_dir / "history" / f"{run.stage.dirname}.jsonl", constraints=constraints,
                    stored_bytes=target_of(stored_by).stored_bytes if stored_by else None)

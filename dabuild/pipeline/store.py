@@ -11,7 +11,7 @@ dropped, the stage is rebuilt, and the user is warned once. A cache that cannot
 be written (full, read-only) is used for reading only, with one warning: the
 build goes on without storing, and leaves nothing temporary behind.
 
-Who wrote an entry matters as much as whether it is whole (pipeline/trust.py):
+Who wrote an entry matters as much as whether it is whole (dabuild/trust.py):
 a cache folder that others may write is *shared*, and serves only entries whose
 manifest is signed by the team key (`<key>.sig` beside the entry). With a team
 key every stored entry is signed. Without one, a shared folder is neither read
@@ -37,7 +37,7 @@ from dabuild.notices import warn
 from dabuild.pipeline.hashing import hash_value
 from dabuild.pipeline.manifest import MANIFEST, Manifest
 from dabuild.pipeline.remote import Remote
-from dabuild.pipeline.trust import TeamKey, shared_folder
+from dabuild.trust import TeamKey, shared_folder
 
 LAYOUT = "v1"
 _READ_ONLY = stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH

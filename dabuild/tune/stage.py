@@ -40,6 +40,7 @@ def tune_stage(
     progress: Progress,
     trials_root: Path | None = None,
     jobs: int = 1,
+    cluster: str | None = None,
     keep_dir: Path | None = None,
     journal: Path | None = None,
     constraints: Sequence[Callable[[QGraph], str | None]] = (),
@@ -89,7 +90,7 @@ def tune_stage(
                    f"objective {objective.name} ({objective.unit})")
     if journal is not None:
         journal.parent.mkdir(parents=True, exist_ok=True)
-    with open(journal or os.devnull, "a") as history, Scorer(evaluator, jobs) as scorer:
+    with open(journal or os.devnull, "a") as history, Scorer(evaluator, jobs, cluster) as scorer:
         def fits(config: QuantConfig) -> str | None:
             qgraph = evaluator.quantize(config)
             return next((why for why in (constraint(qgraph) for constraint in constraints) if why), None)

@@ -11,7 +11,12 @@ there ever after. A library proves itself before it is loaded: its bytes must ha
 to the name's content hash (a truncated or damaged file would crash the process
 in the loader); one that fails is deleted, warned about once and compiled again.
 A kernel cache that cannot be written (full, read-only) costs a compile per
-process, in a temporary folder removed at once, with one warning.
+process, in a temporary folder removed at once, with one warning. A shared
+kernel cache (not the user's own folder, or group- or world-writable; see
+dabuild/trust.py) loads only libraries signed with the team key
+($DABUILD_CACHE_KEY, `<library>.sig`): a hash in a name proves only that the
+file was not damaged, not who put it there. Without a key nothing is loaded from
+a shared kernel cache; with one, what it compiles it signs.
 
 Flags: -O3 -march=native, so the vectors are as wide as this CPU's (one
 AVX-512 register holds 16 output channels), and the compiler's default
@@ -53,6 +58,7 @@ from dabuild.ir.kernels.integer import NativeInteger
 from dabuild.ir.kernels.island import NativeIsland
 from dabuild.ir.kernels.threads import RowSplitter
 from dabuild.notices import warn
+from dabuild.trust import KEY_ENV, TeamKey, key_from, shared_folder
 
 COMPILER = "cc"
 VARIANTS = (("float", "int", "f32"), ("double", "long long", "f64"))  # conv.c's element types, its mask types, names
@@ -443,7 +449,16 @@ def _build(compiler: str, version: str, source: str) -> tuple[Path, Path | None]
     """
     identity = hashlib.sha256("\n".join([source, version, " ".join(FLAGS), _cpu_identity()]).encode()).hexdigest()
     directory = kernel_dir()
+    shared = shared_folder(directory)
+    key = _team_key() if shared else None
+    if shared and key is None:
+        reason = f"it {shared} and no team key (${KEY_ENV}) proves who wrote its libraries"
+        return _compile_for_this_run(compiler, source, directory, reason)
     for library in sorted(directory.glob(f"{identity}.*.so")):
+        if key is not None and not _signed(library, key):
+            warn(f"compiled kernel {library} is not signed by the team key (the kernel cache {shared}); "
+                 "not loaded, compiled again", key=str(library))
+            continue
         if _proven(library):
             try:
                 os.utime(library)  # its last use, for `dabuild cache prune`
@@ -461,18 +476,25 @@ def _build(compiler: str, version: str, source: str) -> tuple[Path, Path | None]
         with tempfile.TemporaryDirectory(prefix=TEMPORARY_PREFIX, dir=directory) as building:
             built = _compile(compiler, source, Path(building))
             library = directory / f"{identity}.{_content_hash(built)}.so"
+            if key is not None:  # the signature first: a library is never trusted before it
+                signature = Path(building) / "signature"
+                signature.write_text(key.sign("kernel", library.name) + "\n")
+                os.replace(signature, _signature(library))
             os.replace(built, library)
         return library, None
     except OSError as error:  # full or read-only (a compiler error recurs below and is raised)
-        reason = error.strerror or str(error)
+        return _compile_for_this_run(compiler, source, directory, f"it cannot be written ({error.strerror or error})")
+
+
+def _compile_for_this_run(compiler: str, source: str, directory: Path, reason: str) -> tuple[Path, Path | None]:
     scratch = Path(tempfile.mkdtemp(prefix=TEMPORARY_PREFIX))
     try:
         built = _compile(compiler, source, scratch)
     except OSError:
         shutil.rmtree(scratch, ignore_errors=True)
         raise
-    warn(f"the kernel cache {directory} cannot be written ({reason}); the native kernels are compiled "
-         f"for this run only (set {KERNEL_CACHE} to a writable folder)")
+    warn(f"the kernel cache {directory} is not used: {reason}; the native kernels are compiled "
+         f"for this run only (set {KERNEL_CACHE} to a folder of your own)")
     return built, scratch
 
 
@@ -489,6 +511,26 @@ def _compile(compiler: str, source: str, folder: Path) -> Path:
 
 def _content_hash(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _team_key() -> TeamKey | None:
+    """`$DABUILD_CACHE_KEY`; a key too short to trust is none (the build reports it where it reads the key)."""
+    try:
+        return key_from(None)
+    except ValueError:
+        return None
+
+
+def _signature(library: Path) -> Path:
+    return library.with_name(library.name + ".sig")
+
+
+def _signed(library: Path, key: TeamKey) -> bool:
+    """Did a team-key holder write this library? (Its name carries its content hash, which `_proven` checks.)"""
+    try:
+        return key.verifies("kernel", library.name, _signature(library).read_text().strip())
+    except (OSError, UnicodeDecodeError):
+        return False
 
 
 def _proven(library: Path) -> bool:

@@ -1,4 +1,4 @@
-"""Who wrote a cache entry: the team key, entry signatures and what counts as a shared store.
+"""Who wrote a cache entry (or a compiled kernel): the team key, entry signatures and what counts as a shared store.
 
 Integrity (every blob re-hashed against its manifest) proves an entry is whole;
 it cannot prove who made it, because whoever can write a store can rewrite an
@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import os
 import stat
 from pathlib import Path
 from typing import Any
-
-from dabuild.pipeline.hashing import canonical_json
 
 KEY_ENV = "DABUILD_CACHE_KEY"
 MIN_KEY_BYTES = 16
@@ -36,7 +35,8 @@ class TeamKey:
         self.source = source
 
     def sign(self, kind: str, record: Any) -> str:
-        message = _DOMAIN + kind.encode() + b"\0" + canonical_json(record).encode()
+        canonical = json.dumps(record, sort_keys=True, separators=(",", ":"), default=str)  # as hashing.py's
+        message = _DOMAIN + kind.encode() + b"\0" + canonical.encode()
         return hmac.new(self._secret, message, hashlib.sha256).hexdigest()
 
     def verifies(self, kind: str, record: Any, signature: object) -> bool:
