@@ -116,7 +116,11 @@ def _build_locked(recipe: Recipe, options: BuildOptions, progress: Progress, sta
         _raise_first_failure(result)
         summary = _summarise(recipe, workspace, stages, session, warned)
         _link_reports(workspace, stages)
-        (workspace.build_dir / "build.json").write_text(json.dumps(summary.to_json(), indent=2) + "\n")
+        report = summary.to_json()
+        if store is not None and store.remote is not None:  # what the team's remote cost this build
+            report["remote"] = {"url": store.remote.url, "bytes_pulled": store.remote.bytes_pulled,
+                                "bytes_pushed": store.remote.bytes_pushed}
+        (workspace.build_dir / "build.json").write_text(json.dumps(report, indent=2) + "\n")
         if not warned:  # a build that warned is not taken as a no-op next time: its warnings show again
             stamp.write(stamp_file, _files_read(recipe, stages, capabilities), _files_written(workspace, stages),
                         summary.to_json())
