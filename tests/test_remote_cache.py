@@ -266,3 +266,18 @@ def test_an_unknown_protocol_is_a_validation_error_at_its_line(
     error = capsys.readouterr().err
     assert "dabuild-cache.yaml:2:9: unknown remote protocol 'gs'" in error
     assert "supported: file://, s3://, sftp://, ssh://" in error
+
+
+def test_a_second_machine_reuses_the_team_s_trial_scores_and_only_signed_ones(tmp_path: Path) -> None:
+    from dabuild.tune.evaluate import Score
+    from dabuild.tune.trials import TrialStore
+
+    url, context = f"file://{tmp_path / 'remote'}", "ab" * 32
+    score = Score(0.97, 0.001, 0.5)
+    TrialStore(tmp_path / "first", context, _remote(url)).put("cd" * 32, score)
+    assert TrialStore(tmp_path / "second", context, _remote(url)).get("cd" * 32) == score
+    assert (tmp_path / "second" / context[:2] / context / f"{'cd' * 32}.json").is_file()  # kept locally too
+    TrialStore(tmp_path / "forger", context, _remote(url, key="someone-else-entirely-0123")).put("ef" * 32, score)
+    with notices.collect() as warned:
+        assert TrialStore(tmp_path / "third", context, _remote(url)).get("ef" * 32) is None
+    assert any("not signed by the team key" in w for w in warned)

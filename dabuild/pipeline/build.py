@@ -104,7 +104,8 @@ def _build_locked(recipe: Recipe, options: BuildOptions, progress: Progress, sta
         session = Session(
             workspace,
             store,
-            stage_functions(options.jobs, store.trials_root if store else None, options.cluster),
+            stage_functions(options.jobs, store.trials_root if store else None, options.cluster,
+                            store.remote if store else None),
             progress,
         )
         traced = [stage for stage in stages if stage.kind == "trace"]

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 
     from dabuild.quant.config import QuantConfig
     from dabuild.quant.qgraph import QGraph
+    from dabuild.tune.trials import SharedTrials
 
 
 def tune_stage(
@@ -41,6 +42,7 @@ def tune_stage(
     trials_root: Path | None = None,
     jobs: int = 1,
     cluster: str | None = None,
+    shared_trials: SharedTrials | None = None,
     keep_dir: Path | None = None,
     journal: Path | None = None,
     constraints: Sequence[Callable[[QGraph], str | None]] = (),
@@ -80,7 +82,8 @@ def tune_stage(
                                     tuning.bias_correction, files.get("metric")))
     space = build_space(graph, capability, tuning.space.model_dump(mode="json", exclude_none=True))
     store = TrialStore(trials_root, context_hash(graph, stats_dir / STATS_FILE, x, labels,
-                                                 evaluator.metric.identity(), tuning.bias_correction))
+                                                 evaluator.metric.identity(), tuning.bias_correction),
+                       shared_trials)
     strategy_name = tuning.strategy or ("given" if carries_quantization(graph) else "basic")
     strategy = load(STRATEGIES, strategy_name)()
     objective = make_objective(tuning.objective, space, capability, evaluator.quantize, stored_bytes)
