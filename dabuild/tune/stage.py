@@ -41,12 +41,12 @@ def tune_stage(
     progress: Progress,
     trials_root: Path | None = None,
     jobs: int = 1,
-    cluster: str | None = None,
-    shared_trials: SharedTrials | None = None,
     keep_dir: Path | None = None,
     journal: Path | None = None,
     constraints: Sequence[Callable[[QGraph], str | None]] = (),
     stored_bytes: Callable[[QGraph], int] | None = None,
+    cluster: str | None = None,
+    shared_trials: SharedTrials | None = None,
 ) -> None:
     """Tune into `out_dir` from the stage's keyed inputs alone: `config` is the tune `Stage.config` (tuning,
     capability, metric, evaluation data settings), `files` its declared files (`evaluation`, and `metric` for a
