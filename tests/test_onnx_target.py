@@ -31,7 +31,7 @@ from dabuild.quant.quantize import quantize  # noqa: E402
 from dabuild.quant.reference import quantize_input, run_integer, run_quantized  # noqa: E402
 from dabuild.resources import data_dir  # noqa: E402
 from dabuild.targets.check import check_stage  # noqa: E402
-from dabuild.targets.onnx import MODEL_FILE, OnnxTarget, missing_package_error  # noqa: E402
+from dabuild.targets.onnx import MODEL_FILE, OnnxTarget, missing_package_error, runner  # noqa: E402
 from dabuild.targets.onnx.isa import detect, saturates  # noqa: E402
 
 CAPABILITY = load_capability(data_dir("capabilities") / "onnxruntime.yaml")
@@ -540,7 +540,8 @@ def test_a_target_keeps_its_session_only_while_the_artifact_is_unchanged(tmp_pat
 def test_weights_are_uint8_where_u8s8_saturates_and_onnxruntime_runs_them_exactly(tmp_path: Path, isa: str) -> None:
     """Written for avx2 (no VNNI), wide weights are uint8, which onnxruntime runs in its widening u8u8 kernels on
     every CPU: within a step of the reference here, whatever this CPU is. Written for a CPU with VNNI they stay
-    int8; that model is exact only where u8s8 cannot saturate, so it is run only on such a CPU."""
+    int8; checked on a CPU whose u8s8 kernels saturate, that model runs in onnxruntime's x64 precision mode (as
+    VNNI computes), and the check says its default kernels were not run."""
     qgraph = lower(small_cnn())
     target = OnnxTarget(OnnxTarget.Options(isa=isa))
     artifact = export(qgraph, tmp_path / "artifact", target)
@@ -549,9 +550,17 @@ def test_weights_are_uint8_where_u8s8_saturates_and_onnxruntime_runs_them_exactl
     layers = {layer.name: layer for layer in qgraph.layers}
     for name in ("conv1", "depthwise", "pointwise", "head"):
         assert np.array_equal(weight_integers(model, name, isa), layers[name].weight)
-    if saturates(isa) or not saturates(detect()):
-        steps = np.abs(target.run(artifact, DATA["x_test"], tmp_path) - run_quantized(qgraph, DATA["x_test"]))
-        assert steps.max() / qgraph.output_params.scale <= 1 + 1e-6
+    x, step = DATA["x_test"], qgraph.output_params.scale
+    out_dir = tmp_path / "check"
+    out_dir.mkdir()
+    report = check_stage(target, qgraph, artifact, x, None, out_dir, tmp_path / "debug", Progress.silent())
+    assert report["ok"] and report["proof"] == "end to end"  # no saturation left for a layer-by-layer proof to hide
+    precise = saturates(detect()) and not saturates(isa)
+    assert target.precise == precise and bool(report["not_run"]) == precise
+    if precise:  # the default kernels here would be steps off: the precision mode is what the check stands on
+        assert "x64 precision mode" in report["not_run"][0]
+        default = runner.session(str(artifact / MODEL_FILE)).run(None, {"x": x})[0]
+        assert np.abs(default - run_quantized(qgraph, x)).max() / step > 1
     # Objective size counts the zero points the uint8 form adds.
     extra = sum(len(np.atleast_1d(layer.weight_scale)) for layer in qgraph.layers
                 if getattr(layer, "weight", None) is not None and np.abs(layer.weight.astype(int)).max() > 64)

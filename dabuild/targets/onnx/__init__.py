@@ -30,7 +30,7 @@ from dabuild.errors import BuildError
 from dabuild.quant.dtypes import int_type, is_int_type
 from dabuild.quant.qgraph import QGraph
 from dabuild.targets.base import Target
-from dabuild.targets.onnx.isa import Isa, resolve, saturates
+from dabuild.targets.onnx.isa import Isa, detect, resolve, saturates
 
 MODEL_FILE = "model.onnx"
 PACKAGES = ("onnx", "onnxruntime")
@@ -106,7 +106,21 @@ class OnnxTarget(Target):
             except PackageNotFoundError:
                 return "absent"
 
-        return {**{package: installed(package) for package in PACKAGES}, "isa": self.isa}
+        # The artifact's isa, and this machine's: where they differ in saturation the check runs precise.
+        return {**{package: installed(package) for package in PACKAGES}, "isa": self.isa, "host isa": detect()}
+
+    @property
+    def precise(self) -> bool:
+        """Whether this machine's u8s8 kernels saturate where the artifact's isa does not (an artifact written for
+        a CPU with VNNI, checked here): then onnxruntime runs it in its x64 precision mode, as that CPU computes."""
+        return saturates(detect()) and not saturates(self.isa)
+
+    def not_run(self) -> list[str]:
+        if not self.precise:
+            return []
+        return [(f"onnxruntime's default kernels as a {self.isa} CPU runs them: this one ({detect()}, no VNNI) "
+                 "would saturate their int8 weights, so the artifact ran in onnxruntime's x64 precision mode "
+                 "(int8 weights as uint8, exact, as VNNI computes)")]
 
     def export_tools(self) -> dict[str, str]:
         """The instruction set the model is written for (which weights are uint8 depends on it)."""
@@ -145,7 +159,7 @@ class OnnxTarget(Target):
         self._sessions.pop(purpose, None)  # the old session goes before the new one is built
         model, outputs = (str(path), None) if purpose == "run" else self._traced_model(path)
         try:
-            session = runner.session(model, self.options.threads)
+            session = runner.session(model, self.options.threads, self.precise)
         except Exception as error:  # onnxruntime raises its own exception types for bad models
             raise BuildError(f"onnxruntime could not run {path}: {error}") from error
         self._sessions[purpose] = (key, session, outputs)
@@ -191,5 +205,5 @@ class OnnxTarget(Target):
     def rerun_script(self, artifact_dir: Path, inputs_file: str, outputs_file: str) -> str:
         model = f"{Path(artifact_dir).name}/{MODEL_FILE}"
         command = ["-m", "dabuild.targets.onnx.runner", model, inputs_file, outputs_file,
-                   "--threads", str(self.options.threads)]
+                   "--threads", str(self.options.threads), *(["--precise"] if self.precise else [])]
         return '"${PYTHON:-python3}" ' + shlex.join(command) + "\n"

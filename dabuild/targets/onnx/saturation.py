@@ -22,14 +22,13 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 from onnx import TensorProto, numpy_helper
 
 from dabuild.targets.onnx.isa import detect, saturates
+from dabuild.targets.onnx.runner import session
 
 INT16 = (-(2**15), 2**15 - 1)
 ACTIVATION_MAX = 255  # what an activation is when it reaches the kernel: uint8
-PRECISION_MODE = "session.x64quantprecision"  # onnxruntime's: int8 weights as uint8, run in u8u8 kernels
 # op -> the input holding its weight (QOperator ops take it as an integer, QDQ ones through a DequantizeLinear)
 QOPERATOR_WEIGHTS = {"QLinearConv": 3, "ConvInteger": 1, "QLinearMatMul": 3, "MatMulInteger": 1, "QGemm": 3}
 QDQ_WEIGHTS = {"Conv": 1, "ConvTranspose": 1, "MatMul": 1, "Gemm": 1}
@@ -104,15 +103,6 @@ def saturating_nodes(model: onnx.ModelProto) -> list[str]:
     return found
 
 
-def session(model: str | bytes, exact: bool = False) -> ort.InferenceSession:
-    """A one-thread CPU session at onnxruntime's defaults, or (`exact`) in its x64 precision mode."""
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
-    if exact:
-        options.add_session_config_entry(PRECISION_MODE, "1")
-    return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
-
-
 @dataclass(frozen=True)
 class OriginalRun:
     """A file run by onnxruntime on this CPU: what its default session returns, what its arithmetic gives
@@ -139,7 +129,7 @@ class OriginalRun:
 
 def run_original(path: Path, inputs: np.ndarray) -> OriginalRun:
     """The ONNX file at `path` on float32 `inputs` (its only input), as `OriginalRun` says."""
-    default = session(str(path))
+    default = session(str(path))  # the runner's: one thread, no arena (which changes no arithmetic)
     name = default.get_inputs()[0].name
     outputs = default.run(None, {name: inputs.astype(np.float32)})[0]
     isa = detect()
@@ -147,7 +137,7 @@ def run_original(path: Path, inputs: np.ndarray) -> OriginalRun:
     if not saturated:
         return OriginalRun(isa, outputs, outputs, saturated)
     try:
-        exact = session(str(path), exact=True).run(None, {name: inputs.astype(np.float32)})[0]
+        exact = session(str(path), precise=True).run(None, {name: inputs.astype(np.float32)})[0]
     except Exception as error:  # noqa: BLE001 - onnxruntime raises bare Exception subclasses (its precision mode lacks a QGemm kernel)
         return OriginalRun(isa, outputs, outputs, saturated, f"cannot run it: {str(error).splitlines()[0]}")
     return OriginalRun(isa, outputs, exact, saturated)
