@@ -266,3 +266,35 @@ def test_onnxruntimes_quantized_ops_agree_with_onnxruntime(quant_format, tmp_pat
     expected = onnxruntime_outputs(path, X, qgraph.output_params.scale)
     assert output_steps(run(graph, {"x": X})[graph.outputs[0]], expected, qgraph.output_params.scale) <= 1
     assert output_steps(run_quantized(qgraph, X), expected, qgraph.output_params.scale) <= 1
+
+
+def test_the_saturation_condition_is_a_pair_of_products_leaving_int16():
+    """Two weights of one output channel times 255 (a uint8 activation's top): 64 + 64 fits int16, 64 + 65 does
+    not; so does -64 - 65; uint8 weights (u8u8) and depthwise convs never saturate."""
+    from dabuild.targets.onnx.saturation import saturating_nodes
+
+    def matmul(weight: np.ndarray, dtype: int = TensorProto.INT8) -> onnx.ModelProto:
+        return qdq_matmul_model(13, dtype, weight, np.array(0.01, np.float32), None)
+
+    fits = np.full((64, 10), 64)
+    fits[::2] = -64
+    assert saturating_nodes(matmul(fits)) == []
+    for row, value in ((1, 65), (2, -65)):
+        over = fits.copy()
+        over[row, 3] = value  # column 3 (one output channel) now holds a pair beyond +-128
+        assert saturating_nodes(matmul(over)) == ["MatMul#3"]
+    assert saturating_nodes(matmul(np.full((64, 10), 200), TensorProto.UINT8)) == []
+
+    def conv(channels_per_group: int, groups: int) -> onnx.ModelProto:
+        weight = np.full((4, channels_per_group, 3, 3), 127, np.int8)
+        nodes = [helper.make_node("QuantizeLinear", ["x", "s"], ["xq"]),
+                 helper.make_node("DequantizeLinear", ["xq", "s"], ["xd"]),
+                 helper.make_node("DequantizeLinear", ["w", "s"], ["wd"]),
+                 helper.make_node("Conv", ["xd", "wd"], ["y"], name="conv", group=groups)]
+        graph = helper.make_graph(nodes, "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
+                                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 6, 6])],
+                                  [onnx.numpy_helper.from_array(weight, "w"),
+                                   onnx.numpy_helper.from_array(np.array(0.1, np.float32), "s")])
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=7)
+
+    assert saturating_nodes(conv(4, 1)) == ["conv"] and saturating_nodes(conv(1, 4)) == []  # depthwise: exact
