@@ -137,14 +137,7 @@ class NativeConv:
 
     def pack(self, weight: np.ndarray, depthwise: bool = False) -> PackedWeight:
         """The (O, C, KH, KW) weight in conv.c's layout: done once per weight by a prepared conv."""
-        out_channels, _, kernel_h, kernel_w = weight.shape
-        vector = self.vector_bytes // weight.itemsize
-        padded = -(-out_channels // vector) * vector
-        taps = np.zeros((kernel_h, kernel_w, *(() if depthwise else (weight.shape[1],)), padded), weight.dtype)
-        taps[..., :out_channels] = weight[:, 0].transpose(1, 2, 0) if depthwise else weight.transpose(2, 3, 1, 0)
-        if not depthwise:  # blocks of block_vectors vectors of channels, each a contiguous (KH * KW * C, width) slab
-            rows, block = taps.reshape(-1, padded), self.block_vectors * vector
-            taps = np.concatenate([rows[:, first:first + block].ravel() for first in range(0, padded, block)])
+        taps, padded = pack_weight(weight, depthwise, self.vector_bytes, self.block_vectors)
         aligned = aligned_empty(taps.shape, taps.dtype)
         aligned[...] = taps
         return PackedWeight(aligned, weight.shape, depthwise, padded)
@@ -218,6 +211,22 @@ class ConvPlan:
             call.residual = residual.ctypes.data
         self.native.run(self.function, call, self.shape[0] * self.shape[1], self.parallel)
         return y
+
+
+def pack_weight(weight: np.ndarray, depthwise: bool, vector_bytes: int, block_vectors: int) -> tuple[np.ndarray, int]:
+    """The (O, C, KH, KW) weight in the layout of conv.c compiled for a path of `vector_bytes` vectors and
+    `block_vectors` vectors per register block: output channels padded to whole vectors, (KH, KW, padded) for a
+    depthwise conv, else blocks of block_vectors vectors of channels, each a contiguous (KH * KW * C, width)
+    slab, one after another (flat); and the padded channel count."""
+    out_channels, _, kernel_h, kernel_w = weight.shape
+    vector = vector_bytes // weight.itemsize
+    padded = -(-out_channels // vector) * vector
+    taps = np.zeros((kernel_h, kernel_w, *(() if depthwise else (weight.shape[1],)), padded), weight.dtype)
+    taps[..., :out_channels] = weight[:, 0].transpose(1, 2, 0) if depthwise else weight.transpose(2, 3, 1, 0)
+    if depthwise:
+        return taps, padded
+    rows, block = taps.reshape(-1, padded), block_vectors * vector
+    return np.concatenate([rows[:, first:first + block].ravel() for first in range(0, padded, block)]), padded
 
 
 @dataclass(frozen=True)
