@@ -17,14 +17,10 @@ from dabuild.quant.layers.island_order import run_ordered
 RNG = np.random.default_rng(5)
 
 
-WIDTHS = native.vector_widths()
-
-
-@pytest.fixture(autouse=True, params=WIDTHS, ids=[f"{width}-byte vectors" for width in WIDTHS])
-def compiled(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture(autouse=True)
+def compiled(monkeypatch: pytest.MonkeyPatch, vector_path: int) -> None:
     """Every test on each vector path of the native kernels this machine can run."""
     monkeypatch.delenv(native.SWITCH, raising=False)
-    monkeypatch.setenv(native.VECTOR_SWITCH, str(request.param))
     if native.native_conv() is None:
         pytest.skip("no C compiler: the native kernels cannot be built")
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import VECTOR_WIDTHS
 
 from dabuild import notices
 from dabuild.ir import Graph, Node, TensorSpec
@@ -25,15 +26,7 @@ from dabuild.ir.ops.linear import UNCHANGED, Epilogue, Geometry, _native_conv
 pytestmark = pytest.mark.skipif(shutil.which(native.COMPILER) is None, reason="no C compiler")
 
 
-WIDTHS = native.vector_widths()  # every vector path this machine can run: 64, 32 and 16 bytes on AVX-512
-
-
-@pytest.fixture(params=WIDTHS, ids=[f"{width}-byte vectors" for width in WIDTHS])
-def vector_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> int:
-    """Runs the test on one vector path of the native kernels (DABUILD_VECTOR_BYTES)."""
-    monkeypatch.setenv(native.VECTOR_SWITCH, str(request.param))
-    return request.param
-
+WIDTHS = VECTOR_WIDTHS  # every vector path this machine can run: 64, 32 and 16 bytes on AVX-512
 
 def conv_both_ways(monkeypatch: pytest.MonkeyPatch, arrays: list[np.ndarray], attrs: dict,
                    then: tuple[str, dict] | None = None) -> tuple[np.ndarray, np.ndarray]:

@@ -39,7 +39,7 @@
 #define MAX_PIXELS 8
 #define MAX_VECS CONV_BLOCK_VECS
 #define BLOCK_VECS CONV_BLOCK_VECS    /* vectors of output channels per packed weight block */
-#define KBLOCK 128                    /* (tap, channel) inputs per K-block: at most a 128 x 64 float slab, 32 KiB */
+#define KBLOCK (32768 / (BLOCK_VECS * VBYTES))  /* (tap, channel) inputs per K-block: a 32 KiB slab */
 #define CHUNK_PIXELS 256              /* output pixels whose partial sums one K-block updates */
 enum { NO_ACTIVATION, RELU, CLAMP };
 #endif

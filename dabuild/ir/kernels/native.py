@@ -47,7 +47,7 @@ from typing import Any
 
 import numpy as np
 
-from dabuild.ir.kernels.compiling import CompileError, Sources, build
+from dabuild.ir.kernels.compiling import CompileError, Sources, available_cores, build
 from dabuild.ir.kernels.forking import forget_pool_after_fork
 from dabuild.ir.kernels.integer import NativeInteger
 from dabuild.ir.kernels.island import NativeIsland
@@ -278,7 +278,8 @@ PARALLEL_VALUES = 1 << 18  # a tensor with fewer values is counted on one thread
 
 
 class NativeHistogram:
-    """histogram.c: per-channel extremes and bin counts of a float32 tensor, split by channel among threads."""
+    """histogram.c: per-channel extremes and bin counts of a float32 tensor, split by channel among as many
+    threads as this process has cores (each its own sub-histogram of the whole tensor, merged after)."""
 
     def __init__(self, library: ctypes.CDLL):
         self._extremes, self._counts = library.channel_extremes, library.channel_counts
@@ -292,6 +293,7 @@ class NativeHistogram:
         self._rebin.argtypes = [pointer, pointer, size, pointer, pointer, pointer]
         self._rebin.restype = None
         self._pool: ThreadPoolExecutor | None = None
+        self._pool_size = 0
         forget_pool_after_fork(self)
 
     @staticmethod
@@ -311,24 +313,28 @@ class NativeHistogram:
         return TensorView(values.ctypes.data, values.size // max(channels * inner, 1), channels, inner,
                           channels * inner, inner), values
 
-    def _split(self, view: TensorView, function: Callable[[int, int, int], None]) -> None:
-        """function(part, first channel, end channel) over the channels, on two threads for a big tensor."""
-        parts = 2 if view.outer * view.channels * view.inner >= PARALLEL_VALUES and view.channels > 1 else 1
+    def _split(self, view: TensorView, function: Callable[[int, int, int], None]) -> int:
+        """function(part, first channel, end channel) over the channels, split among up to this process's cores
+        for a big tensor (each part its own channels, so counting needs no lock); returns the number of parts."""
+        big = view.outer * view.channels * view.inner >= PARALLEL_VALUES
+        parts = max(1, min(available_cores(), view.channels)) if big else 1
         bounds = [view.channels * part // parts for part in range(parts + 1)]
         if parts == 1:
             function(0, 0, view.channels)
-            return
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(1, thread_name_prefix="dabuild-histogram")
-        other = self._pool.submit(function, 1, bounds[1], bounds[2])
+            return 1
+        if self._pool is None or self._pool_size < parts - 1:
+            self._pool, self._pool_size = ThreadPoolExecutor(parts - 1, thread_name_prefix="dabuild-histogram"), parts - 1
+        others = [self._pool.submit(function, part, bounds[part], bounds[part + 1]) for part in range(1, parts)]
         function(0, 0, bounds[1])
-        other.result()
+        for other in others:
+            other.result()
+        return parts
 
     def extremes(self, view: TensorView) -> tuple[np.ndarray, np.ndarray, int]:
         """Each channel's (min, max) as float32 arrays, and how many values are NaN or infinite."""
         low = np.full(view.channels, np.inf, np.float32)
         high = np.full(view.channels, -np.inf, np.float32)
-        bad = [0, 0]
+        bad = [0] * max(1, available_cores())
 
         def part(index: int, first: int, end: int) -> None:
             bad[index] = self._extremes(ctypes.byref(view), low.ctypes.data, high.ctypes.data, first, end)
@@ -340,14 +346,15 @@ class NativeHistogram:
               whole_reciprocal: float, whole_offset: int, whole: np.ndarray) -> None:
         """counts (channels, BINS), int32, and whole (BINS,), int64, += the tensor's bin counts (both C-contiguous;
         the caller keeps every count of `counts` below 2^31)."""
-        wholes = [whole, np.zeros_like(whole)]
+        wholes = [whole, *(np.zeros_like(whole) for _ in range(1, available_cores()))]  # one per part, merged
 
         def part(index: int, first: int, end: int) -> None:
             self._counts(ctypes.byref(view), reciprocal.ctypes.data, offset.ctypes.data, counts.ctypes.data,
                          whole_reciprocal, whole_offset, wholes[index].ctypes.data, first, end)
 
-        self._split(view, part)
-        whole += wholes[1]
+        parts = self._split(view, part)
+        for index in range(1, parts):
+            whole += wholes[index]
 
 
     def rebin(self, counts: np.ndarray, channels: np.ndarray, old_offset: np.ndarray, doublings: np.ndarray,
