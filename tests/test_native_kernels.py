@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -290,10 +291,10 @@ def test_a_path_that_does_not_compile_falls_back_to_the_next_narrower(monkeypatc
     monkeypatch.setenv(compiling.KERNEL_CACHE, str(tmp_path))
     real = native.vector_paths
 
-    def widest_broken(compiler: str, forced: int | None = None) -> list[Sources]:
-        paths = real(compiler, forced)
+    def widest_broken(compiler: str, forced: int | None = None) -> Iterator[Sources]:
+        paths = list(real(compiler, forced))
         broken = dataclasses.replace(paths[0], units={**paths[0].units, "vector_path.c": "this is not C\n"})
-        return [broken, *paths[1:]]
+        yield from [broken, *paths[1:]]
 
     monkeypatch.setattr(native, "vector_paths", widest_broken)
     with notices.collect() as warned:

@@ -461,10 +461,11 @@ def _load(forced_bytes: int | None = None) -> NativeConv | None:
         return None
 
 
-def vector_paths(compiler: str, forced_bytes: int | None = None) -> list[Sources]:
+def vector_paths(compiler: str, forced_bytes: int | None = None) -> Iterator[Sources]:
     """The library's sources for each vector path the compiler's target offers, widest first (only
     `forced_bytes` wide if given): what vectors.h chooses for -march=native, then each narrower width; with no
-    -march=native (a compiler without it), the same for the compiler's default target."""
+    -march=native (a compiler without it), the same for the compiler's default target. Lazily: a narrower
+    path's probe runs only when the wider one failed."""
     kernels = files("dabuild.ir.kernels")
     headers = {name: kernels.joinpath(name).read_text() for name in HEADERS}
     units = {f"conv_{suffix}.c": f"#define ELEM {elem}\n#define MASK {mask}\n#define NAME(name) name##_{suffix}\n"
@@ -477,14 +478,12 @@ def vector_paths(compiler: str, forced_bytes: int | None = None) -> list[Sources
         widths = [width for width in WIDTHS if width <= natural[1]]
         if forced_bytes is not None:
             widths = [forced_bytes] if forced_bytes in widths else []
-        paths = []
         for width in widths:
             probed = natural if width == natural[1] else _probe(compiler, target, headers["vectors.h"], width)
             if probed is not None:
                 defines = () if width == natural[1] else (f"-DDABUILD_VECTOR_BYTES={width}",)
-                paths.append(Sources(units, headers, (*target, *defines, *FLAGS), probed[0], width))
-        return paths
-    return []
+                yield Sources(units, headers, (*target, *defines, *FLAGS), probed[0], width)
+        return
 
 
 def vector_widths() -> list[int]:
