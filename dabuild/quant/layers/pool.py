@@ -46,7 +46,7 @@ class QAvgPool(QLayer):
         if trace is not None:
             trace[f"{self.name}:accumulator"] = accumulator_trace(total)
         target = self.output_params(graph)
-        return [target.saturate(requantize(total, self.multiplier[counts], self.shift[counts]) + target.zero_point)]
+        return [target.saturate(requantize(total, self.multiplier[counts], self.shift[counts], graph.rounding) + target.zero_point)]
 
 
 @lowers("avg_pool", layers=("avg_pool",))
@@ -76,7 +76,7 @@ class QMean(QLayer):
         if trace is not None:
             trace[f"{self.name}:accumulator"] = accumulator_trace(total)
         target = self.output_params(graph)
-        return [target.saturate(requantize(total, self.multiplier, self.shift) + target.zero_point)]
+        return [target.saturate(requantize(total, self.multiplier, self.shift, graph.rounding) + target.zero_point)]
 
 
 @lowers("global_avg_pool", "reduce_mean", "reduce_sum", layers=("mean",))
