@@ -1,0 +1,148 @@
+"""The tflite frontend on the committed .tflite files (tests/tflite_models, made by TensorFlow's converter),
+each checked against LiteRT's reference kernels, and its errors on bad files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("tflite_micro", reason="needs the tflite extra: pip install 'dabuild[tflite]'")
+pytest.importorskip("ai_edge_litert", reason="needs the tflite extra: pip install 'dabuild[tflite]'")
+
+from tflite_runtime import MODELS, given_qgraph, imported, inputs_for, model, run_litert
+
+from dabuild.errors import UsageError
+from dabuild.ir.interpreter import run
+from dabuild.quant.reference import run_quantized
+from dabuild.trace.base import choose_framework
+from dabuild.trace.tflite_frontend.model_file import read_model, schema
+
+FLOAT = [path for path in MODELS if path.stem.endswith("_float")]
+QUANTIZED = [path for path in MODELS if not path.stem.endswith("_float")]
+PERMUTATIONS = {"conv_2d": [0, 3, 1, 2], "depthwise_conv_2d": [3, 0, 1, 2], "fully_connected": [1, 0]}
+
+
+def test_the_committed_models_cover_the_issues_list() -> None:
+    names = {path.stem for path in MODELS}
+    for stem in ("ds_cnn", "resnet_block"):
+        assert {f"{stem}_float", f"{stem}_int8", f"{stem}_16x8"} <= names
+    assert choose_framework(str(MODELS[0])) == "tflite"
+
+
+@pytest.mark.parametrize("path", FLOAT, ids=lambda path: path.stem)
+def test_float_model_equals_litert(path: Path) -> None:
+    x = inputs_for(path)
+    graph = imported(path)
+    ours = run(graph, {graph.inputs[0].name: x})[graph.outputs[0]]
+    expected = run_litert(path, x)
+    assert ours.shape == expected.shape
+    np.testing.assert_allclose(ours, expected, atol=1e-5 * max(1.0, float(np.abs(expected).max())))
+
+
+@pytest.mark.parametrize("path", QUANTIZED, ids=lambda path: path.stem)
+def test_quantized_model_rebuilt_as_given_agrees_with_litert(path: Path) -> None:
+    """Strategy given's QGraph against LiteRT's integer kernels, in output steps. int8: at most 4 steps (TFLite's
+    add, mean and tables compute otherwise than dabuild's). 16x8: within twice what the file's own float
+    fake-quant graph is from LiteRT plus 8 steps (LiteRT's int16 softmax is an approximation of its own)."""
+    x = inputs_for(path)
+    graph, qgraph = given_qgraph(path)
+    expected = run_litert(path, x)
+    step = qgraph.output_params.scale
+    steps = np.abs(run_quantized(qgraph, x) - expected).max() / step
+    if qgraph.output_params.dtype == "int8":
+        assert steps <= 4
+    else:
+        fake_quant = run(graph, {graph.inputs[0].name: x})[graph.outputs[0]]
+        assert qgraph.output_params.dtype == "int16"
+        assert steps <= 2 * np.abs(fake_quant - expected).max() / step + 8
+
+
+@pytest.mark.parametrize("path", [model("ds_cnn_int8"), model("resnet_block_16x8")], ids=lambda path: path.stem)
+def test_given_weights_and_biases_are_the_files_integers(path: Path) -> None:
+    flatbuffer = read_model(path)
+    graph = flatbuffer.subgraphs[0]
+    _, qgraph = given_qgraph(path)
+    checked = 0
+    for layer in qgraph.layers:
+        index, _, kind = layer.name.split(":")[0].partition("_")
+        if kind not in PERMUTATIONS or not hasattr(layer, "weight"):
+            continue
+        op = graph.operators[int(index.removeprefix("op"))]
+        weight = graph.tensors[op.inputs[1]]
+        stored = np.frombuffer(bytes(flatbuffer.buffers[weight.buffer].data), np.int8).reshape(weight.shape)
+        assert np.array_equal(layer.weight, stored.transpose(PERMUTATIONS[kind])), layer.name
+        bias_type = np.int64 if qgraph.tensors[layer.inputs[0]].params.dtype == "int16" else np.int32
+        stored_bias = np.zeros(len(layer.bias), bias_type) if op.inputs[2] < 0 else \
+            np.frombuffer(bytes(flatbuffer.buffers[graph.tensors[op.inputs[2]].buffer].data), bias_type)
+        assert np.array_equal(layer.bias, stored_bias), layer.name
+        checked += 1
+    assert checked >= 3
+
+
+def _rewritten(path: Path, folder: Path, change) -> Path:
+    """A copy of a committed model with `change` applied to its object tree."""
+    generated = schema()
+    tree = read_model(path)
+    change(tree, generated)
+    import flatbuffers
+
+    builder = flatbuffers.Builder(0)
+    builder.Finish(tree.Pack(builder), file_identifier=b"TFL3")
+    out = folder / f"changed_{path.name}"
+    out.write_bytes(bytes(builder.Output()))
+    return out
+
+
+def _opcode(name: str, custom: bytes | None = None):
+    def change(tree, generated) -> None:
+        code = generated.OperatorCodeT()
+        code.builtinCode = getattr(generated.BuiltinOperator, name)
+        code.deprecatedBuiltinCode = min(code.builtinCode, 127)
+        code.customCode = custom
+        code.version = 1
+        tree.operatorCodes.append(code)
+        for index in (1, 3):  # two operators now use it
+            tree.subgraphs[0].operators[index].opcodeIndex = len(tree.operatorCodes) - 1
+    return change
+
+
+def test_unsupported_builtins_and_custom_ops_are_listed_with_every_operator(tmp_path: Path) -> None:
+    bad = _rewritten(model("ds_cnn_float"), tmp_path, _opcode("SQUARE"))
+    with pytest.raises(UsageError, match=r"changed_ds_cnn_float.tflite: operators dabuild cannot read.*\n"
+                                         r"  SQUARE: operators 1, 3") as caught:
+        imported(bad)
+    assert caught.value.exit_code == 2
+    custom = _rewritten(model("ds_cnn_float"), tmp_path, _opcode("CUSTOM", b"MyOp"))
+    with pytest.raises(UsageError, match=r"CUSTOM 'MyOp': operators 1, 3"):
+        imported(custom)
+
+
+def test_per_axis_weights_on_another_axis_are_refused_naming_the_operator(tmp_path: Path) -> None:
+    def change(tree, generated) -> None:
+        op = tree.subgraphs[0].operators[0]
+        quantization = tree.subgraphs[0].tensors[op.inputs[1]].quantization
+        quantization.quantizedDimension = 1   # a conv weight quantized along its kernel height
+
+    bad = _rewritten(model("ds_cnn_int8"), tmp_path, change)
+    with pytest.raises(UsageError, match=r"operator 0 \(CONV_2D\): weight .* quantized per axis 1; dabuild quantizes "
+                                         r"this weight per axis 0"):
+        imported(bad)
+
+
+def test_schema_version_truncation_and_other_files_are_refused_naming_the_file(tmp_path: Path) -> None:
+    def newer(tree, generated) -> None:
+        tree.version = 4
+
+    with pytest.raises(UsageError, match=r"schema version 4; dabuild reads version 3"):
+        imported(_rewritten(model("ds_cnn_float"), tmp_path, newer))
+    data = model("ds_cnn_float").read_bytes()
+    truncated = tmp_path / "truncated.tflite"
+    truncated.write_bytes(data[: len(data) // 3])
+    with pytest.raises(UsageError, match=r"truncated.tflite: the flatbuffer is truncated or corrupt"):
+        imported(truncated)
+    other = tmp_path / "other.tflite"
+    other.write_bytes(b"PK\x03\x04 not a flatbuffer at all")
+    with pytest.raises(UsageError, match=r"other.tflite: not a TFLite flatbuffer"):
+        imported(other)
