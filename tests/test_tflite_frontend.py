@@ -146,3 +146,54 @@ def test_schema_version_truncation_and_other_files_are_refused_naming_the_file(t
     other.write_bytes(b"PK\x03\x04 not a flatbuffer at all")
     with pytest.raises(UsageError, match=r"other.tflite: not a TFLite flatbuffer"):
         imported(other)
+
+
+def _trace_of_operator(trace: dict[str, np.ndarray], index: int) -> np.ndarray:
+    """The last tensor the integer reference wrote for the file's operator `index`, channels last as TFLM has it."""
+    name = [key for key in trace if key.startswith(f"op{index}_") and not key.endswith(":accumulator")][-1]
+    values = trace[name]
+    return values.transpose(0, 2, 3, 1) if values.ndim == 4 else values
+
+
+def test_ds_cnn_in_tflm_rounding_equals_tflm_byte_for_byte_in_reference_and_c(tmp_path: Path) -> None:
+    """The int8 DS-CNN rebuilt as given, requantized as TFLM does: every output byte TFLM's interpreter gives,
+    from dabuild's integer reference and from the C target (host) built with rounding tflm."""
+    from tflite_runtime import run_tflm
+
+    from dabuild.quant.reference import quantize_input, run_integer
+    from dabuild.targets.c import CTarget
+
+    path = model("ds_cnn_int8")
+    _, qgraph = given_qgraph(path)
+    x = inputs_for(path, 24, seed=11)
+    expected = run_tflm(path, qgraph, x)["output"]
+    target = CTarget(CTarget.Options(rounding="tflm"))
+    tflm_graph = target.integer_graph(qgraph)
+    x_q = quantize_input(qgraph, x)
+    ours = run_integer(tflm_graph, x_q)
+    assert np.array_equal(ours.reshape(expected.shape), expected)
+    artifact = tmp_path / "artifact"
+    artifact.mkdir()
+    target.export(tflm_graph, artifact)
+    assert np.array_equal(target.run(artifact, x_q, tmp_path).reshape(expected.shape), expected)
+
+
+def test_resnet_block_layers_equal_tflm_in_tflm_rounding_up_to_its_mean() -> None:
+    """Every tensor of the int8 ResNet block (quantize, convs, add, max pool) equals TFLM's; TFLM's MEAN sums
+    raw values and takes the zero point off as a truncated float bias, which dabuild does not model yet."""
+    import dataclasses
+
+    from tflite_runtime import run_tflm
+
+    from dabuild.quant.reference import quantize_input, run_integer
+
+    path = model("resnet_block_int8")
+    flatbuffer = read_model(path)
+    operators = flatbuffer.subgraphs[0].operators
+    _, qgraph = given_qgraph(path)
+    x = inputs_for(path, 8, seed=11)
+    exact = range(6)   # QUANTIZE, 3 x CONV_2D, ADD, MAX_POOL_2D
+    theirs = run_tflm(path, qgraph, x, tuple(int(operators[i].outputs[0]) for i in exact))
+    trace = run_integer(dataclasses.replace(qgraph, rounding="tflm"), quantize_input(qgraph, x), keep_intermediates=True)
+    for index in exact:
+        assert np.array_equal(_trace_of_operator(trace, index), theirs[int(operators[index].outputs[0])]), index

@@ -60,6 +60,34 @@ def run_litert(path: Path, x: np.ndarray) -> np.ndarray:
     return np.asarray(out, dtype=np.float64)
 
 
+def run_tflm(path: Path, qgraph: QGraph, x: np.ndarray, tensors: tuple[int, ...] = ()) -> dict[int | str, np.ndarray]:
+    """TFLite Micro's interpreter (the tflite-micro package) on float inputs `x`, quantized by `qgraph`'s input
+    params where the file takes integers: "output" (as the output's integers: a float output quantized back by
+    the QGraph's output params) and, by file tensor index, the `tensors` asked for (kept: kPreserveAllTensors)."""
+    from tflite_micro.python.tflite_micro import runtime
+
+    from dabuild.quant.reference import quantize_input
+
+    interpreter = runtime.Interpreter.from_file(str(path),
+                                                intrepreter_config=runtime.InterpreterConfig.kPreserveAllTensors)
+    takes_integers = interpreter.get_input_details(0)["dtype"] != np.float32
+    feed = quantize_input(qgraph, x) if takes_integers else x
+    rows: dict[int | str, list[np.ndarray]] = {}
+    for sample in feed:
+        interpreter.set_input(sample[None], 0)
+        interpreter.invoke()
+        rows.setdefault("output", []).append(np.array(interpreter.get_output(0))[0])
+        for index in tensors:
+            rows.setdefault(index, []).append(np.array(interpreter.GetTensor(index, 0)["tensor_data"])[0])
+    values = {key: np.stack(parts) for key, parts in rows.items()}
+    if values["output"].dtype.kind == "f":
+        params = qgraph.output_params
+        values["output"] = params.saturate(np.rint(values["output"].astype(np.float64) / params.scale)
+                                           + params.zero_point)
+    values["output"] = values["output"].astype(np.int64)
+    return values
+
+
 def imported(path: Path) -> Graph:
     return optimize(TfliteTracer(str(path)).trace())
 

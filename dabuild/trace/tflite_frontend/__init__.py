@@ -94,9 +94,11 @@ class TfliteTracer(TracerPlugin):
                 name = tensor_name(ctx.tensor(index))
                 ctx.fresh(name)
                 ctx.label = name
+                name = ctx.quantized(index, name)   # before the transpose: the graph input carries the file's params
+                ctx.inputs[index] = name
                 if len(ctx.shape(index)) == 4:
                     name = ctx.emit("transpose", [name], {"perm": TO_NCHW}, nchw=True)
-                ctx.write(index, name)
+                ctx.names[index] = name
         except Unsupported as error:
             raise UsageError(f"{where}: model input: {error}") from None
         for index, (op, name) in enumerate(zip(listed(ctx.graph.operators), names)):

@@ -39,6 +39,7 @@ class Conversion:
         self.graph = model.subgraphs[0]
         self.tensors = listed(self.graph.tensors)
         self.names: dict[int, str] = {}
+        self.inputs: dict[int, str] = {}   # a model input's name before its transpose to NCHW
         self.nchw: set[str] = set()
         self.nodes: list[Node] = []
         self.constants: dict[str, np.ndarray] = {}

@@ -240,7 +240,12 @@ def quantize(ctx: Conversion, op: Any) -> None:
     the two quantizations apart, as dabuild's given quantization requires."""
     source = ctx.value(op.inputs[0])
     nchw = source in ctx.nchw
-    if ctx.quantization(op.inputs[0]) is not None and ctx.quantization(op.outputs[0]) is not None:
+    if op.inputs[0] in ctx.inputs and ctx.quantization(op.inputs[0]) is None and nchw:
+        # a float model input quantized first thing: quantized before its transpose, so the graph input itself
+        # carries the file's parameters (as an integer input does)
+        quantized = ctx.quantized(op.outputs[0], ctx.inputs[op.inputs[0]])
+        ctx.names[op.outputs[0]] = ctx.emit("transpose", [quantized], {"perm": TO_NCHW}, nchw=True)
+    elif ctx.quantization(op.inputs[0]) is not None and ctx.quantization(op.outputs[0]) is not None:
         ctx.write(op.outputs[0], ctx.emit("concat", [source], {"axis": -1}, nchw=nchw))
     else:
         ctx.write(op.outputs[0], ctx.emit("identity", [source], nchw=nchw))
