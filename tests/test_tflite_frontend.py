@@ -197,3 +197,25 @@ def test_resnet_block_layers_equal_tflm_in_tflm_rounding_up_to_its_mean() -> Non
     trace = run_integer(dataclasses.replace(qgraph, rounding="tflm"), quantize_input(qgraph, x), keep_intermediates=True)
     for index in exact:
         assert np.array_equal(_trace_of_operator(trace, index), theirs[int(operators[index].outputs[0])]), index
+
+
+def test_corrupted_files_fail_with_a_usage_error_or_import(tmp_path: Path) -> None:
+    """Bytes flipped all over a model: each variant imports or stops with one UsageError naming the file."""
+    from dabuild.errors import DabuildError
+
+    data = bytearray(model("resnet_block_int8").read_bytes())
+    rng = np.random.default_rng(8)
+    outcomes = {"imported": 0, "refused": 0}
+    for attempt in range(40):
+        changed = bytearray(data)
+        for position in rng.integers(8, len(data), 4):
+            changed[position] = int(rng.integers(0, 256))
+        path = tmp_path / f"corrupt{attempt}.tflite"
+        path.write_bytes(bytes(changed))
+        try:
+            imported(path)
+            outcomes["imported"] += 1
+        except DabuildError as error:
+            assert str(path) in str(error)
+            outcomes["refused"] += 1
+    assert outcomes["refused"] > 0

@@ -18,8 +18,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, ClassVar
 
-from dabuild.errors import UsageError
+from dabuild.errors import BuildError, UsageError
+from dabuild.ir.given import check_given
 from dabuild.ir.graph import Graph, TensorSpec
+from dabuild.ir.passes import check_shapes
 from dabuild.trace.base import Shape, TracerPlugin
 from dabuild.trace.tflite_frontend.conversion import TO_NCHW, Conversion, Unsupported
 from dabuild.trace.tflite_frontend.converters import CONVERTERS
@@ -46,6 +48,9 @@ def operator_names(model: Any) -> list[str]:
     return names
 
 
+MALFORMED = (AttributeError, TypeError, ValueError, IndexError, KeyError, OverflowError)
+
+
 class TfliteTracer(TracerPlugin):
     """Frontend for TFLite flatbuffers (.tflite): float32, int8 and 16x8 models."""
 
@@ -67,8 +72,12 @@ class TfliteTracer(TracerPlugin):
         model = self.flatbuffer()
         graph = model.subgraphs[0]
         shapes: dict[str, Shape] = {}
+        tensors = listed(graph.tensors)
         for index in listed(graph.inputs):
-            tensor = graph.tensors[index]
+            if not 0 <= index < len(tensors):
+                raise UsageError(f"{self.path}: model input tensor {index} is out of range (the subgraph has "
+                                 f"{len(tensors)})")
+            tensor = tensors[index]
             shape = tuple(int(d) for d in (tensor.shape if tensor.shape is not None else ()))
             shapes[tensor_name(tensor)] = (None, *shape[1:]) if shape else ()
         return shapes
@@ -107,12 +116,24 @@ class TfliteTracer(TracerPlugin):
                 CONVERTERS[name](ctx, op)
             except Unsupported as error:
                 raise UsageError(f"{where}: operator {index} ({name}): {error}") from None
+            except MALFORMED as error:  # options or tensors missing or of the wrong kind in a corrupt file
+                raise UsageError(f"{where}: operator {index} ({name}): malformed operator "
+                                 f"({type(error).__name__}: {error})") from None
         return ctx
 
     def trace(self) -> Graph:
         shapes = self.get_input_shapes()
         ctx = self.apply_model(shapes)
         ctx.label = "output"
-        outputs = [ctx.nhwc(index) for index in listed(ctx.graph.outputs)]
+        try:
+            outputs = [ctx.nhwc(index) for index in listed(ctx.graph.outputs)]
+        except Unsupported as error:
+            raise UsageError(f"{self.path}: model output: {error}") from None
         specs = [TensorSpec(name, shape) for name, shape in shapes.items()]
-        return Graph(specs, outputs, ctx.nodes, ctx.constants)
+        graph = Graph(specs, outputs, ctx.nodes, ctx.constants)
+        try:  # a corrupt file's shapes or options that no op takes: named with the file (node names say the operator)
+            check_shapes(graph)
+            check_given(graph.nodes)
+        except BuildError as error:
+            raise UsageError(f"{self.path}: {error}") from None
+        return graph
