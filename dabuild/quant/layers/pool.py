@@ -6,7 +6,9 @@ y = round(sum * s_x / (count * s_y)) + y_zero_point, one rounding, half away
 from zero (`fixed_point.requantize`). avg_pool's count varies near the border
 when padding does not count, so it keeps one multiplier per possible count
 (1..kernel size) and each window picks its own; padding adds a centred 0.
-max_pool and reduce_max are exact selections (see `shape`).
+max_pool and reduce_max are exact selections (see `shape`). With a TFLM
+rounding an avg_pool whose input and output params agree divides as TFLite
+Micro does (`QAvgPool.divides_as_tflm`).
 """
 
 from __future__ import annotations
@@ -37,15 +39,26 @@ class QAvgPool(QLayer):
     multiplier: np.ndarray    # int32 (kernel size,): entry k-1 is s_x / (k * s_y)
     shift: np.ndarray         # int32 (kernel size,)
 
+    def divides_as_tflm(self, graph: QGraph) -> bool:
+        """With a TFLM rounding, TFLite Micro's own average where it applies (input and output params equal, padding
+        not counted): the raw sum divided by the count in C integer division, rounded half away from zero."""
+        return (graph.rounding != "dabuild" and self.params(graph) == self.output_params(graph)
+                and not self.op_attrs["count_include_pad"])
+
     def run(self, inputs: list[np.ndarray], graph: QGraph, trace: Trace | None) -> list[np.ndarray]:
         pool = OPS.typed("avg_pool", AvgPool)
         x = inputs[0]
-        taps, _ = pool.tap_views(self.params(graph).centred(x), self.op_attrs, 0)
+        tflm = self.divides_as_tflm(graph)
+        values = x.astype(np.int64) if tflm else self.params(graph).centred(x)
+        taps, _ = pool.tap_views(values, self.op_attrs, 0)
         total = np.sum(taps, axis=0)
         counts = pool.divisors(x.shape, self.op_attrs).astype(np.int64) - 1
         if trace is not None:
             trace[f"{self.name}:accumulator"] = accumulator_trace(total)
         target = self.output_params(graph)
+        if tflm:
+            count, half = counts + 1, (counts + 1) // 2
+            return [target.saturate(np.where(total > 0, (total + half) // count, -((half - total) // count)))]
         return [target.saturate(requantize(total, self.multiplier[counts], self.shift[counts], graph.rounding) + target.zero_point)]
 
 

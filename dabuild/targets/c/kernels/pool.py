@@ -61,7 +61,9 @@ def avg_pool(step: Step) -> dict[str, Any]:
     counts = OPS.typed("avg_pool", AvgPool).divisors((1, *step.inputs[0].shape), layer.op_attrs).astype(np.int64)
     return {**_pool_window(step), "count_index": counts.ravel() - 1, "multiplier": layer.multiplier,
             "shift": layer.shift, "input_zero_point": step.inputs[0].quant.zero_point,
-            "output_zero_point": step.outputs[0].quant.zero_point}
+            "output_zero_point": step.outputs[0].quant.zero_point,
+            "tflm_division": step.rounding != "dabuild" and step.inputs[0].quant == step.outputs[0].quant
+            and not layer.op_attrs["count_include_pad"]}
 
 
 def reduction_walk(step: Step, axes: list[int], keepdims: bool) -> Walk:
