@@ -183,25 +183,34 @@ def test_ds_cnn_in_tflm_rounding_equals_tflm_byte_for_byte_in_reference_and_c(tm
     assert np.array_equal(target.run(artifact, x_q, tmp_path).reshape(expected.shape), expected)
 
 
-def test_resnet_block_layers_equal_tflm_in_tflm_rounding_up_to_its_mean() -> None:
-    """Every tensor of the int8 ResNet block (quantize, convs, add, max pool) equals TFLM's; TFLM's MEAN sums
-    raw values and takes the zero point off as a truncated float bias, which dabuild does not model yet."""
+def test_resnet_block_in_tflm_rounding_equals_tflm_in_reference_and_c(tmp_path: Path) -> None:
+    """Every tensor of the int8 ResNet block (quantize, convs, add, max pool, mean over height and width,
+    fully connected) equals TFLM's in the integer reference, and the C target's outputs do."""
     import dataclasses
 
     from tflite_runtime import run_tflm
 
     from dabuild.quant.reference import quantize_input, run_integer
+    from dabuild.targets.c import CTarget
 
     path = model("resnet_block_int8")
     flatbuffer = read_model(path)
     operators = flatbuffer.subgraphs[0].operators
     _, qgraph = given_qgraph(path)
     x = inputs_for(path, 8, seed=11)
-    exact = range(6)   # QUANTIZE, 3 x CONV_2D, ADD, MAX_POOL_2D
+    exact = range(7)   # QUANTIZE, 3 x CONV_2D, ADD, MAX_POOL_2D, MEAN (then FULLY_CONNECTED, whose tensor is the output)
     theirs = run_tflm(path, qgraph, x, tuple(int(operators[i].outputs[0]) for i in exact))
-    trace = run_integer(dataclasses.replace(qgraph, rounding="tflm"), quantize_input(qgraph, x), keep_intermediates=True)
+    tflm_graph = dataclasses.replace(qgraph, rounding="tflm")
+    trace = run_integer(tflm_graph, quantize_input(qgraph, x), keep_intermediates=True)
     for index in exact:
         assert np.array_equal(_trace_of_operator(trace, index), theirs[int(operators[index].outputs[0])]), index
+    expected = theirs["output"]
+    assert np.array_equal(run_integer(tflm_graph, quantize_input(qgraph, x)).reshape(expected.shape), expected)
+    target = CTarget(CTarget.Options(rounding="tflm"))
+    artifact = tmp_path / "artifact"
+    artifact.mkdir()
+    target.export(tflm_graph, artifact)
+    assert np.array_equal(target.run(artifact, quantize_input(qgraph, x), tmp_path).reshape(expected.shape), expected)
 
 
 def test_corrupted_files_fail_with_a_usage_error_or_import(tmp_path: Path) -> None:

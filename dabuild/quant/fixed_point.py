@@ -93,6 +93,14 @@ def requantize(accumulator: np.ndarray, multiplier: np.ndarray, shift: np.ndarra
     return np.where(accumulator < 0, -rounded, rounded)
 
 
+def tflm_mean_requantization(multiplier: int, shift: int, count: int) -> tuple[int, int]:
+    """TFLite's QuantizedMeanOrSum folds 1/count into the Q31 multiplier of s_x / s_y (`multiplier`, `shift`):
+    n = min(floor(log2 count), 32, shift' + 31) for TFLite's shift' = 31 - shift, then (multiplier << n) / count
+    (truncated) with the shift n larger. The same real factor as dabuild's, rounded otherwise."""
+    bits = min(count.bit_length() - 1, 32, 62 - shift)
+    return (multiplier << bits) // count, shift + bits
+
+
 def _requantize_tflm(accumulator: np.ndarray, multiplier: np.ndarray, shift: np.ndarray,
                      rounding: str) -> np.ndarray:
     """TFLite Micro's and CMSIS-NN's requantization of `rounding` ("tflm" or "tflm-single"), in floor shifts.
