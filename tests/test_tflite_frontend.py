@@ -3,6 +3,7 @@ each checked against LiteRT's reference kernels, and its errors on bad files."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -233,3 +234,25 @@ def test_corrupted_files_fail_with_a_usage_error_or_import(tmp_path: Path) -> No
             assert str(path) in str(error)
             outcomes["refused"] += 1
     assert outcomes["refused"] > 0
+
+
+@pytest.mark.skipif(shutil.which("arm-none-eabi-gcc") is None or shutil.which("qemu-system-arm") is None,
+                    reason="needs gcc-arm-none-eabi, libnewlib-arm-none-eabi and qemu-system-arm")
+@pytest.mark.parametrize("name", ["ds_cnn_int8", "resnet_block_int8"])
+def test_cortex_m4_build_in_tflm_rounding_equals_tflm(name: str, tmp_path: Path) -> None:
+    """The C target for a Cortex-M4 (its DSP kernels), run in qemu: TFLM's output bytes."""
+    from tflite_runtime import run_tflm
+
+    from dabuild.quant.reference import quantize_input
+    from dabuild.targets.c import CTarget
+
+    path = model(name)
+    _, qgraph = given_qgraph(path)
+    x = inputs_for(path, 8, seed=13)
+    expected = run_tflm(path, qgraph, x)["output"]
+    target = CTarget(CTarget.Options(cpu="cortex-m4", rounding="tflm"))
+    artifact = tmp_path / "artifact"
+    artifact.mkdir()
+    target.export(target.integer_graph(qgraph), artifact)
+    actual = target.run(artifact, quantize_input(qgraph, x), tmp_path)
+    assert np.array_equal(actual.reshape(expected.shape), expected)
