@@ -41,11 +41,12 @@ def binary_walk(step: Step) -> Walk:
                                                       "b": broadcast_strides(b.storage, out.shape)})
 
 
-def rescale_table(layer: QAdd, operand: Operand, index: int) -> np.ndarray:
+def rescale_table(layer: QAdd, operand: Operand, index: int, rounding: str) -> np.ndarray:
     """An add input's rescaled term for each of its 256 int8 values: the reference's own arithmetic, run
     once at export, so the C kernel does one table read per input instead of an int64 requantization."""
     values = np.arange(operand.quant.qmin, operand.quant.qmax + 1, dtype=np.int64) - operand.quant.zero_point
-    return requantize(values << layer.left_shift, layer.input_multiplier[index], layer.input_shift[index])
+    return requantize(values << layer.left_shift, layer.input_multiplier[index], layer.input_shift[index],
+                       rounding)
 
 
 @kernel("add", "add")
@@ -53,7 +54,7 @@ def rescale_table(layer: QAdd, operand: Operand, index: int) -> np.ndarray:
 def add(step: Step) -> dict[str, Any]:
     layer: QAdd = step.layer  # type: ignore[assignment]
     return {"walk": binary_walk(step), "sign": "+" if layer.sign > 0 else "-",
-            "tables": [rescale_table(layer, operand, index) for index, operand in enumerate(step.inputs)],
+            "tables": [rescale_table(layer, operand, index, step.rounding) for index, operand in enumerate(step.inputs)],
             "offsets": [-operand.quant.qmin for operand in step.inputs],
             "multiplier": int(layer.multiplier[0]), "shift": int(layer.shift[0]),
             "output_zero_point": step.outputs[0].quant.zero_point}

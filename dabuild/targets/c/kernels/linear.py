@@ -300,8 +300,8 @@ def conv_rows(step: Step) -> dict[str, Any]:
     requantization = _requantization(step, layer, 0 * weight_sums if centred else weight_sums, centred)
     shifts = np.asarray(layer.shift)
     # Helium requantizes four outputs at once where the sums fit int32, every shift is 33..62 (see
-    # dabuild_requantize32_mve) and the channels fill whole blocks
-    vector_output = (step.profile.isa == MVE and requantization["narrow_sum"]
+    # dabuild_requantize32_mve, which rounds as dabuild does) and the channels fill whole blocks
+    vector_output = (step.profile.isa == MVE and requantization["narrow_sum"] and step.rounding == "dabuild"
                      and bool(np.all((shifts >= 33) & (shifts <= 62)))
                      and geometry["block_outputs"] == geometry["out_channels"])
     return {**geometry, "input_zero_point": step.inputs[0].quant.zero_point, "isa": step.profile.isa,
