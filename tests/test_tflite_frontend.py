@@ -236,6 +236,29 @@ def test_corrupted_files_fail_with_a_usage_error_or_import(tmp_path: Path) -> No
     assert outcomes["refused"] > 0
 
 
+def test_resnet_block_16x8_in_tflm_rounding_equals_tflm() -> None:
+    """The 16x8 ResNet block (int16 activations, int64 sums requantized by TFLite's reduced multiplier): every
+    tensor and output TFLM's, from the integer reference."""
+    import dataclasses
+
+    from tflite_runtime import run_tflm
+
+    from dabuild.quant.reference import quantize_input, run_integer
+
+    path = model("resnet_block_16x8")
+    operators = read_model(path).subgraphs[0].operators
+    _, qgraph = given_qgraph(path)
+    x = inputs_for(path, 8, seed=11)
+    exact = range(7)
+    theirs = run_tflm(path, qgraph, x, tuple(int(operators[i].outputs[0]) for i in exact))
+    tflm_graph = dataclasses.replace(qgraph, rounding="tflm")
+    trace = run_integer(tflm_graph, quantize_input(qgraph, x), keep_intermediates=True)
+    for index in exact:
+        assert np.array_equal(_trace_of_operator(trace, index), theirs[int(operators[index].outputs[0])]), index
+    expected = theirs["output"]
+    assert np.array_equal(run_integer(tflm_graph, quantize_input(qgraph, x)).reshape(expected.shape), expected)
+
+
 @pytest.mark.skipif(shutil.which("arm-none-eabi-gcc") is None or shutil.which("qemu-system-arm") is None,
                     reason="needs gcc-arm-none-eabi, libnewlib-arm-none-eabi and qemu-system-arm")
 @pytest.mark.parametrize("name", ["ds_cnn_int8", "resnet_block_int8"])
