@@ -62,9 +62,10 @@ def quantize_multiplier(real: np.ndarray | float, where: str) -> tuple[np.ndarra
 
 
 def requantize(accumulator: np.ndarray, multiplier: np.ndarray, shift: np.ndarray,
-               rounding: str = "dabuild") -> np.ndarray:
+               rounding: str = "dabuild", wide: bool = False) -> np.ndarray:
     """round(acc * multiplier / 2**shift), ties away from zero, as the C `requantize` does it in int64
-    (another `rounding` of ROUNDINGS: `_requantize_tflm`).
+    (another `rounding` of ROUNDINGS: `_requantize_tflm`, or for the int64 sums of `wide` 16-bit inputs
+    `_requantize_tflm_wide`).
 
     The magnitude is shifted and the sign put back, so C never right-shifts a
     negative number (implementation-defined in C99). `multiplier` and `shift`
@@ -77,6 +78,9 @@ def requantize(accumulator: np.ndarray, multiplier: np.ndarray, shift: np.ndarra
     (every caller clamps it to a type of at most 16 bits anyway).
     """
     accumulator = np.asarray(accumulator).astype(np.int64)
+    if rounding != "dabuild" and wide:
+        return _requantize_tflm_wide(accumulator, np.asarray(multiplier).astype(np.int64),
+                                     np.asarray(shift).astype(np.int64))
     if rounding != "dabuild":
         return _requantize_tflm(accumulator, np.asarray(multiplier).astype(np.int64),
                                 np.asarray(shift).astype(np.int64), rounding)
@@ -131,6 +135,20 @@ def _requantize_tflm(accumulator: np.ndarray, multiplier: np.ndarray, shift: np.
     if wide:
         rounded = np.clip(np.asarray(rounded, dtype=object), -INT64_MAX, INT64_MAX).astype(np.int64)
     return np.asarray(rounded, dtype=np.int64)
+
+
+def _requantize_tflm_wide(accumulator: np.ndarray, multiplier: np.ndarray, shift: np.ndarray) -> np.ndarray:
+    """TFLite's MultiplyByQuantizedMultiplier for an int64 sum (16x8 layers), which CMSIS-NN's
+    arm_nn_requantize_s64 matches: the multiplier reduced to 16 bits, r = (m + 2**15) >> 16 (0x7FFF from
+    0x7FFF0000 on), then floor((acc * r + 2**(s - 17)) / 2**(s - 16)), once, half up."""
+    reduced = np.where(multiplier < 0x7FFF0000, (multiplier + (1 << 15)) >> 16, 0x7FFF)
+    total = shift - 16
+    peak = int(np.abs(accumulator).max(initial=0)) * int(reduced.max(initial=0))
+    if peak + 2**62 > INT64_MAX:
+        exact = (accumulator.astype(object) * reduced.astype(object)
+                 + (1 << (total.astype(object) - 1))) >> total.astype(object)
+        return np.clip(np.asarray(exact, dtype=object), -INT64_MAX, INT64_MAX).astype(np.int64)
+    return (accumulator * reduced + (np.int64(1) << (total - 1))) >> total
 
 
 def _without_trailing_zeros(multiplier: np.ndarray, shift: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -134,7 +134,8 @@ class QWeighted(QLayer):
         if trace is not None:
             trace[f"{self.name}:accumulator"] = accumulator_trace(accumulator)
         shape = channel if len(self.multiplier) > 1 else [1]
-        y = requantize(accumulator, self.multiplier.reshape(shape), self.shift.reshape(shape), graph.rounding)
+        wide = np.dtype(self.params(graph).storage).itemsize > 1   # TFLite's 16x8 layers requantize int64 sums
+        y = requantize(accumulator, self.multiplier.reshape(shape), self.shift.reshape(shape), graph.rounding, wide)
         y += target.zero_point
         return [np.clip(y, self.output_min, self.output_max).astype(target.storage)]
 
