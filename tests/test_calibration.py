@@ -319,6 +319,27 @@ def test_native_histograms_count_exactly_what_numpy_counts(monkeypatch: pytest.M
     assert compiled[0] == compiled[1] == reference
 
 
+def test_native_histograms_split_among_more_threads_count_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Channels split among 5 threads (as on a machine with 5 cores), each with its own whole-tensor
+    sub-histogram merged after: numpy's counts exactly."""
+    from dabuild.ir.kernels import native
+
+    rng = np.random.default_rng(13)
+    values = (rng.standard_normal((4, 96, 32, 32)) * rng.uniform(0.1, 10, (1, 96, 1, 1))).astype(np.float32)
+
+    def stats() -> Stats:
+        result = Stats()
+        result.observe("t", values, axis=1)
+        result.observe("t", values[:2] * 3, axis=1)
+        return result
+
+    monkeypatch.delenv(native.SWITCH, raising=False)
+    monkeypatch.setattr(native, "available_cores", lambda: 5)
+    compiled = stats()
+    monkeypatch.setenv(native.SWITCH, "0")
+    assert compiled == stats()
+
+
 def test_int32_channel_counts_widen_before_they_could_overflow(monkeypatch: pytest.MonkeyPatch) -> None:
     """Per-channel rows count in int32 until a channel could pass the limit, then in int64: the same counts."""
     from dabuild.quant import histogram
