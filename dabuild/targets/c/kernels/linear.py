@@ -63,6 +63,7 @@ def _requantization(step: Step, layer: QWeighted, weight_sums: np.ndarray, centr
     return {"bias": bias, "multiplier": layer.multiplier, "shift": layer.shift,
             "narrow_sum": bool(largest.max(initial=0) <= INT32_MAX),
             "high_shift": bool(np.all((np.asarray(layer.shift) >= 32) & (np.asarray(layer.shift) <= 62))),
+            "vector_requantize": step.rounding == "dabuild",  # Helium's four-lane requantization rounds once
             "per_channel": len(layer.multiplier) > 1, "output_zero_point": step.outputs[0].quant.zero_point,
             "output_min": layer.output_min, "output_max": layer.output_max}
 
