@@ -91,6 +91,7 @@ def plan(recipe: Recipe, capabilities: dict[str, CapabilitySpec], targets: list[
         model_files["weights"] = model.weights
     for index, extra in enumerate(model.depends):
         model_files[f"depends{index}"] = extra
+    model_files.update(_side_files(recipe))
     stages = [
         Stage(
             "trace",
@@ -125,6 +126,26 @@ def plan(recipe: Recipe, capabilities: dict[str, CapabilitySpec], targets: list[
             stages.append(tune_stage_of(recipe, capabilities[capability], target))
         stages.extend(_target_stages(recipe, target, capability))
     return stages
+
+
+def _side_files(recipe: Recipe) -> dict[str, Path]:
+    """The files tracing reads besides those the recipe names, as the frontend finds them in the model itself:
+    ONNX external data, the modules a model's .py file imports from its folder. Each enters the trace key by
+    content under its name relative to the model, so changing one traces again (a stale build otherwise)."""
+    from dabuild.trace.base import python_imports
+
+    model_file = _source_file(recipe)
+    if model_file is None:
+        return {}
+    if model_file.suffix == ".py":
+        found = python_imports(model_file)
+    else:
+        from dabuild.plugins import TRACERS, load
+
+        framework = recipe.model.framework or _framework_of(model_file)
+        found = load(TRACERS, framework).side_files(model_file) if framework else []
+    return {f"side:{path.relative_to(model_file.parent).as_posix()}": path for path in found
+            if path.is_file() and path.resolve().is_relative_to(model_file.parent.resolve())}
 
 
 def _trace_hooks(recipe: Recipe) -> list[dict[str, Any]]:
@@ -325,6 +346,17 @@ def _source_entry(recipe: Recipe) -> str:
     return _split_source(recipe)[1] or ""
 
 
+def _framework_of(model_file: Path) -> str | None:
+    """The frontend a model file's suffix chooses, exactly as tracing will; None where none reads it."""
+    from dabuild.errors import UsageError
+    from dabuild.trace.base import choose_framework
+
+    try:
+        return choose_framework(model_file)
+    except UsageError:  # no frontend reads it: tracing reports that
+        return None
+
+
 def _framework_packages(recipe: Recipe) -> tuple[str, ...]:
     """The packages of the framework that traces the model, whose versions enter the trace key.
 
@@ -334,11 +366,5 @@ def _framework_packages(recipe: Recipe) -> tuple[str, ...]:
     framework = recipe.model.framework
     model_file = _source_file(recipe)
     if framework is None and model_file is not None and ":" not in recipe.model.source:
-        from dabuild.errors import UsageError
-        from dabuild.trace.base import choose_framework
-
-        try:
-            framework = choose_framework(model_file)
-        except UsageError:  # no frontend reads it: tracing reports that
-            framework = None
+        framework = _framework_of(model_file)
     return {"onnx": ("onnx",), "torch": ("torch",), "keras": ("keras", "torch", "hgq2")}.get(framework or "", ())

@@ -70,6 +70,25 @@ def read_model_file(path: Path) -> onnx.ModelProto:
     return model
 
 
+def external_data_locations(path: Path) -> list[str]:
+    """The `location`s of the external data files `path`'s tensors name, as written (relative to its folder).
+
+    Read from the protobuf alone (no tensor data is loaded): the trace stage keys on these files, so a model whose
+    weights live in `model.onnx.data` is traced again when they change. An unreadable file names none here; reading
+    it for the trace reports what is wrong.
+    """
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except (DecodeError, ValueError, RuntimeError, OSError):
+        return []
+    from onnx import external_data_helper
+
+    locations = {entry.value for tensor in external_data_helper._get_all_tensors(model)  # subgraphs' too
+                 if external_data_helper.uses_external_data(tensor)
+                 for entry in tensor.external_data if entry.key == "location"}
+    return sorted(locations)
+
+
 def check_model(model: onnx.ModelProto, where: str) -> None:
     """Reject what protobuf parses but ONNX does not accept (e.g. a text file that happens to decode)."""
     if not model.HasField("graph") or not model.graph.output:

@@ -38,6 +38,15 @@ class OnnxTracer(TracerPlugin):
 
     suffixes: ClassVar[tuple[str, ...]] = (".onnx",)
 
+    @classmethod
+    def side_files(cls, model_file: Path) -> list[Path]:
+        """The external data files beside the model (torch writes `model.onnx.data` for large models)."""
+        try:
+            from dabuild.trace.onnx_frontend.model_file import external_data_locations
+        except ImportError:  # onnx missing: tracing says which package to install
+            return []
+        return [model_file.parent / location for location in external_data_locations(model_file)]
+
     def __init__(self, model: Any, inputs: dict[str, Shape] | None = None):
         super().__init__(model, inputs)
         self._decoded: OnnxModel | None = None
