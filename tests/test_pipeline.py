@@ -299,3 +299,17 @@ def test_switching_the_native_kernels_off_reruns_the_stages_that_use_the_interpr
     monkeypatch.delenv("DABUILD_NATIVE_KERNELS")
     expected = set() if native_backend() == "numpy" else {"calibrate", "tune:c"}
     assert expected <= rerun and rerun <= {"calibrate", "tune:c", "export:mcu", "check:mcu"}
+
+
+def test_goal_change_that_keeps_the_chosen_graph_reruns_tune_only(
+    digits: Path, tmp_path: Path, cache_dir: Path
+) -> None:
+    """Early cutoff: tune runs again (its goal changed) but writes the same quantized graph, so the export and
+    check keyed on that graph's digest stay up to date, though tune's report and metrics changed."""
+    first = build(digits, tmp_path / "build")
+    edit(digits, "tolerable_loss: 0.01", "tolerable_loss: 0.02")
+    second = build(digits, tmp_path / "build")
+    assert second["metrics"]["tune:c"]["config_hash"] == first["metrics"]["tune:c"]["config_hash"]
+    assert second["metrics"]["tune:c"]["threshold"] != first["metrics"]["tune:c"]["threshold"]
+    assert executed(second) == {"tune:c"}
+    assert set(second["outcomes"].values()) == {"executed", "up to date"}

@@ -18,6 +18,7 @@ from dabuild.pipeline.hashing import canonical_json, hash_file, hash_value
 
 if TYPE_CHECKING:
     from dabuild.capability import CapabilitySpec
+    from dabuild.pipeline.manifest import Manifest
     from dabuild.recipe import Recipe, TargetSpec
 
 # Bump a stage's version when its code changes (tests/test_stage_versions.py enforces it; see pipeline/versions.py).
@@ -30,6 +31,7 @@ class Stage:
     kind: str                              # key of STAGE_VERSIONS
     config: dict[str, Any]                 # the recipe part it reads, canonical JSON-able
     inputs: dict[str, str] = field(default_factory=dict)   # role -> upstream stage name
+    input_folders: dict[str, str] = field(default_factory=dict)  # role -> the one subfolder of that input it reads
     files: dict[str, Path] = field(default_factory=dict)   # role -> user file read by the stage
     packages: tuple[str, ...] = ()         # external packages whose versions enter the key
     tools: Callable[[], dict[str, str]] | None = None      # versions of external programs (compilers, simulators)
@@ -67,6 +69,14 @@ def watched_parts(stage: Stage) -> dict[str, Any]:
         "packages": {name: package_version(name) for name in stage.packages},
         "tools": stage.tools() if stage.tools else {},
     }
+
+
+def input_digests(stage: Stage, manifests: dict[str, Manifest]) -> dict[str, str]:
+    """The identity of what the stage reads of each input (by role): the whole upstream output, or only the
+    subfolder `input_folders` names. Early cutoff, as Bazel and Shake have it: export keys on the tune stage's
+    `qgraph/` alone, so a tune that ran again and chose the same graph (its report and metrics changed) leaves
+    every export and check up to date."""
+    return {role: manifest.digest_of(stage.input_folders.get(role)) for role, manifest in manifests.items()}
 
 
 def key_parts(stage: Stage, input_digests: dict[str, str]) -> dict[str, Any]:
@@ -284,6 +294,7 @@ def _target_stages(recipe: Recipe, target: TargetSpec, capability: str) -> list[
         "export",
         {"kind": target.kind, "options": options},
         inputs={"qgraph": f"tune:{capability}"},
+        input_folders={"qgraph": "qgraph"},
         packages=target_class.packages,
         tools=lambda: instance().export_tools(),
         programs=lambda: instance().export_programs(),
@@ -301,6 +312,7 @@ def _target_stages(recipe: Recipe, target: TargetSpec, capability: str) -> list[
             "metric": recipe.data.metric,
         },
         inputs={"qgraph": f"tune:{capability}", "artifact": export.name},
+        input_folders={"qgraph": "qgraph"},
         files={"evaluation": evaluation.source, **_metric_file(recipe)},
         packages=("numpy", *target_class.packages),
         tools=lambda: instance().runtime_version(),
