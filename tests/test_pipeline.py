@@ -6,6 +6,7 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from dabuild.cli import main
@@ -313,3 +314,15 @@ def test_goal_change_that_keeps_the_chosen_graph_reruns_tune_only(
     assert second["metrics"]["tune:c"]["threshold"] != first["metrics"]["tune:c"]["threshold"]
     assert executed(second) == {"tune:c"}
     assert set(second["outcomes"].values()) == {"executed", "up to date"}
+
+
+def test_checks_run_the_default_sample_count_and_all_on_request(digits: Path, tmp_path: Path, cache_dir: Path) -> None:
+    from dabuild.recipe import DEFAULT_CHECK_SAMPLES
+
+    evaluation_rows = len(np.load(digits / "data.npz")["x_test"])
+    assert evaluation_rows > DEFAULT_CHECK_SAMPLES
+    first = build(digits, tmp_path / "build")
+    assert first["checks"]["mcu"]["samples"] == DEFAULT_CHECK_SAMPLES
+    edit(digits, "check_io: {tolerance: exact}", "check_io: {tolerance: exact, samples: all}")
+    every = build(digits, tmp_path / "build")
+    assert executed(every) == {"check:mcu"} and every["checks"]["mcu"]["samples"] == evaluation_rows
