@@ -235,8 +235,24 @@ def _print_summary(summary: dict, elapsed: float) -> None:
 
 
 def _validate(args: argparse.Namespace, progress: Progress) -> int:
+    """The recipe and its files, and the data against the model's inputs where they are known without tracing
+    (an .onnx file's, or `model.inputs`); what needs the traced model is said, and the build checks it."""
+    from dabuild.errors import ValidationError
+    from dabuild.pipeline.preflight import check_data_untraced
+
+    problems = []
     for recipe in _load_recipes(args):
-        progress.info(f"{recipe.path}: ok ({len(recipe.targets)} target(s))")
+        try:
+            checked = check_data_untraced(recipe)
+        except ValidationError as error:
+            problems.extend(error.diagnostics)
+            continue
+        data = ("data checked against the model's inputs" if checked else
+                "the data's input names and shapes need the traced model: `dabuild build` checks them first")
+        progress.info(f"{recipe.path}: ok ({len(recipe.targets)} target(s); {data}; labels and tuning.space "
+                      "node names are checked after tracing)")
+    if problems:
+        raise ValidationError(problems)
     return 0
 
 

@@ -89,6 +89,26 @@ def external_data_locations(path: Path) -> list[str]:
     return sorted(locations)
 
 
+def graph_inputs(path: Path) -> list[tuple[str, tuple[int | str | None, ...], str]] | None:
+    """The run-time inputs of an .onnx file (name, dims, element type), read without loading weights: what
+    `dabuild validate` checks the data against. None when the file cannot be read or leaves a rank unknown
+    (tracing reports it)."""
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except (DecodeError, ValueError, RuntimeError, OSError):
+        return None
+    initializers = {tensor.name for tensor in model.graph.initializer}
+    found = []
+    for info in model.graph.input:
+        if info.name in initializers:
+            continue
+        dims, dtype = _dims(info), _dtype(info)
+        if dims is None or dtype is None:
+            return None
+        found.append((info.name, dims, str(dtype)))
+    return found
+
+
 def check_model(model: onnx.ModelProto, where: str) -> None:
     """Reject what protobuf parses but ONNX does not accept (e.g. a text file that happens to decode)."""
     if not model.HasField("graph") or not model.graph.output:
