@@ -51,7 +51,8 @@ def _parser() -> argparse.ArgumentParser:
     build = commands.add_parser("build", parents=[common], help="build recipes (the default command)")
     recipes(build)
     build.add_argument("--target", action="append", metavar="NAME", help="build only this target (repeatable)")
-    build.add_argument("-j", "--jobs", type=int, default=1, metavar="N", help="run N independent stages at once")
+    build.add_argument("-j", "--jobs", type=int, default=1, metavar="N",
+                       help="run N independent stages at once, and score tuning trials in N processes")
     build.add_argument("--no-cache", action="store_true", help="neither read nor write the run cache")
 
     validate = commands.add_parser("validate", parents=[common], help="check recipes and report every problem")
@@ -92,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     notices.print_to_stderr()
     try:
         return HANDLERS[args.command](args, progress)
+    except BrokenPipeError:
+        return _reader_gone()
     except DabuildError as error:
         print(f"dabuild: error: {error}" if "\n" not in str(error) else str(error), file=sys.stderr)
         return error.exit_code
@@ -111,6 +114,17 @@ def run() -> None:
 
         os._exit(130)
     sys.exit(code)
+
+
+def _reader_gone() -> int:
+    """The reader of stdout stopped (`dabuild report | head`): nothing more to say, and no traceback when Python
+    flushes stdout at exit; the command did what it was asked, so 0."""
+    import os
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 0
 
 
 def _interrupted() -> int:
@@ -336,8 +350,9 @@ def _init(args: argparse.Namespace, progress: Progress) -> int:
     result = subprocess.run([sys.executable, "make_data.py"], check=False, cwd=folder, capture_output=True, text=True)
     if result.returncode:
         raise BuildError(f"{folder / 'make_data.py'} failed: {result.stderr.strip()}")
+    build = "dabuild build" if folder.resolve() == Path.cwd().resolve() else f"cd {folder} && dabuild build"
     progress.info(f"wrote {', '.join(str(target) for target in files)}, data.npz and weights.npz; "
-                  f"run `dabuild build {folder}`")
+                  f"run `{build}` (the build goes to {folder / 'build'})")
     return 0
 
 
