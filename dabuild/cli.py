@@ -69,9 +69,10 @@ def _parser() -> argparse.ArgumentParser:
     init = commands.add_parser("init", parents=[common], help="write a starter project that builds as written")
     init.add_argument("path", nargs="?", type=Path, default=DEFAULT_RECIPE)
     init.add_argument("--force", action="store_true", help="overwrite an existing file")
-    report = commands.add_parser("report", parents=[common], help="print the tuning report (or open it as HTML)")
+    report = commands.add_parser("report", parents=[common],
+                                 help="write the build's report page (report.html) and print the tuning reports")
     recipes(report, many=False)
-    report.add_argument("--open", action="store_true", help="open report.html in the web browser instead")
+    report.add_argument("--open", action="store_true", help="open report.html in the web browser instead of printing")
     cache = commands.add_parser("cache", parents=[common], help="inspect or prune the run cache")
     cache_commands = cache.add_subparsers(dest="cache_command", metavar="ACTION", required=True)
     cache_commands.add_parser("info", parents=[common], help="where the cache is and how big")
@@ -386,9 +387,11 @@ _ENTRY_WORDS = {"run cache": "entries", "trial store": "contexts", "compiled ker
 
 
 def _report(args: argparse.Namespace, progress: Progress) -> int:
-    """The tune stages' reports of the last build, found through its build.json."""
+    """The tune stages' reports of the last build, found through its build.json, printed; and the build-level
+    page written beside build.json (opened with --open)."""
     import webbrowser
 
+    from dabuild.build_report import write_page
     from dabuild.pipeline.build import workspace_for
 
     [recipe] = _load_recipes(args)
@@ -401,11 +404,13 @@ def _report(args: argparse.Namespace, progress: Progress) -> int:
     missing = [str(folder) for folder in reports if not (folder / "report.md").is_file()]
     if not reports or missing:
         raise UsageError(f"{recipe.name}: no tuning report in {', '.join(missing) or workspace.build_dir}; rebuild")
+    page = write_page(workspace.build_dir)
+    progress.info(f"wrote {page}")
+    if args.open:
+        webbrowser.open(page.resolve().as_uri())
+        return 0
     for folder in reports:
-        if args.open:
-            webbrowser.open((folder / "report.html").resolve().as_uri())
-        else:
-            print((folder / "report.md").read_text(), end="")
+        print((folder / "report.md").read_text(), end="")
     return 0
 
 
