@@ -189,6 +189,31 @@ def _dtype(value_info: onnx.ValueInfoProto) -> np.dtype | None:
     return onnx.helper.tensor_dtype_to_np_dtype(elem_type)
 
 
+_SCOPES, _CLASSES = "pkg.torch.onnx.name_scopes", "pkg.torch.onnx.class_hierarchy"
+_LONGEST_SCOPES = 10_000  # characters of a scope list read; longer ones are ignored (the file is untrusted)
+
+
+def module_path(proto: onnx.NodeProto) -> str | None:
+    """The torch module path (`features.0`) torch.onnx's exporter records for the node, the name the torch frontend
+    gives the same node (an nn.Sequential's numbered child prefixed with its class: `conv2d_0`); None without one
+    (other exporters, or a node torch made outside any module)."""
+    import ast
+
+    props = {entry.key: entry.value for entry in proto.metadata_props if entry.key in (_SCOPES, _CLASSES)}
+    try:
+        scopes = ast.literal_eval(props[_SCOPES]) if len(props.get(_SCOPES, "")) <= _LONGEST_SCOPES else []
+        classes = ast.literal_eval(props[_CLASSES]) if len(props.get(_CLASSES, "")) <= _LONGEST_SCOPES else []
+    except (KeyError, ValueError, SyntaxError, MemoryError, RecursionError):
+        return None
+    if not isinstance(scopes, list) or len(scopes) < 3 or not isinstance(scopes[-2], str) or not scopes[-2]:
+        return None  # [root '', ..., module path, op]: a node of the root module has none
+    path = scopes[-2]
+    if path[0].isdigit():
+        kind = classes[-2] if isinstance(classes, list) and len(classes) >= 2 and isinstance(classes[-2], str) else ""
+        return f"{kind.rsplit('.', 1)[-1].lower() or 'module'}_{path}"
+    return path
+
+
 def decode(model: onnx.ModelProto, where: str) -> OnnxModel:
     """The model as plain data; each initializer is converted to numpy exactly once."""
     opset = default_opset(model, where)
@@ -197,7 +222,7 @@ def decode(model: onnx.ModelProto, where: str) -> OnnxModel:
     labels: set[str] = set()
     nodes = []
     for index, proto in enumerate(graph.node):
-        label = proto.name or f"{proto.op_type}_{index}"
+        label = module_path(proto) or proto.name or f"{proto.op_type}_{index}"
         while label in labels:
             label = f"{label}_{index}"
         labels.add(label)

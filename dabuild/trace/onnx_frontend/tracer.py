@@ -124,8 +124,10 @@ class OnnxTracer(TracerPlugin):
         from dabuild.trace.onnx_frontend.folding import DependsOnBatch, evaluate
 
         model = self.onnx_model()
-        taken = {name for node in model.nodes for name in (*node.inputs, *node.outputs, node.label)}
-        ctx = Conversion(model.where, model.opset, taken | set(inputs) | set(model.initializers))
+        tensors = {name for node in model.nodes for name in (*node.inputs, *node.outputs)}
+        tensors |= set(inputs) | set(model.initializers)
+        labels = frozenset(node.label for node in model.nodes) - tensors
+        ctx = Conversion(model.where, model.opset, tensors | labels, labels)
         ctx.relaxed_batch = relaxed_batch
         ctx.read = {name for node in model.nodes for name in node.inputs} | set(model.outputs)
         ctx.specs.update(inputs)
