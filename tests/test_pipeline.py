@@ -343,7 +343,7 @@ def test_checks_run_the_default_sample_count_and_all_on_request(digits: Path, tm
 def test_report_into_a_closed_pipe_ends_without_a_traceback(digits: Path, tmp_path: Path, cache_dir: Path) -> None:
     """`dabuild report | head`: the reader goes away before the report is written; dabuild stops quietly."""
     build(digits, tmp_path / "build")
-    command = [sys.executable, "-m", "dabuild", "report", str(digits), "--build-dir", str(tmp_path / "build")]
+    command = [sys.executable, "-m", "dabuild", "report", str(digits), "--build-dir", str(tmp_path / "build"), "-q"]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert process.stdout is not None and process.stderr is not None
     process.stdout.close()  # before dabuild writes anything: every write meets a closed pipe
