@@ -199,8 +199,7 @@ def tune_stage_of(recipe: Recipe, capability: CapabilitySpec, target: TargetSpec
         "tune",
         {
             "tuning": recipe.tuning.model_dump(mode="json"),
-            "capability": _without_refused_islands(recipe, capability).model_dump(mode="json",
-                                                                                  exclude={"description"}),
+            "capability": _as_targets_run_it(recipe, capability).model_dump(mode="json", exclude={"description"}),
             "metric": recipe.data.metric,
             "evaluation": _data_config(evaluation),
             **({"budgets": budgets} if budgets else {}),
@@ -220,14 +219,16 @@ def tune_stage_of(recipe: Recipe, capability: CapabilitySpec, target: TargetSpec
     )
 
 
-def _without_refused_islands(recipe: Recipe, capability: CapabilitySpec) -> CapabilitySpec:
-    """The capability the search reads: without float islands when a target built for it runs none with its
-    options (the c target on a core without an FPU), so tuning never picks a config that target refuses."""
+def _as_targets_run_it(recipe: Recipe, capability: CapabilitySpec) -> CapabilitySpec:
+    """The capability the search reads: as each target built for it narrows it with its options
+    (`Target.capability_for`: no float islands on a core without an FPU, 7-bit weights first where onnxruntime's
+    u8s8 kernels saturate), so tuning never picks a config a target refuses or runs inexactly."""
     from dabuild.plugins import TARGETS, load
 
-    refused = any(load(TARGETS, t.kind).refuses_float_islands(t.options or {}) for t in recipe.targets
-                  if _capability_name(t) == capability.name)
-    return capability.model_copy(update={"fp32_fallback": False}) if refused and capability.fp32_fallback else capability
+    for target in recipe.targets:
+        if _capability_name(target) == capability.name:
+            capability = load(TARGETS, target.kind).capability_for(capability, target.options or {})
+    return capability
 
 
 def _budgeted_targets(budgets: list[dict[str, Any]]) -> list[Any]:
