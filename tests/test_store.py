@@ -125,3 +125,23 @@ def test_parse_size_rejects_garbage() -> None:
 
     with pytest.raises(UsageError, match="not a size"):
         parse_size("lots")
+
+
+def test_prune_removes_the_signatures_beside_what_it_removes(tmp_path: Path, kernels: Path) -> None:
+    from dabuild.trust import TeamKey
+
+    store = Store(tmp_path / "cache", key=TeamKey(b"a team key of 32 bytes, at least", "test"))
+    folder = _stage_folder(tmp_path / "src")
+    manifest = Manifest.of_folder(folder, "trace", hash_value({}), {})
+    store.save(folder, manifest)
+    signature = store.root / "entries" / manifest.key[:2] / f"{manifest.key}.sig"
+    assert signature.is_file()
+    kernels.mkdir()
+    (kernels / "conv.0123.so").write_bytes(b"\x7fELF")
+    (kernels / "conv.0123.so.sig").write_text("signature\n")
+    (kernels / "gone.4567.so.sig").write_text("left by an older prune\n")
+    orphan = signature.with_name("ab" * 32 + ".sig")
+    orphan.write_text("left by an older prune\n")
+    store.prune(0)
+    assert store.info().entries == 0
+    assert sorted(p.name for p in store.root.rglob("*.sig")) == [] and list(kernels.iterdir()) == []

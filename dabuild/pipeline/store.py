@@ -252,14 +252,17 @@ class Store:
 
     def prune(self, max_size: int) -> tuple[int, int]:
         """Remove every store's temporaries, then its least recently used items (run-cache entries, trial
-        contexts, compiled kernels, oldest first across all) until at most `max_size` bytes remain.
+        contexts, compiled kernels, oldest first across all, each with its `.sig`) until at most
+        `max_size` bytes remain.
 
         Returns (items removed, bytes freed).
         """
-        from dabuild.ir.kernels.compiling import kernel_files, kernel_temporaries
+        from dabuild.ir.kernels.compiling import kernel_dir, kernel_files, kernel_temporaries, signature_of
         from dabuild.tune.trials import trial_temporaries
 
-        for leftover in [self._tmp, *trial_temporaries(self.trials_root), *kernel_temporaries()]:
+        orphans = [signature for signature in [*self._entries.glob("*/*.sig"), *kernel_dir().glob("*.sig")]
+                   if not signature.with_suffix("").exists()]  # left beside items an older dabuild removed
+        for leftover in [self._tmp, *trial_temporaries(self.trials_root), *kernel_temporaries(), *orphans]:
             _remove_tree(leftover)
         items = [_Item(entry, _tree_size(entry), _mtime(entry / MANIFEST)) for entry in self._all_entries()]
         items += [_Item(context, _tree_size(context), _mtime(context))
@@ -271,6 +274,7 @@ class Store:
             if total <= max_size:
                 break
             _remove_tree(item.path)
+            _remove_tree(signature_of(item.path))  # an entry's or a kernel's signature goes with it
             total -= item.size
             removed += 1
             freed += item.size
