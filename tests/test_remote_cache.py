@@ -153,6 +153,47 @@ def test_a_tampered_blob_is_rejected_rebuilt_and_a_read_only_remote_is_never_wri
     assert _tree(remote) == before  # --no-push: nothing written, not even the stage that ran
 
 
+
+def test_a_project_s_push_false_holds_when_the_environment_names_the_remote(
+        cold: ColdBuild, team: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    remote = team / "remote"
+    shutil.copytree(cold.remote, remote)
+    check_record = next(r for r in (remote / "v1" / "ac").rglob("*.json")
+                        if json.loads(r.read_text())["manifest"]["stage"] == "check")
+    check_record.unlink()  # the check stage runs, and a writable remote would get it
+    before = _tree(remote)
+    (team / "clone").mkdir()
+    (team / "clone" / "dabuild-cache.yaml").write_text("remote: file:///nowhere\npush: false\n")
+    monkeypatch.setenv("DABUILD_REMOTE", f"file://{remote}")  # names the remote, says nothing of pushing
+    summary = _clone_builds(team, cold, capsys)
+    assert f"1 executed, 0 restored from cache, {STAGES - 1} restored from the remote" in summary
+    assert _tree(remote) == before
+
+
+def test_read_only_wins_whichever_source_names_the_remote(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from dabuild.pipeline.remote_settings import load_settings
+
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    monkeypatch.delenv("DABUILD_NO_PUSH", raising=False)
+    project = tmp_path / "project"
+    project.mkdir()
+    monkeypatch.setenv("DABUILD_REMOTE", "file:///team/cache")
+    assert load_settings(project) == RemoteSettings("file:///team/cache", True, None, "$DABUILD_REMOTE")
+    (project / "dabuild-cache.yaml").write_text("push: false\n")
+    settings = load_settings(project)
+    assert settings is not None and settings.url == "file:///team/cache" and not settings.push
+    (project / "dabuild-cache.yaml").write_text("remote: file:///team/cache\n")
+    user_file = tmp_path / "config" / "dabuild" / "cache.yaml"
+    user_file.parent.mkdir(parents=True)
+    user_file.write_text("push: false\n")  # a laptop reads the team's cache and never writes it
+    monkeypatch.delenv("DABUILD_REMOTE")
+    settings = load_settings(project)
+    assert settings is not None and settings.source == str(project / "dabuild-cache.yaml") and not settings.push
+    user_file.write_text("push: true\n")
+    settings = load_settings(project)
+    assert settings is not None and settings.push
+
+
 # -- the trust model on the store alone (fast) ------------------------------------------------------------
 
 def _entry(tmp_path: Path, content: bytes = b"weights") -> tuple[Path, Manifest]:

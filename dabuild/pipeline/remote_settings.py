@@ -11,6 +11,12 @@ come from the same place):
 A file holds `remote: <url>`, optionally `push: false` (read-only: CI consumers,
 laptops) and `key_file: <path>` (relative to the file) holding the team key.
 A bad URL or an unknown protocol is a validation error at its line.
+
+Read-only wins: the remote is written only when nothing says otherwise. `push:
+false` in the project or the user file, `DABUILD_NO_PUSH=1` or `--no-push` each
+make it read-only, whichever source named the remote (a project committed as
+read-only stays so when `DABUILD_REMOTE` points elsewhere). A writer (CI) uses
+a project file without `push: false`, and readers say so in their user file.
 """
 
 from __future__ import annotations
@@ -59,19 +65,20 @@ def url_problem(url: str) -> str | None:
 def load_settings(start: Path | None = None, no_push: bool = False) -> RemoteSettings | None:
     """The remote for a build of a recipe in `start` (a folder), or None when none is configured."""
     url = os.environ.get(REMOTE_ENV, "").strip()
+    files = [s for s in map(_read, _config_files(start)) if s is not None]
     settings: RemoteSettings | None
     if url:
         problem = url_problem(url)
         if problem:
             raise ValidationError([Diagnostic(f"${REMOTE_ENV}", None, None, problem)])
-        files = [s for s in map(_read, _config_files(start)) if s is not None]
         key_file = next((s.key_file for s in files if s.key_file is not None), None)  # a key file from a file
         settings = RemoteSettings(url, True, key_file, f"${REMOTE_ENV}")
     else:
-        settings = next((s for s in map(_read, _config_files(start)) if s is not None and s.url), None)
+        settings = next((s for s in files if s.url), None)
     if settings is None:
         return None
-    if no_push or os.environ.get(NO_PUSH_ENV, "") not in ("", "0"):
+    read_only = [s.source for s in files if not s.push]
+    if no_push or os.environ.get(NO_PUSH_ENV, "") not in ("", "0") or read_only:
         settings = RemoteSettings(settings.url, False, settings.key_file, settings.source)
     return settings
 
