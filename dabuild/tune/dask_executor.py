@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import uuid
 from dataclasses import replace
 from typing import Any
 
-from distributed import Client
+from distributed import Client, KilledWorker
 from distributed.diagnostics.plugin import WorkerPlugin
 
 from dabuild.errors import BuildError
@@ -15,6 +16,8 @@ from dabuild.quant.config import QuantConfig
 from dabuild.tune.evaluate import EvalSetup, Evaluator, Score
 
 CONNECT_SECONDS = 10
+# Dask logs a lost connection as errors with tracebacks; dabuild says it as one line of its own
+DASK_LOGGERS = ("distributed", "distributed.client")
 
 _evaluators: dict[str, Evaluator] = {}  # in a Dask worker process: the evaluators its plugins built
 
@@ -43,9 +46,13 @@ class DaskExecutor:
 
     def __init__(self, address: str, setup: EvalSetup):
         self.address = address
+        self._log_levels = {name: logging.getLogger(name).level for name in DASK_LOGGERS}
+        for name in DASK_LOGGERS:
+            logging.getLogger(name).setLevel(logging.CRITICAL)
         try:
             self.client = Client(address, timeout=CONNECT_SECONDS, set_as_default=False)
         except (OSError, TimeoutError) as error:
+            self._restore_logging()
             raise BuildError(f"the Dask scheduler at {address} does not answer within {CONNECT_SECONDS}s "
                              f"({error})") from None
         self.token = uuid.uuid4().hex
@@ -57,17 +64,28 @@ class DaskExecutor:
             raise BuildError(f"the Dask cluster at {address} could not take the evaluator ({error})") from None
 
     def score(self, configs: list[dict[str, Any]], floor: float | None) -> list[Score]:
-        futures = [self.client.submit(_score_on_worker, self.token, config, floor, pure=False, retries=1)
+        # No `retries`: those rerun a trial that raised, and a trial's own error is deterministic. A trial
+        # whose worker died is rescheduled by the scheduler itself, up to its allowed-failures times.
+        futures = [self.client.submit(_score_on_worker, self.token, config, floor, pure=False)
                    for config in configs]
         try:
             return list(self.client.gather(futures))
+        except KilledWorker as error:
+            raise BuildError(f"the Dask worker running a trial died {error.allowed_failures + 1} time(s) at {self.address} "
+                             f"(the scheduler's distributed.scheduler.allowed-failures is {error.allowed_failures}); "
+                             "the stage wrote nothing") from None
         except Exception as error:  # a lost scheduler surfaces as any of several errors
             if self.client.status != "running" or isinstance(error, OSError | TimeoutError):
-                raise BuildError(f"lost the Dask scheduler at {self.address} ({type(error).__name__}: {error}); "
-                                 "the stage wrote nothing") from None
+                raise BuildError(f"lost the Dask scheduler at {self.address} mid-build; the stage wrote nothing"
+                                 ) from None
             raise
 
     def close(self) -> None:
         with contextlib.suppress(Exception):  # a cluster already gone keeps nothing of ours
             self.client.unregister_worker_plugin(f"dabuild-evaluator-{self.token}")
         self.client.close(timeout=CONNECT_SECONDS)
+        self._restore_logging()
+
+    def _restore_logging(self) -> None:
+        for name, level in self._log_levels.items():
+            logging.getLogger(name).setLevel(level)

@@ -8,7 +8,10 @@ worker receives the evaluation setup once, through a worker plugin (registered
 on the workers present and on any that join later, a replacement included),
 and builds its Evaluator from it; a trial sends only its config. A worker lost
 mid-trial makes the scheduler run that trial again elsewhere, with the same
-result. Workers read the graph and statistics from the build folder's paths,
+result: Dask reschedules a task whose worker died up to the scheduler's
+`distributed.scheduler.allowed-failures` times (3 by default; at least 1 gives
+the retry dabuild relies on), then the build stops with one error naming the
+cluster. A lost scheduler is one error too; the stage then writes nothing. Workers read the graph and statistics from the build folder's paths,
 so they share the client's filesystem (localhost, or a shared mount).
 """
 
