@@ -14,27 +14,28 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dabuild import __version__
+from dabuild.pipeline.code_digest import stage_code_digest
 from dabuild.pipeline.hashing import canonical_json, hash_file, hash_value
 
 if TYPE_CHECKING:
     from dabuild.capability import CapabilitySpec
+    from dabuild.pipeline.manifest import Manifest
     from dabuild.recipe import Recipe, TargetSpec
-
-# Bump a stage's version when its code changes (tests/test_stage_versions.py enforces it; see pipeline/versions.py).
-STAGE_VERSIONS = {"trace": 23, "calibrate": 22, "tune": 33, "export": 32, "check": 27}
 
 
 @dataclass(frozen=True)
 class Stage:
     name: str                              # task name: trace, calibrate, tune:<capability>, export:<target>, check:<target>
-    kind: str                              # key of STAGE_VERSIONS
+    kind: str                              # trace, calibrate, tune, export or check
     config: dict[str, Any]                 # the recipe part it reads, canonical JSON-able
     inputs: dict[str, str] = field(default_factory=dict)   # role -> upstream stage name
+    input_folders: dict[str, str] = field(default_factory=dict)  # role -> the one subfolder of that input it reads
     files: dict[str, Path] = field(default_factory=dict)   # role -> user file read by the stage
     packages: tuple[str, ...] = ()         # external packages whose versions enter the key
     tools: Callable[[], dict[str, str]] | None = None      # versions of external programs (compilers, simulators)
     programs: Callable[[], list[Path]] | None = None        # those programs' files, which the no-op fast path watches
     target: str | None = None              # the recipe target an export/check stage belongs to
+    plugins: tuple[str, ...] = ()          # modules of the plugins it runs, whose code enters its key
 
     @property
     def dirname(self) -> str:
@@ -45,7 +46,7 @@ class Stage:
         """The key parts known without touching any file: what doit's `config_changed` watches."""
         return {
             "stage": self.kind,
-            "stage_version": STAGE_VERSIONS[self.kind],
+            "code": stage_code_digest(self.kind, self.plugins),
             "dabuild": __version__,
             "config": self.config,
         }
@@ -67,6 +68,14 @@ def watched_parts(stage: Stage) -> dict[str, Any]:
         "packages": {name: package_version(name) for name in stage.packages},
         "tools": stage.tools() if stage.tools else {},
     }
+
+
+def input_digests(stage: Stage, manifests: dict[str, Manifest]) -> dict[str, str]:
+    """The identity of what the stage reads of each input (by role): the whole upstream output, or only the
+    subfolder `input_folders` names. Early cutoff, as Bazel and Shake have it: export keys on the tune stage's
+    `qgraph/` alone, so a tune that ran again and chose the same graph (its report and metrics changed) leaves
+    every export and check up to date."""
+    return {role: manifest.digest_of(stage.input_folders.get(role)) for role, manifest in manifests.items()}
 
 
 def key_parts(stage: Stage, input_digests: dict[str, str]) -> dict[str, Any]:
@@ -91,6 +100,8 @@ def plan(recipe: Recipe, capabilities: dict[str, CapabilitySpec], targets: list[
         model_files["weights"] = model.weights
     for index, extra in enumerate(model.depends):
         model_files[f"depends{index}"] = extra
+    model_files.update(_side_files(recipe))
+    hooks = _trace_hooks(recipe)
     stages = [
         Stage(
             "trace",
@@ -100,10 +111,11 @@ def plan(recipe: Recipe, capabilities: dict[str, CapabilitySpec], targets: list[
                 "entry": _source_entry(recipe),
                 "inputs": None if model.inputs is None else {  # a shape, or {shape, dtype} of an integer input
                     name: entry if isinstance(entry, list) else entry.model_dump() for name, entry in model.inputs.items()},
-                "hooks": _trace_hooks(recipe),
+                "hooks": hooks,
             },
             files=model_files,
             packages=_framework_packages(recipe),
+            plugins=_tracer_modules(recipe) + tuple(_target_module(hook["kind"]) for hook in hooks),
         ),
         Stage(
             "calibrate",
@@ -125,6 +137,26 @@ def plan(recipe: Recipe, capabilities: dict[str, CapabilitySpec], targets: list[
             stages.append(tune_stage_of(recipe, capabilities[capability], target))
         stages.extend(_target_stages(recipe, target, capability))
     return stages
+
+
+def _side_files(recipe: Recipe) -> dict[str, Path]:
+    """The files tracing reads besides those the recipe names, as the frontend finds them in the model itself:
+    ONNX external data, the modules a model's .py file imports from its folder. Each enters the trace key by
+    content under its name relative to the model, so changing one traces again (a stale build otherwise)."""
+    from dabuild.trace.base import python_imports
+
+    model_file = _source_file(recipe)
+    if model_file is None:
+        return {}
+    if model_file.suffix == ".py":
+        found = python_imports(model_file)
+    else:
+        from dabuild.plugins import TRACERS, load
+
+        framework = _framework(recipe)
+        found = load(TRACERS, framework).side_files(model_file) if framework else []
+    return {f"side:{path.relative_to(model_file.parent).as_posix()}": path for path in found
+            if path.is_file() and path.resolve().is_relative_to(model_file.parent.resolve())}
 
 
 def _trace_hooks(recipe: Recipe) -> list[dict[str, Any]]:
@@ -180,6 +212,10 @@ def tune_stage_of(recipe: Recipe, capability: CapabilitySpec, target: TargetSpec
                   *_cost_model_packages(recipe, capability), *(target_class.packages if target_class else ())),
         tools=lambda: {**_interpreter_tools(), **_budget_tools(budgets)},
         programs=lambda: [*_interpreter_programs(), *_budget_programs(budgets)],
+        plugins=tuple(sorted({*_cost_model_modules(recipe, capability),
+                              *(_target_module(t.kind) for t in recipe.targets if {"kind": t.kind, "options": t.options}
+                                in budgets),
+                              *((_target_module(target.kind),) if target is not None else ())})),
     )
 
 
@@ -234,6 +270,33 @@ def _interpreter_programs() -> list[Path]:
     return [path] if path else []
 
 
+def _target_module(kind: str) -> str:
+    from dabuild.plugins import TARGETS, module_of
+
+    return module_of(TARGETS, kind)
+
+
+def _tracer_modules(recipe: Recipe) -> tuple[str, ...]:
+    """The frontend that traces the model (every installed one when only running the model can tell)."""
+    from dabuild.plugins import TRACERS, available, module_of
+
+    framework = _framework(recipe)
+    names = [framework] if framework in available(TRACERS) else available(TRACERS)
+    return tuple(sorted(module_of(TRACERS, name) for name in names))
+
+
+def _cost_model_modules(recipe: Recipe, capability: CapabilitySpec) -> tuple[str, ...]:
+    """The cost model the search minimises, when its objective is the capability's estimate."""
+    from dabuild.capability import COST_MODELS
+    from dabuild.plugins import available, module_of
+    from dabuild.tune.objective import ESTIMATE, resolve_objective
+
+    name = capability.cost_model
+    if name is None or resolve_objective(recipe.tuning.objective, capability) != ESTIMATE:
+        return ()
+    return (module_of(COST_MODELS, name),) if name in available(COST_MODELS) else ()
+
+
 def _cost_model_packages(recipe: Recipe, capability: CapabilitySpec) -> tuple[str, ...]:
     """The packages of the cost model the search minimises, when its objective is the capability's estimate."""
     from dabuild.capability import COST_MODELS
@@ -264,10 +327,12 @@ def _target_stages(recipe: Recipe, target: TargetSpec, capability: str) -> list[
         "export",
         {"kind": target.kind, "options": options},
         inputs={"qgraph": f"tune:{capability}"},
+        input_folders={"qgraph": "qgraph"},
         packages=target_class.packages,
         tools=lambda: instance().export_tools(),
         programs=lambda: instance().export_programs(),
         target=target.name,
+        plugins=(_target_module(target.kind),),
     )
     check = Stage(
         f"check:{target.name}",
@@ -281,11 +346,13 @@ def _target_stages(recipe: Recipe, target: TargetSpec, capability: str) -> list[
             "metric": recipe.data.metric,
         },
         inputs={"qgraph": f"tune:{capability}", "artifact": export.name},
+        input_folders={"qgraph": "qgraph"},
         files={"evaluation": evaluation.source, **_metric_file(recipe)},
         packages=("numpy", *target_class.packages),
         tools=lambda: instance().runtime_version(),
         programs=lambda: instance().programs(),
         target=target.name,
+        plugins=(_target_module(target.kind),),
     )
     return [export, check]
 
@@ -332,6 +399,12 @@ def _framework_packages(recipe: Recipe) -> tuple[str, ...]:
     Without `model.framework`, a model file's suffix chooses the framework, exactly
     as tracing will (so `source: model.onnx` still keys on the onnx version).
     """
+    return {"onnx": ("onnx",), "torch": ("torch",), "keras": ("keras", "torch", "hgq2")}.get(_framework(recipe) or "", ())
+
+
+def _framework(recipe: Recipe) -> str | None:
+    """The framework that traces the model: the recipe's, else the one its model file's suffix chooses
+    exactly as tracing will (None when only the loaded model can tell)."""
     framework = recipe.model.framework
     model_file = _source_file(recipe)
     if framework is None and model_file is not None and ":" not in recipe.model.source:
@@ -342,4 +415,4 @@ def _framework_packages(recipe: Recipe) -> tuple[str, ...]:
             framework = choose_framework(model_file)
         except UsageError:  # no frontend reads it: tracing reports that
             framework = None
-    return {"onnx": ("onnx",), "torch": ("torch",), "keras": ("keras", "torch", "hgq2")}.get(framework or "", ())
+    return framework

@@ -92,7 +92,7 @@ def export(run: StageRun) -> None:
     from dabuild.quant.qgraph import QGraph
 
     target = target_of(run.stage.config)
-    target.export(QGraph.load(run.inputs["qgraph"] / "qgraph"), run.out_dir)
+    target.export(target.integer_graph(QGraph.load(run.inputs["qgraph"] / "qgraph")), run.out_dir)
     target.post_export(run.out_dir)
 
 
@@ -104,12 +104,12 @@ def check(run: StageRun) -> None:
 
     config = run.stage.config
     target = target_of(config)
-    qgraph = QGraph.load(run.inputs["qgraph"] / "qgraph")
+    qgraph = target.integer_graph(QGraph.load(run.inputs["qgraph"] / "qgraph"))
     spec = DataFile.from_config(config["evaluation"], run.stage.files["evaluation"])
     x = next(iter(load_inputs(spec, None, qgraph.input_names, qgraph.input_names if qgraph.takes_indices else ())
                   .values()))
     labels = required_labels(spec, None)
-    if config["samples"] is not None:
+    if config["samples"] != "all":
         x, labels = x[: config["samples"]], labels[: config["samples"]]
     metric = load_metric(config["metric"], None, run.stage.files.get("metric"))
     check_stage(target, qgraph, run.inputs["artifact"], x, config["tolerance"], run.out_dir,

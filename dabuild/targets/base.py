@@ -112,6 +112,12 @@ class Target:
     def post_export(self, out_dir: Path) -> None:
         """Called after export with the finished artifact directory."""
 
+    def integer_graph(self, qgraph: QGraph) -> QGraph:
+        """The tuned QGraph as this target's artifact computes it, which export writes and check's integer
+        reference runs: the same one, or (an option `rounding`) the same integers requantized with another
+        rounding (`fixed_point.ROUNDINGS`)."""
+        return qgraph
+
     def stored_bytes(self, qgraph: QGraph) -> int:
         """Bytes the artifact of `qgraph` stores for weights and parameters: what tuning objective `size`
         minimises for the capability this target is built for.
