@@ -581,9 +581,14 @@ def _check_float_islands(document: YamlDocument, space: SpaceNarrowing, targets:
 def _without_float_kernel(op: str, targets: list[TargetSpec], resolved: list[tuple[dict, str, Tolerance]],
                           capabilities: dict[str, CapabilitySpec]) -> list[tuple[str, str]]:
     """The targets whose capability runs float islands but none of op `op` (it is not in their float_ops)."""
+    from dabuild.plugins import TARGETS, load
+    from dabuild.targets.base import capability_for
+
     found = []
-    for target, (_, capability, _) in zip(targets, resolved):
+    for target, (options, capability, _) in zip(targets, resolved):
         spec = capabilities.get(capability)
+        if spec is not None:
+            spec = capability_for(spec, [(load(TARGETS, target.kind), options)])
         if spec is not None and spec.fp32_fallback and not spec.runs_float(op):
             kernels = ", ".join(spec.float_ops or [])
             found.append((target.name, f"capability {capability!r} has no float kernel for op {op!r} (float_ops: {kernels})"))

@@ -167,8 +167,7 @@ def tune_stage_of(recipe: Recipe, capability: CapabilitySpec, target: TargetSpec
         "tune",
         {
             "tuning": recipe.tuning.model_dump(mode="json"),
-            "capability": _without_refused_islands(recipe, capability).model_dump(mode="json",
-                                                                                  exclude={"description"}),
+            "capability": _as_run(recipe, capability).model_dump(mode="json", exclude={"description"}),
             "metric": recipe.data.metric,
             "evaluation": _data_config(evaluation),
             **({"budgets": budgets} if budgets else {}),
@@ -184,14 +183,14 @@ def tune_stage_of(recipe: Recipe, capability: CapabilitySpec, target: TargetSpec
     )
 
 
-def _without_refused_islands(recipe: Recipe, capability: CapabilitySpec) -> CapabilitySpec:
-    """The capability the search reads: without float islands when a target built for it runs none with its
-    options (the c target on a core without an FPU), so tuning never picks a config that target refuses."""
+def _as_run(recipe: Recipe, capability: CapabilitySpec) -> CapabilitySpec:
+    """The capability the search reads: as the targets built for it run it (`capability_for`), so tuning never
+    picks a float island one of them cannot write."""
     from dabuild.plugins import TARGETS, load
+    from dabuild.targets.base import capability_for
 
-    refused = any(load(TARGETS, t.kind).refuses_float_islands(t.options or {}) for t in recipe.targets
-                  if _capability_name(t) == capability.name)
-    return capability.model_copy(update={"fp32_fallback": False}) if refused and capability.fp32_fallback else capability
+    return capability_for(capability, [(load(TARGETS, t.kind), t.options or {}) for t in recipe.targets
+                                       if _capability_name(t) == capability.name])
 
 
 def _budgeted_targets(budgets: list[dict[str, Any]]) -> list[Any]:

@@ -21,7 +21,7 @@ which side of quantization the artifact's `run` faces:
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -30,8 +30,10 @@ from pydantic import BaseModel, ConfigDict
 
 from dabuild.errors import BuildError
 from dabuild.quant.qgraph import QGraph
+from dabuild.registry import Registry
 
 if TYPE_CHECKING:
+    from dabuild.capability import CapabilitySpec
     from dabuild.recipe import Tolerance
 
 
@@ -53,6 +55,18 @@ class Target:
 
     def __init__(self, options: Target.Options | None = None):
         self.options = options if options is not None else self.Options()
+
+    @classmethod
+    def layer_types(cls) -> frozenset[str]:
+        """The QLayer types this target writes, read off its own registry: what `refuse` and docs/ops.md check a
+        lowering's layers against. An optional dependency it lacks is a BuildError naming the extra."""
+        return frozenset()
+
+    @classmethod
+    def float_ops(cls) -> frozenset[str]:
+        """The IR ops this target can write inside a float island, read off its own registry (empty: it runs
+        none). A capability built for it offers no more (`capability_for`); docs/ops.md shows them."""
+        return frozenset()
 
     @classmethod
     def refuses_float_islands(cls, options: dict[str, Any]) -> str | None:
@@ -151,6 +165,45 @@ class Target:
         The script runs in the parent of `artifact_dir`, so it names the artifact by its folder name.
         """
         raise NotImplementedError(f"target {self.kind!r} does not describe how to rerun its artifact")
+
+
+def held(registry: Registry[Any]) -> frozenset[str]:
+    """The names a registry holds, less entries that only refuse (a stage saying why it cannot)."""
+    return frozenset(name for name, entry in registry.items() if not getattr(entry, "refuses", False))
+
+
+def capability_for(capability: CapabilitySpec,
+                   targets: Iterable[tuple[type[Target], dict[str, Any]]]) -> CapabilitySpec:
+    """The capability as the targets built for it (class, recipe options) run it: float islands only of the ops
+    each writes in float (its own table, `float_ops`, within the capability's list where the file narrows it),
+    and none where one refuses them with its options (the c target on a core without an FPU). Tuning searches
+    this, so it never picks an island a target cannot write."""
+    if not capability.fp32_fallback:
+        return capability
+    ops = None if capability.float_ops is None else frozenset(capability.float_ops)
+    for target_class, options in targets:
+        if target_class.refuses_float_islands(options) is not None:
+            return capability.model_copy(update={"fp32_fallback": False})
+        written = target_class.float_ops()
+        ops = written if ops is None else ops & written
+    return capability if ops is None else capability.model_copy(update={"float_ops": sorted(ops)})
+
+
+def refuse_float_layers(qgraph: QGraph, capability: CapabilitySpec, no_fpu: str | None = None) -> None:
+    """BuildError naming the first float layer (a float island's, or the layer feeding one) when the capability
+    cannot run float, or the core cannot (`no_fpu`: why, e.g. "cpu 'cortex-m0' has no FPU")."""
+    from dabuild.quant.layers.fallback import QFloat, QFloatWeighted
+
+    layer = next((layer for layer in qgraph.layers if isinstance(layer, (QFloat, QFloatWeighted))), None)
+    if layer is None:
+        return
+    where = f"node {layer.name!r} ({layer.float_op}) computes in float (a float island, or the layer feeding one)"
+    if not capability.fp32_fallback:
+        raise BuildError(f"{where}, but target capability {capability.name!r} cannot run float (fp32_fallback: "
+                         "false); quantize the island or build it for a target with fp32 fallback")
+    if no_fpu is not None:
+        raise BuildError(f"{where}, but {no_fpu}; quantize the island or build for a core with one "
+                         "(cortex-m4, cortex-m7, cortex-m33, cortex-m55)")
 
 
 def refuse_ops_without_integers(graph: Any, target: str, layer_types: Collection[str],

@@ -40,10 +40,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from dabuild.capability import load_capability
 from dabuild.errors import BuildError
-from dabuild.quant.layers.fallback import QFloat, QFloatWeighted
 from dabuild.quant.qgraph import QGraph
 from dabuild.resources import data_dir
-from dabuild.targets.base import Target, refuse_ops_without_integers
+from dabuild.targets.base import Target, capability_for, held, refuse_float_layers, refuse_ops_without_integers
 from dabuild.targets.c import firmware
 from dabuild.targets.c.codegen import PROGRAM, WEIGHTS_FILE, render, stored_bytes, trace_file
 from dabuild.targets.c.profiles import CPUS, FLOAT_ORDER, PROFILES, Profile
@@ -51,22 +50,6 @@ from dabuild.targets.c.profiles import CPUS, FLOAT_ORDER, PROFILES, Profile
 MANIFEST = "model.json"
 TRACE_PROGRAM = PROGRAM + "_trace"
 TRACE_DIR = "trace"
-
-
-def refuse_float_layers(qgraph: QGraph, capability_name: str, profile: Profile | None = None) -> None:
-    """BuildError naming the first float layer (a float island's, or the layer feeding one) when the capability
-    or the profile's core cannot run float."""
-    capability = load_capability(data_dir("capabilities") / f"{capability_name}.yaml")
-    layer = next((layer for layer in qgraph.layers if isinstance(layer, (QFloat, QFloatWeighted))), None)
-    if layer is None:
-        return
-    where = f"node {layer.name!r} ({layer.float_op}) computes in float (a float island, or the layer feeding one)"
-    if not capability.fp32_fallback:
-        raise BuildError(f"{where}, but target capability {capability.name!r} cannot run float (fp32_fallback: "
-                         "false); quantize the island or build it for a target with fp32 fallback")
-    if profile is not None and not profile.fpu:
-        raise BuildError(f"{where}, but cpu {profile.name!r} has no FPU; quantize the island or build for a core "
-                         "with one (cortex-m4, cortex-m7, cortex-m33, cortex-m55)")
 
 
 _UNITS = {"": 1, "B": 1, "KB": 1000, "KIB": 1024, "MB": 1000**2, "MIB": 1024**2}
@@ -201,11 +184,22 @@ class CTarget(Target):
     def refuse(self, graph: Any) -> None:
         """Every op the C kernels cannot run, by node, before calibration and tuning spend any time (an op
         without an integer form is fine where it can be a float island: in float_ops, on a core with an FPU)."""
+        capability = capability_for(load_capability(data_dir("capabilities") / f"{self.capability}.yaml"),
+                                    [(type(self), self.options.model_dump())])
+        float_ops = (capability.float_ops or []) if capability.fp32_fallback else []
+        refuse_ops_without_integers(graph, self.kind, self.layer_types(), float_ops)
+
+    @classmethod
+    def layer_types(cls) -> frozenset[str]:
         from dabuild.targets.c.kernels import KERNELS
 
-        capability = load_capability(data_dir("capabilities") / f"{self.capability}.yaml")
-        float_ops = (capability.float_ops or []) if capability.fp32_fallback and self.profile.fpu else []
-        refuse_ops_without_integers(graph, self.kind, {key.split("/", 1)[0] for key in KERNELS.names()}, float_ops)
+        return frozenset(key.split("/", 1)[0] for key in held(KERNELS) if not key.startswith(":"))
+
+    @classmethod
+    def float_ops(cls) -> frozenset[str]:
+        from dabuild.targets.c.kernels.island import FLOAT_OPS
+
+        return frozenset(FLOAT_OPS)
 
     @classmethod
     def refuses_float_islands(cls, options: dict[str, Any]) -> str | None:
@@ -221,7 +215,8 @@ class CTarget(Target):
         return stored_bytes(qgraph, self.profile)
 
     def export(self, qgraph: QGraph, out_dir: Path) -> None:
-        refuse_float_layers(qgraph, self.capability, self.profile)
+        capability = load_capability(data_dir("capabilities") / f"{self.capability}.yaml")
+        refuse_float_layers(qgraph, capability, None if self.profile.fpu else f"cpu {self.profile.name!r} has no FPU")
         profile = self.profile
         rendered = render(qgraph, profile)
         out_dir = Path(out_dir)

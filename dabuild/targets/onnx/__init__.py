@@ -27,7 +27,7 @@ from pydantic import Field
 
 from dabuild.errors import BuildError
 from dabuild.quant.qgraph import QGraph
-from dabuild.targets.base import Target
+from dabuild.targets.base import Target, held
 
 MODEL_FILE = "model.onnx"
 PACKAGES = ("onnx", "onnxruntime")
@@ -64,6 +64,15 @@ class OnnxTarget(Target):
         threads: int = Field(default=1, ge=1, description="onnxruntime intra-op threads when checking.")
 
     options: Options
+
+    @classmethod
+    def layer_types(cls) -> frozenset[str]:
+        return held(_import("dabuild.targets.onnx.qdq").WRITERS)
+
+    @classmethod
+    def float_ops(cls) -> frozenset[str]:
+        """What the float exporter spells, where the QDQ writer takes float layers (it writes islands with it)."""
+        return held(_import("dabuild.targets.onnx_float").EXPORTERS) if "float" in cls.layer_types() else frozenset()
 
     def runtime_version(self) -> dict[str, str]:
         def installed(package: str) -> str:
