@@ -301,7 +301,6 @@ def test_tuning_never_makes_an_op_without_a_float_kernel_fp32() -> None:
 def test_tuning_offers_islands_only_where_the_core_runs_them(digits: Path, cpu: str) -> None:
     """The c capability runs float islands, but not on a core without an FPU: the tune stage of a recipe
     building for one reads the capability without them, so tuning never picks a config the target refuses."""
-    from dabuild.capability import discover_capabilities
     from dabuild.pipeline.plan import plan
     from dabuild.recipe import load_recipe
 
@@ -309,7 +308,7 @@ def test_tuning_offers_islands_only_where_the_core_runs_them(digits: Path, cpu: 
     recipe_file.write_text(recipe_file.read_text().replace("options: {cflags: [-O2]}",
                                                            f"options: {{cflags: [-O2], cpu: {cpu}}}"))
     recipe = load_recipe(recipe_file)
-    [tune] = [stage for stage in plan(recipe, discover_capabilities(), ["mcu"]) if stage.kind == "tune"]
+    [tune] = [stage for stage in plan(recipe, ["mcu"]) if stage.kind == "tune"]
     assert tune.config["capability"]["fp32_fallback"] is (cpu == "host")
 
 

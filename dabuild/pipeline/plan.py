@@ -8,6 +8,7 @@ into its cache key (see `key_parts`), and nothing else may influence its outputs
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,7 +19,7 @@ from dabuild.pipeline.hashing import canonical_json, hash_file, hash_value
 
 if TYPE_CHECKING:
     from dabuild.capability import CapabilitySpec
-    from dabuild.recipe import Recipe, TargetSpec
+    from dabuild.recipe import Recipe, ResolvedTarget, TargetSpec
 
 # Bump a stage's version when its code changes (tests/test_stage_versions.py enforces it; see pipeline/versions.py).
 STAGE_VERSIONS = {"trace": 23, "calibrate": 22, "tune": 33, "export": 32, "check": 27}
@@ -35,6 +36,9 @@ class Stage:
     tools: Callable[[], dict[str, str]] | None = None      # versions of external programs (compilers, simulators)
     programs: Callable[[], list[Path]] | None = None        # those programs' files, which the no-op fast path watches
     target: str | None = None              # the recipe target an export/check stage belongs to
+    # The target plugins the stage runs, by role ("target"; "hooks"; "budgets" and "stored_by" of tune), made
+    # from the recipe's resolved targets: their kind, options and capability are in `config`, so in the key.
+    plugins: dict[str, Any] = field(default_factory=dict)
 
     @property
     def dirname(self) -> str:
@@ -82,9 +86,10 @@ def cache_key(parts: dict[str, Any]) -> str:
     return hash_value(parts)
 
 
-def plan(recipe: Recipe, capabilities: dict[str, CapabilitySpec], targets: list[str] | None = None) -> list[Stage]:
+def plan(recipe: Recipe, targets: list[str] | None = None) -> list[Stage]:
     """The stages that build `targets` (all recipe targets when None), in dependency order."""
     model = recipe.model
+    hooks = _trace_hooks(recipe)
     source_file = _source_file(recipe)
     model_files = {"source": source_file} if source_file else {}
     if model.weights:
@@ -100,10 +105,12 @@ def plan(recipe: Recipe, capabilities: dict[str, CapabilitySpec], targets: list[
                 "entry": _source_entry(recipe),
                 "inputs": None if model.inputs is None else {  # a shape, or {shape, dtype} of an integer input
                     name: entry if isinstance(entry, list) else entry.model_dump() for name, entry in model.inputs.items()},
-                "hooks": _trace_hooks(recipe),
+                "hooks": [{"kind": hook.target_class.kind, "options": hook.options.model_dump(mode="json")}
+                          for hook in hooks],
             },
             files=model_files,
             packages=_framework_packages(recipe),
+            plugins={"hooks": [hook.target() for hook in hooks]},
         ),
         Stage(
             "calibrate",
@@ -122,29 +129,27 @@ def plan(recipe: Recipe, capabilities: dict[str, CapabilitySpec], targets: list[
         capability = _capability_name(target)
         if capability not in tuned:
             tuned.add(capability)
-            stages.append(tune_stage_of(recipe, capabilities[capability], target))
+            stages.append(tune_stage_of(recipe, recipe.known_capabilities[capability], target))
         stages.extend(_target_stages(recipe, target, capability))
     return stages
 
 
-def _trace_hooks(recipe: Recipe) -> list[dict[str, Any]]:
-    """The targets (kind and options) whose `pre_trace`/`post_trace` hooks run in the trace stage.
+def _trace_hooks(recipe: Recipe) -> list[ResolvedTarget]:
+    """The targets (one per kind and options) whose `pre_trace`/`post_trace` hooks run in the trace stage.
 
-    They enter the trace key, so a recipe with a hooked target never reuses a trace
+    Their kind and options enter the trace key, so a recipe with a hooked target never reuses a trace
     made without its hooks; the built-in targets have none, so their recipes share traces (the ops a
     target cannot take are refused right after trace by `Target.refuse`, which changes nothing).
     """
-    from dabuild.plugins import TARGETS, load
     from dabuild.targets.base import Target
 
-    hooked = []
-    for target in recipe.targets:
-        cls = load(TARGETS, target.kind)
+    hooked: dict[str, ResolvedTarget] = {}
+    for resolved in recipe.resolved.values():
+        cls = resolved.target_class
         if cls.pre_trace is not Target.pre_trace or cls.post_trace is not Target.post_trace:
-            hook = {"kind": target.kind, "options": target.options}
-            if hook not in hooked:
-                hooked.append(hook)
-    return sorted(hooked, key=canonical_json)
+            key = canonical_json({"kind": cls.kind, "options": resolved.options.model_dump(mode="json")})
+            hooked.setdefault(key, resolved)
+    return [hooked[key] for key in sorted(hooked)]
 
 
 def tune_stage_of(recipe: Recipe, capability: CapabilitySpec, target: TargetSpec | None = None) -> Stage:
@@ -152,16 +157,16 @@ def tune_stage_of(recipe: Recipe, capability: CapabilitySpec, target: TargetSpec
 
     `target`, the first recipe target built for the capability, measures the artifact size objective `size`
     minimises (its kind, size options and packages enter the key); without one, `size` counts weight bits."""
-    from dabuild.plugins import TARGETS, load
-
-    target_class = load(TARGETS, target.kind) if target is not None else None
+    stored_by = recipe.resolved[target.name] if target is not None else None
+    target_class = stored_by.target_class if stored_by is not None else None
     evaluation = recipe.data.evaluation
     files = {"evaluation": evaluation.source, **_metric_file(recipe)}
     plotting = ("matplotlib",)  # the report's plots exist only when it is installed
     # Targets of this capability with a budget (c's flash/RAM): tuning never chooses a config that overflows one.
-    budgets = sorted(({"kind": t.kind, "options": t.options} for t in recipe.targets
-                      if _capability_name(t) == capability.name and (t.options or {}).get("budget")),
-                     key=canonical_json)
+    budgeted = {canonical_json({"kind": t.kind, "options": t.options}): recipe.resolved[t.name].target()
+                for t in recipe.targets if _capability_name(t) == capability.name and (t.options or {}).get("budget")}
+    budgets = [json.loads(key) for key in sorted(budgeted)]
+    budget_targets = [budgeted[key] for key in sorted(budgeted)]
     return Stage(
         f"tune:{capability.name}",
         "tune",
@@ -178,36 +183,29 @@ def tune_stage_of(recipe: Recipe, capability: CapabilitySpec, target: TargetSpec
         files=files,
         packages=("numpy", *plotting, *(("optuna",) if recipe.tuning.strategy == "bayesian" else ()),
                   *_cost_model_packages(recipe, capability), *(target_class.packages if target_class else ())),
-        tools=lambda: {**_interpreter_tools(), **_budget_tools(budgets)},
-        programs=lambda: [*_interpreter_programs(), *_budget_programs(budgets)],
+        tools=lambda: {**_interpreter_tools(), **_budget_tools(budget_targets)},
+        programs=lambda: [*_interpreter_programs(), *_budget_programs(budget_targets)],
+        plugins={"budgets": budget_targets, **({"stored_by": stored_by.target()} if stored_by else {})},
     )
 
 
 def _as_run(recipe: Recipe, capability: CapabilitySpec) -> CapabilitySpec:
     """The capability the search reads: as the targets built for it run it (`capability_for`), so tuning never
     picks a float island one of them cannot write."""
-    from dabuild.plugins import TARGETS, load
-    from dabuild.targets.base import capability_for
+    from dabuild.capability import capability_for
 
-    return capability_for(capability, [(load(TARGETS, t.kind), t.options or {}) for t in recipe.targets
-                                       if _capability_name(t) == capability.name])
-
-
-def _budgeted_targets(budgets: list[dict[str, Any]]) -> list[Any]:
-    from dabuild.plugins import TARGETS, load
-
-    classes = [load(TARGETS, budget["kind"]) for budget in budgets]
-    return [cls(cls.Options.model_validate(budget["options"])) for cls, budget in zip(classes, budgets)]
+    return capability_for(capability, [(recipe.resolved[t.name].target_class, t.options or {})
+                                       for t in recipe.targets if _capability_name(t) == capability.name])
 
 
-def _budget_tools(budgets: list[dict[str, Any]]) -> dict[str, str]:
+def _budget_tools(budgeted: list[Any]) -> dict[str, str]:
     """The tools a budgeted target measures its artifact with (the cross compiler): tuning asks it whether each
     config fits, so a new one may change the choice."""
-    return {tool: version for target in _budgeted_targets(budgets) for tool, version in target.export_tools().items()}
+    return {tool: version for target in budgeted for tool, version in target.export_tools().items()}
 
 
-def _budget_programs(budgets: list[dict[str, Any]]) -> list[Path]:
-    return [path for target in _budgeted_targets(budgets) for path in target.export_programs()]
+def _budget_programs(budgeted: list[Any]) -> list[Path]:
+    return [path for target in budgeted for path in target.export_programs()]
 
 
 def _metric_file(recipe: Recipe) -> dict[str, Path]:
@@ -247,25 +245,23 @@ def _cost_model_packages(recipe: Recipe, capability: CapabilitySpec) -> tuple[st
 
 
 def _target_stages(recipe: Recipe, target: TargetSpec, capability: str) -> list[Stage]:
-    from dabuild.plugins import TARGETS, load
-
-    target_class = load(TARGETS, target.kind)
+    resolved = recipe.resolved[target.name]
+    target_class, plugin = resolved.target_class, resolved.target()
     options = target.options
     evaluation = recipe.data.evaluation
     tolerance = target.check_io.tolerance or target_class.default_tolerance
-
-    def instance() -> Any:
-        return target_class(target_class.Options.model_validate(options))
+    runs = resolved.capability.model_dump(mode="json", exclude={"description"})  # what its refusals read
 
     export = Stage(
         f"export:{target.name}",
         "export",
-        {"kind": target.kind, "options": options},
+        {"kind": target.kind, "options": options, "capability": runs},
         inputs={"qgraph": f"tune:{capability}"},
         packages=target_class.packages,
-        tools=lambda: instance().export_tools(),
-        programs=lambda: instance().export_programs(),
+        tools=plugin.export_tools,
+        programs=plugin.export_programs,
         target=target.name,
+        plugins={"target": plugin},
     )
     check = Stage(
         f"check:{target.name}",
@@ -273,6 +269,7 @@ def _target_stages(recipe: Recipe, target: TargetSpec, capability: str) -> list[
         {
             "kind": target.kind,
             "options": options,
+            "capability": runs,
             "tolerance": tolerance,
             "samples": target.check_io.samples,
             "evaluation": _data_config(evaluation),
@@ -281,19 +278,18 @@ def _target_stages(recipe: Recipe, target: TargetSpec, capability: str) -> list[
         inputs={"qgraph": f"tune:{capability}", "artifact": export.name},
         files={"evaluation": evaluation.source, **_metric_file(recipe)},
         packages=("numpy", *target_class.packages),
-        tools=lambda: instance().runtime_version(),
-        programs=lambda: instance().programs(),
+        tools=plugin.runtime_version,
+        programs=plugin.programs,
         target=target.name,
+        plugins={"target": plugin},
     )
     return [export, check]
 
 
 def _capability_name(target: TargetSpec) -> str:
-    if target.capability:
-        return target.capability
-    from dabuild.plugins import TARGETS, load
-
-    return load(TARGETS, target.kind).capability
+    """The capability the target is tuned for (load_recipe filled it in: the recipe's, or its kind's own)."""
+    assert target.capability is not None, "a recipe from load_recipe names every target's capability"
+    return target.capability
 
 
 def _data_config(spec: Any) -> dict[str, Any]:

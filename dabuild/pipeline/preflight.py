@@ -49,11 +49,9 @@ def preflight(recipe: Recipe, graph_dir: Path, capabilities: list[Any]) -> None:
 def refuse_unbuildable(graph_dir: Path, exports: list[Any]) -> None:
     """Each target's `refuse` on the traced graph: a BuildError naming target, op and nodes it cannot build,
     before calibration and tuning spend any time."""
-    from dabuild.pipeline.stages import target_of
-
     graph = Graph.load(graph_dir)
     for stage in exports:
-        target_of(stage.config).refuse(graph)
+        stage.plugins["target"].refuse(graph)
 
 
 def _used(spec: Any, key: str) -> np.ndarray:

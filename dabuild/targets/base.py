@@ -21,7 +21,7 @@ which side of quantization the artifact's `run` faces:
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+from collections.abc import Collection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -53,8 +53,22 @@ class Target:
     class Options(BaseModel):
         model_config = ConfigDict(extra="forbid")
 
-    def __init__(self, options: Target.Options | None = None):
+    def __init__(self, options: Target.Options | None = None, capability: CapabilitySpec | None = None):
+        """`capability`: the one the recipe resolved for this target (`ResolvedTarget`); None: the kind's own
+        bundled one, as this target runs it."""
         self.options = options if options is not None else self.Options()
+        self._capability = capability
+
+    @property
+    def capability_spec(self) -> CapabilitySpec:
+        """The capability this target builds for: what its float-island refusals read."""
+        if self._capability is None:
+            from dabuild.capability import capability_for, load_capability
+            from dabuild.resources import data_dir
+
+            bundled = load_capability(data_dir("capabilities") / f"{self.capability}.yaml")
+            self._capability = capability_for(bundled, [(type(self), self.options.model_dump())])
+        return self._capability
 
     @classmethod
     def layer_types(cls) -> frozenset[str]:
@@ -170,23 +184,6 @@ class Target:
 def held(registry: Registry[Any]) -> frozenset[str]:
     """The names a registry holds, less entries that only refuse (a stage saying why it cannot)."""
     return frozenset(name for name, entry in registry.items() if not getattr(entry, "refuses", False))
-
-
-def capability_for(capability: CapabilitySpec,
-                   targets: Iterable[tuple[type[Target], dict[str, Any]]]) -> CapabilitySpec:
-    """The capability as the targets built for it (class, recipe options) run it: float islands only of the ops
-    each writes in float (its own table, `float_ops`, within the capability's list where the file narrows it),
-    and none where one refuses them with its options (the c target on a core without an FPU). Tuning searches
-    this, so it never picks an island a target cannot write."""
-    if not capability.fp32_fallback:
-        return capability
-    ops = None if capability.float_ops is None else frozenset(capability.float_ops)
-    for target_class, options in targets:
-        if target_class.refuses_float_islands(options) is not None:
-            return capability.model_copy(update={"fp32_fallback": False})
-        written = target_class.float_ops()
-        ops = written if ops is None else ops & written
-    return capability if ops is None else capability.model_copy(update={"float_ops": sorted(ops)})
 
 
 def refuse_float_layers(qgraph: QGraph, capability: CapabilitySpec, no_fpu: str | None = None) -> None:

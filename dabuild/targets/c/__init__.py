@@ -26,6 +26,7 @@ what overflows and by how much.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import re
 import shlex
@@ -38,11 +39,9 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from dabuild.capability import load_capability
 from dabuild.errors import BuildError
 from dabuild.quant.qgraph import QGraph
-from dabuild.resources import data_dir
-from dabuild.targets.base import Target, capability_for, held, refuse_float_layers, refuse_ops_without_integers
+from dabuild.targets.base import Target, held, refuse_float_layers, refuse_ops_without_integers
 from dabuild.targets.c import firmware
 from dabuild.targets.c.codegen import PROGRAM, WEIGHTS_FILE, render, stored_bytes, trace_file
 from dabuild.targets.c.profiles import CPUS, FLOAT_ORDER, PROFILES, Profile
@@ -86,6 +85,18 @@ class Budget(BaseModel):
             if limit is not None and used is not None and used > limit:
                 found.append(f"{name} {used} bytes exceeds the budget of {limit} by {used - limit}")
         return found
+
+
+def read_manifest(artifact_dir: Path) -> dict[str, Any]:
+    """The artifact's model.json, read from disk once per version of the file (run, trace and measurements
+    each need parts of it, batch after batch). Callers copy what they change."""
+    stat = (Path(artifact_dir) / MANIFEST).stat()
+    return _parsed_manifest(Path(artifact_dir) / MANIFEST, stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=8)
+def _parsed_manifest(path: Path, mtime_ns: int, size: int) -> dict[str, Any]:
+    return json.loads(path.read_text())
 
 
 def _tool_version(path: str) -> str:
@@ -184,8 +195,7 @@ class CTarget(Target):
     def refuse(self, graph: Any) -> None:
         """Every op the C kernels cannot run, by node, before calibration and tuning spend any time (an op
         without an integer form is fine where it can be a float island: in float_ops, on a core with an FPU)."""
-        capability = capability_for(load_capability(data_dir("capabilities") / f"{self.capability}.yaml"),
-                                    [(type(self), self.options.model_dump())])
+        capability = self.capability_spec
         float_ops = (capability.float_ops or []) if capability.fp32_fallback else []
         refuse_ops_without_integers(graph, self.kind, self.layer_types(), float_ops)
 
@@ -215,8 +225,7 @@ class CTarget(Target):
         return stored_bytes(qgraph, self.profile)
 
     def export(self, qgraph: QGraph, out_dir: Path) -> None:
-        capability = load_capability(data_dir("capabilities") / f"{self.capability}.yaml")
-        refuse_float_layers(qgraph, capability, None if self.profile.fpu else f"cpu {self.profile.name!r} has no FPU")
+        refuse_float_layers(qgraph, self.capability_spec, None if self.profile.fpu else f"cpu {self.profile.name!r} has no FPU")
         profile = self.profile
         rendered = render(qgraph, profile)
         out_dir = Path(out_dir)
@@ -250,7 +259,7 @@ class CTarget(Target):
 
     def _build_command(self, compiler: str, artifact_dir: Path, prefix: str, program: str) -> list[str]:
         """The compile line of the host test program; sources are named `prefix/<file>`."""
-        manifest = json.loads((artifact_dir / MANIFEST).read_text())
+        manifest = read_manifest(artifact_dir)
         flags = list(FLOAT_ORDER) if self.profile.cortex_m else list(self.profile.flags)
         flags += [f"-Wa,{flag}{prefix}" for flag in manifest.get("assembler_flags", [])]
         return [compiler, "-std=c99", *flags, *self.options.cflags, "-o", program,
@@ -273,7 +282,7 @@ class CTarget(Target):
                  traced: bool = False) -> np.ndarray:
         """Run a built test program or image on `inputs` (int8 samples, or int32 token ids, all in one run); its
         outputs, one row per sample. It reads work_dir/inputs.bin and writes work_dir/outputs.bin (and work_dir/trace/)."""
-        manifest = json.loads((artifact_dir / MANIFEST).read_text())
+        manifest = read_manifest(artifact_dir)
         samples = np.ascontiguousarray(inputs, dtype=manifest.get("input_dtype", "int8")).reshape(len(inputs), -1)
         if samples.shape[1] != manifest["input_size"]:
             raise BuildError(f"C artifact {artifact_dir} takes {manifest['input_size']} values per sample, "
@@ -309,7 +318,7 @@ class CTarget(Target):
             return None
         with tempfile.TemporaryDirectory(prefix="dabuild-fit-") as work:
             self.export(qgraph, Path(work))
-            measured = json.loads((Path(work) / MANIFEST).read_text())["firmware"]
+            measured = read_manifest(Path(work))["firmware"]
         overflows = self.options.budget.overflows(measured)
         return f"{self.options.cpu}: " + "; ".join(overflows) if overflows else None
 
@@ -317,7 +326,7 @@ class CTarget(Target):
         budget = self.options.budget
         if budget is None:
             return
-        measured = json.loads((artifact_dir / MANIFEST).read_text()).get("firmware", {})
+        measured = read_manifest(artifact_dir).get("firmware", {})
         overflows = budget.overflows(measured)
         if overflows:
             raise BuildError(f"the {self.profile.name} build of {artifact_dir} does not fit its budget: "
@@ -329,17 +338,17 @@ class CTarget(Target):
         self._check_budget(artifact_dir)
         program = self._build(artifact_dir, work_dir)
         rows = self._execute(artifact_dir, program, inputs, work_dir)
-        shape = json.loads((artifact_dir / MANIFEST).read_text())["output_shape"]
+        shape = read_manifest(artifact_dir)["output_shape"]
         return rows.reshape(len(rows), *shape)
 
     def measurements(self, artifact_dir: Path, inputs: np.ndarray, work_dir: Path) -> dict[str, Any]:
         """model.json's firmware figures, and under qemu the instructions model_forward retires on the first
         sample (a counting image: -DDABUILD_COUNT)."""
         artifact_dir, work_dir = Path(artifact_dir), Path(work_dir)
-        measured = dict(json.loads((artifact_dir / MANIFEST).read_text()).get("firmware", {}))
+        measured = dict(read_manifest(artifact_dir).get("firmware", {}))
         if self.runner == "qemu" and len(inputs):
             image = self._build(artifact_dir, work_dir, ("-DDABUILD_COUNT",))
-            dtype = json.loads((artifact_dir / MANIFEST).read_text()).get("input_dtype", "int8")
+            dtype = read_manifest(artifact_dir).get("input_dtype", "int8")
             np.ascontiguousarray(inputs[:1], dtype=dtype).tofile(work_dir / "inputs.bin")
             counts = firmware.count_instructions(self.profile, image, work_dir, self.options.timeout)
             measured["instructions_per_inference"] = counts[0]
@@ -354,7 +363,7 @@ class CTarget(Target):
         before tracing existed (its manifest lists no traced tensors), and for a user's runner command.
         """
         artifact_dir, work_dir = Path(artifact_dir), Path(work_dir)
-        traced = json.loads((artifact_dir / MANIFEST).read_text()).get("traced")
+        traced = read_manifest(artifact_dir).get("traced")
         if traced is None or self.runner == "command":
             return None
         (work_dir / TRACE_DIR).mkdir()

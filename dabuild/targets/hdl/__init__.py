@@ -28,10 +28,8 @@ from typing import ClassVar, Literal
 import numpy as np
 from pydantic import Field
 
-from dabuild.capability import load_capability
 from dabuild.errors import BuildError, CheckError
 from dabuild.quant.qgraph import QGraph
-from dabuild.resources import data_dir
 from dabuild.targets.base import Target, held, refuse_float_layers
 from dabuild.targets.hdl.simulators import simulator, simulator_programs, simulator_version
 
@@ -105,7 +103,7 @@ class HdlTarget(Target):
 
 
     def export(self, qgraph: QGraph, out_dir: Path) -> None:
-        refuse_float_layers(qgraph, load_capability(data_dir("capabilities") / f"{self.capability}.yaml"))
+        refuse_float_layers(qgraph, self.capability_spec)
         program = _import("dabuild.targets.hdl.program")
         rtl = _import("dabuild.targets.hdl.rtl")
         comb = program.trace(qgraph, self._hwconf())

@@ -25,6 +25,7 @@ from typing import Any, ClassVar
 import numpy as np
 from pydantic import Field
 
+from dabuild.capability import CapabilitySpec
 from dabuild.errors import BuildError
 from dabuild.quant.qgraph import QGraph
 from dabuild.targets.base import Target, held
@@ -94,8 +95,8 @@ class OnnxTarget(Target):
         qdq = _import("dabuild.targets.onnx.qdq")
         return qdq.initializer_bytes(qdq.to_qdq_onnx(qgraph, self.options.opset, check=False))
 
-    def __init__(self, options: Target.Options | None = None):
-        super().__init__(options)
+    def __init__(self, options: Target.Options | None = None, capability: CapabilitySpec | None = None):
+        super().__init__(options, capability)
         self._sessions: dict[str, tuple[tuple[str, int, int], Any, dict[str, str] | None]] = {}
 
     def _session(self, purpose: str, artifact_dir: Path) -> tuple[Any, dict[str, str] | None]:
