@@ -105,7 +105,6 @@ def undeclared_converters() -> list[str]:
 
 def undeclared_lowerings() -> list[str]:
     """Lowerings that do not say which layer types they make."""
-    from dabuild.quant import layers  # noqa: F401  (registers every lowering)
     from dabuild.quant.lowering import LOWERINGS
 
     return [name for name, lowerer in LOWERINGS.items() if lowerer.layers is None]
@@ -117,7 +116,6 @@ def _list(names: Iterable[str]) -> str:
 
 def rows(found: Tables | None = None) -> list[dict[str, str]]:
     """One dict per IR op: stage -> cell text (the table, as data, for tests and tools)."""
-    from dabuild.quant import layers  # noqa: F401  (registers every lowering)
     from dabuild.quant.lowering import LOWERINGS, integer_layers
 
     found = found or tables()

@@ -23,6 +23,7 @@ from dabuild.quant.config import NodeConfig, QuantChoice
 from dabuild.quant.dtypes import NAMES_TEXT, int_type, is_int_type
 from dabuild.quant.fixed_point import round_half_away
 from dabuild.quant.given import EXACT, GIVEN, WeightBlocks, weight_blocks, weight_integers
+from dabuild.quant.layers import MODULES as LAYER_MODULES
 from dabuild.quant.qgraph import LAYER_TYPES, QLayer, QTensor, QuantParams
 from dabuild.registry import Registry
 
@@ -289,7 +290,7 @@ class Lowerer:
         return made
 
 
-LOWERINGS: Registry[Lowerer] = Registry("integer lowering", "dabuild's quantizer")
+LOWERINGS: Registry[Lowerer] = Registry("integer lowering", "dabuild's quantizer", LAYER_MODULES)
 
 # Ops integer lowering refuses by design, with the reason: they have no exact integer form in dabuild and
 # run in float (a float island, on targets whose capability allows float). docs/ops.md lists them.
@@ -333,7 +334,5 @@ def integer_layers(lowerer: Lowerer) -> set[str]:
 
 def quantizable_roles(op: str) -> tuple[str, ...] | None:
     """The roles a config quantizes for `op`, or None when it has no integer lowering."""
-    from dabuild.quant import layers  # noqa: F401  (registers every lowering)
-
     lowerer = LOWERINGS.get(op)
     return lowerer.roles if lowerer else None

@@ -41,6 +41,7 @@ from dabuild.ir.kernels.native import layer_thread_count, native_conv
 from dabuild.ir.npz import read_npz, write_npz
 from dabuild.quant.dtypes import int_type
 from dabuild.quant.fixed_point import round_half_away
+from dabuild.quant.layers import MODULES as LAYER_MODULES
 from dabuild.registry import Registry
 
 QGRAPH_FILE = "qgraph.json"
@@ -202,7 +203,7 @@ class DenseFeatures:
         return int(self.weight.shape[1])
 
 
-LAYER_TYPES: Registry[type[QLayer]] = Registry("integer layer type", "the QGraph")
+LAYER_TYPES: Registry[type[QLayer]] = Registry("integer layer type", "the QGraph", LAYER_MODULES)
 
 
 def layer_type(cls: type[QLayer]) -> type[QLayer]:
@@ -283,8 +284,6 @@ class QGraph:
 
     @classmethod
     def load(cls, directory: Path) -> QGraph:
-        from dabuild.quant import layers  # noqa: F401  (registers every layer type in LAYER_TYPES)
-
         directory = Path(directory)
         doc = json.loads((directory / QGRAPH_FILE).read_text())
         if doc.get("format") != FORMAT_VERSION:

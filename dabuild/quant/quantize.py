@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from dabuild.errors import BuildError
 from dabuild.ir.graph import Graph
-from dabuild.quant import layers  # noqa: F401  (registers every lowering)
 from dabuild.quant.calibrate import Stats
 from dabuild.quant.config import QuantConfig
 from dabuild.quant.fixed_point import quantize_multiplier

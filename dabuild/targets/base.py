@@ -195,12 +195,12 @@ def refuse_float_layers(qgraph: QGraph, capability: CapabilitySpec, no_fpu: str 
     if layer is None:
         return
     where = f"node {layer.name!r} ({layer.float_op}) computes in float (a float island, or the layer feeding one)"
-    if not capability.fp32_fallback:
-        raise BuildError(f"{where}, but target capability {capability.name!r} cannot run float (fp32_fallback: "
-                         "false); quantize the island or build it for a target with fp32 fallback")
     if no_fpu is not None:
         raise BuildError(f"{where}, but {no_fpu}; quantize the island or build for a core with one "
                          "(cortex-m4, cortex-m7, cortex-m33, cortex-m55)")
+    if not capability.fp32_fallback:
+        raise BuildError(f"{where}, but target capability {capability.name!r} cannot run float (fp32_fallback: "
+                         "false); quantize the island or build it for a target with fp32 fallback")
 
 
 def refuse_ops_without_integers(graph: Any, target: str, layer_types: Collection[str],
@@ -211,7 +211,6 @@ def refuse_ops_without_integers(graph: Any, target: str, layer_types: Collection
     (the float islands the target runs: such a node stays float); the message names the target and, per op,
     every node using it, so one run tells the user all of it.
     """
-    from dabuild.quant import layers  # noqa: F401  (registers every lowering)
     from dabuild.quant.lowering import LOWERINGS, integer_layers
 
     refused: dict[tuple[str, str], list[str]] = {}

@@ -112,7 +112,8 @@ class Op(ABC):
             raise ShapeError(f"{self.name} takes {expected} inputs, got {count}")
 
 
-OPS: Registry[Op] = Registry("IR op", "dabuild's op set")
+OPS: Registry[Op] = Registry("IR op", "dabuild's op set", [f"dabuild.ir.ops.{kind}" for kind in (
+    "activation", "elementwise", "linear", "normalization", "pool", "quant", "reduce", "resize", "shape", "transposed")])
 
 
 def register(cls: type[Op]) -> type[Op]:

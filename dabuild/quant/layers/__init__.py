@@ -1,17 +1,7 @@
 """Integer layers, one module per kind: each layer class (fields + numpy reference `run`) beside
-the lowering that emits it. Importing this package registers them all."""
+the lowering that emits it. LAYER_TYPES (quant/qgraph.py) and LOWERINGS (quant/lowering.py) import
+the modules MODULES names on their first lookup."""
 
-from dabuild.quant.layers import (  # noqa: F401  (they register)
-    blocked,
-    elementwise,
-    embedding,
-    fallback,
-    given,
-    linear,
-    matmul,
-    pool,
-    resize,
-    select,
-    shape,
-    softmax,
-)
+MODULES = tuple(f"dabuild.quant.layers.{kind}" for kind in (
+    "blocked", "elementwise", "embedding", "fallback", "given", "linear", "matmul", "pool", "resize", "select",
+    "shape", "softmax"))

@@ -84,7 +84,8 @@ class Call:
 
 
 Converter = Callable[["Builder", Call], "Value | list[Value]"]
-CONVERTERS: Registry[Converter] = Registry("converter", "the keras frontend")
+CONVERTERS: Registry[Converter] = Registry("converter", "the keras frontend", (
+    "dabuild.trace.keras_frontend.layers", "dabuild.trace.keras_frontend.hgq"), extra="keras")
 
 
 AnyConverter = TypeVar("AnyConverter", bound=Converter)
@@ -292,8 +293,6 @@ class _Walk:
 
 def convert(model: Any, shapes: dict[str, Shape], progress: Progress) -> Graph:
     """The Graph computing `model` on inputs of `shapes` (Keras layout); UsageError naming every unsupported layer."""
-    from dabuild.trace.keras_frontend import hgq, layers  # noqa: F401  (they register the converters)
-
     names = input_names(model)
     outputs = output_names(model)
     builder = Builder(set(names) | set(outputs))

@@ -105,7 +105,9 @@ class Kernel:
                 f"{self.inputs} inputs)")
 
 
-KERNELS: Registry[Kernel] = Registry("C kernel", "the c target")  # by "op/kernel name", in registration order
+# By "op/kernel name", in registration order (selection tries them in it): the modules in this order fill it.
+KERNELS: Registry[Kernel] = Registry("C kernel", "the c target", [f"dabuild.targets.c.kernels.{kind}" for kind in (
+    "blocked", "elementwise", "embedding", "island", "linear", "matmul", "movement", "pool", "resize", "select")])
 
 
 def kernel(op: str, name: str, **spec: Any) -> Callable[[Context], Context]:
