@@ -28,7 +28,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import re
 import shlex
 import shutil
 import subprocess
@@ -41,6 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from dabuild.errors import BuildError
 from dabuild.quant.qgraph import QGraph
+from dabuild.sizes import parse_size
 from dabuild.targets.base import Target, held, refuse_float_layers, refuse_ops_without_integers
 from dabuild.targets.c import firmware
 from dabuild.targets.c.codegen import PROGRAM, WEIGHTS_FILE, render, stored_bytes, trace_file
@@ -51,22 +51,9 @@ TRACE_PROGRAM = PROGRAM + "_trace"
 TRACE_DIR = "trace"
 
 
-_UNITS = {"": 1, "B": 1, "KB": 1000, "KIB": 1024, "MB": 1000**2, "MIB": 1024**2}
-
-
-def parse_bytes(value: int | str) -> int:
-    """A size as a recipe writes it: 65536, "64KiB", "1.5 MiB", "32kB"."""
-    if isinstance(value, int):
-        return value
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", str(value))
-    if match is None or match.group(2).upper() not in _UNITS:
-        raise ValueError(f"{value!r} is not a size (e.g. 65536, 64KiB, 2MiB, 32kB)")
-    return int(float(match.group(1)) * _UNITS[match.group(2).upper()])
-
-
 class Budget(BaseModel):
     """What the model may take on the device: flash (code, constants, initialised data) and RAM (data, bss with
-    the arena, the stack of model_forward), in bytes or with a unit."""
+    the arena, the stack of model_forward), in bytes or with a binary unit (dabuild.sizes: 64K = 64KB = 64KiB)."""
 
     model_config = ConfigDict(extra="forbid")
     flash: int | None = None
@@ -75,7 +62,7 @@ class Budget(BaseModel):
     @field_validator("flash", "ram", mode="before")
     @classmethod
     def _size(cls, value: Any) -> int | None:
-        return None if value is None else parse_bytes(value)
+        return None if value is None else parse_size(value)
 
     def overflows(self, measured: dict[str, int]) -> list[str]:
         """What exceeds the budget and by how much, in words."""
