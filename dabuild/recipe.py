@@ -46,6 +46,7 @@ from pydantic import ValidationError as PydanticValidationError
 from dabuild import plugins
 from dabuild.capability import CapabilitySpec, Slug, capability_for, collect_capabilities
 from dabuild.errors import Diagnostic, ValidationError, unknown_name_message
+from dabuild.metrics import BUILTIN_METRICS, METRIC_FORMS, top_k_of
 from dabuild.userpaths import PathProblem, checked_path
 from dabuild.yamlpos import YamlDocument, load_yaml, pydantic_diagnostics, require_mapping, user_error
 
@@ -194,21 +195,6 @@ class ModelSpec(BaseModel):
 
 
 # ---------------------------------------------------------------- data
-
-BUILTIN_METRICS = ("accuracy", "mse")  # dabuild.data.METRICS, named here so validation imports no numpy
-DEFAULT_TOP_K = 5
-_TOP_K = re.compile(r"^top_(k|[1-9][0-9]*)$")
-METRIC_FORMS = ("'accuracy', 'mse', 'top_k' (k = 5), 'top_<k>' such as 'top_3', "
-                "'file.py:function' or 'package.module:function'")
-
-
-def top_k_of(metric: str) -> int | None:
-    """k of a `top_k` / `top_<k>` metric name, None for any other name."""
-    match = _TOP_K.match(metric)
-    if match is None:
-        return None
-    return DEFAULT_TOP_K if match.group(1) == "k" else int(match.group(1))
-
 
 class DataSpec(BaseModel):
     """Arrays from one .npz file."""

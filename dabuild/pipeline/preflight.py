@@ -19,7 +19,8 @@ import numpy as np
 from dabuild.errors import BuildError, Diagnostic, ValidationError
 from dabuild.ir.graph import Graph
 from dabuild.ir.ops.shape import out_of_range
-from dabuild.recipe import BUILTIN_METRICS, Recipe, top_k_of
+from dabuild.metrics import BUILTIN_METRICS, top_k_of
+from dabuild.recipe import Recipe
 from dabuild.yamlpos import YamlDocument
 
 _SPACE_KEY = re.compile(r"^tuning\.space\.(op_type|op_name)(?:\.([^.:]+))?(?:\.(weight|activation))?"
