@@ -59,7 +59,7 @@ class QuantParams:
 
     `rounding` and `overflow` say how `quantize` makes floats integers: dabuild's own half away from zero and
     saturation, or (the input of a fixed-point given model, whose first quantizer reads raw values) `floor`
-    and `wrap`, so the logic's own quantizer sees what it would have seen of the float (`dabuild.ir.given`)."""
+    and `wrap`, so the logic's own quantizer sees what it would have seen of the float (`dabuild.ir.given_quant`)."""
 
     scale: float
     zero_point: int
@@ -111,7 +111,7 @@ class QuantParams:
 
     def _quantize_fixed(self, x: np.ndarray) -> np.ndarray:
         """float -> int by `rounding` and `overflow` (float64: exact for power-of-two scales)."""
-        from dabuild.ir.given import round_values
+        from dabuild.ir.given_quant import round_values
 
         scaled = np.nan_to_num(np.asarray(x, dtype=np.float64) / self.scale, nan=0.0, posinf=0.0, neginf=0.0)
         q = round_values(scaled, self.rounding) + self.zero_point

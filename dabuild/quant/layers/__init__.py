@@ -3,5 +3,5 @@ the lowering that emits it. LAYER_TYPES (quant/qgraph.py) and LOWERINGS (quant/l
 the modules MODULES names on their first lookup."""
 
 MODULES = tuple(f"dabuild.quant.layers.{kind}" for kind in (
-    "blocked", "elementwise", "embedding", "fallback", "given", "linear", "matmul", "pool", "resize", "select",
+    "blocked", "elementwise", "embedding", "fallback", "fake_quant", "linear", "matmul", "pool", "resize", "select",
     "shape", "softmax"))
