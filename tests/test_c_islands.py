@@ -20,7 +20,8 @@ from dabuild.errors import BuildError
 from dabuild.ir import Graph, Node, TensorSpec
 from dabuild.progress import Progress
 from dabuild.quant.calibrate import calibrate
-from dabuild.quant.config import NodeConfig, default_config
+from dabuild.quant.config import NodeConfig
+from dabuild.quant.defaults import default_config
 from dabuild.quant.layers.island_order import run_ordered
 from dabuild.quant.qgraph import QGraph
 from dabuild.quant.quantize import quantize

@@ -21,7 +21,7 @@ from test_quantize import C_CAPABILITY
 
 from dabuild.cli import main
 from dabuild.errors import BuildError
-from dabuild.quant.config import default_config
+from dabuild.quant.defaults import default_config
 from dabuild.quant.reference import run_integer
 from dabuild.targets.c import CTarget
 from dabuild.targets.c.codegen import stored_bytes
