@@ -18,6 +18,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from types import ModuleType
 from typing import Generic, TypeVar
 
 from dabuild.errors import BuildError
@@ -25,6 +26,19 @@ from dabuild.errors import BuildError
 T = TypeVar("T")
 F = TypeVar("F")
 E = TypeVar("E")
+
+
+def import_extra(module: str, extra: str | None, where: str) -> ModuleType:
+    """Import `module`; a package it needs that is missing is a BuildError naming the dabuild extra that
+    installs it (`where` says who needs it), not an ImportError deep in a traceback."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as error:
+        package = (error.name or "").split(".")[0]
+        if extra is None or package in ("", "dabuild"):
+            raise
+        raise BuildError(f"{where} needs the Python package {package!r}, which is not installed; "
+                         f"install it with `pip install dabuild[{extra}]`") from error
 
 
 class DuplicateEntry(ValueError):
@@ -60,14 +74,10 @@ class Registry(Generic[T]):
             self._loaded = True  # first: a module may look a name up while it registers
             try:
                 for module in self._modules:
-                    importlib.import_module(module)
-            except ImportError as error:
+                    import_extra(module, self._extra, self.where)
+            except (ImportError, BuildError):
                 self._loaded = False
-                package = (error.name or "").split(".")[0]
-                if self._extra is None or package in ("", "dabuild"):
-                    raise
-                raise BuildError(f"{self.where} needs the Python package {package!r}, which is not installed; "
-                                 f"install it with `pip install dabuild[{self._extra}]`") from error
+                raise
         return self._entries
 
     def add(self, name: str, entry: T) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from dabuild.ir.graph import Graph
-from dabuild.registry import Registry
+from dabuild.registry import Registry, import_extra
 from dabuild.trace.base import Shape, TracerPlugin
 
 
@@ -29,9 +29,7 @@ class TorchTracer(TracerPlugin):
 
     @classmethod
     def converters(cls) -> Registry[Any]:
-        from dabuild.trace.torch_frontend.aten import CONVERTERS
-
-        return CONVERTERS
+        return import_extra("dabuild.trace.torch_frontend.aten", "torch", "the torch frontend").CONVERTERS
 
     @classmethod
     def build_with_weights(cls, factory: Any, path: Path, where: str) -> Any:
