@@ -15,20 +15,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dabuild import __version__
+from dabuild.pipeline.code_digest import stage_code_digest
 from dabuild.pipeline.hashing import canonical_json, hash_file, hash_value
 
 if TYPE_CHECKING:
     from dabuild.capability import CapabilitySpec
     from dabuild.recipe import Recipe, ResolvedTarget, TargetSpec
 
-# Bump a stage's version when its code changes (tests/test_stage_versions.py enforces it; see pipeline/versions.py).
-STAGE_VERSIONS = {"trace": 23, "calibrate": 22, "tune": 33, "export": 32, "check": 27}
-
 
 @dataclass(frozen=True)
 class Stage:
     name: str                              # task name: trace, calibrate, tune:<capability>, export:<target>, check:<target>
-    kind: str                              # key of STAGE_VERSIONS
+    kind: str                              # trace, calibrate, tune, export or check
     config: dict[str, Any]                 # the recipe part it reads, canonical JSON-able
     inputs: dict[str, str] = field(default_factory=dict)   # role -> upstream stage name
     files: dict[str, Path] = field(default_factory=dict)   # role -> user file read by the stage
@@ -36,9 +34,10 @@ class Stage:
     tools: Callable[[], dict[str, str]] | None = None      # versions of external programs (compilers, simulators)
     programs: Callable[[], list[Path]] | None = None        # those programs' files, which the no-op fast path watches
     target: str | None = None              # the recipe target an export/check stage belongs to
-    # The target plugins the stage runs, by role ("target"; "hooks"; "budgets" and "stored_by" of tune), made
-    # from the recipe's resolved targets: their kind, options and capability are in `config`, so in the key.
-    plugins: dict[str, Any] = field(default_factory=dict)
+    plugins: tuple[str, ...] = ()          # modules of the plugins it runs, whose code enters its key
+    # The target plugins it runs, by role ("target"; "hooks"; "budgets" and "stored_by" of tune), made from the
+    # recipe's resolved targets: their kind, options and capability are in `config`, their code in `plugins`.
+    runs: dict[str, Any] = field(default_factory=dict)
 
     @property
     def dirname(self) -> str:
@@ -49,7 +48,7 @@ class Stage:
         """The key parts known without touching any file: what doit's `config_changed` watches."""
         return {
             "stage": self.kind,
-            "stage_version": STAGE_VERSIONS[self.kind],
+            "code": stage_code_digest(self.kind, self.plugins),
             "dabuild": __version__,
             "config": self.config,
         }
@@ -96,6 +95,7 @@ def plan(recipe: Recipe, targets: list[str] | None = None) -> list[Stage]:
         model_files["weights"] = model.weights
     for index, extra in enumerate(model.depends):
         model_files[f"depends{index}"] = extra
+    hooks = _trace_hooks(recipe)
     stages = [
         Stage(
             "trace",
@@ -110,7 +110,8 @@ def plan(recipe: Recipe, targets: list[str] | None = None) -> list[Stage]:
             },
             files=model_files,
             packages=_framework_packages(recipe),
-            plugins={"hooks": [hook.target() for hook in hooks]},
+            plugins=_tracer_modules(recipe) + tuple(_target_module(hook.target_class.kind) for hook in hooks),
+            runs={"hooks": [hook.target() for hook in hooks]},
         ),
         Stage(
             "calibrate",
@@ -185,7 +186,10 @@ def tune_stage_of(recipe: Recipe, capability: CapabilitySpec, target: TargetSpec
                   *_cost_model_packages(recipe, capability), *(target_class.packages if target_class else ())),
         tools=lambda: {**_interpreter_tools(), **_budget_tools(budget_targets)},
         programs=lambda: [*_interpreter_programs(), *_budget_programs(budget_targets)],
-        plugins={"budgets": budget_targets, **({"stored_by": stored_by.target()} if stored_by else {})},
+        plugins=tuple(sorted({*_cost_model_modules(recipe, capability),
+                              *(_target_module(budget["kind"]) for budget in budgets),
+                              *((_target_module(target.kind),) if target is not None else ())})),
+        runs={"budgets": budget_targets, **({"stored_by": stored_by.target()} if stored_by else {})},
     )
 
 
@@ -230,6 +234,33 @@ def _interpreter_programs() -> list[Path]:
     return [path] if path else []
 
 
+def _target_module(kind: str) -> str:
+    from dabuild.plugins import TARGETS, module_of
+
+    return module_of(TARGETS, kind)
+
+
+def _tracer_modules(recipe: Recipe) -> tuple[str, ...]:
+    """The frontend that traces the model (every installed one when only running the model can tell)."""
+    from dabuild.plugins import TRACERS, available, module_of
+
+    framework = _framework(recipe)
+    names = [framework] if framework in available(TRACERS) else available(TRACERS)
+    return tuple(sorted(module_of(TRACERS, name) for name in names))
+
+
+def _cost_model_modules(recipe: Recipe, capability: CapabilitySpec) -> tuple[str, ...]:
+    """The cost model the search minimises, when its objective is the capability's estimate."""
+    from dabuild.capability import COST_MODELS
+    from dabuild.plugins import available, module_of
+    from dabuild.tune.objective import ESTIMATE, resolve_objective
+
+    name = capability.cost_model
+    if name is None or resolve_objective(recipe.tuning.objective, capability) != ESTIMATE:
+        return ()
+    return (module_of(COST_MODELS, name),) if name in available(COST_MODELS) else ()
+
+
 def _cost_model_packages(recipe: Recipe, capability: CapabilitySpec) -> tuple[str, ...]:
     """The packages of the cost model the search minimises, when its objective is the capability's estimate."""
     from dabuild.capability import COST_MODELS
@@ -261,7 +292,8 @@ def _target_stages(recipe: Recipe, target: TargetSpec, capability: str) -> list[
         tools=plugin.export_tools,
         programs=plugin.export_programs,
         target=target.name,
-        plugins={"target": plugin},
+        plugins=(_target_module(target.kind),),
+        runs={"target": plugin},
     )
     check = Stage(
         f"check:{target.name}",
@@ -281,7 +313,8 @@ def _target_stages(recipe: Recipe, target: TargetSpec, capability: str) -> list[
         tools=plugin.runtime_version,
         programs=plugin.programs,
         target=target.name,
-        plugins={"target": plugin},
+        plugins=(_target_module(target.kind),),
+        runs={"target": plugin},
     )
     return [export, check]
 
@@ -326,6 +359,12 @@ def _framework_packages(recipe: Recipe) -> tuple[str, ...]:
     Without `model.framework`, a model file's suffix chooses the framework, exactly
     as tracing will (so `source: model.onnx` still keys on the onnx version).
     """
+    return {"onnx": ("onnx",), "torch": ("torch",), "keras": ("keras", "torch", "hgq2")}.get(_framework(recipe) or "", ())
+
+
+def _framework(recipe: Recipe) -> str | None:
+    """The framework that traces the model: the recipe's, else the one its model file's suffix chooses
+    exactly as tracing will (None when only the loaded model can tell)."""
     framework = recipe.model.framework
     model_file = _source_file(recipe)
     if framework is None and model_file is not None and ":" not in recipe.model.source:
@@ -336,4 +375,4 @@ def _framework_packages(recipe: Recipe) -> tuple[str, ...]:
             framework = choose_framework(model_file)
         except UsageError:  # no frontend reads it: tracing reports that
             framework = None
-    return {"onnx": ("onnx",), "torch": ("torch",), "keras": ("keras", "torch", "hgq2")}.get(framework or "", ())
+    return framework

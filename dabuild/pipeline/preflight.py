@@ -52,7 +52,7 @@ def refuse_unbuildable(graph_dir: Path, exports: list[Any]) -> None:
     before calibration and tuning spend any time."""
     graph = Graph.load(graph_dir)
     for stage in exports:
-        stage.plugins["target"].refuse(graph)
+        stage.runs["target"].refuse(graph)
 
 
 def _used(spec: Any, key: str) -> np.ndarray:

@@ -2,7 +2,7 @@
 
 Each adapter reads exactly what the stage's cache key holds: `run.stage.config`
 (its part of the recipe, canonical JSON), `run.stage.files` (the user files it
-declares, by role), its input stages' folders, and `run.stage.plugins`, the
+declares, by role), its input stages' folders, and `run.stage.runs`, the
 target plugins made from what its config names (kind, options, capability);
 it writes into `run.out_dir`.
 No adapter sees the `Recipe`, the recipe's folder or the working directory, so an
@@ -30,8 +30,8 @@ def stage_functions(jobs: int = 1, trials_root: Path | None = None) -> dict[str,
     def tune(run: StageRun) -> None:
         from dabuild.tune.stage import tune_stage
 
-        constraints = [budgeted.fits for budgeted in run.stage.plugins.get("budgets", [])]
-        stored_by = run.stage.plugins.get("stored_by")  # the target whose artifact size `size` counts
+        constraints = [budgeted.fits for budgeted in run.stage.runs.get("budgets", [])]
+        stored_by = run.stage.runs.get("stored_by")  # the target whose artifact size `size` counts
         tune_stage(run.stage.config, run.stage.files, run.inputs["graph"], run.inputs["stats"], run.out_dir,
                    run.progress, trials_root=trials_root, jobs=jobs,
                    keep_dir=run.build_dir / "debug" / run.stage.dirname,
@@ -68,7 +68,7 @@ def trace(run: StageRun) -> None:
     from dabuild.trace.base import trace_stage
 
     model = model_input(run.stage.config, run.stage.files)
-    hooked = run.stage.plugins.get("hooks", [])
+    hooked = run.stage.runs.get("hooks", [])
     for target in hooked:
         target.pre_trace(model)
     trace_stage(model, None, run.out_dir, run.progress)
@@ -93,7 +93,7 @@ def calibrate(run: StageRun) -> None:
 def export(run: StageRun) -> None:
     from dabuild.quant.qgraph import QGraph
 
-    target = run.stage.plugins["target"]
+    target = run.stage.runs["target"]
     target.export(QGraph.load(run.inputs["qgraph"] / "qgraph"), run.out_dir)
     target.post_export(run.out_dir)
 
@@ -105,7 +105,7 @@ def check(run: StageRun) -> None:
     from dabuild.tune.metric import load_metric
 
     config = run.stage.config
-    target = run.stage.plugins["target"]
+    target = run.stage.runs["target"]
     qgraph = QGraph.load(run.inputs["qgraph"] / "qgraph")
     spec = DataFile.from_config(config["evaluation"], run.stage.files["evaluation"])
     x = next(iter(load_inputs(spec, None, qgraph.input_names, qgraph.input_names if qgraph.takes_indices else ())

@@ -106,8 +106,12 @@ class Kernel:
 
 
 # By "op/kernel name", in registration order (selection tries them in it): the modules in this order fill it.
-KERNELS: Registry[Kernel] = Registry("C kernel", "the c target", [f"dabuild.targets.c.kernels.{kind}" for kind in (
-    "blocked", "elementwise", "embedding", "island", "linear", "matmul", "movement", "pool", "resize", "select")])
+KERNELS: Registry[Kernel] = Registry("C kernel", "the c target", (
+    "dabuild.targets.c.kernels.blocked", "dabuild.targets.c.kernels.elementwise",
+    "dabuild.targets.c.kernels.embedding", "dabuild.targets.c.kernels.island", "dabuild.targets.c.kernels.linear",
+    "dabuild.targets.c.kernels.matmul", "dabuild.targets.c.kernels.movement", "dabuild.targets.c.kernels.pool",
+    "dabuild.targets.c.kernels.resize", "dabuild.targets.c.kernels.select",
+))
 
 
 def kernel(op: str, name: str, **spec: Any) -> Callable[[Context], Context]:
