@@ -39,7 +39,7 @@ island (kept in fp32 between dequantize and quantize, on targets whose capabilit
 A target cell says `int` when the target writes every layer type of the op's lowering (`int except`
 the layer types it refuses, by layer, where it writes only some), `float`
 when it runs the op inside a float island, and `—` when it refuses the op (naming node, op and
-target). The frontend cells list the ONNX op types and ATen ops whose converters emit the op.
+target). The frontend cells list the ONNX op types, Keras layer classes and ATen ops whose converters emit the op.
 
 """
 

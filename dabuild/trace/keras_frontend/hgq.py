@@ -35,7 +35,7 @@ import numpy as np
 
 from dabuild.ir.given_quant import FIXED_OP, FixedQuant
 from dabuild.trace.keras_frontend import layers
-from dabuild.trace.keras_frontend.walk import Builder, Call, Unsupported, Value, converts
+from dabuild.trace.keras_frontend.walk import CONVERTERS, Builder, Call, Unsupported, Value, converts
 
 # HGQ2's rounding and overflow modes under the names of dabuild's given quantization (dabuild.ir.given_quant)
 ROUNDINGS = {"RND": "half_up", "TRN": "floor", "RND_CONV": "half_even", "RND_INF": "half_away", "TRN_ZERO": "to_zero"}
@@ -185,11 +185,18 @@ _QUANTIZED = {
     "QGlobalMaxPooling1D": layers.global_max_pool, "QGlobalMaxPooling2D": layers.global_max_pool,
     "QGlobalMaxPool1D": layers.global_max_pool, "QGlobalMaxPool2D": layers.global_max_pool,
 }
+
+
+def _emits(convert: Callable[[Builder, Call], Value]) -> tuple[str, ...]:
+    """What the plain layer's converter declares, and the quantizers this wrapper puts around it."""
+    return (*next(entry.emits for entry in CONVERTERS.values() if entry.convert is convert), FIXED_OP)
+
+
 for _name, _convert in _QUANTIZED.items():
-    converts(_name)(hgq_layer(_convert))
+    converts(_name, emits=_emits(_convert))(hgq_layer(_convert))
 
 
-@converts("Quantizer")
+@converts("Quantizer", emits=(FIXED_OP,))
 def quantizer_layer(b: Builder, call: Call) -> Value:
     """HGQ2's stand-alone Quantizer layer (e.g. the model's input quantizer)."""
     return quantize_input(b, call.inputs[0], call.layer, "quantizer")[0]

@@ -83,17 +83,35 @@ class Call:
         return {**variables, **self.parameters}
 
 
-Converter = Callable[["Builder", Call], "Value | list[Value]"]
+ConvertFunction = Callable[["Builder", Call], "Value | list[Value]"]
+# Ops the Builder itself emits around any converter: layout moves, and the quantizer over a given weight.
+PLUMBING = ("transpose", "fake_quant")
+
+
+@dataclass(frozen=True)
+class Converter:
+    """A layer class's converter and the IR ops it may emit (docs/ops.md's coverage; `Builder.emit` refuses an
+    op it does not list, PLUMBING aside)."""
+
+    convert: ConvertFunction
+    emits: tuple[str, ...]
+
+
 CONVERTERS: Registry[Converter] = Registry("converter", "the keras frontend", (
     "dabuild.trace.keras_frontend.layers", "dabuild.trace.keras_frontend.hgq"), extra="keras")
 
 
-AnyConverter = TypeVar("AnyConverter", bound=Converter)
+AnyConverter = TypeVar("AnyConverter", bound=ConvertFunction)
 
 
-def converts(*class_names: str) -> Callable[[AnyConverter], AnyConverter]:
-    """Register a converter for the Keras layer classes `class_names` (`ops.X` for a keras.ops operation X)."""
-    return CONVERTERS.register(*class_names)
+def converts(*class_names: str, emits: tuple[str, ...]) -> Callable[[AnyConverter], AnyConverter]:
+    """Register a converter for the Keras layer classes `class_names` (`ops.X` for a keras.ops operation X)
+    that may emit the IR ops `emits`."""
+    def register(function: AnyConverter) -> AnyConverter:
+        for name in class_names:
+            CONVERTERS.add(name, Converter(function, tuple(emits)))
+        return function
+    return register
 
 
 class Builder:
@@ -107,6 +125,7 @@ class Builder:
         self._moved: dict[tuple[str, bool], Value] = {}  # (tensor, to channels first) -> its transpose
         self.layer = "<model>"  # the layer being converted: names its nodes and its errors
         self.given_weights: dict[str, dict[str, Any]] = {}  # constant kind -> fake_quant attrs over it (HGQ2)
+        self.declared: tuple[str, ...] | None = None  # the IR ops the running converter says it emits
 
     def fresh(self, base: str) -> str:
         return unique_name(base, self._taken)
@@ -137,6 +156,9 @@ class Builder:
              output: str | None = None) -> str:
         """Append one single-output IR node of the current layer; the name of its output."""
         attrs = attrs or {}
+        if self.declared is not None and op not in self.declared and op not in PLUMBING:
+            raise BuildError(f"keras layer {self.layer!r}: its converter emits {op!r}, which it does not declare "
+                             f"in `emits` ({', '.join(self.declared) or 'none'})")
         try:
             OPS[op].check_arity(len(inputs))
             [(shape, dtype)] = OPS[op].infer([self.specs[name] for name in inputs], attrs)
@@ -287,7 +309,12 @@ class _Walk:
         if converter is None:
             raise Unsupported("no converter for this layer class")
         kwargs = {k: v for k, v in self.replace(node.arguments.kwargs).items() if k not in ("training", "mask")}
-        result = converter(self.builder, Call(operation, inputs, self.replace(node.arguments.args), kwargs))
+        self.builder.declared = converter.emits
+        try:
+            result = converter.convert(self.builder, Call(operation, inputs, self.replace(node.arguments.args),
+                                                          kwargs))
+        finally:
+            self.builder.declared = None
         return [result] if isinstance(result, Value) else list(result)
 
 
