@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 from test_c_kernels import STRICT
 
-from dabuild.capability import load_capability
 from dabuild.errors import BuildError
 from dabuild.ir import Graph, Node, TensorSpec
 from dabuild.progress import Progress
@@ -26,11 +25,10 @@ from dabuild.quant.layers.island_order import run_ordered
 from dabuild.quant.qgraph import QGraph
 from dabuild.quant.quantize import quantize
 from dabuild.quant.reference import quantize_input, run_integer
-from dabuild.resources import data_dir
 from dabuild.targets.c import CTarget
 from dabuild.targets.check import check_stage
 
-C = load_capability(data_dir("capabilities") / "c.yaml")
+C = CTarget().capability_spec  # the c capability as the c target runs it: islands of its float kernels
 DATA = dict(np.load(Path(__file__).resolve().parent.parent / "recipes" / "digits" / "data.npz"))
 ISLANDS = [["conv1", "pool"], ["pointwise", "residual", "act"], ["gap", "flat", "fc1"], ["fc2"]]
 QEMU = shutil.which("arm-none-eabi-gcc") is not None and shutil.which("qemu-system-arm") is not None
