@@ -20,7 +20,7 @@ import os
 import re
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Annotated, Any, Literal, Protocol
+from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 from pydantic import ValidationError as PydanticValidationError
@@ -237,28 +237,3 @@ def _unknown_names(document: YamlDocument, spec: CapabilitySpec) -> list[Diagnos
                     message = unknown_name_message("dtype", dtype, type_names())
                     found.append(document.diagnostic(("ops", op, role, "dtype", index), message))
     return found
-
-
-class RunsIslands(Protocol):
-    """What `capability_for` asks of a target class (dabuild.targets.base.Target has both)."""
-
-    def float_ops(self) -> frozenset[str]: ...
-
-    def refuses_float_islands(self, options: dict[str, Any]) -> str | None: ...
-
-
-def capability_for(capability: CapabilitySpec,
-                   targets: Iterable[tuple[RunsIslands, dict[str, Any]]]) -> CapabilitySpec:
-    """The capability as the targets built for it (class, recipe options) run it: float islands only of the ops
-    each writes in float (its own table, `float_ops`, within the capability's list where the file narrows it),
-    and none where one refuses them with its options (the c target on a core without an FPU). Tuning searches
-    this, so it never picks an island a target cannot write."""
-    if not capability.fp32_fallback:
-        return capability
-    ops = None if capability.float_ops is None else frozenset(capability.float_ops)
-    for target_class, options in targets:
-        if target_class.refuses_float_islands(options) is not None:
-            return capability.model_copy(update={"fp32_fallback": False})
-        written = target_class.float_ops()
-        ops = written if ops is None else ops & written
-    return capability if ops is None else capability.model_copy(update={"float_ops": sorted(ops)})

@@ -44,7 +44,7 @@ from pydantic import (
 from pydantic import ValidationError as PydanticValidationError
 
 from dabuild import plugins
-from dabuild.capability import CapabilitySpec, Slug, capability_for, collect_capabilities
+from dabuild.capability import CapabilitySpec, Slug, collect_capabilities
 from dabuild.errors import Diagnostic, ValidationError, unknown_name_message
 from dabuild.metrics import BUILTIN_METRICS, METRIC_FORMS, top_k_of
 from dabuild.userpaths import PathProblem, checked_path
@@ -403,7 +403,7 @@ class TargetSpec(BaseModel):
 @dataclass(frozen=True)
 class ResolvedTarget:
     """A recipe target with its plugin resolved: the class its kind names, its options as that class's `Options`
-    model, and the capability it runs (the recipe's or its kind's own, as `capability_for` narrows it to what
+    model, and the capability it runs (the recipe's or its kind's own, as `Target.capability_for` narrows it to what
     the class writes with these options)."""
 
     name: str
@@ -500,7 +500,7 @@ def load_recipe(path: Path | str) -> Recipe:
         target.options, target.capability, target.check_io.tolerance = found.options, found.capability, found.tolerance
         recipe._resolved[target.name] = ResolvedTarget(
             target.name, found.target_class, found.validated,
-            capability_for(capabilities[found.capability], [(found.target_class, found.options)]))
+            found.target_class.capability_for(capabilities[found.capability], found.options))
     recipe._path, recipe._base_dir, recipe._document = path.resolve(), base_dir, document
     recipe._known_capabilities = capabilities
     return recipe
@@ -619,7 +619,7 @@ def _without_float_kernel(op: str, targets: list[TargetSpec], resolved: list[_Fo
         capability = resolution.capability
         spec = capabilities.get(capability)
         if spec is not None:
-            spec = capability_for(spec, [(resolution.target_class, resolution.options)])
+            spec = resolution.target_class.capability_for(spec, resolution.options)
         if spec is not None and spec.fp32_fallback and not spec.runs_float(op):
             kernels = ", ".join(spec.float_ops or [])
             found.append((target.name, f"capability {capability!r} has no float kernel for op {op!r} (float_ops: {kernels})"))

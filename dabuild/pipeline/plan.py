@@ -173,7 +173,7 @@ def tune_stage_of(recipe: Recipe, capability: CapabilitySpec, target: TargetSpec
         "tune",
         {
             "tuning": recipe.tuning.model_dump(mode="json"),
-            "capability": _as_run(recipe, capability).model_dump(mode="json", exclude={"description"}),
+            "capability": _as_targets_run_it(recipe, capability).model_dump(mode="json", exclude={"description"}),
             "metric": recipe.data.metric,
             "evaluation": _data_config(evaluation),
             **({"budgets": budgets} if budgets else {}),
@@ -193,13 +193,15 @@ def tune_stage_of(recipe: Recipe, capability: CapabilitySpec, target: TargetSpec
     )
 
 
-def _as_run(recipe: Recipe, capability: CapabilitySpec) -> CapabilitySpec:
-    """The capability the search reads: as the targets built for it run it (`capability_for`), so tuning never
-    picks a float island one of them cannot write."""
-    from dabuild.capability import capability_for
-
-    return capability_for(capability, [(recipe.resolved[t.name].target_class, t.options or {})
-                                       for t in recipe.targets if _capability_name(t) == capability.name])
+def _as_targets_run_it(recipe: Recipe, capability: CapabilitySpec) -> CapabilitySpec:
+    """The capability the search reads: as each target built for it narrows it with its options
+    (`Target.capability_for`: float islands only of the ops it writes in float, none on a core without an FPU,
+    7-bit weights first where onnxruntime's u8s8 kernels saturate), so tuning never picks a config a target
+    refuses or runs inexactly."""
+    for target in recipe.targets:
+        if _capability_name(target) == capability.name:
+            capability = recipe.resolved[target.name].target_class.capability_for(capability, target.options or {})
+    return capability
 
 
 def _budget_tools(budgeted: list[Any]) -> dict[str, str]:

@@ -63,11 +63,11 @@ class Target:
     def capability_spec(self) -> CapabilitySpec:
         """The capability this target builds for: what its float-island refusals read."""
         if self._capability is None:
-            from dabuild.capability import capability_for, load_capability
+            from dabuild.capability import load_capability
             from dabuild.resources import data_dir
 
             bundled = load_capability(data_dir("capabilities") / f"{self.capability}.yaml")
-            self._capability = capability_for(bundled, [(type(self), self.options.model_dump())])
+            self._capability = self.capability_for(bundled, self.options.model_dump())
         return self._capability
 
     @classmethod
@@ -87,6 +87,21 @@ class Target:
         """Why this target, with these recipe options, runs no float islands though its capability may (e.g. a
         core without an FPU); None: it runs them wherever its capability does."""
         return None
+
+    @classmethod
+    def capability_for(cls, capability: CapabilitySpec, options: dict[str, Any]) -> CapabilitySpec:
+        """The capability the search reads for this target with these recipe options: the file's, with float
+        islands only of the ops the target writes in float (its own table, `float_ops`, within the file's list
+        where it narrows it), none where the target refuses them (`refuses_float_islands`), or narrowed further
+        by a target whose runtime computes exactly only part of what the file offers (onnx on a CPU whose u8s8
+        kernels saturate)."""
+        if not capability.fp32_fallback:
+            return capability
+        if cls.refuses_float_islands(options):
+            return capability.model_copy(update={"fp32_fallback": False})
+        written = cls.float_ops()
+        ops = written if capability.float_ops is None else frozenset(capability.float_ops) & written
+        return capability.model_copy(update={"float_ops": sorted(ops)})
 
     def runtime_version(self) -> dict[str, str]:
         """Versions of the external tools this target runs; part of the export/check cache keys."""
@@ -129,6 +144,12 @@ class Target:
 
     def post_export(self, out_dir: Path) -> None:
         """Called after export with the finished artifact directory."""
+
+    def integer_graph(self, qgraph: QGraph) -> QGraph:
+        """The tuned QGraph as this target's artifact computes it, which export writes and check's integer
+        reference runs: the same one, or (an option `rounding`) the same integers requantized with another
+        rounding (`fixed_point.ROUNDINGS`)."""
+        return qgraph
 
     def stored_bytes(self, qgraph: QGraph) -> int:
         """Bytes the artifact of `qgraph` stores for weights and parameters: what tuning objective `size`
