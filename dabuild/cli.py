@@ -50,7 +50,8 @@ def _parser() -> argparse.ArgumentParser:
     build = commands.add_parser("build", parents=[common], help="build recipes (the default command)")
     recipes(build)
     build.add_argument("--target", action="append", metavar="NAME", help="build only this target (repeatable)")
-    build.add_argument("-j", "--jobs", type=int, default=1, metavar="N", help="run N independent stages at once")
+    build.add_argument("-j", "--jobs", type=int, default=1, metavar="N",
+                       help="run N independent stages at once, and score tuning trials in N processes")
     build.add_argument("--no-cache", action="store_true", help="neither read nor write the run cache")
 
     validate = commands.add_parser("validate", parents=[common], help="check recipes and report every problem")
@@ -67,9 +68,10 @@ def _parser() -> argparse.ArgumentParser:
     init = commands.add_parser("init", parents=[common], help="write a starter project that builds as written")
     init.add_argument("path", nargs="?", type=Path, default=DEFAULT_RECIPE)
     init.add_argument("--force", action="store_true", help="overwrite an existing file")
-    report = commands.add_parser("report", parents=[common], help="print the tuning report (or open it as HTML)")
+    report = commands.add_parser("report", parents=[common],
+                                 help="write the build's report page (report.html) and print the tuning reports")
     recipes(report, many=False)
-    report.add_argument("--open", action="store_true", help="open report.html in the web browser instead")
+    report.add_argument("--open", action="store_true", help="open report.html in the web browser instead of printing")
     cache = commands.add_parser("cache", parents=[common], help="inspect or prune the run cache")
     cache_commands = cache.add_subparsers(dest="cache_command", metavar="ACTION", required=True)
     cache_commands.add_parser("info", parents=[common], help="where the cache is and how big")
@@ -91,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     notices.print_to_stderr()
     try:
         return HANDLERS[args.command](args, progress)
+    except BrokenPipeError:
+        return _reader_gone()
     except DabuildError as error:
         print(f"dabuild: error: {error}" if "\n" not in str(error) else str(error), file=sys.stderr)
         return error.exit_code
@@ -110,6 +114,17 @@ def run() -> None:
 
         os._exit(130)
     sys.exit(code)
+
+
+def _reader_gone() -> int:
+    """The reader of stdout stopped (`dabuild report | head`): nothing more to say, and no traceback when Python
+    flushes stdout at exit; the command did what it was asked, so 0."""
+    import os
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 0
 
 
 def _interrupted() -> int:
@@ -234,8 +249,24 @@ def _print_summary(summary: dict, elapsed: float) -> None:
 
 
 def _validate(args: argparse.Namespace, progress: Progress) -> int:
+    """The recipe and its files, and the data against the model's inputs where they are known without tracing
+    (an .onnx file's, or `model.inputs`); what needs the traced model is said, and the build checks it."""
+    from dabuild.errors import ValidationError
+    from dabuild.pipeline.preflight import check_data_untraced
+
+    problems = []
     for recipe in _load_recipes(args):
-        progress.info(f"{recipe.path}: ok ({len(recipe.targets)} target(s))")
+        try:
+            checked = check_data_untraced(recipe)
+        except ValidationError as error:
+            problems.extend(error.diagnostics)
+            continue
+        data = ("data checked against the model's inputs" if checked else
+                "the data's input names and shapes need the traced model: `dabuild build` checks them first")
+        progress.info(f"{recipe.path}: ok ({len(recipe.targets)} target(s); {data}; labels and tuning.space "
+                      "node names are checked after tracing)")
+    if problems:
+        raise ValidationError(problems)
     return 0
 
 
@@ -319,8 +350,9 @@ def _init(args: argparse.Namespace, progress: Progress) -> int:
     result = subprocess.run([sys.executable, "make_data.py"], check=False, cwd=folder, capture_output=True, text=True)
     if result.returncode:
         raise BuildError(f"{folder / 'make_data.py'} failed: {result.stderr.strip()}")
+    build = "dabuild build" if folder.resolve() == Path.cwd().resolve() else f"cd {folder} && dabuild build"
     progress.info(f"wrote {', '.join(str(target) for target in files)}, data.npz and weights.npz; "
-                  f"run `dabuild build {folder}`")
+                  f"run `{build}` (the build goes to {folder / 'build'})")
     return 0
 
 
@@ -352,9 +384,11 @@ _ENTRY_WORDS = {"run cache": "entries", "trial store": "contexts", "compiled ker
 
 
 def _report(args: argparse.Namespace, progress: Progress) -> int:
-    """The tune stages' reports of the last build, found through its build.json."""
+    """The tune stages' reports of the last build, found through its build.json, printed; and the build-level
+    page written beside build.json (opened with --open)."""
     import webbrowser
 
+    from dabuild.build_report import write_page
     from dabuild.pipeline.build import workspace_for
 
     [recipe] = _load_recipes(args)
@@ -367,11 +401,13 @@ def _report(args: argparse.Namespace, progress: Progress) -> int:
     missing = [str(folder) for folder in reports if not (folder / "report.md").is_file()]
     if not reports or missing:
         raise UsageError(f"{recipe.name}: no tuning report in {', '.join(missing) or workspace.build_dir}; rebuild")
+    page = write_page(workspace.build_dir)
+    progress.info(f"wrote {page}")
+    if args.open:
+        webbrowser.open(page.resolve().as_uri())
+        return 0
     for folder in reports:
-        if args.open:
-            webbrowser.open((folder / "report.html").resolve().as_uri())
-        else:
-            print((folder / "report.md").read_text(), end="")
+        print((folder / "report.md").read_text(), end="")
     return 0
 
 

@@ -41,6 +41,7 @@ class BuildSummary:
     metrics: dict[str, Any]
     checks: dict[str, Any]
     warnings: tuple[str, ...] = ()
+    seconds: dict[str, float] | None = None  # each stage's wall time in this build (0 where doit skipped it)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -51,6 +52,7 @@ class BuildSummary:
             "metrics": self.metrics,
             "checks": self.checks,
             "warnings": list(self.warnings),
+            "seconds": self.seconds or {},
         }
 
 
@@ -187,7 +189,9 @@ def _raise_first_failure(result: RunResult) -> None:
 
 def _summarise(recipe: Recipe, workspace: Workspace, stages: list[Stage], session: Session,
                warned: list[str]) -> BuildSummary:
-    outcomes = {s.name: session.outcomes.get(s.name, (Outcome.UP_TO_DATE, 0.0))[0].value for s in stages}
+    ran = {s.name: session.outcomes.get(s.name, (Outcome.UP_TO_DATE, 0.0)) for s in stages}
+    outcomes = {name: outcome.value for name, (outcome, _) in ran.items()}
+    seconds = {name: round(elapsed, 3) for name, (_, elapsed) in ran.items()}
     counts = {o.value: sum(1 for v in outcomes.values() if v == o.value) for o in Outcome}
     metrics: dict[str, Any] = {}
     checks: dict[str, Any] = {}
@@ -199,7 +203,7 @@ def _summarise(recipe: Recipe, workspace: Workspace, stages: list[Stage], sessio
             assert stage.target is not None  # every check stage belongs to a target
             checks[stage.target] = _read_json(folder / "report.json")
             checks[stage.target]["artifact"] = str(workspace.stage_dir(f"export:{stage.target}"))
-    return BuildSummary(recipe.name, workspace.build_dir, outcomes, counts, metrics, checks, tuple(warned))
+    return BuildSummary(recipe.name, workspace.build_dir, outcomes, counts, metrics, checks, tuple(warned), seconds)
 
 
 def _read_json(path: Path) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from pathlib import Path
 from dabuild.errors import BuildError
 from dabuild.ir.memory import release_free_memory
 from dabuild.pipeline.manifest import Manifest
-from dabuild.pipeline.plan import Stage, cache_key, key_parts
+from dabuild.pipeline.plan import Stage, cache_key, input_digests, key_parts
 from dabuild.pipeline.store import Store
 from dabuild.progress import Progress, human_size
 
@@ -120,7 +120,7 @@ class Session:
 
     def _run_in_place(self, stage: Stage) -> Outcome:
         inputs = self.input_manifests(stage)
-        parts = key_parts(stage, {role: m.digest for role, m in inputs.items()})
+        parts = key_parts(stage, input_digests(stage, inputs))
         key = cache_key(parts)
         final = self.workspace.stage_dir(stage.name)
         current = Manifest.read(final)

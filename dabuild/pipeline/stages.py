@@ -111,7 +111,7 @@ def check(run: StageRun) -> None:
     x = next(iter(load_inputs(spec, None, qgraph.input_names, qgraph.input_names if qgraph.takes_indices else ())
                   .values()))
     labels = required_labels(spec, None)
-    if config["samples"] is not None:
+    if config["samples"] != "all":
         x, labels = x[: config["samples"]], labels[: config["samples"]]
     metric = load_metric(config["metric"], None, run.stage.files.get("metric"))
     check_stage(target, qgraph, run.inputs["artifact"], x, config["tolerance"], run.out_dir,
