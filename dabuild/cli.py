@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 import time
@@ -53,6 +54,10 @@ def _parser() -> argparse.ArgumentParser:
     build.add_argument("-j", "--jobs", type=int, default=1, metavar="N",
                        help="run N independent stages at once, and score tuning trials in N processes")
     build.add_argument("--no-cache", action="store_true", help="neither read nor write the run cache")
+    build.add_argument("--executor", metavar="WHERE",
+                       help="where trials are scored: local (default) or dask://HOST:PORT (also: DABUILD_EXECUTOR)")
+    build.add_argument("--no-push", action="store_true",
+                       help="read the team's remote cache but write nothing to it (also: DABUILD_NO_PUSH=1)")
 
     validate = commands.add_parser("validate", parents=[common], help="check recipes and report every problem")
     recipes(validate)
@@ -77,6 +82,12 @@ def _parser() -> argparse.ArgumentParser:
     cache_commands.add_parser("info", parents=[common], help="where the cache is and how big")
     prune = cache_commands.add_parser("prune", parents=[common], help="drop least recently used entries")
     prune.add_argument("--max-size", required=True, metavar="SIZE", help="e.g. 500M, 2G, 0")
+    for action, words in (("push", "upload the entries a build folder holds to the team's remote"),
+                          ("pull", "fetch from the remote only the entries the recipe's targets need"),
+                          ("status", "each stage's entry: in the local cache, in the remote")):
+        synced = cache_commands.add_parser(action, parents=[common], help=words)
+        recipes(synced, many=False)
+        synced.add_argument("--target", action="append", metavar="NAME", help="only this target (repeatable)")
     return parser
 
 
@@ -188,14 +199,19 @@ def _load_recipes(args: argparse.Namespace) -> list:
 
 
 def _build(args: argparse.Namespace, progress: Progress) -> int:
+    from dabuild.tune.executors import EXECUTOR_ENV, dask_address
+
     start = time.monotonic()
+    cluster = dask_address(args.executor or os.environ.get(EXECUTOR_ENV))  # a bad address: exit 2 at once
     targets = tuple(args.target) if args.target else None
     if _nothing_to_do(args, targets, start):
         return 0
     from dabuild.pipeline.build import BuildOptions, build
 
     options = BuildOptions(
-        build_root=args.build_dir, targets=targets, jobs=max(1, args.jobs), use_cache=not args.no_cache
+        build_root=args.build_dir, targets=targets, jobs=max(1, args.jobs), use_cache=not args.no_cache,
+        push=not args.no_push,
+        cluster=cluster,
     )
     for recipe in _load_recipes(args):
         start = time.monotonic()
@@ -218,11 +234,18 @@ def _nothing_to_do(args: argparse.Namespace, targets: tuple[str, ...] | None, st
     return True
 
 
+def remote_count(counts: dict[str, int]) -> str:
+    """`N restored from the remote, ` where a remote served this build, else nothing."""
+    restored = counts.get("restored from the remote", 0)
+    return f"{restored} restored from the remote, " if restored else ""
+
+
 def _print_summary(summary: dict, elapsed: float) -> None:
     counts = summary["counts"]
     print(
         f"{summary['recipe']}: {sum(counts.values())} stages: {counts['executed']} executed, "
-        f"{counts['restored from cache']} restored from cache, {counts['up to date']} up to date "
+        f"{counts['restored from cache']} restored from cache, "
+        f"{remote_count(counts)}{counts['up to date']} up to date "
         f"({elapsed:.2f}s)"
     )
     for stage, metrics in summary["metrics"].items():
@@ -369,6 +392,8 @@ def max_size(text: str) -> int:
 def _cache(args: argparse.Namespace, progress: Progress) -> int:
     from dabuild.pipeline.store import Store
 
+    if args.cache_command in ("push", "pull", "status"):
+        return _cache_sync(args, progress)
     store = Store()
     if args.cache_command == "info":
         for info in store.infos():
@@ -378,6 +403,33 @@ def _cache(args: argparse.Namespace, progress: Progress) -> int:
         removed, freed = store.prune(max_size(args.max_size))
         progress.info(f"pruned {removed} items, freed {human_size(freed)}; temporary files removed")
     return 0
+
+
+def _cache_sync(args: argparse.Namespace, progress: Progress) -> int:
+    from dabuild.pipeline import sync
+    from dabuild.pipeline.build import open_store, stages_for, workspace_for
+
+    recipe = _load_recipes(args)[0]
+    stages, _ = stages_for(recipe, tuple(args.target) if args.target else None)
+    store = open_store(recipe.path.parent)
+    if store.remote is None:
+        raise UsageError("no remote cache is configured (DABUILD_REMOTE, dabuild-cache.yaml, or the user's "
+                         "cache.yaml) with a team key (DABUILD_CACHE_KEY or key_file)")
+    where = f"{store.remote.url} ({store.remote.settings.source})"
+    if args.cache_command == "push":
+        if not store.remote.settings.push:
+            raise UsageError(f"the remote {where} is read-only for this user (push: false or DABUILD_NO_PUSH)")
+        pushed, missing = sync.push(stages, workspace_for(recipe, args.build_dir), store)
+        print(f"{recipe.name}: {pushed} entries in {where} ({human_size(store.remote.bytes_pushed)} uploaded), "
+              f"{missing} stages without a built entry")
+    else:
+        states = sync.walk(stages, store, pull=args.cache_command == "pull")
+        for state in states:
+            print(f"  {state.stage:<24} local {'yes' if state.local else 'no ':<4} remote "
+                  f"{'yes' if state.remote else 'no' if state.key else 'unknown (an input is in neither)'}")
+        print(f"{recipe.name}: {sum(s.local for s in states)} of {len(states)} stages in the local cache, "
+              f"{sum(s.remote for s in states)} in {where}; {human_size(store.remote.bytes_pulled)} downloaded")
+    return 1 if store.remote.failed else 0
 
 
 _ENTRY_WORDS = {"run cache": "entries", "trial store": "contexts", "compiled kernels": "libraries"}

@@ -18,10 +18,13 @@ from dabuild.pipeline.execute import Outcome, Session, Workspace, write_failure
 from dabuild.pipeline.lock import BuildLock
 from dabuild.pipeline.plan import Stage, plan
 from dabuild.pipeline.preflight import preflight, refuse_unbuildable
+from dabuild.pipeline.remote import Remote
+from dabuild.pipeline.remote_settings import load_settings
 from dabuild.pipeline.stages import stage_functions
 from dabuild.pipeline.store import Store
 from dabuild.progress import Progress
 from dabuild.recipe import Recipe
+from dabuild.trust import key_from
 
 
 @dataclass(frozen=True)
@@ -30,6 +33,8 @@ class BuildOptions:
     targets: tuple[str, ...] | None = None
     jobs: int = 1
     use_cache: bool = True
+    push: bool = True  # to the team's remote cache, where one is configured (--no-push: read it only)
+    cluster: str | None = None  # a Dask scheduler's address: trials are scored on its workers
 
 
 @dataclass(frozen=True)
@@ -94,11 +99,12 @@ def _build_locked(recipe: Recipe, options: BuildOptions, progress: Progress, sta
         stamp.remove(stamp_file)
         workspace.clear_leftovers()
         _drop_unreadable_doit_db(workspace, progress)
-        store = Store() if options.use_cache else None
+        store = open_store(recipe.path.parent, options.push) if options.use_cache else None
         session = Session(
             workspace,
             store,
-            stage_functions(options.jobs, store.trials_root if store else None),
+            stage_functions(options.jobs, store.trials_root if store else None, options.cluster,
+                            store.remote if store else None),
             progress,
         )
         traced = [stage for stage in stages if stage.kind == "trace"]
@@ -110,11 +116,32 @@ def _build_locked(recipe: Recipe, options: BuildOptions, progress: Progress, sta
         _raise_first_failure(result)
         summary = _summarise(recipe, workspace, stages, session, warned)
         _link_reports(workspace, stages)
-        (workspace.build_dir / "build.json").write_text(json.dumps(summary.to_json(), indent=2) + "\n")
+        report = summary.to_json()
+        if store is not None and store.remote is not None:  # what the team's remote cost this build
+            report["remote"] = {"url": store.remote.url, "bytes_pulled": store.remote.bytes_pulled,
+                                "bytes_pushed": store.remote.bytes_pushed}
+        (workspace.build_dir / "build.json").write_text(json.dumps(report, indent=2) + "\n")
         if not warned:  # a build that warned is not taken as a no-op next time: its warnings show again
             stamp.write(stamp_file, _files_read(recipe, stages, capabilities), _files_written(workspace, stages),
                         summary.to_json())
     return summary
+
+
+def open_store(project: Path, push: bool = True) -> Store:
+    """The local store, with the team key and the remote the configuration names (pipeline/remote_settings.py)."""
+    settings = load_settings(project, no_push=not push)
+    try:
+        key = key_from(settings.key_file if settings else None)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    remote = None
+    if settings is not None:
+        if key is None:
+            notices.warn(f"remote {settings.url} ({settings.source}): no team key ($DABUILD_CACHE_KEY or key_file): "
+                         "a shared cache serves only signed entries, so the remote is not used")
+        else:
+            remote = Remote(settings, key)
+    return Store(key=key, remote=remote)
 
 
 def _link_reports(workspace: Workspace, stages: list[Stage]) -> None:

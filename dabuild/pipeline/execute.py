@@ -2,6 +2,7 @@
 
 For a stage: compute its key from the manifests of its inputs; if the folder in
 place already carries that key, nothing to do; if the store has it, restore it;
+if the team's remote has it, fetch it;
 otherwise run the stage function into a temporary folder, record a manifest,
 store it, and rename the folder into place. The outputs a later build accepts
 are therefore always complete: an interrupted stage leaves only a temporary
@@ -32,6 +33,7 @@ from dabuild.progress import Progress, human_size
 class Outcome(enum.Enum):
     EXECUTED = "executed"
     RESTORED = "restored from cache"
+    RESTORED_REMOTE = "restored from the remote"
     UP_TO_DATE = "up to date"
 
 
@@ -129,13 +131,15 @@ class Session:
         tmp = self.workspace.new_tmp(stage)
         try:
             if self.store is not None:
-                restored = self.store.restore(key, tmp)
-                if restored is not None:
-                    restored.write(tmp)
-                    self.workspace.publish(tmp, stage)
-                    return Outcome.RESTORED
-                shutil.rmtree(tmp)
-                tmp.mkdir()
+                for fetch, outcome in ((self.store.restore, Outcome.RESTORED),
+                                       (self.store.restore_remote, Outcome.RESTORED_REMOTE)):
+                    restored = fetch(key, tmp)
+                    if restored is not None:
+                        restored.write(tmp)
+                        self.workspace.publish(tmp, stage)
+                        return outcome
+                    shutil.rmtree(tmp)
+                    tmp.mkdir()
             self.functions[stage.kind](
                 StageRun(
                     stage,
