@@ -96,8 +96,8 @@ class CapabilitySpec(BaseModel):
     fp32_fallback: bool = Field(default=False, description="Whether the backend runs float islands: nodes kept in float32, with "
                                   "quantize/dequantize at the island's boundary (dabuild.quant.layers.fallback).")
     float_ops: list[str] | None = Field(
-        default=None, description="The op types a float island may hold (with fp32_fallback); none listed: any op. "
-        "The c target's float kernels run a few (dense, conv, pools, means, elementwise arithmetic, clamps, copies).")
+        default=None, description="The op types a float island may hold (with fp32_fallback), within those the "
+        "target writes in float (its own table, Target.float_ops, shown in docs/ops.md); none listed: all of those.")
     cost_model: str | None = Field(
         default=None,
         description="A cost estimate of the backend (an entry point of dabuild.cost_models, e.g. da4ml), which "

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
 import sys
 import time
@@ -380,16 +379,14 @@ def _init(args: argparse.Namespace, progress: Progress) -> int:
     return 0
 
 
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
+def max_size(text: str) -> int:
+    """--max-size in bytes (dabuild.sizes: `500M`, `2GiB`, `0`); UsageError naming the option otherwise."""
+    from dabuild.sizes import parse_size
 
-
-def parse_size(text: str) -> int:
-    """`500M`, `2G`, `1.5GiB`, `0` -> bytes (powers of 1024)."""
-    match = _SIZE.match(text)
-    if not match:
-        raise UsageError(f"--max-size: {text!r} is not a size such as 500M or 2G")
-    number, unit = match.groups()
-    return int(float(number) * 1024 ** "_kmgt".index(unit.lower() or "_"))
+    try:
+        return parse_size(text)
+    except ValueError as error:
+        raise UsageError(f"--max-size: {error}") from None
 
 
 def _cache(args: argparse.Namespace, progress: Progress) -> int:
@@ -403,7 +400,7 @@ def _cache(args: argparse.Namespace, progress: Progress) -> int:
             print(f"{info.name:<17} {human_size(info.size):>10}  {info.entries:>6} {_ENTRY_WORDS[info.name]:<8} "
                   f"{info.root}")
     else:
-        removed, freed = store.prune(parse_size(args.max_size))
+        removed, freed = store.prune(max_size(args.max_size))
         progress.info(f"pruned {removed} items, freed {human_size(freed)}; temporary files removed")
     return 0
 

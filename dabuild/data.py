@@ -9,7 +9,7 @@ the file and the key.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -134,29 +134,3 @@ def batches(arrays: dict[str, np.ndarray], batch_size: int) -> Iterator[dict[str
     length = len(next(iter(arrays.values())))
     for start in range(0, length, batch_size):
         yield {name: array[start : start + batch_size] for name, array in arrays.items()}
-
-
-def accuracy(outputs: np.ndarray, labels: np.ndarray) -> float:
-    """Share of rows whose largest output (over the last axis) is at the integer label."""
-    if outputs.shape[:-1] != labels.shape:
-        raise UsageError(
-            f"accuracy needs labels of shape {outputs.shape[:-1]} for outputs {outputs.shape}, got {labels.shape}"
-        )
-    return float(np.mean(outputs.argmax(axis=-1) == labels))
-
-
-def mse(outputs: np.ndarray, labels: np.ndarray) -> float:
-    """Mean squared error between outputs and targets of the same shape."""
-    if outputs.shape != labels.shape:
-        raise UsageError(f"mse needs targets of the outputs' shape {outputs.shape}, got {labels.shape}")
-    return float(np.mean((outputs.astype(np.float64) - labels) ** 2))
-
-
-METRICS: dict[str, Callable[[np.ndarray, np.ndarray], float]] = {"accuracy": accuracy, "mse": mse}
-
-
-def evaluate_metric(metric: str, outputs: np.ndarray, labels: np.ndarray) -> float:
-    """The named metric of model outputs against labels."""
-    if metric not in METRICS:
-        raise UsageError(f"unknown metric {metric!r}; available: {', '.join(sorted(METRICS))}")
-    return METRICS[metric](np.asarray(outputs), np.asarray(labels))

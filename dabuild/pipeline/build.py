@@ -66,8 +66,6 @@ def workspace_for(recipe: Recipe, build_root: Path) -> Workspace:
 
 
 def stages_for(recipe: Recipe, targets: tuple[str, ...] | None) -> tuple[list[Stage], dict]:
-    from dabuild.capability import discover_capabilities
-
     if targets:
         known = {t.name for t in recipe.targets}
         unknown = [name for name in targets if name not in known]
@@ -76,8 +74,7 @@ def stages_for(recipe: Recipe, targets: tuple[str, ...] | None) -> tuple[list[St
                 f"{recipe.path}: no target named {', '.join(map(repr, unknown))}; "
                 f"targets: {', '.join(sorted(known))}"
             )
-    capabilities = discover_capabilities(list(recipe.capabilities))
-    return plan(recipe, capabilities, list(targets) if targets else None), capabilities
+    return plan(recipe, list(targets) if targets else None), recipe.known_capabilities
 
 
 def build(recipe: Recipe, options: BuildOptions, progress: Progress) -> BuildSummary:

@@ -19,7 +19,8 @@ import numpy as np
 from dabuild.errors import BuildError, Diagnostic, ValidationError
 from dabuild.ir.graph import Graph, TensorSpec
 from dabuild.ir.ops.shape import out_of_range
-from dabuild.recipe import BUILTIN_METRICS, Recipe, top_k_of
+from dabuild.metrics import BUILTIN_METRICS, top_k_of
+from dabuild.recipe import Recipe
 from dabuild.yamlpos import YamlDocument
 
 _SPACE_KEY = re.compile(r"^tuning\.space\.(op_type|op_name)(?:\.([^.:]+))?(?:\.(weight|activation))?"
@@ -49,11 +50,9 @@ def preflight(recipe: Recipe, graph_dir: Path, capabilities: list[Any]) -> None:
 def refuse_unbuildable(graph_dir: Path, exports: list[Any]) -> None:
     """Each target's `refuse` on the traced graph: a BuildError naming target, op and nodes it cannot build,
     before calibration and tuning spend any time."""
-    from dabuild.pipeline.stages import target_of
-
     graph = Graph.load(graph_dir)
     for stage in exports:
-        target_of(stage.config).refuse(graph)
+        stage.runs["target"].refuse(graph)
 
 
 def _used(spec: Any, key: str) -> np.ndarray:

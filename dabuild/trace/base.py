@@ -34,6 +34,7 @@ from dabuild.ir.graph import Graph
 from dabuild.ir.npz import read_npz
 from dabuild.ir.passes import optimize
 from dabuild.progress import Progress
+from dabuild.registry import Registry
 
 Shape = tuple["int | None", ...]
 
@@ -81,6 +82,12 @@ class TracerPlugin(ABC):
     def build_with_weights(cls, factory: Any, path: Path, where: str) -> Any:
         """The model `factory` (named `where`) builds with the weights file `path` (a `weights_suffixes` file)."""
         raise NotImplementedError(f"{cls.__name__} lists weights_suffixes but does not override build_with_weights")
+
+    @classmethod
+    def converters(cls) -> Registry[Any] | None:
+        """This frontend's converter table (source op name -> a converter whose `emits` names the IR ops it may
+        make), which docs/ops.md reads; None: it converts by running the model, not op by op (numpy)."""
+        return None
 
     @abstractmethod
     def apply_model(self, inputs: dict[str, Any]) -> Any:

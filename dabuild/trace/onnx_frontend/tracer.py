@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from dabuild.errors import BuildError, UsageError
 from dabuild.ir.graph import Graph, TensorSpec
 from dabuild.ir.ops import OPS
+from dabuild.registry import Registry
 from dabuild.trace.base import Shape, TracerPlugin, check_integer_inputs
 from dabuild.trace.onnx_frontend.conversion import Conversion, Unsupported
 from dabuild.trace.onnx_frontend.converters import CONVERTERS, SUPPORTED_OPS
@@ -37,6 +38,10 @@ class OnnxTracer(TracerPlugin):
     """Frontend for ONNX models: a path to an .onnx file, or a loaded onnx.ModelProto."""
 
     suffixes: ClassVar[tuple[str, ...]] = (".onnx",)
+
+    @classmethod
+    def converters(cls) -> Registry[Any]:
+        return CONVERTERS
 
     @classmethod
     def side_files(cls, model_file: Path) -> list[Path]:
