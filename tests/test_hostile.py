@@ -51,3 +51,50 @@ def test_hostile_file_is_refused_cleanly(name: str, tmp_path: Path) -> None:
     assert not (folder / MARKER).exists(), "the payload ran"
     assert time.monotonic() - start < TIME_LIMIT
 
+
+# ------------------------------------------------------------------ the build folder and links
+
+
+def _project(tmp_path: Path) -> tuple[Path, Path]:
+    """A small numpy project and, beside it, a folder with a file a link could reach."""
+    folder, outside = tmp_path / "project", tmp_path / "elsewhere"
+    folder.mkdir()
+    outside.mkdir()
+    (outside / "victim").write_text("keep me")
+    CASES["npz_weights_object_array"](folder)  # any project; the build must stop before reading it
+    return folder, outside
+
+
+@pytest.mark.parametrize("link", ["build", "build/hostile", "build/hostile/trace", "build/.stamps"])
+def test_build_refuses_a_link_it_did_not_make(link: str, tmp_path: Path) -> None:
+    folder, outside = _project(tmp_path)
+    (folder / link).parent.mkdir(parents=True, exist_ok=True)
+    (folder / link).symlink_to(outside, target_is_directory=True)
+    result = run_limited(["build", "--build-dir", "build", "recipe.yaml"], folder)
+    output = result.stdout + result.stderr
+    assert result.returncode == 2 and "Traceback" not in output, output
+    assert f"{folder / link}: " in output and "symbolic link" in output, output
+    assert sorted(p.name for p in outside.iterdir()) == ["victim"], "something was written through the link"
+
+
+@pytest.mark.parametrize("link", ["build/hostile", "build/hostile/trace", "build/hostile/victim"])
+def test_clean_removes_links_never_what_they_point_to(link: str, tmp_path: Path) -> None:
+    folder, outside = _project(tmp_path)
+    (folder / "build" / "hostile").mkdir(parents=True, exist_ok=link != "build/hostile")
+    if link == "build/hostile":
+        (folder / link).rmdir()
+    target = outside / "victim" if link.endswith("victim") else outside
+    (folder / link).symlink_to(target)
+    result = run_limited(["clean", "--build-dir", "build", "recipe.yaml"], folder)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert not (folder / link).is_symlink()
+    assert (outside / "victim").read_text() == "keep me"
+
+
+def test_clean_refuses_a_linked_build_root(tmp_path: Path) -> None:
+    folder, outside = _project(tmp_path)
+    (outside / "hostile").mkdir()
+    (folder / "build").symlink_to(outside, target_is_directory=True)
+    result = run_limited(["clean", "--build-dir", "build", "recipe.yaml"], folder)
+    assert result.returncode == 2 and f"{folder / 'build'}: the build folder is a symbolic link" in result.stderr
+    assert (outside / "victim").exists() and (outside / "hostile").is_dir()
