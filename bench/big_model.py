@@ -106,7 +106,7 @@ def inference_seconds(build_dir: Path, images: np.ndarray) -> tuple[float, float
     of calibration)."""
     from dabuild.ir.graph import Graph
     from dabuild.ir.interpreter import Interpreter
-    from dabuild.ir.kernels.native import available_cores
+    from dabuild.ir.kernels.compiling import available_cores
     from dabuild.ir.memory import samples_that_fit
     from dabuild.progress import Progress
     from dabuild.quant.calibrate import calibrate, histogram_bytes

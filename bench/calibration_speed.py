@@ -27,7 +27,8 @@ from architectures import ARCHITECTURES, IMAGE, export_onnx
 
 from dabuild.ir.graph import Graph
 from dabuild.ir.interpreter import Interpreter
-from dabuild.ir.kernels.native import available_cores, native_backend
+from dabuild.ir.kernels.compiling import available_cores
+from dabuild.ir.kernels.native import native_backend
 from dabuild.ir.passes import optimize
 from dabuild.progress import Progress
 from dabuild.quant.calibrate import calibrate

@@ -153,11 +153,13 @@ def main() -> None:
         for row in rows:
             print(f"{model.name:40s} {row.target:7s} {row.kind:5s} {row.accuracy:12.4f} {row.original_accuracy:12.4f} "
                   f"{row.steps_vs_reference:12d} {row.steps_vs_original:13d}")
+            if row.original_note and f"  {model.name}: {row.original_note}" not in notes:
+                notes.append(f"  {model.name}: {row.original_note}")
             if row.kind == "hdl" and model.by_hand is not None:
                 notes.append(f"  {model.name}\n{hdl_row(folder, build, row.target, model.by_hand, folder / model.original)}")
     print("\ngoals: steps vs ref 0 (exact targets; approximate ones may show 1), steps vs orig <= 1")
     if notes:
-        print("hdl logic through dabuild vs da4ml directly (goal: equal)")
+        print("notes: the original runtime on this CPU; hdl logic through dabuild vs da4ml directly (goal: equal)")
         print("\n".join(notes))
 
 

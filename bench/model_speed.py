@@ -17,12 +17,18 @@ the cpu lines then, and run 2 threads against 1 in one process to judge the
 threading. With --profile, also the interpreter's CPU
 time per op kind (and the five slowest steps with their shapes) at 1 thread.
 
-Usage: python bench/model_speed.py [--models resnet ...] [--threads 1 2] [--seconds 4] [--profile]
+Also times the onnx package's published backend-data models (onnx/backend/test/data/light: SqueezeNet 1.0,
+ResNet-50, ShuffleNet v1, ... with the random weights the package ships), traced from the package's files as
+they are, and prints the CPU (its vector extensions: AVX-512, AVX2, arm64 NEON) the figures come from.
+
+Usage: python bench/model_speed.py [--models resnet light_squeezenet ...] [--threads 1 2] [--seconds 4] [--profile]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import platform
 import sys
 import tempfile
 import time
@@ -31,11 +37,12 @@ from functools import partial
 from pathlib import Path
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 from threadpoolctl import threadpool_limits
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the families' one definition
-from architectures import IMAGE, export_onnx
+from architectures import export_onnx
 from timing import fastest
 
 from dabuild.ir.graph import Graph
@@ -91,7 +98,8 @@ def profile(graph: Graph, interpreter: Interpreter, feeds: dict[str, np.ndarray]
 
 
 def compare(name: str, path: Path, graph: Graph, threads_list: list[int], seconds: float, show: bool) -> None:
-    x = np.random.default_rng(1).standard_normal((1, *IMAGE)).astype(np.float32)
+    shape = tuple(dim if isinstance(dim, int) else 1 for dim in graph.inputs[0].shape)  # batch 1
+    x = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
     feeds = {graph.inputs[0].name: x}
     for threads in threads_list:
         interpreter, theirs_session = Interpreter(graph, threads=threads), session(path, threads)
@@ -114,19 +122,43 @@ def compare(name: str, path: Path, graph: Graph, threads_list: list[int], second
 
 MODELS = ("resnet", "mobilenet_v2", "squeezenet", "shufflenet", "vgg")  # ResNet-50, MobileNetV2, SqueezeNet 1.1,
 #                                                                         ShuffleNetV2 1.0x, VGG-19
+PUBLISHED = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"  # the onnx package's own models
+
+
+def published_models() -> list[str]:
+    """The onnx package's backend-data models (light_squeezenet, light_resnet50, light_shufflenet, ...)."""
+    return sorted(path.stem for path in PUBLISHED.glob("light_*.onnx"))
+
+
+def cpu_name() -> str:
+    """The CPU's model and its widest vector extension, as lscpu would say it."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.machine()
+    fields = dict(line.split(":", 1) for line in info.splitlines() if ":" in line)
+    fields = {key.strip(): value.strip() for key, value in fields.items()}
+    flags = set(fields.get("flags", fields.get("Features", "")).split())
+    vectors = ("AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else
+               "arm64 NEON" if "asimd" in flags else "SSE" if "sse2" in flags else "no vector extension")
+    extras = ", VNNI" if {"avx512_vnni", "avx_vnni"} & flags else ", no VNNI" if "avx2" in flags else ""
+    model = fields.get("model name", platform.machine())
+    return f"{model}, {vectors}{extras}, {len(os.sched_getaffinity(0))} cores"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    parser.add_argument("--models", nargs="+", default=[*MODELS, *published_models()],
+                        choices=[*MODELS, *published_models()])
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--seconds", type=float, default=4.0, help="timed seconds per measurement")
     parser.add_argument("--profile", action="store_true", help="time per op kind at 1 thread")
     args = parser.parse_args()
-    print(f"convs: {native_backend()}  (target: dabuild speed >= 0.5x onnxruntime's)")
+    print(f"cpu: {cpu_name()}")
+    print(f"convs: {native_backend()}  (target: dabuild speed >= 0.6x onnxruntime's)")
     with tempfile.TemporaryDirectory(prefix="dabuild-model-speed-") as work:
         for name in args.models:
-            path = export_onnx(name, Path(work) / f"{name}.onnx")
+            path = PUBLISHED / f"{name}.onnx" if name.startswith("light_") else export_onnx(name, Path(work) / f"{name}.onnx")
             graph = optimize(trace_model(path))
             compare(name, path, graph, args.threads, args.seconds, args.profile)
 

@@ -35,6 +35,15 @@ def unknown_name_message(group: str, name: str) -> str:
     return errors.unknown_name_message(_WHAT.get(group, group), name, available(group))
 
 
+def module_of(group: str, name: str) -> str:
+    """The module that defines plugin `name` of `group`, read from its entry point without importing it:
+    a stage's key digests that module's code (pipeline/code_digest.py)."""
+    eps = _entry_points(group)
+    if name not in eps:
+        raise UsageError(unknown_name_message(group, name))
+    return eps[name].module
+
+
 def load(group: str, name: str) -> Any:
     """The object registered as `name` in `group`; UsageError listing the alternatives."""
     eps = _entry_points(group)

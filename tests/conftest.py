@@ -41,3 +41,19 @@ def digits(tmp_path: Path) -> Path:
     text = recipe.read_text()
     recipe.write_text(text[: text.index("  - name: ort\n")])
     return folder
+
+
+def _vector_widths() -> list[int]:
+    from dabuild.ir.kernels.native import vector_widths
+
+    return vector_widths()
+
+
+VECTOR_WIDTHS = _vector_widths()  # every vector path of the native kernels this machine can run, widest first
+
+
+@pytest.fixture(params=VECTOR_WIDTHS, ids=[f"{width}-byte vectors" for width in VECTOR_WIDTHS])
+def vector_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> int:
+    """Runs the test on one vector path of the native kernels (DABUILD_VECTOR_BYTES): every path, in turn."""
+    monkeypatch.setenv("DABUILD_VECTOR_BYTES", str(request.param))
+    return request.param

@@ -37,6 +37,7 @@ VARIANTS = ("cortex-m0", "cortex-m4", "cortex-m55")
 WEIGHTED = ["dense per tensor", "dense per channel relu6", "conv 3x3 pad 1", "conv 3x3 pad 1 wide rows",
             "conv stride 2 asymmetric pads per channel",
             "conv dilation 2 clip", "conv groups 2", "conv 1x1 no pad", "conv1d", "depthwise",
+            "depthwise 6 channels asymmetric pads",
             "depthwise multiplier 2 stride"]
 
 # conv cases whose window rows (kernel width x channels bytes) are no whole number of 16-byte Helium vectors

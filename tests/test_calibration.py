@@ -292,7 +292,8 @@ def test_no_calibration_batches_is_an_error() -> None:
 
 
 @pytest.mark.parametrize("layout", ["channels last", "channels first", "no channel axis"])
-def test_native_histograms_count_exactly_what_numpy_counts(monkeypatch: pytest.MonkeyPatch, layout: str) -> None:
+def test_native_histograms_count_exactly_what_numpy_counts(monkeypatch: pytest.MonkeyPatch, vector_path: int,
+                                                          layout: str) -> None:
     """float32 tensors as the interpreter leaves them, big enough for two threads, in uneven batches."""
     from dabuild.ir.kernels import native
 
@@ -318,6 +319,27 @@ def test_native_histograms_count_exactly_what_numpy_counts(monkeypatch: pytest.M
     assert compiled[0] == compiled[1] == reference
 
 
+def test_native_histograms_split_among_more_threads_count_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Channels split among 5 threads (as on a machine with 5 cores), each with its own whole-tensor
+    sub-histogram merged after: numpy's counts exactly."""
+    from dabuild.ir.kernels import native
+
+    rng = np.random.default_rng(13)
+    values = (rng.standard_normal((4, 96, 32, 32)) * rng.uniform(0.1, 10, (1, 96, 1, 1))).astype(np.float32)
+
+    def stats() -> Stats:
+        result = Stats()
+        result.observe("t", values, axis=1)
+        result.observe("t", values[:2] * 3, axis=1)
+        return result
+
+    monkeypatch.delenv(native.SWITCH, raising=False)
+    monkeypatch.setattr(native, "available_cores", lambda: 5)
+    compiled = stats()
+    monkeypatch.setenv(native.SWITCH, "0")
+    assert compiled == stats()
+
+
 def test_int32_channel_counts_widen_before_they_could_overflow(monkeypatch: pytest.MonkeyPatch) -> None:
     """Per-channel rows count in int32 until a channel could pass the limit, then in int64: the same counts."""
     from dabuild.quant import histogram
@@ -341,7 +363,7 @@ def test_int32_channel_counts_widen_before_they_could_overflow(monkeypatch: pyte
 
 @pytest.mark.parametrize("channels_last", [False, True])
 def test_native_whole_histograms_derived_from_big_channels_are_exact(monkeypatch: pytest.MonkeyPatch,
-                                                                     channels_last: bool) -> None:
+                                                                     vector_path: int, channels_last: bool) -> None:
     """Channels with enough values per batch have their whole-tensor counts derived from their own rows'
     gains (histogram.c): the same counts numpy bins value by value, with channel widths finer than the whole's."""
     from dabuild.ir.kernels import native
@@ -367,7 +389,7 @@ def test_native_whole_histograms_derived_from_big_channels_are_exact(monkeypatch
 
 
 @pytest.mark.parametrize("channels", [3, 200])
-def test_native_histograms_reject_non_finite_values_naming_the_tensor(channels: int) -> None:
+def test_native_histograms_reject_non_finite_values_naming_the_tensor(vector_path: int, channels: int) -> None:
     """Channels first, and channels last with enough channels for the register tiles of histogram.c."""
     memory = np.ones((2, 4, 4, channels), np.float32)
     memory[1, 0, 0, 2] = np.inf

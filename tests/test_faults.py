@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from dabuild.cli import main
-from dabuild.ir.kernels import native
+from dabuild.ir.kernels import compiling, native
 
 ARTIFACT_STAGES = ("trace", "calibrate", "tune-c", "export-mcu")
 
@@ -44,7 +44,7 @@ def _warnings(err: str) -> list[str]:
 @pytest.fixture
 def kernel_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     folder = tmp_path / "kernels"
-    monkeypatch.setenv(native.KERNEL_CACHE, str(folder))
+    monkeypatch.setenv(compiling.KERNEL_CACHE, str(folder))
     yield folder
     native._load.cache_clear()
 
@@ -75,7 +75,7 @@ def test_damage_in_every_store_is_dropped_rebuilt_and_reported_once(
         record.write_text(_flip_digit(record.read_text(), '"metric": '))
     # kernel cache: the compiled library truncated (loading it would be a bus error); written as a new
     # file, because this process still has the old one mapped (truncating that in place crashes it here)
-    [library] = native.kernel_files()
+    [library] = compiling.kernel_files()
     (kernel_cache / "truncated").write_bytes(library.read_bytes()[:1000])
     os.replace(kernel_cache / "truncated", library)
 
@@ -90,7 +90,7 @@ def test_damage_in_every_store_is_dropped_rebuilt_and_reported_once(
     summary = json.loads((tmp_path / "build" / "digits-mlp" / "build.json").read_text())
     assert summary["warnings"] == [w.removeprefix("dabuild: warning: ") for w in warned]
     assert _outputs(tmp_path / "build" / "digits-mlp") == clean  # artifacts unchanged
-    assert all(native._proven(p) for p in native.kernel_files())
+    assert all(compiling.proven(p) for p in compiling.kernel_files())
 
     code, err = _build(digits, tmp_path / "build2", capsys)  # everything proven now: no more warnings
     assert code == 0 and not _warnings(err)
@@ -153,7 +153,7 @@ def test_read_only_cache_and_kernel_cache_build_with_one_warning_each(
     with _tmpfs(tmp_path / "cache", "1m", read_only=True) as cache, \
             _tmpfs(tmp_path / "kernels", "1m", read_only=True) as kernels:
         monkeypatch.setenv("DABUILD_CACHE", str(cache))
-        monkeypatch.setenv(native.KERNEL_CACHE, str(kernels))
+        monkeypatch.setenv(compiling.KERNEL_CACHE, str(kernels))
         code, err = _build(digits, tmp_path / "build", capsys)
         native._load.cache_clear()
         assert code == 0 and "Traceback" not in err

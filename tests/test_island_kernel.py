@@ -18,7 +18,8 @@ RNG = np.random.default_rng(5)
 
 
 @pytest.fixture(autouse=True)
-def compiled(monkeypatch: pytest.MonkeyPatch) -> None:
+def compiled(monkeypatch: pytest.MonkeyPatch, vector_path: int) -> None:
+    """Every test on each vector path of the native kernels this machine can run."""
     monkeypatch.delenv(native.SWITCH, raising=False)
     if native.native_conv() is None:
         pytest.skip("no C compiler: the native kernels cannot be built")

@@ -2,25 +2,32 @@
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import VECTOR_WIDTHS
 
 from dabuild import notices
 from dabuild.ir import Graph, Node, TensorSpec
 from dabuild.ir.interpreter import Interpreter
-from dabuild.ir.kernels import native
+from dabuild.ir.kernels import compiling, native
+from dabuild.ir.kernels.compiling import Sources
 from dabuild.ir.ops import OPS
 from dabuild.ir.ops.linear import UNCHANGED, Epilogue, Geometry, _native_conv
 
 pytestmark = pytest.mark.skipif(shutil.which(native.COMPILER) is None, reason="no C compiler")
 
+
+WIDTHS = VECTOR_WIDTHS  # every vector path this machine can run: 64, 32 and 16 bytes on AVX-512
 
 def conv_both_ways(monkeypatch: pytest.MonkeyPatch, arrays: list[np.ndarray], attrs: dict,
                    then: tuple[str, dict] | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -31,6 +38,7 @@ def conv_both_ways(monkeypatch: pytest.MonkeyPatch, arrays: list[np.ndarray], at
     compiled = kernel([a.copy() for a in arrays], None)[0]
     monkeypatch.setenv(native.SWITCH, "0")
     reference = kernel([a.copy() for a in arrays], None)[0]
+    monkeypatch.delenv(native.SWITCH)
     return compiled, reference
 
 
@@ -69,7 +77,7 @@ CASES = [  # batch, channels, out_channels, spatial size, kernel, strides, pads,
 
 @pytest.mark.parametrize("batch, channels, out_channels, size, kernel, strides, pads, dilations, groups", CASES)
 @pytest.mark.parametrize("bias, activation", [(True, "relu"), (False, "none"), (True, "sigmoid"), (True, "relu6")])
-def test_conv_matches_numpy(monkeypatch: pytest.MonkeyPatch, batch: int, channels: int, out_channels: int,
+def test_conv_matches_numpy(monkeypatch: pytest.MonkeyPatch, vector_path: int, batch: int, channels: int, out_channels: int,
                             size: tuple[int, ...], kernel: tuple[int, ...], strides: list[int], pads: list[int],
                             dilations: list[int], groups: int, bias: bool, activation: str) -> None:
     rng = np.random.default_rng(channels * 100 + out_channels)
@@ -83,7 +91,7 @@ def test_conv_matches_numpy(monkeypatch: pytest.MonkeyPatch, batch: int, channel
 
 
 @pytest.mark.parametrize("then", [("relu", {}), ("none", {}), ("leaky_relu", {"alpha": 0.1})])
-def test_fused_residual_matches_numpy(monkeypatch: pytest.MonkeyPatch, then: tuple[str, dict]) -> None:
+def test_fused_residual_matches_numpy(monkeypatch: pytest.MonkeyPatch, vector_path: int, then: tuple[str, dict]) -> None:
     rng = np.random.default_rng(7)
     x = rng.standard_normal((6, 24, 12, 12)).astype(np.float32)
     weight = rng.standard_normal((24, 24, 3, 3)).astype(np.float32)
@@ -100,7 +108,7 @@ def test_clip_bounds_match_numpy(monkeypatch: pytest.MonkeyPatch) -> None:
     assert_close(*conv_both_ways(monkeypatch, arrays, attrs))
 
 
-def test_layer_threads_give_the_same_bits(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_layer_threads_give_the_same_bits(monkeypatch: pytest.MonkeyPatch, vector_path: int) -> None:
     """Rows split among threads: every output computed as on one thread, bit for bit."""
     monkeypatch.delenv(native.SWITCH, raising=False)
     rng = np.random.default_rng(9)
@@ -178,40 +186,53 @@ def test_interpreter_runs_native_convs_like_numpy(monkeypatch: pytest.MonkeyPatc
     assert_close(traced, reference)
 
 
-def test_backend_names_the_compiler_or_numpy(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_backend_names_the_compiler_and_path_or_numpy(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(native.SWITCH, raising=False)
-    version = native.native_conv().compiler
-    assert native.native_backend() == f"native kernels: {version}"
-    assert version
+    conv = native.native_conv()
+    assert native.native_backend() == f"native kernels ({conv.path}): {conv.compiler}"
+    assert conv.compiler and conv.vector_bytes == WIDTHS[0]
     monkeypatch.setenv(native.SWITCH, "0")
     assert native.native_conv() is None and native.native_backend() == "numpy"
 
 
-def test_library_is_compiled_once_into_the_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setenv(native.KERNEL_CACHE, str(tmp_path))
+def test_the_path_follows_the_compilers_target_macros() -> None:
+    """vectors.h's choice for -march=native is the CPU's: 64-byte vectors with AVX-512, 32 with AVX2, else 16."""
+    flags = Path("/proc/cpuinfo").read_text().split() if Path("/proc/cpuinfo").exists() else []
+    expected = 64 if "avx512f" in flags else 32 if "avx" in flags else 16
+    assert WIDTHS[0] == expected and [width for width in native.WIDTHS if width <= expected] == WIDTHS
+
+
+def tiny_sources(text: str = "int answer(void) { return 42; }\n", version_flag: str = "-O1") -> Sources:
+    return Sources({"answer.c": text}, {}, (version_flag,), "test", 16)
+
+
+def test_library_is_compiled_once_into_the_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv(compiling.KERNEL_CACHE, str(tmp_path))
     compiler = shutil.which(native.COMPILER)
-    source = "int answer(void) { return 42; }\n"
-    library, scratch = native._build(compiler, "test compiler 1.0", source)
+    library, scratch = compiling.build(compiler, "test compiler 1.0", tiny_sources())
+    assert "compiling native kernels (test" in capsys.readouterr().err  # a progress line, even without -v
     assert library.parent == tmp_path and library.suffix == ".so" and scratch is None
+    assert library.name.startswith("test-")  # the file names the vector path
     assert [p.name for p in library.parent.iterdir()] == [library.name]  # no temporary left behind
     built = library.stat().st_ino
-    assert native._build(compiler, "test compiler 1.0", source)[0] == library
+    assert compiling.build(compiler, "test compiler 1.0", tiny_sources())[0] == library
     assert library.stat().st_ino == built  # loaded from the cache, not compiled again
-    assert native._build(compiler, "test compiler 2.0", source)[0] != library  # another compiler, another library
+    assert capsys.readouterr().err == ""
+    assert compiling.build(compiler, "test compiler 2.0", tiny_sources())[0] != library  # another compiler
 
 
 def test_damaged_library_is_deleted_warned_about_and_compiled_again(monkeypatch: pytest.MonkeyPatch,
                                                                      tmp_path: Path) -> None:
     """A truncated library would crash the loader (bus error): it must fail its proof before it is loaded."""
-    monkeypatch.setenv(native.KERNEL_CACHE, str(tmp_path))
+    monkeypatch.setenv(compiling.KERNEL_CACHE, str(tmp_path))
     compiler = shutil.which(native.COMPILER)
-    source = "int answer(void) { return 42; }\n"
-    library, _ = native._build(compiler, "v", source)
+    library, _ = compiling.build(compiler, "v", tiny_sources())
     good = library.read_bytes()
     library.chmod(0o644)
     library.write_bytes(good[: len(good) // 2])
     with notices.collect() as warned:
-        rebuilt, _ = native._build(compiler, "v", source)
+        rebuilt, _ = compiling.build(compiler, "v", tiny_sources())
     assert rebuilt.read_bytes() == good and rebuilt.name == library.name
     assert len(warned) == 1 and "damaged" in warned[0] and library.name in warned[0]
     assert [p.name for p in tmp_path.iterdir()] == [library.name]
@@ -219,24 +240,26 @@ def test_damaged_library_is_deleted_warned_about_and_compiled_again(monkeypatch:
 
 def test_read_only_kernel_cache_compiles_for_the_run_and_leaves_nothing(monkeypatch: pytest.MonkeyPatch,
                                                                        tmp_path: Path) -> None:
-    cache = tmp_path / "kernels"
+    cache, temporary = tmp_path / "kernels", tmp_path / "tmp"
     cache.mkdir()
-    monkeypatch.setenv(native.KERNEL_CACHE, str(cache))
-    monkeypatch.setattr(native, "_compile", _failing_in(cache, native._compile))
+    temporary.mkdir()
+    monkeypatch.setenv(compiling.KERNEL_CACHE, str(cache))
+    monkeypatch.setattr(tempfile, "tempdir", str(temporary))
+    monkeypatch.setattr(compiling, "compile_library", _failing_in(cache, compiling.compile_library))
     with notices.collect() as warned:
         conv = native._load.__wrapped__()
     assert conv is not None  # still the native kernels: results do not silently change backend
     assert len(warned) == 1 and "cannot be written" in warned[0] and str(cache) in warned[0]
-    assert list(cache.iterdir()) == []
+    assert list(cache.iterdir()) == [] and list(temporary.iterdir()) == []
 
 
 def _failing_in(folder: Path, compile_):
-    """native._compile, but a disk full inside `folder`: the OSError the write boundary would raise there
-    (injected, as a real full disk needs a mount; tests/test_faults.py drills a real one where it can)."""
-    def compile_elsewhere(compiler: str, source: str, target: Path) -> Path:
+    """compiling.compile_library, but a disk full inside `folder`: the OSError the write boundary would raise
+    there (injected, as a real full disk needs a mount; tests/test_faults.py drills a real one where it can)."""
+    def compile_elsewhere(compiler: str, sources: Sources, target: Path) -> Path:
         if folder in target.parents:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(target))
-        return compile_(compiler, source, target)
+        return compile_(compiler, sources, target)
 
     return compile_elsewhere
 
@@ -248,11 +271,37 @@ def test_no_compiler_falls_back_to_numpy_with_a_warning_naming_why(monkeypatch: 
     assert len(warned) == 1 and "no-such-c-compiler" in warned[0] and "numpy" in warned[0]
 
 
-def test_compile_errors_name_the_compiler(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setenv(native.KERNEL_CACHE, str(tmp_path))
-    with pytest.raises(OSError, match="failed on conv.c"):
-        native._build(shutil.which(native.COMPILER), "test", "this is not C\n")
-    assert list(tmp_path.iterdir()) == []
+def test_compile_errors_name_the_first_error_line_and_leave_nothing(monkeypatch: pytest.MonkeyPatch,
+                                                                    tmp_path: Path) -> None:
+    cache, temporary = tmp_path / "kernels", tmp_path / "tmp"
+    temporary.mkdir()
+    monkeypatch.setenv(compiling.KERNEL_CACHE, str(cache))
+    monkeypatch.setattr(tempfile, "tempdir", str(temporary))
+    with pytest.raises(compiling.CompileError, match=r"failed on answer.c: answer.c:1:\d+: error: "):
+        compiling.build(shutil.which(native.COMPILER), "test", tiny_sources("this is not C\n"))
+    assert list(cache.iterdir()) == [] and list(temporary.iterdir()) == []
+
+
+def test_a_path_that_does_not_compile_falls_back_to_the_next_narrower(monkeypatch: pytest.MonkeyPatch,
+                                                                      tmp_path: Path) -> None:
+    """The widest path's source broken (as a compiler without its vector support would be): the next narrower path
+    runs, with one warning naming it and the compiler's first error line; never numpy in silence."""
+    if len(WIDTHS) < 2:
+        pytest.skip("this machine's compiler builds one vector path only")
+    monkeypatch.setenv(compiling.KERNEL_CACHE, str(tmp_path))
+    real = native.vector_paths
+
+    def widest_broken(compiler: str, forced: int | None = None) -> Iterator[Sources]:
+        paths = list(real(compiler, forced))
+        broken = dataclasses.replace(paths[0], units={**paths[0].units, "vector_path.c": "this is not C\n"})
+        yield from [broken, *paths[1:]]
+
+    monkeypatch.setattr(native, "vector_paths", widest_broken)
+    with notices.collect() as warned:
+        conv = native._load.__wrapped__()
+    assert conv is not None and conv.vector_bytes == WIDTHS[1]
+    assert len(warned) == 1 and f"run the {conv.path} path" in warned[0]
+    assert "vector_path.c:1:" in warned[0] and "error" in warned[0]
 
 
 @pytest.mark.parametrize("groups, out_channels, native_runs", [(1, 8, True), (8, 8, True), (8, 16, False),
@@ -270,7 +319,7 @@ def test_which_convs_run_natively(monkeypatch: pytest.MonkeyPatch, groups: int, 
 
 
 @pytest.mark.parametrize("case", [CASES[2], CASES[6], CASES[12], CASES[14], CASES[15]])
-def test_float64_conv_of_integers_is_exact(monkeypatch: pytest.MonkeyPatch, case: tuple) -> None:
+def test_float64_conv_of_integers_is_exact(monkeypatch: pytest.MonkeyPatch, vector_path: int, case: tuple) -> None:
     """The integer reference's sums: integer-valued float64 operands give exactly numpy's result."""
     batch, channels, out_channels, size, kernel, strides, pads, dilations, groups = case
     rng = np.random.default_rng(4)
@@ -306,7 +355,8 @@ def test_layer_threads_work_in_a_forked_child(monkeypatch: pytest.MonkeyPatch) -
     {"kernel": [3, 3], "strides": [2, 2], "ceil_mode": True},  # SqueezeNet's: the overhang never wins
     {"kernel": [2, 3], "strides": [1, 2], "pads": [1, 0, 0, 2], "dilations": [2, 1]},
 ])
-def test_max_pool_of_a_conv_output_matches_numpy_bit_for_bit(monkeypatch: pytest.MonkeyPatch, attrs: dict) -> None:
+def test_max_pool_of_a_conv_output_matches_numpy_bit_for_bit(monkeypatch: pytest.MonkeyPatch, vector_path: int,
+                                                              attrs: dict) -> None:
     """max_pool.c on a channels-last tensor: numpy's maxima, NaN winning and the later of two equal zeros kept."""
     rng = np.random.default_rng(8)
     memory = rng.standard_normal((2, 9, 11, 21)).astype(np.float32)  # (N, H, W, C): 21 channels, a partial vector

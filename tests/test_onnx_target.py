@@ -31,7 +31,8 @@ from dabuild.quant.quantize import quantize  # noqa: E402
 from dabuild.quant.reference import quantize_input, run_integer, run_quantized  # noqa: E402
 from dabuild.resources import data_dir  # noqa: E402
 from dabuild.targets.check import check_stage  # noqa: E402
-from dabuild.targets.onnx import MODEL_FILE, OnnxTarget, missing_package_error  # noqa: E402
+from dabuild.targets.onnx import MODEL_FILE, OnnxTarget, missing_package_error, runner  # noqa: E402
+from dabuild.targets.onnx.isa import detect, saturates  # noqa: E402
 
 CAPABILITY = load_capability(data_dir("capabilities") / "onnxruntime.yaml")
 DATA = dict(np.load(Path(__file__).resolve().parent.parent / "recipes" / "digits" / "data.npz"))
@@ -87,6 +88,20 @@ def dequantize_node(model: onnx.ModelProto, initializer: str) -> onnx.NodeProto:
                 and node.input[0] == initializer)
 
 
+def weight_integers(model: onnx.ModelProto, name: str, isa: str) -> np.ndarray:
+    """A layer's weight integers as the model stores them: int8, or on an isa whose u8s8 kernels saturate, uint8
+    with zero point 128 where they reach beyond +-64 (so onnxruntime runs them in its exact u8u8 kernels)."""
+    stored = initializers(model)[f"{name}/weight"]
+    node = dequantize_node(model, f"{name}/weight")
+    wide = int(np.abs(stored.astype(int) - (128 if stored.dtype == np.uint8 else 0)).max()) > 64
+    if saturates(isa) and wide:
+        assert stored.dtype == np.uint8 and np.all(initializers(model)[node.input[2]] == 128)
+        assert name in json.loads({p.key: p.value for p in model.metadata_props}["dabuild.uint8_weights"])
+        return stored.astype(int) - 128
+    assert stored.dtype == np.int8 and len(node.input) == 2  # zero point 0 by default
+    return stored
+
+
 def test_digits_recipe_builds_and_checks_the_onnx_target(digits: Path, tmp_path: Path, cache_dir: Path) -> None:
     (digits / "recipe.yaml").write_text((digits / "recipe.yaml").read_text() + "  - {name: ort, kind: onnx}\n")
     summary = build(digits, tmp_path / "build", "-j", "2")
@@ -118,8 +133,7 @@ def test_small_cnn_exports_as_checked_qdq_within_one_step(tmp_path: Path, opset:
     weights = initializers(model)
     layers = {layer.name: layer for layer in qgraph.layers}
     for name, axis in (("conv1", 0), ("pointwise", 0), ("head", 1)):  # per-channel weights, along output channels
-        stored = weights[f"{name}/weight"]
-        assert stored.dtype == np.int8 and np.array_equal(stored, layers[name].weight)
+        assert np.array_equal(weight_integers(model, name, target.isa), layers[name].weight)
         node = dequantize_node(model, f"{name}/weight")
         assert next(a.i for a in node.attribute if a.name == "axis") == axis
         assert np.allclose(weights[node.input[1]], layers[name].weight_scale)
@@ -216,7 +230,9 @@ def test_int4_weights_are_int4_initializers_at_opset_21(tmp_path: Path, opset: i
         node = config.nodes[name]
         config.nodes[name] = dataclasses.replace(node, weight=dataclasses.replace(node.weight, dtype="int4"))
     qgraph = lower(graph, config)
-    target = OnnxTarget(OnnxTarget.Options(opset=opset))
+    # Written for a CPU with VNNI, where every weight stays int8 (or INT4). It runs exactly here too: the only
+    # weights beyond 7 bits are the depthwise conv's, which onnxruntime runs in its own widening depthwise kernel.
+    target = OnnxTarget(OnnxTarget.Options(opset=opset, isa="avx512-vnni"))
     artifact = export(qgraph, tmp_path / "artifact", target)
     model = onnx.load(str(artifact / MODEL_FILE))
     assert model.opset_import[0].version == (opset or 21)
@@ -247,7 +263,8 @@ def test_a_perturbed_weight_fails_check_naming_the_layer_and_a_reproducible_bund
     model = onnx.load(str(artifact / MODEL_FILE))
     weight = next(t for t in model.graph.initializer if t.name == "pointwise/weight")
     values = numpy_helper.to_array(weight).copy()
-    values.flat[0] = -127 if values.flat[0] > 0 else 127
+    zero = 128 if values.dtype == np.uint8 else 0  # uint8 where this CPU's u8s8 kernels saturate
+    values.flat[0] = zero - 127 if values.flat[0] > zero else zero + 127
     weight.CopyFrom(numpy_helper.from_array(values, weight.name))
     (artifact / MODEL_FILE).write_bytes(model.SerializeToString())
     out_dir, bundles = tmp_path / "out", tmp_path / "debug"
@@ -517,3 +534,59 @@ def test_a_target_keeps_its_session_only_while_the_artifact_is_unchanged(tmp_pat
     assert np.array_equal(target.run(tmp_path, x, tmp_path), OnnxTarget().run(tmp_path, x, tmp_path))
     trace = target.trace(tmp_path, x[:2], tmp_path)
     assert trace[second.output].shape == (2, 10) and set(trace) == set(second.tensors) - set(second.constants)
+
+
+@pytest.mark.parametrize("isa", ["avx2", "avx512-vnni"])
+def test_weights_are_uint8_where_u8s8_saturates_and_onnxruntime_runs_them_exactly(tmp_path: Path, isa: str) -> None:
+    """Written for avx2 (no VNNI), wide weights are uint8, which onnxruntime runs in its widening u8u8 kernels on
+    every CPU: within a step of the reference here, whatever this CPU is. Written for a CPU with VNNI they stay
+    int8; checked on a CPU whose u8s8 kernels saturate, that model runs in onnxruntime's x64 precision mode (as
+    VNNI computes), and the check says its default kernels were not run."""
+    qgraph = lower(small_cnn())
+    target = OnnxTarget(OnnxTarget.Options(isa=isa))
+    artifact = export(qgraph, tmp_path / "artifact", target)
+    model = onnx.load(str(artifact / MODEL_FILE))
+    assert {p.key: p.value for p in model.metadata_props}["dabuild.isa"] == isa
+    layers = {layer.name: layer for layer in qgraph.layers}
+    for name in ("conv1", "depthwise", "pointwise", "head"):
+        assert np.array_equal(weight_integers(model, name, isa), layers[name].weight)
+    x, step = DATA["x_test"], qgraph.output_params.scale
+    out_dir = tmp_path / "check"
+    out_dir.mkdir()
+    report = check_stage(target, qgraph, artifact, x, None, out_dir, tmp_path / "debug", Progress.silent())
+    assert report["ok"] and report["proof"] == "end to end"  # no saturation left for a layer-by-layer proof to hide
+    precise = saturates(detect()) and not saturates(isa)
+    assert target.precise == precise and bool(report["not_run"]) == precise
+    if precise:  # the default kernels here would be steps off: the precision mode is what the check stands on
+        assert "x64 precision mode" in report["not_run"][0]
+        default = runner.session(str(artifact / MODEL_FILE)).run(None, {"x": x})[0]
+        assert np.abs(default - run_quantized(qgraph, x)).max() / step > 1
+    # Objective size counts the zero points the uint8 form adds.
+    extra = sum(len(np.atleast_1d(layer.weight_scale)) for layer in qgraph.layers
+                if getattr(layer, "weight", None) is not None and np.abs(layer.weight.astype(int)).max() > 64)
+    assert target.stored_bytes(qgraph) - OnnxTarget(OnnxTarget.Options(isa="arm64")).stored_bytes(qgraph) == \
+        (extra if saturates(isa) else 0)
+
+
+def test_the_capability_offers_seven_bit_weights_first_where_u8s8_saturates() -> None:
+    for isa in ("avx2", "avx512", "x86-64"):
+        narrowed = OnnxTarget.capability_for(CAPABILITY, {"isa": isa})
+        assert narrowed.ops["conv"].weight.dtype == ["int7", "int8"] and narrowed.ops["dense"].weight.dtype[0] == "int7"
+        assert narrowed.ops["embedding"].weight.dtype == ["int8"]  # gathered, never multiplied
+    for isa in ("avx512-vnni", "avx-vnni", "arm64"):
+        assert OnnxTarget.capability_for(CAPABILITY, {"isa": isa}) == CAPABILITY
+    # A 7-bit weight is exact in u8s8: the tuner's default config exports no uint8 weight.
+    qgraph = lower(small_cnn(), default_config(small_cnn(), OnnxTarget.capability_for(CAPABILITY, {"isa": "avx2"})))
+    assert all(np.abs(layer.weight.astype(int)).max() <= 64 for layer in qgraph.layers if hasattr(layer, "weight"))
+
+
+@pytest.mark.parametrize("flags,machine,isa", [
+    ("fpu sse2 avx2 avx512f avx512bw avx512_vnni", "x86_64", "avx512-vnni"),
+    ("fpu sse2 avx2 avx_vnni", "x86_64", "avx-vnni"),
+    ("fpu sse2 avx2 avx512f avx512bw", "x86_64", "avx512"),
+    ("fpu sse2 avx avx2 fma", "x86_64", "avx2"),
+    ("fpu sse2 sse4_1", "x86_64", "x86-64"),
+    ("", "aarch64", "arm64"),
+])
+def test_auto_reads_the_instruction_set_from_cpuinfo(flags: str, machine: str, isa: str) -> None:
+    assert detect(f"processor\t: 0\nflags\t\t: {flags}\n", machine) == isa

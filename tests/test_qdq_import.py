@@ -23,6 +23,8 @@ from dabuild.progress import Progress
 from dabuild.quant.calibrate import calibrate
 from dabuild.quant.quantize import quantize
 from dabuild.quant.reference import run_quantized
+from dabuild.targets.onnx.isa import detect, saturates
+from dabuild.targets.onnx.saturation import run_original
 from dabuild.trace.onnx_frontend import OnnxTracer
 from dabuild.tune.space import build_space
 
@@ -63,6 +65,18 @@ def output_steps(got: np.ndarray, expected: np.ndarray, scale: float) -> int:
     return int(np.round(np.abs(got.astype(np.float64) - expected).max() / scale))
 
 
+def onnxruntime_outputs(path: Path, x: np.ndarray, step: float) -> np.ndarray:
+    """onnxruntime's outputs for the file's arithmetic. Its default session is that, within a step, unless its u8s8
+    kernels saturate here (x86-64 without VNNI): then the layers that can are named, and its exact x64
+    precision mode's outputs are the ones dabuild is held to."""
+    original = run_original(path, x)
+    if output_steps(original.outputs, original.exact, step) > 1:
+        assert saturates(original.isa) and original.saturated, "the default run departs only where u8s8 saturates"
+        assert "can saturate on this CPU" in original.describe() and original.saturated[0] in original.describe()
+        assert original.unchecked is None, original.describe()
+    return original.exact
+
+
 def given_qgraph(path: Path, capability: str = "onnxruntime"):
     graph = optimize(OnnxTracer(str(path)).trace())
     stats = calibrate(graph, [{"x": X}], Progress.silent())
@@ -72,10 +86,14 @@ def given_qgraph(path: Path, capability: str = "onnxruntime"):
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_quantize_static_models_agree_with_onnxruntime(variant, tmp_path):
     path = quantized_digits_cnn(tmp_path, variant)
-    expected = ort.InferenceSession(str(path)).run(None, {"x": X})[0]
     graph, qgraph = given_qgraph(path)
     assert graph.given, "the weights' quantization is kept"
     step = qgraph.output_params.scale
+    expected = onnxruntime_outputs(path, X, step)
+    convs_and_gemm = [node.name for node in onnx.load(str(path)).graph.node if node.op_type in
+                      ("Conv", "Gemm", "QLinearConv", "QGemm", "QLinearMatMul", "MatMulInteger")]
+    int8_weights = variant not in ("qdq-int4-weights", "qdq-int16-contrib")  # int4 pairs fit; int16 is unfused
+    assert run_original(path, X).saturated == (convs_and_gemm if int8_weights and saturates(detect()) else [])
     assert output_steps(run(graph, {"x": X})[graph.outputs[0]], expected, step) <= 1
     assert output_steps(run_quantized(qgraph, X), expected, step) <= 1
     if variant == "qdq-int4-weights":
@@ -127,7 +145,7 @@ def test_hand_built_qdq_across_opsets_and_types(opset, dtype, per_axis, tmp_path
     path = tmp_path / "model.onnx"
     onnx.save(qdq_matmul_model(opset, dtype, weight, scale, 1 if per_axis else None), path)
     x = rng.uniform(0, 2, (100, 64)).astype(np.float32)
-    expected = ort.InferenceSession(str(path)).run(None, {"x": x})[0]
+    expected = onnxruntime_outputs(path, x, 0.1)
     graph = optimize(OnnxTracer(str(path)).trace())
     [given] = graph.given.values()
     assert given.bits == int(kind.name.lstrip("uint")) and given.per_channel == per_axis
@@ -244,7 +262,39 @@ def test_onnxruntimes_quantized_ops_agree_with_onnxruntime(quant_format, tmp_pat
     if quant_format == QuantFormat.QOperator:
         assert {"QLinearConv", "QLinearAdd", "QLinearSigmoid", "QLinearLeakyRelu", "QLinearMul", "QLinearConcat",
                 "QLinearAveragePool", "QLinearGlobalAveragePool", "QGemm"} <= kinds
-    expected = ort.InferenceSession(str(path)).run(None, {"x": X})[0]
     graph, qgraph = given_qgraph(path)
+    expected = onnxruntime_outputs(path, X, qgraph.output_params.scale)
     assert output_steps(run(graph, {"x": X})[graph.outputs[0]], expected, qgraph.output_params.scale) <= 1
     assert output_steps(run_quantized(qgraph, X), expected, qgraph.output_params.scale) <= 1
+
+
+def test_the_saturation_condition_is_a_pair_of_products_leaving_int16():
+    """Two weights of one output channel times 255 (a uint8 activation's top): 64 + 64 fits int16, 64 + 65 does
+    not; so does -64 - 65; uint8 weights (u8u8) and depthwise convs never saturate."""
+    from dabuild.targets.onnx.saturation import saturating_nodes
+
+    def matmul(weight: np.ndarray, dtype: int = TensorProto.INT8) -> onnx.ModelProto:
+        return qdq_matmul_model(13, dtype, weight, np.array(0.01, np.float32), None)
+
+    fits = np.full((64, 10), 64)
+    fits[::2] = -64
+    assert saturating_nodes(matmul(fits)) == []
+    for row, value in ((1, 65), (2, -65)):
+        over = fits.copy()
+        over[row, 3] = value  # column 3 (one output channel) now holds a pair beyond +-128
+        assert saturating_nodes(matmul(over)) == ["MatMul#3"]
+    assert saturating_nodes(matmul(np.full((64, 10), 200), TensorProto.UINT8)) == []
+
+    def conv(channels_per_group: int, groups: int) -> onnx.ModelProto:
+        weight = np.full((4, channels_per_group, 3, 3), 127, np.int8)
+        nodes = [helper.make_node("QuantizeLinear", ["x", "s"], ["xq"]),
+                 helper.make_node("DequantizeLinear", ["xq", "s"], ["xd"]),
+                 helper.make_node("DequantizeLinear", ["w", "s"], ["wd"]),
+                 helper.make_node("Conv", ["xd", "wd"], ["y"], name="conv", group=groups)]
+        graph = helper.make_graph(nodes, "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
+                                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 6, 6])],
+                                  [onnx.numpy_helper.from_array(weight, "w"),
+                                   onnx.numpy_helper.from_array(np.array(0.1, np.float32), "s")])
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=7)
+
+    assert saturating_nodes(conv(4, 1)) == ["conv"] and saturating_nodes(conv(1, 4)) == []  # depthwise: exact

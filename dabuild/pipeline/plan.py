@@ -14,20 +14,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dabuild import __version__
+from dabuild.pipeline.code_digest import stage_code_digest
 from dabuild.pipeline.hashing import canonical_json, hash_file, hash_value
 
 if TYPE_CHECKING:
     from dabuild.capability import CapabilitySpec
     from dabuild.recipe import Recipe, TargetSpec
 
-# Bump a stage's version when its code changes (tests/test_stage_versions.py enforces it; see pipeline/versions.py).
-STAGE_VERSIONS = {"trace": 23, "calibrate": 22, "tune": 33, "export": 32, "check": 27}
-
 
 @dataclass(frozen=True)
 class Stage:
     name: str                              # task name: trace, calibrate, tune:<capability>, export:<target>, check:<target>
-    kind: str                              # key of STAGE_VERSIONS
+    kind: str                              # trace, calibrate, tune, export or check
     config: dict[str, Any]                 # the recipe part it reads, canonical JSON-able
     inputs: dict[str, str] = field(default_factory=dict)   # role -> upstream stage name
     files: dict[str, Path] = field(default_factory=dict)   # role -> user file read by the stage
@@ -35,6 +33,7 @@ class Stage:
     tools: Callable[[], dict[str, str]] | None = None      # versions of external programs (compilers, simulators)
     programs: Callable[[], list[Path]] | None = None        # those programs' files, which the no-op fast path watches
     target: str | None = None              # the recipe target an export/check stage belongs to
+    plugins: tuple[str, ...] = ()          # modules of the plugins it runs, whose code enters its key
 
     @property
     def dirname(self) -> str:
@@ -45,7 +44,7 @@ class Stage:
         """The key parts known without touching any file: what doit's `config_changed` watches."""
         return {
             "stage": self.kind,
-            "stage_version": STAGE_VERSIONS[self.kind],
+            "code": stage_code_digest(self.kind, self.plugins),
             "dabuild": __version__,
             "config": self.config,
         }
@@ -91,6 +90,7 @@ def plan(recipe: Recipe, capabilities: dict[str, CapabilitySpec], targets: list[
         model_files["weights"] = model.weights
     for index, extra in enumerate(model.depends):
         model_files[f"depends{index}"] = extra
+    hooks = _trace_hooks(recipe)
     stages = [
         Stage(
             "trace",
@@ -100,10 +100,11 @@ def plan(recipe: Recipe, capabilities: dict[str, CapabilitySpec], targets: list[
                 "entry": _source_entry(recipe),
                 "inputs": None if model.inputs is None else {  # a shape, or {shape, dtype} of an integer input
                     name: entry if isinstance(entry, list) else entry.model_dump() for name, entry in model.inputs.items()},
-                "hooks": _trace_hooks(recipe),
+                "hooks": hooks,
             },
             files=model_files,
             packages=_framework_packages(recipe),
+            plugins=_tracer_modules(recipe) + tuple(_target_module(hook["kind"]) for hook in hooks),
         ),
         Stage(
             "calibrate",
@@ -167,8 +168,7 @@ def tune_stage_of(recipe: Recipe, capability: CapabilitySpec, target: TargetSpec
         "tune",
         {
             "tuning": recipe.tuning.model_dump(mode="json"),
-            "capability": _without_refused_islands(recipe, capability).model_dump(mode="json",
-                                                                                  exclude={"description"}),
+            "capability": _as_targets_run_it(recipe, capability).model_dump(mode="json", exclude={"description"}),
             "metric": recipe.data.metric,
             "evaluation": _data_config(evaluation),
             **({"budgets": budgets} if budgets else {}),
@@ -181,17 +181,23 @@ def tune_stage_of(recipe: Recipe, capability: CapabilitySpec, target: TargetSpec
                   *_cost_model_packages(recipe, capability), *(target_class.packages if target_class else ())),
         tools=lambda: {**_interpreter_tools(), **_budget_tools(budgets)},
         programs=lambda: [*_interpreter_programs(), *_budget_programs(budgets)],
+        plugins=tuple(sorted({*_cost_model_modules(recipe, capability),
+                              *(_target_module(t.kind) for t in recipe.targets if {"kind": t.kind, "options": t.options}
+                                in budgets),
+                              *((_target_module(target.kind),) if target is not None else ())})),
     )
 
 
-def _without_refused_islands(recipe: Recipe, capability: CapabilitySpec) -> CapabilitySpec:
-    """The capability the search reads: without float islands when a target built for it runs none with its
-    options (the c target on a core without an FPU), so tuning never picks a config that target refuses."""
+def _as_targets_run_it(recipe: Recipe, capability: CapabilitySpec) -> CapabilitySpec:
+    """The capability the search reads: as each target built for it narrows it with its options
+    (`Target.capability_for`: no float islands on a core without an FPU, 7-bit weights first where onnxruntime's
+    u8s8 kernels saturate), so tuning never picks a config a target refuses or runs inexactly."""
     from dabuild.plugins import TARGETS, load
 
-    refused = any(load(TARGETS, t.kind).refuses_float_islands(t.options or {}) for t in recipe.targets
-                  if _capability_name(t) == capability.name)
-    return capability.model_copy(update={"fp32_fallback": False}) if refused and capability.fp32_fallback else capability
+    for target in recipe.targets:
+        if _capability_name(target) == capability.name:
+            capability = load(TARGETS, target.kind).capability_for(capability, target.options or {})
+    return capability
 
 
 def _budgeted_targets(budgets: list[dict[str, Any]]) -> list[Any]:
@@ -233,6 +239,33 @@ def _interpreter_programs() -> list[Path]:
     return [path] if path else []
 
 
+def _target_module(kind: str) -> str:
+    from dabuild.plugins import TARGETS, module_of
+
+    return module_of(TARGETS, kind)
+
+
+def _tracer_modules(recipe: Recipe) -> tuple[str, ...]:
+    """The frontend that traces the model (every installed one when only running the model can tell)."""
+    from dabuild.plugins import TRACERS, available, module_of
+
+    framework = _framework(recipe)
+    names = [framework] if framework in available(TRACERS) else available(TRACERS)
+    return tuple(sorted(module_of(TRACERS, name) for name in names))
+
+
+def _cost_model_modules(recipe: Recipe, capability: CapabilitySpec) -> tuple[str, ...]:
+    """The cost model the search minimises, when its objective is the capability's estimate."""
+    from dabuild.capability import COST_MODELS
+    from dabuild.plugins import available, module_of
+    from dabuild.tune.objective import ESTIMATE, resolve_objective
+
+    name = capability.cost_model
+    if name is None or resolve_objective(recipe.tuning.objective, capability) != ESTIMATE:
+        return ()
+    return (module_of(COST_MODELS, name),) if name in available(COST_MODELS) else ()
+
+
 def _cost_model_packages(recipe: Recipe, capability: CapabilitySpec) -> tuple[str, ...]:
     """The packages of the cost model the search minimises, when its objective is the capability's estimate."""
     from dabuild.capability import COST_MODELS
@@ -267,6 +300,7 @@ def _target_stages(recipe: Recipe, target: TargetSpec, capability: str) -> list[
         tools=lambda: instance().export_tools(),
         programs=lambda: instance().export_programs(),
         target=target.name,
+        plugins=(_target_module(target.kind),),
     )
     check = Stage(
         f"check:{target.name}",
@@ -285,6 +319,7 @@ def _target_stages(recipe: Recipe, target: TargetSpec, capability: str) -> list[
         tools=lambda: instance().runtime_version(),
         programs=lambda: instance().programs(),
         target=target.name,
+        plugins=(_target_module(target.kind),),
     )
     return [export, check]
 
@@ -331,6 +366,12 @@ def _framework_packages(recipe: Recipe) -> tuple[str, ...]:
     Without `model.framework`, a model file's suffix chooses the framework, exactly
     as tracing will (so `source: model.onnx` still keys on the onnx version).
     """
+    return {"onnx": ("onnx",), "torch": ("torch",), "keras": ("keras", "torch", "hgq2")}.get(_framework(recipe) or "", ())
+
+
+def _framework(recipe: Recipe) -> str | None:
+    """The framework that traces the model: the recipe's, else the one its model file's suffix chooses
+    exactly as tracing will (None when only the loaded model can tell)."""
     framework = recipe.model.framework
     model_file = _source_file(recipe)
     if framework is None and model_file is not None and ":" not in recipe.model.source:
@@ -341,4 +382,4 @@ def _framework_packages(recipe: Recipe) -> tuple[str, ...]:
             framework = choose_framework(model_file)
         except UsageError:  # no frontend reads it: tracing reports that
             framework = None
-    return {"onnx": ("onnx",), "torch": ("torch",), "keras": ("keras", "torch", "hgq2")}.get(framework or "", ())
+    return framework

@@ -99,7 +99,7 @@ def export(run: StageRun) -> None:
     from dabuild.quant.qgraph import QGraph
 
     target = target_of(run.stage.config)
-    target.export(QGraph.load(run.inputs["qgraph"] / "qgraph"), run.out_dir)
+    target.export(target.integer_graph(QGraph.load(run.inputs["qgraph"] / "qgraph")), run.out_dir)
     target.post_export(run.out_dir)
 
 
@@ -111,7 +111,7 @@ def check(run: StageRun) -> None:
 
     config = run.stage.config
     target = target_of(config)
-    qgraph = QGraph.load(run.inputs["qgraph"] / "qgraph")
+    qgraph = target.integer_graph(QGraph.load(run.inputs["qgraph"] / "qgraph"))
     spec = DataFile.from_config(config["evaluation"], run.stage.files["evaluation"])
     x = next(iter(load_inputs(spec, None, qgraph.input_names, qgraph.input_names if qgraph.takes_indices else ())
                   .values()))

@@ -39,13 +39,21 @@ def signature(path: Path) -> list[int] | None:
     return [info.st_size, info.st_mtime_ns]
 
 
+def _code_signature() -> str:
+    """The size and mtime of every file of the dabuild package: any edit to its code leaves the fast path
+    (the full build then compares each stage's code digest, pipeline/code_digest.py)."""
+    package = Path(__file__).resolve().parent.parent
+    entries = sorted(f"{path.relative_to(package)}:{signature(path)}" for path in package.rglob("*")
+                     if path.is_file() and "__pycache__" not in path.parts)
+    return hashlib.sha256("\n".join(entries).encode()).hexdigest()
+
+
 def _environment() -> dict[str, object]:
     from dabuild import __version__
-    from dabuild.pipeline.plan import STAGE_VERSIONS
 
     return {
         "dabuild": __version__,
-        "stages": STAGE_VERSIONS,
+        "code": _code_signature(),
         _CAPABILITY_ENV: os.environ.get(_CAPABILITY_ENV, ""),
         _NATIVE_ENV: os.environ.get(_NATIVE_ENV, ""),
     }

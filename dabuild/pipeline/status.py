@@ -15,7 +15,7 @@ from dabuild.pipeline.plan import Stage, cache_key, key_parts
 from dabuild.pipeline.store import Store
 
 _PART_NAMES = {
-    "stage_version": "stage implementation changed",
+    "code": "the code it runs changed",
     "dabuild": "dabuild version changed",
     "config": "recipe settings changed",
     "packages": "package versions changed",

@@ -177,7 +177,7 @@ class Store:
 
     def infos(self) -> list[StoreInfo]:
         """Every store dabuild keeps: the run cache, the trial store and the compiled kernels."""
-        from dabuild.ir.kernels.native import kernel_dir, kernel_files
+        from dabuild.ir.kernels.compiling import kernel_dir, kernel_files
 
         trials = _children(self.trials_root, depth=2)
         kernels = kernel_files()
@@ -191,7 +191,7 @@ class Store:
 
         Returns (items removed, bytes freed).
         """
-        from dabuild.ir.kernels.native import kernel_files, kernel_temporaries
+        from dabuild.ir.kernels.compiling import kernel_files, kernel_temporaries
         from dabuild.tune.trials import trial_temporaries
 
         for leftover in [self._tmp, *trial_temporaries(self.trials_root), *kernel_temporaries()]:

@@ -20,7 +20,8 @@ import numpy as np
 from dabuild.errors import BuildError
 from dabuild.ir.graph import Graph
 from dabuild.ir.interpreter import Interpreter
-from dabuild.ir.kernels.native import available_cores, native_histogram
+from dabuild.ir.kernels.compiling import available_cores
+from dabuild.ir.kernels.native import native_histogram
 from dabuild.ir.memory import samples_that_fit
 from dabuild.ir.npz import read_npz, write_npz
 from dabuild.progress import Progress

@@ -10,13 +10,27 @@ A real factor r becomes a Q31 `multiplier` in [2**30, 2**31) and a right
 `shift`, r ≈ multiplier * 2**-shift; `requantize(acc, multiplier, shift)` is
 round(acc * r) computed in int64 the way the C kernels compute it (exactly
 beyond int64 too, for the wide accumulators of 9- to 16-bit types).
+
+`ROUNDINGS` are the ways a requantization may round acc * multiplier / 2**shift
+(a target option, `QGraph.rounding`; docs/design.md gives each formula):
+`dabuild` once, half away from zero; `tflm` as TFLite Micro and CMSIS-NN do by
+default, a doubling high multiply that rounds half up at 2**31, then a rounding
+divide by the rest of the power of two, half away from zero; `tflm-single` as
+CMSIS-NN built with CMSIS_NN_USE_SINGLE_ROUNDING (and TFLite's
+TFLITE_SINGLE_ROUNDING), once, half up.
 """
 
 from __future__ import annotations
 
+from typing import Literal, get_args
+
 import numpy as np
 
 from dabuild.errors import BuildError
+
+Rounding = Literal["dabuild", "tflm", "tflm-single"]
+ROUNDINGS: tuple[str, ...] = get_args(Rounding)
+DOUBLING_SHIFT = 31  # the doubling high multiply's right shift: the Q31 product's high word, doubled
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 INT64_MAX = 2**63 - 1
@@ -47,8 +61,11 @@ def quantize_multiplier(real: np.ndarray | float, where: str) -> tuple[np.ndarra
     return multiplier.astype(np.int32), np.minimum(shift, MAX_SHIFT).astype(np.int32)
 
 
-def requantize(accumulator: np.ndarray, multiplier: np.ndarray, shift: np.ndarray) -> np.ndarray:
-    """round(acc * multiplier / 2**shift), ties away from zero, as the C `requantize` does it in int64.
+def requantize(accumulator: np.ndarray, multiplier: np.ndarray, shift: np.ndarray,
+               rounding: str = "dabuild", wide: bool = False) -> np.ndarray:
+    """round(acc * multiplier / 2**shift), ties away from zero, as the C `requantize` does it in int64
+    (another `rounding` of ROUNDINGS: `_requantize_tflm`, or for the int64 sums of `wide` 16-bit inputs
+    `_requantize_tflm_wide`).
 
     The magnitude is shifted and the sign put back, so C never right-shifts a
     negative number (implementation-defined in C99). `multiplier` and `shift`
@@ -61,6 +78,12 @@ def requantize(accumulator: np.ndarray, multiplier: np.ndarray, shift: np.ndarra
     (every caller clamps it to a type of at most 16 bits anyway).
     """
     accumulator = np.asarray(accumulator).astype(np.int64)
+    if rounding != "dabuild" and wide:
+        return _requantize_tflm_wide(accumulator, np.asarray(multiplier).astype(np.int64),
+                                     np.asarray(shift).astype(np.int64))
+    if rounding != "dabuild":
+        return _requantize_tflm(accumulator, np.asarray(multiplier).astype(np.int64),
+                                np.asarray(shift).astype(np.int64), rounding)
     multiplier, shift = _without_trailing_zeros(np.asarray(multiplier).astype(np.int64),
                                                 np.asarray(shift).astype(np.int64))
     magnitude = np.abs(accumulator)
@@ -72,6 +95,60 @@ def requantize(accumulator: np.ndarray, multiplier: np.ndarray, shift: np.ndarra
         exact = (magnitude.astype(object) * multiplier.astype(object) + half.astype(object)) >> shift.astype(object)
         rounded = np.minimum(exact, INT64_MAX).astype(np.int64)
     return np.where(accumulator < 0, -rounded, rounded)
+
+
+def tflm_mean_requantization(multiplier: int, shift: int, count: int) -> tuple[int, int]:
+    """TFLite's QuantizedMeanOrSum folds 1/count into the Q31 multiplier of s_x / s_y (`multiplier`, `shift`):
+    n = min(floor(log2 count), 32, shift' + 31) for TFLite's shift' = 31 - shift, then (multiplier << n) / count
+    (truncated) with the shift n larger. The same real factor as dabuild's, rounded otherwise."""
+    bits = min(count.bit_length() - 1, 32, 62 - shift)
+    return (multiplier << bits) // count, shift + bits
+
+
+def _requantize_tflm(accumulator: np.ndarray, multiplier: np.ndarray, shift: np.ndarray,
+                     rounding: str) -> np.ndarray:
+    """TFLite Micro's and CMSIS-NN's requantization of `rounding` ("tflm" or "tflm-single"), in floor shifts.
+
+    With p = acc * multiplier, "tflm-single" is floor((p + 2**(shift-1)) / 2**shift), and so is "tflm" for
+    shift <= 31 (TFLM shifts acc left by 31 - shift first, so the doubling high multiply rounds last). For
+    shift > 31, "tflm" takes h = floor((p + 2**30) / 2**31) (SaturatingRoundingDoublingHighMul: half up; it
+    saturates only for INT32_MIN * INT32_MIN, which a positive multiplier never is), then
+    RoundingDivideByPOT(h, shift - 31): floor((h + 2**(e-1) - [h < 0]) / 2**e), half away from zero. The
+    multiplier keeps its trailing zeros here: the first rounding depends on them. The product is exact (Python
+    integers) where it could leave int64.
+    """
+    peak = int(np.abs(accumulator).max(initial=0)) * int(multiplier.max(initial=0)) + 2**DOUBLING_SHIFT
+    wide = peak > INT64_MAX
+    product = accumulator.astype(object) * multiplier.astype(object) if wide else accumulator * multiplier
+    shift = shift.astype(object) if wide else shift
+    one = 1 if wide else np.int64(1)
+    single = (product + (one << (shift - 1))) >> shift
+    if rounding == "tflm-single":
+        rounded = single
+    elif rounding == "tflm":
+        high = (product + (one << (DOUBLING_SHIFT - 1))) >> DOUBLING_SHIFT
+        rest = np.maximum(shift - DOUBLING_SHIFT, 1)
+        divided = (high + (one << (rest - 1)) - (high < 0)) >> rest
+        rounded = np.where(shift > DOUBLING_SHIFT, divided, single)
+    else:
+        raise BuildError(f"unknown rounding {rounding!r} (known: {', '.join(ROUNDINGS)})")
+    if wide:
+        rounded = np.clip(np.asarray(rounded, dtype=object), -INT64_MAX, INT64_MAX).astype(np.int64)
+    return np.asarray(rounded, dtype=np.int64)
+
+
+def _requantize_tflm_wide(accumulator: np.ndarray, multiplier: np.ndarray, shift: np.ndarray) -> np.ndarray:
+    """TFLite's MultiplyByQuantizedMultiplier for an int64 sum (16x8 layers), which CMSIS-NN's
+    arm_nn_requantize_s64 matches: the multiplier reduced to 16 bits, r = (m + 2**15) >> 16 (0x7FFF from
+    0x7FFF0000 on), then floor((acc * r + 2**(s - 17)) / 2**(s - 16)), once, half up."""
+    reduced = np.where(multiplier < 0x7FFF0000, (multiplier + (1 << 15)) >> 16, 0x7FFF)
+    total = shift - 16
+    peak = int(np.abs(accumulator).max(initial=0)) * int(reduced.max(initial=0))
+    if peak + 2**62 > INT64_MAX:
+        exact = (accumulator.astype(object) * reduced.astype(object)
+                 + (1 << (total.astype(object) - 1))) >> total.astype(object)
+        return np.clip(np.asarray(exact, dtype=object), -INT64_MAX, INT64_MAX).astype(np.int64)
+    return (accumulator * reduced + (np.int64(1) << (total - 1))) >> total
 
 
 def _without_trailing_zeros(multiplier: np.ndarray, shift: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

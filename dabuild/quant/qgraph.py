@@ -16,8 +16,8 @@ QuantParams exist for them, layers read and write them as float32 arrays.
 Everything a kernel needs is an integer here (integer weights, int32 biases, Q31
 multipliers with right shifts, lookup tables); the float scales stay to
 quantize inputs and dequantize outputs at the edges, and for reports. The
-arithmetic rules (rounding half away from zero, Q31 requantization) are in
-`fixed_point`; each layer class holds its fields and its numpy reference
+arithmetic rules (rounding half away from zero, Q31 requantization, or TFLite
+Micro's rounding where `rounding` asks for it) are in `fixed_point`; each layer class holds its fields and its numpy reference
 kernel `run`, which computes the bits the C kernels must reproduce.
 
 Per-channel weights: requantization multipliers, shifts and weight scales are
@@ -219,6 +219,7 @@ class QGraph:
     layers: list[QLayer]
     constants: dict[str, np.ndarray] = field(default_factory=dict)  # integer ones also have an entry in tensors
     floats: dict[str, tuple[int, ...]] = field(default_factory=dict)  # float island tensors: per-sample shapes
+    rounding: str = "dabuild"  # how every requantization rounds (fixed_point.ROUNDINGS): a target's option
 
     @property
     def has_float_islands(self) -> bool:
@@ -273,6 +274,7 @@ class QGraph:
                         for name, t in self.tensors.items()},
             "constants": sorted(self.constants),
             "floats": {name: list(shape) for name, shape in self.floats.items()},
+            **({} if self.rounding == "dabuild" else {"rounding": self.rounding}),
             "layers": [{"name": layer.name, "op": layer.op, "inputs": layer.inputs,
                         "outputs": layer.outputs, "attrs": layer.attrs()} for layer in self.layers],
         }
@@ -306,4 +308,4 @@ class QGraph:
                    for entry in doc["layers"]]
         floats = {name: tuple(shape) for name, shape in doc.get("floats", {}).items()}
         return cls(doc["input"], doc["output"], tensors, qlayers, {name: constants[name] for name in doc["constants"]},
-                   floats)
+                   floats, doc.get("rounding", "dabuild"))

@@ -32,6 +32,7 @@ from dabuild.errors import BuildError
 from dabuild.quant.qgraph import QGraph
 
 if TYPE_CHECKING:
+    from dabuild.capability import CapabilitySpec
     from dabuild.recipe import Tolerance
 
 
@@ -59,6 +60,15 @@ class Target:
         """Why this target, with these recipe options, runs no float islands though its capability may (e.g. a
         core without an FPU); None: it runs them wherever its capability does."""
         return None
+
+    @classmethod
+    def capability_for(cls, capability: CapabilitySpec, options: dict[str, Any]) -> CapabilitySpec:
+        """The capability the search reads for this target with these recipe options: the file's, without float
+        islands where the target refuses them (`refuses_float_islands`), or narrowed further by a target whose
+        runtime computes exactly only part of what the file offers (onnx on a CPU whose u8s8 kernels saturate)."""
+        if capability.fp32_fallback and cls.refuses_float_islands(options):
+            return capability.model_copy(update={"fp32_fallback": False})
+        return capability
 
     def runtime_version(self) -> dict[str, str]:
         """Versions of the external tools this target runs; part of the export/check cache keys."""
@@ -101,6 +111,12 @@ class Target:
 
     def post_export(self, out_dir: Path) -> None:
         """Called after export with the finished artifact directory."""
+
+    def integer_graph(self, qgraph: QGraph) -> QGraph:
+        """The tuned QGraph as this target's artifact computes it, which export writes and check's integer
+        reference runs: the same one, or (an option `rounding`) the same integers requantized with another
+        rounding (`fixed_point.ROUNDINGS`)."""
+        return qgraph
 
     def stored_bytes(self, qgraph: QGraph) -> int:
         """Bytes the artifact of `qgraph` stores for weights and parameters: what tuning objective `size`

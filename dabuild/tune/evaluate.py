@@ -29,7 +29,8 @@ import numpy as np
 
 from dabuild.ir.graph import Graph
 from dabuild.ir.interpreter import Interpreter
-from dabuild.ir.kernels.native import available_cores, layer_threads
+from dabuild.ir.kernels.compiling import available_cores
+from dabuild.ir.kernels.native import layer_threads
 from dabuild.ir.memory import samples_that_fit
 from dabuild.quant.calibrate import Stats
 from dabuild.quant.config import QuantConfig

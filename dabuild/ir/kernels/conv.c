@@ -2,7 +2,8 @@
  *
  * A template: compiled once per element type ELEM (float for the float interpreter, double for the integer
  * reference, whose sums of integer products are exact in double whatever their order), with MASK the
- * integer of ELEM's width and NAME(x) the variant's name for x (see native.py). A vector is 64 bytes.
+ * integer of ELEM's width and NAME(x) the variant's name for x (see native.py). A vector is VBYTES bytes and
+ * a register block CONV_BLOCK_VECS vectors wide, both chosen for the target in vectors.h.
  *
  * x (N, H, W, C) and a packed weight give y (N, OH, OW, O). The packed weight holds the output channels in
  * blocks of up to BLOCK_VECS vectors of VLEN channels (the last block narrower, its columns past O zero):
@@ -28,22 +29,23 @@
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
-#ifdef __AVX512F__
+#include "vectors.h"
+#if VBYTES == 64 && defined(__AVX512F__)
 #include <immintrin.h>
 #endif
 
 /* The register block's loops must unroll completely, or its accumulators live in memory. */
 #define UNROLL _Pragma("GCC unroll 16")
 #define MAX_PIXELS 8
-#define MAX_VECS 4
-#define BLOCK_VECS 4                  /* vectors of output channels per packed weight block */
-#define KBLOCK 128                    /* (tap, channel) inputs per K-block: a 128 x 64 float slab is 32 KiB */
+#define MAX_VECS CONV_BLOCK_VECS
+#define BLOCK_VECS CONV_BLOCK_VECS    /* vectors of output channels per packed weight block */
+#define KBLOCK (32768 / (BLOCK_VECS * VBYTES))  /* (tap, channel) inputs per K-block: a 32 KiB slab */
 #define CHUNK_PIXELS 256              /* output pixels whose partial sums one K-block updates */
 enum { NO_ACTIVATION, RELU, CLAMP };
 #endif
 
 #undef VLEN
-#define VLEN ((int)(64 / sizeof(ELEM)))  /* elements per vector */
+#define VLEN ((int)(VBYTES / sizeof(ELEM)))  /* elements per vector */
 typedef ELEM NAME(vec) __attribute__((vector_size(VLEN * sizeof(ELEM))));
 typedef MASK NAME(lanes_mask) __attribute__((vector_size(VLEN * sizeof(MASK))));
 typedef ELEM NAME(vec_unaligned) __attribute__((vector_size(VLEN * sizeof(ELEM)), aligned(sizeof(ELEM))));
@@ -82,7 +84,7 @@ static inline NAME(vec) NAME(clamp)(NAME(vec) x, ELEM low, ELEM high)
 /* The first `count` (< VLEN) lanes of p, the others zero: one masked load where the CPU has them. */
 static inline NAME(vec) NAME(load_partial)(const ELEM *p, ptrdiff_t count)
 {
-#ifdef __AVX512F__
+#if VBYTES == 64 && defined(__AVX512F__)
     if (sizeof(ELEM) == 4)
         return (NAME(vec))_mm512_maskz_loadu_ps((__mmask16)((1u << count) - 1), (const float *)p);
     return (NAME(vec))_mm512_maskz_loadu_pd((__mmask8)((1u << count) - 1), (const double *)p);
@@ -96,7 +98,7 @@ static inline NAME(vec) NAME(load_partial)(const ELEM *p, ptrdiff_t count)
 /* p[0:count] = the first `count` (< VLEN) lanes of v, nothing past them written. */
 static inline void NAME(store_partial)(ELEM *p, NAME(vec) v, ptrdiff_t count)
 {
-#ifdef __AVX512F__
+#if VBYTES == 64 && defined(__AVX512F__)
     if (sizeof(ELEM) == 4)
         _mm512_mask_storeu_ps((float *)p, (__mmask16)((1u << count) - 1), (__m512)v);
     else
@@ -272,16 +274,19 @@ void NAME(conv2d_nhwc)(const NAME(Conv) *c, ptrdiff_t row0, ptrdiff_t row1)
     NAME(KBlock) *ks = malloc(count * sizeof *ks);
     ptrdiff_t *offsets = malloc(count * sizeof *offsets);
     ptrdiff_t chunk = CHUNK_PIXELS / c->out_w > 1 ? CHUNK_PIXELS / c->out_w : 1;
-    ELEM *partial = count > 1 ? aligned_alloc(64, chunk * c->out_w * MAX_VECS * VLEN * sizeof(ELEM)) : NULL;
+    size_t bytes = (chunk * c->out_w * MAX_VECS * VLEN * sizeof(ELEM) + 63) / 64 * 64;  /* aligned_alloc's rule */
+    ELEM *partial = count > 1 ? aligned_alloc(64, bytes) : NULL;
     NAME(kblocks)(c, ks, offsets);
     for (ptrdiff_t start = row0; start < row1; start += chunk) {
         ptrdiff_t end = start + chunk < row1 ? start + chunk : row1;
         for (ptrdiff_t o = 0; o < c->padded_channels; o += BLOCK_VECS * VLEN) {
-            switch ((c->padded_channels - o) / VLEN) {
+            switch ((c->padded_channels - o) / VLEN) {  /* a narrower last block: more pixels per block */
             case 1: NAME(weight_block)(c, ks, offsets, count, partial, start, end, o, 8, 1); break;
+#if BLOCK_VECS > 2
             case 2: NAME(weight_block)(c, ks, offsets, count, partial, start, end, o, 8, 2); break;
             case 3: NAME(weight_block)(c, ks, offsets, count, partial, start, end, o, 8, 3); break;
-            default: NAME(weight_block)(c, ks, offsets, count, partial, start, end, o, 6, 4); break;
+#endif
+            default: NAME(weight_block)(c, ks, offsets, count, partial, start, end, o, 6, BLOCK_VECS); break;
             }
         }
     }
@@ -299,7 +304,7 @@ static inline __attribute__((always_inline)) void
 NAME(depthwise_pixels)(const NAME(Conv) *c, ptrdiff_t n, ptrdiff_t oh, ptrdiff_t ow, ptrdiff_t o, const int PIXELS,
                        const int CHECKED, const int THREE, const int STRIDE)
 {
-    NAME(vec) acc[MAX_PIXELS];
+    NAME(vec) acc[DEPTHWISE_PIXELS];
     UNROLL for (int p = 0; p < PIXELS; p++)
         acc[p] = (NAME(vec)){0};
     ptrdiff_t count = c->out_channels - o < VLEN ? c->out_channels - o : VLEN;
@@ -311,7 +316,7 @@ NAME(depthwise_pixels)(const NAME(Conv) *c, ptrdiff_t n, ptrdiff_t oh, ptrdiff_t
         const ELEM *row = c->x + (n * c->height + ih) * c->width * c->channels + o;
         const ELEM *w = c->weight + kh * c->kernel_w * c->padded_channels + o;
         if (THREE) {  /* full vectors only */
-            NAME(vec) inputs[(MAX_PIXELS - 1) * 2 + 3], weights[3];
+            NAME(vec) inputs[(DEPTHWISE_PIXELS - 1) * 2 + 3], weights[3];
             UNROLL for (int i = 0; i < (PIXELS - 1) * STRIDE + 3; i++)
                 inputs[i] = *(const NAME(vec_unaligned) *)(row + (left + i) * c->channels);
             UNROLL for (int kw = 0; kw < 3; kw++)
@@ -339,16 +344,18 @@ NAME(depthwise_pixels)(const NAME(Conv) *c, ptrdiff_t n, ptrdiff_t oh, ptrdiff_t
         NAME(finish)(c, (n * c->out_h + oh) * c->out_w + ow + p, o, acc[p]);
 }
 
-/* The pixels [ow, end) of one row and channel vector whose taps lie inside the width: blocks of MAX_PIXELS, 4,
- * then single pixels. */
+/* The pixels [ow, end) of one row and channel vector whose taps lie inside the width: blocks of DEPTHWISE_PIXELS,
+ * 4, then single pixels. */
 static inline __attribute__((always_inline)) void
 NAME(depthwise_inside)(const NAME(Conv) *c, ptrdiff_t n, ptrdiff_t oh, ptrdiff_t ow, ptrdiff_t end, ptrdiff_t o,
                        const int THREE, const int STRIDE)
 {
-    for (; ow + MAX_PIXELS <= end; ow += MAX_PIXELS)
-        NAME(depthwise_pixels)(c, n, oh, ow, o, MAX_PIXELS, 0, THREE, STRIDE);
+    for (; ow + DEPTHWISE_PIXELS <= end; ow += DEPTHWISE_PIXELS)
+        NAME(depthwise_pixels)(c, n, oh, ow, o, DEPTHWISE_PIXELS, 0, THREE, STRIDE);
+#if DEPTHWISE_PIXELS > 4
     for (; ow + 4 <= end; ow += 4)
         NAME(depthwise_pixels)(c, n, oh, ow, o, 4, 0, THREE, STRIDE);
+#endif
     for (; ow < end; ow++)
         NAME(depthwise_pixels)(c, n, oh, ow, o, 1, 0, THREE, STRIDE);
 }

@@ -14,7 +14,8 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
-#ifdef __AVX512F__
+#include "vectors.h"
+#if VBYTES == 64 && defined(__AVX512F__)
 #include <immintrin.h>
 #endif
 
@@ -30,27 +31,27 @@ static inline const float *element(const TensorView *v, ptrdiff_t o, ptrdiff_t c
     return v->x + o * v->outer_stride + c * v->channel_stride;
 }
 
-typedef float floats16 __attribute__((vector_size(64)));
-typedef int ints16 __attribute__((vector_size(64)));
-typedef float floats16_unaligned __attribute__((vector_size(64), aligned(4)));
+typedef float floats __attribute__((vector_size(VBYTES)));  /* FLOAT_LANES lanes: vectors.h's path */
+typedef int ints __attribute__((vector_size(VBYTES)));
+typedef float floats_unaligned __attribute__((vector_size(VBYTES), aligned(4)));
 
-/* The extremes of n values, 16 lanes at a time: `value < low ? value : low` lane by lane as the scalar loop
+/* The extremes of n values, FLOAT_LANES lanes at a time: `value < low ? value : low` lane by lane as the scalar loop
  * does (a NaN never replaces an extreme; it is counted in *bad instead). */
 static void run_extremes(const float *x, ptrdiff_t n, float *low, float *high, ptrdiff_t *bad)
 {
-    floats16 lo = *low - (floats16){0}, hi = *high - (floats16){0}, infinite = INFINITY - (floats16){0};
-    ints16 nonfinite = {0};
+    floats lo = *low - (floats){0}, hi = *high - (floats){0}, infinite = INFINITY - (floats){0};
+    ints nonfinite = {0};
     ptrdiff_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        floats16 values = *(const floats16_unaligned *)(x + i);
-        floats16 magnitude = (floats16)((ints16)values & 0x7fffffff);
+    for (; i + FLOAT_LANES <= n; i += FLOAT_LANES) {
+        floats values = *(const floats_unaligned *)(x + i);
+        floats magnitude = (floats)((ints)values & 0x7fffffff);
         nonfinite += (magnitude < infinite) + 1;  /* a comparison gives -1 where true: 1 where not finite */
-        ints16 below = values < lo, above = values > hi;
-        lo = (floats16)(((ints16)values & below) | ((ints16)lo & ~below));
-        hi = (floats16)(((ints16)values & above) | ((ints16)hi & ~above));
+        ints below = values < lo, above = values > hi;
+        lo = (floats)(((ints)values & below) | ((ints)lo & ~below));
+        hi = (floats)(((ints)values & above) | ((ints)hi & ~above));
     }
     float l = *low, h = *high;
-    for (int lane = 0; lane < 16; lane++) {
+    for (int lane = 0; lane < FLOAT_LANES; lane++) {
         l = lo[lane] < l ? lo[lane] : l;
         h = hi[lane] > h ? hi[lane] : h;
         *bad += nonfinite[lane];
@@ -66,33 +67,33 @@ static void run_extremes(const float *x, ptrdiff_t n, float *low, float *high, p
 
 #define EXTREMES_VECTORS 4  /* vectors of channels whose extremes stay in registers over every pixel */
 
-/* The extremes of channels [c, c + 16 * EXTREMES_VECTORS) of channels-last memory, kept in registers while
+/* The extremes of channels [c, c + FLOAT_LANES * EXTREMES_VECTORS) of channels-last memory, kept in registers while
  * every pixel passes (lane by lane the scalar loop's comparisons, in the same pixel order). */
 static void tile_extremes(const TensorView *v, ptrdiff_t c, float *low, float *high, ptrdiff_t *bad)
 {
-    floats16 lo[EXTREMES_VECTORS], hi[EXTREMES_VECTORS];
-    ints16 nonfinite = {0};
-    floats16 infinite = INFINITY - (floats16){0};
+    floats lo[EXTREMES_VECTORS], hi[EXTREMES_VECTORS];
+    ints nonfinite = {0};
+    floats infinite = INFINITY - (floats){0};
     for (int k = 0; k < EXTREMES_VECTORS; k++) {
-        lo[k] = *(const floats16_unaligned *)(low + c + 16 * k);
-        hi[k] = *(const floats16_unaligned *)(high + c + 16 * k);
+        lo[k] = *(const floats_unaligned *)(low + c + FLOAT_LANES * k);
+        hi[k] = *(const floats_unaligned *)(high + c + FLOAT_LANES * k);
     }
     for (ptrdiff_t o = 0; o < v->outer; o++) {
         const float *x = element(v, o, c);
         for (int k = 0; k < EXTREMES_VECTORS; k++) {
-            floats16 values = *(const floats16_unaligned *)(x + 16 * k);
-            floats16 magnitude = (floats16)((ints16)values & 0x7fffffff);
+            floats values = *(const floats_unaligned *)(x + FLOAT_LANES * k);
+            floats magnitude = (floats)((ints)values & 0x7fffffff);
             nonfinite += (magnitude < infinite) + 1;  /* a comparison gives -1 where true: 1 where not finite */
-            ints16 below = values < lo[k], above = values > hi[k];
-            lo[k] = (floats16)(((ints16)values & below) | ((ints16)lo[k] & ~below));
-            hi[k] = (floats16)(((ints16)values & above) | ((ints16)hi[k] & ~above));
+            ints below = values < lo[k], above = values > hi[k];
+            lo[k] = (floats)(((ints)values & below) | ((ints)lo[k] & ~below));
+            hi[k] = (floats)(((ints)values & above) | ((ints)hi[k] & ~above));
         }
     }
     for (int k = 0; k < EXTREMES_VECTORS; k++) {
-        *(floats16_unaligned *)(low + c + 16 * k) = lo[k];
-        *(floats16_unaligned *)(high + c + 16 * k) = hi[k];
+        *(floats_unaligned *)(low + c + FLOAT_LANES * k) = lo[k];
+        *(floats_unaligned *)(high + c + FLOAT_LANES * k) = hi[k];
     }
-    for (int lane = 0; lane < 16; lane++)
+    for (int lane = 0; lane < FLOAT_LANES; lane++)
         *bad += nonfinite[lane];
 }
 
@@ -101,7 +102,7 @@ ptrdiff_t channel_extremes(const TensorView *v, float *restrict low, float *rest
 {
     ptrdiff_t bad = 0;
     if (v->inner == 1) {  /* channels last: tiles of channels in registers, then the rest pixel by pixel */
-        for (; c0 + 16 * EXTREMES_VECTORS <= c1; c0 += 16 * EXTREMES_VECTORS)
+        for (; c0 + FLOAT_LANES * EXTREMES_VECTORS <= c1; c0 += FLOAT_LANES * EXTREMES_VECTORS)
             tile_extremes(v, c0, low, high, &bad);
         for (ptrdiff_t o = 0; o < v->outer && c0 < c1; o++) {
             const float *restrict x = element(v, o, 0);
@@ -137,7 +138,7 @@ static inline void block_bins(const float *x, ptrdiff_t n, double r, int64_t fir
         return;
     }
     ptrdiff_t i = 0;
-#if defined(__AVX512F__) && defined(__AVX512DQ__)
+#if VBYTES == 64 && defined(__AVX512F__) && defined(__AVX512DQ__)
     __m512d reciprocal = _mm512_set1_pd(r);
     __m512i offset = _mm512_set1_epi64(first);
     for (; i + 8 <= n; i += 8) {
@@ -156,7 +157,7 @@ static inline void block_bins(const float *x, ptrdiff_t n, double r, int64_t fir
 static inline ptrdiff_t nonzero_values(const float *x, ptrdiff_t n, float *out)
 {
     ptrdiff_t kept = 0, i = 0;
-#ifdef __AVX512F__
+#if VBYTES == 64 && defined(__AVX512F__)
     for (; i + 16 <= n; i += 16) {
         __m512 values = _mm512_loadu_ps(x + i);
         __mmask16 nonzero = _mm512_cmp_ps_mask(values, _mm512_setzero_ps(), _CMP_NEQ_UQ);

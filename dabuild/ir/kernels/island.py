@@ -15,7 +15,6 @@ import numpy as np
 
 from dabuild.ir.kernels.threads import RowSplitter
 
-WIDTH = 64  # output channels per packed block (island_conv.c's ISLAND_WIDTH)
 PARALLEL_MACS = 2_000_000  # a conv with fewer multiply-adds runs on one thread
 
 
@@ -33,8 +32,9 @@ class IslandConvCall(ctypes.Structure):
 class NativeIsland:
     """island_conv_nhwc and island_grouped_nhwc of one loaded library."""
 
-    def __init__(self, library: ctypes.CDLL, rows: RowSplitter):
+    def __init__(self, library: ctypes.CDLL, rows: RowSplitter, width: int):
         self._rows = rows
+        self.width = width  # output channels per packed block (island_conv.c's ISLAND_WIDTH, the path's)
         self._dense = library.island_conv_nhwc
         self._grouped = library.island_grouped_nhwc
         for function in (self._dense, self._grouped):
@@ -51,10 +51,11 @@ class NativeIsland:
         # (c, kh, kw, o): for each input channel and tap, the output channels' weights side by side
         taps = np.ascontiguousarray(weight.transpose(1, 2, 3, 0), np.float32)
         if groups == 1:
-            padded = -(-out_channels // WIDTH) * WIDTH
+            block = self.width
+            padded = -(-out_channels // block) * block
             wide = np.zeros((*taps.shape[:3], padded), np.float32)
             wide[..., :out_channels] = taps
-            packed = np.ascontiguousarray(wide.reshape(*taps.shape[:3], padded // WIDTH, WIDTH).transpose(3, 0, 1, 2, 4))
+            packed = np.ascontiguousarray(wide.reshape(*taps.shape[:3], padded // block, block).transpose(3, 0, 1, 2, 4))
             kernel, first = self._dense, None
         else:
             packed, kernel = taps, self._grouped

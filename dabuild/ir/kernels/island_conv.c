@@ -10,8 +10,8 @@
  * x is (N, H, W, C) float32, y (N, OH, OW, O). The order of each output's own terms is all that fixes its
  * bits, so outputs may be computed in any grouping:
  *
- * - island_conv_nhwc (groups 1): the weight packed as blocks of ISLAND_WIDTH output channels, block b a
- *   (C, KH, KW, ISLAND_WIDTH) array (columns past O zero); a register block of ISLAND_PIXELS neighbouring
+ * - island_conv_nhwc (groups 1): the weight packed as blocks of ISLAND_WIDTH output channels (the library's
+ *   `kernel_island_width()`), block b a (C, KH, KW, ISLAND_WIDTH) array (columns past O zero); a register block of ISLAND_PIXELS neighbouring
  *   output pixels times ISLAND_WIDTH channels stays in registers over the whole reduction;
  * - island_grouped_nhwc (any groups): the weight (C / groups, KH, KW, O), each output pixel's O sums kept
  *   in y itself, the input channel of output o read at first[o] + c.
@@ -20,6 +20,7 @@
  */
 #include <stddef.h>
 #include <string.h>
+#include "vectors.h"
 
 #if defined(__clang__)
 #define ISLAND_NO_CONTRACT _Pragma("clang fp contract(off)")
@@ -33,12 +34,11 @@
 #endif
 
 #define ISLAND_PIXELS 4
-#define ISLAND_VECS 4
-#define ISLAND_WIDTH (ISLAND_VECS * 16)  /* output channels per packed block: 4 vectors of 16 floats */
+#define ISLAND_WIDTH (ISLAND_VECS * FLOAT_LANES)  /* output channels per packed block (vectors.h's path) */
 #define ISLAND_UNROLL _Pragma("GCC unroll 16")
 
-typedef float island_vec __attribute__((vector_size(64)));
-typedef float island_vec_unaligned __attribute__((vector_size(64), aligned(4)));
+typedef float island_vec __attribute__((vector_size(VBYTES)));
+typedef float island_vec_unaligned __attribute__((vector_size(VBYTES), aligned(4)));
 
 typedef struct {
     const float *x;
@@ -74,7 +74,7 @@ ISLAND_FUNCTION static void island_block(const IslandConv *p, ptrdiff_t n, ptrdi
                 island_vec wv[ISLAND_VECS];
                 ISLAND_UNROLL
                 for (int v = 0; v < ISLAND_VECS; v++)
-                    wv[v] = *(const island_vec_unaligned *)(w + 16 * v);
+                    wv[v] = *(const island_vec_unaligned *)(w + FLOAT_LANES * v);
                 ISLAND_UNROLL
                 for (int q = 0; q < ISLAND_PIXELS; q++) {
                     ptrdiff_t iw = (ow0 + q) * p->stride_w - p->pad_left + kw * p->dilation_w;
@@ -97,7 +97,7 @@ ISLAND_FUNCTION static void island_block(const IslandConv *p, ptrdiff_t n, ptrdi
         if (width == ISLAND_WIDTH) {
             ISLAND_UNROLL
             for (int v = 0; v < ISLAND_VECS; v++)
-                *(island_vec_unaligned *)(y + 16 * v) = acc[q][v];
+                *(island_vec_unaligned *)(y + FLOAT_LANES * v) = acc[q][v];
         } else {
             memcpy(y, acc[q], (size_t)width * sizeof(float));
         }

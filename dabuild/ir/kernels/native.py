@@ -3,23 +3,25 @@
 numpy + BLAS run the interpreter's small convs far below this machine's peak,
 and their im2col copy costs as much as the matmul. conv.c is a direct
 convolution over channels-last tensors that the compiler vectorises over the
-output channels. It is compiled once per (source, compiler version, flags, CPU)
-into `<kernel cache>/<identity sha256>.<content sha256>.so` ($DABUILD_KERNEL_CACHE,
-else kernels/ in dabuild's user cache folder; written to a temporary file and
-renamed, so concurrent builds never load a half-written library) and loaded from
-there ever after. A library proves itself before it is loaded: its bytes must hash
-to the name's content hash (a truncated or damaged file would crash the process
-in the loader); one that fails is deleted, warned about once and compiled again.
-A kernel cache that cannot be written (full, read-only) costs a compile per
-process, in a temporary folder removed at once, with one warning.
+output channels. dabuild.ir.kernels.compiling compiles the library once per
+machine into the kernel cache ($DABUILD_KERNEL_CACHE) and proves it before it
+is loaded.
 
-Flags: -O3 -march=native, so the vectors are as wide as this CPU's (one
-AVX-512 register holds 16 output channels), and the compiler's default
-floating-point contraction, so each multiply-add is one fused instruction where
-the CPU has FMA. That makes results depend on the CPU, as OpenBLAS's already do;
-the library's file name carries the CPU's identity, so a shared cache never hands
-one CPU another's code. `native_backend()` says which conv ran; the calibrate
-and tune stage keys include it.
+Flags: -O3 -march=native, and the compiler's default floating-point
+contraction, so each multiply-add is one fused instruction where the CPU has
+FMA. The vector path follows the CPU (vectors.h): 64-byte vectors and 32
+registers with AVX-512, 32-byte with AVX2, 16-byte with NEON or SSE; the
+packed weights' layout is read from the loaded library. A path the compiler
+cannot build falls back to the next narrower one, with one warning naming the
+compiler's first error line and the path that runs. DABUILD_VECTOR_BYTES=16 or
+32 forces a narrower path (tests run every path this machine can run against
+numpy). Each path is deterministic (an output's terms are added in an order the
+source fixes, whichever thread computes it); paths may differ in the last bit
+where the compiler fuses a multiply-add in one register block shape and not in
+another. Results also depend on the CPU where FMA does, as OpenBLAS's already do; the
+library's file name carries the path and the CPU's identity, so a shared
+cache never hands one CPU another's code. `native_backend()` says which conv
+and path ran; the calibrate and tune stage keys include it.
 
 DABUILD_NATIVE_KERNELS=0 forces the numpy path. Without a working compiler the
 interpreter runs its convs in numpy and warns once, naming why (the stage keys
@@ -31,13 +33,10 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
-import hashlib
 import math
 import os
-import platform
 import shutil
 import subprocess
-import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -48,6 +47,7 @@ from typing import Any
 
 import numpy as np
 
+from dabuild.ir.kernels.compiling import CompileError, Sources, available_cores, build
 from dabuild.ir.kernels.forking import forget_pool_after_fork
 from dabuild.ir.kernels.integer import NativeInteger
 from dabuild.ir.kernels.island import NativeIsland
@@ -56,12 +56,15 @@ from dabuild.notices import warn
 
 COMPILER = "cc"
 VARIANTS = (("float", "int", "f32"), ("double", "long long", "f64"))  # conv.c's element types, its mask types, names
-FLAGS = ("-O3", "-march=native", "-shared", "-fPIC", "-pthread")
-VECTOR_BYTES = 64  # conv.c's vectors: the weight and bias are padded to whole vectors of their element type
-BLOCK_VECTORS = 4  # vectors of output channels per block of the packed weight (conv.c's BLOCK_VECS)
+UNITS = ("histogram.c", "requantize.c", "qconv.c", "threads.c", "max_pool.c", "island_conv.c", "quantize.c",
+         "vector_path.c")  # with conv.c's variants, one translation unit each
+HEADERS = ("vectors.h", "conv.c")  # included by the units
+TARGET_FLAGS = (("-O3", "-march=native"), ("-O3",))  # the CPU's own instructions, else the compiler's default target
+FLAGS = ("-pthread",)
+WIDTHS = (64, 32, 16)  # vector bytes of vectors.h's paths, widest first
+ALIGNMENT = 64  # bytes: packed weights and outputs start on a cache line
 SWITCH = "DABUILD_NATIVE_KERNELS"
-KERNEL_CACHE = "DABUILD_KERNEL_CACHE"
-TEMPORARY_PREFIX = ".build-"
+VECTOR_SWITCH = "DABUILD_VECTOR_BYTES"
 
 
 def _conv_call(element: type[ctypes._SimpleCData]) -> type[ctypes.Structure]:
@@ -107,6 +110,10 @@ class NativeConv:
 
     def __init__(self, library: ctypes.CDLL, compiler: str):
         self.compiler = compiler
+        library.kernel_vector_path.restype = ctypes.c_char_p
+        self.path = library.kernel_vector_path().decode()  # vectors.h's path: avx512, avx2, neon, sse ...
+        self.vector_bytes = library.kernel_vector_bytes()  # conv.c's vectors: weight and bias padded to whole ones
+        self.block_vectors = library.kernel_conv_block_vectors()  # vectors of output channels per packed block
         self._kernels: dict[tuple[np.dtype, bool], Any] = {}  # (dtype, depthwise) -> conv.c function
         for dtype, (suffix, call) in ELEMENTS.items():
             for depthwise, name in ((False, "conv2d_nhwc"), (True, "depthwise2d_nhwc")):
@@ -121,7 +128,7 @@ class NativeConv:
         self.histogram = NativeHistogram(library)  # island_conv.c and quantize.c
         self.requantize = NativeRequantize(library)
         self.integer = NativeInteger(library, self.rows)
-        self.island = NativeIsland(library, self.rows)
+        self.island = NativeIsland(library, self.rows, library.kernel_island_width())
 
     @staticmethod
     def takes(dtype: np.dtype) -> bool:
@@ -130,14 +137,7 @@ class NativeConv:
 
     def pack(self, weight: np.ndarray, depthwise: bool = False) -> PackedWeight:
         """The (O, C, KH, KW) weight in conv.c's layout: done once per weight by a prepared conv."""
-        out_channels, _, kernel_h, kernel_w = weight.shape
-        vector = VECTOR_BYTES // weight.itemsize
-        padded = -(-out_channels // vector) * vector
-        taps = np.zeros((kernel_h, kernel_w, *(() if depthwise else (weight.shape[1],)), padded), weight.dtype)
-        taps[..., :out_channels] = weight[:, 0].transpose(1, 2, 0) if depthwise else weight.transpose(2, 3, 1, 0)
-        if not depthwise:  # blocks of BLOCK_VECTORS vectors of channels, each a contiguous (KH * KW * C, width) slab
-            rows, block = taps.reshape(-1, padded), BLOCK_VECTORS * vector
-            taps = np.concatenate([rows[:, first:first + block].ravel() for first in range(0, padded, block)])
+        taps, padded = pack_weight(weight, depthwise, self.vector_bytes, self.block_vectors)
         aligned = aligned_empty(taps.shape, taps.dtype)
         aligned[...] = taps
         return PackedWeight(aligned, weight.shape, depthwise, padded)
@@ -213,6 +213,22 @@ class ConvPlan:
         return y
 
 
+def pack_weight(weight: np.ndarray, depthwise: bool, vector_bytes: int, block_vectors: int) -> tuple[np.ndarray, int]:
+    """The (O, C, KH, KW) weight in the layout of conv.c compiled for a path of `vector_bytes` vectors and
+    `block_vectors` vectors per register block: output channels padded to whole vectors, (KH, KW, padded) for a
+    depthwise conv, else blocks of block_vectors vectors of channels, each a contiguous (KH * KW * C, width)
+    slab, one after another (flat); and the padded channel count."""
+    out_channels, _, kernel_h, kernel_w = weight.shape
+    vector = vector_bytes // weight.itemsize
+    padded = -(-out_channels // vector) * vector
+    taps = np.zeros((kernel_h, kernel_w, *(() if depthwise else (weight.shape[1],)), padded), weight.dtype)
+    taps[..., :out_channels] = weight[:, 0].transpose(1, 2, 0) if depthwise else weight.transpose(2, 3, 1, 0)
+    if depthwise:
+        return taps, padded
+    rows, block = taps.reshape(-1, padded), block_vectors * vector
+    return np.concatenate([rows[:, first:first + block].ravel() for first in range(0, padded, block)]), padded
+
+
 @dataclass(frozen=True)
 class PackedWeight:
     """A conv weight in conv.c's layout, with the graph weight's (O, C/groups, KH, KW) shape."""
@@ -224,17 +240,12 @@ class PackedWeight:
 
 
 def aligned_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-    """np.empty whose memory starts on a VECTOR_BYTES boundary: a vector load that straddles two cache lines
+    """np.empty whose memory starts on an ALIGNMENT boundary: a vector load that straddles two cache lines
     costs two, which made the weight loads of a conv on unaligned packed weights about 1.6x slower."""
     size = math.prod(shape) * np.dtype(dtype).itemsize
-    buffer = np.empty(size + VECTOR_BYTES, np.uint8)
-    start = -buffer.ctypes.data % VECTOR_BYTES
+    buffer = np.empty(size + ALIGNMENT, np.uint8)
+    start = -buffer.ctypes.data % ALIGNMENT
     return buffer[start:start + size].view(dtype).reshape(shape)
-
-
-def available_cores() -> int:
-    """The cores this process may run on."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 _LAYER_THREADS = threading.local()
@@ -267,7 +278,8 @@ PARALLEL_VALUES = 1 << 18  # a tensor with fewer values is counted on one thread
 
 
 class NativeHistogram:
-    """histogram.c: per-channel extremes and bin counts of a float32 tensor, split by channel among threads."""
+    """histogram.c: per-channel extremes and bin counts of a float32 tensor, split by channel among as many
+    threads as this process has cores (each its own sub-histogram of the whole tensor, merged after)."""
 
     def __init__(self, library: ctypes.CDLL):
         self._extremes, self._counts = library.channel_extremes, library.channel_counts
@@ -281,6 +293,7 @@ class NativeHistogram:
         self._rebin.argtypes = [pointer, pointer, size, pointer, pointer, pointer]
         self._rebin.restype = None
         self._pool: ThreadPoolExecutor | None = None
+        self._pool_size = 0
         forget_pool_after_fork(self)
 
     @staticmethod
@@ -300,24 +313,28 @@ class NativeHistogram:
         return TensorView(values.ctypes.data, values.size // max(channels * inner, 1), channels, inner,
                           channels * inner, inner), values
 
-    def _split(self, view: TensorView, function: Callable[[int, int, int], None]) -> None:
-        """function(part, first channel, end channel) over the channels, on two threads for a big tensor."""
-        parts = 2 if view.outer * view.channels * view.inner >= PARALLEL_VALUES and view.channels > 1 else 1
+    def _split(self, view: TensorView, function: Callable[[int, int, int], None]) -> int:
+        """function(part, first channel, end channel) over the channels, split among up to this process's cores
+        for a big tensor (each part its own channels, so counting needs no lock); returns the number of parts."""
+        big = view.outer * view.channels * view.inner >= PARALLEL_VALUES
+        parts = max(1, min(available_cores(), view.channels)) if big else 1
         bounds = [view.channels * part // parts for part in range(parts + 1)]
         if parts == 1:
             function(0, 0, view.channels)
-            return
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(1, thread_name_prefix="dabuild-histogram")
-        other = self._pool.submit(function, 1, bounds[1], bounds[2])
+            return 1
+        if self._pool is None or self._pool_size < parts - 1:
+            self._pool, self._pool_size = ThreadPoolExecutor(parts - 1, thread_name_prefix="dabuild-histogram"), parts - 1
+        others = [self._pool.submit(function, part, bounds[part], bounds[part + 1]) for part in range(1, parts)]
         function(0, 0, bounds[1])
-        other.result()
+        for other in others:
+            other.result()
+        return parts
 
     def extremes(self, view: TensorView) -> tuple[np.ndarray, np.ndarray, int]:
         """Each channel's (min, max) as float32 arrays, and how many values are NaN or infinite."""
         low = np.full(view.channels, np.inf, np.float32)
         high = np.full(view.channels, -np.inf, np.float32)
-        bad = [0, 0]
+        bad = [0] * max(1, available_cores())
 
         def part(index: int, first: int, end: int) -> None:
             bad[index] = self._extremes(ctypes.byref(view), low.ctypes.data, high.ctypes.data, first, end)
@@ -329,14 +346,15 @@ class NativeHistogram:
               whole_reciprocal: float, whole_offset: int, whole: np.ndarray) -> None:
         """counts (channels, BINS), int32, and whole (BINS,), int64, += the tensor's bin counts (both C-contiguous;
         the caller keeps every count of `counts` below 2^31)."""
-        wholes = [whole, np.zeros_like(whole)]
+        wholes = [whole, *(np.zeros_like(whole) for _ in range(1, available_cores()))]  # one per part, merged
 
         def part(index: int, first: int, end: int) -> None:
             self._counts(ctypes.byref(view), reciprocal.ctypes.data, offset.ctypes.data, counts.ctypes.data,
                          whole_reciprocal, whole_offset, wholes[index].ctypes.data, first, end)
 
-        self._split(view, part)
-        whole += wholes[1]
+        parts = self._split(view, part)
+        for index in range(1, parts):
+            whole += wholes[index]
 
 
     def rebin(self, counts: np.ndarray, channels: np.ndarray, old_offset: np.ndarray, doublings: np.ndarray,
@@ -391,13 +409,19 @@ def native_conv() -> NativeConv | None:
     """The native conv, or None when DABUILD_NATIVE_KERNELS=0 or no C compiler can build it."""
     if os.environ.get(SWITCH, "1") == "0":
         return None
-    return _load()
+    forced = os.environ.get(VECTOR_SWITCH) or None
+    if forced is not None and (not forced.isdigit() or int(forced) not in WIDTHS):
+        warn(f"{VECTOR_SWITCH}={forced!r} is not one of {', '.join(map(str, WIDTHS))}; the native kernels "
+             "run the CPU's widest path", key=VECTOR_SWITCH)
+        forced = None
+    return _load(None if forced is None else int(forced))
 
 
 def native_backend() -> str:
-    """Which conv the interpreter runs here, for stage keys and benchmarks: 'native kernels: <compiler>' or 'numpy'."""
+    """Which conv the interpreter runs here, for stage keys and benchmarks:
+    'native kernels (<vector path>): <compiler>' or 'numpy'."""
     conv = native_conv()
-    return f"native kernels: {conv.compiler}" if conv else "numpy"
+    return f"native kernels ({conv.path}): {conv.compiler}" if conv else "numpy"
 
 
 def compiler_path() -> Path | None:
@@ -407,129 +431,74 @@ def compiler_path() -> Path | None:
 
 
 @functools.cache
-def _load() -> NativeConv | None:
+def _load(forced_bytes: int | None = None) -> NativeConv | None:
+    """The library of the widest path the compiler builds here (or of `forced_bytes`), loaded."""
     compiler = shutil.which(COMPILER)
     try:
         if compiler is None:
             raise OSError(f"no C compiler {COMPILER!r} on PATH")
         version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=True,
                                  timeout=60).stdout.strip().partition("\n")[0]
-        kernels = files("dabuild.ir.kernels")
-        conv = kernels.joinpath("conv.c").read_text()
-        source = "\n".join([*(f"#undef ELEM\n#undef MASK\n#undef NAME\n#define ELEM {elem}\n#define MASK {mask}\n"
-                               f"#define NAME(name) name##_{suffix}\n{conv}" for elem, mask, suffix in VARIANTS),
-                             *(kernels.joinpath(name).read_text()
-                               for name in ("histogram.c", "requantize.c", "qconv.c", "threads.c", "max_pool.c",
-                                            "island_conv.c", "quantize.c"))])
-        library, scratch = _build(compiler, version, source)
-        try:
-            loaded = ctypes.CDLL(str(library))
-        finally:
-            if scratch is not None:
-                shutil.rmtree(scratch, ignore_errors=True)
-        return NativeConv(loaded, version)
+        failed: list[str] = []
+        for sources in vector_paths(compiler, forced_bytes):
+            try:
+                library, scratch = build(compiler, version, sources)
+            except CompileError as error:
+                failed.append(f"the {sources.path} path ({error})")
+                continue
+            try:
+                loaded = ctypes.CDLL(str(library))
+            finally:
+                if scratch is not None:
+                    shutil.rmtree(scratch, ignore_errors=True)
+            if failed:
+                warn(f"the native kernels run the {sources.path} path: {'; '.join(failed)} did not compile")
+            return NativeConv(loaded, version)
+        raise OSError("; ".join(failed) or f"{compiler} builds no vector path of vectors.h here")
     except (OSError, subprocess.SubprocessError) as error:
         warn(f"the interpreter's native conv kernels could not be built ({error}); its convs run in numpy, "
              f"more slowly (set {SWITCH}=0 to choose that and silence this warning)")
         return None
 
 
-def _build(compiler: str, version: str, source: str) -> tuple[Path, Path | None]:
-    """The compiled library for this source, compiler, flags and CPU: from the cache, else compiled into it.
-
-    Returns the library and a temporary folder to remove once it is loaded (None for a cached library):
-    from a kernel cache that cannot be written, the library is compiled in a temporary folder, which can
-    go once loaded (the loader keeps the file mapped).
-    """
-    identity = hashlib.sha256("\n".join([source, version, " ".join(FLAGS), _cpu_identity()]).encode()).hexdigest()
-    directory = kernel_dir()
-    for library in sorted(directory.glob(f"{identity}.*.so")):
-        if _proven(library):
-            try:
-                os.utime(library)  # its last use, for `dabuild cache prune`
-            except OSError:
-                pass
-            return library, None
-        warn(f"compiled kernel {library} is damaged (its bytes do not match the hash in its name); "
-             "deleted and compiled again", key=str(library))
-        try:
-            library.unlink(missing_ok=True)
-        except OSError:
-            pass  # a read-only cache: compiled below for this run only
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(prefix=TEMPORARY_PREFIX, dir=directory) as building:
-            built = _compile(compiler, source, Path(building))
-            library = directory / f"{identity}.{_content_hash(built)}.so"
-            os.replace(built, library)
-        return library, None
-    except OSError as error:  # full or read-only (a compiler error recurs below and is raised)
-        reason = error.strerror or str(error)
-    scratch = Path(tempfile.mkdtemp(prefix=TEMPORARY_PREFIX))
-    try:
-        built = _compile(compiler, source, scratch)
-    except OSError:
-        shutil.rmtree(scratch, ignore_errors=True)
-        raise
-    warn(f"the kernel cache {directory} cannot be written ({reason}); the native kernels are compiled "
-         f"for this run only (set {KERNEL_CACHE} to a writable folder)")
-    return built, scratch
+def vector_paths(compiler: str, forced_bytes: int | None = None) -> Iterator[Sources]:
+    """The library's sources for each vector path the compiler's target offers, widest first (only
+    `forced_bytes` wide if given): what vectors.h chooses for -march=native, then each narrower width; with no
+    -march=native (a compiler without it), the same for the compiler's default target. Lazily: a narrower
+    path's probe runs only when the wider one failed."""
+    kernels = files("dabuild.ir.kernels")
+    headers = {name: kernels.joinpath(name).read_text() for name in HEADERS}
+    units = {f"conv_{suffix}.c": f"#define ELEM {elem}\n#define MASK {mask}\n#define NAME(name) name##_{suffix}\n"
+                                 f'#include "conv.c"\n' for elem, mask, suffix in VARIANTS}
+    units.update({name: kernels.joinpath(name).read_text() for name in UNITS})
+    for target in TARGET_FLAGS:
+        natural = _probe(compiler, target, headers["vectors.h"], None)
+        if natural is None:
+            continue
+        widths = [width for width in WIDTHS if width <= natural[1]]
+        if forced_bytes is not None:
+            widths = [forced_bytes] if forced_bytes in widths else []
+        for width in widths:
+            probed = natural if width == natural[1] else _probe(compiler, target, headers["vectors.h"], width)
+            if probed is not None:
+                defines = () if width == natural[1] else (f"-DDABUILD_VECTOR_BYTES={width}",)
+                yield Sources(units, headers, (*target, *defines, *FLAGS), probed[0], width)
+        return
 
 
-def _compile(compiler: str, source: str, folder: Path) -> Path:
-    source_file = folder / "conv.c"
-    source_file.write_text(source)
-    built = folder / "conv.so"
-    result = subprocess.run([compiler, *FLAGS, "-o", str(built), str(source_file)],
-                            check=False, capture_output=True, text=True, timeout=120)
-    if result.returncode:
-        raise OSError(f"{compiler} failed on conv.c: {result.stderr.strip()}")
-    return built
+def vector_widths() -> list[int]:
+    """The vector bytes of every path this machine's compiler builds, widest first: the paths tests run."""
+    compiler = shutil.which(COMPILER)
+    return [] if compiler is None else [sources.width for sources in vector_paths(compiler)]
 
 
-def _content_hash(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def _proven(library: Path) -> bool:
-    """Do the library's bytes hash to the content hash its name carries?"""
-    try:
-        return library.is_file() and _content_hash(library) == library.name.split(".")[1]
-    except (OSError, IndexError):
-        return False
-
-
-def kernel_files() -> list[Path]:
-    """Every compiled library in the kernel cache, for `dabuild cache info` and `prune`."""
-    directory = kernel_dir()
-    return sorted(directory.glob("*.so")) if directory.is_dir() else []
-
-
-def kernel_temporaries() -> list[Path]:
-    """Build folders that killed runs left in the kernel cache."""
-    directory = kernel_dir()
-    return sorted(directory.glob(f"{TEMPORARY_PREFIX}*")) if directory.is_dir() else []
-
-
-def kernel_dir() -> Path:
-    """`$DABUILD_KERNEL_CACHE`, else `kernels/` in the platform's user cache folder of dabuild.
-
-    Apart from the run cache (`$DABUILD_CACHE`): a compiled kernel is a tool, not a result, so a private
-    run cache (a test's, a CI job's) still finds the library compiled before.
-    """
-    configured = os.environ.get(KERNEL_CACHE)
-    if configured:
-        return Path(configured).expanduser()
-    from platformdirs import user_cache_dir
-
-    return Path(user_cache_dir("dabuild")) / "kernels"
-
-
-def _cpu_identity() -> str:
-    """What -march=native compiles for: the CPU's model and feature flags (Linux), else the platform's name."""
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        return f"{platform.machine()} {platform.processor()}"
-    wanted = ("model name", "flags", "Features", "CPU part")
-    return "\n".join(sorted({line for line in lines if line.split(":")[0].strip() in wanted}))
+def _probe(compiler: str, target: tuple[str, ...], header: str, width: int | None) -> tuple[str, int] | None:
+    """(path name, vector bytes) that vectors.h chooses for these flags, or None where the compiler refuses them
+    (an unknown flag, or a width the target macros do not offer): the preprocessor only, milliseconds."""
+    define = () if width is None else (f"-DDABUILD_VECTOR_BYTES={width}",)
+    result = subprocess.run([compiler, *target, *define, "-E", "-P", "-x", "c", "-"], input=f"{header}\n"
+                            "VECTOR_PATH VBYTES\n", capture_output=True, text=True, check=False)
+    words = result.stdout.split()
+    if result.returncode or len(words) < 2 or not words[-1].isdigit():
+        return None
+    return words[-2].strip('"'), int(words[-1])

@@ -92,7 +92,7 @@ class QBlockedDense(QLayer, DenseFeatures):
         if trace is not None:
             trace[f"{self.name}:accumulator"] = accumulator_trace(accumulator.reshape(*x.shape[:-1], -1))
         target = self.output_params(graph)
-        y = requantize(accumulator, np.ones(1, np.int64), self.shift.astype(np.int64)) + target.zero_point
+        y = requantize(accumulator, np.ones(1, np.int64), self.shift.astype(np.int64), graph.rounding) + target.zero_point
         y = np.clip(y, self.output_min, self.output_max).astype(target.storage)
         return [y.reshape(*x.shape[:-1], self.out_features)]
 

@@ -128,7 +128,7 @@ class QAdd(QLayer):
         key = (type(self), self.left_shift, *(tuple(int(v) for v in values) for values in (
             self.input_multiplier, self.input_shift, self.multiplier, self.shift)),
             self.params(graph, 0), self.params(graph, 1), self.output_params(graph),
-            None if clamp is None else (clamp.low, clamp.high))
+            None if clamp is None else (clamp.low, clamp.high), graph.rounding)
         table = PAIR_TABLES.get(key)
         if table is None:
             every = np.arange(256, dtype=np.uint8)
@@ -151,13 +151,14 @@ class QAdd(QLayer):
             trace[f"{self.name}:accumulator"] = accumulator_trace(total.astype(np.int64))
         target = self.output_params(graph)
         native = native_conv()
-        if native is not None and trace is None and total.ndim >= 2 and total.dtype == np.float64:  # compiled
+        if (native is not None and trace is None and total.ndim >= 2 and total.dtype == np.float64
+                and graph.rounding == "dabuild"):  # compiled
             y = native.requantize(total, 1, np.zeros(total.shape[1], np.int64), self.multiplier,
                                   self.shift, int(target.zero_point), target.qmin, target.qmax)
             if y is not None:
                 return [y.astype(target.storage)]
         total = total.astype(np.int64)
-        return [target.saturate(requantize(total, self.multiplier, self.shift) + target.zero_point)]
+        return [target.saturate(requantize(total, self.multiplier, self.shift, graph.rounding) + target.zero_point)]
 
     def _rescaled(self, graph: QGraph, index: int, x: np.ndarray) -> np.ndarray:
         """Input `index` at the common scale: (q - zero point) << left_shift, requantized by its multiplier.
@@ -169,7 +170,7 @@ class QAdd(QLayer):
 
         def rescale(q: np.ndarray) -> np.ndarray:
             return requantize(params.centred(q) << self.left_shift, self.input_multiplier[index],
-                              self.input_shift[index])
+                              self.input_shift[index], graph.rounding)
 
         if np.dtype(params.storage).itemsize > 1:
             return rescale(x)
@@ -217,7 +218,7 @@ class QMul(QLayer):
         if trace is not None:
             trace[f"{self.name}:accumulator"] = accumulator_trace(product)
         target = self.output_params(graph)
-        return [target.saturate(requantize(product, self.multiplier, self.shift) + target.zero_point)]
+        return [target.saturate(requantize(product, self.multiplier, self.shift, graph.rounding) + target.zero_point)]
 
 
 @lowers("mul", layers=("mul",))
@@ -247,8 +248,8 @@ class QPrelu(QLayer):
 
     def run(self, inputs: list[np.ndarray], graph: QGraph, trace: Trace | None) -> list[np.ndarray]:
         centred = self.params(graph).centred(inputs[0])
-        positive = requantize(centred, self.multiplier, self.shift)
-        negative = self.sign * requantize(centred, self.negative_multiplier, self.negative_shift)
+        positive = requantize(centred, self.multiplier, self.shift, graph.rounding)
+        negative = self.sign * requantize(centred, self.negative_multiplier, self.negative_shift, graph.rounding)
         target = self.output_params(graph)
         return [target.saturate(np.where(centred >= 0, positive, negative) + target.zero_point)]
 

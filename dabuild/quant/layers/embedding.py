@@ -54,7 +54,7 @@ class QEmbedding(QLayer):
         out = self.output_params(graph)
         tail = (1,) * (self.weight.ndim - 1)
         scaled = requantize(rows.astype(np.int64), self.multiplier[indices].reshape(*indices.shape, *tail),
-                            self.shift[indices].reshape(*indices.shape, *tail))
+                            self.shift[indices].reshape(*indices.shape, *tail), graph.rounding)
         return [out.saturate(scaled + out.zero_point)]
 
 

@@ -115,14 +115,14 @@ class QWeighted(QLayer):
 
     def run(self, inputs: list[np.ndarray], graph: QGraph, trace: Trace | None) -> list[np.ndarray]:
         """qconv.c where it takes the layer (no trace wanted: the compiled conv keeps no accumulator), else numpy."""
-        y = None if trace is not None else self._compiled(inputs[0], graph)
+        y = None if trace is not None or graph.rounding != "dabuild" else self._compiled(inputs[0], graph)
         if y is not None:
             return [y]
         centred = np.subtract(inputs[0], self.params(graph).zero_point, dtype=np.float64)  # q - zp, exact
         sums = self.accumulate(centred)
         target = self.output_params(graph)
         native = native_conv()
-        if trace is None and native is not None and sums.dtype == np.float64:  # the same bits, compiled
+        if trace is None and native is not None and sums.dtype == np.float64 and graph.rounding == "dabuild":  # compiled
             y = native.requantize(sums, self.channel_axis, self.bias, self.multiplier, self.shift,
                                   int(target.zero_point), self.output_min, self.output_max)
             if y is not None:
@@ -134,7 +134,9 @@ class QWeighted(QLayer):
         if trace is not None:
             trace[f"{self.name}:accumulator"] = accumulator_trace(accumulator)
         shape = channel if len(self.multiplier) > 1 else [1]
-        y = requantize(accumulator, self.multiplier.reshape(shape), self.shift.reshape(shape)) + target.zero_point
+        wide = np.dtype(self.params(graph).storage).itemsize > 1   # TFLite's 16x8 layers requantize int64 sums
+        y = requantize(accumulator, self.multiplier.reshape(shape), self.shift.reshape(shape), graph.rounding, wide)
+        y += target.zero_point
         return [np.clip(y, self.output_min, self.output_max).astype(target.storage)]
 
 

@@ -32,7 +32,7 @@ class QMatMul(QLayer):
         if trace is not None:
             trace[f"{self.name}:accumulator"] = accumulator_trace(accumulator)
         target = self.output_params(graph)
-        return [target.saturate(requantize(accumulator, self.multiplier, self.shift) + target.zero_point)]
+        return [target.saturate(requantize(accumulator, self.multiplier, self.shift, graph.rounding) + target.zero_point)]
 
 
 @lowers("matmul", layers=("matmul",))

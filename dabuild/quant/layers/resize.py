@@ -51,7 +51,7 @@ class QResizeLinear(QLayer):
     def run(self, inputs: list[np.ndarray], graph: QGraph, trace: Trace | None) -> list[np.ndarray]:
         total = self.interpolate(self.params(graph).centred(inputs[0]))
         target = self.output_params(graph)
-        return [target.saturate(requantize(total, self.multiplier, self.shift) + target.zero_point)]
+        return [target.saturate(requantize(total, self.multiplier, self.shift, graph.rounding) + target.zero_point)]
 
 
 def lower_linear_resize(ctx: Lowering) -> list[QLayer]:

@@ -30,7 +30,7 @@ class QPick(QLayer):
 
     def requantized(self, inputs: list[np.ndarray], graph: QGraph) -> list[np.ndarray]:
         target = self.output_params(graph)
-        return [target.saturate(requantize(self.params(graph, i).centred(x), self.multiplier[i], self.shift[i])
+        return [target.saturate(requantize(self.params(graph, i).centred(x), self.multiplier[i], self.shift[i], graph.rounding)
                                 + target.zero_point) for i, x in enumerate(inputs)]
 
 

@@ -82,7 +82,7 @@ class QConcat(QLayer):
 
     def run(self, inputs: list[np.ndarray], graph: QGraph, trace: Trace | None) -> list[np.ndarray]:
         target = self.output_params(graph)
-        parts = [target.saturate(requantize(self.params(graph, i).centred(x), self.multiplier[i], self.shift[i])
+        parts = [target.saturate(requantize(self.params(graph, i).centred(x), self.multiplier[i], self.shift[i], graph.rounding)
                                  + target.zero_point) for i, x in enumerate(inputs)]
         return [np.concatenate(parts, axis=self.axis)]
 

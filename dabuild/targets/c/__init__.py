@@ -18,7 +18,9 @@ image runs: `qemu` (the default; firmware.py boots it on the profile's board
 with semihosting), `host` (the same sources built for this machine: their
 portable paths, not the core's), or `command` (the user's own, e.g. flashing a
 board: `{image}`, `{inputs}`, `{outputs}` in it are replaced, and it runs in
-a scratch folder). A Cortex-M export also measures the image (flash, RAM,
+a scratch folder). Option `rounding` (`dabuild`, `tflm`, `tflm-single`) picks
+how every requantization rounds, in the C and in the reference check runs, so
+the C can equal TFLite Micro's (and CMSIS-NN's) integers. A Cortex-M export also measures the image (flash, RAM,
 stack) into model.json, and `budget: {flash, ram}` fails the check naming
 what overflows and by how much.
 """
@@ -40,6 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from dabuild.capability import load_capability
 from dabuild.errors import BuildError
+from dabuild.quant.fixed_point import Rounding
 from dabuild.quant.layers.fallback import QFloat, QFloatWeighted
 from dabuild.quant.qgraph import QGraph
 from dabuild.resources import data_dir
@@ -128,6 +131,7 @@ class CTarget(Target):
         command: list[str] | None = None   # runner command: argv with {image}, {inputs}, {outputs}
         timeout: float = 600.0   # seconds one emulator or command run may take
         budget: Budget | None = None
+        rounding: Rounding = "dabuild"   # how requantization rounds: dabuild's, or TFLite Micro's (fixed_point)
 
         @model_validator(mode="after")
         def _consistent(self) -> CTarget.Options:
@@ -213,6 +217,9 @@ class CTarget(Target):
         if cpu in PROFILES and not PROFILES[cpu].fpu:
             return f"cpu {cpu!r} has no FPU"
         return None
+
+    def integer_graph(self, qgraph: QGraph) -> QGraph:
+        return dataclasses.replace(qgraph, rounding=self.options.rounding)
 
     def stored_bytes(self, qgraph: QGraph) -> int:
         """The bytes this profile's artifact stores for weights and parameters, from its kernels' constants: int8

@@ -215,7 +215,8 @@ def render(qgraph: QGraph, profile: Profile = PROFILES[HOST]) -> Rendered:
             return "out"
         return f"arena + {arena.placements[buffer].offset}"
 
-    files: dict[str, str | bytes] = {COMMON_HEADER: env.get_template(f"{COMMON_HEADER}.j2").render(version=version)}
+    files: dict[str, str | bytes] = {COMMON_HEADER: env.get_template(f"{COMMON_HEADER}.j2").render(version=version,
+                                                                                            rounding=qgraph.rounding)}
     calls: list[dict[str, Any]] = []
     traced = [Traced(qgraph.input, program.storage[qgraph.input], qgraph.input_params.storage)]
     kernel_contexts = [step.kernel.context(step) for step in program.steps]

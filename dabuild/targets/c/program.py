@@ -124,7 +124,7 @@ def build_program(qgraph: QGraph, profile: Profile = PROFILES[HOST]) -> Program:
             storage[name], buffer[name] = _output_storage(chosen.outputs, shape(name), inputs), name
             outputs.append(operand(name))
         if outputs:
-            steps.append(Step(chosen, layer.name, layer, inputs, outputs, profile, float_constants))
+            steps.append(Step(chosen, layer.name, layer, inputs, outputs, profile, float_constants, qgraph.rounding))
 
     output = in_storage(qgraph.output, CANONICAL)
     if buffer[output] == buffer[qgraph.input]:  # nothing but aliases of the input: `out` needs a copy

@@ -25,12 +25,17 @@ from typing import Any, ClassVar
 import numpy as np
 from pydantic import Field
 
+from dabuild.capability import CapabilitySpec, QuantChoices
 from dabuild.errors import BuildError
+from dabuild.quant.dtypes import int_type, is_int_type
 from dabuild.quant.qgraph import QGraph
 from dabuild.targets.base import Target
+from dabuild.targets.onnx.isa import Isa, detect, resolve, saturates
 
 MODEL_FILE = "model.onnx"
 PACKAGES = ("onnx", "onnxruntime")
+NARROW_WEIGHT = "int7"  # within +-64: a pair of products by uint8 activations cannot leave int16
+GATHERED = frozenset({"embedding"})  # weights onnxruntime gathers, never multiplies
 
 
 def missing_package_error(package: str) -> BuildError:
@@ -55,15 +60,44 @@ class OnnxTarget(Target):
     packages: ClassVar[tuple[str, ...]] = PACKAGES
     reference: ClassVar[str] = "fake_quant"
     run_batch: ClassVar[int | None] = 32  # onnxruntime/tract hold ~17 MB per ResNet-50 sample
-    size_options: ClassVar[tuple[str, ...]] = ("opset",)
+    size_options: ClassVar[tuple[str, ...]] = ("opset", "isa")
 
     class Options(Target.Options):
         opset: int | None = Field(default=None, ge=17, le=21,
                                   description="ONNX opset of the model; default 17 (onnxruntime >= 1.13 runs it), "
                                   "21 where weights have 4 bits or fewer (stored as INT4; onnxruntime >= 1.20).")
         threads: int = Field(default=1, ge=1, description="onnxruntime intra-op threads when checking.")
+        isa: Isa = Field(default="auto", description=(
+            "The instruction set the artifact will run on (auto: this machine's). On x86-64 without VNNI "
+            "(avx2, avx512, x86-64) onnxruntime's u8s8 kernels sum pairs of products into a saturating int16: "
+            "there the tuner offers 7-bit weights first (exact in u8s8) and wider weights are written as uint8 "
+            "(exact in u8u8, slower)."))
+
+    @property
+    def isa(self) -> str:
+        """The instruction set the artifact is written for: the option, `auto` resolved to this machine's."""
+        return resolve(self.options.isa)
 
     options: Options
+
+    @classmethod
+    def capability_for(cls, capability: CapabilitySpec, options: dict[str, Any]) -> CapabilitySpec:
+        """Where onnxruntime's u8s8 kernels saturate (the option's isa), every weight choice wider than 7 bits
+        offers int7 first: exact in u8s8 at its full speed, at an accuracy the search measures; the wider types
+        stay on offer (exported as uint8, exact and slower) for a config that needs them."""
+        capability = super().capability_for(capability, options)
+        if not saturates(resolve(cls.Options.model_validate(options).isa)):
+            return capability
+
+        def seven_bits_first(choices: QuantChoices | None) -> QuantChoices | None:
+            if choices is None or not any(int_type(name).signed and int_type(name).bits > 7
+                                          for name in choices.dtype if is_int_type(name)):
+                return choices
+            return choices.model_copy(update={"dtype": [NARROW_WEIGHT, *(d for d in choices.dtype if d != NARROW_WEIGHT)]})
+
+        ops = {op: entry if op in GATHERED else entry.model_copy(update={"weight": seven_bits_first(entry.weight)})
+               for op, entry in capability.ops.items()}
+        return capability.model_copy(update={"ops": ops})
 
     def runtime_version(self) -> dict[str, str]:
         def installed(package: str) -> str:
@@ -72,18 +106,36 @@ class OnnxTarget(Target):
             except PackageNotFoundError:
                 return "absent"
 
-        return {package: installed(package) for package in PACKAGES}
+        # The artifact's isa, and this machine's: where they differ in saturation the check runs precise.
+        return {**{package: installed(package) for package in PACKAGES}, "isa": self.isa, "host isa": detect()}
+
+    @property
+    def precise(self) -> bool:
+        """Whether this machine's u8s8 kernels saturate where the artifact's isa does not (an artifact written for
+        a CPU with VNNI, checked here): then onnxruntime runs it in its x64 precision mode, as that CPU computes."""
+        return saturates(detect()) and not saturates(self.isa)
+
+    def not_run(self) -> list[str]:
+        if not self.precise:
+            return []
+        return [(f"onnxruntime's default kernels as a {self.isa} CPU runs them: this one ({detect()}, no VNNI) "
+                 "would saturate their int8 weights, so the artifact ran in onnxruntime's x64 precision mode "
+                 "(int8 weights as uint8, exact, as VNNI computes)")]
+
+    def export_tools(self) -> dict[str, str]:
+        """The instruction set the model is written for (which weights are uint8 depends on it)."""
+        return {"isa": self.isa}
 
     def export(self, qgraph: QGraph, out_dir: Path) -> None:
         qdq = _import("dabuild.targets.onnx.qdq")
-        model = qdq.to_qdq_onnx(qgraph, self.options.opset)
+        model = qdq.to_qdq_onnx(qgraph, self.options.opset, isa=self.isa)
         (Path(out_dir) / MODEL_FILE).write_bytes(model.SerializeToString())
 
     def stored_bytes(self, qgraph: QGraph) -> int:
         """The model's initializers as stored: int8 weights a byte each, INT4 ones two a byte, int32 biases, float32
         scales and float islands' constants."""
         qdq = _import("dabuild.targets.onnx.qdq")
-        return qdq.initializer_bytes(qdq.to_qdq_onnx(qgraph, self.options.opset, check=False))
+        return qdq.initializer_bytes(qdq.to_qdq_onnx(qgraph, self.options.opset, check=False, isa=self.isa))
 
     def __init__(self, options: Target.Options | None = None):
         super().__init__(options)
@@ -107,7 +159,7 @@ class OnnxTarget(Target):
         self._sessions.pop(purpose, None)  # the old session goes before the new one is built
         model, outputs = (str(path), None) if purpose == "run" else self._traced_model(path)
         try:
-            session = runner.session(model, self.options.threads)
+            session = runner.session(model, self.options.threads, self.precise)
         except Exception as error:  # onnxruntime raises its own exception types for bad models
             raise BuildError(f"onnxruntime could not run {path}: {error}") from error
         self._sessions[purpose] = (key, session, outputs)
@@ -153,5 +205,5 @@ class OnnxTarget(Target):
     def rerun_script(self, artifact_dir: Path, inputs_file: str, outputs_file: str) -> str:
         model = f"{Path(artifact_dir).name}/{MODEL_FILE}"
         command = ["-m", "dabuild.targets.onnx.runner", model, inputs_file, outputs_file,
-                   "--threads", str(self.options.threads)]
+                   "--threads", str(self.options.threads), *(["--precise"] if self.precise else [])]
         return '"${PYTHON:-python3}" ' + shlex.join(command) + "\n"

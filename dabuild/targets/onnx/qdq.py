@@ -24,6 +24,12 @@ rounds half away from zero with Q31 multipliers, onnxruntime rounds half to
 even in float, so the two agree to about one quantization step, not bit for
 bit.
 
+For a CPU whose u8s8 kernels saturate (`isa.saturates`: x86-64 without VNNI), a dense, conv or transposed
+conv whose integer weights reach beyond +-64 is written with uint8 weights (the int8 ones plus 128, zero
+point 128): onnxruntime runs those with its u8u8 kernels, which widen before multiplying and so are exact,
+where its u8s8 ones would clip a pair of products to int16. Weights within +-64 stay int8 (u8s8 is exact
+for them, and faster). The model's metadata names the isa it was written for and the layers widened so.
+
 The model is written for opset 17 (what the op writers spell) and converted
 to a later opset on request; its IR version is the lowest that opset allows.
 The model's metadata maps each QGraph tensor to its `/int8` name, which is how
@@ -55,9 +61,12 @@ from dabuild.quant.layers.linear import QWeighted, transposed_layout
 from dabuild.quant.layers.shape import SELECTION_OPS
 from dabuild.quant.qgraph import INDICES, QGraph, QLayer, QuantParams
 from dabuild.registry import Registry
+from dabuild.targets.onnx.isa import SAFE_WEIGHT, resolve, saturates
 from dabuild.targets.onnx_float import EXPORTERS, IR_VERSION, OPSET, Emitter, value_info
 
 QUANTIZED_TENSORS = "dabuild.quantized_tensors"  # metadata key: QGraph tensor -> name of its integers
+ISA = "dabuild.isa"  # metadata key: the instruction set the model was written for
+UINT8_WEIGHTS = "dabuild.uint8_weights"  # metadata key: layers whose weights are uint8 so u8s8 cannot saturate
 ONNX_TYPES = {"int8": TensorProto.INT8, "uint8": TensorProto.UINT8, "int32": TensorProto.INT32}
 
 
@@ -70,8 +79,10 @@ def _scalar_or_vector(values: np.ndarray, dtype: type) -> np.ndarray:
 class QdqWriter:
     """The state of one export: the emitter, and for each QGraph tensor the names it has in the model."""
 
-    def __init__(self, qgraph: QGraph):
+    def __init__(self, qgraph: QGraph, saturating: bool = False):
         self.qgraph = qgraph
+        self.saturating = saturating  # onnxruntime's u8s8 kernels can saturate where the model will run
+        self.uint8_weights: list[str] = []  # layers whose weights are uint8, so u8s8 cannot saturate them
         self.emitter = Emitter({*qgraph.tensors, *qgraph.constants})
         self.real: dict[str, str] = {}       # tensor -> the float name ops read
         self.integers: dict[str, str] = {}   # tensor -> the name of its quantized values
@@ -160,13 +171,23 @@ class QdqWriter:
         node = Node(layer.name, op, inputs, [self.output(name) for name in layer.outputs], attrs)
         EXPORTERS[op](self.emitter, node, OPS[op].resolve(attrs))
 
-    def weight(self, layer: QWeighted | QFloatWeighted | QEmbedding, axis: int) -> str:
-        """The layer's int8 weight behind a DequantizeLinear (per channel along `axis` when it has many scales)."""
+    def weight(self, layer: QWeighted | QFloatWeighted | QEmbedding, axis: int, integer_kernel: bool = False) -> str:
+        """The layer's int8 weight behind a DequantizeLinear (per channel along `axis` when it has many scales).
+
+        `integer_kernel`: onnxruntime fuses the layer into a u8s8 integer kernel; where that can saturate and
+        the weights reach beyond +-SAFE_WEIGHT, they are written as uint8 (plus 128, zero point 128)."""
         e = self.emitter
         scale = _scalar_or_vector(layer.weight_scale, np.float32)
-        inputs = [e.initializer(e.fresh(f"{layer.name}/weight"), layer.weight),
-                  e.constant(scale, np.float32, f"{layer.name}/weight_scale")]  # zero point: 0 by default
-        self.weights.append(inputs[0])
+        if integer_kernel and self.saturating and layer.weight.size and \
+                int(np.abs(layer.weight.astype(np.int32)).max()) > SAFE_WEIGHT:
+            self.uint8_weights.append(layer.name)
+            inputs = [e.initializer(e.fresh(f"{layer.name}/weight"), (layer.weight.astype(np.int32) + 128).astype(np.uint8)),
+                      e.constant(scale, np.float32, f"{layer.name}/weight_scale"),
+                      e.constant(np.full(scale.shape, 128), np.uint8, f"{layer.name}/weight_zero_point")]
+        else:
+            inputs = [e.initializer(e.fresh(f"{layer.name}/weight"), layer.weight),
+                      e.constant(scale, np.float32, f"{layer.name}/weight_scale")]  # zero point: 0 by default
+            self.weights.append(inputs[0])
         real = e.fresh(f"{layer.name}/weight/real")
         e.add("DequantizeLinear", inputs, [real], f"{layer.name}/weight/dequantize", axis=axis if scale.ndim else None)
         return real
@@ -223,7 +244,8 @@ def clamp_activation(params: QuantParams, low: int, high: int) -> dict[str, Any]
 def _weighted(w: QdqWriter, layer: Any) -> None:
     geometry = ({"strides": layer.strides, "pads": layer.pads, "dilations": layer.dilations, "groups": layer.groups}
                 if layer.op == "conv" else {})
-    inputs = [w.read(layer.inputs[0]), w.weight(layer, axis=0 if layer.op == "conv" else 1), w.bias(layer)]
+    inputs = [w.read(layer.inputs[0]), w.weight(layer, axis=0 if layer.op == "conv" else 1, integer_kernel=True),
+              w.bias(layer)]
     activation = clamp_activation(layer.output_params(w.qgraph), layer.output_min, layer.output_max)
     w.node(layer.op, layer, inputs, {**geometry, **activation})
 
@@ -252,7 +274,7 @@ def _conv_transpose(w: QdqWriter, layer: Any) -> None:
     e = w.emitter
     onnx_weight = transposed_layout(layer.weight, layer.groups)
     if layer.groups == 1 or len(layer.weight_scale) == 1:
-        weight = w.weight(dataclasses.replace(layer, weight=onnx_weight), axis=1)
+        weight = w.weight(dataclasses.replace(layer, weight=onnx_weight), axis=1, integer_kernel=True)
     else:
         scales = transposed_layout(np.broadcast_to(layer.weight_scale.reshape(-1, *[1] * (layer.weight.ndim - 1)),
                                                    layer.weight.shape), layer.groups)
@@ -417,14 +439,15 @@ def initializer_bytes(model: onnx.ModelProto) -> int:
 
 
 def to_qdq_onnx(qgraph: QGraph, opset: int | None = None, name: str = "dabuild",
-                check: bool = True) -> onnx.ModelProto:
+                check: bool = True, isa: str = "auto") -> onnx.ModelProto:
     """The QGraph as a checked QDQ model with a dynamic batch; BuildError naming layers it cannot write.
 
     QuantizeLinear saturates to its zero point's full type, so activations must be exactly int8 or uint8
     (opset 17 has no narrower or 16-bit types); weights of up to 8 bits are exact in int8. Weights of 4 bits
     or fewer are INT4 initializers at opset 21 (the default opset then); at an opset asked below 21 they stay
     in int8. Blocked weights (blocked_dense) need opset 21 (the default then; a lower one asked is refused).
-    `check=False` skips onnx's checker (for sizing a model nobody runs)."""
+    `check=False` skips onnx's checker (for sizing a model nobody runs). `isa`: the instruction set the model
+    will run on (`auto`: this machine's); where onnxruntime's u8s8 kernels saturate, wide weights are uint8."""
     blocked = [layer.name for layer in qgraph.layers if isinstance(layer, QBlockedDense)]
     if opset is None and (narrow_weights(qgraph) or blocked):
         opset = INT4_OPSET
@@ -436,7 +459,8 @@ def to_qdq_onnx(qgraph: QGraph, opset: int | None = None, name: str = "dabuild",
     missing = [f"{layer.name!r} ({layer.op})" for layer in qgraph.layers if layer.op not in WRITERS]
     if missing:
         raise BuildError(f"onnx export: no QDQ writer for layer {', '.join(missing)}")
-    writer = QdqWriter(qgraph)
+    isa = resolve(isa)
+    writer = QdqWriter(qgraph, saturates(isa))
     if qgraph.takes_indices:  # token ids: read as they come, by the embeddings' Gathers
         writer.integers[qgraph.input] = writer.real[qgraph.input] = qgraph.input
     else:
@@ -457,7 +481,8 @@ def to_qdq_onnx(qgraph: QGraph, opset: int | None = None, name: str = "dabuild",
     model.ir_version = IR_VERSION
     activations = {tensor: writer.integers[tensor] for tensor in tensors
                    if tensor not in qgraph.constants and tensors[tensor].params != INDICES}
-    helper.set_model_props(model, {QUANTIZED_TENSORS: json.dumps(activations, sort_keys=True)})
+    helper.set_model_props(model, {QUANTIZED_TENSORS: json.dumps(activations, sort_keys=True), ISA: isa,
+                                   UINT8_WEIGHTS: json.dumps(writer.uint8_weights)})
     if opset is not None and opset != OPSET:
         try:
             model = version_converter.convert_version(model, opset)

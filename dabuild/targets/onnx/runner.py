@@ -11,21 +11,51 @@ import argparse
 from typing import Any
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 
+PRECISION_MODE = "session.x64quantprecision"  # onnxruntime's: int8 weights as uint8, run in its exact u8u8 kernels
 
-def session(model: str | bytes, threads: int = 1) -> ort.InferenceSession:
+
+def session(model: str | bytes, threads: int = 1, precise: bool = False) -> ort.InferenceSession:
     """A CPU session with `threads` intra-op threads (the latency a single-core deployment sees at 1).
 
     Without onnxruntime's CPU memory arena: the arena keeps the largest batch's buffers for the session's life
     and, across sessions, fragments the heap (a ResNet-50 checked 32 samples a call grew past 2 GB); plain
     allocations go back to malloc as each tensor dies, for the same values (the arena changes no arithmetic).
+
+    `precise`: onnxruntime's x64 precision mode, which computes as a CPU with VNNI does where this one's u8s8
+    kernels would saturate (`dabuild.targets.onnx.isa`).
     """
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     options.enable_cpu_mem_arena = False
+    if precise:
+        options.add_session_config_entry(PRECISION_MODE, "1")
+        model = explicit_zero_points(model)
     return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+
+
+def explicit_zero_points(model: str | bytes) -> bytes:
+    """The model with a zero point of int8 zeros on every per-axis DequantizeLinear of an int8 weight that has
+    none (the same arithmetic: 0 is the default). onnxruntime's precision mode, rewriting such a weight to uint8,
+    gives it a zero point of the wrong shape otherwise and fails."""
+    loaded = onnx.load(model) if isinstance(model, str) else onnx.load_from_string(model)
+    constants = {tensor.name: tensor for tensor in loaded.graph.initializer}
+    for node in loaded.graph.node:
+        if node.op_type != "DequantizeLinear" or len(node.input) != 2:
+            continue
+        weight, scale = constants.get(node.input[0]), constants.get(node.input[1])
+        if weight is None or scale is None or weight.data_type != onnx.TensorProto.INT8 or len(scale.dims) != 1:
+            continue
+        zero_point = f"{node.input[0]}/zero_point"
+        while zero_point in constants:
+            zero_point += "_"
+        constants[zero_point] = weight
+        loaded.graph.initializer.append(onnx.numpy_helper.from_array(np.zeros(scale.dims, np.int8), zero_point))
+        node.input.append(zero_point)
+    return loaded.SerializeToString()
 
 
 def run_session(runner: ort.InferenceSession, inputs: np.ndarray,
@@ -47,8 +77,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("inputs", help="raw float32 (int64 for token ids) values, C order, whole samples")
     parser.add_argument("outputs")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--precise", action="store_true", help="onnxruntime's x64 precision mode (no u8s8 saturation)")
     args = parser.parse_args(argv)
-    runner = session(args.model, args.threads)
+    runner = session(args.model, args.threads, args.precise)
     sample_shape = [int(d) for d in runner.get_inputs()[0].shape[1:]]
     x = np.fromfile(args.inputs, dtype=input_dtype(runner)).reshape(-1, *sample_shape)
     y = runner.run(None, {runner.get_inputs()[0].name: x})[0]

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from dabuild.quant.fixed_point import requantize
+from dabuild.quant.fixed_point import INT32_MAX, requantize
 from dabuild.quant.layers.elementwise import QAdd, QClamp, QLookup, QMul, QPrelu
 from dabuild.targets.c.kernels.registry import Operand, Step, kernel
 from dabuild.targets.c.layout import Storage, Walk, broadcast_strides
@@ -41,22 +41,30 @@ def binary_walk(step: Step) -> Walk:
                                                       "b": broadcast_strides(b.storage, out.shape)})
 
 
-def rescale_table(layer: QAdd, operand: Operand, index: int) -> np.ndarray:
+def rescale_table(layer: QAdd, operand: Operand, index: int, rounding: str) -> np.ndarray:
     """An add input's rescaled term for each of its 256 int8 values: the reference's own arithmetic, run
     once at export, so the C kernel does one table read per input instead of an int64 requantization."""
     values = np.arange(operand.quant.qmin, operand.quant.qmax + 1, dtype=np.int64) - operand.quant.zero_point
-    return requantize(values << layer.left_shift, layer.input_multiplier[index], layer.input_shift[index])
+    return requantize(values << layer.left_shift, layer.input_multiplier[index], layer.input_shift[index],
+                       rounding)
 
 
 @kernel("add", "add")
 @kernel("sub", "add")
 def add(step: Step) -> dict[str, Any]:
+    """`contiguous`, `narrow_sum` and `vector_shift` (every operand one flat run, the two terms' sum within int32,
+    a shift of 33..62) admit the 32-bit requantization, and on Helium four elements per pass."""
     layer: QAdd = step.layer  # type: ignore[assignment]
-    return {"walk": binary_walk(step), "sign": "+" if layer.sign > 0 else "-",
-            "tables": [rescale_table(layer, operand, index) for index, operand in enumerate(step.inputs)],
+    walk = binary_walk(step)
+    tables = [rescale_table(layer, operand, index, step.rounding) for index, operand in enumerate(step.inputs)]
+    shift = int(layer.shift[0])
+    return {"walk": walk, "sign": "+" if layer.sign > 0 else "-", "tables": tables,
             "offsets": [-operand.quant.qmin for operand in step.inputs],
-            "multiplier": int(layer.multiplier[0]), "shift": int(layer.shift[0]),
-            "output_zero_point": step.outputs[0].quant.zero_point}
+            "multiplier": int(layer.multiplier[0]), "shift": shift,
+            "output_zero_point": step.outputs[0].quant.zero_point,
+            "contiguous": len(walk.loops) == 1 and set(walk.loops[0].strides) == {1} and not any(walk.bases),
+            "narrow_sum": sum(int(np.abs(table).max(initial=0)) for table in tables) <= INT32_MAX,
+            "vector_shift": 33 <= shift <= 62 and step.rounding == "dabuild"}
 
 
 @kernel("mul", "mul")

@@ -63,6 +63,7 @@ def _requantization(step: Step, layer: QWeighted, weight_sums: np.ndarray, centr
     return {"bias": bias, "multiplier": layer.multiplier, "shift": layer.shift,
             "narrow_sum": bool(largest.max(initial=0) <= INT32_MAX),
             "high_shift": bool(np.all((np.asarray(layer.shift) >= 32) & (np.asarray(layer.shift) <= 62))),
+            "vector_requantize": step.rounding == "dabuild",  # Helium's four-lane requantization rounds once
             "per_channel": len(layer.multiplier) > 1, "output_zero_point": step.outputs[0].quant.zero_point,
             "output_min": layer.output_min, "output_max": layer.output_max}
 
@@ -300,8 +301,8 @@ def conv_rows(step: Step) -> dict[str, Any]:
     requantization = _requantization(step, layer, 0 * weight_sums if centred else weight_sums, centred)
     shifts = np.asarray(layer.shift)
     # Helium requantizes four outputs at once where the sums fit int32, every shift is 33..62 (see
-    # dabuild_requantize32_mve) and the channels fill whole blocks
-    vector_output = (step.profile.isa == MVE and requantization["narrow_sum"]
+    # dabuild_requantize32_mve, which rounds as dabuild does) and the channels fill whole blocks
+    vector_output = (step.profile.isa == MVE and requantization["narrow_sum"] and step.rounding == "dabuild"
                      and bool(np.all((shifts >= 33) & (shifts <= 62)))
                      and geometry["block_outputs"] == geometry["out_channels"])
     return {**geometry, "input_zero_point": step.inputs[0].quant.zero_point, "isa": step.profile.isa,

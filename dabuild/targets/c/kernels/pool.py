@@ -61,7 +61,9 @@ def avg_pool(step: Step) -> dict[str, Any]:
     counts = OPS.typed("avg_pool", AvgPool).divisors((1, *step.inputs[0].shape), layer.op_attrs).astype(np.int64)
     return {**_pool_window(step), "count_index": counts.ravel() - 1, "multiplier": layer.multiplier,
             "shift": layer.shift, "input_zero_point": step.inputs[0].quant.zero_point,
-            "output_zero_point": step.outputs[0].quant.zero_point}
+            "output_zero_point": step.outputs[0].quant.zero_point,
+            "tflm_division": step.rounding != "dabuild" and step.inputs[0].quant == step.outputs[0].quant
+            and not layer.op_attrs["count_include_pad"]}
 
 
 def reduction_walk(step: Step, axes: list[int], keepdims: bool) -> Walk:
@@ -82,11 +84,13 @@ def mean(step: Step) -> dict[str, Any]:
     layer: QMean = step.layer  # type: ignore[assignment]
     axes = [a - 1 for a in layer.axes]
     count = int(np.prod([step.inputs[0].shape[a] for a in axes]))
+    scales = (step.inputs[0].quant.scale, step.outputs[0].quant.scale)
+    multiplier, shift = layer.requantization(step.rounding, scales, (1, *step.inputs[0].shape))
     return {"walk": reduction_walk(step, axes, layer.keepdims), "outputs": step.outputs[0].size, "count": count,
-            "input_zero_point": step.inputs[0].quant.zero_point, "multiplier": int(layer.multiplier[0]),
-            "shift": int(layer.shift[0]), "output_zero_point": step.outputs[0].quant.zero_point,
+            "input_zero_point": step.inputs[0].quant.zero_point, "multiplier": multiplier,
+            "shift": shift, "output_zero_point": step.outputs[0].quant.zero_point,
             # |sum - count * zp| <= 255 * count fits int32, and a shift of 32..62: the 32-bit requantization
-            "narrow": 255 * count <= INT32_MAX and 32 <= int(layer.shift[0]) <= 62}
+            "narrow": 255 * count <= INT32_MAX and 32 <= shift <= 62}
 
 
 @kernel("reduce_max", "reduce_max", outputs=CANONICAL)

@@ -76,6 +76,7 @@ class Step:
     outputs: list[Operand]
     profile: Profile = PROFILES[HOST]
     constants: dict[str, np.ndarray] = field(default_factory=dict)   # float constants a float layer reads
+    rounding: str = "dabuild"   # the QGraph's requantization rounding (fixed_point.ROUNDINGS)
 
     @property
     def scratch_bytes(self) -> int:

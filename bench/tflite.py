@@ -1,0 +1,109 @@
+"""The committed .tflite models through dabuild, against TFLite Micro's own interpreter (the tflite-micro package).
+
+Per model (tests/tflite_models): the import time (trace and graph passes),
+the file's size and the bytes the C target stores for it on a Cortex-M4
+(weights and requantization constants; dabuild writes no .tflite yet), and,
+for the quantized files, how many output bytes of dabuild's integer reference
+(the file rebuilt as given) differ from TFLM's on the same inputs, with
+dabuild's rounding and with TFLM's (`rounding: tflm`; goal 0), with TFLM's
+arena size (what its RecordingMicroAllocator reports). The C target runs int8
+only, so a 16x8 file shows "(int16)" there. Then each model's 16x8 file
+against its int8 one: SQNR of the rebuilt integer path against the float file
+in LiteRT, and the bytes of the QGraph's integer arrays (int16 activations
+need int64 biases, so 16x8 stores a little more).
+
+Usage: python bench/tflite.py [--samples N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import re
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tests"))
+
+from tflite_runtime import MODELS, given_qgraph, imported, inputs_for, model, run_litert, run_tflm  # noqa: E402
+
+from dabuild.quant.reference import dequantize_output, quantize_input, run_integer  # noqa: E402
+from dabuild.targets.base import Target  # noqa: E402
+from dabuild.targets.c.codegen import stored_bytes  # noqa: E402
+from dabuild.targets.c.profiles import PROFILES  # noqa: E402
+
+
+def tflm_arena(path: Path) -> int:
+    """The arena total TFLM's RecordingMicroAllocator prints to the process's stderr after an invoke (-1: none)."""
+    from tflite_micro.python.tflite_micro import runtime
+
+    interpreter = runtime.Interpreter.from_file(str(path))
+    details = interpreter.get_input_details(0)
+    interpreter.set_input(np.zeros(details["shape"], details["dtype"]), 0)
+    interpreter.invoke()
+    with tempfile.TemporaryFile() as captured:
+        saved = os.dup(2)
+        os.dup2(captured.fileno(), 2)
+        try:
+            interpreter.print_allocations()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        captured.seek(0)
+        found = re.search(rb"Arena allocation total (\d+) bytes", captured.read())
+    return int(found.group(1)) if found else -1
+
+
+def sqnr_db(signal: np.ndarray, approximation: np.ndarray) -> float:
+    noise = np.sum((signal - approximation) ** 2)
+    return float(10 * np.log10(np.sum(signal**2) / noise)) if noise > 0 else float("inf")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--samples", type=int, default=64)
+    args = parser.parse_args()
+    m4 = PROFILES["cortex-m4"]
+    print(f"{'model':<26} {'import ms':>9} {'file B':>7} {'C stores B':>10} {'differ (dabuild)':>16} "
+          f"{'differ (tflm)':>13} {'TFLM arena B':>12}")
+    for path in MODELS:
+        start = time.perf_counter()
+        imported(path)
+        import_ms = 1000 * (time.perf_counter() - start)
+        row = f"{path.stem:<26} {import_ms:>9.1f} {path.stat().st_size:>7}"
+        if path.stem.endswith("_float"):
+            print(row)
+            continue
+        _, qgraph = given_qgraph(path)
+        x = inputs_for(path, args.samples, seed=11)
+        expected = run_tflm(path, qgraph, x)["output"]
+        arena = tflm_arena(path)
+        counts = []
+        for rounding in ("dabuild", "tflm"):
+            ours = run_integer(dataclasses.replace(qgraph, rounding=rounding), quantize_input(qgraph, x))
+            counts.append(f"{int(np.sum(ours.reshape(expected.shape) != expected))}/{expected.size}")
+        c_bytes = stored_bytes(qgraph, m4) if qgraph.output_params.dtype == "int8" else "(int16)"
+        print(f"{row} {c_bytes:>10} {counts[0]:>16} {counts[1]:>13} {arena:>12}")
+    print()
+    print(f"{'model':<14} {'int8 SQNR dB':>12} {'16x8 SQNR dB':>12} {'int8 B':>9} {'16x8 B':>9}")
+    for stem in sorted({path.stem.rsplit('_', 1)[0] for path in MODELS}):
+        if not model(f"{stem}_16x8").exists():
+            continue
+        x = inputs_for(model(f"{stem}_float"), args.samples, seed=11)
+        reference = run_litert(model(f"{stem}_float"), x)
+        figures = []
+        for variant in ("int8", "16x8"):
+            _, qgraph = given_qgraph(model(f"{stem}_{variant}"))
+            ours = dequantize_output(qgraph, run_integer(qgraph, quantize_input(qgraph, x)))
+            figures.append((sqnr_db(reference, ours.reshape(reference.shape)), Target().stored_bytes(qgraph)))
+        print(f"{stem:<14} {figures[0][0]:>12.1f} {figures[1][0]:>12.1f} {figures[0][1]:>9} {figures[1][1]:>9}")
+
+
+if __name__ == "__main__":
+    main()
