@@ -10,8 +10,9 @@ The limits are environment settings, so a user with a bigger machine (or a
 bigger model) raises them without touching a recipe (they do not change what a
 build computes, only whether it starts):
 
-- DABUILD_MEMORY_BUDGET: bytes any one declared array, constant or archive
-  member may take (default: half the machine's memory);
+- DABUILD_MEMORY: the run's memory budget (ir/memory.py cuts batches to it);
+  no one declared array or archive member may pass it (default: half the
+  machine's memory);
 - DABUILD_MAX_NODES: nodes an ONNX graph may hold (default 50,000; real
   models dabuild targets hold hundreds, a large transformer a few thousand);
 - DABUILD_MAX_CONSTANT_ELEMENTS: elements a constant computed while loading
@@ -38,6 +39,8 @@ from dabuild.errors import UsageError
 
 MAX_NPY_HEADER_BYTES = 65_536  # numpy writes headers under 4 KiB and its own reader stops at 10,000
 _RATIO_FLOOR = 16 * 1024**2  # members smaller than this inflate as they like: they cannot hurt
+BUDGET = "DABUILD_MEMORY"
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 _SIZE = re.compile(r"^\s*(\d+)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
 _DESCR = re.compile(r"^[<>|=]?([biufcOUSVmM?])(\d*)$")
 NUMERIC_KINDS = "biuf?"
@@ -55,12 +58,27 @@ def _setting(name: str, default: int) -> int:
 
 
 def memory_budget() -> int:
-    """Bytes one declared array, constant or archive member may take."""
+    """Bytes this run may use: `DABUILD_MEMORY` (a number, with K, M or G: powers of 1024) or half the
+    physical memory. The interpreter cuts batches to it (ir/memory.py); one declared array, constant or
+    archive member may not pass it."""
+    text = os.environ.get(BUDGET, "").strip().upper().removesuffix("B")
+    if not text:
+        return _physical_memory() // 2
+    unit = text[-1] if text[-1] in _UNITS and not text[-1].isdigit() else ""
     try:
-        physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError):  # no sysconf on this system: a laptop's worth
-        physical = 16 * 1024**3
-    return _setting("DABUILD_MEMORY_BUDGET", physical // 2)
+        value = float(text[:len(text) - len(unit)])
+    except ValueError:
+        raise UsageError(f"{BUDGET}={os.environ[BUDGET]!r} is not a size (bytes, or a number with K, M or G)") from None
+    if value <= 0:
+        raise UsageError(f"{BUDGET}={os.environ[BUDGET]!r} must be positive")
+    return int(value * _UNITS[unit])
+
+
+def _physical_memory() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 8 << 30
 
 
 def max_nodes() -> int:
@@ -93,7 +111,7 @@ def check_declared_bytes(where: Path | str, what: str, size: int) -> None:
     budget = memory_budget()
     if size > budget:
         raise UsageError(f"{where}: {what} declares {size:,} bytes ({human(size)}), over the memory budget of "
-                         f"{budget:,} bytes (DABUILD_MEMORY_BUDGET); refused before loading")
+                         f"{budget:,} bytes (DABUILD_MEMORY); refused before loading")
 
 
 def check_zip_members(archive: zipfile.ZipFile, where: Path | str) -> None:
