@@ -52,20 +52,18 @@ def read_vetted(path: Path) -> bytes:
                 raise UsageError(f"{path}: part {member} {problem}; dabuild never unpickles or evaluates "
                                  "code from a model file (re-save the model with torch.export.save from plain "
                                  "tensors and aten ops)")
-    except (zipfile.BadZipFile, OSError, ValueError, KeyError, json.JSONDecodeError) as error:
+    except (zipfile.BadZipFile, OSError, ValueError, KeyError, AttributeError, TypeError) as error:
         raise UsageError(f"{path}: not a readable torch.export archive: {error}") from None
     return data
 
 
 def _problems(archive: zipfile.ZipFile) -> Iterator[tuple[str, str]]:
-    names = archive.namelist()
-    root = names[0].split("/", 1)[0] + "/" if names and "/" in names[0] else ""
-    for name in names:
+    for name in archive.namelist():
         if name.endswith(".pt"):
             yield from _pickle_problem(archive, name)
         elif _UNPICKLED_CONFIGS.search(name):
-            yield from _payload_problems(archive, name, root)
-        elif name.endswith(".json") and "/models/" in f"/{name}":
+            yield from _payload_problems(archive, name)
+        elif name.endswith(".json"):  # models/<name>.json, or the old format's serialized_exported_program.json
             yield from _program_problems(archive, name)
 
 
@@ -81,7 +79,7 @@ def _pickle_problem(archive: zipfile.ZipFile, member: str) -> Iterator[tuple[str
         yield member, "is a pickle that torch.load(weights_only=True) refuses" + (f" ({why})" if why else "")
 
 
-def _payload_problems(archive: zipfile.ZipFile, config_name: str, root: str) -> Iterator[tuple[str, str]]:
+def _payload_problems(archive: zipfile.ZipFile, config_name: str) -> Iterator[tuple[str, str]]:
     folder = config_name.rsplit("/", 1)[0]
     config = json.loads(archive.read(config_name)).get("config", {})
     for fqn, meta in config.items():
