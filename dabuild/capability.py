@@ -128,9 +128,12 @@ class CapabilitySpec(BaseModel):
         """The file this capability was read from (None when built in code)."""
         return self._path
 
-    def runs_float(self, op_type: str) -> bool:
-        """Whether a node of `op_type` may be a float island here."""
-        return self.fp32_fallback and (self.float_ops is None or op_type in self.float_ops)
+    def runs_float(self, op_type: str, activation: str | None = None) -> bool:
+        """Whether a node of `op_type` may be a float island here; with `activation`, the one fused into it (a conv's
+        hard_swish), which the island computes as well, so it needs a float kernel too."""
+        listed = self.float_ops is None or op_type in self.float_ops
+        fused = activation in (None, "none") or self.float_ops is None or activation in self.float_ops
+        return self.fp32_fallback and listed and fused
 
     def for_op(self, op_type: str) -> OpCapability:
         """The choices for `op_type`: its own entry, else `default`."""

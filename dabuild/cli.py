@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 import time
@@ -50,8 +51,13 @@ def _parser() -> argparse.ArgumentParser:
     build = commands.add_parser("build", parents=[common], help="build recipes (the default command)")
     recipes(build)
     build.add_argument("--target", action="append", metavar="NAME", help="build only this target (repeatable)")
-    build.add_argument("-j", "--jobs", type=int, default=1, metavar="N", help="run N independent stages at once")
+    build.add_argument("-j", "--jobs", type=int, default=1, metavar="N",
+                       help="run N independent stages at once, and score tuning trials in N processes")
     build.add_argument("--no-cache", action="store_true", help="neither read nor write the run cache")
+    build.add_argument("--executor", metavar="WHERE",
+                       help="where trials are scored: local (default) or dask://HOST:PORT (also: DABUILD_EXECUTOR)")
+    build.add_argument("--no-push", action="store_true",
+                       help="read the team's remote cache but write nothing to it (also: DABUILD_NO_PUSH=1)")
 
     validate = commands.add_parser("validate", parents=[common], help="check recipes and report every problem")
     recipes(validate)
@@ -67,14 +73,21 @@ def _parser() -> argparse.ArgumentParser:
     init = commands.add_parser("init", parents=[common], help="write a starter project that builds as written")
     init.add_argument("path", nargs="?", type=Path, default=DEFAULT_RECIPE)
     init.add_argument("--force", action="store_true", help="overwrite an existing file")
-    report = commands.add_parser("report", parents=[common], help="print the tuning report (or open it as HTML)")
+    report = commands.add_parser("report", parents=[common],
+                                 help="write the build's report page (report.html) and print the tuning reports")
     recipes(report, many=False)
-    report.add_argument("--open", action="store_true", help="open report.html in the web browser instead")
+    report.add_argument("--open", action="store_true", help="open report.html in the web browser instead of printing")
     cache = commands.add_parser("cache", parents=[common], help="inspect or prune the run cache")
     cache_commands = cache.add_subparsers(dest="cache_command", metavar="ACTION", required=True)
     cache_commands.add_parser("info", parents=[common], help="where the cache is and how big")
     prune = cache_commands.add_parser("prune", parents=[common], help="drop least recently used entries")
     prune.add_argument("--max-size", required=True, metavar="SIZE", help="e.g. 500M, 2G, 0")
+    for action, words in (("push", "upload the entries a build folder holds to the team's remote"),
+                          ("pull", "fetch from the remote only the entries the recipe's targets need"),
+                          ("status", "each stage's entry: in the local cache, in the remote")):
+        synced = cache_commands.add_parser(action, parents=[common], help=words)
+        recipes(synced, many=False)
+        synced.add_argument("--target", action="append", metavar="NAME", help="only this target (repeatable)")
     return parser
 
 
@@ -91,6 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     notices.print_to_stderr()
     try:
         return HANDLERS[args.command](args, progress)
+    except BrokenPipeError:
+        return _reader_gone()
     except DabuildError as error:
         print(f"dabuild: error: {error}" if "\n" not in str(error) else str(error), file=sys.stderr)
         return error.exit_code
@@ -110,6 +125,17 @@ def run() -> None:
 
         os._exit(130)
     sys.exit(code)
+
+
+def _reader_gone() -> int:
+    """The reader of stdout stopped (`dabuild report | head`): nothing more to say, and no traceback when Python
+    flushes stdout at exit; the command did what it was asked, so 0."""
+    import os
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 0
 
 
 def _interrupted() -> int:
@@ -173,14 +199,19 @@ def _load_recipes(args: argparse.Namespace) -> list:
 
 
 def _build(args: argparse.Namespace, progress: Progress) -> int:
+    from dabuild.tune.executors import EXECUTOR_ENV, dask_address
+
     start = time.monotonic()
+    cluster = dask_address(args.executor or os.environ.get(EXECUTOR_ENV))  # a bad address: exit 2 at once
     targets = tuple(args.target) if args.target else None
     if _nothing_to_do(args, targets, start):
         return 0
     from dabuild.pipeline.build import BuildOptions, build
 
     options = BuildOptions(
-        build_root=args.build_dir, targets=targets, jobs=max(1, args.jobs), use_cache=not args.no_cache
+        build_root=args.build_dir, targets=targets, jobs=max(1, args.jobs), use_cache=not args.no_cache,
+        push=not args.no_push,
+        cluster=cluster,
     )
     for recipe in _load_recipes(args):
         start = time.monotonic()
@@ -203,11 +234,18 @@ def _nothing_to_do(args: argparse.Namespace, targets: tuple[str, ...] | None, st
     return True
 
 
+def remote_count(counts: dict[str, int]) -> str:
+    """`N restored from the remote, ` where a remote served this build, else nothing."""
+    restored = counts.get("restored from the remote", 0)
+    return f"{restored} restored from the remote, " if restored else ""
+
+
 def _print_summary(summary: dict, elapsed: float) -> None:
     counts = summary["counts"]
     print(
         f"{summary['recipe']}: {sum(counts.values())} stages: {counts['executed']} executed, "
-        f"{counts['restored from cache']} restored from cache, {counts['up to date']} up to date "
+        f"{counts['restored from cache']} restored from cache, "
+        f"{remote_count(counts)}{counts['up to date']} up to date "
         f"({elapsed:.2f}s)"
     )
     for stage, metrics in summary["metrics"].items():
@@ -234,8 +272,24 @@ def _print_summary(summary: dict, elapsed: float) -> None:
 
 
 def _validate(args: argparse.Namespace, progress: Progress) -> int:
+    """The recipe and its files, and the data against the model's inputs where they are known without tracing
+    (an .onnx file's, or `model.inputs`); what needs the traced model is said, and the build checks it."""
+    from dabuild.errors import ValidationError
+    from dabuild.pipeline.preflight import check_data_untraced
+
+    problems = []
     for recipe in _load_recipes(args):
-        progress.info(f"{recipe.path}: ok ({len(recipe.targets)} target(s))")
+        try:
+            checked = check_data_untraced(recipe)
+        except ValidationError as error:
+            problems.extend(error.diagnostics)
+            continue
+        data = ("data checked against the model's inputs" if checked else
+                "the data's input names and shapes need the traced model: `dabuild build` checks them first")
+        progress.info(f"{recipe.path}: ok ({len(recipe.targets)} target(s); {data}; labels and tuning.space "
+                      "node names are checked after tracing)")
+    if problems:
+        raise ValidationError(problems)
     return 0
 
 
@@ -325,8 +379,9 @@ def _init(args: argparse.Namespace, progress: Progress) -> int:
     result = subprocess.run([sys.executable, "make_data.py"], check=False, cwd=folder, capture_output=True, text=True)
     if result.returncode:
         raise BuildError(f"{folder / 'make_data.py'} failed: {result.stderr.strip()}")
+    build = "dabuild build" if folder.resolve() == Path.cwd().resolve() else f"cd {folder} && dabuild build"
     progress.info(f"wrote {', '.join(str(target) for target in files)}, data.npz and weights.npz; "
-                  f"run `dabuild build {folder}`")
+                  f"run `{build}` (the build goes to {folder / 'build'})")
     return 0
 
 
@@ -345,6 +400,8 @@ def parse_size(text: str) -> int:
 def _cache(args: argparse.Namespace, progress: Progress) -> int:
     from dabuild.pipeline.store import Store
 
+    if args.cache_command in ("push", "pull", "status"):
+        return _cache_sync(args, progress)
     store = Store()
     if args.cache_command == "info":
         for info in store.infos():
@@ -356,13 +413,42 @@ def _cache(args: argparse.Namespace, progress: Progress) -> int:
     return 0
 
 
+def _cache_sync(args: argparse.Namespace, progress: Progress) -> int:
+    from dabuild.pipeline import sync
+    from dabuild.pipeline.build import open_store, stages_for, workspace_for
+
+    recipe = _load_recipes(args)[0]
+    stages, _ = stages_for(recipe, tuple(args.target) if args.target else None)
+    store = open_store(recipe.path.parent)
+    if store.remote is None:
+        raise UsageError("no remote cache is configured (DABUILD_REMOTE, dabuild-cache.yaml, or the user's "
+                         "cache.yaml) with a team key (DABUILD_CACHE_KEY or key_file)")
+    where = f"{store.remote.url} ({store.remote.settings.source})"
+    if args.cache_command == "push":
+        if not store.remote.settings.push:
+            raise UsageError(f"the remote {where} is read-only for this user (push: false or DABUILD_NO_PUSH)")
+        pushed, missing = sync.push(stages, workspace_for(recipe, args.build_dir), store)
+        print(f"{recipe.name}: {pushed} entries in {where} ({human_size(store.remote.bytes_pushed)} uploaded), "
+              f"{missing} stages without a built entry")
+    else:
+        states = sync.walk(stages, store, pull=args.cache_command == "pull")
+        for state in states:
+            print(f"  {state.stage:<24} local {'yes' if state.local else 'no ':<4} remote "
+                  f"{'yes' if state.remote else 'no' if state.key else 'unknown (an input is in neither)'}")
+        print(f"{recipe.name}: {sum(s.local for s in states)} of {len(states)} stages in the local cache, "
+              f"{sum(s.remote for s in states)} in {where}; {human_size(store.remote.bytes_pulled)} downloaded")
+    return 1 if store.remote.failed else 0
+
+
 _ENTRY_WORDS = {"run cache": "entries", "trial store": "contexts", "compiled kernels": "libraries"}
 
 
 def _report(args: argparse.Namespace, progress: Progress) -> int:
-    """The tune stages' reports of the last build, found through its build.json."""
+    """The tune stages' reports of the last build, found through its build.json, printed; and the build-level
+    page written beside build.json (opened with --open)."""
     import webbrowser
 
+    from dabuild.build_report import write_page
     from dabuild.pipeline.build import workspace_for
 
     [recipe] = _load_recipes(args)
@@ -375,11 +461,13 @@ def _report(args: argparse.Namespace, progress: Progress) -> int:
     missing = [str(folder) for folder in reports if not (folder / "report.md").is_file()]
     if not reports or missing:
         raise UsageError(f"{recipe.name}: no tuning report in {', '.join(missing) or workspace.build_dir}; rebuild")
+    page = write_page(workspace.build_dir)
+    progress.info(f"wrote {page}")
+    if args.open:
+        webbrowser.open(page.resolve().as_uri())
+        return 0
     for folder in reports:
-        if args.open:
-            webbrowser.open((folder / "report.html").resolve().as_uri())
-        else:
-            print((folder / "report.md").read_text(), end="")
+        print((folder / "report.md").read_text(), end="")
     return 0
 
 

@@ -398,6 +398,9 @@ class TuningSpec(BaseModel):
     _check_strategy = field_validator("strategy")(_plugin_name(plugins.STRATEGIES))
 
 
+DEFAULT_CHECK_SAMPLES = 256  # check_io.samples when a recipe names none
+
+
 class CheckIO(BaseModel):
     """How an artifact's outputs are compared with dabuild's reference."""
 
@@ -406,7 +409,10 @@ class CheckIO(BaseModel):
     tolerance: Tolerance | None = Field(
         default=None, description="Tolerance level as tract defines them (default: the target's own)."
     )
-    samples: PositiveInt | None = Field(default=None, description="Evaluation rows to check (default: all).")
+    samples: PositiveInt | Literal["all"] = Field(
+        default=DEFAULT_CHECK_SAMPLES,
+        description=f"Evaluation rows to check: the first N (default {DEFAULT_CHECK_SAMPLES}, enough to prove an "
+        "artifact's kernels on every layer while an emulated core checks in seconds), or `all`.")
 
 
 class TargetSpec(BaseModel):

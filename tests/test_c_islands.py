@@ -297,6 +297,26 @@ def test_tuning_never_makes_an_op_without_a_float_kernel_fp32() -> None:
         build_space(graph, C, {"op_type": {"elu": {"activation": {"dtype": ["fp32"]}}}})
 
 
+def test_tuning_never_makes_a_conv_with_a_fused_activation_without_a_float_kernel_fp32(tmp_path: Path) -> None:
+    """A conv whose fused hard_swish has no C float kernel is offered integer choices only (an island of it would
+    be refused at export, as the second half shows); the conv with a fused relu keeps its fp32 choice."""
+    from dabuild.tune.space import FP32, build_space
+
+    cnn = island_cnn()
+    nodes = [Node(n.name, n.op, n.inputs, n.outputs, {**n.attrs, "activation": "hard_swish", "activation_attrs": {}})
+             if n.name == "depthwise" else n for n in cnn.nodes]
+    graph = Graph(cnn.inputs, cnn.outputs, nodes, cnn.constants)
+    assert C.runs_float("conv") and not C.runs_float("conv", "hard_swish") and C.runs_float("conv", "relu")
+    space = build_space(graph, C)
+    assert FP32 not in space.nodes["depthwise"].candidates and len(space.nodes["depthwise"].candidates) > 0
+    assert FP32 in space.nodes["conv1"].candidates
+    with pytest.raises(BuildError, match=r"op_name\.depthwise\.activation\.dtype: .*runs no float island of op "
+                                         r"'conv' with its fused hard_swish"):
+        build_space(graph, C, {"op_name": {"depthwise": {"activation": {"dtype": ["fp32"]}}}})
+    with pytest.raises(BuildError, match=r"layer 'depthwise'.*its fused hard_swish has no float kernel"):
+        exported(with_islands(["depthwise"], graph), tmp_path, "host")
+
+
 @pytest.mark.parametrize("cpu", ["host", "cortex-m3"])
 def test_tuning_offers_islands_only_where_the_core_runs_them(digits: Path, cpu: str) -> None:
     """The c capability runs float islands, but not on a core without an FPU: the tune stage of a recipe

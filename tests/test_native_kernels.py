@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import hashlib
 import os
 import shutil
 import subprocess
@@ -375,3 +376,32 @@ def test_max_pool_of_a_conv_output_matches_numpy_bit_for_bit(monkeypatch: pytest
 
 def channels_last_memory(y: np.ndarray) -> bool:
     return y.transpose(0, 2, 3, 1).flags.c_contiguous
+
+
+def test_a_shared_kernel_cache_loads_only_libraries_the_team_key_signed(monkeypatch: pytest.MonkeyPatch,
+                                                                        tmp_path: Path) -> None:
+    cache = tmp_path / "kernels"
+    cache.mkdir()
+    cache.chmod(0o777)  # world-writable: anyone could put a library there
+    monkeypatch.setenv(compiling.KERNEL_CACHE, str(cache))
+    monkeypatch.delenv("DABUILD_CACHE_KEY", raising=False)
+    compiler = shutil.which(native.COMPILER) or ""
+    with notices.collect() as warned:
+        library, scratch = compiling.build(compiler, "v", tiny_sources())
+    assert scratch is not None and library.is_relative_to(scratch) and list(cache.iterdir()) == []
+    assert len(warned) == 1 and "no team key" in warned[0]
+    shutil.rmtree(scratch)
+    monkeypatch.setenv("DABUILD_CACHE_KEY", "a-team-key-of-32-characters-xyz!")
+    library, scratch = compiling.build(compiler, "v", tiny_sources())
+    assert scratch is None and library.parent == cache and compiling.signature_of(library).is_file()
+    # someone swaps in their own library, named with its own hash, and drops ours
+    swapped = b"not the library dabuild compiled"
+    impostor = cache / f"{library.name.split('.')[0]}.{hashlib.sha256(swapped).hexdigest()}.so"
+    impostor.write_bytes(swapped)
+    good = library.read_bytes()
+    library.unlink()
+    compiling.signature_of(library).unlink()
+    with notices.collect() as warned:
+        loaded, _ = compiling.build(compiler, "v", tiny_sources())
+    assert loaded != impostor and loaded.read_bytes() == good  # compiled again; the impostor is never loaded
+    assert any("not signed by the team key" in w and impostor.name in w for w in warned), warned

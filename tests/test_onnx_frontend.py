@@ -468,3 +468,34 @@ def test_a_float64_model_is_refused_not_computed_in_float32() -> None:
                                                  to=TensorProto.FLOAT))
     with pytest.raises(UsageError, match="a cast of run-time tensors to float64"):
         trace_model(narrow)
+
+
+def test_nodes_of_a_torch_export_are_named_by_module_path() -> None:
+    """torch.onnx's exporter records each node's module scopes (`pkg.torch.onnx.name_scopes`, with the module
+    classes beside them): dabuild names the nodes as the torch frontend would (`features.0`, an nn.Sequential
+    child of the root as `linear_2`), not by the exporter's `node_Conv_236`; a node named by no scope keeps its
+    own name as it is (no `_1` appended)."""
+    rng = np.random.default_rng(0)
+
+    def scoped(node: Any, scopes: list[str], classes: list[str]) -> Any:
+        helper.set_metadata_props(node, {"pkg.torch.onnx.name_scopes": repr(scopes),
+                                         "pkg.torch.onnx.class_hierarchy": repr(classes)})
+        return node
+
+    nodes = [
+        scoped(helper.make_node("Gemm", ["x", "w1", "b1"], ["gemm"], name="node_Gemm_236", transB=1),
+               ["", "features", "features.0", "linear"], ["Net", "torch.nn.Sequential", "torch.nn.Linear", "aten.linear"]),
+        scoped(helper.make_node("Relu", ["gemm"], ["relu"], name="node_Relu_237"),
+               ["", "features", "features.1", "relu"], ["Net", "torch.nn.Sequential", "torch.nn.ReLU", "aten.relu"]),
+        scoped(helper.make_node("Gemm", ["relu", "w2", "b2"], ["gemm_1"], name="node_Gemm_238", transB=1),
+               ["", "2", "linear_1"], ["torch.nn.Sequential", "torch.nn.modules.linear.Linear", "aten.linear"]),
+        helper.make_node("Relu", ["gemm_1"], ["y"], name="last_relu"),
+    ]
+    weights = {"w1": rng.normal(size=(8, 4)), "b1": rng.normal(size=8), "w2": rng.normal(size=(3, 8)),
+               "b2": rng.normal(size=3)}
+    graph = helper.make_graph(nodes, "scoped", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 3])],
+                              [numpy_helper.from_array(np.asarray(v, np.float32), k) for k, v in weights.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    traced = trace_model(model)
+    assert [node.name for node in traced.nodes] == ["features.0", "features.1", "linear_2", "last_relu"]

@@ -103,7 +103,7 @@ def weight_integers(model: onnx.ModelProto, name: str, isa: str) -> np.ndarray:
 
 
 def test_digits_recipe_builds_and_checks_the_onnx_target(digits: Path, tmp_path: Path, cache_dir: Path) -> None:
-    (digits / "recipe.yaml").write_text((digits / "recipe.yaml").read_text() + "  - {name: ort, kind: onnx}\n")
+    (digits / "recipe.yaml").write_text((digits / "recipe.yaml").read_text() + "  - {name: ort, kind: onnx, check_io: {samples: all}}\n")
     summary = build(digits, tmp_path / "build", "-j", "2")
     assert {"tune:onnxruntime", "export:ort", "check:ort", "check:mcu"} <= executed(summary)
     check = summary["checks"]["ort"]

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from dabuild.cli import main
@@ -50,6 +53,7 @@ def test_cold_build_then_noop(digits: Path, tmp_path: Path, cache_dir: Path) -> 
     metrics = first["metrics"]["tune:c"]
     assert metrics["fp32"] > 0.9 and metrics["quantized"] > 0.9
     assert (tmp_path / "build" / "digits-mlp" / "report" / "c" / "report.md").is_file()
+    assert set(first["seconds"]) == ALL_STAGES and all(first["seconds"][stage] > 0 for stage in ALL_STAGES)
     second = build(digits, tmp_path / "build")
     assert executed(second) == set() and restored(second) == set()
     assert set(second["outcomes"].values()) == {"up to date"}
@@ -173,14 +177,23 @@ def test_clean_removes_the_build_folder(digits: Path, tmp_path: Path, cache_dir:
     assert restored(summary) == ALL_STAGES
 
 
-def test_init_writes_a_project_that_builds_as_written(tmp_path: Path, cache_dir: Path) -> None:
+def test_init_writes_a_project_that_builds_as_written(tmp_path: Path, cache_dir: Path,
+                                                      capsys: pytest.CaptureFixture[str],
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """`dabuild init DIR` says to build from DIR, so the build folder lands in DIR, not where init ran."""
     project = tmp_path / "project"
-    assert main(["init", str(project), "-q"]) == 0
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert main(["init", str(project)]) == 0
+    assert f"run `cd {project} && dabuild build` (the build goes to {project / 'build'})" in capsys.readouterr().err
     assert {p.name for p in project.iterdir()} >= {"recipe.yaml", "model.py", "make_data.py", "data.npz",
                                                    "weights.npz"}
     assert main(["init", str(project), "-q"]) == 2  # refuses to overwrite
-    assert main(["build", str(project), "--build-dir", str(tmp_path / "build"), "-q"]) == 0
-    summary = json.loads((tmp_path / "build" / "my-model" / "build.json").read_text())
+    monkeypatch.chdir(project)
+    assert main(["build", "-q"]) == 0
+    assert list(elsewhere.iterdir()) == []
+    summary = json.loads((project / "build" / "my-model" / "build.json").read_text())
     assert summary["checks"]["mcu"]["ok"] and summary["metrics"]["tune:c"]["goal_met"]
     assert summary["metrics"]["tune:c"]["fp32"] > 0.9
 
@@ -299,3 +312,40 @@ def test_switching_the_native_kernels_off_reruns_the_stages_that_use_the_interpr
     monkeypatch.delenv("DABUILD_NATIVE_KERNELS")
     expected = set() if native_backend() == "numpy" else {"calibrate", "tune:c"}
     assert expected <= rerun and rerun <= {"calibrate", "tune:c", "export:mcu", "check:mcu"}
+
+
+def test_goal_change_that_keeps_the_chosen_graph_reruns_tune_only(
+    digits: Path, tmp_path: Path, cache_dir: Path
+) -> None:
+    """Early cutoff: tune runs again (its goal changed) but writes the same quantized graph, so the export and
+    check keyed on that graph's digest stay up to date, though tune's report and metrics changed."""
+    first = build(digits, tmp_path / "build")
+    edit(digits, "tolerable_loss: 0.01", "tolerable_loss: 0.02")
+    second = build(digits, tmp_path / "build")
+    assert second["metrics"]["tune:c"]["config_hash"] == first["metrics"]["tune:c"]["config_hash"]
+    assert second["metrics"]["tune:c"]["threshold"] != first["metrics"]["tune:c"]["threshold"]
+    assert executed(second) == {"tune:c"}
+    assert set(second["outcomes"].values()) == {"executed", "up to date"}
+
+
+def test_checks_run_the_default_sample_count_and_all_on_request(digits: Path, tmp_path: Path, cache_dir: Path) -> None:
+    from dabuild.recipe import DEFAULT_CHECK_SAMPLES
+
+    evaluation_rows = len(np.load(digits / "data.npz")["x_test"])
+    assert evaluation_rows > DEFAULT_CHECK_SAMPLES
+    first = build(digits, tmp_path / "build")
+    assert first["checks"]["mcu"]["samples"] == DEFAULT_CHECK_SAMPLES
+    edit(digits, "check_io: {tolerance: exact}", "check_io: {tolerance: exact, samples: all}")
+    every = build(digits, tmp_path / "build")
+    assert executed(every) == {"check:mcu"} and every["checks"]["mcu"]["samples"] == evaluation_rows
+
+
+def test_report_into_a_closed_pipe_ends_without_a_traceback(digits: Path, tmp_path: Path, cache_dir: Path) -> None:
+    """`dabuild report | head`: the reader goes away before the report is written; dabuild stops quietly."""
+    build(digits, tmp_path / "build")
+    command = [sys.executable, "-m", "dabuild", "report", str(digits), "--build-dir", str(tmp_path / "build"), "-q"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert process.stdout is not None and process.stderr is not None
+    process.stdout.close()  # before dabuild writes anything: every write meets a closed pipe
+    errors = process.stderr.read().decode()
+    assert process.wait(timeout=120) == 0 and errors == ""

@@ -226,6 +226,17 @@ def test_conv_bn_relu_pool_flatten_linear() -> None:
     assert {"conv", "max_pool", "global_avg_pool", "dense"} <= ops(graph)
 
 
+def test_nodes_are_named_by_their_module_path() -> None:
+    """Node names are the modules' paths (what a user reads in the model's code and in tuning.space.op_name),
+    an nn.Sequential's numbered children prefixed with their class; the folded batch norm leaves its conv's."""
+    graph = optimize(trace_model(randomize(ConvNet()), inputs={"x": [2, 3, 16, 16]}))
+    names = {node.name: node.op for node in graph.nodes}
+    assert names["features.0"] == "conv" and names["features.4"] == "conv" and names["head"] == "dense"
+    assert names["features.3"] == "max_pool" and names["pool"] == "global_avg_pool"
+    mlp = trace_model(nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10)), inputs={"x": [1, 64]})
+    assert [node.name for node in mlp.nodes] == ["linear_0", "relu_1", "linear_2"]
+
+
 def test_residual_block() -> None:
     graph = assert_matches_torch(randomize(Residual()), {"x": [1, 4, 8, 8]})
     assert {"conv", "add"} <= ops(graph)

@@ -19,10 +19,13 @@ from dabuild.pipeline.execute import Outcome, Session, Workspace, write_failure
 from dabuild.pipeline.lock import BuildLock
 from dabuild.pipeline.plan import Stage, plan
 from dabuild.pipeline.preflight import preflight, refuse_unbuildable
+from dabuild.pipeline.remote import Remote
+from dabuild.pipeline.remote_settings import load_settings
 from dabuild.pipeline.stages import stage_functions
 from dabuild.pipeline.store import Store
 from dabuild.progress import Progress
 from dabuild.recipe import Recipe
+from dabuild.trust import key_from
 
 
 @dataclass(frozen=True)
@@ -31,6 +34,8 @@ class BuildOptions:
     targets: tuple[str, ...] | None = None
     jobs: int = 1
     use_cache: bool = True
+    push: bool = True  # to the team's remote cache, where one is configured (--no-push: read it only)
+    cluster: str | None = None  # a Dask scheduler's address: trials are scored on its workers
 
 
 @dataclass(frozen=True)
@@ -42,6 +47,7 @@ class BuildSummary:
     metrics: dict[str, Any]
     checks: dict[str, Any]
     warnings: tuple[str, ...] = ()
+    seconds: dict[str, float] | None = None  # each stage's wall time in this build (0 where doit skipped it)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -52,6 +58,7 @@ class BuildSummary:
             "metrics": self.metrics,
             "checks": self.checks,
             "warnings": list(self.warnings),
+            "seconds": self.seconds or {},
         }
 
 
@@ -98,11 +105,12 @@ def _build_locked(recipe: Recipe, options: BuildOptions, progress: Progress, sta
         stamp.remove(stamp_file)
         workspace.clear_leftovers()
         _drop_unreadable_doit_db(workspace, progress)
-        store = Store() if options.use_cache else None
+        store = open_store(recipe.path.parent, options.push) if options.use_cache else None
         session = Session(
             workspace,
             store,
-            stage_functions(options.jobs, store.trials_root if store else None),
+            stage_functions(options.jobs, store.trials_root if store else None, options.cluster,
+                            store.remote if store else None),
             progress,
         )
         traced = [stage for stage in stages if stage.kind == "trace"]
@@ -114,11 +122,32 @@ def _build_locked(recipe: Recipe, options: BuildOptions, progress: Progress, sta
         _raise_first_failure(result)
         summary = _summarise(recipe, workspace, stages, session, warned)
         _link_reports(workspace, stages)
-        (workspace.build_dir / "build.json").write_text(json.dumps(summary.to_json(), indent=2) + "\n")
+        report = summary.to_json()
+        if store is not None and store.remote is not None:  # what the team's remote cost this build
+            report["remote"] = {"url": store.remote.url, "bytes_pulled": store.remote.bytes_pulled,
+                                "bytes_pushed": store.remote.bytes_pushed}
+        (workspace.build_dir / "build.json").write_text(json.dumps(report, indent=2) + "\n")
         if not warned:  # a build that warned is not taken as a no-op next time: its warnings show again
             stamp.write(stamp_file, _files_read(recipe, stages, capabilities), _files_written(workspace, stages),
                         summary.to_json())
     return summary
+
+
+def open_store(project: Path, push: bool = True) -> Store:
+    """The local store, with the team key and the remote the configuration names (pipeline/remote_settings.py)."""
+    settings = load_settings(project, no_push=not push)
+    try:
+        key = key_from(settings.key_file if settings else None)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    remote = None
+    if settings is not None:
+        if key is None:
+            notices.warn(f"remote {settings.url} ({settings.source}): no team key ($DABUILD_CACHE_KEY or key_file): "
+                         "a shared cache serves only signed entries, so the remote is not used")
+        else:
+            remote = Remote(settings, key)
+    return Store(key=key, remote=remote)
 
 
 def _link_reports(workspace: Workspace, stages: list[Stage]) -> None:
@@ -193,7 +222,9 @@ def _raise_first_failure(result: RunResult) -> None:
 
 def _summarise(recipe: Recipe, workspace: Workspace, stages: list[Stage], session: Session,
                warned: list[str]) -> BuildSummary:
-    outcomes = {s.name: session.outcomes.get(s.name, (Outcome.UP_TO_DATE, 0.0))[0].value for s in stages}
+    ran = {s.name: session.outcomes.get(s.name, (Outcome.UP_TO_DATE, 0.0)) for s in stages}
+    outcomes = {name: outcome.value for name, (outcome, _) in ran.items()}
+    seconds = {name: round(elapsed, 3) for name, (_, elapsed) in ran.items()}
     counts = {o.value: sum(1 for v in outcomes.values() if v == o.value) for o in Outcome}
     metrics: dict[str, Any] = {}
     checks: dict[str, Any] = {}
@@ -205,7 +236,7 @@ def _summarise(recipe: Recipe, workspace: Workspace, stages: list[Stage], sessio
             assert stage.target is not None  # every check stage belongs to a target
             checks[stage.target] = _read_json(folder / "report.json")
             checks[stage.target]["artifact"] = str(workspace.stage_dir(f"export:{stage.target}"))
-    return BuildSummary(recipe.name, workspace.build_dir, outcomes, counts, metrics, checks, tuple(warned))
+    return BuildSummary(recipe.name, workspace.build_dir, outcomes, counts, metrics, checks, tuple(warned), seconds)
 
 
 def _read_json(path: Path) -> dict[str, Any]:

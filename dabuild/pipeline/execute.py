@@ -2,6 +2,7 @@
 
 For a stage: compute its key from the manifests of its inputs; if the folder in
 place already carries that key, nothing to do; if the store has it, restore it;
+if the team's remote has it, fetch it;
 otherwise run the stage function into a temporary folder, record a manifest,
 store it, and rename the folder into place. The outputs a later build accepts
 are therefore always complete: an interrupted stage leaves only a temporary
@@ -24,7 +25,7 @@ from pathlib import Path
 from dabuild.errors import BuildError
 from dabuild.ir.memory import release_free_memory
 from dabuild.pipeline.manifest import Manifest
-from dabuild.pipeline.plan import Stage, cache_key, key_parts
+from dabuild.pipeline.plan import Stage, cache_key, input_digests, key_parts
 from dabuild.pipeline.store import Store
 from dabuild.progress import Progress, human_size
 
@@ -32,6 +33,7 @@ from dabuild.progress import Progress, human_size
 class Outcome(enum.Enum):
     EXECUTED = "executed"
     RESTORED = "restored from cache"
+    RESTORED_REMOTE = "restored from the remote"
     UP_TO_DATE = "up to date"
 
 
@@ -120,7 +122,7 @@ class Session:
 
     def _run_in_place(self, stage: Stage) -> Outcome:
         inputs = self.input_manifests(stage)
-        parts = key_parts(stage, {role: m.digest for role, m in inputs.items()})
+        parts = key_parts(stage, input_digests(stage, inputs))
         key = cache_key(parts)
         final = self.workspace.stage_dir(stage.name)
         current = Manifest.read(final)
@@ -129,13 +131,15 @@ class Session:
         tmp = self.workspace.new_tmp(stage)
         try:
             if self.store is not None:
-                restored = self.store.restore(key, tmp)
-                if restored is not None:
-                    restored.write(tmp)
-                    self.workspace.publish(tmp, stage)
-                    return Outcome.RESTORED
-                shutil.rmtree(tmp)
-                tmp.mkdir()
+                for fetch, outcome in ((self.store.restore, Outcome.RESTORED),
+                                       (self.store.restore_remote, Outcome.RESTORED_REMOTE)):
+                    restored = fetch(key, tmp)
+                    if restored is not None:
+                        restored.write(tmp)
+                        self.workspace.publish(tmp, stage)
+                        return outcome
+                    shutil.rmtree(tmp)
+                    tmp.mkdir()
             self.functions[stage.kind](
                 StageRun(
                     stage,

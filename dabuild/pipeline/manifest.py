@@ -30,6 +30,13 @@ class Manifest:
         """Identity of the outputs' content: what downstream keys depend on."""
         return hash_value(self.files)
 
+    def digest_of(self, folder: str | None) -> str:
+        """Identity of the files below `folder` (a relative path; None: of all the outputs)."""
+        if folder is None:
+            return self.digest
+        prefix = folder.rstrip("/") + "/"
+        return hash_value({name[len(prefix):]: info for name, info in self.files.items() if name.startswith(prefix)})
+
     @classmethod
     def of_folder(cls, folder: Path, stage: str, key: str, parts: dict[str, Any]) -> Manifest:
         return cls(stage, key, hash_tree(folder, exclude=frozenset({MANIFEST})), parts)

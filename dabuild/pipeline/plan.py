@@ -19,6 +19,7 @@ from dabuild.pipeline.hashing import canonical_json, hash_file, hash_value
 
 if TYPE_CHECKING:
     from dabuild.capability import CapabilitySpec
+    from dabuild.pipeline.manifest import Manifest
     from dabuild.recipe import Recipe, TargetSpec
 
 
@@ -28,6 +29,7 @@ class Stage:
     kind: str                              # trace, calibrate, tune, export or check
     config: dict[str, Any]                 # the recipe part it reads, canonical JSON-able
     inputs: dict[str, str] = field(default_factory=dict)   # role -> upstream stage name
+    input_folders: dict[str, str] = field(default_factory=dict)  # role -> the one subfolder of that input it reads
     files: dict[str, Path] = field(default_factory=dict)   # role -> user file read by the stage
     packages: tuple[str, ...] = ()         # external packages whose versions enter the key
     tools: Callable[[], dict[str, str]] | None = None      # versions of external programs (compilers, simulators)
@@ -68,6 +70,14 @@ def watched_parts(stage: Stage) -> dict[str, Any]:
     }
 
 
+def input_digests(stage: Stage, manifests: dict[str, Manifest]) -> dict[str, str]:
+    """The identity of what the stage reads of each input (by role): the whole upstream output, or only the
+    subfolder `input_folders` names. Early cutoff, as Bazel and Shake have it: export keys on the tune stage's
+    `qgraph/` alone, so a tune that ran again and chose the same graph (its report and metrics changed) leaves
+    every export and check up to date."""
+    return {role: manifest.digest_of(stage.input_folders.get(role)) for role, manifest in manifests.items()}
+
+
 def key_parts(stage: Stage, input_digests: dict[str, str]) -> dict[str, Any]:
     """Everything the stage's outputs depend on; the cache key is its hash."""
     return {
@@ -90,6 +100,7 @@ def plan(recipe: Recipe, capabilities: dict[str, CapabilitySpec], targets: list[
         model_files["weights"] = model.weights
     for index, extra in enumerate(model.depends):
         model_files[f"depends{index}"] = extra
+    model_files.update(_side_files(recipe))
     hooks = _trace_hooks(recipe)
     stages = [
         Stage(
@@ -126,6 +137,26 @@ def plan(recipe: Recipe, capabilities: dict[str, CapabilitySpec], targets: list[
             stages.append(tune_stage_of(recipe, capabilities[capability], target))
         stages.extend(_target_stages(recipe, target, capability))
     return stages
+
+
+def _side_files(recipe: Recipe) -> dict[str, Path]:
+    """The files tracing reads besides those the recipe names, as the frontend finds them in the model itself:
+    ONNX external data, the modules a model's .py file imports from its folder. Each enters the trace key by
+    content under its name relative to the model, so changing one traces again (a stale build otherwise)."""
+    from dabuild.trace.base import python_imports
+
+    model_file = _source_file(recipe)
+    if model_file is None:
+        return {}
+    if model_file.suffix == ".py":
+        found = python_imports(model_file)
+    else:
+        from dabuild.plugins import TRACERS, load
+
+        framework = _framework(recipe)
+        found = load(TRACERS, framework).side_files(model_file) if framework else []
+    return {f"side:{path.relative_to(model_file.parent).as_posix()}": path for path in found
+            if path.is_file() and path.resolve().is_relative_to(model_file.parent.resolve())}
 
 
 def _trace_hooks(recipe: Recipe) -> list[dict[str, Any]]:
@@ -296,6 +327,7 @@ def _target_stages(recipe: Recipe, target: TargetSpec, capability: str) -> list[
         "export",
         {"kind": target.kind, "options": options},
         inputs={"qgraph": f"tune:{capability}"},
+        input_folders={"qgraph": "qgraph"},
         packages=target_class.packages,
         tools=lambda: instance().export_tools(),
         programs=lambda: instance().export_programs(),
@@ -314,6 +346,7 @@ def _target_stages(recipe: Recipe, target: TargetSpec, capability: str) -> list[
             "metric": recipe.data.metric,
         },
         inputs={"qgraph": f"tune:{capability}", "artifact": export.name},
+        input_folders={"qgraph": "qgraph"},
         files={"evaluation": evaluation.source, **_metric_file(recipe)},
         packages=("numpy", *target_class.packages),
         tools=lambda: instance().runtime_version(),

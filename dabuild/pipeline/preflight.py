@@ -18,7 +18,7 @@ import numpy as np
 
 from dabuild.data import read_array
 from dabuild.errors import BuildError, Diagnostic, ValidationError
-from dabuild.ir.graph import Graph
+from dabuild.ir.graph import Graph, TensorSpec
 from dabuild.ir.ops.shape import out_of_range
 from dabuild.recipe import BUILTIN_METRICS, Recipe, top_k_of
 from dabuild.yamlpos import YamlDocument
@@ -38,7 +38,7 @@ def preflight(recipe: Recipe, graph_dir: Path, capabilities: list[Any]) -> None:
     specs = graph.tensor_shapes()
     diagnostics: list[Diagnostic] = []
     for role in ("calibration", "evaluation"):
-        diagnostics += _inputs(document, ("data", role), getattr(recipe.data, role), graph)
+        diagnostics += _inputs(document, ("data", role), getattr(recipe.data, role), graph.inputs, graph)
     diagnostics += _labels(document, recipe, specs[graph.outputs[0]].shape)
     narrowing = recipe.tuning.space.model_dump(mode="json", exclude_none=True)
     for capability in capabilities:
@@ -62,9 +62,49 @@ def _used(spec: Any, key: str) -> np.ndarray:
     return array if spec.samples is None else array[: spec.samples]
 
 
-def _inputs(document: YamlDocument, loc: tuple, spec: Any, graph: Graph) -> list[Diagnostic]:
-    """Input count and each input's per-sample shape against the graph's, and finite values."""
-    names = [tensor.name for tensor in graph.inputs]
+def untraced_inputs(recipe: Recipe) -> list[TensorSpec] | None:
+    """The model's inputs as known without tracing it: an .onnx file's graph inputs (read from the protobuf, no
+    weights loaded), else the names and shapes `model.inputs` declares; None when only tracing tells (a .keras or
+    .pt2 file, a model without `model.inputs`)."""
+    from dabuild.trace.base import declared_inputs
+
+    source = recipe.base_dir / recipe.model.source
+    if ":" not in recipe.model.source and source.suffix == ".onnx" and source.is_file():
+        try:
+            from dabuild.trace.onnx_frontend.model_file import graph_inputs
+        except ImportError:  # onnx is not installed: tracing says so
+            return None
+        found = graph_inputs(source)
+        return None if found is None else [
+            TensorSpec(name, tuple(d if isinstance(d, int) else None for d in dims), dtype) for name, dims, dtype in found]
+    shapes, dtypes = declared_inputs(recipe.model.inputs)
+    if not shapes:
+        return None
+    return [TensorSpec(name, (None, *shape[1:]), dtypes.get(name, "float32")) for name, shape in shapes.items()]
+
+
+def check_data_untraced(recipe: Recipe) -> bool:
+    """`dabuild validate`'s share of the preflight: the data's input names and per-sample shapes against the
+    inputs known without tracing (`untraced_inputs`); ValidationError at the recipe's lines. False when the
+    model must be traced to know its inputs (the build checks them then)."""
+    inputs = untraced_inputs(recipe)
+    if inputs is None:
+        return False
+    document = recipe.document
+    assert document is not None, "needs a recipe read by load_recipe"
+    diagnostics: list[Diagnostic] = []
+    for role in ("calibration", "evaluation"):
+        diagnostics += _inputs(document, ("data", role), getattr(recipe.data, role), inputs, None)
+    if diagnostics:
+        raise ValidationError(sorted(set(diagnostics), key=lambda d: (d.line or 0, d.col or 0, d.message)))
+    return True
+
+
+def _inputs(document: YamlDocument, loc: tuple, spec: Any, inputs: list[TensorSpec],
+            graph: Graph | None) -> list[Diagnostic]:
+    """Input count and each input's per-sample shape against the model's `inputs`, and finite values; with the
+    traced `graph`, integer inputs against the tables they index too."""
+    names = [tensor.name for tensor in inputs]
     if isinstance(spec.x, str):
         if len(names) != 1:
             return [document.diagnostic(loc + ("x",), f"names one array, but the model has {len(names)} inputs "
@@ -78,20 +118,20 @@ def _inputs(document: YamlDocument, loc: tuple, spec: Any, graph: Graph) -> list
         keys = dict(spec.x)
         where = {name: loc + ("x", name) for name in names}
     found = []
-    integer = set(graph.integer_inputs())
-    for tensor in graph.inputs:
+    integer = set(graph.integer_inputs()) if graph is not None else set()
+    for tensor in inputs:
         array = _used(spec, keys[tensor.name])
         want = tensor.shape[1:]
         if not _fits(want, array.shape[1:]):
             shape = "x".join("?" if d is None else str(d) for d in want)
             found.append(document.diagnostic(where[tensor.name], f"array {keys[tensor.name]!r} has samples of shape "
                                              f"{list(array.shape[1:])}, but model input {tensor.name!r} takes "
-                                             f"{shape or 'scalars'}"))
+                                             f"{shape or 'scalars'}{_layout_hint(want, array.shape[1:])}"))
         elif array.dtype.kind == "f" and not np.isfinite(array).all():
             bad = int(array.size - np.isfinite(array).sum())
             found.append(document.diagnostic(where[tensor.name], f"array {keys[tensor.name]!r} has {bad} NaN or "
                                              "infinite values in the rows used"))
-        elif tensor.name in integer:
+        elif graph is not None and tensor.name in integer:
             problem = _indices(graph, tensor.name, array)
             if problem is not None:
                 found.append(document.diagnostic(where[tensor.name], f"array {keys[tensor.name]!r}: {problem}"))
@@ -111,6 +151,21 @@ def _indices(graph: Graph, name: str, array: np.ndarray) -> str | None:
             if problem is not None:
                 return f"indexes the table of node {node.name!r} (embedding): {problem}"
     return None
+
+
+def _layout_hint(want: tuple[int | None, ...], got: tuple[int, ...]) -> str:
+    """A hint where the data is the model's channels-first shape stored channels-last (images as HWC)."""
+    if len(got) < 2 or len(got) != len(want):
+        return ""
+    last = len(got)
+    if _fits(want, (got[-1], *got[:-1])):
+        axes = (0, last, *range(1, last))
+        return (f" (channels last? the model takes channels first: store np.transpose(x, {axes}), "
+                "from [N, H, W, C] to [N, C, H, W])")
+    if _fits(want, (*got[1:], got[0])):
+        axes = (0, *range(2, last + 1), 1)
+        return f" (channels first? the model takes channels last: store np.transpose(x, {axes}))"
+    return ""
 
 
 def _fits(want: tuple[int | None, ...], got: tuple[int, ...]) -> bool:

@@ -12,17 +12,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dabuild.pipeline.execute import StageFunction, StageRun
 
+if TYPE_CHECKING:
+    from dabuild.tune.trials import SharedTrials
 
-def stage_functions(jobs: int = 1, trials_root: Path | None = None) -> dict[str, StageFunction]:
+
+def stage_functions(jobs: int = 1, trials_root: Path | None = None, cluster: str | None = None,
+                    shared_trials: SharedTrials | None = None) -> dict[str, StageFunction]:
     """The function run for each stage kind.
 
-    `jobs` processes score tuning trials; `trials_root` is the run cache's trial
+    `jobs` processes score tuning trials, or the workers of the Dask cluster at
+    `cluster` (a scheduler address); `trials_root` is the run cache's trial
     store (None with --no-cache: tuning then remembers nothing between runs).
-    Neither changes what a stage writes.
+    `shared_trials` is the team's remote, which shares scored trials between machines.
+    None of them changes what a stage writes.
     """
 
     def tune(run: StageRun) -> None:
@@ -31,7 +37,8 @@ def stage_functions(jobs: int = 1, trials_root: Path | None = None) -> dict[str,
         constraints = [target_of(budgeted).fits for budgeted in run.stage.config.get("budgets", [])]
         stored_by = run.stage.config.get("stored_by_target")  # the target whose artifact size `size` counts
         tune_stage(run.stage.config, run.stage.files, run.inputs["graph"], run.inputs["stats"], run.out_dir,
-                   run.progress, trials_root=trials_root, jobs=jobs,
+                   run.progress, trials_root=trials_root, jobs=jobs, cluster=cluster,
+                   shared_trials=shared_trials,
                    keep_dir=run.build_dir / "debug" / run.stage.dirname,
                    journal=run.build_dir / "history" / f"{run.stage.dirname}.jsonl", constraints=constraints,
                    stored_bytes=target_of(stored_by).stored_bytes if stored_by else None)
@@ -116,7 +123,7 @@ def check(run: StageRun) -> None:
     x = next(iter(load_inputs(spec, None, qgraph.input_names, qgraph.input_names if qgraph.takes_indices else ())
                   .values()))
     labels = required_labels(spec, None)
-    if config["samples"] is not None:
+    if config["samples"] != "all":
         x, labels = x[: config["samples"]], labels[: config["samples"]]
     metric = load_metric(config["metric"], None, run.stage.files.get("metric"))
     check_stage(target, qgraph, run.inputs["artifact"], x, config["tolerance"], run.out_dir,

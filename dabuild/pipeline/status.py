@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from dabuild.pipeline.execute import Workspace
 from dabuild.pipeline.manifest import Manifest
-from dabuild.pipeline.plan import Stage, cache_key, key_parts
+from dabuild.pipeline.plan import Stage, cache_key, input_digests, key_parts
 from dabuild.pipeline.store import Store
 
 _PART_NAMES = {
@@ -31,24 +31,24 @@ class StageStatus:
 
 
 def statuses(stages: list[Stage], workspace: Workspace, store: Store | None) -> list[StageStatus]:
-    digests: dict[str, str] = {}
+    manifests: dict[str, Manifest] = {}
     result = []
     for stage in stages:
-        pending = [up for up in stage.inputs.values() if up not in digests]
+        pending = [up for up in stage.inputs.values() if up not in manifests]
         if pending:
             result.append(StageStatus(stage.name, "stale", f"input {pending[0]} will be rebuilt"))
             continue
-        parts = key_parts(stage, {role: digests[up] for role, up in stage.inputs.items()})
+        parts = key_parts(stage, input_digests(stage, {role: manifests[up] for role, up in stage.inputs.items()}))
         key = cache_key(parts)
         folder = workspace.stage_dir(stage.name)
         current = Manifest.read(folder)
         if current is not None and current.key == key and current.matches(folder, deep=False):
-            digests[stage.name] = current.digest
+            manifests[stage.name] = current
             result.append(StageStatus(stage.name, "up to date", ""))
             continue
         stored = store.lookup(key) if store is not None else None
         if stored is not None:
-            digests[stage.name] = stored.digest
+            manifests[stage.name] = stored
             result.append(StageStatus(stage.name, "cached", "an identical earlier result is in the cache"))
             continue
         result.append(StageStatus(stage.name, "stale", _why(current, parts, folder)))

@@ -10,6 +10,17 @@ manifest and the manifest's key parts against the key; an entry that fails is
 dropped, the stage is rebuilt, and the user is warned once. A cache that cannot
 be written (full, read-only) is used for reading only, with one warning: the
 build goes on without storing, and leaves nothing temporary behind.
+
+Who wrote an entry matters as much as whether it is whole (dabuild/trust.py):
+a cache folder that others may write is *shared*, and serves only entries whose
+manifest is signed by the team key (`<key>.sig` beside the entry). With a team
+key every stored entry is signed. Without one, a shared folder is neither read
+nor written, with one warning.
+
+A remote (pipeline/remote.py) extends the store: `restore_remote` fetches a
+verified entry the local store lacks (and keeps it locally), and `save` pushes
+what a stage produced. The API the pipeline uses is `lookup`, `restore`,
+`restore_remote`, `save`, `push` and `drop`.
 """
 
 from __future__ import annotations
@@ -19,12 +30,14 @@ import os
 import shutil
 import stat
 import tempfile
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from dabuild.notices import warn
 from dabuild.pipeline.hashing import hash_value
 from dabuild.pipeline.manifest import MANIFEST, Manifest
+from dabuild.pipeline.remote import Remote
+from dabuild.trust import TeamKey, shared_folder
 
 LAYOUT = "v1"
 _READ_ONLY = stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH
@@ -58,19 +71,51 @@ class _Item:
 
 
 class Store:
-    def __init__(self, root: Path | None = None):
-        self.root = (root or default_root()) / LAYOUT
+    def __init__(self, root: Path | None = None, key: TeamKey | None = None, remote: Remote | None = None):
+        base = root or default_root()
+        self.root = base / LAYOUT
         self._entries = self.root / "entries"
         self._tmp = self.root / "tmp"
+        self.key = key
+        self.remote = remote
         self.writable = True  # until a write fails: then the build goes on without storing
+        self.shared = shared_folder(base) or shared_folder(self.root)  # why others may write it, or None
+        self._readable = True
+        if self.shared and key is None:
+            self._readable = self.writable = False
+            warn(f"the run cache {base} {self.shared}, so it is shared, and no team key is set "
+                 "($DABUILD_CACHE_KEY or key_file in dabuild-cache.yaml): its entries are not trusted and "
+                 "nothing is stored in it")
 
     def _entry(self, key: str) -> Path:
         return self._entries / key[:2] / key
 
+    def _signature(self, key: str) -> Path:
+        return self._entries / key[:2] / f"{key}.sig"
+
     def lookup(self, key: str) -> Manifest | None:
         """The manifest of a complete entry for `key` (not yet verified), or None."""
+        if not self._readable:
+            return None
         manifest = Manifest.read(self._entry(key))
         return manifest if manifest is not None and manifest.key == key else None
+
+    def restore_remote(self, key: str, dest: Path) -> Manifest | None:
+        """Fetch the entry from the remote into the empty folder `dest` (verified: signed, every blob
+        re-hashed) and keep a copy locally; None on a miss, a bad entry or a failing remote."""
+        if self.remote is None:
+            return None
+        manifest = self.remote.fetch(key, dest)
+        if manifest is not None:
+            self._save_local(dest, manifest)
+        return manifest
+
+    def push(self, key: str) -> bool:
+        """Upload the local entry for `key` to the remote once it proves itself; True when the remote has it."""
+        manifest = self.lookup(key)
+        if self.remote is None or manifest is None or self._disproof(self._entry(key), manifest) is not None:
+            return False
+        return self.remote.push(self._entry(key), manifest)
 
     def restore(self, key: str, dest: Path) -> Manifest | None:
         """Link or copy the entry's files into the empty folder `dest` and verify them.
@@ -110,11 +155,12 @@ class Store:
             pass  # a read-only cache: its entries are still good to read
         return manifest
 
-    @staticmethod
-    def _disproof(entry: Path, manifest: Manifest) -> str | None:
+    def _disproof(self, entry: Path, manifest: Manifest) -> str | None:
         """Why the entry cannot be trusted, or None when its manifest and files prove it."""
         if hash_value(manifest.parts) != manifest.key:
             return "has a manifest that does not hash to its key"
+        if self.shared and not self._signed(manifest):
+            return f"is not signed by the team key (the cache {self.shared})"
         for name, info in manifest.files.items():
             path = entry / name
             if not path.is_file() or path.is_symlink():
@@ -125,12 +171,26 @@ class Store:
             return "has files that do not match their hashes"
         return None
 
+    def _signed(self, manifest: Manifest) -> bool:
+        if self.key is None:
+            return False
+        try:
+            signature = self._signature(manifest.key).read_text().strip()
+        except (OSError, UnicodeDecodeError):
+            return False
+        return self.key.verifies("manifest", asdict(manifest), signature)
+
     def save(self, folder: Path, manifest: Manifest) -> None:
-        """Copy a finished stage folder into the store under `manifest.key`.
+        """Store a finished stage folder under `manifest.key`, then push it to the remote (unless read-only).
 
         A failure to write (disk full, read-only, no permission) is warned about once
         and turns storing off for the rest of the build; the build itself goes on.
         """
+        self._save_local(folder, manifest)
+        if self.remote is not None:
+            self.remote.push(folder, manifest)
+
+    def _save_local(self, folder: Path, manifest: Manifest) -> None:
         if not self.writable or self.lookup(manifest.key) is not None:
             return
         final = self._entry(manifest.key)
@@ -145,6 +205,10 @@ class Store:
                 target.chmod(_READ_ONLY)
             manifest.write(staging)
             final.parent.mkdir(parents=True, exist_ok=True)
+            if self.key is not None:  # the signature first: an entry is never trusted before it
+                signature = staging.with_suffix(".sig")
+                signature.write_text(self.key.sign("manifest", asdict(manifest)) + "\n")
+                os.replace(signature, self._signature(manifest.key))
             if final.exists():  # a partial or stale entry under this key: replace it
                 self.drop(manifest.key)
             os.rename(staging, final)
@@ -160,6 +224,7 @@ class Store:
     def drop(self, key: str) -> None:
         try:
             _remove_tree(self._entry(key))
+            self._signature(key).unlink(missing_ok=True)
         except OSError:
             pass  # a read-only cache keeps its bad entry; it fails its proof again next time
 

@@ -21,6 +21,7 @@ import importlib.util
 import sys
 import traceback
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from itertools import count
 from pathlib import Path
 from typing import Any, ClassVar
@@ -70,6 +71,12 @@ class TracerPlugin(ABC):
                 "e.g. inputs: {x: [1, 64]}"
             )
         return {name: (None, *shape[1:]) if shape else () for name, shape in self.inputs.items()}
+
+    @classmethod
+    def side_files(cls, model_file: Path) -> list[Path]:
+        """The files reading `model_file` opens besides it (ONNX external data), read from the model file itself
+        without loading it: they enter the trace stage's key, so changing one traces again."""
+        return []
 
     @classmethod
     def build_with_weights(cls, factory: Any, path: Path, where: str) -> Any:
@@ -167,6 +174,67 @@ def check_integer_inputs(graph: Graph, declared: dict[str, str]) -> None:
     unread = [name for name in integer if name in graph.outputs]
     if unread:
         raise UsageError(f"graph output {unread[0]!r} is the integer input itself")
+
+
+def python_imports(path: Path) -> list[Path]:
+    """The modules of `path`'s own folder that the Python file imports, and the ones they import, found by reading
+    their source (not by running it): a model's .py file that imports `layers.py` beside it is traced again when
+    `layers.py` changes. Packages installed elsewhere are keyed by their versions, not here."""
+    import ast
+
+    found: list[Path] = []
+    pending = [path]
+    while pending:
+        current = pending.pop()
+        try:
+            tree = ast.parse(current.read_bytes(), filename=str(current))
+        except (OSError, SyntaxError, ValueError):  # importing it reports what is wrong
+            continue
+        for module in _imported_names(tree):
+            base = current.parent if module.level else path.parent
+            for _ in range(max(module.level - 1, 0)):
+                base = base.parent
+            for candidate in _module_files(base, module.dotted):
+                if candidate not in found and candidate != path:
+                    found.append(candidate)
+                    pending.append(candidate)
+    return sorted(found)
+
+
+@dataclass(frozen=True)
+class _ImportedName:
+    dotted: str  # `a.b` for `import a.b`, `from a import b` (b may be a module) or `from . import b` with level 1
+    level: int   # leading dots of a relative import
+
+
+def _imported_names(tree: Any) -> list[_ImportedName]:
+    import ast
+
+    names = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names += [_ImportedName(alias.name, 0) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            prefix = f"{node.module}." if node.module else ""
+            if node.module:
+                names.append(_ImportedName(node.module, node.level))
+            names += [_ImportedName(prefix + alias.name, node.level) for alias in node.names if alias.name != "*"]
+    return names
+
+
+def _module_files(base: Path, dotted: str) -> list[Path]:
+    """The files of `base` that importing `dotted` from it executes (each package's __init__.py on the way)."""
+    files = []
+    folder = base
+    for part in dotted.split("."):
+        if (folder / f"{part}.py").is_file():
+            files.append(folder / f"{part}.py")
+            break
+        folder = folder / part
+        if not (folder / "__init__.py").is_file():
+            break
+        files.append(folder / "__init__.py")
+    return files
 
 
 def user_location(tb: traceback.StackSummary) -> str:

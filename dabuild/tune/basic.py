@@ -19,9 +19,12 @@
    the node offers it), then each node's one-width steps down — until no
    cheaper config passes.
 Configs that cannot be cheaper than the best passing one are never evaluated.
-Once a passing config has the least cost the space allows, the search driver
-spends a bounded pass on equally cheap configs (`looks_among_equals`). The
-stop reason names the phase that ended the search.
+The rule that stops it: basic stops as soon as the best passing config's cost
+can no longer fall, that is when it has the least cost the space allows (the
+driver stops there), or when no config one step cheaper passes (phase 5 ends).
+It never spends a trial on a config as cheap as the best passing one: the
+objective, not the score, chooses. The stop reason names the phase that ended
+the search.
 """
 
 from __future__ import annotations
@@ -83,7 +86,6 @@ def narrowest_everywhere(space: TuningSpace, config: QuantConfig) -> QuantConfig
 
 class BasicStrategy:
     name: ClassVar[str] = "basic"
-    looks_among_equals: ClassVar[bool] = True
 
     def search(self, search: Search) -> None:
         space = search.space

@@ -24,6 +24,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from multiprocessing import get_all_start_methods, get_context
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -267,16 +268,24 @@ def _interrupts_blocked() -> Iterator[None]:
 
 class Scorer:
     """Scores batches of configs, in this process or in `jobs` worker processes (forked where the OS can, see
-    the module's docstring; the pool is made between trials, when no thread of this process holds a lock)."""
+    the module's docstring; the pool is made between trials, when no thread of this process holds a lock),
+    or on the workers of the Dask cluster at `cluster` (dabuild/tune/executors.py)."""
 
-    def __init__(self, evaluator: Evaluator, jobs: int = 1):
+    def __init__(self, evaluator: Evaluator, jobs: int = 1, cluster: str | None = None):
         self.evaluator = evaluator
         self.jobs = max(1, jobs)
         self._pool: ProcessPoolExecutor | None = None
+        self._cluster: Any = None  # a DaskExecutor (dabuild/tune/dask_executor.py) when `cluster` is an address
+        if cluster is not None:
+            from dabuild.tune.dask_executor import DaskExecutor
+
+            self._cluster = DaskExecutor(cluster, evaluator.setup)
         _live.add(self)
 
     def score(self, configs: list[QuantConfig], floor: float | None = None) -> list[Score]:
         """Each config's score; `floor` lets hopeless ones stop early (see `Evaluator.score`)."""
+        if self._cluster is not None:
+            return self._cluster.score([config.to_dict() for config in configs], floor)
         if self.jobs == 1 or len(configs) < 2:
             return [self.evaluator.score(config, floor) for config in configs]
         if _stopping.is_set():  # interrupted: no new workers (the build is ending, see cli._interrupted)
@@ -296,6 +305,9 @@ class Scorer:
         pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(cancel_futures=True)
+        cluster, self._cluster = self._cluster, None
+        if cluster is not None:
+            cluster.close()
 
     def __enter__(self) -> Scorer:
         return self

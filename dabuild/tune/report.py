@@ -9,15 +9,17 @@ config), the two pictures that explain a tuning run.
 from __future__ import annotations
 
 import html
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from dabuild.tune.objective import ESTIMATE
 from dabuild.tune.search import Search
 from dabuild.tune.trials import Trial, describe_config
 
 REPORT_DIR = "report"
-MARKDOWN, HTML = "report.md", "report.html"
+MARKDOWN, HTML, DATA = "report.md", "report.html", "report.json"
 PLOTS = {"metric_per_trial.png": "Metric per trial", "sensitivity.png": "Per-node sensitivity"}
 
 
@@ -138,8 +140,34 @@ def plot(search: Search, threshold: float, folder: Path) -> list[str]:
     return list(PLOTS)
 
 
+def report_data(search: Search, chosen: Trial, threshold: float) -> dict[str, Any]:
+    """The run as data for the build-level page (`dabuild report`): every trial's score, size and what it changed
+    from the first (default) config, and each node's chosen precision and sensitivity. Nothing timed or
+    machine-dependent (no seconds, no trial-store hits), so equal runs write equal bytes."""
+    first = describe_config(search.trials[0].config) if search.trials else {}
+    errors = search.node_errors()
+    described = describe_config(chosen.config)
+    return {
+        "metric": search.metric.name,
+        "higher_is_better": search.metric.higher_is_better,
+        "fp32": search.baseline,
+        "threshold": threshold,
+        "objective": search.objective,
+        "unit": search.costing.unit,
+        "chosen": chosen.index,
+        "trials": [{"trial": t.index, "step": t.step, "metric": t.metric, "size_bits": t.size, "bops": t.bops,
+                    "cost": t.cost, "passed": t.passed,
+                    "changed": {name: text for name, text in describe_config(t.config).items() if first.get(name) != text}}
+                   for t in search.trials],
+        "nodes": [{"name": name, "op": node.op, "precision": described[name],
+                   "weight_bits": node.weight_bits(chosen.config.nodes[name]), "sensitivity": errors.get(name)}
+                  for name, node in search.space.nodes.items()],
+    }
+
+
 def write_report(folder: Path, title: str, search: Search, chosen: Trial, threshold: float) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     parts = sections(title, search, chosen, threshold, plot(search, threshold, folder))
     (folder / MARKDOWN).write_text(to_markdown(parts))
     (folder / HTML).write_text(to_html(parts))
+    (folder / DATA).write_text(json.dumps(report_data(search, chosen, threshold), indent=1, sort_keys=True) + "\n")

@@ -13,14 +13,9 @@ weight bits, BOPs, or the capability's cost estimate: see
 `dabuild.tune.objective`), ties to the better score, then the earlier trial;
 with no passing config, the best-scoring one, reported as a miss.
 
-Reaching the least cost ends the strategy but not the search: configs at that
-same cost may score better (per-channel weights or another range algorithm
-cost no more bits), so for a strategy that asks (`looks_among_equals = True`,
-as `basic` does) the driver spends at most `SAME_COST_TRIALS` more trials on
-them, INC's op-type-wise pass one field at a time: per op type, every other
-value of each weight and activation field on all its nodes, the best becoming
-the base of the next op type. The first passing trial is the
-same with or without this pass; only the choice among equals improves.
+Reaching the least cost ends the search (no config can be cheaper, and the
+objective, not the score, chooses among passing configs): no strategy spends a
+trial on configs as cheap as the best passing one.
 """
 
 from __future__ import annotations
@@ -41,7 +36,6 @@ from dabuild.tune.trials import Trial, TrialStore
 
 SUBSET_ROWS = 300  # evaluation rows of a subset score (strategies rank by it before spending full evaluations)
 CHUNK = 32  # configs `evaluate_each` scores at once: enough for any -j, fixed so results never depend on it
-SAME_COST_TRIALS = 24  # the most trials spent on a better score at the least cost: a pass over a CNN's op types
 
 
 class StopSearch(Exception):
@@ -88,7 +82,6 @@ class Search:
         self.strategy_name = ""
         self._seen: dict[str, Trial] = {}
         self._floor = self.costing.floor
-        self._at_floor_ends = True  # reaching the least cost stops the search (off while looking among equals)
         self._start = time.monotonic()
         self._errors: dict[str, dict[str, float]] = {}
         self._scored: dict[str, tuple[Score, bool]] = {}  # scored in this run but not (yet) recorded; from store?
@@ -285,7 +278,7 @@ class Search:
 
     def _check_done(self) -> None:
         best = self.best()
-        if self._at_floor_ends and best is not None and best.cost <= self._floor:
+        if best is not None and best.cost <= self._floor:
             raise StopSearch(f"a passing config has the least {self.objective} the space allows (phase {self.step})")
         if len(self._seen) >= self.space.total():
             raise StopSearch(f"every config of the space was evaluated (phase {self.step})")
@@ -308,28 +301,4 @@ class Search:
                 self.stop_reason = f"the strategy finished (last phase {self.step})"
         except StopSearch as stop:
             self.stop_reason = str(stop)
-        best = self.best()
-        if getattr(strategy, "looks_among_equals", False) and best is not None and best.cost <= self._floor:
-            self._look_among_equals(best)
         return self.best_found()
-
-    def _look_among_equals(self, best: Trial) -> None:
-        """Spend up to SAME_COST_TRIALS trials (within the budget) on configs as cheap as the best passing one,
-        op type by op type, each op type's one-field moves on the best so far scored as one batch."""
-        self._at_floor_ends = False
-        limit = min(len(self.trials) + SAME_COST_TRIALS, self.budget.max_trials)
-        start = len(self.trials)
-        try:
-            for op in self.space.op_types():
-                moves = [c for c in self.space.field_moves(best.config, op)
-                         if self.cost(c) == best.cost and self.seen(c) is None]
-                moves = moves[:limit - len(self.trials)]
-                if moves:
-                    best = min([best, *self.evaluate(moves, "same-cost")], key=self._rank)
-        except StopSearch:
-            pass
-        finally:
-            self._at_floor_ends = True
-        if len(self.trials) > start:
-            self.stop_reason += (f"; {len(self.trials) - start} more trials looked for a better "
-                                 f"{self.metric.name} at that {self.objective}")

@@ -191,7 +191,7 @@ def build_space(graph: Graph, capability: CapabilitySpec, narrowing: Mapping[str
             candidates: tuple[NodeConfig, ...] = (NodeConfig(None, fixed["activation"]),)
         else:
             candidates = _with_given(_candidates(node.name, node.op, capability, by_type.get(node.op, {}),
-                                                 by_name.get(node.name, {})), fixed)
+                                                 by_name.get(node.name, {}), node.attrs.get("activation")), fixed)
         weight = graph.constants.get(node.inputs[1]) if len(node.inputs) > 1 else None
         if "weight" not in (quantizable_roles(node.op) or ()):
             weight = None
@@ -260,8 +260,9 @@ def _check_names(graph: Graph, by_type: dict[str, Any], by_name: dict[str, Any])
 
 
 def _candidates(name: str, op: str, capability: CapabilitySpec, by_type: Mapping[str, Any],
-                by_name: Mapping[str, Any]) -> tuple[NodeConfig, ...]:
-    """The node's candidates: the product of its roles' narrowed choices, then fp32 if allowed and kept."""
+                by_name: Mapping[str, Any], activation: str | None = None) -> tuple[NodeConfig, ...]:
+    """The node's candidates: the product of its roles' narrowed choices, then fp32 if allowed and kept (where the
+    capability has a float kernel for the op and for the `activation` fused into it)."""
     roles = quantizable_roles(op)
     entry = capability.for_op(op)
     keys = {role: _merge(by_type.get(role) or {}, by_name.get(role) or {}) for role in ("weight", "activation")}
@@ -270,12 +271,13 @@ def _candidates(name: str, op: str, capability: CapabilitySpec, by_type: Mapping
             where = _where(name, op, by_name, role)
             raise BuildError(f"{where}: op {op!r} has no {role} to quantize")
     dtype_lists = {role: fields["dtype"] for role, fields in keys.items() if "dtype" in fields}
-    runs_float = capability.runs_float(op) and not (op in OPS and OPS[op].reads_indices)
+    runs_float = capability.runs_float(op, activation) and not (op in OPS and OPS[op].reads_indices)
     for role, dtypes in dtype_lists.items():
         if FLOAT_DTYPE in dtypes and not runs_float:
+            fused = f" with its fused {activation}" if activation not in (None, "none") else ""
             why = "does not allow fp32 fallback" if not capability.fp32_fallback else (
-                f"runs no float island of op {op!r} (float_ops: {', '.join(capability.float_ops or [])}; an op "
-                "reading integer indices never runs as one)")
+                f"runs no float island of op {op!r}{fused} (float_ops: {', '.join(capability.float_ops or [])}; an "
+                "op reading integer indices never runs as one)")
             raise BuildError(f"{_where(name, op, by_name, role, 'dtype')}: capability {capability.name!r} {why}")
     keep_float = all(FLOAT_DTYPE in dtypes for dtypes in dtype_lists.values())
     fallback = (FP32,) if runs_float and keep_float else ()

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 
     from dabuild.quant.config import QuantConfig
     from dabuild.quant.qgraph import QGraph
+    from dabuild.tune.trials import SharedTrials
 
 
 def tune_stage(
@@ -44,6 +45,8 @@ def tune_stage(
     journal: Path | None = None,
     constraints: Sequence[Callable[[QGraph], str | None]] = (),
     stored_bytes: Callable[[QGraph], int] | None = None,
+    cluster: str | None = None,
+    shared_trials: SharedTrials | None = None,
 ) -> None:
     """Tune into `out_dir` from the stage's keyed inputs alone: `config` is the tune `Stage.config` (tuning,
     capability, metric, evaluation data settings), `files` its declared files (`evaluation`, and `metric` for a
@@ -79,7 +82,8 @@ def tune_stage(
                                     tuning.bias_correction, files.get("metric")))
     space = build_space(graph, capability, tuning.space.model_dump(mode="json", exclude_none=True))
     store = TrialStore(trials_root, context_hash(graph, stats_dir / STATS_FILE, x, labels,
-                                                 evaluator.metric.identity(), tuning.bias_correction))
+                                                 evaluator.metric.identity(), tuning.bias_correction),
+                       shared_trials)
     strategy_name = tuning.strategy or ("given" if carries_quantization(graph) else "basic")
     strategy = load(STRATEGIES, strategy_name)()
     objective = make_objective(tuning.objective, space, capability, evaluator.quantize, stored_bytes)
@@ -89,7 +93,7 @@ def tune_stage(
                    f"objective {objective.name} ({objective.unit})")
     if journal is not None:
         journal.parent.mkdir(parents=True, exist_ok=True)
-    with open(journal or os.devnull, "a") as history, Scorer(evaluator, jobs) as scorer:
+    with open(journal or os.devnull, "a") as history, Scorer(evaluator, jobs, cluster) as scorer:
         def fits(config: QuantConfig) -> str | None:
             qgraph = evaluator.quantize(config)
             return next((why for why in (constraint(qgraph) for constraint in constraints) if why), None)

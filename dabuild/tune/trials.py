@@ -23,7 +23,7 @@ import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -108,11 +108,25 @@ def _proof(record: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()
 
 
-class TrialStore:
-    """Scores by config hash within one context; a store without a root remembers nothing (--no-cache)."""
+class SharedTrials(Protocol):
+    """The team's remote trial store (dabuild/pipeline/remote.py): signed records, checked before they return."""
 
-    def __init__(self, root: Path | None, context: str):
+    def get_trial(self, context: str, config_hash: str) -> dict[str, Any] | None: ...
+
+    def put_trial(self, context: str, config_hash: str, score: dict[str, Any]) -> None: ...
+
+
+class TrialStore:
+    """Scores by config hash within one context; a store without a root remembers nothing (--no-cache).
+
+    With `shared` (the team's remote), a score this store lacks is looked up there, and every new score is
+    also pushed there: a second machine's search evaluates nothing the first one scored.
+    """
+
+    def __init__(self, root: Path | None, context: str, shared: SharedTrials | None = None):
         self.folder = None if root is None else Path(root) / context[:2] / context
+        self.context = context
+        self.shared = shared if root is not None else None
         self.writable = True  # until a write fails
 
     def get(self, config_hash: str, floor: float | None = None) -> Score | None:
@@ -124,13 +138,13 @@ class TrialStore:
         try:
             text = path.read_text()
         except OSError:
-            return None  # absent: evaluate
+            return self._shared_score(config_hash, floor)  # absent here: the team's, else evaluate
         try:
             data = json.loads(text)
             proof = data.pop("proof")
             if proof != _proof(data) or data["config_hash"] != config_hash:
                 raise ValueError("its content does not match its hash")
-            score = Score(float(data["metric"]), float(data["mse"]), float(data["seconds"]), bool(data["stopped"]))
+            score = _score(data)
         except (ValueError, KeyError, TypeError, AttributeError) as error:
             warn(f"trial store record {path} is damaged ({error}); dropped, the config is evaluated again",
                  key=str(path))
@@ -140,15 +154,32 @@ class TrialStore:
             os.utime(self.folder)  # the context's last use, for `dabuild cache prune`
         except OSError:
             pass
-        if score.stopped and (floor is None or score.metric >= floor):
-            return None  # a bound that no longer decides this goal: evaluate in full
-        return score
+        return _deciding(score, floor)
+
+    def _shared_score(self, config_hash: str, floor: float | None) -> Score | None:
+        if self.shared is None:
+            return None
+        data = self.shared.get_trial(self.context, config_hash)
+        try:
+            if data is None or data["config_hash"] != config_hash:
+                return None
+            score = _score(data)
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return None
+        self._write(config_hash, score)
+        return _deciding(score, floor)
 
     def put(self, config_hash: str, score: Score) -> None:
+        if self.folder is None:
+            return
+        self._write(config_hash, score)
+        if self.shared is not None:
+            self.shared.put_trial(self.context, config_hash, _record(config_hash, score))
+
+    def _write(self, config_hash: str, score: Score) -> None:
         if self.folder is None or not self.writable:
             return
-        record: dict[str, Any] = {"config_hash": config_hash, "metric": score.metric, "mse": score.mse,
-                                  "seconds": score.seconds, "stopped": score.stopped}
+        record = _record(config_hash, score)
         record["proof"] = _proof(record)
         tmp: str | None = None
         try:
@@ -163,6 +194,22 @@ class TrialStore:
             warn(f"the trial store {self.folder.parent.parent} cannot be written ({error.strerror or error}); "
                  "tuning goes on without remembering its scores")
             self.writable = False
+
+
+def _record(config_hash: str, score: Score) -> dict[str, Any]:
+    return {"config_hash": config_hash, "metric": score.metric, "mse": score.mse, "seconds": score.seconds,
+            "stopped": score.stopped}
+
+
+def _score(data: dict[str, Any]) -> Score:
+    return Score(float(data["metric"]), float(data["mse"]), float(data["seconds"]), bool(data["stopped"]))
+
+
+def _deciding(score: Score, floor: float | None) -> Score | None:
+    """A stopped score (an upper bound) only while it still misses `floor`; else evaluate in full."""
+    if score.stopped and (floor is None or score.metric >= floor):
+        return None
+    return score
 
 
 def trial_temporaries(root: Path) -> list[Path]:

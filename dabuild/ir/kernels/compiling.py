@@ -6,7 +6,10 @@ user cache folder), written to a temporary file and renamed, so concurrent build
 library, and loaded from there ever after. A library proves itself before it is loaded: its bytes must hash
 to the name's content hash (a truncated or damaged file would crash the process in the loader); one that
 fails is deleted, warned about once and compiled again. A kernel cache that cannot be written (full,
-read-only) costs a compile per process, in a temporary folder removed at once, with one warning.
+read-only) costs a compile per process, in a temporary folder removed at once, with one warning. A shared
+kernel cache (not the user's own folder, or group- or world-writable; dabuild/trust.py) loads only libraries
+signed with the team key ($DABUILD_CACHE_KEY, `<library>.sig`): a hash in a name proves the file whole, not
+who put it there. Without a key nothing is loaded from a shared kernel cache; with one, what it compiles it signs.
 
 Each source file is its own translation unit, compiled in parallel on the cores this process may use, then
 linked. There is no time limit: a busy machine's compile is slow, not wrong, so it waits and says so
@@ -30,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dabuild.notices import warn
+from dabuild.trust import KEY_ENV, TeamKey, key_from, shared_folder
 
 KERNEL_CACHE = "DABUILD_KERNEL_CACHE"
 TEMPORARY_PREFIX = ".build-"
@@ -66,7 +70,16 @@ def build(compiler: str, version: str, sources: Sources) -> tuple[Path, Path | N
     """
     prefix = f"{sources.path}-{sources.identity(version)}"
     directory = kernel_dir()
+    shared = shared_folder(directory)
+    key = _team_key() if shared else None
+    if shared and key is None:
+        return _compile_for_this_run(compiler, sources, directory,
+                                     f"it {shared} and no team key (${KEY_ENV}) proves who wrote its libraries")
     for library in sorted(directory.glob(f"{prefix}.*.so")):
+        if key is not None and not _signed(library, key):
+            warn(f"compiled kernel {library} is not signed by the team key (the kernel cache {shared}); "
+                 "not loaded, compiled again", key=str(library))
+            continue
         if proven(library):
             try:
                 os.utime(library)  # its last use, for `dabuild cache prune`
@@ -84,20 +97,27 @@ def build(compiler: str, version: str, sources: Sources) -> tuple[Path, Path | N
         with tempfile.TemporaryDirectory(prefix=TEMPORARY_PREFIX, dir=directory) as building:
             built = compile_library(compiler, sources, Path(building))
             library = directory / f"{prefix}.{_content_hash(built)}.so"
+            if key is not None:  # the signature first: a library is never trusted before it
+                signature = Path(building) / "signature"
+                signature.write_text(key.sign("kernel", library.name) + "\n")
+                os.replace(signature, signature_of(library))
             os.replace(built, library)
         return library, None
     except CompileError:
         raise
     except OSError as error:  # full or read-only
-        reason = error.strerror or str(error)
+        return _compile_for_this_run(compiler, sources, directory, f"it cannot be written ({error.strerror or error})")
+
+
+def _compile_for_this_run(compiler: str, sources: Sources, directory: Path, reason: str) -> tuple[Path, Path]:
     scratch = Path(tempfile.mkdtemp(prefix=TEMPORARY_PREFIX))
     try:
         built = compile_library(compiler, sources, scratch)
     except BaseException:
         shutil.rmtree(scratch, ignore_errors=True)
         raise
-    warn(f"the kernel cache {directory} cannot be written ({reason}); the native kernels are compiled "
-         f"for this run only (set {KERNEL_CACHE} to a writable folder)")
+    warn(f"the kernel cache {directory} is not used: {reason}; the native kernels are compiled "
+         f"for this run only (set {KERNEL_CACHE} to a folder of your own)")
     return built, scratch
 
 
@@ -160,6 +180,26 @@ def available_cores() -> int:
 
 def _content_hash(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _team_key() -> TeamKey | None:
+    """`$DABUILD_CACHE_KEY`; a key too short to trust is none (the build reports it where it reads the key)."""
+    try:
+        return key_from(None)
+    except ValueError:
+        return None
+
+
+def signature_of(library: Path) -> Path:
+    return library.with_name(library.name + ".sig")
+
+
+def _signed(library: Path, key: TeamKey) -> bool:
+    """Did a team-key holder write this library? (Its name carries its content hash, which `proven` checks.)"""
+    try:
+        return key.verifies("kernel", library.name, signature_of(library).read_text().strip())
+    except (OSError, UnicodeDecodeError):
+        return False
 
 
 def proven(library: Path) -> bool:

@@ -34,7 +34,10 @@ class Unsupported(Exception):
 
 
 class Conversion:
-    def __init__(self, where: str, opset: int, taken_names: set[str]):
+    def __init__(self, where: str, opset: int, taken_names: set[str], labels: frozenset[str] = frozenset()):
+        """`taken_names`: every name of the model (no fresh name may be one); `labels`: the node labels that are
+        no tensor's name, each of which names the first IR node of its ONNX node as it is (`features.0`, not
+        `features.0_1`)."""
         self.where = where
         self.opset = opset
         self.known: dict[str, np.ndarray] = {}
@@ -46,6 +49,7 @@ class Conversion:
         self.relaxed_batch = False  # the file fixes the batch to 1 and this conversion lets it vary
         self.read: set[str] = set()  # tensors some node or graph output reads (others need no value)
         self._taken = set(taken_names)
+        self._labels = set(labels)
 
     # ------------------------------------------------------------ reading inputs
 
@@ -142,5 +146,7 @@ class Conversion:
             raise BuildError(f"{where}: {op} makes {len(inferred)} outputs, the node has {len(outputs)}")
         for name, (shape, dtype) in zip(outputs, inferred):
             self.specs[name] = TensorSpec(name, tuple(shape), dtype)
-        self.nodes.append(Node(self.fresh(node.label), op, [spec.name for spec in specs], list(outputs), attrs))
+        name = node.label if node.label in self._labels else self.fresh(node.label)
+        self._labels.discard(node.label)
+        self.nodes.append(Node(name, op, [spec.name for spec in specs], list(outputs), attrs))
         return list(outputs)

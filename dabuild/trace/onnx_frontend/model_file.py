@@ -121,6 +121,43 @@ def check_external_data(model: onnx.ModelProto, path: Path) -> None:
                              "external data must be a file beside the model, in its folder")
 
 
+def external_data_locations(path: Path) -> list[str]:
+    """The `location`s of the external data files `path`'s tensors name, as written (relative to its folder).
+
+    Read from the protobuf alone (no tensor data is loaded): the trace stage keys on these files, so a model whose
+    weights live in `model.onnx.data` is traced again when they change. An unreadable file names none here; reading
+    it for the trace reports what is wrong.
+    """
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except (DecodeError, ValueError, RuntimeError, OSError):
+        return []
+    locations = {entry.value for tensor in external_data_helper._get_all_tensors(model)  # subgraphs' too
+                 if external_data_helper.uses_external_data(tensor)
+                 for entry in tensor.external_data if entry.key == "location"}
+    return sorted(locations)
+
+
+def graph_inputs(path: Path) -> list[tuple[str, tuple[int | str | None, ...], str]] | None:
+    """The run-time inputs of an .onnx file (name, dims, element type), read without loading weights: what
+    `dabuild validate` checks the data against. None when the file cannot be read or leaves a rank unknown
+    (tracing reports it)."""
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except (DecodeError, ValueError, RuntimeError, OSError):
+        return None
+    initializers = {tensor.name for tensor in model.graph.initializer}
+    found = []
+    for info in model.graph.input:
+        if info.name in initializers:
+            continue
+        dims, dtype = _dims(info), _dtype(info)
+        if dims is None or dtype is None:
+            return None
+        found.append((info.name, dims, str(dtype)))
+    return found
+
+
 def check_model(model: onnx.ModelProto, where: str) -> None:
     """Reject what protobuf parses but ONNX does not accept (e.g. a text file that happens to decode)."""
     if not model.HasField("graph") or not model.graph.output:
@@ -201,6 +238,31 @@ def _dtype(value_info: onnx.ValueInfoProto) -> np.dtype | None:
     return onnx.helper.tensor_dtype_to_np_dtype(elem_type)
 
 
+_SCOPES, _CLASSES = "pkg.torch.onnx.name_scopes", "pkg.torch.onnx.class_hierarchy"
+_LONGEST_SCOPES = 10_000  # characters of a scope list read; longer ones are ignored (the file is untrusted)
+
+
+def module_path(proto: onnx.NodeProto) -> str | None:
+    """The torch module path (`features.0`) torch.onnx's exporter records for the node, the name the torch frontend
+    gives the same node (an nn.Sequential's numbered child prefixed with its class: `conv2d_0`); None without one
+    (other exporters, or a node torch made outside any module)."""
+    import ast
+
+    props = {entry.key: entry.value for entry in proto.metadata_props if entry.key in (_SCOPES, _CLASSES)}
+    try:
+        scopes = ast.literal_eval(props[_SCOPES]) if len(props.get(_SCOPES, "")) <= _LONGEST_SCOPES else []
+        classes = ast.literal_eval(props[_CLASSES]) if len(props.get(_CLASSES, "")) <= _LONGEST_SCOPES else []
+    except (KeyError, ValueError, SyntaxError, MemoryError, RecursionError):
+        return None
+    if not isinstance(scopes, list) or len(scopes) < 3 or not isinstance(scopes[-2], str) or not scopes[-2]:
+        return None  # [root '', ..., module path, op]: a node of the root module has none
+    path = scopes[-2]
+    if path[0].isdigit():
+        kind = classes[-2] if isinstance(classes, list) and len(classes) >= 2 and isinstance(classes[-2], str) else ""
+        return f"{kind.rsplit('.', 1)[-1].lower() or 'module'}_{path}"
+    return path
+
+
 def decode(model: onnx.ModelProto, where: str) -> OnnxModel:
     """The model as plain data; each initializer is converted to numpy exactly once."""
     opset = default_opset(model, where)
@@ -213,7 +275,7 @@ def decode(model: onnx.ModelProto, where: str) -> OnnxModel:
     labels: set[str] = set()
     nodes = []
     for index, proto in enumerate(graph.node):
-        label = proto.name or f"{proto.op_type}_{index}"
+        label = module_path(proto) or proto.name or f"{proto.op_type}_{index}"
         while label in labels:
             label = f"{label}_{index}"
         labels.add(label)

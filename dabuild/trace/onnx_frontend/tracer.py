@@ -39,6 +39,15 @@ class OnnxTracer(TracerPlugin):
 
     suffixes: ClassVar[tuple[str, ...]] = (".onnx",)
 
+    @classmethod
+    def side_files(cls, model_file: Path) -> list[Path]:
+        """The external data files beside the model (torch writes `model.onnx.data` for large models)."""
+        try:
+            from dabuild.trace.onnx_frontend.model_file import external_data_locations
+        except ImportError:  # onnx missing: tracing says which package to install
+            return []
+        return [model_file.parent / location for location in external_data_locations(model_file)]
+
     def __init__(self, model: Any, inputs: dict[str, Shape] | None = None):
         super().__init__(model, inputs)
         self._decoded: OnnxModel | None = None
@@ -116,8 +125,10 @@ class OnnxTracer(TracerPlugin):
         from dabuild.trace.onnx_frontend.folding import DependsOnBatch, evaluate, output_elements
 
         model = self.onnx_model()
-        taken = {name for node in model.nodes for name in (*node.inputs, *node.outputs, node.label)}
-        ctx = Conversion(model.where, model.opset, taken | set(inputs) | set(model.initializers))
+        tensors = {name for node in model.nodes for name in (*node.inputs, *node.outputs)}
+        tensors |= set(inputs) | set(model.initializers)
+        labels = frozenset(node.label for node in model.nodes) - tensors
+        ctx = Conversion(model.where, model.opset, tensors | labels, labels)
         ctx.relaxed_batch = relaxed_batch
         ctx.read = {name for node in model.nodes for name in node.inputs} | set(model.outputs)
         ctx.specs.update(inputs)

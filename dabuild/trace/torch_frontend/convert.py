@@ -116,6 +116,7 @@ class Builder:
         self._constant_names: dict[tuple[tuple[int, ...], bytes], str] = {}
         self._used: set[str] = set(input_names)
         self.declared: tuple[str, ...] | None = None  # the IR ops the running converter says it emits
+        self.scope: str | None = None  # the module path of the torch node being converted: its nodes' names
         self.batch = {
             size.node.expr
             for node in capture.inputs
@@ -224,7 +225,7 @@ class Builder:
         if self.declared is not None and op not in self.declared:
             raise BuildError(f"torch frontend: a converter emits {op!r}, which it does not declare in `emits` "
                              f"({', '.join(self.declared) or 'nothing'}); docs/ops.md would be wrong")
-        name = self.fresh(hint or op)
+        name = self.fresh(self.scope or hint or op)
         names = [name] if outputs == 1 else [self.fresh(f"{name}.{index}") for index in range(outputs)]
         try:
             implementation.check_arity(len(inputs))
@@ -305,6 +306,7 @@ def _convert_call(builder: Builder, node: fx.Node) -> None:
         else:
             converter = CONVERTERS[op_name(node.target)]
             builder.declared = converter.emits
+            builder.scope = module_path(node)
             result = converter.convert(builder, bind(node))
         _check_shapes(builder, node, result)
     except Unsupported as reason:
@@ -379,14 +381,31 @@ def _unsupported_message(failed: dict[fx.Node, str], origin: str) -> str:
     )
 
 
+def module_path(node: fx.Node) -> str | None:
+    """The path of the innermost module that ran `node` (`features.3.conv`), which names the dabuild nodes it
+    becomes; a path that starts with a digit (an nn.Sequential's child) is prefixed with the module's class
+    (`linear_0`). None at the root module: the op then names the node."""
+    stack = node.meta.get("nn_module_stack") or {}
+    if not stack:
+        return None
+    path, kind = list(stack.values())[-1]
+    if not path:
+        return None
+    return f"{_class_name(kind).lower()}_{path}" if path[0].isdigit() else str(path)
+
+
+def _class_name(kind: Any) -> str:
+    """The class name of an nn_module_stack entry's module type (a qualified name or the class)."""
+    return kind.rsplit(".", 1)[-1] if isinstance(kind, str) else getattr(kind, "__name__", str(kind))
+
+
 def _node_label(node: fx.Node) -> str:
     """`aten.erf (node erf, module block.act, at model.py:12)`."""
     parts = [f"node {node.name}"]
     stack = node.meta.get("nn_module_stack") or {}
     if stack:
         path, kind = list(stack.values())[-1]
-        kind_name = kind.rsplit(".", 1)[-1] if isinstance(kind, str) else getattr(kind, "__name__", str(kind))
-        parts.append(f"module {path or '<root>'} ({kind_name})")
+        parts.append(f"module {path or '<root>'} ({_class_name(kind)})")
     location = _user_frame(node.meta.get("stack_trace") or "")
     if location:
         parts.append(f"at {location}")

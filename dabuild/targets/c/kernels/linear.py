@@ -63,7 +63,10 @@ def _requantization(step: Step, layer: QWeighted, weight_sums: np.ndarray, centr
     return {"bias": bias, "multiplier": layer.multiplier, "shift": layer.shift,
             "narrow_sum": bool(largest.max(initial=0) <= INT32_MAX),
             "high_shift": bool(np.all((np.asarray(layer.shift) >= 32) & (np.asarray(layer.shift) <= 62))),
-            "vector_requantize": step.rounding == "dabuild",  # Helium's four-lane requantization rounds once
+            # Helium's four-lane requantization (dabuild_requantize32_mve) rounds once, as dabuild does, and
+            # takes shifts of 33..62 only (at 32 its rounding term 2^(shift-33) is not an integer)
+            "vector_requantize": step.rounding == "dabuild" and bool(np.all((np.asarray(layer.shift) >= 33)
+                                                                           & (np.asarray(layer.shift) <= 62))),
             "per_channel": len(layer.multiplier) > 1, "output_zero_point": step.outputs[0].quant.zero_point,
             "output_min": layer.output_min, "output_max": layer.output_max}
 
