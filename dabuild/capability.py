@@ -225,6 +225,12 @@ def _unknown_names(document: YamlDocument, spec: CapabilitySpec) -> list[Diagnos
     from dabuild.quant.dtypes import type_names
 
     found = []
+    precisions = [*type_names(), "fp32"]
+    for index, precision in enumerate(spec.precisions):  # a type, fp32, or a range such as int2-int16
+        unknown = [name for name in precision.split("-", 1) if name not in precisions]
+        if unknown:
+            message = unknown_name_message("precision", unknown[0], precisions)
+            found.append(document.diagnostic(("precisions", index), message + "; dabuild has no type for it"))
     for index, op in enumerate(spec.float_ops or []):
         if op not in OPS:
             message = unknown_name_message("op type", op, OPS.names()).replace("; available:", "; IR op types:")

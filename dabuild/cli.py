@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -327,16 +326,22 @@ def _graph(args: argparse.Namespace, progress: Progress) -> int:
 
 
 def _clean(args: argparse.Namespace, progress: Progress) -> int:
-    from dabuild.pipeline.build import workspace_for
+    """Empty each recipe's build folder; a link (the folder itself or anything in it) is removed, never
+    what it points to."""
+    from dabuild.pipeline.buildfolder import build_root, remove
     from dabuild.pipeline.lock import BuildLock
 
+    root = build_root(args.build_dir)
     for recipe in _load_recipes(args):
-        folder = workspace_for(recipe, args.build_dir).build_dir
-        if folder.exists():
+        folder = root / recipe.name
+        if folder.is_symlink():
+            folder.unlink()
+            progress.info(f"removed the link {folder} (not what it pointed to)")
+        elif folder.exists():
             with BuildLock(folder, progress):
                 for child in folder.iterdir():
                     if child.name != ".lock":
-                        shutil.rmtree(child) if child.is_dir() else child.unlink()
+                        remove(child)
             progress.info(f"removed {folder}")
     return 0
 

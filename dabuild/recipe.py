@@ -21,10 +21,8 @@ only for the target kinds the recipe uses.
 
 from __future__ import annotations
 
-import ast
 import difflib
 import re
-import zipfile
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -45,7 +43,8 @@ from pydantic import ValidationError as PydanticValidationError
 
 from dabuild import plugins
 from dabuild.capability import CapabilitySpec, Slug, collect_capabilities
-from dabuild.errors import Diagnostic, ValidationError, unknown_name_message
+from dabuild.errors import Diagnostic, UsageError, ValidationError, unknown_name_message
+from dabuild.limits import is_numeric, npz_headers
 from dabuild.metrics import BUILTIN_METRICS, METRIC_FORMS, top_k_of
 from dabuild.userpaths import PathProblem, checked_path
 from dabuild.yamlpos import YamlDocument, load_yaml, pydantic_diagnostics, require_mapping, user_error
@@ -271,6 +270,8 @@ class DataSection(BaseModel):
                 checked_path(_base_dir(info) / target, shown=target)
             except PathProblem as problem:
                 raise user_error(f"metric {metric!r}: {problem}") from None
+        else:
+            _module_exists(metric, target, _base_dir(info))
         return metric
 
     @field_validator("evaluation")
@@ -280,6 +281,20 @@ class DataSection(BaseModel):
             metric = info.data.get("metric", "accuracy")
             raise user_error(f"evaluation data needs labels for metric {metric!r}: add `y: <key>`", at_key=True)
         return evaluation
+
+
+def _module_exists(metric: str, target: str, base_dir: Path) -> None:
+    """The metric's top-level module is found (beside the recipe or installed) without importing anything:
+    `PathFinder.find_spec` of a top-level name only looks at files."""
+    import importlib.machinery
+    import sys
+
+    top = target.split(".")[0]
+    if top in sys.modules or importlib.machinery.BuiltinImporter.find_spec(top) is not None:
+        return
+    if importlib.machinery.PathFinder.find_spec(top, [str(base_dir), *sys.path]) is None:
+        raise user_error(f"metric {metric!r}: no module named {top!r} beside the recipe or installed "
+                         "(a file is written path/to/file.py:function)")
 
 
 # ---------------------------------------------------------------- tuning and targets
@@ -659,35 +674,27 @@ def _array_rows(source: Path, key: str) -> int:
         raise user_error(f"array {key!r} in {source.name} is a scalar; expected one sample per row")
     if shape[0] == 0:
         raise user_error(f"array {key!r} in {source.name} is empty (shape {shape})")
+    descr = _npz_headers(source)[key][1]
+    if not is_numeric(descr):
+        raise user_error(f"array {key!r} in {source.name} has dtype {descr}; expected numbers (object arrays "
+                         "are never read: they would be unpickled)")
     return shape[0]
 
 
 def _npz_shapes(source: Path) -> dict[str, tuple[int, ...]]:
+    return {name: shape for name, (shape, _) in _npz_headers(source).items()}
+
+
+def _npz_headers(source: Path) -> dict[str, tuple[tuple[int, ...], str]]:
     stat = source.stat()
-    return _read_npz_shapes(source, stat.st_mtime_ns, stat.st_size)
+    return _read_npz_headers(source, stat.st_mtime_ns, stat.st_size)
 
 
 @lru_cache(maxsize=16)
-def _read_npz_shapes(source: Path, mtime_ns: int, size: int) -> dict[str, tuple[int, ...]]:
-    """Array name -> shape from the headers alone: no array is loaded and numpy is not imported."""
+def _read_npz_headers(source: Path, mtime_ns: int, size: int) -> dict[str, tuple[tuple[int, ...], str]]:
+    """Array name -> (shape, dtype) from the headers alone (limits.py checks each): no array is loaded and
+    numpy is not imported."""
     try:
-        with zipfile.ZipFile(source) as archive:
-            return {
-                member[: -len(".npy")]: _npy_shape(archive, member)
-                for member in archive.namelist()
-                if member.endswith(".npy")
-            }
-    except (OSError, zipfile.BadZipFile, ValueError, SyntaxError, KeyError) as exc:
-        raise user_error(f"cannot read {source.name} as an .npz archive: {exc}") from None
-
-
-def _npy_shape(archive: zipfile.ZipFile, member: str) -> tuple[int, ...]:
-    """The shape in a .npy header: magic, version, header length, then a Python dict literal."""
-    with archive.open(member) as stream:
-        magic = stream.read(8)
-        if magic[:6] != b"\x93NUMPY":
-            raise ValueError(f"{member} is not a .npy array")
-        length_bytes = 2 if magic[6] == 1 else 4
-        length = int.from_bytes(stream.read(length_bytes), "little")
-        header = ast.literal_eval(stream.read(length).decode("latin1"))
-    return tuple(int(d) for d in header["shape"])
+        return npz_headers(source, source.name)
+    except UsageError as error:
+        raise user_error(str(error)) from None

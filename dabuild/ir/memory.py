@@ -11,34 +11,18 @@ from __future__ import annotations
 import ctypes
 import functools
 import math
-import os
 from collections.abc import Callable
 
 import numpy as np
 
-from dabuild.errors import BuildError, UsageError
+from dabuild.errors import BuildError
 from dabuild.ir.graph import Graph
-from dabuild.sizes import parse_size
+from dabuild.limits import BUDGET, memory_budget
 
-BUDGET = "DABUILD_MEMORY"
 # A sample's working set: its largest tensors alive together (a node's inputs and output), and the copies a
 # step makes of them (a channels-last input, a channels-first copy for the histograms): about this many times
 # the largest node's input + output bytes, as measured on ResNet-50 and MobileNetV2.
 WORKING_SET_FACTOR = 3
-
-
-def memory_budget() -> int:
-    """Bytes this run may use: `DABUILD_MEMORY` or half the physical memory."""
-    text = os.environ.get(BUDGET, "").strip()
-    if not text:
-        return _physical_memory() // 2
-    try:
-        value = parse_size(text)
-    except ValueError as error:
-        raise UsageError(f"{BUDGET}: {error}") from None
-    if value <= 0:
-        raise UsageError(f"{BUDGET}={text!r} must be positive")
-    return value
 
 
 def sample_bytes(graph: Graph) -> int:
@@ -93,9 +77,3 @@ def _malloc_trim() -> Callable[[int], int] | None:
 def _gb(size: int) -> str:
     return f"{size / 1e9:.2f} GB"
 
-
-def _physical_memory() -> int:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return 8 << 30

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from dabuild.data import read_array
 from dabuild.errors import BuildError, Diagnostic, ValidationError
 from dabuild.ir.graph import Graph, TensorSpec
 from dabuild.ir.ops.shape import out_of_range
@@ -56,8 +57,7 @@ def refuse_unbuildable(graph_dir: Path, exports: list[Any]) -> None:
 
 
 def _used(spec: Any, key: str) -> np.ndarray:
-    with np.load(spec.source, allow_pickle=False) as archive:
-        array = archive[key]
+    array = read_array(Path(spec.source), key)
     return array if spec.samples is None else array[: spec.samples]
 
 

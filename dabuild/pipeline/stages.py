@@ -86,14 +86,21 @@ def trace(run: StageRun) -> None:
 
 
 def calibrate(run: StageRun) -> None:
-    from dabuild.data import DataFile, batches, load_inputs
+    from dabuild.data import DataFile, batches, load_inputs, rows_in_file
     from dabuild.ir.graph import Graph
     from dabuild.quant.calibrate import calibrate as calibrate_graph
 
     graph = Graph.load(run.inputs["graph"])
     spec = DataFile.from_config(run.stage.config, run.stage.files["data"])
     arrays = load_inputs(spec, None, [t.name for t in graph.inputs], graph.integer_inputs())
-    stats = calibrate_graph(graph, batches(arrays, spec.batch_size), run.progress)
+    used, stored = len(next(iter(arrays.values()))), rows_in_file(spec)
+    if used < stored:
+        run.progress.info(f"calibrate: the first {used:,} of the {stored:,} samples in {spec.source.name} "
+                          "(data.calibration.samples)")
+    elif used > 10_000:
+        run.progress.info(f"calibrate: all {used:,} samples in {spec.source.name}; data.calibration.samples "
+                          "takes fewer (a few thousand fix the ranges)")
+    stats = calibrate_graph(graph, batches(arrays, spec.batch_size), run.progress, used)
     stats.save(run.out_dir)
 
 
