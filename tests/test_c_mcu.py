@@ -21,9 +21,9 @@ from test_quantize import C_CAPABILITY
 
 from dabuild.cli import main
 from dabuild.errors import BuildError
-from dabuild.quant.config import default_config
+from dabuild.quant.defaults import default_config
 from dabuild.quant.reference import run_integer
-from dabuild.targets.c import CTarget, parse_bytes
+from dabuild.targets.c import CTarget
 from dabuild.targets.c.codegen import stored_bytes
 from dabuild.targets.c.kernels.linear import interleave
 from dabuild.targets.c.profiles import PROFILES
@@ -137,9 +137,10 @@ def test_interleave_is_its_own_inverse_and_pairs_for_sxtb16() -> None:
 
 
 def test_sizes_and_options_are_validated() -> None:
-    assert parse_bytes("64KiB") == 65536 and parse_bytes("1.5 MiB") == 1572864 and parse_bytes(300) == 300
+    budget = CTarget.Options(cpu="cortex-m4", budget={"flash": "64KB", "ram": "2M"}).budget
+    assert budget is not None and (budget.flash, budget.ram) == (65536, 2 * 1024**2)  # dabuild.sizes: binary
     with pytest.raises(ValueError, match="is not a size"):
-        parse_bytes("64 furlongs")
+        CTarget.Options(cpu="cortex-m4", budget={"flash": "64 furlongs"})
     with pytest.raises(ValueError, match="budget is measured on a Cortex-M image"):
         CTarget.Options(budget={"flash": 1000})
     with pytest.raises(ValueError, match="runner: command needs options.command"):

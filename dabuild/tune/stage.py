@@ -62,7 +62,7 @@ def tune_stage(
     from dabuild.ir.graph import Graph
     from dabuild.plugins import STRATEGIES, load
     from dabuild.quant.calibrate import STATS_FILE
-    from dabuild.quant.given import carries_quantization
+    from dabuild.quant.given_params import carries_quantization
     from dabuild.recipe import TuningSpec
     from dabuild.tune.evaluate import EvalSetup, Evaluator, Scorer
     from dabuild.tune.objective import make_objective
