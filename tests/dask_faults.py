@@ -15,13 +15,15 @@ TRIAL_PREFIX = "_score_on_worker-"  # the keys of dabuild's trials (dabuild/tune
 
 class KillOnFirstTrial(WorkerPlugin):
     """SIGKILLs `victim` (None: the worker itself) when the first trial of the whole cluster starts
-    executing on a worker; a marker file created exclusively makes it once across workers."""
+    executing on a worker; a marker file created exclusively makes it once across workers (`every`:
+    the first trial on each worker, so every worker dies)."""
 
     name = "dabuild-test-kill-on-first-trial"
 
-    def __init__(self, marker: Path, victim: int | None = None):
+    def __init__(self, marker: Path, victim: int | None = None, every: bool = False):
         self.marker = str(marker)
         self.victim = victim
+        self.every = every
 
     def transition(self, key: Any, start: str, finish: str, **kwargs: Any) -> None:
         if finish != "executing" or not str(key).startswith(TRIAL_PREFIX):
@@ -29,5 +31,6 @@ class KillOnFirstTrial(WorkerPlugin):
         try:
             os.close(os.open(self.marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
         except FileExistsError:
-            return  # another trial already fired it
+            if not self.every:
+                return  # another trial already fired it
         os.kill(self.victim or os.getpid(), signal.SIGKILL)

@@ -195,6 +195,28 @@ def test_a_trial_whose_workers_all_die_is_one_error(digits: Path, tmp_path: Path
     assert (tmp_path / "killed").exists() and not (tmp_path / "b" / "digits-mlp" / "tune-c").exists()
 
 
+@pytest.mark.slow  # waits out WORKERLESS_SECONDS (30 s)
+def test_a_cluster_whose_every_worker_died_is_one_error_not_a_hang(
+        digits: Path, tmp_path: Path, cache_dir: Path) -> None:
+    from dabuild.tune.dask_executor import WORKERLESS_SECONDS
+    from tests.dask_faults import KillOnFirstTrial
+
+    with _cluster(tmp_path / "dask.log") as cluster:  # 3 failures allowed: the trial outlives its 2 workers
+        with cluster.client() as client:
+            client.register_plugin(KillOnFirstTrial(tmp_path / "killed", every=True))
+        start = time.monotonic()
+        result = _cli("build", str(digits), "--build-dir", str(tmp_path / "b"), "-q", "--executor", cluster.address,
+                      timeout=180)
+        seconds = time.monotonic() - start
+        assert all(worker.wait(timeout=10) == -9 for worker in cluster.workers)
+    address = cluster.address.replace("dask://", "tcp://")
+    expected = (f"dabuild: error: the Dask cluster at {address} has had no workers for {WORKERLESS_SECONDS}s "
+                "with trials to score; the stage wrote nothing")
+    assert result.returncode == 1 and result.stderr.splitlines() == [expected], result.stderr
+    assert seconds < WORKERLESS_SECONDS + 90
+    assert not (tmp_path / "b" / "digits-mlp" / "tune-c").exists()
+
+
 @pytest.mark.slow
 def test_a_scheduler_lost_mid_build_is_one_error_and_writes_nothing_half(
         digits: Path, tmp_path: Path, cache_dir: Path) -> None:

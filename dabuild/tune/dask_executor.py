@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 import uuid
 from dataclasses import replace
 from typing import Any
 
-from distributed import Client, KilledWorker
+from distributed import Client, Future, KilledWorker
 from distributed.diagnostics.plugin import WorkerPlugin
 
 from dabuild.errors import BuildError
@@ -16,6 +17,7 @@ from dabuild.quant.config import QuantConfig
 from dabuild.tune.evaluate import EvalSetup, Evaluator, Score
 
 CONNECT_SECONDS = 10
+WORKERLESS_SECONDS = 30  # a cluster without workers this long is an error, not a wait (a nanny restarts one sooner)
 # Dask logs a lost connection as errors with tracebacks; dabuild says it as one line of its own
 DASK_LOGGERS = ("distributed", "distributed.client")
 
@@ -69,9 +71,13 @@ class DaskExecutor:
         futures = [self.client.submit(_score_on_worker, self.token, config, floor, pure=False)
                    for config in configs]
         try:
+            self._wait_while_workers_remain(futures)
             return list(self.client.gather(futures))
+        except BuildError:
+            raise
         except KilledWorker as error:
-            raise BuildError(f"the Dask worker running a trial died {error.allowed_failures + 1} time(s) at {self.address} "
+            raise BuildError(f"the Dask worker running a trial died {error.allowed_failures + 1} time(s) at "
+                             f"{self.address} "
                              f"(the scheduler's distributed.scheduler.allowed-failures is {error.allowed_failures}); "
                              "the stage wrote nothing") from None
         except Exception as error:  # a lost scheduler surfaces as any of several errors
@@ -79,6 +85,25 @@ class DaskExecutor:
                 raise BuildError(f"lost the Dask scheduler at {self.address} mid-build; the stage wrote nothing"
                                  ) from None
             raise
+
+    def _wait_while_workers_remain(self, futures: list[Future]) -> None:
+        """Wait for the trials; a cluster left without a worker (every one died) stops the build, not hangs it."""
+        workerless_since: float | None = None
+        pending = list(futures)
+        while pending:
+            try:
+                pending[0].result(timeout=1)  # a trial's error (KilledWorker) is raised here
+                pending.pop(0)
+                continue
+            except TimeoutError:
+                pass
+            if self.client.nthreads():
+                workerless_since = None
+            elif workerless_since is None:
+                workerless_since = time.monotonic()
+            elif time.monotonic() - workerless_since > WORKERLESS_SECONDS:
+                raise BuildError(f"the Dask cluster at {self.address} has had no workers for {WORKERLESS_SECONDS}s "
+                                 "with trials to score; the stage wrote nothing")
 
     def close(self) -> None:
         with contextlib.suppress(Exception):  # a cluster already gone keeps nothing of ours
