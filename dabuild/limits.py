@@ -13,7 +13,7 @@ build computes, only whether it starts):
 - DABUILD_MEMORY: the run's memory budget (ir/memory.py cuts batches to it);
   no one declared array or archive member may pass it (default: half the
   machine's memory);
-- DABUILD_MAX_NODES: nodes an ONNX graph may hold (default 50,000; real
+- DABUILD_MAX_NODES: nodes an ONNX graph (operators a .tflite file) may hold (default 50,000; real
   models dabuild targets hold hundreds, a large transformer a few thousand);
 - DABUILD_MAX_CONSTANT_ELEMENTS: elements a constant computed while loading
   a graph (ConstantOfShape, Expand, Tile, Range) may hold (default 2^28, a
