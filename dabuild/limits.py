@@ -13,7 +13,7 @@ build computes, only whether it starts):
 - DABUILD_MEMORY: the run's memory budget (ir/memory.py cuts batches to it);
   no one declared array or archive member may pass it (default: half the
   machine's memory);
-- DABUILD_MAX_NODES: nodes an ONNX graph may hold (default 50,000; real
+- DABUILD_MAX_NODES: nodes an ONNX graph (operators a .tflite file) may hold (default 50,000; real
   models dabuild targets hold hundreds, a large transformer a few thousand);
 - DABUILD_MAX_CONSTANT_ELEMENTS: elements a constant computed while loading
   a graph (ConstantOfShape, Expand, Tile, Range) may hold (default 2^28, a
@@ -149,13 +149,33 @@ def npy_header(stream: IO[bytes], where: str) -> tuple[tuple[int, ...], str]:
     if not isinstance(shape, tuple) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
                                                  for d in shape):
         raise ValueError(f"{where}: the .npy header's shape {str(shape)[:60]} is not a tuple of sizes")
-    kind = _DESCR.match(descr) if isinstance(descr, str) else None
-    if kind is None:
-        raise ValueError(f"{where}: dtype {str(descr)[:60]} is not a plain array type (structured arrays "
-                         "are not read)")
-    item_bytes = _ITEM_BYTES.get(kind.group(1)) or int(kind.group(2) or 1) * (4 if kind.group(1) == "U" else 1)
-    check_declared_bytes(where, f"shape {shape} of {descr}", math.prod(shape) * item_bytes)
-    return shape, descr
+    item_bytes = _item_bytes(descr)
+    if item_bytes is None:
+        raise ValueError(f"{where}: dtype {str(descr)[:60]} is not an array type dabuild can size")
+    check_declared_bytes(where, f"shape {shape} of {str(descr)[:60]}", math.prod(shape) * item_bytes)
+    return shape, descr if isinstance(descr, str) else repr(descr)
+
+
+def _item_bytes(descr: object) -> int | None:
+    """Bytes of one element of a .npy dtype descr: a plain type ('<f4'), or a structured one (a list of
+    (name, descr[, shape]) fields, which numpy writes for record arrays); None for anything else."""
+    if isinstance(descr, str):
+        kind = _DESCR.match(descr)
+        if kind is None:
+            return None
+        return _ITEM_BYTES.get(kind.group(1)) or int(kind.group(2) or 1) * (4 if kind.group(1) == "U" else 1)
+    if not isinstance(descr, list):
+        return None
+    total = 0
+    for field in descr:
+        if not isinstance(field, tuple) or len(field) not in (2, 3):
+            return None
+        inner = _item_bytes(field[1])
+        shape = field[2] if len(field) == 3 else ()
+        if inner is None or not isinstance(shape, tuple) or not all(isinstance(d, int) and d >= 0 for d in shape):
+            return None
+        total += inner * math.prod(shape)
+    return total
 
 
 def is_numeric(descr: str) -> bool:
