@@ -38,7 +38,7 @@ from dabuild.ir import Graph, Node, TensorSpec
 from dabuild.ir.passes import optimize
 from dabuild.progress import Progress
 from dabuild.quant.calibrate import calibrate
-from dabuild.quant.config import default_config
+from dabuild.quant.defaults import default_config
 from dabuild.quant.qgraph import QGraph
 from dabuild.quant.quantize import quantize
 from dabuild.quant.reference import run_integer

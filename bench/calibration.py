@@ -192,7 +192,8 @@ def dabuild_accuracies(graph, calibration: np.ndarray, x_test: np.ndarray, y_tes
     from dabuild.ir.interpreter import run
     from dabuild.progress import Progress
     from dabuild.quant.calibrate import calibrate
-    from dabuild.quant.config import NodeConfig, QuantConfig, default_config
+    from dabuild.quant.config import NodeConfig, QuantConfig
+    from dabuild.quant.defaults import default_config
     from dabuild.quant.quantize import quantize
     from dabuild.quant.reference import run_quantized
     from dabuild.resources import data_dir

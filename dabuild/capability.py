@@ -96,8 +96,8 @@ class CapabilitySpec(BaseModel):
     fp32_fallback: bool = Field(default=False, description="Whether the backend runs float islands: nodes kept in float32, with "
                                   "quantize/dequantize at the island's boundary (dabuild.quant.layers.fallback).")
     float_ops: list[str] | None = Field(
-        default=None, description="The op types a float island may hold (with fp32_fallback); none listed: any op. "
-        "The c target's float kernels run a few (dense, conv, pools, means, elementwise arithmetic, clamps, copies).")
+        default=None, description="The op types a float island may hold (with fp32_fallback), within those the "
+        "target writes in float (its own table, Target.float_ops, shown in docs/ops.md); none listed: all of those.")
     cost_model: str | None = Field(
         default=None,
         description="A cost estimate of the backend (an entry point of dabuild.cost_models, e.g. da4ml), which "
@@ -225,6 +225,12 @@ def _unknown_names(document: YamlDocument, spec: CapabilitySpec) -> list[Diagnos
     from dabuild.quant.dtypes import type_names
 
     found = []
+    precisions = [*type_names(), "fp32"]
+    for index, precision in enumerate(spec.precisions):  # a type, fp32, or a range such as int2-int16
+        unknown = [name for name in precision.split("-", 1) if name not in precisions]
+        if unknown:
+            message = unknown_name_message("precision", unknown[0], precisions)
+            found.append(document.diagnostic(("precisions", index), message + "; dabuild has no type for it"))
     for index, op in enumerate(spec.float_ops or []):
         if op not in OPS:
             message = unknown_name_message("op type", op, OPS.names()).replace("; available:", "; IR op types:")

@@ -10,8 +10,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
-import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -330,16 +328,22 @@ def _graph(args: argparse.Namespace, progress: Progress) -> int:
 
 
 def _clean(args: argparse.Namespace, progress: Progress) -> int:
-    from dabuild.pipeline.build import workspace_for
+    """Empty each recipe's build folder; a link (the folder itself or anything in it) is removed, never
+    what it points to."""
+    from dabuild.pipeline.buildfolder import build_root, remove
     from dabuild.pipeline.lock import BuildLock
 
+    root = build_root(args.build_dir)
     for recipe in _load_recipes(args):
-        folder = workspace_for(recipe, args.build_dir).build_dir
-        if folder.exists():
+        folder = root / recipe.name
+        if folder.is_symlink():
+            folder.unlink()
+            progress.info(f"removed the link {folder} (not what it pointed to)")
+        elif folder.exists():
             with BuildLock(folder, progress):
                 for child in folder.iterdir():
                     if child.name != ".lock":
-                        shutil.rmtree(child) if child.is_dir() else child.unlink()
+                        remove(child)
             progress.info(f"removed {folder}")
     return 0
 
@@ -393,16 +397,14 @@ def _init(args: argparse.Namespace, progress: Progress) -> int:
     return 0
 
 
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
+def max_size(text: str) -> int:
+    """--max-size in bytes (dabuild.sizes: `500M`, `2GiB`, `0`); UsageError naming the option otherwise."""
+    from dabuild.sizes import parse_size
 
-
-def parse_size(text: str) -> int:
-    """`500M`, `2G`, `1.5GiB`, `0` -> bytes (powers of 1024)."""
-    match = _SIZE.match(text)
-    if not match:
-        raise UsageError(f"--max-size: {text!r} is not a size such as 500M or 2G")
-    number, unit = match.groups()
-    return int(float(number) * 1024 ** "_kmgt".index(unit.lower() or "_"))
+    try:
+        return parse_size(text)
+    except ValueError as error:
+        raise UsageError(f"--max-size: {error}") from None
 
 
 def _cache(args: argparse.Namespace, progress: Progress) -> int:
@@ -416,7 +418,7 @@ def _cache(args: argparse.Namespace, progress: Progress) -> int:
             print(f"{info.name:<17} {human_size(info.size):>10}  {info.entries:>6} {_ENTRY_WORDS[info.name]:<8} "
                   f"{info.root}")
     else:
-        removed, freed = store.prune(parse_size(args.max_size))
+        removed, freed = store.prune(max_size(args.max_size))
         progress.info(f"pruned {removed} items, freed {human_size(freed)}; temporary files removed")
     return 0
 

@@ -24,9 +24,8 @@ from typing import Protocol
 
 from dabuild.ir import opdocs
 from dabuild.ir.ops import OPS
-from dabuild.registry import Registry
 
-STAGES = ("interpreter", "integer lowering", "c", "onnx", "nnef", "hdl", "onnx frontend", "torch frontend")
+FIXED_STAGES = ("interpreter", "integer lowering")
 
 HEADER = """# dabuild ops: coverage and reference
 
@@ -40,49 +39,40 @@ island (kept in fp32 between dequantize and quantize, on targets whose capabilit
 A target cell says `int` when the target writes every layer type of the op's lowering (`int except`
 the layer types it refuses, by layer, where it writes only some), `float`
 when it runs the op inside a float island, and `—` when it refuses the op (naming node, op and
-target). The frontend cells list the ONNX op types and ATen ops whose converters emit the op.
+target). The frontend cells list the ONNX op types, Keras layer classes and ATen ops whose converters emit the op.
 
 """
 
 
 @dataclass(frozen=True)
-class Targets:
-    """Each target's tables: the layer types it writes and the IR ops it can write in float."""
+class Tables:
+    """Each installed target's tables (the layer types it writes, the IR ops it can write in float) and each
+    frontend's converters, read off the plugins' own registries."""
 
-    layers: dict[str, set[str]]
-    float_ops: dict[str, set[str]]
+    layers: dict[str, frozenset[str]]
+    float_ops: dict[str, frozenset[str]]
+    frontends: dict[str, dict[str, list[str]]]   # "<framework> frontend" -> IR op -> source op names
 
-
-def _held(registry: Registry) -> set[str]:
-    """The names a registry holds, less entries that only refuse (a stage saying why it cannot)."""
-    return {name for name, entry in registry.items() if not getattr(entry, "refuses", False)}
-
-
-def _targets() -> Targets:
-    from dabuild.targets.c.kernels import KERNELS
-    from dabuild.targets.hdl.symbolic import CONVERTERS as HDL
-    from dabuild.targets.nnef.float_ops import FLOAT_OPS
-    from dabuild.targets.nnef.layers import LAYER_EXPORTERS
-    from dabuild.targets.onnx.qdq import WRITERS
-    from dabuild.targets.onnx_float import EXPORTERS
-
-    c_layers = {key.split("/", 1)[0] for key in _held(KERNELS) if not key.startswith(":")}
-    layers = {"c": c_layers, "onnx": _held(WRITERS), "nnef": _held(LAYER_EXPORTERS), "hdl": _held(HDL)}
-    float_ops = {
-        "c": set(),
-        "onnx": _held(EXPORTERS) if "float" in layers["onnx"] else set(),
-        "nnef": _held(FLOAT_OPS) if "float" in layers["nnef"] else set(),
-        "hdl": set(),
-    }
-    return Targets(layers, float_ops)
+    @property
+    def stages(self) -> tuple[str, ...]:
+        return (*FIXED_STAGES, *self.layers, *self.frontends)
 
 
-def _frontends() -> dict[str, dict[str, list[str]]]:
-    """Per frontend, IR op -> the source op names whose converters declare they emit it."""
-    from dabuild.trace.onnx_frontend.converters import CONVERTERS as ONNX
-    from dabuild.trace.torch_frontend.aten import CONVERTERS as TORCH
+def tables() -> Tables:
+    """The tables of every plugin installed in the `dabuild.targets` and `dabuild.tracers` groups: a new target
+    or frontend appears here, and so in docs/ops.md, without a change to this module. A plugin whose optional
+    dependency is missing raises, naming it (the page would be incomplete)."""
+    from dabuild import plugins
 
-    return {"onnx frontend": _emitted(ONNX.items()), "torch frontend": _emitted(TORCH.items())}
+    layers, float_ops, frontends = {}, {}, {}
+    for kind in plugins.available(plugins.TARGETS):
+        target = plugins.load(plugins.TARGETS, kind)
+        layers[kind], float_ops[kind] = target.layer_types(), target.float_ops()
+    for framework in plugins.available(plugins.TRACERS):
+        converters = plugins.load(plugins.TRACERS, framework).converters()
+        if converters is not None:
+            frontends[f"{framework} frontend"] = _emitted(converters.items())
+    return Tables(layers, float_ops, frontends)
 
 
 class _Declares(Protocol):
@@ -103,16 +93,18 @@ def _emitted(converters: Iterable[tuple[str, _Declares]]) -> dict[str, list[str]
 
 def undeclared_converters() -> list[str]:
     """Converters that do not say which IR ops they emit (the coverage test fails on any)."""
-    from dabuild.trace.onnx_frontend.converters import CONVERTERS as ONNX
-    from dabuild.trace.torch_frontend.aten import CONVERTERS as TORCH
+    from dabuild import plugins
 
-    return [f"{where} {name}" for where, registry in (("onnx", ONNX), ("aten", TORCH))
-            for name, converter in registry.items() if converter.emits is None]
+    found = []
+    for framework in plugins.available(plugins.TRACERS):
+        converters = plugins.load(plugins.TRACERS, framework).converters()
+        found += [f"{framework} {name}" for name, converter in (converters.items() if converters else [])
+                  if converter.emits is None]
+    return found
 
 
 def undeclared_lowerings() -> list[str]:
     """Lowerings that do not say which layer types they make."""
-    from dabuild.quant import layers  # noqa: F401  (registers every lowering)
     from dabuild.quant.lowering import LOWERINGS
 
     return [name for name, lowerer in LOWERINGS.items() if lowerer.layers is None]
@@ -122,37 +114,37 @@ def _list(names: Iterable[str]) -> str:
     return ", ".join(names) or "—"
 
 
-def rows() -> list[dict[str, str]]:
+def rows(found: Tables | None = None) -> list[dict[str, str]]:
     """One dict per IR op: stage -> cell text (the table, as data, for tests and tools)."""
-    from dabuild.quant import layers  # noqa: F401  (registers every lowering)
     from dabuild.quant.lowering import LOWERINGS, integer_layers
 
-    targets, frontends = _targets(), _frontends()
+    found = found or tables()
     table = []
     for op in sorted(OPS):
         lowerer = LOWERINGS.get(op)
         made = integer_layers(lowerer) if lowerer is not None else None
         row = {"op": op, "interpreter": "float"}
         row["integer lowering"] = "float island" if made is None else f"exact: {_list(sorted(made))}"
-        for target in ("c", "onnx", "nnef", "hdl"):
+        for target, written in found.layers.items():
             ways = []
-            if made is not None and made <= targets.layers[target]:
+            if made is not None and made <= written:
                 ways.append("int")
-            elif made is not None and made & targets.layers[target]:
-                ways.append(f"int except {_list(sorted(made - targets.layers[target]))}")
-            if op in targets.float_ops[target]:
+            elif made is not None and made & written:
+                ways.append(f"int except {_list(sorted(made - written))}")
+            if op in found.float_ops[target]:
                 ways.append("float")
             row[target] = " + ".join(ways) or "—"
-        for frontend in ("onnx frontend", "torch frontend"):
-            row[frontend] = _list(frontends[frontend].get(op, []))
+        for frontend, emitted in found.frontends.items():
+            row[frontend] = _list(emitted.get(op, []))
         table.append(row)
     return table
 
 
 def coverage_markdown() -> str:
-    lines = ["| op | " + " | ".join(STAGES) + " |", "| --- |" + " --- |" * len(STAGES)]
-    for row in rows():
-        cells = [f"`{row['op']}`", *(row[stage] for stage in STAGES)]
+    found = tables()
+    lines = ["| op | " + " | ".join(found.stages) + " |", "| --- |" + " --- |" * len(found.stages)]
+    for row in rows(found):
+        cells = [f"`{row['op']}`", *(row[stage] for stage in found.stages)]
         lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
     return HEADER + "\n".join(lines) + "\n"
 

@@ -9,7 +9,7 @@ the file and the key.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from dabuild.errors import UsageError
+from dabuild.limits import is_numeric, npz_headers
 
 
 @dataclass(frozen=True)
@@ -42,17 +43,27 @@ def _path(spec: Any, base_dir: Path | None) -> Path:
     return Path(spec.source) if base_dir is None else Path(base_dir, spec.source)
 
 
-def _read(path: Path, key: str) -> np.ndarray:
-    """One array of an .npz, checked to exist, be numeric, non-empty and finite."""
+def read_array(path: Path, key: str) -> np.ndarray:
+    """Array `key` of the .npz `path`, its headers checked first (limits.py: sizes, archive ratio, a plain
+    numeric dtype, so nothing is unpickled and nothing huge is allocated); UsageError naming file and key."""
     if not path.is_file():
         raise UsageError(f"data file {path} does not exist")
+    headers = npz_headers(path)
+    if key not in headers:
+        raise UsageError(f"{path}: no array {key!r}; arrays in the file: {', '.join(headers) or 'none'}")
+    if not is_numeric(headers[key][1]):
+        raise UsageError(f"{path}: array {key!r} has dtype {headers[key][1]}; expected numbers (object arrays "
+                         "are never read: they would be unpickled)")
     try:
         with np.load(path, allow_pickle=False) as archive:
-            if key not in archive.files:
-                raise UsageError(f"{path}: no array {key!r}; arrays in the file: {', '.join(archive.files) or 'none'}")
-            array = archive[key]
-    except (OSError, ValueError) as error:
-        raise UsageError(f"{path}: not a readable .npz file ({error})") from None
+            return archive[key]
+    except (OSError, ValueError, EOFError) as error:
+        raise UsageError(f"{path}: array {key!r} is not readable ({error})") from None
+
+
+def _read(path: Path, key: str) -> np.ndarray:
+    """One array of an .npz, checked to exist, be numeric, non-empty and finite."""
+    array = read_array(path, key)
     if array.size == 0:
         raise UsageError(f"{path}: array {key!r} is empty (shape {array.shape})")
     if array.dtype.kind not in "biuf":
@@ -61,6 +72,13 @@ def _read(path: Path, key: str) -> np.ndarray:
         bad = int(np.size(array) - np.isfinite(array).sum())
         raise UsageError(f"{path}: array {key!r} has {bad} NaN or infinite values")
     return array
+
+
+def rows_in_file(spec: Any) -> int:
+    """Rows the file holds for the (first) input array, from its header."""
+    key = spec.x if isinstance(spec.x, str) else next(iter(dict(spec.x).values()))
+    shape = npz_headers(Path(spec.source))[key][0]
+    return shape[0] if shape else 0
 
 
 def _input_keys(spec: Any, input_names: list[str]) -> dict[str, str]:
@@ -134,29 +152,3 @@ def batches(arrays: dict[str, np.ndarray], batch_size: int) -> Iterator[dict[str
     length = len(next(iter(arrays.values())))
     for start in range(0, length, batch_size):
         yield {name: array[start : start + batch_size] for name, array in arrays.items()}
-
-
-def accuracy(outputs: np.ndarray, labels: np.ndarray) -> float:
-    """Share of rows whose largest output (over the last axis) is at the integer label."""
-    if outputs.shape[:-1] != labels.shape:
-        raise UsageError(
-            f"accuracy needs labels of shape {outputs.shape[:-1]} for outputs {outputs.shape}, got {labels.shape}"
-        )
-    return float(np.mean(outputs.argmax(axis=-1) == labels))
-
-
-def mse(outputs: np.ndarray, labels: np.ndarray) -> float:
-    """Mean squared error between outputs and targets of the same shape."""
-    if outputs.shape != labels.shape:
-        raise UsageError(f"mse needs targets of the outputs' shape {outputs.shape}, got {labels.shape}")
-    return float(np.mean((outputs.astype(np.float64) - labels) ** 2))
-
-
-METRICS: dict[str, Callable[[np.ndarray, np.ndarray], float]] = {"accuracy": accuracy, "mse": mse}
-
-
-def evaluate_metric(metric: str, outputs: np.ndarray, labels: np.ndarray) -> float:
-    """The named metric of model outputs against labels."""
-    if metric not in METRICS:
-        raise UsageError(f"unknown metric {metric!r}; available: {', '.join(sorted(METRICS))}")
-    return METRICS[metric](np.asarray(outputs), np.asarray(labels))

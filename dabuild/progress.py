@@ -64,10 +64,14 @@ class Progress:
             nonlocal done, last_draw
             done += n
             now = time.monotonic()
+            of = f"/{total:,}" if total else ""
             if self.live and self.level >= 1 and now - last_draw > 0.1:
                 last_draw = now
-                of = f"/{total}" if total else ""
-                self.stream.write(f"\r\x1b[K  {label}: {done}{of}")
+                self.stream.write(f"\r\x1b[K  {label}: {done:,}{of}")
+                self.stream.flush()
+            elif not self.live and self.level >= 1 and now - max(last_draw, start) > 10:  # a log: a line each 10 s
+                last_draw = now
+                self.stream.write(f"  {label}: {done:,}{of} after {now - start:.0f}s\n")
                 self.stream.flush()
 
         if not self.live:

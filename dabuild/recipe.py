@@ -10,6 +10,9 @@ target class's own `Options` model) and its capability.
 After loading, every path is absolute, and each target's `options`,
 `capability` and `check_io.tolerance` are filled in with the target class's
 defaults, so later stages (and their cache keys) see the settings in full.
+Each target is resolved here, once (`Recipe.resolved`): its plugin class, its
+validated options and the capability it runs, which planning hands to the
+stages; nothing after this loads a target plugin again.
 
 It runs on every build, even one with nothing to do, so it stays cheap: no
 numpy (the .npz check reads only the .npy headers), plugin classes are loaded
@@ -18,10 +21,9 @@ only for the target kinds the recipe uses.
 
 from __future__ import annotations
 
-import ast
 import difflib
 import re
-import zipfile
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -41,7 +43,9 @@ from pydantic import ValidationError as PydanticValidationError
 
 from dabuild import plugins
 from dabuild.capability import CapabilitySpec, Slug, collect_capabilities
-from dabuild.errors import Diagnostic, ValidationError, unknown_name_message
+from dabuild.errors import Diagnostic, UsageError, ValidationError, unknown_name_message
+from dabuild.limits import is_numeric, npz_headers
+from dabuild.metrics import BUILTIN_METRICS, METRIC_FORMS, top_k_of
 from dabuild.userpaths import PathProblem, checked_path
 from dabuild.yamlpos import YamlDocument, load_yaml, pydantic_diagnostics, require_mapping, user_error
 
@@ -191,21 +195,6 @@ class ModelSpec(BaseModel):
 
 # ---------------------------------------------------------------- data
 
-BUILTIN_METRICS = ("accuracy", "mse")  # dabuild.data.METRICS, named here so validation imports no numpy
-DEFAULT_TOP_K = 5
-_TOP_K = re.compile(r"^top_(k|[1-9][0-9]*)$")
-METRIC_FORMS = ("'accuracy', 'mse', 'top_k' (k = 5), 'top_<k>' such as 'top_3', "
-                "'file.py:function' or 'package.module:function'")
-
-
-def top_k_of(metric: str) -> int | None:
-    """k of a `top_k` / `top_<k>` metric name, None for any other name."""
-    match = _TOP_K.match(metric)
-    if match is None:
-        return None
-    return DEFAULT_TOP_K if match.group(1) == "k" else int(match.group(1))
-
-
 class DataSpec(BaseModel):
     """Arrays from one .npz file."""
 
@@ -281,6 +270,8 @@ class DataSection(BaseModel):
                 checked_path(_base_dir(info) / target, shown=target)
             except PathProblem as problem:
                 raise user_error(f"metric {metric!r}: {problem}") from None
+        else:
+            _module_exists(metric, target, _base_dir(info))
         return metric
 
     @field_validator("evaluation")
@@ -290,6 +281,20 @@ class DataSection(BaseModel):
             metric = info.data.get("metric", "accuracy")
             raise user_error(f"evaluation data needs labels for metric {metric!r}: add `y: <key>`", at_key=True)
         return evaluation
+
+
+def _module_exists(metric: str, target: str, base_dir: Path) -> None:
+    """The metric's top-level module is found (beside the recipe or installed) without importing anything:
+    `PathFinder.find_spec` of a top-level name only looks at files."""
+    import importlib.machinery
+    import sys
+
+    top = target.split(".")[0]
+    if top in sys.modules or importlib.machinery.BuiltinImporter.find_spec(top) is not None:
+        return
+    if importlib.machinery.PathFinder.find_spec(top, [str(base_dir), *sys.path]) is None:
+        raise user_error(f"metric {metric!r}: no module named {top!r} beside the recipe or installed "
+                         "(a file is written path/to/file.py:function)")
 
 
 # ---------------------------------------------------------------- tuning and targets
@@ -416,6 +421,22 @@ class TargetSpec(BaseModel):
     _check_kind = field_validator("kind")(_plugin_name(plugins.TARGETS))
 
 
+@dataclass(frozen=True)
+class ResolvedTarget:
+    """A recipe target with its plugin resolved: the class its kind names, its options as that class's `Options`
+    model, and the capability it runs (the recipe's or its kind's own, as `Target.capability_for` narrows it to what
+    the class writes with these options)."""
+
+    name: str
+    target_class: Any
+    options: BaseModel
+    capability: CapabilitySpec
+
+    def target(self) -> Any:
+        """The target plugin, ready to export, run or check."""
+        return self.target_class(self.options, self.capability)
+
+
 class Recipe(BaseModel):
     """A dabuild recipe (recipe.yaml)."""
 
@@ -434,6 +455,18 @@ class Recipe(BaseModel):
     _path: Path | None = PrivateAttr(default=None)
     _base_dir: Path | None = PrivateAttr(default=None)
     _document: YamlDocument | None = PrivateAttr(default=None)
+    _resolved: dict[str, ResolvedTarget] = PrivateAttr(default_factory=dict)
+    _known_capabilities: dict[str, CapabilitySpec] = PrivateAttr(default_factory=dict)
+
+    @property
+    def resolved(self) -> dict[str, ResolvedTarget]:
+        """Each target, by name, with its plugin resolved (set by `load_recipe`)."""
+        return self._resolved
+
+    @property
+    def known_capabilities(self) -> dict[str, CapabilitySpec]:
+        """Every capability by name, bundled and the recipe's own files, as found when it was loaded."""
+        return self._known_capabilities
 
     @property
     def document(self) -> YamlDocument | None:
@@ -484,18 +517,33 @@ def load_recipe(path: Path | str) -> Recipe:
     if diagnostics:
         raise ValidationError(diagnostics)
     assert recipe is not None
-    for target, (options, capability, tolerance) in zip(recipe.targets, resolved):
-        target.options, target.capability, target.check_io.tolerance = options, capability, tolerance
+    for target, found in zip(recipe.targets, resolved):
+        target.options, target.capability, target.check_io.tolerance = found.options, found.capability, found.tolerance
+        recipe._resolved[target.name] = ResolvedTarget(
+            target.name, found.target_class, found.validated,
+            found.target_class.capability_for(capabilities[found.capability], found.options))
     recipe._path, recipe._base_dir, recipe._document = path.resolve(), base_dir, document
+    recipe._known_capabilities = capabilities
     return recipe
+
+
+@dataclass
+class _Found:
+    """What `_check_targets` resolved of one target (its options in full, as JSON and as the Options model)."""
+
+    target_class: Any
+    options: dict
+    validated: Any
+    capability: str
+    tolerance: Tolerance
 
 
 def _check_targets(
     document: YamlDocument, targets: Any, base_dir: Path, capabilities: dict[str, CapabilitySpec] | None
-) -> tuple[list[tuple[dict, str, Tolerance]], list[Diagnostic]]:
+) -> tuple[list[_Found], list[Diagnostic]]:
     """What needs the target classes or spans targets, checked on the raw data so it runs even when
-    other parts of the recipe are wrong. Returns each target's (options, capability, tolerance) in full."""
-    resolved: list[tuple[dict, str, Tolerance]] = []
+    other parts of the recipe are wrong. Returns what it resolved of each target, in full."""
+    resolved: list[_Found] = []
     diagnostics: list[Diagnostic] = []
     first_line: dict[str, int] = {}
     for i, raw in enumerate(targets if isinstance(targets, list) else []):
@@ -517,7 +565,7 @@ def _check_targets(
             message = f"target kind {kind!r} cannot be loaded: {type(exc).__name__}: {exc}"
             diagnostics.append(document.diagnostic(loc + ("kind",), message))
             continue
-        options = raw.get("options", {})
+        options, validated = raw.get("options", {}), None
         if isinstance(options, dict):
             try:
                 validated = target_class.Options.model_validate(options, context={"base_dir": base_dir})
@@ -537,16 +585,18 @@ def _check_targets(
             diagnostics.append(document.diagnostic(loc + (where,), message))
         check_io = raw.get("check_io")
         tolerance = check_io.get("tolerance") if isinstance(check_io, dict) else None
-        resolved.append((options, capability, tolerance or target_class.default_tolerance))
+        resolved.append(_Found(target_class, options, validated, capability,
+                               tolerance or target_class.default_tolerance))
     return resolved, diagnostics
 
 
 def _check_objective(document: YamlDocument, objective: str | None, targets: list[TargetSpec],
-                     resolved: list[tuple[dict, str, Tolerance]], capabilities: dict[str, CapabilitySpec]) -> list[Diagnostic]:
+                     resolved: list[_Found], capabilities: dict[str, CapabilitySpec]) -> list[Diagnostic]:
     """`tuning.objective: estimate` needs every tuned capability to name a cost model."""
     if objective != "estimate":
         return []
-    for target, (_, capability, _) in zip(targets, resolved):
+    for target, found in zip(targets, resolved):
+        capability = found.capability
         spec = capabilities.get(capability)
         if spec is not None and spec.cost_model is None:
             message = (f"objective 'estimate' needs a cost estimate, but capability {capability!r} (target "
@@ -556,16 +606,14 @@ def _check_objective(document: YamlDocument, objective: str | None, targets: lis
 
 
 def _check_float_islands(document: YamlDocument, space: SpaceNarrowing, targets: list[TargetSpec],
-                         resolved: list[tuple[dict, str, Tolerance]], capabilities: dict[str, CapabilitySpec]) -> list[Diagnostic]:
+                         resolved: list[_Found], capabilities: dict[str, CapabilitySpec]) -> list[Diagnostic]:
     """A dtype list naming fp32 asks for float islands: every tuned capability must run them, and every target
     with its options (a core without an FPU runs none)."""
-    from dabuild.plugins import TARGETS, load
-
-    without = [(target.name, f"capability {capability!r} does not run float islands (fp32_fallback: false)")
-               for target, (_, capability, _) in zip(targets, resolved)
-               if capability in capabilities and not capabilities[capability].fp32_fallback]
-    for target, (options, _, _) in zip(targets, resolved):
-        why = load(TARGETS, target.kind).refuses_float_islands(options if isinstance(options, dict) else {})
+    without = [(target.name, f"capability {found.capability!r} does not run float islands (fp32_fallback: false)")
+               for target, found in zip(targets, resolved)
+               if found.capability in capabilities and not capabilities[found.capability].fp32_fallback]
+    for target, found in zip(targets, resolved):
+        why = found.target_class.refuses_float_islands(found.options if isinstance(found.options, dict) else {})
         if why is not None:
             without.append((target.name, f"{why}, so it runs no float islands"))
     diagnostics = []
@@ -584,12 +632,15 @@ def _check_float_islands(document: YamlDocument, space: SpaceNarrowing, targets:
     return diagnostics
 
 
-def _without_float_kernel(op: str, targets: list[TargetSpec], resolved: list[tuple[dict, str, Tolerance]],
+def _without_float_kernel(op: str, targets: list[TargetSpec], resolved: list[_Found],
                           capabilities: dict[str, CapabilitySpec]) -> list[tuple[str, str]]:
-    """The targets whose capability runs float islands but none of op `op` (it is not in their float_ops)."""
+    """The targets whose capability, as they run it, has float islands but none of op `op`."""
     found = []
-    for target, (_, capability, _) in zip(targets, resolved):
+    for target, resolution in zip(targets, resolved):
+        capability = resolution.capability
         spec = capabilities.get(capability)
+        if spec is not None:
+            spec = resolution.target_class.capability_for(spec, resolution.options)
         if spec is not None and spec.fp32_fallback and not spec.runs_float(op):
             kernels = ", ".join(spec.float_ops or [])
             found.append((target.name, f"capability {capability!r} has no float kernel for op {op!r} (float_ops: {kernels})"))
@@ -623,35 +674,27 @@ def _array_rows(source: Path, key: str) -> int:
         raise user_error(f"array {key!r} in {source.name} is a scalar; expected one sample per row")
     if shape[0] == 0:
         raise user_error(f"array {key!r} in {source.name} is empty (shape {shape})")
+    descr = _npz_headers(source)[key][1]
+    if not is_numeric(descr):
+        raise user_error(f"array {key!r} in {source.name} has dtype {descr}; expected numbers (object arrays "
+                         "are never read: they would be unpickled)")
     return shape[0]
 
 
 def _npz_shapes(source: Path) -> dict[str, tuple[int, ...]]:
+    return {name: shape for name, (shape, _) in _npz_headers(source).items()}
+
+
+def _npz_headers(source: Path) -> dict[str, tuple[tuple[int, ...], str]]:
     stat = source.stat()
-    return _read_npz_shapes(source, stat.st_mtime_ns, stat.st_size)
+    return _read_npz_headers(source, stat.st_mtime_ns, stat.st_size)
 
 
 @lru_cache(maxsize=16)
-def _read_npz_shapes(source: Path, mtime_ns: int, size: int) -> dict[str, tuple[int, ...]]:
-    """Array name -> shape from the headers alone: no array is loaded and numpy is not imported."""
+def _read_npz_headers(source: Path, mtime_ns: int, size: int) -> dict[str, tuple[tuple[int, ...], str]]:
+    """Array name -> (shape, dtype) from the headers alone (limits.py checks each): no array is loaded and
+    numpy is not imported."""
     try:
-        with zipfile.ZipFile(source) as archive:
-            return {
-                member[: -len(".npy")]: _npy_shape(archive, member)
-                for member in archive.namelist()
-                if member.endswith(".npy")
-            }
-    except (OSError, zipfile.BadZipFile, ValueError, SyntaxError, KeyError) as exc:
-        raise user_error(f"cannot read {source.name} as an .npz archive: {exc}") from None
-
-
-def _npy_shape(archive: zipfile.ZipFile, member: str) -> tuple[int, ...]:
-    """The shape in a .npy header: magic, version, header length, then a Python dict literal."""
-    with archive.open(member) as stream:
-        magic = stream.read(8)
-        if magic[:6] != b"\x93NUMPY":
-            raise ValueError(f"{member} is not a .npy array")
-        length_bytes = 2 if magic[6] == 1 else 4
-        length = int.from_bytes(stream.read(length_bytes), "little")
-        header = ast.literal_eval(stream.read(length).decode("latin1"))
-    return tuple(int(d) for d in header["shape"])
+        return npz_headers(source, source.name)
+    except UsageError as error:
+        raise user_error(str(error)) from None

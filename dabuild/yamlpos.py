@@ -85,10 +85,19 @@ def load_yaml(path: Path | str) -> YamlDocument:
         message = "file not found" if str(problem).startswith("file not found") else str(problem)
         raise ValidationError([Diagnostic(file, None, None, message)]) from None
     except UnicodeDecodeError as exc:
-        raise ValidationError([Diagnostic(file, None, None, f"not UTF-8 text ({exc.reason})")]) from None
+        raise ValidationError([_not_text(file, exc)]) from None
     except OSError as exc:
         raise ValidationError([Diagnostic(file, None, None, f"cannot read: {exc.strerror}")]) from None
     return parse_yaml(text, file)
+
+
+def _not_text(file: str, error: UnicodeDecodeError) -> Diagnostic:
+    """Where the first byte that is not UTF-8 sits, and whether the file looks binary altogether."""
+    data: bytes = error.object if isinstance(error.object, bytes) else bytes(error.object)
+    line = data.count(b"\n", 0, error.start) + 1
+    col = error.start - (data.rfind(b"\n", 0, error.start) + 1) + 1
+    kind = "a binary file, not YAML text" if b"\0" in data[:8192] else "not UTF-8 text"
+    return Diagnostic(file, line, col, f"{kind}: byte 0x{data[error.start]:02x} is not UTF-8 ({error.reason})")
 
 
 def parse_yaml(text: str, file: str) -> YamlDocument:

@@ -29,7 +29,7 @@ from dabuild.ir.interpreter import Interpreter
 from dabuild.ir.passes import optimize
 from dabuild.progress import Progress
 from dabuild.quant.calibrate import calibrate
-from dabuild.quant.config import default_config
+from dabuild.quant.defaults import default_config
 from dabuild.quant.qgraph import QGraph
 from dabuild.quant.quantize import quantize
 from dabuild.resources import data_dir

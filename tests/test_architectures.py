@@ -151,7 +151,6 @@ def test_builds_end_to_end_from_the_old_opset_file(family: Family, tmp_path: Pat
 
     The c target runs integers only: a graph with ops that have no integer lowering (float islands) builds for
     onnx and nnef, whose capabilities allow islands."""
-    from dabuild.quant import layers  # noqa: F401  (registers every lowering)
     from dabuild.quant.lowering import LOWERINGS
 
     model = build(family)

@@ -18,7 +18,8 @@ from dabuild.ir.ops import OPS
 from dabuild.progress import Progress
 from dabuild.quant.bias_correction import mean_output_error
 from dabuild.quant.calibrate import Stats, calibrate
-from dabuild.quant.config import NodeConfig, QuantChoice, QuantConfig, default_config
+from dabuild.quant.config import NodeConfig, QuantChoice, QuantConfig
+from dabuild.quant.defaults import default_config
 from dabuild.quant.lowering import quantize_weight
 from dabuild.quant.qgraph import QGraph
 from dabuild.quant.quantize import quantize

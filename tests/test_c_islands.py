@@ -15,21 +15,20 @@ import numpy as np
 import pytest
 from test_c_kernels import STRICT
 
-from dabuild.capability import load_capability
 from dabuild.errors import BuildError
 from dabuild.ir import Graph, Node, TensorSpec
 from dabuild.progress import Progress
 from dabuild.quant.calibrate import calibrate
-from dabuild.quant.config import NodeConfig, default_config
+from dabuild.quant.config import NodeConfig
+from dabuild.quant.defaults import default_config
 from dabuild.quant.layers.island_order import run_ordered
 from dabuild.quant.qgraph import QGraph
 from dabuild.quant.quantize import quantize
 from dabuild.quant.reference import quantize_input, run_integer
-from dabuild.resources import data_dir
 from dabuild.targets.c import CTarget
 from dabuild.targets.check import check_stage
 
-C = load_capability(data_dir("capabilities") / "c.yaml")
+C = CTarget().capability_spec  # the c capability as the c target runs it: islands of its float kernels
 DATA = dict(np.load(Path(__file__).resolve().parent.parent / "recipes" / "digits" / "data.npz"))
 ISLANDS = [["conv1", "pool"], ["pointwise", "residual", "act"], ["gap", "flat", "fc1"], ["fc2"]]
 QEMU = shutil.which("arm-none-eabi-gcc") is not None and shutil.which("qemu-system-arm") is not None
@@ -321,7 +320,6 @@ def test_tuning_never_makes_a_conv_with_a_fused_activation_without_a_float_kerne
 def test_tuning_offers_islands_only_where_the_core_runs_them(digits: Path, cpu: str) -> None:
     """The c capability runs float islands, but not on a core without an FPU: the tune stage of a recipe
     building for one reads the capability without them, so tuning never picks a config the target refuses."""
-    from dabuild.capability import discover_capabilities
     from dabuild.pipeline.plan import plan
     from dabuild.recipe import load_recipe
 
@@ -329,7 +327,7 @@ def test_tuning_offers_islands_only_where_the_core_runs_them(digits: Path, cpu: 
     recipe_file.write_text(recipe_file.read_text().replace("options: {cflags: [-O2]}",
                                                            f"options: {{cflags: [-O2], cpu: {cpu}}}"))
     recipe = load_recipe(recipe_file)
-    [tune] = [stage for stage in plan(recipe, discover_capabilities(), ["mcu"]) if stage.kind == "tune"]
+    [tune] = [stage for stage in plan(recipe, ["mcu"]) if stage.kind == "tune"]
     assert tune.config["capability"]["fp32_fallback"] is (cpu == "host")
 
 

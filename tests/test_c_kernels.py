@@ -21,7 +21,7 @@ from test_quantize import C_CAPABILITY
 
 from dabuild.errors import BuildError
 from dabuild.ir import Graph, Node
-from dabuild.quant.config import default_config
+from dabuild.quant.defaults import default_config
 from dabuild.quant.fixed_point import requantize
 from dabuild.quant.qgraph import QGraph
 from dabuild.quant.reference import run_integer

@@ -18,7 +18,8 @@ from dabuild.ir.npz import write_npz
 from dabuild.progress import Progress
 from dabuild.quant.algorithms import ALGORITHMS
 from dabuild.quant.calibrate import STATS_FILE, Stats, calibrate, channel_axes, histogram_bytes
-from dabuild.quant.config import QuantConfig, default_config
+from dabuild.quant.config import QuantConfig
+from dabuild.quant.defaults import default_config
 from dabuild.quant.histogram import BINS, Histogram
 from dabuild.quant.quantize import quantize
 from dabuild.quant.reference import run_quantized

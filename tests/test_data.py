@@ -8,8 +8,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from dabuild.data import batches, evaluate_metric, load_inputs, load_labels
+from dabuild.data import batches, load_inputs, load_labels
 from dabuild.errors import UsageError
+from dabuild.metrics import evaluate_metric
 
 DIGITS = Path(__file__).resolve().parent.parent / "recipes" / "digits"
 

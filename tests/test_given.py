@@ -8,7 +8,7 @@ import pytest
 
 from dabuild.errors import BuildError
 from dabuild.ir import Graph, Node, TensorSpec
-from dabuild.ir.given import GivenQuant
+from dabuild.ir.given_quant import GivenQuant
 from dabuild.ir.interpreter import run
 from dabuild.ir.passes import optimize
 from dabuild.progress import Progress

@@ -20,7 +20,7 @@ from dabuild.errors import BuildError
 from dabuild.ir import Graph, Node, TensorSpec
 from dabuild.progress import Progress
 from dabuild.quant.calibrate import calibrate
-from dabuild.quant.config import default_config
+from dabuild.quant.defaults import default_config
 from dabuild.quant.qgraph import QGraph
 from dabuild.quant.quantize import quantize
 from dabuild.quant.reference import run_integer

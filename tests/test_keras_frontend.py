@@ -204,3 +204,16 @@ def test_a_qkeras_file_names_the_package_it_needs(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match=r"qkeras_mlp.h5: a QKeras model \(layers QDense, quantized_bits, "
                                          r"QActivation\); QKeras needs TensorFlow \(package 'tensorflow'.*q_type 'kbi'"):
         trace_model(load_model(str(path), tmp_path, None))
+
+
+def test_an_undeclared_emit_is_refused_while_converting() -> None:
+    """A converter's `emits` feeds docs/ops.md; the Builder holds it to them, as the onnx and torch frontends do."""
+    from dabuild.errors import BuildError
+    from dabuild.trace.keras_frontend.walk import CONVERTERS, Converter
+
+    model = sequential((4,), layers.ReLU())
+    relu = CONVERTERS["ReLU"]
+    with CONVERTERS.without("ReLU"):  # its real entry comes back on exit, replacing this one
+        CONVERTERS.add("ReLU", Converter(relu.convert, ("sigmoid",)))
+        with pytest.raises(BuildError, match="emits 'relu', which it does not declare"):
+            trace_model(model)

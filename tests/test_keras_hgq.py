@@ -24,13 +24,13 @@ from hgq.config import QuantizerConfig, QuantizerConfigScope  # noqa: E402
 from hgq.layers import QConv2D, QDense, QMaxPool2D  # noqa: E402
 
 from dabuild.capability import discover_capabilities  # noqa: E402
-from dabuild.ir.given import FixedQuant  # noqa: E402
+from dabuild.ir.given_quant import FixedQuant  # noqa: E402
 from dabuild.ir.interpreter import run  # noqa: E402
 from dabuild.ir.passes import optimize  # noqa: E402
 from dabuild.progress import Progress  # noqa: E402
 from dabuild.quant.calibrate import calibrate  # noqa: E402
-from dabuild.quant.given import fixed_params  # noqa: E402
-from dabuild.quant.layers.given import QFixedQuant  # noqa: E402
+from dabuild.quant.given_params import fixed_params  # noqa: E402
+from dabuild.quant.layers.fake_quant import QFixedQuant  # noqa: E402
 from dabuild.quant.qgraph import QGraph, QTensor, QuantParams  # noqa: E402
 from dabuild.quant.quantize import quantize  # noqa: E402
 from dabuild.quant.reference import run_integer, run_quantized  # noqa: E402

@@ -21,7 +21,8 @@ from dabuild.ir.interpreter import run
 from dabuild.ir.ops import OPS
 from dabuild.progress import Progress
 from dabuild.quant.calibrate import calibrate
-from dabuild.quant.config import NodeConfig, QuantChoice, QuantConfig, default_config
+from dabuild.quant.config import NodeConfig, QuantChoice, QuantConfig
+from dabuild.quant.defaults import default_config
 from dabuild.quant.layers.fallback import QFloat, QFloatWeighted
 from dabuild.quant.lowering import LOWERINGS, WeightCache, quantizable_roles
 from dabuild.quant.qgraph import QGraph

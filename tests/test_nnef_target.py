@@ -23,7 +23,8 @@ from dabuild.errors import BuildError, CheckError
 from dabuild.ir import Graph, Node, TensorSpec
 from dabuild.progress import Progress
 from dabuild.quant.calibrate import calibrate
-from dabuild.quant.config import NodeConfig, QuantConfig, default_config
+from dabuild.quant.config import NodeConfig, QuantConfig
+from dabuild.quant.defaults import default_config
 from dabuild.quant.qgraph import QGraph
 from dabuild.quant.quantize import quantize
 from dabuild.quant.reference import run_integer, run_quantized

@@ -13,7 +13,7 @@ ort = pytest.importorskip("onnxruntime", reason="the onnx extra is not installed
 
 from dabuild.errors import BuildError  # noqa: E402
 from dabuild.ir import Graph, Node, TensorSpec  # noqa: E402
-from dabuild.ir.given import FixedQuant, GivenQuant  # noqa: E402
+from dabuild.ir.given_quant import FixedQuant, GivenQuant  # noqa: E402
 from dabuild.ir.interpreter import run  # noqa: E402
 from dabuild.ir.ops import OPS  # noqa: E402
 from dabuild.targets.onnx_float import to_onnx  # noqa: E402

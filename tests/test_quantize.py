@@ -17,7 +17,8 @@ from dabuild.ir import Graph, Node, TensorSpec
 from dabuild.ir.interpreter import run
 from dabuild.progress import Progress
 from dabuild.quant.calibrate import Stats, calibrate
-from dabuild.quant.config import QuantConfig, default_config
+from dabuild.quant.config import QuantConfig
+from dabuild.quant.defaults import default_config
 from dabuild.quant.qgraph import QGraph, QuantParams
 from dabuild.quant.quantize import quantize, quantize_multiplier
 from dabuild.quant.reference import requantize, run_integer, run_quantized

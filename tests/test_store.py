@@ -112,16 +112,10 @@ def test_prune_to_zero_empties_the_store(tmp_path: Path, kernels: Path) -> None:
     assert store.info().entries == 0
 
 
-@pytest.mark.parametrize("text, expected", [("0", 0), ("10k", 10240), ("500M", 500 * 1024**2), ("1.5GiB", int(1.5 * 1024**3))])
-def test_parse_size(text: str, expected: int) -> None:
-    from dabuild.cli import parse_size
-
-    assert parse_size(text) == expected
-
-
-def test_parse_size_rejects_garbage() -> None:
-    from dabuild.cli import parse_size
+def test_max_size_rejects_garbage_naming_the_option() -> None:
+    from dabuild.cli import max_size
     from dabuild.errors import UsageError
 
-    with pytest.raises(UsageError, match="not a size"):
-        parse_size("lots")
+    assert max_size("500M") == 500 * 1024**2
+    with pytest.raises(UsageError, match="--max-size: 'lots' is not a size"):
+        max_size("lots")

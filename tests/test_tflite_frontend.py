@@ -149,6 +149,13 @@ def test_schema_version_truncation_and_other_files_are_refused_naming_the_file(t
         imported(other)
 
 
+def test_a_model_over_the_node_limit_is_refused_before_unpacking(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DABUILD_MAX_NODES", "3")
+    with pytest.raises(UsageError, match=r"ds_cnn_int8.tflite: the model holds \d+ operators, over the limit of 3 "
+                                         r"\(DABUILD_MAX_NODES\)"):
+        imported(model("ds_cnn_int8"))
+
+
 def _trace_of_operator(trace: dict[str, np.ndarray], index: int) -> np.ndarray:
     """The last tensor the integer reference wrote for the file's operator `index`, channels last as TFLM has it."""
     name = [key for key in trace if key.startswith(f"op{index}_") and not key.endswith(":accumulator")][-1]

@@ -18,7 +18,7 @@ from dabuild.errors import BuildError
 from dabuild.ir.graph import Graph
 from dabuild.pipeline.plan import tune_stage_of
 from dabuild.progress import Progress
-from dabuild.quant.config import default_config
+from dabuild.quant.defaults import default_config
 from dabuild.recipe import Recipe, load_recipe
 from dabuild.resources import data_dir
 from dabuild.tune.space import FP32, build_space
@@ -378,7 +378,7 @@ def test_a_hopeless_trial_stops_early_with_a_bound_that_already_misses(digits_st
     """Scored batch by batch against the least passing accuracy: stopped once even all-right remaining samples
     could not reach it, with a bound at least the full score; a config that passes scores as without a floor."""
     from dabuild.data import load_inputs, load_labels
-    from dabuild.quant.config import default_config
+    from dabuild.quant.defaults import default_config
     from dabuild.tune.evaluate import EvalSetup, Evaluator
 
     recipe = digits_recipe()

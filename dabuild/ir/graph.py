@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from dabuild.errors import BuildError
-from dabuild.ir.given import GivenQuant
+from dabuild.ir.given_quant import GivenQuant
 from dabuild.ir.npz import read_npz, write_npz
 from dabuild.ir.ops import OPS, ShapeError
 
@@ -68,7 +68,7 @@ class Graph:
     outputs: list[str]
     nodes: list[Node]  # topologically ordered
     constants: dict[str, np.ndarray]
-    given: dict[str, GivenQuant] = field(default_factory=dict)  # constant -> its upstream quantization (ir/given.py)
+    given: dict[str, GivenQuant] = field(default_factory=dict)  # constant -> its upstream quantization (ir/given_quant.py)
 
     # ------------------------------------------------------------ structure
 

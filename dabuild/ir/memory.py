@@ -11,35 +11,18 @@ from __future__ import annotations
 import ctypes
 import functools
 import math
-import os
 from collections.abc import Callable
 
 import numpy as np
 
-from dabuild.errors import BuildError, UsageError
+from dabuild.errors import BuildError
 from dabuild.ir.graph import Graph
+from dabuild.limits import BUDGET, memory_budget
 
-BUDGET = "DABUILD_MEMORY"
-_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 # A sample's working set: its largest tensors alive together (a node's inputs and output), and the copies a
 # step makes of them (a channels-last input, a channels-first copy for the histograms): about this many times
 # the largest node's input + output bytes, as measured on ResNet-50 and MobileNetV2.
 WORKING_SET_FACTOR = 3
-
-
-def memory_budget() -> int:
-    """Bytes this run may use: `DABUILD_MEMORY` or half the physical memory."""
-    text = os.environ.get(BUDGET, "").strip().upper().removesuffix("B")
-    if not text:
-        return _physical_memory() // 2
-    unit = text[-1] if text[-1] in _UNITS and not text[-1].isdigit() else ""
-    try:
-        value = float(text[:len(text) - len(unit)])
-    except ValueError:
-        raise UsageError(f"{BUDGET}={os.environ[BUDGET]!r} is not a size (bytes, or a number with K, M or G)") from None
-    if value <= 0:
-        raise UsageError(f"{BUDGET}={os.environ[BUDGET]!r} must be positive")
-    return int(value * _UNITS[unit])
 
 
 def sample_bytes(graph: Graph) -> int:
@@ -94,9 +77,3 @@ def _malloc_trim() -> Callable[[int], int] | None:
 def _gb(size: int) -> str:
     return f"{size / 1e9:.2f} GB"
 
-
-def _physical_memory() -> int:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return 8 << 30

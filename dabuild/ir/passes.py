@@ -16,8 +16,8 @@ from dataclasses import replace
 
 import numpy as np
 
-from dabuild.ir.given import OP as FAKE_QUANT
-from dabuild.ir.given import GivenQuant, check_given
+from dabuild.ir.given_quant import OP as FAKE_QUANT
+from dabuild.ir.given_quant import GivenQuant, check_given
 from dabuild.ir.graph import Graph, Node, TensorSpec
 from dabuild.ir.ops import OPS, Activation
 from dabuild.ir.ops.linear import batch_norm_affine
@@ -47,7 +47,7 @@ def remove_dead_code(graph: Graph) -> Graph:
 def fold_constants(graph: Graph) -> Graph:
     """Run every node whose inputs are all constants now, and keep its outputs as constants.
 
-    Given quantization (ir/given.py) survives folding: a fake_quant over a
+    Given quantization (ir/given_quant.py) survives folding: a fake_quant over a
     constant becomes a record in `Graph.given` for its result, and an identity
     or transpose of a recorded constant carries the record along.
     """

@@ -13,6 +13,7 @@ from typing import Any
 from dabuild import notices
 from dabuild.errors import BuildError, DabuildError, UsageError
 from dabuild.pipeline import stamp
+from dabuild.pipeline.buildfolder import build_dir, refuse_links_out
 from dabuild.pipeline.doit_tasks import RunResult, run_stages
 from dabuild.pipeline.execute import Outcome, Session, Workspace, write_failure
 from dabuild.pipeline.lock import BuildLock
@@ -62,12 +63,11 @@ class BuildSummary:
 
 
 def workspace_for(recipe: Recipe, build_root: Path) -> Workspace:
-    return Workspace((build_root / recipe.name).resolve())
+    """The recipe's build folder; UsageError if it or the build root is a symbolic link (buildfolder.py)."""
+    return Workspace(build_dir(build_root, recipe.name))
 
 
 def stages_for(recipe: Recipe, targets: tuple[str, ...] | None) -> tuple[list[Stage], dict]:
-    from dabuild.capability import discover_capabilities
-
     if targets:
         known = {t.name for t in recipe.targets}
         unknown = [name for name in targets if name not in known]
@@ -76,8 +76,7 @@ def stages_for(recipe: Recipe, targets: tuple[str, ...] | None) -> tuple[list[St
                 f"{recipe.path}: no target named {', '.join(map(repr, unknown))}; "
                 f"targets: {', '.join(sorted(known))}"
             )
-    capabilities = discover_capabilities(list(recipe.capabilities))
-    return plan(recipe, capabilities, list(targets) if targets else None), capabilities
+    return plan(recipe, list(targets) if targets else None), recipe.known_capabilities
 
 
 def build(recipe: Recipe, options: BuildOptions, progress: Progress) -> BuildSummary:
@@ -101,6 +100,7 @@ def build(recipe: Recipe, options: BuildOptions, progress: Progress) -> BuildSum
 
 def _build_locked(recipe: Recipe, options: BuildOptions, progress: Progress, stages: list[Stage],
                   capabilities: dict, workspace: Workspace, stamp_file: Path, warned: list[str]) -> BuildSummary:
+    refuse_links_out(workspace.build_dir)
     with BuildLock(workspace.build_dir, progress):
         stamp.remove(stamp_file)
         workspace.clear_leftovers()

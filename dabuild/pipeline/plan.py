@@ -8,6 +8,7 @@ into its cache key (see `key_parts`), and nothing else may influence its outputs
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +21,7 @@ from dabuild.pipeline.hashing import canonical_json, hash_file, hash_value
 if TYPE_CHECKING:
     from dabuild.capability import CapabilitySpec
     from dabuild.pipeline.manifest import Manifest
-    from dabuild.recipe import Recipe, TargetSpec
+    from dabuild.recipe import Recipe, ResolvedTarget, TargetSpec
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,9 @@ class Stage:
     programs: Callable[[], list[Path]] | None = None        # those programs' files, which the no-op fast path watches
     target: str | None = None              # the recipe target an export/check stage belongs to
     plugins: tuple[str, ...] = ()          # modules of the plugins it runs, whose code enters its key
+    # The target plugins it runs, by role ("target"; "hooks"; "budgets" and "stored_by" of tune), made from the
+    # recipe's resolved targets: their kind, options and capability are in `config`, their code in `plugins`.
+    runs: dict[str, Any] = field(default_factory=dict)
 
     @property
     def dirname(self) -> str:
@@ -91,9 +95,10 @@ def cache_key(parts: dict[str, Any]) -> str:
     return hash_value(parts)
 
 
-def plan(recipe: Recipe, capabilities: dict[str, CapabilitySpec], targets: list[str] | None = None) -> list[Stage]:
+def plan(recipe: Recipe, targets: list[str] | None = None) -> list[Stage]:
     """The stages that build `targets` (all recipe targets when None), in dependency order."""
     model = recipe.model
+    hooks = _trace_hooks(recipe)
     source_file = _source_file(recipe)
     model_files = {"source": source_file} if source_file else {}
     if model.weights:
@@ -111,11 +116,13 @@ def plan(recipe: Recipe, capabilities: dict[str, CapabilitySpec], targets: list[
                 "entry": _source_entry(recipe),
                 "inputs": None if model.inputs is None else {  # a shape, or {shape, dtype} of an integer input
                     name: entry if isinstance(entry, list) else entry.model_dump() for name, entry in model.inputs.items()},
-                "hooks": hooks,
+                "hooks": [{"kind": hook.target_class.kind, "options": hook.options.model_dump(mode="json")}
+                          for hook in hooks],
             },
             files=model_files,
             packages=_framework_packages(recipe),
-            plugins=_tracer_modules(recipe) + tuple(_target_module(hook["kind"]) for hook in hooks),
+            plugins=_tracer_modules(recipe) + tuple(_target_module(hook.target_class.kind) for hook in hooks),
+            runs={"hooks": [hook.target() for hook in hooks]},
         ),
         Stage(
             "calibrate",
@@ -134,7 +141,7 @@ def plan(recipe: Recipe, capabilities: dict[str, CapabilitySpec], targets: list[
         capability = _capability_name(target)
         if capability not in tuned:
             tuned.add(capability)
-            stages.append(tune_stage_of(recipe, capabilities[capability], target))
+            stages.append(tune_stage_of(recipe, recipe.known_capabilities[capability], target))
         stages.extend(_target_stages(recipe, target, capability))
     return stages
 
@@ -159,24 +166,22 @@ def _side_files(recipe: Recipe) -> dict[str, Path]:
             if path.is_file() and path.resolve().is_relative_to(model_file.parent.resolve())}
 
 
-def _trace_hooks(recipe: Recipe) -> list[dict[str, Any]]:
-    """The targets (kind and options) whose `pre_trace`/`post_trace` hooks run in the trace stage.
+def _trace_hooks(recipe: Recipe) -> list[ResolvedTarget]:
+    """The targets (one per kind and options) whose `pre_trace`/`post_trace` hooks run in the trace stage.
 
-    They enter the trace key, so a recipe with a hooked target never reuses a trace
+    Their kind and options enter the trace key, so a recipe with a hooked target never reuses a trace
     made without its hooks; the built-in targets have none, so their recipes share traces (the ops a
     target cannot take are refused right after trace by `Target.refuse`, which changes nothing).
     """
-    from dabuild.plugins import TARGETS, load
     from dabuild.targets.base import Target
 
-    hooked = []
-    for target in recipe.targets:
-        cls = load(TARGETS, target.kind)
+    hooked: dict[str, ResolvedTarget] = {}
+    for resolved in recipe.resolved.values():
+        cls = resolved.target_class
         if cls.pre_trace is not Target.pre_trace or cls.post_trace is not Target.post_trace:
-            hook = {"kind": target.kind, "options": target.options}
-            if hook not in hooked:
-                hooked.append(hook)
-    return sorted(hooked, key=canonical_json)
+            key = canonical_json({"kind": cls.kind, "options": resolved.options.model_dump(mode="json")})
+            hooked.setdefault(key, resolved)
+    return [hooked[key] for key in sorted(hooked)]
 
 
 def tune_stage_of(recipe: Recipe, capability: CapabilitySpec, target: TargetSpec | None = None) -> Stage:
@@ -184,16 +189,16 @@ def tune_stage_of(recipe: Recipe, capability: CapabilitySpec, target: TargetSpec
 
     `target`, the first recipe target built for the capability, measures the artifact size objective `size`
     minimises (its kind, size options and packages enter the key); without one, `size` counts weight bits."""
-    from dabuild.plugins import TARGETS, load
-
-    target_class = load(TARGETS, target.kind) if target is not None else None
+    stored_by = recipe.resolved[target.name] if target is not None else None
+    target_class = stored_by.target_class if stored_by is not None else None
     evaluation = recipe.data.evaluation
     files = {"evaluation": evaluation.source, **_metric_file(recipe)}
     plotting = ("matplotlib",)  # the report's plots exist only when it is installed
     # Targets of this capability with a budget (c's flash/RAM): tuning never chooses a config that overflows one.
-    budgets = sorted(({"kind": t.kind, "options": t.options} for t in recipe.targets
-                      if _capability_name(t) == capability.name and (t.options or {}).get("budget")),
-                     key=canonical_json)
+    budgeted = {canonical_json({"kind": t.kind, "options": t.options}): recipe.resolved[t.name].target()
+                for t in recipe.targets if _capability_name(t) == capability.name and (t.options or {}).get("budget")}
+    budgets = [json.loads(key) for key in sorted(budgeted)]
+    budget_targets = [budgeted[key] for key in sorted(budgeted)]
     return Stage(
         f"tune:{capability.name}",
         "tune",
@@ -210,42 +215,34 @@ def tune_stage_of(recipe: Recipe, capability: CapabilitySpec, target: TargetSpec
         files=files,
         packages=("numpy", *plotting, *(("optuna",) if recipe.tuning.strategy == "bayesian" else ()),
                   *_cost_model_packages(recipe, capability), *(target_class.packages if target_class else ())),
-        tools=lambda: {**_interpreter_tools(), **_budget_tools(budgets)},
-        programs=lambda: [*_interpreter_programs(), *_budget_programs(budgets)],
+        tools=lambda: {**_interpreter_tools(), **_budget_tools(budget_targets)},
+        programs=lambda: [*_interpreter_programs(), *_budget_programs(budget_targets)],
         plugins=tuple(sorted({*_cost_model_modules(recipe, capability),
-                              *(_target_module(t.kind) for t in recipe.targets if {"kind": t.kind, "options": t.options}
-                                in budgets),
+                              *(_target_module(budget["kind"]) for budget in budgets),
                               *((_target_module(target.kind),) if target is not None else ())})),
+        runs={"budgets": budget_targets, **({"stored_by": stored_by.target()} if stored_by else {})},
     )
 
 
 def _as_targets_run_it(recipe: Recipe, capability: CapabilitySpec) -> CapabilitySpec:
     """The capability the search reads: as each target built for it narrows it with its options
-    (`Target.capability_for`: no float islands on a core without an FPU, 7-bit weights first where onnxruntime's
-    u8s8 kernels saturate), so tuning never picks a config a target refuses or runs inexactly."""
-    from dabuild.plugins import TARGETS, load
-
+    (`Target.capability_for`: float islands only of the ops it writes in float, none on a core without an FPU,
+    7-bit weights first where onnxruntime's u8s8 kernels saturate), so tuning never picks a config a target
+    refuses or runs inexactly."""
     for target in recipe.targets:
         if _capability_name(target) == capability.name:
-            capability = load(TARGETS, target.kind).capability_for(capability, target.options or {})
+            capability = recipe.resolved[target.name].target_class.capability_for(capability, target.options or {})
     return capability
 
 
-def _budgeted_targets(budgets: list[dict[str, Any]]) -> list[Any]:
-    from dabuild.plugins import TARGETS, load
-
-    classes = [load(TARGETS, budget["kind"]) for budget in budgets]
-    return [cls(cls.Options.model_validate(budget["options"])) for cls, budget in zip(classes, budgets)]
-
-
-def _budget_tools(budgets: list[dict[str, Any]]) -> dict[str, str]:
+def _budget_tools(budgeted: list[Any]) -> dict[str, str]:
     """The tools a budgeted target measures its artifact with (the cross compiler): tuning asks it whether each
     config fits, so a new one may change the choice."""
-    return {tool: version for target in _budgeted_targets(budgets) for tool, version in target.export_tools().items()}
+    return {tool: version for target in budgeted for tool, version in target.export_tools().items()}
 
 
-def _budget_programs(budgets: list[dict[str, Any]]) -> list[Path]:
-    return [path for target in _budgeted_targets(budgets) for path in target.export_programs()]
+def _budget_programs(budgeted: list[Any]) -> list[Path]:
+    return [path for target in budgeted for path in target.export_programs()]
 
 
 def _metric_file(recipe: Recipe) -> dict[str, Path]:
@@ -312,27 +309,25 @@ def _cost_model_packages(recipe: Recipe, capability: CapabilitySpec) -> tuple[st
 
 
 def _target_stages(recipe: Recipe, target: TargetSpec, capability: str) -> list[Stage]:
-    from dabuild.plugins import TARGETS, load
-
-    target_class = load(TARGETS, target.kind)
+    resolved = recipe.resolved[target.name]
+    target_class, plugin = resolved.target_class, resolved.target()
     options = target.options
     evaluation = recipe.data.evaluation
     tolerance = target.check_io.tolerance or target_class.default_tolerance
-
-    def instance() -> Any:
-        return target_class(target_class.Options.model_validate(options))
+    runs = resolved.capability.model_dump(mode="json", exclude={"description"})  # what its refusals read
 
     export = Stage(
         f"export:{target.name}",
         "export",
-        {"kind": target.kind, "options": options},
+        {"kind": target.kind, "options": options, "capability": runs},
         inputs={"qgraph": f"tune:{capability}"},
         input_folders={"qgraph": "qgraph"},
         packages=target_class.packages,
-        tools=lambda: instance().export_tools(),
-        programs=lambda: instance().export_programs(),
+        tools=plugin.export_tools,
+        programs=plugin.export_programs,
         target=target.name,
         plugins=(_target_module(target.kind),),
+        runs={"target": plugin},
     )
     check = Stage(
         f"check:{target.name}",
@@ -340,6 +335,7 @@ def _target_stages(recipe: Recipe, target: TargetSpec, capability: str) -> list[
         {
             "kind": target.kind,
             "options": options,
+            "capability": runs,
             "tolerance": tolerance,
             "samples": target.check_io.samples,
             "evaluation": _data_config(evaluation),
@@ -349,20 +345,19 @@ def _target_stages(recipe: Recipe, target: TargetSpec, capability: str) -> list[
         input_folders={"qgraph": "qgraph"},
         files={"evaluation": evaluation.source, **_metric_file(recipe)},
         packages=("numpy", *target_class.packages),
-        tools=lambda: instance().runtime_version(),
-        programs=lambda: instance().programs(),
+        tools=plugin.runtime_version,
+        programs=plugin.programs,
         target=target.name,
         plugins=(_target_module(target.kind),),
+        runs={"target": plugin},
     )
     return [export, check]
 
 
 def _capability_name(target: TargetSpec) -> str:
-    if target.capability:
-        return target.capability
-    from dabuild.plugins import TARGETS, load
-
-    return load(TARGETS, target.kind).capability
+    """The capability the target is tuned for (load_recipe filled it in: the recipe's, or its kind's own)."""
+    assert target.capability is not None, "a recipe from load_recipe names every target's capability"
+    return target.capability
 
 
 def _data_config(spec: Any) -> dict[str, Any]:

@@ -16,10 +16,12 @@ from typing import Any
 
 import numpy as np
 
+from dabuild.data import read_array
 from dabuild.errors import BuildError, Diagnostic, ValidationError
 from dabuild.ir.graph import Graph, TensorSpec
 from dabuild.ir.ops.shape import out_of_range
-from dabuild.recipe import BUILTIN_METRICS, Recipe, top_k_of
+from dabuild.metrics import BUILTIN_METRICS, top_k_of
+from dabuild.recipe import Recipe
 from dabuild.yamlpos import YamlDocument
 
 _SPACE_KEY = re.compile(r"^tuning\.space\.(op_type|op_name)(?:\.([^.:]+))?(?:\.(weight|activation))?"
@@ -49,16 +51,13 @@ def preflight(recipe: Recipe, graph_dir: Path, capabilities: list[Any]) -> None:
 def refuse_unbuildable(graph_dir: Path, exports: list[Any]) -> None:
     """Each target's `refuse` on the traced graph: a BuildError naming target, op and nodes it cannot build,
     before calibration and tuning spend any time."""
-    from dabuild.pipeline.stages import target_of
-
     graph = Graph.load(graph_dir)
     for stage in exports:
-        target_of(stage.config).refuse(graph)
+        stage.runs["target"].refuse(graph)
 
 
 def _used(spec: Any, key: str) -> np.ndarray:
-    with np.load(spec.source, allow_pickle=False) as archive:
-        array = archive[key]
+    array = read_array(Path(spec.source), key)
     return array if spec.samples is None else array[: spec.samples]
 
 

@@ -2,7 +2,9 @@
 
 Each adapter reads exactly what the stage's cache key holds: `run.stage.config`
 (its part of the recipe, canonical JSON), `run.stage.files` (the user files it
-declares, by role), and its input stages' folders; it writes into `run.out_dir`.
+declares, by role), its input stages' folders, and `run.stage.runs`, the
+target plugins made from what its config names (kind, options, capability);
+it writes into `run.out_dir`.
 No adapter sees the `Recipe`, the recipe's folder or the working directory, so an
 output can depend on nothing the key leaves out (tests/test_stage_keys.py builds
 a recipe twice with everything unkeyed changed and compares the outputs byte for byte).
@@ -34,14 +36,14 @@ def stage_functions(jobs: int = 1, trials_root: Path | None = None, cluster: str
     def tune(run: StageRun) -> None:
         from dabuild.tune.stage import tune_stage
 
-        constraints = [target_of(budgeted).fits for budgeted in run.stage.config.get("budgets", [])]
-        stored_by = run.stage.config.get("stored_by_target")  # the target whose artifact size `size` counts
+        constraints = [budgeted.fits for budgeted in run.stage.runs.get("budgets", [])]
+        stored_by = run.stage.runs.get("stored_by")  # the target whose artifact size `size` counts
         tune_stage(run.stage.config, run.stage.files, run.inputs["graph"], run.inputs["stats"], run.out_dir,
                    run.progress, trials_root=trials_root, jobs=jobs, cluster=cluster,
                    shared_trials=shared_trials,
                    keep_dir=run.build_dir / "debug" / run.stage.dirname,
                    journal=run.build_dir / "history" / f"{run.stage.dirname}.jsonl", constraints=constraints,
-                   stored_bytes=target_of(stored_by).stored_bytes if stored_by else None)
+                   stored_bytes=stored_by.stored_bytes if stored_by else None)
 
     return {"trace": trace, "calibrate": calibrate, "tune": tune, "export": export, "check": check}
 
@@ -73,7 +75,7 @@ def trace(run: StageRun) -> None:
     from dabuild.trace.base import trace_stage
 
     model = model_input(run.stage.config, run.stage.files)
-    hooked = [target_of(hook) for hook in run.stage.config["hooks"]]
+    hooked = run.stage.runs.get("hooks", [])
     for target in hooked:
         target.pre_trace(model)
     trace_stage(model, None, run.out_dir, run.progress)
@@ -84,21 +86,28 @@ def trace(run: StageRun) -> None:
 
 
 def calibrate(run: StageRun) -> None:
-    from dabuild.data import DataFile, batches, load_inputs
+    from dabuild.data import DataFile, batches, load_inputs, rows_in_file
     from dabuild.ir.graph import Graph
     from dabuild.quant.calibrate import calibrate as calibrate_graph
 
     graph = Graph.load(run.inputs["graph"])
     spec = DataFile.from_config(run.stage.config, run.stage.files["data"])
     arrays = load_inputs(spec, None, [t.name for t in graph.inputs], graph.integer_inputs())
-    stats = calibrate_graph(graph, batches(arrays, spec.batch_size), run.progress)
+    used, stored = len(next(iter(arrays.values()))), rows_in_file(spec)
+    if used < stored:
+        run.progress.info(f"calibrate: the first {used:,} of the {stored:,} samples in {spec.source.name} "
+                          "(data.calibration.samples)")
+    elif used > 10_000:
+        run.progress.info(f"calibrate: all {used:,} samples in {spec.source.name}; data.calibration.samples "
+                          "takes fewer (a few thousand fix the ranges)")
+    stats = calibrate_graph(graph, batches(arrays, spec.batch_size), run.progress, used)
     stats.save(run.out_dir)
 
 
 def export(run: StageRun) -> None:
     from dabuild.quant.qgraph import QGraph
 
-    target = target_of(run.stage.config)
+    target = run.stage.runs["target"]
     target.export(target.integer_graph(QGraph.load(run.inputs["qgraph"] / "qgraph")), run.out_dir)
     target.post_export(run.out_dir)
 
@@ -110,7 +119,7 @@ def check(run: StageRun) -> None:
     from dabuild.tune.metric import load_metric
 
     config = run.stage.config
-    target = target_of(config)
+    target = run.stage.runs["target"]
     qgraph = target.integer_graph(QGraph.load(run.inputs["qgraph"] / "qgraph"))
     spec = DataFile.from_config(config["evaluation"], run.stage.files["evaluation"])
     x = next(iter(load_inputs(spec, None, qgraph.input_names, qgraph.input_names if qgraph.takes_indices else ())
@@ -122,10 +131,3 @@ def check(run: StageRun) -> None:
     check_stage(target, qgraph, run.inputs["artifact"], x, config["tolerance"], run.out_dir,
                 run.build_dir / "debug" / run.stage.dirname, run.progress, lambda outputs: metric(outputs, labels))
 
-
-def target_of(config: dict[str, Any]) -> Any:
-    """The target plugin a stage's config names by `kind`, with its validated `options`."""
-    from dabuild.plugins import TARGETS, load
-
-    target_class = load(TARGETS, config["kind"])
-    return target_class(target_class.Options.model_validate(config["options"]))

@@ -28,7 +28,7 @@ _NATIVE_ENV = "DABUILD_NATIVE_KERNELS"  # numpy or compiled convs in the interpr
 
 def stamp_path(recipe_path: Path, build_root: Path, targets: tuple[str, ...] | None) -> Path:
     identity = json.dumps([str(recipe_path.resolve()), sorted(targets) if targets else None])
-    return build_root.resolve() / STAMPS / (hashlib.sha256(identity.encode()).hexdigest()[:24] + ".json")
+    return Path(os.path.abspath(build_root)) / STAMPS / (hashlib.sha256(identity.encode()).hexdigest()[:24] + ".json")
 
 
 def signature(path: Path) -> list[int] | None:
@@ -97,10 +97,12 @@ def noop(stamp: Path) -> dict[str, Any] | None:
     The build folder's lock is taken without waiting: a build in progress means
     the answer is not known here, and the caller takes the full path (which waits).
     """
+    if stamp.parent.is_symlink() or stamp.parent.parent.is_symlink():  # the build refuses the link by name
+        return None
     try:
         data = json.loads(stamp.read_text())
         build_dir = Path(data["summary"]["build_dir"])
-        fd = os.open(build_dir / ".lock", os.O_RDWR)
+        fd = os.open(build_dir / ".lock", os.O_RDWR | os.O_NOFOLLOW)
     except (OSError, ValueError, KeyError, TypeError):
         return None
     try:

@@ -284,7 +284,8 @@ def _describe(graph: Graph) -> dict[str, str]:
     return names
 
 
-def calibrate(graph: Graph, batches: Iterable[dict[str, np.ndarray]], progress: Progress) -> Stats:
+def calibrate(graph: Graph, batches: Iterable[dict[str, np.ndarray]], progress: Progress,
+              samples: int | None = None) -> Stats:
     """Run every batch through the float interpreter and fold its tensors into the histograms.
 
     Each tensor is counted as soon as the interpreter computes it and freed after its last reader, so
@@ -310,7 +311,7 @@ def calibrate(graph: Graph, batches: Iterable[dict[str, np.ndarray]], progress: 
             stats.observe(name, values, axes(name, shapes), where[name])
 
     fit: int | None = None
-    with progress.track("calibrate", None) as advance:
+    with progress.track("calibrate", samples) as advance:
         for batch in batches:
             count = len(next(iter(batch.values())))
             fit = fit or samples_that_fit(graph, "calibrate", count, histogram_bytes(graph), "histograms")

@@ -12,11 +12,7 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
-
-from dabuild.errors import BuildError
-from dabuild.ir.graph import Graph
-from dabuild.quant.dtypes import NAMES_TEXT, is_int_type
+from typing import Any
 
 # Which tensors of each op type quantization touches; ops missing here have no integer lowering
 # (they can only run in fp32). Every quantized node has an activation choice, even where its output
@@ -80,52 +76,3 @@ class QuantConfig:
     @classmethod
     def load(cls, path: Path) -> QuantConfig:
         return cls.from_dict(json.loads(Path(path).read_text()))
-
-
-class _Choices(Protocol):
-    dtype: list[str]
-    scheme: list[str]
-    granularity: list[str]
-    algorithm: list[str]
-
-
-class _OpCapability(Protocol):
-    weight: _Choices | None
-    activation: _Choices | None
-
-
-class _Capability(Protocol):
-    name: str
-
-    def for_op(self, op_type: str) -> _OpCapability: ...
-
-
-def _first_choice(choices: _Choices | None, node: str, op: str, role: str, capability: str) -> QuantChoice:
-    """The default pick: the first entry of each list, with a dtype integer lowering supports (dtypes.is_int_type)."""
-    if choices is None:
-        raise BuildError(f"node {node!r}: capability {capability!r} does not allow {role} quantization "
-                         f"of op {op!r}")
-    dtypes = [d for d in choices.dtype if is_int_type(d)]
-    if not dtypes:
-        raise BuildError(f"node {node!r}: capability {capability!r} offers {role} dtypes {choices.dtype} "
-                         f"for op {op!r}; dabuild lowers only {NAMES_TEXT}")
-    return QuantChoice(dtypes[0], choices.scheme[0], choices.granularity[0], choices.algorithm[0])
-
-
-def default_config(graph: Graph, capability: _Capability) -> QuantConfig:
-    """Every node quantized with the first choice its capability entry lists."""
-    from dabuild.quant.lowering import FLOAT_ONLY, LOWERINGS, float_only_message, quantizable_roles
-
-    nodes: dict[str, NodeConfig] = {}
-    for node in graph.nodes:
-        roles = quantizable_roles(node.op)
-        if roles is None and node.op in FLOAT_ONLY:
-            raise BuildError(float_only_message(node.name, node.op))
-        if roles is None:
-            raise BuildError(f"node {node.name!r}: op {node.op!r} has no integer lowering yet "
-                             f"(quantizable ops: {', '.join(LOWERINGS.names())})")
-        op_capability = capability.for_op(node.op)
-        picks = {role: _first_choice(getattr(op_capability, role), node.name, node.op, role, capability.name)
-                 for role in roles}
-        nodes[node.name] = NodeConfig(picks.get("weight"), picks.get("activation"))
-    return QuantConfig(nodes)

@@ -22,7 +22,8 @@ from dabuild.quant.calibrate import Stats
 from dabuild.quant.config import NodeConfig, QuantChoice
 from dabuild.quant.dtypes import NAMES_TEXT, int_type, is_int_type
 from dabuild.quant.fixed_point import round_half_away
-from dabuild.quant.given import EXACT, GIVEN, WeightBlocks, weight_blocks, weight_integers
+from dabuild.quant.given_params import EXACT, GIVEN, WeightBlocks, weight_blocks, weight_integers
+from dabuild.quant.layers import MODULES as LAYER_MODULES
 from dabuild.quant.qgraph import LAYER_TYPES, QLayer, QTensor, QuantParams
 from dabuild.registry import Registry
 
@@ -158,7 +159,7 @@ class Lowering:
     node: Node = field(default=None)  # type: ignore[assignment]  # the node being lowered (None: the graph input)
     config: NodeConfig = field(default=None)  # type: ignore[assignment]
     bias_correction: bool = False  # correct weighted layers' biases for their mean weight error (bias_correction)
-    given: dict[str, QuantParams] = field(default_factory=dict)  # tensors whose params the model fixes (quant/given.py)
+    given: dict[str, QuantParams] = field(default_factory=dict)  # tensors whose params the model fixes (quant/given_params.py)
     renames: dict[str, str] = field(default_factory=dict)  # tensor -> the name it goes by once lowered (fake_quant)
     island: set[str] = field(default_factory=set)  # tensors that stay float32 (layers.fallback.island_tensors)
     floats: dict[str, tuple[int, ...]] = field(default_factory=dict)  # those lowered so far: per-sample shapes
@@ -239,7 +240,7 @@ class Lowering:
 
     def weight_blocks(self, weight: np.ndarray, channel_axis: int) -> WeightBlocks | None:
         """The node's given weight as blocks where its scales change along the inputs (a dense's blocked
-        weights, `dabuild.quant.given.weight_blocks`), else None."""
+        weights, `dabuild.quant.given_params.weight_blocks`), else None."""
         given = self.graph.given.get(self.node.inputs[1])
         if given is None or not given.blocked:
             return None
@@ -289,7 +290,7 @@ class Lowerer:
         return made
 
 
-LOWERINGS: Registry[Lowerer] = Registry("integer lowering", "dabuild's quantizer")
+LOWERINGS: Registry[Lowerer] = Registry("integer lowering", "dabuild's quantizer", LAYER_MODULES)
 
 # Ops integer lowering refuses by design, with the reason: they have no exact integer form in dabuild and
 # run in float (a float island, on targets whose capability allows float). docs/ops.md lists them.
@@ -333,7 +334,5 @@ def integer_layers(lowerer: Lowerer) -> set[str]:
 
 def quantizable_roles(op: str) -> tuple[str, ...] | None:
     """The roles a config quantizes for `op`, or None when it has no integer lowering."""
-    from dabuild.quant import layers  # noqa: F401  (registers every lowering)
-
     lowerer = LOWERINGS.get(op)
     return lowerer.roles if lowerer else None

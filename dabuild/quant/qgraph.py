@@ -41,6 +41,7 @@ from dabuild.ir.kernels.native import layer_thread_count, native_conv
 from dabuild.ir.npz import read_npz, write_npz
 from dabuild.quant.dtypes import int_type
 from dabuild.quant.fixed_point import round_half_away
+from dabuild.quant.layers import MODULES as LAYER_MODULES
 from dabuild.registry import Registry
 
 QGRAPH_FILE = "qgraph.json"
@@ -58,7 +59,7 @@ class QuantParams:
 
     `rounding` and `overflow` say how `quantize` makes floats integers: dabuild's own half away from zero and
     saturation, or (the input of a fixed-point given model, whose first quantizer reads raw values) `floor`
-    and `wrap`, so the logic's own quantizer sees what it would have seen of the float (`dabuild.ir.given`)."""
+    and `wrap`, so the logic's own quantizer sees what it would have seen of the float (`dabuild.ir.given_quant`)."""
 
     scale: float
     zero_point: int
@@ -110,7 +111,7 @@ class QuantParams:
 
     def _quantize_fixed(self, x: np.ndarray) -> np.ndarray:
         """float -> int by `rounding` and `overflow` (float64: exact for power-of-two scales)."""
-        from dabuild.ir.given import round_values
+        from dabuild.ir.given_quant import round_values
 
         scaled = np.nan_to_num(np.asarray(x, dtype=np.float64) / self.scale, nan=0.0, posinf=0.0, neginf=0.0)
         q = round_values(scaled, self.rounding) + self.zero_point
@@ -202,7 +203,7 @@ class DenseFeatures:
         return int(self.weight.shape[1])
 
 
-LAYER_TYPES: Registry[type[QLayer]] = Registry("integer layer type", "the QGraph")
+LAYER_TYPES: Registry[type[QLayer]] = Registry("integer layer type", "the QGraph", LAYER_MODULES)
 
 
 def layer_type(cls: type[QLayer]) -> type[QLayer]:
@@ -285,8 +286,6 @@ class QGraph:
 
     @classmethod
     def load(cls, directory: Path) -> QGraph:
-        from dabuild.quant import layers  # noqa: F401  (registers every layer type in LAYER_TYPES)
-
         directory = Path(directory)
         doc = json.loads((directory / QGRAPH_FILE).read_text())
         if doc.get("format") != FORMAT_VERSION:

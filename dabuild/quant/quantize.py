@@ -11,20 +11,19 @@ from the stored statistics; weights, known exactly, get theirs from a
 histogram of the weight itself. With `bias_correction`, each dense and conv
 bias also absorbs the mean error its quantized weights add on the calibration
 data (see `dabuild.quant.bias_correction`). Quantization the model gives
-(`dabuild.ir.given`) replaces calibration where it is given: a tensor a
+(`dabuild.ir.given_quant`) replaces calibration where it is given: a tensor a
 fake_quant node reads takes that node's parameters, a weight recorded in
-`Graph.given` its integers and scales (see `dabuild.quant.given`).
+`Graph.given` its integers and scales (see `dabuild.quant.given_params`).
 """
 
 from __future__ import annotations
 
 from dabuild.errors import BuildError
 from dabuild.ir.graph import Graph
-from dabuild.quant import layers  # noqa: F401  (registers every lowering)
 from dabuild.quant.calibrate import Stats
 from dabuild.quant.config import QuantConfig
 from dabuild.quant.fixed_point import quantize_multiplier
-from dabuild.quant.given import given_tensor_params
+from dabuild.quant.given_params import given_tensor_params
 from dabuild.quant.layers.fallback import island_tensors, lower_fp32
 from dabuild.quant.lowering import (
     FLOAT_ONLY,

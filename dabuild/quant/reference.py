@@ -12,7 +12,6 @@ from typing import Literal, overload
 
 import numpy as np
 
-from dabuild.quant import layers  # noqa: F401  (registers every layer type)
 from dabuild.quant.fixed_point import requantize
 from dabuild.quant.layers.elementwise import QAdd, QClamp
 from dabuild.quant.qgraph import QGraph

@@ -30,6 +30,7 @@ from pydantic import BaseModel, ConfigDict
 
 from dabuild.errors import BuildError
 from dabuild.quant.qgraph import QGraph
+from dabuild.registry import Registry
 
 if TYPE_CHECKING:
     from dabuild.capability import CapabilitySpec
@@ -52,8 +53,34 @@ class Target:
     class Options(BaseModel):
         model_config = ConfigDict(extra="forbid")
 
-    def __init__(self, options: Target.Options | None = None):
+    def __init__(self, options: Target.Options | None = None, capability: CapabilitySpec | None = None):
+        """`capability`: the one the recipe resolved for this target (`ResolvedTarget`); None: the kind's own
+        bundled one, as this target runs it."""
         self.options = options if options is not None else self.Options()
+        self._capability = capability
+
+    @property
+    def capability_spec(self) -> CapabilitySpec:
+        """The capability this target builds for: what its float-island refusals read."""
+        if self._capability is None:
+            from dabuild.capability import load_capability
+            from dabuild.resources import data_dir
+
+            bundled = load_capability(data_dir("capabilities") / f"{self.capability}.yaml")
+            self._capability = self.capability_for(bundled, self.options.model_dump())
+        return self._capability
+
+    @classmethod
+    def layer_types(cls) -> frozenset[str]:
+        """The QLayer types this target writes, read off its own registry: what `refuse` and docs/ops.md check a
+        lowering's layers against. An optional dependency it lacks is a BuildError naming the extra."""
+        return frozenset()
+
+    @classmethod
+    def float_ops(cls) -> frozenset[str]:
+        """The IR ops this target can write inside a float island, read off its own registry (empty: it runs
+        none). A capability built for it offers no more (`capability_for`); docs/ops.md shows them."""
+        return frozenset()
 
     @classmethod
     def refuses_float_islands(cls, options: dict[str, Any]) -> str | None:
@@ -63,12 +90,18 @@ class Target:
 
     @classmethod
     def capability_for(cls, capability: CapabilitySpec, options: dict[str, Any]) -> CapabilitySpec:
-        """The capability the search reads for this target with these recipe options: the file's, without float
-        islands where the target refuses them (`refuses_float_islands`), or narrowed further by a target whose
-        runtime computes exactly only part of what the file offers (onnx on a CPU whose u8s8 kernels saturate)."""
-        if capability.fp32_fallback and cls.refuses_float_islands(options):
+        """The capability the search reads for this target with these recipe options: the file's, with float
+        islands only of the ops the target writes in float (its own table, `float_ops`, within the file's list
+        where it narrows it), none where the target refuses them (`refuses_float_islands`), or narrowed further
+        by a target whose runtime computes exactly only part of what the file offers (onnx on a CPU whose u8s8
+        kernels saturate)."""
+        if not capability.fp32_fallback:
+            return capability
+        if cls.refuses_float_islands(options):
             return capability.model_copy(update={"fp32_fallback": False})
-        return capability
+        written = cls.float_ops()
+        ops = written if capability.float_ops is None else frozenset(capability.float_ops) & written
+        return capability.model_copy(update={"float_ops": sorted(ops)})
 
     def runtime_version(self) -> dict[str, str]:
         """Versions of the external tools this target runs; part of the export/check cache keys."""
@@ -169,6 +202,28 @@ class Target:
         raise NotImplementedError(f"target {self.kind!r} does not describe how to rerun its artifact")
 
 
+def held(registry: Registry[Any]) -> frozenset[str]:
+    """The names a registry holds, less entries that only refuse (a stage saying why it cannot)."""
+    return frozenset(name for name, entry in registry.items() if not getattr(entry, "refuses", False))
+
+
+def refuse_float_layers(qgraph: QGraph, capability: CapabilitySpec, no_fpu: str | None = None) -> None:
+    """BuildError naming the first float layer (a float island's, or the layer feeding one) when the capability
+    cannot run float, or the core cannot (`no_fpu`: why, e.g. "cpu 'cortex-m0' has no FPU")."""
+    from dabuild.quant.layers.fallback import QFloat, QFloatWeighted
+
+    layer = next((layer for layer in qgraph.layers if isinstance(layer, (QFloat, QFloatWeighted))), None)
+    if layer is None:
+        return
+    where = f"node {layer.name!r} ({layer.float_op}) computes in float (a float island, or the layer feeding one)"
+    if no_fpu is not None:
+        raise BuildError(f"{where}, but {no_fpu}; quantize the island or build for a core with one "
+                         "(cortex-m4, cortex-m7, cortex-m33, cortex-m55)")
+    if not capability.fp32_fallback:
+        raise BuildError(f"{where}, but target capability {capability.name!r} cannot run float (fp32_fallback: "
+                         "false); quantize the island or build it for a target with fp32 fallback")
+
+
 def refuse_ops_without_integers(graph: Any, target: str, layer_types: Collection[str],
                                 float_ops: Collection[str] = ()) -> None:
     """BuildError, before any stage after trace runs, listing every node an integer-only target cannot take.
@@ -177,7 +232,6 @@ def refuse_ops_without_integers(graph: Any, target: str, layer_types: Collection
     (the float islands the target runs: such a node stays float); the message names the target and, per op,
     every node using it, so one run tells the user all of it.
     """
-    from dabuild.quant import layers  # noqa: F401  (registers every lowering)
     from dabuild.quant.lowering import LOWERINGS, integer_layers
 
     refused: dict[tuple[str, str], list[str]] = {}

@@ -18,7 +18,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from dabuild.errors import BuildError
-from dabuild.ir.given import FixedQuant, GivenQuant
+from dabuild.ir.given_quant import FixedQuant, GivenQuant
 from dabuild.ir.graph import Graph, Node
 from dabuild.ir.ops import OPS
 from dabuild.ir.ops.pool import Pool
@@ -407,7 +407,7 @@ def _fake_quant(e: Emitter, node: Node, attrs: dict[str, Any]) -> None:
 
 
 def _rounded(e: Emitter, name: str, scaled: str, rounding: str) -> str:
-    """`scaled` rounded to integers by `rounding` (dabuild.ir.given.ROUNDINGS) in float ONNX ops."""
+    """`scaled` rounded to integers by `rounding` (dabuild.ir.given_quant.ROUNDINGS) in float ONNX ops."""
     def step(op_type: str, *inputs: str) -> str:
         result = e.fresh(f"{name}_{op_type.lower()}")
         e.add(op_type, list(inputs), [result], name)

@@ -33,7 +33,9 @@ from dabuild.errors import BuildError, UsageError
 from dabuild.ir.graph import Graph
 from dabuild.ir.npz import read_npz
 from dabuild.ir.passes import optimize
+from dabuild.limits import is_numeric, npz_headers
 from dabuild.progress import Progress
+from dabuild.registry import Registry
 
 Shape = tuple["int | None", ...]
 
@@ -81,6 +83,12 @@ class TracerPlugin(ABC):
     def build_with_weights(cls, factory: Any, path: Path, where: str) -> Any:
         """The model `factory` (named `where`) builds with the weights file `path` (a `weights_suffixes` file)."""
         raise NotImplementedError(f"{cls.__name__} lists weights_suffixes but does not override build_with_weights")
+
+    @classmethod
+    def converters(cls) -> Registry[Any] | None:
+        """This frontend's converter table (source op name -> a converter whose `emits` names the IR ops it may
+        make), which docs/ops.md reads; None: it converts by running the model, not op by op (numpy)."""
+        return None
 
     @abstractmethod
     def apply_model(self, inputs: dict[str, Any]) -> Any:
@@ -323,6 +331,10 @@ def load_model(source: str, base_dir: Path | None, weights: Path | None) -> Any:
         loader = _weights_loader(weights_path.suffix)
         if loader is not None:
             return loader.build_with_weights(model, weights_path, f"{where}:{attr}")
+    for name, (_, descr) in npz_headers(weights_path).items():  # sizes, archive ratio: limits.py
+        if not is_numeric(descr):
+            raise UsageError(f"{weights_path}: array {name!r} has dtype {descr}; weights are numbers (object "
+                             "arrays are never read: they would be unpickled)")
     try:
         arrays = read_npz(weights_path)
     except (OSError, ValueError) as error:
@@ -343,6 +355,26 @@ def _weights_loader(suffix: str) -> type[TracerPlugin] | None:
     return next((cls for cls in _tracer_classes().values() if suffix in cls.weights_suffixes), None)
 
 
+_WEIGHTED_OPS = ("dense", "conv", "conv_transpose", "matmul", "batch_norm", "embedding")
+
+
+def refuse_non_finite(graph: Graph, source: Any) -> None:
+    """UsageError naming the model file and each weight holding NaN (any constant) or Inf (the weights and
+    biases of weighted ops: elsewhere an infinite constant may be meant, as a clip bound or an attention
+    mask): calibration would otherwise report a NaN range of some activation, far from its cause."""
+    weights = {name for node in graph.nodes if node.op in _WEIGHTED_OPS for name in node.inputs[1:]}
+    bad = []
+    for name, array in graph.constants.items():
+        if array.dtype.kind != "f":
+            continue
+        count = int(np.isnan(array).sum()) + (int(np.isinf(array).sum()) if name in weights else 0)
+        if count:
+            bad.append(f"{name!r} ({count} of {array.size})")
+    if bad:
+        raise UsageError(f"{source}: NaN or infinite weights in {', '.join(bad[:10])}"
+                         + (f" and {len(bad) - 10} more" if len(bad) > 10 else ""))
+
+
 def trace_stage(model_spec: Any, base_dir: Path | None, out_dir: Path, progress: Progress) -> None:
     """Load, trace and canonicalise the recipe's model; write graph.json + weights.npz to `out_dir`.
 
@@ -352,5 +384,6 @@ def trace_stage(model_spec: Any, base_dir: Path | None, out_dir: Path, progress:
     model = load_model(model_spec.source, base_dir, model_spec.weights)
     inputs, dtypes = declared_inputs(model_spec.inputs)
     graph = optimize(trace_model(model, model_spec.framework, inputs, progress, dtypes))
+    refuse_non_finite(graph, model_spec.weights or model_spec.source)
     graph.save(Path(out_dir))
     progress.info(f"traced {model_spec.source}: {graph.summary()}")

@@ -1,7 +1,7 @@
 """The score tuning protects: a built-in metric by name, or the user's `file.py:function` / `package.module:function`.
 
-Built in: accuracy and mse (`dabuild.data`), and top-k accuracy as `top_k`
-(k = 5) or `top_<k>` such as `top_3`.
+The built-in ones, by name, are dabuild.metrics'; this module loads any of them
+or the user's function as the `Metric` tuning and check score with.
 
 A user metric is called as fn(outputs, labels) -> float, higher is better
 unless the function carries `higher_is_better = False`. Whatever it does
@@ -21,11 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from dabuild.data import METRICS
 from dabuild.errors import BuildError
-from dabuild.recipe import METRIC_FORMS, top_k_of
-
-LOWER_IS_BETTER = frozenset({"mse"})
+from dabuild.metrics import BUILT_IN, LOWER_IS_BETTER, METRIC_FORMS, top_k_accuracy, top_k_of
 
 
 @dataclass(frozen=True)
@@ -66,41 +63,14 @@ class Metric:
         return f"{self.name}:{hashlib.sha256(self.file.read_bytes()).hexdigest()}"
 
 
-def top_k_accuracy(k: int) -> Callable[[np.ndarray, np.ndarray], float]:
-    """Share of rows whose integer label is among the k largest outputs (over the last axis).
-
-    Ties rank as a stable descending sort would (the lower class index first),
-    the order `argmax` breaks ties in, so `top_1` equals `accuracy` even on
-    quantized outputs, where ties are common.
-    """
-    def top_k(outputs: np.ndarray, labels: np.ndarray) -> float:
-        if outputs.shape[:-1] != labels.shape:
-            raise BuildError(f"metric top_{k} needs labels of shape {outputs.shape[:-1]} for outputs "
-                             f"{outputs.shape}, got {labels.shape}")
-        classes = outputs.shape[-1]
-        if k >= classes:
-            raise BuildError(f"metric top_{k}: the outputs have only {classes} classes, so every sample would "
-                             f"count; pick k below {classes}")
-        labels = labels.astype(np.int64)
-        if labels.size and (labels.min() < 0 or labels.max() >= classes):
-            raise BuildError(f"metric top_{k}: labels must be class indices in [0, {classes}), "
-                             f"got {labels.min()}..{labels.max()}")
-        own = np.take_along_axis(outputs, labels[..., None], axis=-1)
-        before = np.arange(classes) < labels[..., None]
-        rank = (outputs > own).sum(axis=-1) + ((outputs == own) & before).sum(axis=-1)
-        return float(np.mean(rank < k))
-
-    return top_k
-
-
 def load_metric(spec: str, base_dir: Path | None, file: Path | None = None) -> Metric:
     """The metric a recipe's `data.metric` names; relative files start at `base_dir`.
 
     `file` is the metric's `.py` as a stage declares it (its content is keyed, its place is not):
     given, it is read instead of the path the spec writes.
     """
-    if spec in METRICS:
-        return Metric(spec, METRICS[spec], spec not in LOWER_IS_BETTER)
+    if spec in BUILT_IN:
+        return Metric(spec, BUILT_IN[spec], spec not in LOWER_IS_BETTER)
     k = top_k_of(spec)
     if k is not None:
         return Metric(spec, top_k_accuracy(k), True)

@@ -26,13 +26,13 @@ from typing import Any
 
 from dabuild.capability import CapabilitySpec, QuantChoices
 from dabuild.errors import BuildError
-from dabuild.ir.given import OPS as GIVEN_OPS
+from dabuild.ir.given_quant import OPS as GIVEN_OPS
 from dabuild.ir.graph import Graph
 from dabuild.ir.ops import OPS
 from dabuild.quant.calibrate import LAST_AXIS_OPS
 from dabuild.quant.config import NodeConfig, QuantChoice, QuantConfig
 from dabuild.quant.dtypes import NAMES_TEXT, int_type, is_int_type
-from dabuild.quant.given import check_scheme, given_choices
+from dabuild.quant.given_params import check_scheme, given_choices
 from dabuild.quant.layers.fallback import FLOAT_WRITING_OPS
 from dabuild.quant.lowering import quantizable_roles
 
@@ -245,7 +245,7 @@ def _given_roles(name: str, op: str, capability: CapabilitySpec,
 
 
 def _with_given(candidates: tuple[NodeConfig, ...], roles: Mapping[str, QuantChoice]) -> tuple[NodeConfig, ...]:
-    """The candidates with each role the model quantizes fixed to its given choice (dabuild.quant.given)."""
+    """The candidates with each role the model quantizes fixed to its given choice (dabuild.quant.given_params)."""
     if not roles:
         return candidates
     fixed = [NodeConfig(roles.get("weight", c.weight), roles.get("activation", c.activation))

@@ -65,7 +65,7 @@ def tune_stage(
     from dabuild.ir.graph import Graph
     from dabuild.plugins import STRATEGIES, load
     from dabuild.quant.calibrate import STATS_FILE
-    from dabuild.quant.given import carries_quantization
+    from dabuild.quant.given_params import carries_quantization
     from dabuild.recipe import TuningSpec
     from dabuild.tune.evaluate import EvalSetup, Evaluator, Scorer
     from dabuild.tune.objective import make_objective
@@ -168,13 +168,13 @@ def tune_stage(
 
 
 def _naming(where: str, measure: Callable[[QGraph], T]) -> Callable[[QGraph], T]:
-    """`measure` (a target's export, to size or fit an artifact), its refusal named as this stage's: the space
-    offered a config the target cannot export (a capability claiming more than its target runs)."""
+    """`measure` (a target's export, to size or fit an artifact), its failure named as this stage's: the target
+    refused a config the space offered, or its tools failed on the artifact."""
     def named(qgraph: QGraph) -> T:
         try:
             return measure(qgraph)
         except BuildError as error:
-            raise BuildError(f"{where}: the target refuses a config the tuner offered: {error}") from None
+            raise BuildError(f"{where}: the target could not build a trial's artifact: {error}") from None
     return named
 
 

@@ -112,7 +112,12 @@ class Op(ABC):
             raise ShapeError(f"{self.name} takes {expected} inputs, got {count}")
 
 
-OPS: Registry[Op] = Registry("IR op", "dabuild's op set")
+# Full names, not built ones: the stages' code digests (pipeline/code_digest.py) follow these strings.
+OPS: Registry[Op] = Registry("IR op", "dabuild's op set", (
+    "dabuild.ir.ops.activation", "dabuild.ir.ops.elementwise", "dabuild.ir.ops.linear",
+    "dabuild.ir.ops.normalization", "dabuild.ir.ops.pool", "dabuild.ir.ops.quant", "dabuild.ir.ops.reduce",
+    "dabuild.ir.ops.resize", "dabuild.ir.ops.shape", "dabuild.ir.ops.transposed",
+))
 
 
 def register(cls: type[Op]) -> type[Op]:

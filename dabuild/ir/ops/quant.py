@@ -1,4 +1,4 @@
-"""fake_quant and fixed_quant: quantization given upstream, run in float (see `dabuild.ir.given` for the contract)."""
+"""fake_quant and fixed_quant: quantization given upstream, run in float (see `dabuild.ir.given_quant` for the contract)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from dabuild.ir.given import FIXED_OP, OP, FixedQuant, GivenQuant
+from dabuild.ir.given_quant import FIXED_OP, OP, FixedQuant, GivenQuant
 from dabuild.ir.ops.base import REQUIRED, Op, OutputSpec, ShapeError, normalize_axis, register
 
 if TYPE_CHECKING:
@@ -50,7 +50,7 @@ class FakeQuant(Op):
 
 @register
 class FixedQuantOp(Op):
-    """x on a fixed-point grid with a type per element: HGQ2's quantizer (see `dabuild.ir.given.FixedQuant`)."""
+    """x on a fixed-point grid with a type per element: HGQ2's quantizer (see `dabuild.ir.given_quant.FixedQuant`)."""
 
     name = FIXED_OP
     defaults = {"k": REQUIRED, "i": REQUIRED, "f": REQUIRED, "shape": (), "rounding": "half_up", "overflow": "wrap"}

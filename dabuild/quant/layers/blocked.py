@@ -27,7 +27,7 @@ import numpy as np
 from dabuild.errors import BuildError
 from dabuild.quant.activations import FusedActivation, clamp_bounds
 from dabuild.quant.fixed_point import MAX_SHIFT, accumulator_trace, requantize, round_half_away
-from dabuild.quant.given import EXACT, WeightBlocks
+from dabuild.quant.given_params import EXACT, WeightBlocks
 from dabuild.quant.layers.elementwise import lookup_layer
 from dabuild.quant.lowering import Lowering
 from dabuild.quant.qgraph import DenseFeatures, QGraph, QLayer, QuantParams, Trace, layer_type

@@ -33,7 +33,7 @@ from dabuild.quant.bias_correction import input_channel_means, mean_output_error
 from dabuild.quant.config import QuantChoice
 from dabuild.quant.dtypes import accumulator_max, fitting_type
 from dabuild.quant.fixed_point import INT32_MAX, accumulator_trace, quantize_multiplier, requantize, round_half_away
-from dabuild.quant.given import EXACT
+from dabuild.quant.given_params import EXACT
 from dabuild.quant.layers.blocked import lower_blocked_dense
 from dabuild.quant.layers.elementwise import lookup_layer
 from dabuild.quant.layers.fallback import lower_float_weighted

@@ -28,8 +28,8 @@ what overflows and by how much.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
-import re
 import shlex
 import shutil
 import subprocess
@@ -40,13 +40,11 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from dabuild.capability import load_capability
 from dabuild.errors import BuildError
 from dabuild.quant.fixed_point import Rounding
-from dabuild.quant.layers.fallback import QFloat, QFloatWeighted
 from dabuild.quant.qgraph import QGraph
-from dabuild.resources import data_dir
-from dabuild.targets.base import Target, refuse_ops_without_integers
+from dabuild.sizes import parse_size
+from dabuild.targets.base import Target, held, refuse_float_layers, refuse_ops_without_integers
 from dabuild.targets.c import firmware
 from dabuild.targets.c.codegen import PROGRAM, WEIGHTS_FILE, render, stored_bytes, trace_file
 from dabuild.targets.c.profiles import CPUS, FLOAT_ORDER, PROFILES, Profile
@@ -56,38 +54,9 @@ TRACE_PROGRAM = PROGRAM + "_trace"
 TRACE_DIR = "trace"
 
 
-def refuse_float_layers(qgraph: QGraph, capability_name: str, profile: Profile | None = None) -> None:
-    """BuildError naming the first float layer (a float island's, or the layer feeding one) when the capability
-    or the profile's core cannot run float."""
-    capability = load_capability(data_dir("capabilities") / f"{capability_name}.yaml")
-    layer = next((layer for layer in qgraph.layers if isinstance(layer, (QFloat, QFloatWeighted))), None)
-    if layer is None:
-        return
-    where = f"node {layer.name!r} ({layer.float_op}) computes in float (a float island, or the layer feeding one)"
-    if not capability.fp32_fallback:
-        raise BuildError(f"{where}, but target capability {capability.name!r} cannot run float (fp32_fallback: "
-                         "false); quantize the island or build it for a target with fp32 fallback")
-    if profile is not None and not profile.fpu:
-        raise BuildError(f"{where}, but cpu {profile.name!r} has no FPU; quantize the island or build for a core "
-                         "with one (cortex-m4, cortex-m7, cortex-m33, cortex-m55)")
-
-
-_UNITS = {"": 1, "B": 1, "KB": 1000, "KIB": 1024, "MB": 1000**2, "MIB": 1024**2}
-
-
-def parse_bytes(value: int | str) -> int:
-    """A size as a recipe writes it: 65536, "64KiB", "1.5 MiB", "32kB"."""
-    if isinstance(value, int):
-        return value
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", str(value))
-    if match is None or match.group(2).upper() not in _UNITS:
-        raise ValueError(f"{value!r} is not a size (e.g. 65536, 64KiB, 2MiB, 32kB)")
-    return int(float(match.group(1)) * _UNITS[match.group(2).upper()])
-
-
 class Budget(BaseModel):
     """What the model may take on the device: flash (code, constants, initialised data) and RAM (data, bss with
-    the arena, the stack of model_forward), in bytes or with a unit."""
+    the arena, the stack of model_forward), in bytes or with a binary unit (dabuild.sizes: 64K = 64KB = 64KiB)."""
 
     model_config = ConfigDict(extra="forbid")
     flash: int | None = None
@@ -96,7 +65,7 @@ class Budget(BaseModel):
     @field_validator("flash", "ram", mode="before")
     @classmethod
     def _size(cls, value: Any) -> int | None:
-        return None if value is None else parse_bytes(value)
+        return None if value is None else parse_size(value)
 
     def overflows(self, measured: dict[str, int]) -> list[str]:
         """What exceeds the budget and by how much, in words."""
@@ -106,6 +75,18 @@ class Budget(BaseModel):
             if limit is not None and used is not None and used > limit:
                 found.append(f"{name} {used} bytes exceeds the budget of {limit} by {used - limit}")
         return found
+
+
+def read_manifest(artifact_dir: Path) -> dict[str, Any]:
+    """The artifact's model.json, read from disk once per version of the file (run, trace and measurements
+    each need parts of it, batch after batch). Callers copy what they change."""
+    stat = (Path(artifact_dir) / MANIFEST).stat()
+    return _parsed_manifest(Path(artifact_dir) / MANIFEST, stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=8)
+def _parsed_manifest(path: Path, mtime_ns: int, size: int) -> dict[str, Any]:
+    return json.loads(path.read_text())
 
 
 def _tool_version(path: str) -> str:
@@ -205,11 +186,21 @@ class CTarget(Target):
     def refuse(self, graph: Any) -> None:
         """Every op the C kernels cannot run, by node, before calibration and tuning spend any time (an op
         without an integer form is fine where it can be a float island: in float_ops, on a core with an FPU)."""
+        capability = self.capability_spec
+        float_ops = (capability.float_ops or []) if capability.fp32_fallback else []
+        refuse_ops_without_integers(graph, self.kind, self.layer_types(), float_ops)
+
+    @classmethod
+    def layer_types(cls) -> frozenset[str]:
         from dabuild.targets.c.kernels import KERNELS
 
-        capability = load_capability(data_dir("capabilities") / f"{self.capability}.yaml")
-        float_ops = (capability.float_ops or []) if capability.fp32_fallback and self.profile.fpu else []
-        refuse_ops_without_integers(graph, self.kind, {key.split("/", 1)[0] for key in KERNELS.names()}, float_ops)
+        return frozenset(key.split("/", 1)[0] for key in held(KERNELS) if not key.startswith(":"))
+
+    @classmethod
+    def float_ops(cls) -> frozenset[str]:
+        from dabuild.targets.c.kernels.island import FLOAT_OPS
+
+        return frozenset(FLOAT_OPS)
 
     @classmethod
     def refuses_float_islands(cls, options: dict[str, Any]) -> str | None:
@@ -228,7 +219,7 @@ class CTarget(Target):
         return stored_bytes(qgraph, self.profile)
 
     def export(self, qgraph: QGraph, out_dir: Path) -> None:
-        refuse_float_layers(qgraph, self.capability, self.profile)
+        refuse_float_layers(qgraph, self.capability_spec, None if self.profile.fpu else f"cpu {self.profile.name!r} has no FPU")
         profile = self.profile
         rendered = render(qgraph, profile)
         out_dir = Path(out_dir)
@@ -262,7 +253,7 @@ class CTarget(Target):
 
     def _build_command(self, compiler: str, artifact_dir: Path, prefix: str, program: str) -> list[str]:
         """The compile line of the host test program; sources are named `prefix/<file>`."""
-        manifest = json.loads((artifact_dir / MANIFEST).read_text())
+        manifest = read_manifest(artifact_dir)
         flags = list(FLOAT_ORDER) if self.profile.cortex_m else list(self.profile.flags)
         flags += [f"-Wa,{flag}{prefix}" for flag in manifest.get("assembler_flags", [])]
         return [compiler, "-std=c99", *flags, *self.options.cflags, "-o", program,
@@ -285,7 +276,7 @@ class CTarget(Target):
                  traced: bool = False) -> np.ndarray:
         """Run a built test program or image on `inputs` (int8 samples, or int32 token ids, all in one run); its
         outputs, one row per sample. It reads work_dir/inputs.bin and writes work_dir/outputs.bin (and work_dir/trace/)."""
-        manifest = json.loads((artifact_dir / MANIFEST).read_text())
+        manifest = read_manifest(artifact_dir)
         samples = np.ascontiguousarray(inputs, dtype=manifest.get("input_dtype", "int8")).reshape(len(inputs), -1)
         if samples.shape[1] != manifest["input_size"]:
             raise BuildError(f"C artifact {artifact_dir} takes {manifest['input_size']} values per sample, "
@@ -321,7 +312,7 @@ class CTarget(Target):
             return None
         with tempfile.TemporaryDirectory(prefix="dabuild-fit-") as work:
             self.export(qgraph, Path(work))
-            measured = json.loads((Path(work) / MANIFEST).read_text())["firmware"]
+            measured = read_manifest(Path(work))["firmware"]
         overflows = self.options.budget.overflows(measured)
         return f"{self.options.cpu}: " + "; ".join(overflows) if overflows else None
 
@@ -329,7 +320,7 @@ class CTarget(Target):
         budget = self.options.budget
         if budget is None:
             return
-        measured = json.loads((artifact_dir / MANIFEST).read_text()).get("firmware", {})
+        measured = read_manifest(artifact_dir).get("firmware", {})
         overflows = budget.overflows(measured)
         if overflows:
             raise BuildError(f"the {self.profile.name} build of {artifact_dir} does not fit its budget: "
@@ -341,17 +332,17 @@ class CTarget(Target):
         self._check_budget(artifact_dir)
         program = self._build(artifact_dir, work_dir)
         rows = self._execute(artifact_dir, program, inputs, work_dir)
-        shape = json.loads((artifact_dir / MANIFEST).read_text())["output_shape"]
+        shape = read_manifest(artifact_dir)["output_shape"]
         return rows.reshape(len(rows), *shape)
 
     def measurements(self, artifact_dir: Path, inputs: np.ndarray, work_dir: Path) -> dict[str, Any]:
         """model.json's firmware figures, and under qemu the instructions model_forward retires on the first
         sample (a counting image: -DDABUILD_COUNT)."""
         artifact_dir, work_dir = Path(artifact_dir), Path(work_dir)
-        measured = dict(json.loads((artifact_dir / MANIFEST).read_text()).get("firmware", {}))
+        measured = dict(read_manifest(artifact_dir).get("firmware", {}))
         if self.runner == "qemu" and len(inputs):
             image = self._build(artifact_dir, work_dir, ("-DDABUILD_COUNT",))
-            dtype = json.loads((artifact_dir / MANIFEST).read_text()).get("input_dtype", "int8")
+            dtype = read_manifest(artifact_dir).get("input_dtype", "int8")
             np.ascontiguousarray(inputs[:1], dtype=dtype).tofile(work_dir / "inputs.bin")
             counts = firmware.count_instructions(self.profile, image, work_dir, self.options.timeout)
             measured["instructions_per_inference"] = counts[0]
@@ -366,7 +357,7 @@ class CTarget(Target):
         before tracing existed (its manifest lists no traced tensors), and for a user's runner command.
         """
         artifact_dir, work_dir = Path(artifact_dir), Path(work_dir)
-        traced = json.loads((artifact_dir / MANIFEST).read_text()).get("traced")
+        traced = read_manifest(artifact_dir).get("traced")
         if traced is None or self.runner == "command":
             return None
         (work_dir / TRACE_DIR).mkdir()

@@ -30,8 +30,7 @@ from pydantic import Field
 
 from dabuild.errors import BuildError, CheckError
 from dabuild.quant.qgraph import QGraph
-from dabuild.targets.base import Target
-from dabuild.targets.c import refuse_float_layers
+from dabuild.targets.base import Target, held, refuse_float_layers
 from dabuild.targets.hdl.simulators import simulator, simulator_programs, simulator_version
 
 
@@ -69,6 +68,10 @@ class HdlTarget(Target):
 
     options: Options
 
+    @classmethod
+    def layer_types(cls) -> frozenset[str]:
+        return held(_import("dabuild.targets.hdl.symbolic").CONVERTERS)
+
     def runtime_version(self) -> dict[str, str]:
         try:
             versions = {"da4ml": version("da4ml")}
@@ -100,7 +103,7 @@ class HdlTarget(Target):
 
 
     def export(self, qgraph: QGraph, out_dir: Path) -> None:
-        refuse_float_layers(qgraph, self.capability)
+        refuse_float_layers(qgraph, self.capability_spec)
         program = _import("dabuild.targets.hdl.program")
         rtl = _import("dabuild.targets.hdl.rtl")
         comb = program.trace(qgraph, self._hwconf())

@@ -46,13 +46,12 @@ from dabuild.errors import BuildError
 from dabuild.ir.ops import OPS
 from dabuild.ir.ops.pool import AvgPool, Pool
 from dabuild.ir.ops.reduce import Reduce
-from dabuild.quant import layers  # noqa: F401  (registers every layer type)
 from dabuild.quant.dtypes import int_type
 from dabuild.quant.fixed_point import requantize as requantize_integers
-from dabuild.quant.given import nearest_power_of_two
+from dabuild.quant.given_params import nearest_power_of_two
 from dabuild.quant.layers.blocked import QBlockedDense
 from dabuild.quant.layers.elementwise import QAdd, QClamp, QLookup, QMul
-from dabuild.quant.layers.given import QFixedQuant
+from dabuild.quant.layers.fake_quant import QFixedQuant
 from dabuild.quant.layers.linear import QConv, QConvTranspose, QDense, QWeighted
 from dabuild.quant.layers.matmul import QMatMul
 from dabuild.quant.layers.pool import QAvgPool, QMean

@@ -35,9 +35,10 @@ import numpy as np
 
 from dabuild.errors import BuildError
 from dabuild.quant.qgraph import QGraph
-from dabuild.targets.base import Target
+from dabuild.targets.base import Target, held
 from dabuild.targets.nnef.emitter import Emitter
-from dabuild.targets.nnef.layers import export_layer
+from dabuild.targets.nnef.float_ops import FLOAT_OPS
+from dabuild.targets.nnef.layers import LAYER_EXPORTERS, export_layer
 from dabuild.targets.nnef.tensor_file import encode
 
 ARCHIVE = "model.nnef.tgz"
@@ -112,6 +113,15 @@ class NnefTarget(Target):
         quantized_kernels: bool = True  # tract's integer conv/linear where the weights are per tensor
 
     options: Options
+
+    @classmethod
+    def layer_types(cls) -> frozenset[str]:
+        return held(LAYER_EXPORTERS)
+
+    @classmethod
+    def float_ops(cls) -> frozenset[str]:
+        """What the float op exporter spells, where the layer exporter takes float layers (islands use it)."""
+        return held(FLOAT_OPS) if "float" in cls.layer_types() else frozenset()
 
     def runtime_version(self) -> dict[str, str]:
         return {"tract": str(_tract().version())}

@@ -29,7 +29,7 @@ from dabuild.capability import CapabilitySpec, QuantChoices
 from dabuild.errors import BuildError
 from dabuild.quant.dtypes import int_type, is_int_type
 from dabuild.quant.qgraph import QGraph
-from dabuild.targets.base import Target
+from dabuild.targets.base import Target, held
 from dabuild.targets.onnx.isa import Isa, detect, resolve, saturates
 
 MODEL_FILE = "model.onnx"
@@ -79,6 +79,15 @@ class OnnxTarget(Target):
         return resolve(self.options.isa)
 
     options: Options
+
+    @classmethod
+    def layer_types(cls) -> frozenset[str]:
+        return held(_import("dabuild.targets.onnx.qdq").WRITERS)
+
+    @classmethod
+    def float_ops(cls) -> frozenset[str]:
+        """What the float exporter spells, where the QDQ writer takes float layers (it writes islands with it)."""
+        return held(_import("dabuild.targets.onnx_float").EXPORTERS) if "float" in cls.layer_types() else frozenset()
 
     @classmethod
     def capability_for(cls, capability: CapabilitySpec, options: dict[str, Any]) -> CapabilitySpec:
@@ -137,8 +146,8 @@ class OnnxTarget(Target):
         qdq = _import("dabuild.targets.onnx.qdq")
         return qdq.initializer_bytes(qdq.to_qdq_onnx(qgraph, self.options.opset, check=False, isa=self.isa))
 
-    def __init__(self, options: Target.Options | None = None):
-        super().__init__(options)
+    def __init__(self, options: Target.Options | None = None, capability: CapabilitySpec | None = None):
+        super().__init__(options, capability)
         self._sessions: dict[str, tuple[tuple[str, int, int], Any, dict[str, str] | None]] = {}
 
     def _session(self, purpose: str, artifact_dir: Path) -> tuple[Any, dict[str, str] | None]:

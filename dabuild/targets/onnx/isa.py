@@ -10,7 +10,7 @@ products and widening multiplies are exact, so only x86-64 without VNNI saturate
 Two forms run exactly there, measured on an AMD EPYC with AVX2 and no VNNI (onnxruntime 1.32): weights
 within [-64, 64] (7 bits: 255 * 64 * 2 = 32,640 fits int16), which keep the u8s8 kernels, and uint8
 weights (the int8 ones plus 128, zero point 128), which onnxruntime runs with its u8u8 kernels that widen
-both sides to int16 before multiplying, about 1.2x to 1.8x slower than u8s8 there.
+both sides to int16 before multiplying, 1.1x to 1.5x the time of u8s8 there (bench/ort_isa.py).
 """
 
 from __future__ import annotations

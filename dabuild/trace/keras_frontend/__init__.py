@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from dabuild.ir.graph import Graph
+from dabuild.registry import Registry
 from dabuild.trace.base import Shape, TracerPlugin
 
 
@@ -26,6 +27,12 @@ class KerasTracer(TracerPlugin):
 
     suffixes: ClassVar[tuple[str, ...]] = (".keras", ".h5")  # .h5: a Keras 2 model file, where Keras 3 reads it
     weights_suffixes: ClassVar[tuple[str, ...]] = (".h5",)
+
+    @classmethod
+    def converters(cls) -> Registry[Any]:
+        from dabuild.trace.keras_frontend.walk import CONVERTERS
+
+        return CONVERTERS
 
     @classmethod
     def build_with_weights(cls, factory: Any, path: Path, where: str) -> Any:

@@ -9,7 +9,7 @@ lies between two quantizers HGQ2 computes exactly (an accumulator at its full
 width, a relu of it), as da4ml's own conversion of the model does.
 
 The converters here wrap the float converters of `layers`: each activation
-quantizer becomes a `fixed_quant` node (`dabuild.ir.given.FixedQuant`: k, i, f
+quantizer becomes a `fixed_quant` node (`dabuild.ir.given_quant.FixedQuant`: k, i, f
 per element in the IR's layout, rounding and overflow by name: RND half_up,
 TRN floor, RND_CONV half_even, RND_INF half_away, TRN_ZERO to_zero; WRAP, SAT,
 SAT_SYM), which also makes every tensor between quantizers exact downstream.
@@ -33,11 +33,11 @@ from typing import Any
 
 import numpy as np
 
-from dabuild.ir.given import FIXED_OP, FixedQuant
+from dabuild.ir.given_quant import FIXED_OP, FixedQuant
 from dabuild.trace.keras_frontend import layers
-from dabuild.trace.keras_frontend.walk import Builder, Call, Unsupported, Value, converts
+from dabuild.trace.keras_frontend.walk import CONVERTERS, Builder, Call, Unsupported, Value, converts
 
-# HGQ2's rounding and overflow modes under the names of dabuild's given quantization (dabuild.ir.given)
+# HGQ2's rounding and overflow modes under the names of dabuild's given quantization (dabuild.ir.given_quant)
 ROUNDINGS = {"RND": "half_up", "TRN": "floor", "RND_CONV": "half_even", "RND_INF": "half_away", "TRN_ZERO": "to_zero"}
 OVERFLOWS = {"WRAP": "wrap", "SAT": "saturate", "SAT_SYM": "saturate_symmetric"}
 
@@ -82,7 +82,7 @@ class FixedQuantizer:
         return get_fixed_quantizer_np(self.round_mode, self.overflow_mode)(x, self.k, self.i, self.f)
 
     def fixed(self, what: str, channels_first: bool = False) -> FixedQuant:
-        """The fixed_quant (dabuild.ir.given's contract) of this quantizer, over the IR layout (channels first
+        """The fixed_quant (dabuild.ir.given_quant's contract) of this quantizer, over the IR layout (channels first
         moves Keras's last axis to the front); Unsupported for modes the contract has no name for."""
         mode = self.round_mode.upper().removeprefix("S_")  # stochastic rounding is training-time only
         if mode not in ROUNDINGS:
@@ -185,11 +185,18 @@ _QUANTIZED = {
     "QGlobalMaxPooling1D": layers.global_max_pool, "QGlobalMaxPooling2D": layers.global_max_pool,
     "QGlobalMaxPool1D": layers.global_max_pool, "QGlobalMaxPool2D": layers.global_max_pool,
 }
+
+
+def _emits(convert: Callable[[Builder, Call], Value]) -> tuple[str, ...]:
+    """What the plain layer's converter declares, and the quantizers this wrapper puts around it."""
+    return (*next(entry.emits for entry in CONVERTERS.values() if entry.convert is convert), FIXED_OP)
+
+
 for _name, _convert in _QUANTIZED.items():
-    converts(_name)(hgq_layer(_convert))
+    converts(_name, emits=_emits(_convert))(hgq_layer(_convert))
 
 
-@converts("Quantizer")
+@converts("Quantizer", emits=(FIXED_OP,))
 def quantizer_layer(b: Builder, call: Call) -> Value:
     """HGQ2's stand-alone Quantizer layer (e.g. the model's input quantizer)."""
     return quantize_input(b, call.inputs[0], call.layer, "quantizer")[0]

@@ -49,6 +49,11 @@ ACTIVATIONS: dict[str, Callable[[Builder, Value], Value]] = {
 }
 
 
+# Every IR op an `activation=` may emit (silu is sigmoid times x).
+ACTIVATION_OPS = ("relu", "relu6", "sigmoid", "tanh", "leaky_relu", "hard_sigmoid", "hard_swish", "gelu", "mul",
+                  "softmax")
+
+
 def activation_name(function: object) -> str:
     import keras
 
@@ -67,12 +72,12 @@ def activate(b: Builder, layer: object, x: Value) -> Value:
     return ACTIVATIONS[name](b, x)
 
 
-@converts("Activation")
+@converts("Activation", emits=ACTIVATION_OPS)
 def activation_layer(b: Builder, call: Call) -> Value:
     return activate(b, call.layer, call.inputs[0])
 
 
-@converts("ReLU")
+@converts("ReLU", emits=("relu", "relu6", "clip", "leaky_relu"))
 def relu(b: Builder, call: Call) -> Value:
     layer, x = call.layer, call.inputs[0]
     slope, top = float(layer.negative_slope), layer.max_value
@@ -90,13 +95,13 @@ def relu(b: Builder, call: Call) -> Value:
     raise Unsupported("negative_slope together with max_value")
 
 
-@converts("LeakyReLU")
+@converts("LeakyReLU", emits=("leaky_relu",))
 def leaky_relu(b: Builder, call: Call) -> Value:
     x = call.inputs[0]
     return b.value("leaky_relu", [x.name], {"alpha": float(call.layer.negative_slope)}, x.channels_first)
 
 
-@converts("Softmax")
+@converts("Softmax", emits=("softmax",))
 def softmax(b: Builder, call: Call) -> Value:
     axis = call.layer.axis
     if not isinstance(axis, int):
@@ -111,7 +116,7 @@ def softmax(b: Builder, call: Call) -> Value:
 
 
 @converts("Dropout", "SpatialDropout1D", "SpatialDropout2D", "GaussianNoise", "GaussianDropout", "AlphaDropout",
-          "ActivityRegularization")
+          "ActivityRegularization", emits=())
 def inference_identity(b: Builder, call: Call) -> Value:
     """Layers that only act while training pass their input through at inference."""
     return call.inputs[0]
@@ -120,7 +125,7 @@ def inference_identity(b: Builder, call: Call) -> Value:
 # ---------------------------------------------------------------- dense
 
 
-@converts("Dense")
+@converts("Dense", emits=("dense", *ACTIVATION_OPS))
 def dense(b: Builder, call: Call) -> Value:
     """Dense over the last axis, any rank: Keras's own layout."""
     x = b.keras_layout(call.inputs[0])
@@ -148,7 +153,7 @@ def _einsum_as_dense(equation: str, kernel_shape: tuple[int, ...]) -> tuple[list
     return list(kernel_shape[1:]), free
 
 
-@converts("EinsumDense")
+@converts("EinsumDense", emits=("dense", "reshape", *ACTIVATION_OPS))
 def einsum_dense(b: Builder, call: Call) -> Value:
     """EinsumDense that is a dense over the last axis (possibly to several new axes): dense, then reshape."""
     layer = call.layer
@@ -226,7 +231,7 @@ def _depthwise_kernel(kernel: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(moved.reshape(-1, 1, *moved.shape[2:]))
 
 
-@converts("Conv1D", "Conv2D", "Conv3D", "DepthwiseConv1D", "DepthwiseConv2D")
+@converts("Conv1D", "Conv2D", "Conv3D", "DepthwiseConv1D", "DepthwiseConv2D", emits=("conv", *ACTIVATION_OPS))
 def conv(b: Builder, call: Call) -> Value:
     """Convolutions; a depthwise one is a conv with one group per input channel."""
     layer = call.layer
@@ -240,7 +245,7 @@ def conv(b: Builder, call: Call) -> Value:
     return _spatial_output(layer, activate(b, layer, y))
 
 
-@converts("SeparableConv1D", "SeparableConv2D")
+@converts("SeparableConv1D", "SeparableConv2D", emits=("conv", *ACTIVATION_OPS))
 def separable_conv(b: Builder, call: Call) -> Value:
     """A depthwise conv (no bias) then a 1x1 conv with the bias and the activation."""
     layer = call.layer
@@ -256,7 +261,7 @@ def separable_conv(b: Builder, call: Call) -> Value:
 # ---------------------------------------------------------------- normalisation
 
 
-@converts("BatchNormalization")
+@converts("BatchNormalization", emits=("batch_norm",))
 def batch_norm(b: Builder, call: Call) -> Value:
     """Inference batch norm over the channel axis: the IR's batch_norm, which normalises axis 1."""
     layer, x = call.layer, call.inputs[0]
@@ -288,12 +293,12 @@ def _pool(b: Builder, call: Call, op: str) -> Value:
     return _spatial_output(layer, b.value(op, [x.name], attrs, channels_first=True))
 
 
-@converts("MaxPooling1D", "MaxPooling2D", "MaxPooling3D")
+@converts("MaxPooling1D", "MaxPooling2D", "MaxPooling3D", emits=("max_pool",))
 def max_pool(b: Builder, call: Call) -> Value:
     return _pool(b, call, "max_pool")
 
 
-@converts("AveragePooling1D", "AveragePooling2D", "AveragePooling3D")
+@converts("AveragePooling1D", "AveragePooling2D", "AveragePooling3D", emits=("avg_pool",))
 def avg_pool(b: Builder, call: Call) -> Value:
     return _pool(b, call, "avg_pool")
 
@@ -306,17 +311,17 @@ def _global_pool(b: Builder, call: Call, op: str) -> Value:
     return _spatial_output(layer, y)
 
 
-@converts("GlobalAveragePooling1D", "GlobalAveragePooling2D", "GlobalAveragePooling3D")
+@converts("GlobalAveragePooling1D", "GlobalAveragePooling2D", "GlobalAveragePooling3D", emits=("reduce_mean",))
 def global_avg_pool(b: Builder, call: Call) -> Value:
     return _global_pool(b, call, "reduce_mean")
 
 
-@converts("GlobalMaxPooling1D", "GlobalMaxPooling2D", "GlobalMaxPooling3D")
+@converts("GlobalMaxPooling1D", "GlobalMaxPooling2D", "GlobalMaxPooling3D", emits=("reduce_max",))
 def global_max_pool(b: Builder, call: Call) -> Value:
     return _global_pool(b, call, "reduce_max")
 
 
-@converts("ZeroPadding1D", "ZeroPadding2D", "ZeroPadding3D")
+@converts("ZeroPadding1D", "ZeroPadding2D", "ZeroPadding3D", emits=("pad",))
 def zero_padding(b: Builder, call: Call) -> Value:
     layer = call.layer
     x = _channels_first_input(b, layer, call.inputs[0])
@@ -342,29 +347,29 @@ def _fold(b: Builder, op: str, values: list[Value]) -> Value:
     return result
 
 
-@converts("Add")
+@converts("Add", emits=("add",))
 def add(b: Builder, call: Call) -> Value:
     return _fold(b, "add", call.inputs)
 
 
-@converts("Multiply")
+@converts("Multiply", emits=("mul",))
 def multiply(b: Builder, call: Call) -> Value:
     return _fold(b, "mul", call.inputs)
 
 
-@converts("Subtract")
+@converts("Subtract", emits=("sub",))
 def subtract(b: Builder, call: Call) -> Value:
     return _fold(b, "sub", call.inputs)
 
 
-@converts("Average")
+@converts("Average", emits=("add", "mul"))
 def average(b: Builder, call: Call) -> Value:
     total = _fold(b, "add", call.inputs)
     share = b.constant(np.array(1 / len(call.inputs), np.float32), "share")
     return b.value("mul", [total.name, share], channels_first=total.channels_first)
 
 
-@converts("Concatenate")
+@converts("Concatenate", emits=("concat",))
 def concatenate(b: Builder, call: Call) -> Value:
     values = _same_layout(b, call.inputs)
     axis = values[0].axis(call.layer.axis)
@@ -394,26 +399,26 @@ def _binary_op(op: str) -> Callable[[Builder, Call], Value]:
 
 
 for _op, _name in (("add", "Add"), ("sub", "Subtract"), ("mul", "Multiply")):
-    converts(f"ops.{_name}")(_binary_op(_op))
+    converts(f"ops.{_name}", emits=(_op,))(_binary_op(_op))
 
 
 # ---------------------------------------------------------------- reshaping
 
 
-@converts("Flatten")
+@converts("Flatten", emits=("flatten",))
 def flatten(b: Builder, call: Call) -> Value:
     """Flatten in Keras's element order: the input goes back to channels last first."""
     x = b.keras_layout(call.inputs[0])
     return b.value("flatten", [x.name], {"axis": 1})
 
 
-@converts("Reshape")
+@converts("Reshape", emits=("reshape",))
 def reshape(b: Builder, call: Call) -> Value:
     x = b.keras_layout(call.inputs[0])
     return b.value("reshape", [x.name], {"shape": [0, *(int(d) for d in call.layer.target_shape)]})
 
 
-@converts("Permute")
+@converts("Permute", emits=("transpose",))
 def permute(b: Builder, call: Call) -> Value:
     x = b.keras_layout(call.inputs[0])
     return b.value("transpose", [x.name], {"perm": [0, *(int(d) for d in call.layer.dims)]})

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from dabuild.errors import BuildError, UsageError
+from dabuild.limits import check_zip_members
 from dabuild.trace.base import user_location
 
 
@@ -40,8 +41,9 @@ def load_file(path: Path) -> Any:
     _register_layer_packages()
     if not path.is_file():
         raise UsageError(f"{path}: no such model file")
-    try:
-        return keras.saving.load_model(path, compile=False)
+    _check_archive(path)
+    try:  # safe_mode (keras's default, stated): no Lambda bytecode, no classes outside keras's registry
+        return keras.saving.load_model(path, compile=False, safe_mode=True)
     except Exception as error:  # noqa: BLE001 - keras reports bad archives and unknown classes in many exception types
         qkeras = qkeras_layers(path)
         if qkeras:
@@ -57,6 +59,19 @@ def load_file(path: Path) -> Any:
 QKERAS_NAMES = ("QDense", "QConv1D", "QConv2D", "QDepthwiseConv2D", "QSeparableConv2D", "QActivation",
                 "QBatchNormalization", "QAveragePooling2D", "QSimpleRNN", "QLSTM", "QGRU", "quantized_bits",
                 "quantized_relu", "quantized_po2", "quantized_tanh", "binary", "ternary")
+
+
+def _check_archive(path: Path) -> None:
+    """A .keras archive's members within the limits (limits.py) before keras or the QKeras check inflates
+    one: a config.json that inflates to gigabytes is refused here, naming the member and its size."""
+    import zipfile
+
+    if zipfile.is_zipfile(path):
+        try:
+            with zipfile.ZipFile(path) as archive:
+                check_zip_members(archive, path)
+        except (OSError, zipfile.BadZipFile):
+            return  # not an archive after all: keras's own message says what it is
 
 
 def qkeras_layers(path: Path) -> list[str]:

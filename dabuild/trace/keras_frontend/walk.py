@@ -83,16 +83,35 @@ class Call:
         return {**variables, **self.parameters}
 
 
-Converter = Callable[["Builder", Call], "Value | list[Value]"]
-CONVERTERS: Registry[Converter] = Registry("converter", "the keras frontend")
+ConvertFunction = Callable[["Builder", Call], "Value | list[Value]"]
+# Ops the Builder itself emits around any converter: layout moves, and the quantizer over a given weight.
+PLUMBING = ("transpose", "fake_quant")
 
 
-AnyConverter = TypeVar("AnyConverter", bound=Converter)
+@dataclass(frozen=True)
+class Converter:
+    """A layer class's converter and the IR ops it may emit (docs/ops.md's coverage; `Builder.emit` refuses an
+    op it does not list, PLUMBING aside)."""
+
+    convert: ConvertFunction
+    emits: tuple[str, ...]
 
 
-def converts(*class_names: str) -> Callable[[AnyConverter], AnyConverter]:
-    """Register a converter for the Keras layer classes `class_names` (`ops.X` for a keras.ops operation X)."""
-    return CONVERTERS.register(*class_names)
+CONVERTERS: Registry[Converter] = Registry("converter", "the keras frontend", (
+    "dabuild.trace.keras_frontend.layers", "dabuild.trace.keras_frontend.hgq"), extra="keras")
+
+
+AnyConverter = TypeVar("AnyConverter", bound=ConvertFunction)
+
+
+def converts(*class_names: str, emits: tuple[str, ...]) -> Callable[[AnyConverter], AnyConverter]:
+    """Register a converter for the Keras layer classes `class_names` (`ops.X` for a keras.ops operation X)
+    that may emit the IR ops `emits`."""
+    def register(function: AnyConverter) -> AnyConverter:
+        for name in class_names:
+            CONVERTERS.add(name, Converter(function, tuple(emits)))
+        return function
+    return register
 
 
 class Builder:
@@ -106,6 +125,7 @@ class Builder:
         self._moved: dict[tuple[str, bool], Value] = {}  # (tensor, to channels first) -> its transpose
         self.layer = "<model>"  # the layer being converted: names its nodes and its errors
         self.given_weights: dict[str, dict[str, Any]] = {}  # constant kind -> fake_quant attrs over it (HGQ2)
+        self.declared: tuple[str, ...] | None = None  # the IR ops the running converter says it emits
 
     def fresh(self, base: str) -> str:
         return unique_name(base, self._taken)
@@ -136,6 +156,9 @@ class Builder:
              output: str | None = None) -> str:
         """Append one single-output IR node of the current layer; the name of its output."""
         attrs = attrs or {}
+        if self.declared is not None and op not in self.declared and op not in PLUMBING:
+            raise BuildError(f"keras layer {self.layer!r}: its converter emits {op!r}, which it does not declare "
+                             f"in `emits` ({', '.join(self.declared) or 'none'})")
         try:
             OPS[op].check_arity(len(inputs))
             [(shape, dtype)] = OPS[op].infer([self.specs[name] for name in inputs], attrs)
@@ -286,14 +309,17 @@ class _Walk:
         if converter is None:
             raise Unsupported("no converter for this layer class")
         kwargs = {k: v for k, v in self.replace(node.arguments.kwargs).items() if k not in ("training", "mask")}
-        result = converter(self.builder, Call(operation, inputs, self.replace(node.arguments.args), kwargs))
+        self.builder.declared = converter.emits
+        try:
+            result = converter.convert(self.builder, Call(operation, inputs, self.replace(node.arguments.args),
+                                                          kwargs))
+        finally:
+            self.builder.declared = None
         return [result] if isinstance(result, Value) else list(result)
 
 
 def convert(model: Any, shapes: dict[str, Shape], progress: Progress) -> Graph:
     """The Graph computing `model` on inputs of `shapes` (Keras layout); UsageError naming every unsupported layer."""
-    from dabuild.trace.keras_frontend import hgq, layers  # noqa: F401  (they register the converters)
-
     names = input_names(model)
     outputs = output_names(model)
     builder = Builder(set(names) | set(outputs))

@@ -35,7 +35,9 @@ class Converter:
     emits: tuple[str, ...] | None = None  # the IR ops it may emit (docs/ops.md's coverage); None = undeclared
 
 
-CONVERTERS: Registry[Converter] = Registry("converter", "the onnx frontend")
+# This module's converters register as it is imported; those of quantized ops, on the first lookup.
+CONVERTERS: Registry[Converter] = Registry("converter", "the onnx frontend", (
+    "dabuild.trace.onnx_frontend.qonnx", "dabuild.trace.onnx_frontend.quantized"))
 
 Emits = tuple[str, ...] | Mapping[str, tuple[str, ...]]
 
@@ -738,7 +740,5 @@ def load_time_only(ctx: Conversion, node: OnnxNode) -> None:
         f"{', '.join(repr(name) for name in _present(node) if name not in ctx.known)}"
     )
 
-
-from dabuild.trace.onnx_frontend import qonnx, quantized  # noqa: E402,F401  (register the quantized ops' converters)
 
 SUPPORTED_OPS: tuple[str, ...] = tuple(CONVERTERS.names())

@@ -15,6 +15,7 @@ other way was computed from it, which a static graph cannot express.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -51,6 +52,31 @@ def _run(node: OnnxNode, inputs: list[np.ndarray | None], opset: int) -> list[np
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     evaluator = ReferenceEvaluator(model)
     return [np.asarray(result) for result in evaluator.run(None, feeds)]
+
+
+def _size(values: np.ndarray | None) -> list[int]:
+    """Known sizes from a load-time shape value (the dynamic batch, None, counts as 1)."""
+    if values is None:
+        return []
+    return [abs(int(item)) if item is not None else 1 for item in np.asarray(values).ravel()]
+
+
+def output_elements(node: OnnxNode, inputs: list[np.ndarray | None]) -> int | None:
+    """How many elements the node's output will hold, for the ops whose output can dwarf their inputs (a
+    1 KB file may ask ConstantOfShape for 10^9 floats); None for every other op."""
+    if node.op_type == "ConstantOfShape" and inputs:
+        return math.prod(_size(inputs[0]))
+    if node.op_type == "Expand" and len(inputs) > 1 and inputs[0] is not None:
+        target, source = _size(inputs[1]), list(np.shape(inputs[0]))
+        width = max(len(target), len(source))
+        target, source = [1] * (width - len(target)) + target, [1] * (width - len(source)) + source
+        return math.prod(max(a, b) for a, b in zip(target, source))
+    if node.op_type == "Tile" and len(inputs) > 1 and inputs[0] is not None:
+        return int(np.size(inputs[0])) * math.prod(_size(inputs[1]))
+    if node.op_type == "Range" and len(inputs) == 3 and all(value is not None for value in inputs):
+        start, limit, delta = (float(np.asarray(value).ravel()[0]) for value in inputs)
+        return max(0, math.ceil((limit - start) / delta)) if delta else 0
+    return None
 
 
 def evaluate(node: OnnxNode, inputs: list[np.ndarray | None], opset: int) -> list[np.ndarray]:

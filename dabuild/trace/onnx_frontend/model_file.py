@@ -15,9 +15,10 @@ from typing import Any
 import numpy as np
 import onnx
 from google.protobuf.message import DecodeError
-from onnx import numpy_helper
+from onnx import external_data_helper, numpy_helper
 
 from dabuild.errors import UsageError
+from dabuild.limits import max_nodes
 
 OLDEST_OPSET = 9
 _DEFAULT_DOMAINS = ("", "ai.onnx")
@@ -59,15 +60,65 @@ class OnnxModel:
 
 
 def read_model_file(path: Path) -> onnx.ModelProto:
-    """Parse and validate `path`; UsageError naming the file when it is missing, corrupt or not ONNX."""
+    """Parse and validate `path`; UsageError naming the file when it is missing, corrupt or not ONNX, holds more
+    nodes than the limit, or keeps external data anywhere but beside it."""
     if not path.is_file():
         raise UsageError(f"{path}: ONNX model file does not exist")
     try:
-        model = onnx.load(str(path))
+        model = onnx.load(str(path), load_external_data=False)
     except (DecodeError, ValueError, RuntimeError, OSError) as error:
         raise UsageError(f"{path}: not a readable ONNX model (corrupt, truncated or another format): {error}") from None
+    check_node_count(model, path)
+    check_external_data(model, path)
+    try:
+        onnx.external_data_helper.load_external_data_for_model(model, str(path.parent))
+    except (ValueError, RuntimeError, OSError) as error:
+        raise UsageError(f"{path}: cannot read its external data: {error}") from None
     check_model(model, str(path))
     return model
+
+
+def _graphs(graph: onnx.GraphProto) -> list[onnx.GraphProto]:
+    """`graph` and every subgraph (If, Loop, Scan bodies) inside it."""
+    found = [graph]
+    for node in graph.node:
+        for attr in node.attribute:
+            for sub in [attr.g] if attr.HasField("g") else list(attr.graphs):
+                found += _graphs(sub)
+    return found
+
+
+def check_node_count(model: onnx.ModelProto, path: Path) -> None:
+    """UsageError if the graph (with its subgraphs) holds more nodes than DABUILD_MAX_NODES, before any work."""
+    count, limit = sum(len(graph.node) for graph in _graphs(model.graph)), max_nodes()
+    if count > limit:
+        raise UsageError(f"{path}: the graph holds {count:,} nodes, over the limit of {limit:,} "
+                         "(DABUILD_MAX_NODES); refused before tracing")
+
+
+def check_external_data(model: onnx.ModelProto, path: Path) -> None:
+    """Every tensor kept outside the .onnx file must name a regular file inside the model's folder, reached
+    without a symbolic link: a relative `../`, an absolute path or a link would let a model read any file
+    of the machine into its weights. UsageError naming the model, the tensor and the location."""
+    folder = path.parent.resolve()
+    for tensor in external_data_helper._get_all_tensors(model):
+        if not external_data_helper.uses_external_data(tensor):
+            continue
+        location = next((entry.value for entry in tensor.external_data if entry.key == "location"), "")
+        problem = None
+        if not location:
+            problem = "is empty"
+        elif Path(location).is_absolute() or Path(location).drive:
+            problem = "is an absolute path"
+        elif ".." in Path(location).parts:
+            problem = "leaves the model's folder (../)"
+        elif any((folder / Path(*Path(location).parts[:n])).is_symlink() for n in range(1, len(Path(location).parts) + 1)):
+            problem = "is reached through a symbolic link"
+        elif not (folder / location).is_file():
+            problem = "is not a file in the model's folder"
+        if problem:
+            raise UsageError(f"{path}: tensor {tensor.name!r} keeps its data in {location!r}, which {problem}; "
+                             "external data must be a file beside the model, in its folder")
 
 
 def external_data_locations(path: Path) -> list[str]:
@@ -81,8 +132,6 @@ def external_data_locations(path: Path) -> list[str]:
         model = onnx.load(str(path), load_external_data=False)
     except (DecodeError, ValueError, RuntimeError, OSError):
         return []
-    from onnx import external_data_helper
-
     locations = {entry.value for tensor in external_data_helper._get_all_tensors(model)  # subgraphs' too
                  if external_data_helper.uses_external_data(tensor)
                  for entry in tensor.external_data if entry.key == "location"}
@@ -219,6 +268,10 @@ def decode(model: onnx.ModelProto, where: str) -> OnnxModel:
     opset = default_opset(model, where)
     graph = model.graph
     initializers = {tensor.name: numpy_helper.to_array(tensor) for tensor in graph.initializer}
+    bad = [f"{name!r} ({int(np.isnan(array).sum())} of {array.size})"
+           for name, array in initializers.items() if array.dtype.kind == "f" and np.isnan(array).any()]
+    if bad:  # infinities may be meant (clip bounds, masks); trace/base.py refuses them in weights
+        raise UsageError(f"{where}: NaN values in initializer{'s' * (len(bad) > 1)} {', '.join(bad[:10])}")
     labels: set[str] = set()
     nodes = []
     for index, proto in enumerate(graph.node):

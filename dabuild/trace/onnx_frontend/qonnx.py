@@ -2,7 +2,7 @@
 
 QONNX tensors are real values throughout: `Quant(x, scale, zero_point,
 bit_width)` outputs x quantized and dequantized, which is exactly dabuild's
-`fake_quant` (dabuild/ir/given.py), any bit width. So Quant becomes a
+`fake_quant` (dabuild/ir/given_quant.py), any bit width. So Quant becomes a
 fake_quant (over a weight: folded into a `Graph.given` record), a
 BipolarQuant of a weight a fake_quant of its +-scale values as int2 (narrow:
 -1 and 1), and Trunc a fake_quant to its output scale and width. The
@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from dabuild.ir.given import GivenQuant
+from dabuild.ir.given_quant import GivenQuant
 from dabuild.trace.onnx_frontend.conversion import Conversion, Unsupported
 from dabuild.trace.onnx_frontend.converters import CONVERTERS, converts
 

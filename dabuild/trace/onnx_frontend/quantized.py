@@ -1,6 +1,6 @@
 """Converters of quantized ONNX: QuantizeLinear/DequantizeLinear (QDQ) and the QLinear* and com.microsoft Q ops.
 
-Quantization the file states becomes given quantization (dabuild/ir/given.py):
+Quantization the file states becomes given quantization (dabuild/ir/given_quant.py):
 an integer ONNX tensor is, in dabuild's graph, a float tensor holding its real
 values (what DequantizeLinear would make of it), written by a `fake_quant`
 node with the ONNX scale and zero point. So QuantizeLinear is a fake_quant,
@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from dabuild.ir.given import GivenQuant
+from dabuild.ir.given_quant import GivenQuant
 from dabuild.trace.onnx_frontend.conversion import Conversion, Unsupported
 from dabuild.trace.onnx_frontend.converters import CONVERTERS, converts
 

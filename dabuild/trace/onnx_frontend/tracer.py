@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from dabuild.errors import BuildError, UsageError
 from dabuild.ir.graph import Graph, TensorSpec
 from dabuild.ir.ops import OPS
+from dabuild.limits import check_constant_size
+from dabuild.registry import Registry
 from dabuild.trace.base import Shape, TracerPlugin, check_integer_inputs
 from dabuild.trace.onnx_frontend.conversion import Conversion, Unsupported
 from dabuild.trace.onnx_frontend.converters import CONVERTERS, SUPPORTED_OPS
@@ -37,6 +39,10 @@ class OnnxTracer(TracerPlugin):
     """Frontend for ONNX models: a path to an .onnx file, or a loaded onnx.ModelProto."""
 
     suffixes: ClassVar[tuple[str, ...]] = (".onnx",)
+
+    @classmethod
+    def converters(cls) -> Registry[Any]:
+        return CONVERTERS
 
     @classmethod
     def side_files(cls, model_file: Path) -> list[Path]:
@@ -121,7 +127,7 @@ class OnnxTracer(TracerPlugin):
 
     def apply_model(self, inputs: dict[str, TensorSpec], relaxed_batch: bool = False) -> Conversion:
         """Convert every node over the given input specs; UsageError listing all unsupported nodes."""
-        from dabuild.trace.onnx_frontend.folding import DependsOnBatch, evaluate
+        from dabuild.trace.onnx_frontend.folding import DependsOnBatch, evaluate, output_elements
 
         model = self.onnx_model()
         tensors = {name for node in model.nodes for name in (*node.inputs, *node.outputs)}
@@ -145,7 +151,9 @@ class OnnxTracer(TracerPlugin):
             try:
                 if (node.domain in ("", "ai.onnx") and node.kind not in QUANTIZATION_OPS
                         and all(name in ctx.known for name in present)):
-                    values = evaluate(node, [ctx.known.get(name) if name else None for name in node.inputs], ctx.opset)
+                    known = [ctx.known.get(name) if name else None for name in node.inputs]
+                    check_constant_size(model.where, node, output_elements(node, known))
+                    values = evaluate(node, known, ctx.opset)
                     for name, value in zip(node.outputs, values):
                         ctx.bind(name, value)
                 elif converter is None:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from dabuild.errors import BuildError, UsageError
-from dabuild.ir.given import check_given
+from dabuild.ir.given_quant import check_given
 from dabuild.ir.graph import Graph, TensorSpec
 from dabuild.ir.passes import check_shapes
 from dabuild.trace.base import Shape, TracerPlugin

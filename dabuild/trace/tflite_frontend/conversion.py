@@ -6,7 +6,7 @@ gives it back in the file's order to an op that depends on the order (reshape,
 fully connected, softmax, strided slice); a 4-D axis of the file maps through
 `NHWC_TO_NCHW`.
 
-Quantization (dabuild/ir/given.py's contract): every quantized tensor the file
+Quantization (dabuild/ir/given_quant.py's contract): every quantized tensor the file
 holds is, in the graph, a float tensor of its real values. A quantized run-time
 tensor is written by a `fake_quant` with the file's scale and zero point after
 the op that computes it; a quantized weight is its real values behind a
@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from dabuild.ir.given import GivenQuant
+from dabuild.ir.given_quant import GivenQuant
 from dabuild.ir.graph import Node
 from dabuild.trace.tflite_frontend.model_file import buffer_array, enum_names, listed, schema, tensor_name
 

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from dabuild.errors import UsageError
+from dabuild.limits import max_nodes
 
 MAX_FILE_BYTES = 2**31  # flatbuffers address at most 2 GiB
 IDENTIFIER = b"TFL3"
@@ -61,6 +62,15 @@ def read_model(path: Path) -> Any:
     if len(data) < 8 or data[4:8] != IDENTIFIER:
         raise UsageError(f"{path}: not a TFLite flatbuffer (no {IDENTIFIER.decode()} identifier at byte 4)")
     generated = schema()
+    try:
+        root = generated.Model.GetRootAs(data, 0)
+        operators = sum(root.Subgraphs(i).OperatorsLength() for i in range(root.SubgraphsLength()))
+    except DECODE_ERRORS as error:
+        raise UsageError(f"{path}: the flatbuffer is truncated or corrupt ({type(error).__name__}: {error})") from None
+    limit = max_nodes()
+    if operators > limit:  # counted on the raw buffer: unpacking a hostile file would cost the work it guards
+        raise UsageError(f"{path}: the model holds {operators:,} operators, over the limit of {limit:,} "
+                         "(DABUILD_MAX_NODES); refused before tracing")
     try:
         model = generated.ModelT.InitFromPackedBuf(data, 0)
     except DECODE_ERRORS as error:  # what the generated decoder raises where a corrupt offset leads it

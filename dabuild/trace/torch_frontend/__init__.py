@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from dabuild.ir.graph import Graph
+from dabuild.registry import Registry, import_extra
 from dabuild.trace.base import Shape, TracerPlugin
 
 
@@ -25,6 +26,10 @@ class TorchTracer(TracerPlugin):
 
     suffixes: ClassVar[tuple[str, ...]] = (".pt2",)
     weights_suffixes: ClassVar[tuple[str, ...]] = (".pt", ".pth")
+
+    @classmethod
+    def converters(cls) -> Registry[Any]:
+        return import_extra("dabuild.trace.torch_frontend.aten", "torch", "the torch frontend").CONVERTERS
 
     @classmethod
     def build_with_weights(cls, factory: Any, path: Path, where: str) -> Any:

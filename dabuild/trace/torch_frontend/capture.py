@@ -310,8 +310,12 @@ def _flatten(value: Any) -> Sequence[Any]:
 
 
 def load_archive(path: Path) -> torch.export.ExportedProgram:
-    """A `torch.export.save` archive (.pt2); UsageError naming the file if torch cannot read it."""
+    """A `torch.export.save` archive (.pt2), vetted first so it cannot run code (archive.py); UsageError naming
+    the file if it is refused or torch cannot read it."""
+    from dabuild.trace.torch_frontend.archive import read_vetted
+
+    data = read_vetted(path)
     try:
-        return torch.export.load(str(path))
+        return torch.export.load(io.BytesIO(data))
     except Exception as error:  # noqa: BLE001 - zip, json and pickle errors alike
         raise UsageError(f"{path}: not a readable torch.export archive: {first_line(error)}") from None

@@ -77,7 +77,8 @@ class Converter:
     emits: tuple[str, ...] | None = None  # the IR ops it may emit (docs/ops.md's coverage); None = undeclared
 
 
-CONVERTERS: Registry[Converter] = Registry("converter", "the torch frontend")
+CONVERTERS: Registry[Converter] = Registry("converter", "the torch frontend", ("dabuild.trace.torch_frontend.aten",),
+                                            extra="torch")
 
 
 def aten(*names: str, emits: tuple[str, ...] | None = None) -> Callable[[ConvertFunction], ConvertFunction]:
@@ -253,8 +254,6 @@ def convert(capture: Capture, inputs: dict[str, Shape], origin: str) -> Graph:
     UsageError if the declared inputs do not match the captured ones, or listing
     every node no converter maps.
     """
-    from dabuild.trace.torch_frontend import aten as _registers  # noqa: F401  (fills CONVERTERS)
-
     builder = Builder(capture, list(inputs))
     if len(inputs) != len(capture.inputs):
         raise UsageError(f"{origin} takes {len(capture.inputs)} inputs; model.inputs declares {len(inputs)}")

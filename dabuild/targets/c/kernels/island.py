@@ -42,6 +42,7 @@ UNARY = ACTIVATIONS[1:]
 COPIES = ("identity", "reshape", "flatten", "squeeze", "unsqueeze")
 BINARY = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
 FLOAT_MAX = "0x1.fffffep+127f"
+FLOAT_OPS: set[str] = set()  # every IR op some float kernel below runs (`_float_layer` adds them): CTarget.float_ops
 
 
 @dataclass(frozen=True)
@@ -118,7 +119,9 @@ def _fused(attrs: dict[str, Any]) -> str:
 
 def _float_layer(ops: tuple[str, ...], fused: bool = False) -> Condition:
     """The condition of a float kernel: the layer runs one of `ops` (with a libm-free fused activation), on a
-    profile with an FPU."""
+    profile with an FPU. Made once per kernel, at import: `ops` join FLOAT_OPS, the target's float table."""
+    FLOAT_OPS.update(ops)
+
     def runs(layer: QLayer, qgraph: QGraph, profile: Profile) -> str | None:
         op = getattr(layer, "float_op", "")
         if op not in ops:
@@ -214,9 +217,12 @@ def float_max_pool(step: Step) -> dict[str, Any]:
             "pads": pads, "dilations": dilations, "lowest": f"-{FLOAT_MAX}"}
 
 
+_MEAN = _float_layer(("global_avg_pool", "reduce_mean"))
+
+
 def _per_sample_mean(layer: QLayer, qgraph: QGraph, profile: Profile) -> str | None:
     """The float mean's condition: also, a reduce_mean must keep the batch axis."""
-    why = _float_layer(("global_avg_pool", "reduce_mean"))(layer, qgraph, profile)
+    why = _MEAN(layer, qgraph, profile)
     if why is None and isinstance(layer, QFloat) and layer.float_op == "reduce_mean":
         source = layer.inputs[0]
         rank = len(qgraph.tensors[source].shape if source in qgraph.tensors else qgraph.floats[source]) + 1
@@ -342,9 +348,12 @@ def float_avg_pool(step: Step) -> dict[str, Any]:
             "pads": pads, "dilations": dilations, "divisors": np.asarray(divisors, np.float32).ravel()}
 
 
+_TRANSPOSE = _float_layer(("transpose",))
+
+
 def _batch_first(layer: QLayer, qgraph: QGraph, profile: Profile) -> str | None:
     """The float transpose's condition: also, its permutation keeps the batch axis first."""
-    why = _float_layer(("transpose",))(layer, qgraph, profile)
+    why = _TRANSPOSE(layer, qgraph, profile)
     if why is None and not OPS["transpose"].samplewise(layer.op_attrs):  # type: ignore[attr-defined]
         return "it moves the batch axis; the C model runs one sample at a time"
     return why

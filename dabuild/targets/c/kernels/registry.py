@@ -106,7 +106,13 @@ class Kernel:
                 f"{self.inputs} inputs)")
 
 
-KERNELS: Registry[Kernel] = Registry("C kernel", "the c target")  # by "op/kernel name", in registration order
+# By "op/kernel name", in registration order (selection tries them in it): the modules in this order fill it.
+KERNELS: Registry[Kernel] = Registry("C kernel", "the c target", (
+    "dabuild.targets.c.kernels.blocked", "dabuild.targets.c.kernels.elementwise",
+    "dabuild.targets.c.kernels.embedding", "dabuild.targets.c.kernels.island", "dabuild.targets.c.kernels.linear",
+    "dabuild.targets.c.kernels.matmul", "dabuild.targets.c.kernels.movement", "dabuild.targets.c.kernels.pool",
+    "dabuild.targets.c.kernels.resize", "dabuild.targets.c.kernels.select",
+))
 
 
 def kernel(op: str, name: str, **spec: Any) -> Callable[[Context], Context]:

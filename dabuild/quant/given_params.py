@@ -1,4 +1,4 @@
-"""Given quantization (dabuild/ir/given.py) as the integer path takes it: params, weights, configs.
+"""Given quantization (dabuild/ir/given_quant.py) as the integer path takes it: params, weights, configs.
 
 A tensor read by a fake_quant node gets that node's parameters as its
 QuantParams, and a constant recorded in `Graph.given` keeps its integers and
@@ -45,7 +45,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dabuild.errors import BuildError
-from dabuild.ir.given import FIXED_OP, OP, OPS, FixedQuant, GivenQuant
+from dabuild.ir.given_quant import FIXED_OP, OP, OPS, FixedQuant, GivenQuant
 from dabuild.ir.graph import Graph, Node
 from dabuild.quant.config import QuantChoice, QuantConfig
 from dabuild.quant.dtypes import MAX_BITS, MIN_BITS, fitting_type, int_type

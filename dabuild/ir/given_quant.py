@@ -51,8 +51,8 @@ wrap-around. Its semantics are HGQ2's: the value it reads is exact, so in a
 graph with fixed_quant nodes every tensor no quantizer fixes keeps its exact
 value (the accumulator of a dense or conv, a relu of it), as HGQ2 computes it.
 
-What becomes of the parameters: `dabuild.quant.given` turns them into
-QuantParams and configs (strategy `given` in `dabuild.tune.given` keeps them;
+What becomes of the parameters: `dabuild.quant.given_params` turns them into
+QuantParams and configs (strategy `given` in `dabuild.tune.given_strategy` keeps them;
 other strategies tune only what the model left in float), and refuses what the
 integer path cannot represent, naming the node, the parameter and the nearest
 representable choice.

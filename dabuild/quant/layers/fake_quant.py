@@ -1,4 +1,4 @@
-"""fake_quant: the model's own quantization of a tensor (dabuild/ir/given.py), lowered to nothing or a requantization.
+"""fake_quant: the model's own quantization of a tensor (dabuild/ir/given_quant.py), lowered to nothing or a requantization.
 
 `quantize` gives the fake_quant's input tensor the node's parameters (so the
 layer writing it requantizes straight to them); the fake_quant itself then
@@ -18,7 +18,7 @@ from typing import ClassVar
 import numpy as np
 
 from dabuild.errors import BuildError
-from dabuild.ir.given import FixedQuant
+from dabuild.ir.given_quant import FixedQuant
 from dabuild.quant.fixed_point import quantize_multiplier
 from dabuild.quant.layers.shape import QConcat
 from dabuild.quant.lowering import Lowering, lowers
@@ -45,7 +45,7 @@ def lower_fake_quant(ctx: Lowering) -> list[QLayer]:
 @layer_type
 @dataclass
 class QFixedQuant(QLayer):
-    """A fixed-point quantizer with a type per element (`dabuild.ir.given.FixedQuant`), integers to integers:
+    """A fixed-point quantizer with a type per element (`dabuild.ir.given_quant.FixedQuant`), integers to integers:
     the input's integers (units of its scale 2**-F_in) rounded and wrapped or saturated per element, written in
     units of the output's scale 2**-F."""
 
