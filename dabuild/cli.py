@@ -20,7 +20,7 @@ from dabuild.errors import BuildError, DabuildError, UsageError
 from dabuild.progress import Progress, human_size
 from dabuild.userpaths import PathProblem, checked_path
 
-COMMANDS = ("build", "validate", "list", "graph", "clean", "capabilities", "init", "cache", "report")
+COMMANDS = ("build", "validate", "list", "graph", "clean", "capabilities", "init", "cache", "report", "kernels")
 DEFAULT_RECIPE = Path("recipe.yaml")
 
 
@@ -69,6 +69,8 @@ def _parser() -> argparse.ArgumentParser:
     recipes(clean)
     capabilities = commands.add_parser("capabilities", parents=[common], help="list the capability YAMLs found")
     recipes(capabilities)
+    commands.add_parser("kernels", parents=[common],
+                        help="compile the interpreter's native kernels now (once per machine), ahead of a first build")
     init = commands.add_parser("init", parents=[common], help="write a starter project that builds as written")
     init.add_argument("path", nargs="?", type=Path, default=DEFAULT_RECIPE)
     init.add_argument("--force", action="store_true", help="overwrite an existing file")
@@ -357,6 +359,17 @@ def _capabilities(args: argparse.Namespace, progress: Progress) -> int:
 
 
 
+def _kernels(args: argparse.Namespace, progress: Progress) -> int:
+    """Compile (or find and prove) the native kernels ahead, as an install step or a CI image would, so no build
+    waits for them; exit 1 when they cannot be built (the warning names why), as the interpreter would run numpy."""
+    from dabuild.ir.kernels.compiling import kernel_dir
+    from dabuild.ir.kernels.native import SWITCH, native_backend
+
+    backend = native_backend()
+    print(f"{backend} (kernel cache {kernel_dir()})")
+    return 0 if backend != "numpy" or os.environ.get(SWITCH) == "0" else 1
+
+
 STARTER = Path(__file__).resolve().parent / "starter"  # recipe.yaml, model.py, make_data.py
 
 
@@ -478,4 +491,5 @@ HANDLERS: dict[str, Callable[[argparse.Namespace, Progress], int]] = {
     "init": _init,
     "cache": _cache,
     "report": _report,
+    "kernels": _kernels,
 }

@@ -245,3 +245,76 @@ def test_a_budget_no_config_meets_fails_tuning_naming_the_smallest(digits: Path,
     assert re.search(r"tune:c-m4: no config that meets the accuracy goal fits the targets' budgets; the smallest "
                      r"artifact found \(trial \d+, .*\): cortex-m4: flash \d+ bytes exceeds the budget of 600 by \d+",
                      capsys.readouterr().err)
+
+
+def _hard_swish_cnn(folder: Path, options: str) -> None:
+    """A conv with a fused hard_swish and a dense head on the digits data, as ONNX, tuned for one Cortex-M4
+    target with these further `options` (a budget)."""
+    from onnx import TensorProto, helper, numpy_helper, save
+
+    rng = np.random.default_rng(5)
+    initializers = [numpy_helper.from_array(np.array([-1, 1, 8, 8], np.int64), "shape"),
+                    numpy_helper.from_array(rng.normal(0, 0.5, (4, 1, 3, 3)).astype(np.float32), "conv_w"),
+                    numpy_helper.from_array(rng.normal(0, 0.1, 4).astype(np.float32), "conv_b"),
+                    numpy_helper.from_array(rng.normal(0, 0.2, (256, 10)).astype(np.float32), "dense_w"),
+                    numpy_helper.from_array(rng.normal(0, 0.1, 10).astype(np.float32), "dense_b")]
+    nodes = [helper.make_node("Reshape", ["x", "shape"], ["image"]),
+             helper.make_node("Conv", ["image", "conv_w", "conv_b"], ["conv"], pads=[1, 1, 1, 1], name="conv"),
+             helper.make_node("HardSwish", ["conv"], ["swish"]),
+             helper.make_node("Flatten", ["swish"], ["flat"]),
+             helper.make_node("Gemm", ["flat", "dense_w", "dense_b"], ["y"], name="dense")]
+    graph = helper.make_graph(nodes, "hard_swish_cnn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 64])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 10])], initializers)
+    save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), folder / "model.onnx")
+    shutil.copy(REPO / "recipes" / "digits" / "data.npz", folder / "data.npz")
+    (folder / "c-m4.yaml").write_text((REPO / "capabilities" / "c.yaml").read_text().replace("name: c\n",
+                                                                                          "name: c-m4\n"))
+    (folder / "recipe.yaml").write_text(f"""name: swish
+model: {{framework: onnx, source: model.onnx}}
+data:
+  calibration: {{source: data.npz, x: x_train, samples: 64}}
+  evaluation: {{source: data.npz, x: x_test, y: y_test}}
+  metric: accuracy
+tuning: {{strategy: basic, max_trials: 4, accuracy: {{criterion: absolute, tolerable_loss: 1.0}}}}
+capabilities: [c-m4.yaml]
+targets:
+  - name: m4
+    kind: c
+    capability: c-m4
+    options: {{cpu: cortex-m4{options}}}
+    check_io: {{tolerance: exact, samples: 2}}
+""")
+
+
+def test_a_budget_no_config_of_a_hard_swish_cnn_meets_ends_in_tune_naming_the_smallest(
+        tmp_path: Path, cache_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The newcomer's case (issue 23): a conv with a fused hard_swish under a flash budget nothing meets. The build
+    ends in the tune stage (exit 1) naming the smallest artifact and its sizes; no trial made the conv a float
+    island (the c target has no float hard_swish), and nothing was exported or checked."""
+    folder = tmp_path / "swish"
+    folder.mkdir()
+    _hard_swish_cnn(folder, ", budget: {flash: 600}")
+    assert main(["build", str(folder), "--build-dir", str(tmp_path / "build"), "-q"]) == 1
+    err = capsys.readouterr().err
+    assert re.search(r"tune:c-m4: no config that meets the accuracy goal fits the targets' budgets; the smallest "
+                     r"artifact found \(trial \d+, size \d+ bytes\): cortex-m4: flash \d+ bytes exceeds the budget "
+                     r"of 600 by \d+", err), err
+    assert "float_weighted" not in err and "Traceback" not in err
+    history = [json.loads(line) for line in
+               (tmp_path / "build" / "swish" / "history" / "tune-c-m4.jsonl").read_text().splitlines()]
+    assert history and not any(t["passed"] for t in history)
+    assert not (tmp_path / "build" / "swish" / "export-m4").exists()
+
+
+def test_a_target_failing_to_build_a_trial_names_the_tune_stage(
+        tmp_path: Path, cache_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A budgeted target that cannot build a trial's artifact while the tuner fits it (here its cross compiler
+    refuses a flag of the recipe's): the error names the tune stage before the target's own reason."""
+    folder = tmp_path / "swish"
+    folder.mkdir()
+    _hard_swish_cnn(folder, ", cflags: [-mno-such-option], budget: {flash: 600}")
+    assert main(["build", str(folder), "--build-dir", str(tmp_path / "build"), "-q"]) == 1
+    err = capsys.readouterr().err
+    assert re.search(r"^(dabuild: error: )?tune:c-m4: the target could not build a trial's artifact: .*"
+                     r"unrecognized command-line option '-mno-such-option'", err, re.MULTILINE | re.DOTALL), err
+    assert "Traceback" not in err

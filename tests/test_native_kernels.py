@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -263,6 +264,59 @@ def _failing_in(folder: Path, compile_):
         return compile_(compiler, sources, target)
 
     return compile_elsewhere
+
+
+def test_the_interpreter_waits_for_the_compile_a_build_started_in_the_background(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A build starts the kernel compile in a thread (pipeline/build.py); the first `native_conv` while it runs
+    waits for it instead of compiling again: one compile, one library in the empty kernel cache, one progress
+    line, and the thread ends with nothing left to do."""
+    monkeypatch.setenv(compiling.KERNEL_CACHE, str(tmp_path))
+    compiled: list[str] = []
+
+    def counted(compiler: str, version: str, sources: Sources) -> tuple[Path, Path | None]:
+        compiled.append(sources.path)
+        return compiling.build(compiler, version, sources)
+
+    monkeypatch.setattr(native, "build", counted)
+    native._load.cache_clear()
+    try:
+        native.compile_in_background()
+        conv = native.native_conv()
+        for thread in [t for t in threading.enumerate() if t.name == "dabuild-native-kernels"]:
+            thread.join(60)
+            assert not thread.is_alive()
+        assert conv is not None and native.native_conv() is conv
+        assert compiled == [conv.path] and len(list(tmp_path.glob("*.so"))) == 1
+        assert capsys.readouterr().err.count("dabuild: compiling native kernels") == 1
+    finally:
+        native._load.cache_clear()  # later tests load the user's kernel cache again
+
+
+def test_dabuild_kernels_compiles_ahead_so_a_build_finds_them(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """`dabuild kernels` (an install or CI step) compiles into an empty kernel cache and names the backend; a later
+    process finds the library there and compiles nothing. Without a compiler it exits 1 naming numpy."""
+    from dabuild.cli import main
+
+    monkeypatch.setenv(compiling.KERNEL_CACHE, str(tmp_path))
+    native._load.cache_clear()
+    try:
+        assert main(["kernels"]) == 0
+        first = capsys.readouterr()
+        assert "dabuild: compiling native kernels" in first.err and len(list(tmp_path.glob("*.so"))) == 1
+        assert first.out.startswith("native kernels (") and f"(kernel cache {tmp_path})" in first.out
+        native._load.cache_clear()  # a new process
+        assert main(["kernels"]) == 0
+        again = capsys.readouterr()
+        assert again.out == first.out and "compiling" not in again.err
+        native._load.cache_clear()
+        monkeypatch.setattr(native, "COMPILER", "no-such-c-compiler")
+        assert main(["kernels"]) == 1
+        missing = capsys.readouterr()
+        assert missing.out.startswith("numpy") and "no-such-c-compiler" in missing.err
+    finally:
+        native._load.cache_clear()
 
 
 def test_no_compiler_falls_back_to_numpy_with_a_warning_naming_why(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -85,7 +85,10 @@ def build(recipe: Recipe, options: BuildOptions, progress: Progress) -> BuildSum
     Warnings (a cache entry dropped, a cache that cannot be written, a check that could not run a part)
     are printed as they happen and recorded in build.json.
     """
+    from dabuild.ir.kernels.native import compile_in_background
+
     with notices.collect() as warned:
+        compile_in_background()  # a first build's kernel compile overlaps planning and tracing
         stages, capabilities = stages_for(recipe, options.targets)
         workspace = workspace_for(recipe, options.build_root)
         stamp_file = stamp.stamp_path(recipe.path, options.build_root, options.targets)

@@ -41,9 +41,10 @@ __all__ = ["activation_params", "quantize", "quantize_multiplier", "quantize_wei
 
 
 def quantize(graph: Graph, stats: Stats, config: QuantConfig, bias_correction: bool = False,
-             weight_cache: WeightCache | None = None) -> QGraph:
+             weight_cache: WeightCache | None = None, integer_writers: frozenset[str] = frozenset()) -> QGraph:
     """Lower a float graph with one input and one output to integer layers; with a `weight_cache`, weights
-    lowered before under the same choice are taken from it (a tuning run's configs share most of them)."""
+    lowered before under the same choice are taken from it (a tuning run's configs share most of them).
+    `integer_writers`: the dense/convs that never hand an island a float result (`island_tensors`)."""
     if len(graph.inputs) != 1 or len(graph.outputs) != 1:
         raise BuildError(f"integer lowering needs exactly one graph input and one output "
                          f"(got {len(graph.inputs)} and {len(graph.outputs)})")
@@ -59,7 +60,7 @@ def quantize(graph: Graph, stats: Stats, config: QuantConfig, bias_correction: b
                              f"(lowered ops: {', '.join(LOWERINGS.names())}); run it in fp32 on a target that can")
 
     ctx = Lowering(graph, stats, graph.tensor_shapes(), {}, bias_correction=bias_correction,
-                   island=island_tensors(graph, config), weight_cache=weight_cache)
+                   island=island_tensors(graph, config, integer_writers), weight_cache=weight_cache)
     ctx.given.update(given_tensor_params(graph, config))
     spec = graph.inputs[0]
     choice = next((config.nodes[n.name].activation for n in graph.nodes

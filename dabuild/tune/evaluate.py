@@ -59,6 +59,7 @@ class EvalSetup:
     bias_correction: bool = False
     metric_file: Path | None = None  # a file metric's .py as the tune stage declares it (else found from base_dir)
     threads: int = 0  # threads a large layer of the integer reference splits among (0: every core)
+    integer_writers: frozenset[str] = frozenset()  # dense/convs whose output an island dequantizes (space.py)
 
 
 @dataclass(frozen=True)
@@ -96,7 +97,8 @@ class Evaluator:
 
     def quantize(self, config: QuantConfig) -> QGraph:
         """The graph lowered under `config`, as it is scored (and as the tune stage writes it)."""
-        return quantize(self.graph, self.stats, config, self.setup.bias_correction, self.weight_cache)
+        return quantize(self.graph, self.stats, config, self.setup.bias_correction, self.weight_cache,
+                        self.setup.integer_writers)
 
     def score(self, config: QuantConfig, floor: float | None = None) -> Score:
         """The config's metric on the evaluation data; with `floor` (the least passing score) and a metric

@@ -33,6 +33,7 @@ from dabuild.quant.calibrate import LAST_AXIS_OPS
 from dabuild.quant.config import NodeConfig, QuantChoice, QuantConfig
 from dabuild.quant.dtypes import NAMES_TEXT, int_type, is_int_type
 from dabuild.quant.given_params import check_scheme, given_choices
+from dabuild.quant.layers.fallback import FLOAT_WRITING_OPS
 from dabuild.quant.lowering import quantizable_roles
 
 FP32 = NodeConfig(weight=None, activation=None)
@@ -164,6 +165,14 @@ class TuningSpace:
 def _describe(choice: NodeConfig) -> dict[str, Any]:
     return {role: (asdict(value) if value else {"dtype": FLOAT_DTYPE})
             for role, value in (("weight", choice.weight), ("activation", choice.activation))}
+
+
+def integer_writers(graph: Graph, capability: CapabilitySpec) -> frozenset[str]:
+    """The dense/convs that must requantize even where an island reads them: a quantized one hands an island its
+    float sums through its fused activation, in float, so that activation needs a float kernel as an island does
+    (`island_tensors`; the c target has no float hard_swish)."""
+    return frozenset(node.name for node in graph.nodes if node.op in FLOAT_WRITING_OPS
+                     and not capability.runs_float(node.op, node.attrs.get("activation")))
 
 
 def build_space(graph: Graph, capability: CapabilitySpec, narrowing: Mapping[str, Narrowing] | None = None) -> TuningSpace:

@@ -19,7 +19,7 @@ import os
 import shutil
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from dabuild.errors import BuildError
 from dabuild.progress import Progress
@@ -30,6 +30,9 @@ if TYPE_CHECKING:
     from dabuild.quant.config import QuantConfig
     from dabuild.quant.qgraph import QGraph
     from dabuild.tune.trials import SharedTrials
+
+
+T = TypeVar("T")
 
 
 def tune_stage(
@@ -68,7 +71,7 @@ def tune_stage(
     from dabuild.tune.objective import make_objective
     from dabuild.tune.report import REPORT_DIR, write_report
     from dabuild.tune.search import Budget, Goal, Search
-    from dabuild.tune.space import build_space
+    from dabuild.tune.space import build_space, integer_writers
     from dabuild.tune.trials import TrialStore, context_hash
 
     tuning = TuningSpec.model_validate(config["tuning"])
@@ -78,17 +81,20 @@ def tune_stage(
     graph = Graph.load(graph_dir)
     x = next(iter(load_inputs(spec, None, [t.name for t in graph.inputs], graph.integer_inputs()).values()))
     labels = required_labels(spec, None)
+    writers = integer_writers(graph, capability)
     evaluator = Evaluator(EvalSetup(graph_dir, stats_dir, x, labels, config["metric"], None, spec.batch_size,
-                                    tuning.bias_correction, files.get("metric")))
+                                    tuning.bias_correction, files.get("metric"), integer_writers=writers))
     space = build_space(graph, capability, tuning.space.model_dump(mode="json", exclude_none=True))
     store = TrialStore(trials_root, context_hash(graph, stats_dir / STATS_FILE, x, labels,
-                                                 evaluator.metric.identity(), tuning.bias_correction),
+                                                 evaluator.metric.identity(), tuning.bias_correction, writers),
                        shared_trials)
     strategy_name = tuning.strategy or ("given" if carries_quantization(graph) else "basic")
     strategy = load(STRATEGIES, strategy_name)()
+    where = f"tune:{capability.name}"
+    stored_bytes = stored_bytes and _naming(where, stored_bytes)
+    constraints = [_naming(where, constraint) for constraint in constraints]
     objective = make_objective(tuning.objective, space, capability, evaluator.quantize, stored_bytes)
     goal = Goal(tuning.accuracy.criterion, tuning.accuracy.tolerable_loss)
-    where = f"tune:{capability.name}"
     progress.debug(f"{where}: {space.total()} configs in the space, strategy {strategy_name}, "
                    f"objective {objective.name} ({objective.unit})")
     if journal is not None:
@@ -159,6 +165,17 @@ def tune_stage(
         shutil.copytree(out_dir, keep_dir)
         message += f"; the best-found config and its report are kept in {keep_dir}"
     raise BuildError(message + "; set tuning.allow_miss: true to accept it, or relax tuning.accuracy")
+
+
+def _naming(where: str, measure: Callable[[QGraph], T]) -> Callable[[QGraph], T]:
+    """`measure` (a target's export, to size or fit an artifact), its failure named as this stage's: the target
+    refused a config the space offered, or its tools failed on the artifact."""
+    def named(qgraph: QGraph) -> T:
+        try:
+            return measure(qgraph)
+        except BuildError as error:
+            raise BuildError(f"{where}: the target could not build a trial's artifact: {error}") from None
+    return named
 
 
 def _precision(config: QuantConfig) -> str:

@@ -85,7 +85,7 @@ def _array_hash(array: np.ndarray) -> str:
 
 
 def context_hash(graph: Graph, stats_file: Path, x: np.ndarray, labels: np.ndarray, metric_identity: str,
-                 bias_correction: bool = False) -> str:
+                 bias_correction: bool = False, integer_writers: frozenset[str] = frozenset()) -> str:
     """Everything a trial's score depends on except the config itself."""
     parts = {
         "format": TRIAL_FORMAT,
@@ -97,6 +97,7 @@ def context_hash(graph: Graph, stats_file: Path, x: np.ndarray, labels: np.ndarr
         "labels": _array_hash(labels),
         "metric": metric_identity,
         "bias_correction": bias_correction,
+        "integer_writers": sorted(integer_writers),
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 

@@ -406,7 +406,8 @@ def native_histogram() -> NativeHistogram | None:
 
 
 def native_conv() -> NativeConv | None:
-    """The native conv, or None when DABUILD_NATIVE_KERNELS=0 or no C compiler can build it."""
+    """The native conv, or None when DABUILD_NATIVE_KERNELS=0 or no C compiler can build it. Waits for a
+    compile that `compile_in_background` started rather than starting a second one."""
     if os.environ.get(SWITCH, "1") == "0":
         return None
     forced = os.environ.get(VECTOR_SWITCH) or None
@@ -414,7 +415,28 @@ def native_conv() -> NativeConv | None:
         warn(f"{VECTOR_SWITCH}={forced!r} is not one of {', '.join(map(str, WIDTHS))}; the native kernels "
              "run the CPU's widest path", key=VECTOR_SWITCH)
         forced = None
-    return _load(None if forced is None else int(forced))
+    with _loading[0]:
+        return _load(None if forced is None else int(forced))
+
+
+_loading = [threading.Lock()]  # one compile per process, whichever thread asks first
+
+
+def _unlock_in_child() -> None:
+    """A child forked while the compiling thread held the lock has no such thread: a fresh lock, lest it wait."""
+    _loading[0] = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_unlock_in_child)
+
+
+def compile_in_background() -> None:
+    """Compile (or find and prove) the native kernels in a thread, so a first build's compile overlaps what
+    precedes their first use: loading the plan and tracing (the calibrate stage's key names the backend, so it
+    waits for the result, compiled or numpy, as any caller of `native_conv` does). Not a daemon: a build that
+    fails meanwhile still leaves the compiled library in the kernel cache for the next one."""
+    threading.Thread(target=native_conv, name="dabuild-native-kernels").start()
 
 
 def native_backend() -> str:

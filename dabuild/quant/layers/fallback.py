@@ -35,14 +35,16 @@ from dabuild.quant.qgraph import QGraph, QLayer, Trace, layer_type
 FLOAT_WRITING_OPS = ("dense", "conv")  # quantized ops that can hand an island their float result
 
 
-def island_tensors(graph: Graph, config: QuantConfig) -> set[str]:
+def island_tensors(graph: Graph, config: QuantConfig, integer_writers: frozenset[str] = frozenset()) -> set[str]:
     """The tensors that stay float32 under `config`: read only by fp32 nodes, written by a node that can write
-    float (fp32, or a quantized dense/conv), and neither the graph's input nor its output."""
+    float (fp32, or a quantized dense/conv not among `integer_writers`), and neither the graph's input nor its
+    output. `integer_writers` are the quantized dense/convs whose fused activation the targets have no float
+    kernel for (a conv's hard_swish on the c target): they requantize, and the island dequantizes their output."""
     readers = graph.consumers()
     floats: set[str] = set()
     for node in graph.nodes:
         choice = config.nodes[node.name]
-        if not (choice.fp32 or node.op in FLOAT_WRITING_OPS):
+        if not (choice.fp32 or (node.op in FLOAT_WRITING_OPS and node.name not in integer_writers)):
             continue
         floats.update(tensor for tensor in node.outputs
                       if tensor not in graph.outputs and readers.get(tensor)
