@@ -116,8 +116,10 @@ MOUNTS = pytest.mark.skipif(not _can_mount(), reason="needs to mount a tmpfs (ro
 
 @contextmanager
 def _tmpfs(folder: Path, size: str, read_only: bool = False) -> Iterator[Path]:
+    """A tmpfs of `size` at `folder`, the user's own (mode 0700: a fresh tmpfs is world-writable, which the
+    trust model rightly takes for a shared cache that serves only signed entries)."""
     folder.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}{',ro' if read_only else ''}", "tmpfs",
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700{',ro' if read_only else ''}", "tmpfs",
                     str(folder)], check=True)
     try:
         yield folder
