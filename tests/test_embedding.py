@@ -207,7 +207,7 @@ def test_hdl_refuses_the_embedding_naming_node_op_and_target(tmp_path: Path, cac
     write_recipe(tmp_path, "onnx", ["hdl"])
     assert main(["build", str(tmp_path), "--build-dir", str(tmp_path / "build"), "-q"]) == 1
     err = capsys.readouterr().err
-    assert "'/embed/Gather_1' (embedding)" in err and "hdl target" in err and "Traceback" not in err
+    assert "'/embed/Gather' (embedding)" in err and "hdl target" in err and "Traceback" not in err
 
 
 def one_bad_id() -> np.ndarray:
@@ -217,7 +217,7 @@ def one_bad_id() -> np.ndarray:
 
 
 @pytest.mark.parametrize(("ids", "message"), [
-    (one_bad_id(), (rf"recipe.yaml:4:\d+: array 'ids': indexes the table of node '/embed/Gather_1' \(embedding\): "
+    (one_bad_id(), (rf"recipe.yaml:4:\d+: array 'ids': indexes the table of node '/embed/Gather' \(embedding\): "
                     rf"1 index lies outside the table's rows 0..{VOCAB - 1}, the first {VOCAB} at position \[5, 3\]")),
     (token_ids(48).astype(np.float32), (r"recipe.yaml:4:\d+: .*holds float32 values, but model input 'ids' takes "
                                         "integers")),
