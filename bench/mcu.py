@@ -110,6 +110,11 @@ def main() -> None:
     header = ["model", "cpu", "instructions", *live_header, "peer (peers.md)", "ratio", "flash text + rodata",
               "arena (activation bound + scratch; bound)", "stack"]
     print(f"bench/mcu.py: qemu 7.2 instruction counts, {args.cflags}, {CHECKED_SAMPLES} samples exact in qemu\n")
+    print_table(header, rows)
+
+
+def print_table(header: list[str], rows: list[list[str]]) -> None:
+    """A Markdown table, as the closing notes quote it (bench/tiny.py prints the same way)."""
     print("| " + " | ".join(header) + " |")
     print("|" + " --- |" * len(header))
     for row in rows:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from mcu import measure
+from mcu import measure, print_table
 from mlperf_tiny import MODELS, quantized
 
 # peers.md, MLPerf Tiny: (model, cpu) -> TFLM+CMSIS-NN instructions per inference; model -> TFLM arena bytes
@@ -64,10 +64,7 @@ def main() -> None:
               "flash text + rodata", "arena (activation bound + scratch)", "TFLM arena (peers.md)"]
     print(f"bench/tiny.py: qemu 7.2 instructions per inference, {args.cflags}, {CHECKED_SAMPLES} samples exact "
           "in qemu; peer figures from /work/shared/peers.md, not measured in this run\n")
-    print("| " + " | ".join(header) + " |")
-    print("|" + " --- |" * len(header))
-    for row in rows:
-        print("| " + " | ".join(row) + " |")
+    print_table(header, rows)
 
 
 if __name__ == "__main__":
