@@ -191,11 +191,11 @@ def dabuild_accuracies(graph, calibration: np.ndarray, x_test: np.ndarray, y_tes
     from dabuild.capability import load_capability
     from dabuild.ir.interpreter import run
     from dabuild.progress import Progress
+    from dabuild.qir.reference import run_quantized
     from dabuild.quant.calibrate import calibrate
     from dabuild.quant.config import NodeConfig, QuantConfig
     from dabuild.quant.defaults import default_config
     from dabuild.quant.quantize import quantize
-    from dabuild.quant.reference import run_quantized
     from dabuild.resources import data_dir
 
     capability = load_capability(data_dir("capabilities") / "c.yaml")

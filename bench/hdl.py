@@ -41,8 +41,8 @@ from tuning import prepare  # noqa: E402  (bench/ is not a package)
 
 from dabuild.capability import discover_capabilities  # noqa: E402
 from dabuild.data import load_inputs, load_labels  # noqa: E402
+from dabuild.qir.qgraph import QGraph, QuantParams  # noqa: E402
 from dabuild.quant.config import QuantConfig  # noqa: E402
-from dabuild.quant.qgraph import QGraph, QuantParams  # noqa: E402
 from dabuild.recipe import load_recipe  # noqa: E402
 from dabuild.targets.hdl.cost import Da4mlCost  # noqa: E402
 from dabuild.targets.hdl.program import trace  # noqa: E402

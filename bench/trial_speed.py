@@ -25,8 +25,8 @@ import numpy as np
 
 from dabuild.capability import load_capability
 from dabuild.ir.kernels.native import layer_threads
+from dabuild.qir.reference import absorbed_clamps, quantize_input
 from dabuild.quant.config import QuantConfig
-from dabuild.quant.reference import absorbed_clamps, quantize_input
 from dabuild.tune.evaluate import EvalSetup, Evaluator
 from dabuild.tune.space import FP32, build_space
 

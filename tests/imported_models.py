@@ -24,8 +24,8 @@ import numpy as np
 from dabuild.data import load_inputs, load_labels
 from dabuild.ir.graph import Graph
 from dabuild.plugins import TARGETS, load
-from dabuild.quant.qgraph import QGraph
-from dabuild.quant.reference import run_quantized
+from dabuild.qir.qgraph import QGraph
+from dabuild.qir.reference import run_quantized
 from dabuild.recipe import Recipe
 from dabuild.targets.check import reference_inputs
 

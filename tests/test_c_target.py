@@ -17,8 +17,8 @@ from test_quantize import lower, mlp_graph
 from dabuild.errors import BuildError, CheckError
 from dabuild.ir import Node
 from dabuild.progress import Progress
-from dabuild.quant.qgraph import QGraph
-from dabuild.quant.reference import run_integer, run_quantized
+from dabuild.qir.qgraph import QGraph
+from dabuild.qir.reference import run_integer, run_quantized
 from dabuild.targets.c import CTarget
 from dabuild.targets.c.arena import plan_arena
 from dabuild.targets.check import check_stage

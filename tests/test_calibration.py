@@ -16,13 +16,13 @@ from dabuild.ir import Graph, Node, TensorSpec
 from dabuild.ir.interpreter import run
 from dabuild.ir.npz import write_npz
 from dabuild.progress import Progress
+from dabuild.qir.reference import run_quantized
 from dabuild.quant.algorithms import ALGORITHMS
 from dabuild.quant.calibrate import STATS_FILE, Stats, calibrate, channel_axes, histogram_bytes
 from dabuild.quant.config import QuantConfig
 from dabuild.quant.defaults import default_config
 from dabuild.quant.histogram import BINS, Histogram
 from dabuild.quant.quantize import quantize
-from dabuild.quant.reference import run_quantized
 
 REPO = Path(__file__).resolve().parent.parent
 DIGITS = REPO / "recipes" / "digits"

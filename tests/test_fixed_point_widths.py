@@ -19,13 +19,13 @@ from dabuild.capability import load_capability
 from dabuild.errors import BuildError
 from dabuild.ir.graph import Graph
 from dabuild.progress import Progress
+from dabuild.qir.dtypes import accumulator_max, int_type, is_int_type, type_names
+from dabuild.qir.fixed_point import requantize
+from dabuild.qir.qgraph import QGraph
+from dabuild.qir.reference import quantize_input, run_integer
 from dabuild.quant.calibrate import calibrate
 from dabuild.quant.config import NodeConfig, QuantChoice, QuantConfig
-from dabuild.quant.dtypes import accumulator_max, int_type, is_int_type, type_names
-from dabuild.quant.fixed_point import requantize
-from dabuild.quant.qgraph import QGraph
 from dabuild.quant.quantize import quantize
-from dabuild.quant.reference import quantize_input, run_integer
 from dabuild.resources import data_dir
 
 DA4ML = load_capability(data_dir("capabilities") / "da4ml.yaml")

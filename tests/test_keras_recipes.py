@@ -49,7 +49,7 @@ def _same_logic_as_da4ml(model: keras.Model, build: Path) -> None:
     from da4ml.converter import trace_model as da4ml_trace
     from da4ml.trace import HWConfig, comb_trace
 
-    from dabuild.quant.qgraph import QGraph
+    from dabuild.qir.qgraph import QGraph
     from dabuild.targets.hdl.program import trace
 
     hwconf = HWConfig(1, -1, -1)

@@ -27,10 +27,10 @@ from dabuild.errors import BuildError
 from dabuild.ir import Graph, Node
 from dabuild.ir.interpreter import run
 from dabuild.progress import Progress
+from dabuild.qir.qgraph import QGraph
+from dabuild.qir.reference import dequantize_output, quantize_input, run_integer
 from dabuild.quant.config import NodeConfig, QuantChoice, QuantConfig
 from dabuild.quant.defaults import default_config
-from dabuild.quant.qgraph import QGraph
-from dabuild.quant.reference import dequantize_output, quantize_input, run_integer
 from dabuild.recipe import load_recipe
 from dabuild.tune.evaluate import EvalSetup, Evaluator
 from dabuild.tune.space import TuningSpace, build_space

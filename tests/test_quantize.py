@@ -16,12 +16,12 @@ from dabuild.errors import BuildError
 from dabuild.ir import Graph, Node, TensorSpec
 from dabuild.ir.interpreter import run
 from dabuild.progress import Progress
+from dabuild.qir.qgraph import QGraph, QuantParams
+from dabuild.qir.reference import requantize, run_integer, run_quantized
 from dabuild.quant.calibrate import Stats, calibrate
 from dabuild.quant.config import QuantConfig
 from dabuild.quant.defaults import default_config
-from dabuild.quant.qgraph import QGraph, QuantParams
 from dabuild.quant.quantize import quantize, quantize_multiplier
-from dabuild.quant.reference import requantize, run_integer, run_quantized
 from dabuild.resources import data_dir
 
 REPO = Path(__file__).resolve().parent.parent

@@ -346,8 +346,8 @@ def test_report_before_any_build_is_a_usage_error(tmp_path: Path) -> None:
 def test_metric_scores_are_what_the_integer_reference_delivers(digits_stages: tuple[Path, Path],
                                                                tmp_path: Path) -> None:
     """The chosen trial's score is the accuracy of the saved qgraph run through the integer reference."""
-    from dabuild.quant.qgraph import QGraph
-    from dabuild.quant.reference import run_quantized
+    from dabuild.qir.qgraph import QGraph
+    from dabuild.qir.reference import run_quantized
 
     metrics = tune(digits_stages, tmp_path / "out", digits_recipe())
     data = np.load(REPO / "recipes" / "digits" / "data.npz")

@@ -105,7 +105,7 @@ def calibrate(run: StageRun) -> None:
 
 
 def export(run: StageRun) -> None:
-    from dabuild.quant.qgraph import QGraph
+    from dabuild.qir.qgraph import QGraph
 
     target = run.stage.runs["target"]
     target.export(target.integer_graph(QGraph.load(run.inputs["qgraph"] / "qgraph")), run.out_dir)
@@ -114,7 +114,7 @@ def export(run: StageRun) -> None:
 
 def check(run: StageRun) -> None:
     from dabuild.data import DataFile, load_inputs, required_labels
-    from dabuild.quant.qgraph import QGraph
+    from dabuild.qir.qgraph import QGraph
     from dabuild.targets.check import check_stage
     from dabuild.tune.metric import load_metric
 

@@ -25,9 +25,9 @@ from dabuild.ir.kernels.native import native_histogram
 from dabuild.ir.memory import samples_that_fit
 from dabuild.ir.npz import read_npz, write_npz
 from dabuild.progress import Progress
-from dabuild.quant.activations import with_table_activations_split
+from dabuild.qir.activations import with_table_activations_split
+from dabuild.qir.dtypes import int_type
 from dabuild.quant.algorithms import ALGORITHMS, Levels, Range
-from dabuild.quant.dtypes import int_type
 from dabuild.quant.histogram import BINS, Bins, Histogram
 
 STATS_FILE = "stats.npz"

@@ -20,7 +20,7 @@ the output channels are per-channel scales in disguise when every input row
 shares them (and so are blocks along the inputs that all share one scale per
 channel): those become ordinary per-channel weights. What remains cannot be
 folded into one scale per output, so it lowers to a `blocked_dense` layer
-(`dabuild.quant.layers.blocked`); blocks along the output channels whose
+(`dabuild.qir.layers.blocked`); blocks along the output channels whose
 scales change from row to row are blocks of one input there. A type that differs from what the
 capability offers only in signedness is shifted exactly (uint8 with zero point
 z is int8 with zero point z - 128), so onnxruntime's uint8 activations run on
@@ -47,9 +47,9 @@ import numpy as np
 from dabuild.errors import BuildError
 from dabuild.ir.given_quant import FIXED_OP, OP, OPS, FixedQuant, GivenQuant
 from dabuild.ir.graph import Graph, Node
+from dabuild.qir.dtypes import MAX_BITS, MIN_BITS, fitting_type, int_type
+from dabuild.qir.qgraph import QuantParams
 from dabuild.quant.config import QuantChoice, QuantConfig
-from dabuild.quant.dtypes import MAX_BITS, MIN_BITS, fitting_type, int_type
-from dabuild.quant.qgraph import QuantParams
 
 GIVEN = "given"  # the `algorithm` of a QuantChoice taken from the model
 EXACT = "exact"  # the `algorithm` of a tensor a fixed-point given model leaves unquantized: kept exact

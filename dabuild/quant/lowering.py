@@ -2,7 +2,7 @@
 
 A lowering turns one float node into integer layers. It is a function
 registered with `@lowers("op", ...)` next to the layer class it emits (in
-`dabuild.quant.layers`), so adding an op touches one module. Each gets a
+`dabuild.qir.layers`), so adding an op touches one module. Each gets a
 `Lowering` context: the float graph, the calibration statistics, the node's
 config, and the tensors lowered so far, with helpers for the recurring
 steps (output params from a calibrated range, constants, shapes).
@@ -17,14 +17,14 @@ import numpy as np
 
 from dabuild.errors import BuildError
 from dabuild.ir.graph import Graph, Node, TensorSpec
+from dabuild.qir.dtypes import NAMES_TEXT, int_type, is_int_type
+from dabuild.qir.fixed_point import round_half_away
+from dabuild.qir.layers import MODULES as LAYER_MODULES
+from dabuild.qir.qgraph import LAYER_TYPES, QLayer, QTensor, QuantParams
 from dabuild.quant.algorithms import ALGORITHMS
 from dabuild.quant.calibrate import Stats
 from dabuild.quant.config import NodeConfig, QuantChoice
-from dabuild.quant.dtypes import NAMES_TEXT, int_type, is_int_type
-from dabuild.quant.fixed_point import round_half_away
 from dabuild.quant.given_params import EXACT, GIVEN, WeightBlocks, weight_blocks, weight_integers
-from dabuild.quant.layers import MODULES as LAYER_MODULES
-from dabuild.quant.qgraph import LAYER_TYPES, QLayer, QTensor, QuantParams
 from dabuild.registry import Registry
 
 # A range the fp32 fallback and graph inputs without a quantized consumer use.

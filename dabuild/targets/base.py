@@ -29,7 +29,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from dabuild.errors import BuildError
-from dabuild.quant.qgraph import QGraph
+from dabuild.qir.qgraph import QGraph
 from dabuild.registry import Registry
 
 if TYPE_CHECKING:
@@ -210,7 +210,7 @@ def held(registry: Registry[Any]) -> frozenset[str]:
 def refuse_float_layers(qgraph: QGraph, capability: CapabilitySpec, no_fpu: str | None = None) -> None:
     """BuildError naming the first float layer (a float island's, or the layer feeding one) when the capability
     cannot run float, or the core cannot (`no_fpu`: why, e.g. "cpu 'cortex-m0' has no FPU")."""
-    from dabuild.quant.layers.fallback import QFloat, QFloatWeighted
+    from dabuild.qir.layers.fallback import QFloat, QFloatWeighted
 
     layer = next((layer for layer in qgraph.layers if isinstance(layer, (QFloat, QFloatWeighted))), None)
     if layer is None:

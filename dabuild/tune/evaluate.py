@@ -34,12 +34,12 @@ from dabuild.ir.kernels.compiling import available_cores
 from dabuild.ir.kernels.native import layer_threads
 from dabuild.ir.memory import samples_that_fit
 from dabuild.metrics import top_k_of
+from dabuild.qir.qgraph import QGraph
+from dabuild.qir.reference import quantize_input, run_integer, run_quantized
 from dabuild.quant.calibrate import Stats
 from dabuild.quant.config import QuantConfig
 from dabuild.quant.lowering import WeightCache
-from dabuild.quant.qgraph import QGraph
 from dabuild.quant.quantize import quantize
-from dabuild.quant.reference import quantize_input, run_integer, run_quantized
 from dabuild.tune.metric import Metric, load_metric
 
 TRACED_BATCH = 8  # samples per batch when every integer intermediate is kept (a ResNet-50 image's take ~30 MB)

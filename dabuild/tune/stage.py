@@ -27,8 +27,8 @@ from dabuild.progress import Progress
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from dabuild.qir.qgraph import QGraph
     from dabuild.quant.config import QuantConfig
-    from dabuild.quant.qgraph import QGraph
     from dabuild.tune.trials import SharedTrials
 
 

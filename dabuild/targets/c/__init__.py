@@ -41,8 +41,8 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from dabuild.errors import BuildError
-from dabuild.quant.fixed_point import Rounding
-from dabuild.quant.qgraph import QGraph
+from dabuild.qir.fixed_point import Rounding
+from dabuild.qir.qgraph import QGraph
 from dabuild.sizes import parse_size
 from dabuild.targets.base import Target, held, refuse_float_layers, refuse_ops_without_integers
 from dabuild.targets.c import firmware

@@ -27,10 +27,10 @@ from typing import Any, ClassVar
 import numpy as np
 
 from dabuild.ir.graph import Graph
+from dabuild.qir.layers.island_order import run_ordered
+from dabuild.qir.qgraph import QGraph, QLayer, Trace, layer_type
 from dabuild.quant.config import QuantChoice, QuantConfig
-from dabuild.quant.layers.island_order import run_ordered
 from dabuild.quant.lowering import MINMAX_INT8, Lowering, quantize_weight
-from dabuild.quant.qgraph import QGraph, QLayer, Trace, layer_type
 
 FLOAT_WRITING_OPS = ("dense", "conv")  # quantized ops that can hand an island their float result
 

@@ -23,10 +23,10 @@ from dabuild.errors import BuildError
 from dabuild.ir.ops import OPS
 from dabuild.ir.ops.pool import AvgPool
 from dabuild.ir.ops.reduce import Reduce
-from dabuild.quant.dtypes import accumulator_max
-from dabuild.quant.fixed_point import accumulator_trace, quantize_multiplier, requantize, tflm_mean_requantization
+from dabuild.qir.dtypes import accumulator_max
+from dabuild.qir.fixed_point import accumulator_trace, quantize_multiplier, requantize, tflm_mean_requantization
+from dabuild.qir.qgraph import QGraph, QLayer, QuantParams, Trace, layer_type
 from dabuild.quant.lowering import Lowering, lowers
-from dabuild.quant.qgraph import QGraph, QLayer, QuantParams, Trace, layer_type
 
 
 @layer_type

@@ -19,10 +19,10 @@ import numpy as np
 
 from dabuild.errors import BuildError
 from dabuild.ir.given_quant import FixedQuant
-from dabuild.quant.fixed_point import quantize_multiplier
-from dabuild.quant.layers.shape import QConcat
+from dabuild.qir.fixed_point import quantize_multiplier
+from dabuild.qir.layers.shape import QConcat
+from dabuild.qir.qgraph import QGraph, QLayer, Trace, layer_type
 from dabuild.quant.lowering import Lowering, lowers
-from dabuild.quant.qgraph import QGraph, QLayer, Trace, layer_type
 
 
 @lowers("fake_quant", layers=("concat",))

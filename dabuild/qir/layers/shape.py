@@ -23,10 +23,10 @@ import numpy as np
 from dabuild.errors import BuildError
 from dabuild.ir.ops import OPS
 from dabuild.ir.ops.reduce import Reduce
-from dabuild.quant.fixed_point import quantize_multiplier, requantize
-from dabuild.quant.layers.resize import lower_linear_resize
+from dabuild.qir.fixed_point import quantize_multiplier, requantize
+from dabuild.qir.layers.resize import lower_linear_resize
+from dabuild.qir.qgraph import LAYER_TYPES, QGraph, QLayer, Trace, layer_type
 from dabuild.quant.lowering import Lowering, lowers
-from dabuild.quant.qgraph import LAYER_TYPES, QGraph, QLayer, Trace, layer_type
 
 SELECTION_OPS = ("identity", "reshape", "flatten", "transpose", "squeeze", "unsqueeze", "slice", "split", "pad",
                  "max_pool", "reduce_max", "gather", "tile", "expand", "resize")

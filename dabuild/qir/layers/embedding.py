@@ -18,9 +18,9 @@ import numpy as np
 
 from dabuild.errors import BuildError
 from dabuild.ir.ops.shape import out_of_range
-from dabuild.quant.fixed_point import quantize_multiplier, requantize
+from dabuild.qir.fixed_point import quantize_multiplier, requantize
+from dabuild.qir.qgraph import QGraph, QLayer, QuantParams, Trace, layer_type
 from dabuild.quant.lowering import Lowering, lowers
-from dabuild.quant.qgraph import QGraph, QLayer, QuantParams, Trace, layer_type
 
 
 @layer_type

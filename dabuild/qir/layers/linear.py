@@ -28,17 +28,17 @@ from dabuild.ir.kernels.integer import PackedQWeight, Requantization
 from dabuild.ir.kernels.native import layer_thread_count, native_conv
 from dabuild.ir.ops import OPS
 from dabuild.ir.ops.linear import batch_norm_affine
-from dabuild.quant.activations import clamp_bounds, is_table_activation, pre_activation
+from dabuild.qir.activations import clamp_bounds, is_table_activation, pre_activation
+from dabuild.qir.dtypes import accumulator_max, fitting_type
+from dabuild.qir.fixed_point import INT32_MAX, accumulator_trace, quantize_multiplier, requantize, round_half_away
+from dabuild.qir.layers.blocked import lower_blocked_dense
+from dabuild.qir.layers.elementwise import lookup_layer
+from dabuild.qir.layers.fallback import lower_float_weighted
+from dabuild.qir.qgraph import DenseFeatures, QGraph, QLayer, QuantParams, Trace, layer_type
 from dabuild.quant.bias_correction import input_channel_means, mean_output_error
 from dabuild.quant.config import QuantChoice
-from dabuild.quant.dtypes import accumulator_max, fitting_type
-from dabuild.quant.fixed_point import INT32_MAX, accumulator_trace, quantize_multiplier, requantize, round_half_away
 from dabuild.quant.given_params import EXACT
-from dabuild.quant.layers.blocked import lower_blocked_dense
-from dabuild.quant.layers.elementwise import lookup_layer
-from dabuild.quant.layers.fallback import lower_float_weighted
 from dabuild.quant.lowering import Lowering, lowers
-from dabuild.quant.qgraph import DenseFeatures, QGraph, QLayer, QuantParams, Trace, layer_type
 
 PER_CHANNEL_MINMAX = QuantChoice("int8", "sym", "per_channel", "minmax")
 

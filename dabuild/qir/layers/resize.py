@@ -18,9 +18,9 @@ import numpy as np
 
 from dabuild.ir.ops import OPS
 from dabuild.ir.ops.resize import linear_taps, source_coordinates
-from dabuild.quant.fixed_point import quantize_multiplier, requantize, round_half_away
+from dabuild.qir.fixed_point import quantize_multiplier, requantize, round_half_away
+from dabuild.qir.qgraph import QGraph, QLayer, Trace, layer_type
 from dabuild.quant.lowering import Lowering
-from dabuild.quant.qgraph import QGraph, QLayer, Trace, layer_type
 
 FRACTION_BITS = 12
 

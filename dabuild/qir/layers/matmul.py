@@ -14,9 +14,9 @@ from typing import ClassVar
 import numpy as np
 
 from dabuild.errors import BuildError
-from dabuild.quant.fixed_point import accumulator_trace, quantize_multiplier, requantize
+from dabuild.qir.fixed_point import accumulator_trace, quantize_multiplier, requantize
+from dabuild.qir.qgraph import QGraph, QLayer, Trace, layer_type
 from dabuild.quant.lowering import Lowering, lowers
-from dabuild.quant.qgraph import QGraph, QLayer, Trace, layer_type
 
 
 @layer_type

@@ -3,7 +3,7 @@
 relu keeps its input's params and clamps at the zero point; relu6 and clip
 keep them too and clamp at their quantized bounds (exact up to the rounding
 of the bounds). Every other activation is a table with one entry per value
-of the input's dtype (256 for int8; see `dabuild.quant.activations`).
+of the input's dtype (256 for int8; see `dabuild.qir.activations`).
 
 add/sub follow TFLite: both inputs, centred, are shifted left by LEFT_SHIFT
 bits and each scaled to the common scale 2 * max(s_a, s_b) / 2**LEFT_SHIFT
@@ -23,10 +23,10 @@ import numpy as np
 from dabuild.errors import BuildError
 from dabuild.ir.kernels.native import layer_thread_count, native_conv
 from dabuild.ir.ops import OPS
-from dabuild.quant.activations import clamp_bounds, is_table_activation, lookup_table
-from dabuild.quant.fixed_point import accumulator_trace, quantize_multiplier, requantize
+from dabuild.qir.activations import clamp_bounds, is_table_activation, lookup_table
+from dabuild.qir.fixed_point import accumulator_trace, quantize_multiplier, requantize
+from dabuild.qir.qgraph import QGraph, QLayer, Trace, layer_type
 from dabuild.quant.lowering import Lowering, lowers
-from dabuild.quant.qgraph import QGraph, QLayer, Trace, layer_type
 
 PAIR_TABLES: dict[tuple[object, ...], np.ndarray] = {}  # QAdd's 64 KiB look-up tables by what they depend on
 PAIR_TABLES_KEPT = 256  # at most 16 MiB of them

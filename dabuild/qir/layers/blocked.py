@@ -25,12 +25,12 @@ from typing import ClassVar
 import numpy as np
 
 from dabuild.errors import BuildError
-from dabuild.quant.activations import FusedActivation, clamp_bounds
-from dabuild.quant.fixed_point import MAX_SHIFT, accumulator_trace, requantize, round_half_away
+from dabuild.qir.activations import FusedActivation, clamp_bounds
+from dabuild.qir.fixed_point import MAX_SHIFT, accumulator_trace, requantize, round_half_away
+from dabuild.qir.layers.elementwise import lookup_layer
+from dabuild.qir.qgraph import DenseFeatures, QGraph, QLayer, QuantParams, Trace, layer_type
 from dabuild.quant.given_params import EXACT, WeightBlocks
-from dabuild.quant.layers.elementwise import lookup_layer
 from dabuild.quant.lowering import Lowering
-from dabuild.quant.qgraph import DenseFeatures, QGraph, QLayer, QuantParams, Trace, layer_type
 
 MULTIPLIER_BITS = 30  # every block multiplier below 2**30: an int32 C multiplies without care
 ACCUMULATOR_BITS = 62  # |acc| below 2**62: the int64 sum, its rounding term and the C rounding never overflow

@@ -23,7 +23,7 @@ import numpy as np
 
 from dabuild.ir.graph import Graph, Node
 from dabuild.ir.ops import OPS, Activation
-from dabuild.quant.qgraph import QuantParams
+from dabuild.qir.qgraph import QuantParams
 
 CLAMP_ACTIVATIONS = frozenset({"relu", "relu6", "clip"})
 FUSING_OPS = frozenset({"dense", "conv"})

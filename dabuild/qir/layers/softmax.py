@@ -19,9 +19,9 @@ import numpy as np
 
 from dabuild.errors import BuildError
 from dabuild.ir.ops import OPS
-from dabuild.quant.fixed_point import INT32_MAX, accumulator_trace, round_half_away
+from dabuild.qir.fixed_point import INT32_MAX, accumulator_trace, round_half_away
+from dabuild.qir.qgraph import QGraph, QLayer, QuantParams, Trace, layer_type
 from dabuild.quant.lowering import Lowering, lowers
-from dabuild.quant.qgraph import QGraph, QLayer, QuantParams, Trace, layer_type
 
 EXP_BITS = 16
 OUTPUT_PARAMS = QuantParams(1 / 256, -128)
