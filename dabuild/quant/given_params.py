@@ -48,6 +48,7 @@ from dabuild.errors import BuildError
 from dabuild.ir.given_quant import FIXED_OP, OP, OPS, FixedQuant, GivenQuant
 from dabuild.ir.graph import Graph, Node
 from dabuild.qir.dtypes import MAX_BITS, MIN_BITS, fitting_type, int_type
+from dabuild.qir.fixed_point import nearest_power_of_two
 from dabuild.qir.qgraph import QuantParams
 from dabuild.quant.config import QuantChoice, QuantConfig
 
@@ -234,12 +235,6 @@ def given_tensor_params(graph: Graph, config: QuantConfig) -> dict[str, QuantPar
 def carries_quantization(graph: Graph) -> bool:
     """Whether the model came with quantization of its own (the `given` strategy is then the default)."""
     return bool(graph.given) or any(node.op in OPS for node in graph.nodes)
-
-
-def nearest_power_of_two(scale: float) -> str:
-    """The power of two nearest `scale` and the error taking it would introduce."""
-    exponent = int(np.round(np.log2(scale)))
-    return f"2**{exponent} = {2.0**exponent:g} (every value {abs(2.0**exponent / scale - 1):.2%} off)"
 
 
 def check_scheme(choice: QuantChoice, given: GivenQuant | FixedQuant | None, schemes: Collection[str], where: str,

@@ -21,7 +21,6 @@ from __future__ import annotations
 from dabuild.errors import BuildError
 from dabuild.ir.graph import Graph
 from dabuild.qir.fixed_point import quantize_multiplier
-from dabuild.qir.layers.fallback import island_tensors, lower_fp32
 from dabuild.qir.qgraph import INDICES, QGraph, QLayer, QTensor
 from dabuild.quant.calibrate import Stats
 from dabuild.quant.config import QuantConfig
@@ -36,6 +35,7 @@ from dabuild.quant.lowering import (
     float_only_message,
     quantize_weight,
 )
+from dabuild.quant.lowerings.fallback import island_tensors, lower_fp32
 
 __all__ = ["activation_params", "quantize", "quantize_multiplier", "quantize_weight"]
 

@@ -21,7 +21,7 @@ which side of quantization the artifact's `run` faces:
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -137,9 +137,11 @@ class Target:
     def post_trace(self, graph: Any) -> None:
         """Called with the traced graph (e.g. to reject ops early)."""
 
-    def refuse(self, graph: Any) -> None:
+    def refuse(self, graph: Any, integer_forms: Mapping[str, frozenset[str]]) -> None:
         """Called with the traced graph before any other stage runs: raise a BuildError listing everything
         the target cannot build (every node of every op it cannot take), so one run tells the user all of it.
+        `integer_forms` maps each op with an integer lowering to the layer types it makes (the pipeline hands
+        it over from dabuild.quant.lowering, so a target knows the integer IR and never the quantizer).
         It is no trace hook: it changes nothing, so the trace stays shared by every target."""
 
     def post_export(self, out_dir: Path) -> None:
@@ -225,24 +227,22 @@ def refuse_float_layers(qgraph: QGraph, capability: CapabilitySpec, no_fpu: str 
 
 
 def refuse_ops_without_integers(graph: Any, target: str, layer_types: Collection[str],
-                                float_ops: Collection[str] = ()) -> None:
+                                integer_forms: Mapping[str, frozenset[str]], float_ops: Collection[str] = ()) -> None:
     """BuildError, before any stage after trace runs, listing every node an integer-only target cannot take.
 
-    A node needs an integer lowering whose layer types the target writes, unless its op is one of `float_ops`
-    (the float islands the target runs: such a node stays float); the message names the target and, per op,
-    every node using it, so one run tells the user all of it.
+    A node needs an integer lowering (`integer_forms`: op -> the layer types it makes) whose layer types the
+    target writes, unless its op is one of `float_ops` (the float islands the target runs: such a node stays
+    float); the message names the target and, per op, every node using it, so one run tells the user all of it.
     """
-    from dabuild.quant.lowering import LOWERINGS, integer_layers
-
     refused: dict[tuple[str, str], list[str]] = {}
     for node in graph.nodes:
-        lowerer = LOWERINGS.get(node.op)
-        if lowerer is None and node.op in float_ops:
+        made = integer_forms.get(node.op)
+        if made is None and node.op in float_ops:
             continue
-        if lowerer is None:
+        if made is None:
             why = "no exact integer form, and this target runs no float islands"
         else:
-            missing = sorted(integer_layers(lowerer) - set(layer_types))
+            missing = sorted(made - set(layer_types))
             if not missing:
                 continue
             why = f"its integer layers ({', '.join(missing)}) have no kernel here"

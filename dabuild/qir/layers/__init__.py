@@ -1,6 +1,6 @@
-"""Integer layers, one module per kind: each layer class (fields + numpy reference `run`) beside
-the lowering that emits it. LAYER_TYPES (qir/qgraph.py) and LOWERINGS (quant/lowering.py) import
-the modules MODULES names on their first lookup."""
+"""Integer layers, one module per kind: each layer class holds its fields and its numpy reference `run`
+(the bits the targets' kernels reproduce). How float nodes become these layers is dabuild.quant.lowerings'.
+LAYER_TYPES (qir/qgraph.py) imports the modules MODULES names on its first lookup."""
 
 MODULES = (  # full names, not built ones: the stages' code digests (pipeline/code_digest.py) follow these strings
     "dabuild.qir.layers.blocked", "dabuild.qir.layers.elementwise", "dabuild.qir.layers.embedding",

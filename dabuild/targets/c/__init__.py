@@ -34,6 +34,7 @@ import shlex
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -183,12 +184,12 @@ class CTarget(Target):
         path = shutil.which(self.profile.compiler) if self.profile.cortex_m else None
         return [Path(path)] if path else []
 
-    def refuse(self, graph: Any) -> None:
+    def refuse(self, graph: Any, integer_forms: Mapping[str, frozenset[str]]) -> None:
         """Every op the C kernels cannot run, by node, before calibration and tuning spend any time (an op
         without an integer form is fine where it can be a float island: in float_ops, on a core with an FPU)."""
         capability = self.capability_spec
         float_ops = (capability.float_ops or []) if capability.fp32_fallback else []
-        refuse_ops_without_integers(graph, self.kind, self.layer_types(), float_ops)
+        refuse_ops_without_integers(graph, self.kind, self.layer_types(), integer_forms, float_ops)
 
     @classmethod
     def layer_types(cls) -> frozenset[str]:

@@ -47,6 +47,7 @@ from dabuild.ir.ops import OPS
 from dabuild.ir.ops.pool import AvgPool, Pool
 from dabuild.ir.ops.reduce import Reduce
 from dabuild.qir.dtypes import int_type
+from dabuild.qir.fixed_point import nearest_power_of_two
 from dabuild.qir.fixed_point import requantize as requantize_integers
 from dabuild.qir.layers.blocked import QBlockedDense
 from dabuild.qir.layers.elementwise import QAdd, QClamp, QLookup, QMul
@@ -58,7 +59,6 @@ from dabuild.qir.layers.resize import FRACTION_BITS, QResizeLinear
 from dabuild.qir.layers.select import QPick, QWhere
 from dabuild.qir.layers.shape import SELECTION_OPS, QConcat, QSelection
 from dabuild.qir.qgraph import QGraph, QLayer, QuantParams
-from dabuild.quant.given_params import nearest_power_of_two
 from dabuild.registry import Registry
 
 try:
