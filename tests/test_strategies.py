@@ -161,7 +161,7 @@ def spread_mlp(tmp_path: Path, spread: float = 2.0 ** 7) -> tuple[Evaluator, obj
 def run_search(evaluator: Evaluator, space: TuningSpace, strategy: str, goal: Goal, max_trials: int = 100):
     from dabuild.plugins import load
     from dabuild.progress import Progress
-    from dabuild.tune.evaluate import Scorer
+    from dabuild.tune.scorer import Scorer
     from dabuild.tune.search import Budget, Search
     from dabuild.tune.trials import TrialStore
 
@@ -257,7 +257,7 @@ def test_a_subset_score_that_went_with_a_full_miss_predicts_no_pass(tmp_path: Pa
     every config the subset scores no better than it a predicted miss (not worth a full evaluation), while a
     config scoring better on the subset is still predicted to pass."""
     from dabuild.progress import Progress
-    from dabuild.tune.evaluate import Scorer
+    from dabuild.tune.scorer import Scorer
     from dabuild.tune.search import Budget, Search
     from dabuild.tune.trials import TrialStore
 

@@ -16,9 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dabuild.pipeline.execute import StageFunction, StageRun
-
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # types only: execute runs these adapters, plan keys them by their code (code_digest)
+    from dabuild.pipeline.execute import StageFunction, StageRun
     from dabuild.tune.trials import SharedTrials
 
 

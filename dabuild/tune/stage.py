@@ -67,9 +67,10 @@ def tune_stage(
     from dabuild.quant.calibrate import STATS_FILE
     from dabuild.quant.given_params import carries_quantization
     from dabuild.recipe import TuningSpec
-    from dabuild.tune.evaluate import EvalSetup, Evaluator, Scorer
+    from dabuild.tune.evaluate import EvalSetup, Evaluator
     from dabuild.tune.objective import make_objective
     from dabuild.tune.report import REPORT_DIR, write_report
+    from dabuild.tune.scorer import Scorer
     from dabuild.tune.search import Budget, Goal, Search
     from dabuild.tune.space import build_space, integer_writers
     from dabuild.tune.trials import TrialStore, context_hash
