@@ -86,7 +86,7 @@ def main() -> None:
         images = data["x_eval"]
     images = np.concatenate([images] * -(-args.evaluation // len(images)))[:args.evaluation]
     evaluator = Evaluator(EvalSetup(build / "trace", build / "calibrate", images,
-                                    np.zeros(len(images), np.int64), "accuracy", None, 64))
+                                    np.zeros(len(images), np.int64), "accuracy", 64))
     print(f"ResNet-50, {len(images)} evaluation images, batch {evaluator.batch_size}, {evaluator.threads} threads, "
           f"{os.cpu_count()} cores", flush=True)
     for name, config in configs(evaluator).items():

@@ -134,7 +134,7 @@ def synthetic(tmp_path_factory: pytest.TempPathFactory) -> Evaluator:
     labels = np.argmax(run(graph, {"x": x})[graph.outputs[0]], axis=1)
     graph.save(folder / "graph")
     calibrate(graph, [{"x": x}], Progress.silent()).save(folder / "stats")
-    return Evaluator(EvalSetup(folder / "graph", folder / "stats", x, labels, "accuracy", folder, 400))
+    return Evaluator(EvalSetup(folder / "graph", folder / "stats", x, labels, "accuracy", 400))
 
 
 def test_mixed_precision_lowers_the_estimate_and_keeps_the_goal(synthetic: Evaluator) -> None:

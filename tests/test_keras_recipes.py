@@ -29,7 +29,7 @@ def test_jet_mlp_keras_traces_as_keras_computes_and_builds_c_onnx_hdl(tmp_path: 
     recipe = copy_recipes(tmp_path, "jet-mlp", "jet-mlp-keras") / "jet-mlp-keras"
     data = read_npz(recipe.parent / "jet-mlp" / "data.npz")
     model = keras.saving.load_model(recipe / "model.keras")
-    graph = trace_model(load_model("model.keras", recipe, None))
+    graph = trace_model(load_model(str(recipe / "model.keras"), None))
     np.testing.assert_allclose(run(graph, {"x": data["x_test"]})[graph.outputs[0]],
                                model.predict(data["x_test"], verbose=0), rtol=1e-4, atol=1e-4)
 

@@ -195,7 +195,7 @@ def test_int8_digits_mlp_is_within_two_percent_of_float() -> None:
     from dabuild.trace.base import load_model, trace_model
 
     digits = REPO / "recipes" / "digits"
-    model = load_model("model.py:build", digits, digits / "weights.npz")
+    model = load_model(f"{digits / 'model.py'}:build", digits / "weights.npz")
     graph = optimize(trace_model(model, "numpy", {"x": (None, 64)}))
     assert [(n.op, n.attrs.get("activation")) for n in graph.nodes] == [("dense", "relu"), ("dense", "relu"),
                                                                         ("dense", "none")]

@@ -42,10 +42,9 @@ class EvalSetup:
     x: np.ndarray
     labels: np.ndarray
     metric: str
-    base_dir: Path | None
     batch_size: int
     bias_correction: bool = False
-    metric_file: Path | None = None  # a file metric's .py as the tune stage declares it (else found from base_dir)
+    metric_file: Path | None = None  # a file metric's .py as the tune stage declares it (else the path the metric writes)
     threads: int = 0  # threads a large layer of the integer reference splits among (0: every core)
     integer_writers: frozenset[str] = frozenset()  # dense/convs whose output an island dequantizes (space.py)
 
@@ -69,7 +68,7 @@ class Evaluator:
         self.setup = setup
         self.graph = Graph.load(setup.graph_dir)
         self.stats = Stats.load(setup.stats_dir)
-        self.metric: Metric = load_metric(setup.metric, setup.base_dir, setup.metric_file)
+        self.metric: Metric = load_metric(setup.metric, setup.metric_file)
         self.input = self.graph.inputs[0].name
         self.threads = setup.threads or available_cores()
         self.interpreter = Interpreter(self.graph, threads=self.threads)  # prepared once for every batch

@@ -80,10 +80,10 @@ def tune_stage(
     spec = DataFile.from_config(config["evaluation"], files["evaluation"])
     graph_dir, stats_dir, out_dir = Path(graph_dir), Path(stats_dir), Path(out_dir)
     graph = Graph.load(graph_dir)
-    x = next(iter(load_inputs(spec, None, [t.name for t in graph.inputs], graph.integer_inputs()).values()))
-    labels = required_labels(spec, None)
+    x = next(iter(load_inputs(spec, [t.name for t in graph.inputs], graph.integer_inputs()).values()))
+    labels = required_labels(spec)
     writers = integer_writers(graph, capability)
-    evaluator = Evaluator(EvalSetup(graph_dir, stats_dir, x, labels, config["metric"], None, spec.batch_size,
+    evaluator = Evaluator(EvalSetup(graph_dir, stats_dir, x, labels, config["metric"], spec.batch_size,
                                     tuning.bias_correction, files.get("metric"), integer_writers=writers))
     space = build_space(graph, capability, tuning.space.model_dump(mode="json", exclude_none=True))
     store = TrialStore(trials_root, context_hash(graph, stats_dir / STATS_FILE, x, labels,
