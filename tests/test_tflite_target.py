@@ -1,0 +1,126 @@
+"""The tflite target: .tflite files written from QGraphs, run in TFLite Micro's interpreter (and LiteRT).
+
+Round trips: each committed int8 and 16x8 .tflite rebuilt as given and written again runs in TFLM to the
+very integers the original file runs to, and to the integer reference's; a CNN of our own, quantized by
+dabuild, is exact in TFLM through `check`, whose report gives TFLM's arena. What TFLite cannot express is
+refused listing every layer, exit 2.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("tflite_micro", reason="needs the tflite extra: pip install 'dabuild[tflite]'")
+pytest.importorskip("ai_edge_litert", reason="needs the tflite extra: pip install 'dabuild[tflite]'")
+
+from test_c_kernels import conv_node
+from test_lowering import graph_of, image, lower
+from tflite_runtime import given_qgraph, inputs_for, model, run_tflm
+
+from dabuild.capability import load_capability
+from dabuild.errors import UsageError
+from dabuild.ir.graph import Node
+from dabuild.progress import Progress
+from dabuild.quant.defaults import default_config
+from dabuild.quant.reference import quantize_input, run_integer
+from dabuild.resources import data_dir
+from dabuild.targets.check import check_stage
+from dabuild.targets.tflite import MODEL_FILE, TfliteTarget
+from dabuild.targets.tflite.runtime import run_tflm as run_file
+
+ROUND_TRIPS = ["ds_cnn_int8", "resnet_block_int8", "resnet_block_16x8"]
+
+
+def exported(target: TfliteTarget, qgraph, folder: Path) -> Path:
+    artifact = folder / "artifact"
+    artifact.mkdir(parents=True)
+    target.export(target.integer_graph(qgraph), artifact)
+    return artifact
+
+
+@pytest.mark.parametrize("name", ROUND_TRIPS)
+def test_committed_file_rebuilt_as_given_runs_to_the_originals_integers(name: str, tmp_path: Path) -> None:
+    path = model(name)
+    _, qgraph = given_qgraph(path)
+    x = inputs_for(path, 24, seed=11)
+    target = TfliteTarget()
+    assert target.rounding == "tflm"   # the capability's default
+    artifact = exported(target, qgraph, tmp_path)
+    x_q = quantize_input(qgraph, x)
+    ours = target.run(artifact, x_q, tmp_path)
+    original = run_tflm(path, qgraph, x)["output"]
+    assert np.array_equal(ours.reshape(original.shape), original)
+    reference = run_integer(target.integer_graph(qgraph), x_q)
+    assert np.array_equal(ours, reference.reshape(ours.shape))
+    assert target.litert["samples"] == len(x)   # LiteRT ran too, within a step of TFLM
+    assert (artifact / MODEL_FILE).stat().st_size < path.stat().st_size
+
+
+def test_files_with_layers_tflite_cannot_take_are_refused_listing_every_layer(tmp_path: Path) -> None:
+    _, qgraph = given_qgraph(model("assorted_int8"))
+    target = TfliteTarget()
+    with pytest.raises(UsageError) as caught:
+        exported(target, qgraph, tmp_path)
+    assert caught.value.exit_code == 2
+    message = str(caught.value)
+    for layer in ("op2_transpose_conv:conv_transpose", "op4_tanh:tanh", "op7_logistic:sigmoid",
+                  "op10_hard_swish:hard_swish"):
+        assert layer in message
+    _, sixteen = given_qgraph(model("ds_cnn_16x8"))
+    with pytest.raises(UsageError, match=r"op8_softmax:softmax.*int8 softmax"):
+        exported(TfliteTarget(), sixteen, tmp_path / "16x8")
+
+
+def test_ops_without_a_writer_are_refused_by_node_before_calibration() -> None:
+    graph = graph_of([Node("s", "sigmoid", ["x"], ["a"], {}), Node("t", "tanh", ["a"], ["y"], {})], (8,), {})
+    with pytest.raises(UsageError, match=r"target 'tflite' cannot build.*\n  sigmoid: .*'s'\n  tanh: .*'t'") as caught:
+        TfliteTarget().refuse(graph)
+    assert caught.value.exit_code == 2
+
+
+def small_cnn() -> object:
+    """conv+relu -> depthwise+relu6 (explicit pads) -> pointwise + residual add -> max pool and a requantizing
+    average pool (SAME) concatenated -> global average -> dense -> softmax: TFLite's own forms each time."""
+    rng = np.random.default_rng(5)
+    constants = {"c1_w": rng.normal(0, 0.3, (8, 1, 3, 3)), "c1_b": rng.normal(0, 0.1, 8),
+                 "dw_w": rng.normal(0, 0.3, (8, 1, 3, 3)), "dw_b": rng.normal(0, 0.1, 8),
+                 "pw_w": rng.normal(0, 0.3, (8, 8, 1, 1)), "pw_b": rng.normal(0, 0.1, 8),
+                 "fc_w": rng.normal(0, 0.5, (16, 10)), "fc_b": rng.normal(0, 0.1, 10)}
+    nodes = [
+        Node("image", "reshape", ["x"], ["img"], {"shape": [0, 1, 8, 8]}),
+        conv_node("c1", "img", "h1", pads=[1, 1, 1, 1], activation="relu"),
+        conv_node("dw", "h1", "h2", pads=[2, 0, 0, 2], groups=8, activation="relu6"),
+        conv_node("pw", "h2", "h3"),
+        Node("residual", "add", ["h3", "h1"], ["r"], {}),
+        Node("maxp", "max_pool", ["r"], ["m"], {"kernel": [2, 2]}),
+        Node("avgp", "avg_pool", ["r"], ["a"], {"kernel": [3, 3], "strides": [2, 2], "pads": [0, 0, 1, 1]}),
+        Node("both", "concat", ["m", "a"], ["c"], {"axis": 1}),
+        Node("gap", "global_avg_pool", ["c"], ["g"], {}),
+        Node("flat", "flatten", ["g"], ["f"], {}),
+        Node("fc", "dense", ["f", "fc_w", "fc_b"], ["logits"], {}),
+        Node("soft", "softmax", ["logits"], ["y"], {"axis": -1}),
+    ]
+    return graph_of(nodes, (64,), constants)
+
+
+def test_a_cnn_quantized_by_dabuild_is_exact_in_tflm_through_check(tmp_path: Path) -> None:
+    """float64 scales of dabuild's own become the file's float32 ones, and the reference follows TFLM's
+    derivations from them: check passes at exact, and its report gives TFLM's arena and LiteRT's agreement."""
+    graph = small_cnn()
+    capability = load_capability(data_dir("capabilities") / "tflite.yaml")
+    x = image(200, (64,), seed=8) * 2
+    qgraph = lower(graph, x, default_config(graph, capability))
+    target = TfliteTarget()
+    artifact = exported(target, qgraph, tmp_path)
+    report = check_stage(target, target.integer_graph(qgraph), artifact, x[:64], None, tmp_path,
+                         tmp_path / "debug", Progress.silent())
+    assert report["ok"] and report["tolerance"] == "exact" and report["mismatches"] == 0
+    measured = report["firmware"]
+    assert 0 < measured["tflm_arena_bytes"] < 64 * 1024
+    assert measured["model_bytes"] == (artifact / MODEL_FILE).stat().st_size
+    assert measured["litert_outputs_one_step_from_tflm"].endswith(f"of {64 * 10}")
+    outputs = run_file(artifact / MODEL_FILE, quantize_input(qgraph, x[:8]))
+    assert len(np.unique(outputs)) > 3   # real values, not one saturated constant
