@@ -124,3 +124,54 @@ def test_a_cnn_quantized_by_dabuild_is_exact_in_tflm_through_check(tmp_path: Pat
     assert measured["litert_outputs_one_step_from_tflm"].endswith(f"of {64 * 10}")
     outputs = run_file(artifact / MODEL_FILE, quantize_input(qgraph, x[:8]))
     assert len(np.unique(outputs)) > 3   # real values, not one saturated constant
+
+
+def test_int8_data_is_taken_as_the_integers_the_file_stores(tmp_path: Path) -> None:
+    """A model quantizing its input first thing (the int8 DS-CNN) takes int8 data as its stored integers and
+    float data as real values: the dtype decides; int16 data (another type) are real values too."""
+    from tflite_runtime import imported
+
+    from dabuild.data import DataFile, load_inputs
+
+    path = model("ds_cnn_int8")
+    graph, qgraph = given_qgraph(path)
+    [name] = [spec.name for spec in graph.inputs]
+    scale, zero_point, storage = imported(path).stored_inputs()[name]
+    assert (np.float32(scale), zero_point, storage) == (np.float32(qgraph.input_params.scale), -2, "int8")
+    x = inputs_for(path, 16, seed=2)
+    stored = quantize_input(qgraph, x)
+    np.savez(tmp_path / "data.npz", floats=x, int8=stored, int16=stored.astype(np.int16))
+    spec = DataFile(tmp_path / "data.npz", "int8")
+    taken = load_inputs(spec, None, [name], (), graph.stored_inputs())[name]
+    assert np.array_equal(quantize_input(qgraph, taken), stored)
+    for key, expected in (("floats", x), ("int16", stored.astype(np.float32))):
+        spec = DataFile(tmp_path / "data.npz", key)
+        assert np.array_equal(load_inputs(spec, None, [name], (), graph.stored_inputs())[name], expected)
+
+
+def test_recipe_with_int8_data_builds_a_tflite_file_checked_exact(tmp_path: Path) -> None:
+    """recipes/ds-cnn-tflite's tflite target, end to end through the CLI, its data given as the int8 the file
+    stores: the check passes at exact and its report gives TFLM's arena."""
+    import json
+
+    import yaml
+    from conftest import copy_recipes
+
+    from dabuild.cli import main
+
+    folder = copy_recipes(tmp_path, "ds-cnn-tflite") / "ds-cnn-tflite"
+    _, qgraph = given_qgraph(model("ds_cnn_int8"))
+    data = np.load(folder / "data.npz")
+    np.savez(folder / "data.npz", x_train=quantize_input(qgraph, data["x_train"]),
+             x_test=quantize_input(qgraph, data["x_test"]), y_test=data["y_test"])
+    recipe = yaml.safe_load((folder / "recipe.yaml").read_text())
+    recipe["targets"] = [target for target in recipe["targets"] if target["kind"] == "tflite"]
+    recipe["model"]["source"] = str(model("ds_cnn_int8"))
+    (folder / "recipe.yaml").write_text(yaml.safe_dump(recipe))
+    build = tmp_path / "build"
+    assert main(["build", str(folder), "--build-dir", str(build), "-q"]) == 0
+    [report_file] = build.glob("**/check-tflm/report.json") or build.glob("**/report.json")
+    report = json.loads(report_file.read_text())
+    assert report["ok"] and report["tolerance"] == "exact" and report["samples"] == 128
+    assert report["firmware"]["tflm_arena_bytes"] > 0
+    assert report["metric"]["artifact"] == report["metric"]["reference"] > 0.5

@@ -19,6 +19,7 @@ tflite-micro and ai-edge-litert are the `tflite` extra, imported only when the t
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, ClassVar
@@ -39,6 +40,20 @@ LITERT_STEPS = 1   # how far LiteRT's reference kernels may round from TFLM's (s
 
 def _module(name: str) -> Any:
     return import_extra(f"dabuild.targets.tflite.{name}", "tflite", "the tflite target")
+
+
+def node_layers(graph: Any, node: Any, layers: Collection[str]) -> set[str]:
+    """The layer types of a lowering's `layers` that `node` makes without float islands: a conv's or dense's
+    lookup only under a fused table activation, a blocked dense only of a given blocked weight."""
+    from dabuild.quant.activations import is_table_activation
+
+    made = set(layers) - {"float_weighted", "float"}
+    if node.op in ("conv", "dense", "conv_transpose") and not is_table_activation(node.attrs.get("activation", "none")):
+        made.discard("lookup")
+    given = graph.given.get(node.inputs[1]) if len(node.inputs) > 1 else None
+    if given is None or not given.blocked:
+        made.discard("blocked_dense")
+    return made
 
 
 class TfliteTarget(Target):
@@ -70,7 +85,8 @@ class TfliteTarget(Target):
         """Every op whose integer layers the target cannot write, by node, before calibration (no float
         islands: TFLM runs the whole model in integers)."""
         try:
-            refuse_ops_without_integers(graph, self.kind, self.layer_types())
+            refuse_ops_without_integers(graph, self.kind, self.layer_types(), needed=lambda node, layers:
+                                        node_layers(graph, node, layers))
         except BuildError as error:
             raise UsageError(str(error)) from None
 
@@ -131,7 +147,10 @@ class TfliteTarget(Target):
         """The arena TFLM used on the first sample (its recording allocator's total), the file's size, and how
         many of LiteRT's output values lay a step from TFLM's."""
         path = Path(artifact_dir) / MODEL_FILE
-        measured: dict[str, Any] = {"model_bytes": path.stat().st_size}
+        versions = self.runtime_version()
+        ran = [f"TFLite Micro {versions['tflite-micro']} (reference kernels)"]
+        ran += [f"LiteRT {versions['ai-edge-litert']} (reference kernels)"] if self.litert else []
+        measured: dict[str, Any] = {"model_bytes": path.stat().st_size, "ran_in": " and ".join(ran)}
         if len(inputs):
             arena = _module("runtime").arena_bytes(path, inputs[0])
             measured["tflm_arena_bytes"] = arena if arena is not None else "not reported"
