@@ -66,17 +66,19 @@ def test_files_with_layers_tflite_cannot_take_are_refused_listing_every_layer(tm
         exported(target, qgraph, tmp_path)
     assert caught.value.exit_code == 2
     message = str(caught.value)
-    for layer in ("op2_transpose_conv:conv_transpose", "op4_tanh:tanh", "op7_logistic:sigmoid",
-                  "op10_hard_swish:hard_swish"):
+    for layer in ("op2_transpose_conv:conv_transpose", "op10_hard_swish:hard_swish"):
         assert layer in message
+    assert "op4_tanh" not in message and "op7_logistic" not in message   # TANH and LOGISTIC are written
     _, sixteen = given_qgraph(model("ds_cnn_16x8"))
     with pytest.raises(UsageError, match=r"op8_softmax:softmax.*int8 softmax"):
         exported(TfliteTarget(), sixteen, tmp_path / "16x8")
 
 
 def test_ops_without_a_writer_are_refused_by_node_before_calibration() -> None:
-    graph = graph_of([Node("s", "sigmoid", ["x"], ["a"], {}), Node("t", "tanh", ["a"], ["y"], {})], (8,), {})
-    with pytest.raises(UsageError, match=r"target 'tflite' cannot build.*\n  sigmoid: .*'s'\n  tanh: .*'t'") as caught:
+    graph = graph_of([Node("s", "sigmoid", ["x"], ["a"], {}), Node("h", "hard_swish", ["a"], ["b"], {}),
+                      Node("e", "exp", ["b"], ["y"], {})], (8,), {})
+    with pytest.raises(UsageError, match=r"target 'tflite' cannot build.*\n  hard_swish: .*lookup \(hard_swish\).*"
+                                         r"'h'\n  exp: .*lookup \(exp\).*'e'$") as caught:
         TfliteTarget().refuse(graph)
     assert caught.value.exit_code == 2
 
@@ -175,3 +177,25 @@ def test_recipe_with_int8_data_builds_a_tflite_file_checked_exact(tmp_path: Path
     assert report["ok"] and report["tolerance"] == "exact" and report["samples"] == 128
     assert report["firmware"]["tflm_arena_bytes"] > 0
     assert report["metric"]["artifact"] == report["metric"]["reference"] > 0.5
+
+
+@pytest.mark.parametrize("scale", [0.02, 0.11])
+def test_sigmoid_and_tanh_are_tflms_own_logistic_and_tanh(scale: float, tmp_path: Path) -> None:
+    """dense -> sigmoid -> dense -> tanh quantized by dabuild (outputs at its own calibrated params): LOGISTIC and
+    TANH at TFLite's fixed params, a QUANTIZE after each, exact in TFLM against the reference's TFLM tables."""
+    rng = np.random.default_rng(1)
+    constants = {"w": rng.normal(0, scale * 25, (8, 16)), "b": rng.normal(0, 0.1, 16),
+                 "w2": rng.normal(0, 0.5, (16, 6)), "b2": rng.normal(0, 0.1, 6)}
+    nodes = [Node("d", "dense", ["x", "w", "b"], ["h"], {}), Node("s", "sigmoid", ["h"], ["a"], {}),
+             Node("d2", "dense", ["a", "w2", "b2"], ["h2"], {}), Node("t", "tanh", ["h2"], ["y"], {})]
+    graph = graph_of(nodes, (8,), constants)
+    capability = load_capability(data_dir("capabilities") / "tflite.yaml")
+    x = image(300, (8,), seed=3) * 2
+    qgraph = lower(graph, x, default_config(graph, capability))
+    target = TfliteTarget()
+    artifact = exported(target, qgraph, tmp_path)
+    x_q = quantize_input(qgraph, x)
+    ours = run_file(artifact / MODEL_FILE, x_q)
+    expected = run_integer(target.integer_graph(qgraph), x_q)
+    assert np.array_equal(ours.reshape(expected.shape), expected)
+    assert len(np.unique(expected)) > 50

@@ -77,6 +77,13 @@ class Target:
         return frozenset()
 
     @classmethod
+    def op_layers(cls, op: str, layers: frozenset[str]) -> frozenset[str]:
+        """The layer types a node of IR op `op` needs written here, of its lowering's `layers`: all of them, or
+        fewer or other names where the target writes a layer type for some ops only (the tflite target's
+        lookup: sigmoid and tanh). docs/ops.md reads it."""
+        return layers
+
+    @classmethod
     def float_ops(cls) -> frozenset[str]:
         """The IR ops this target can write inside a float island, read off its own registry (empty: it runs
         none). A capability built for it offers no more (`capability_for`); docs/ops.md shows them."""

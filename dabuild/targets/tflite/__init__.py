@@ -31,10 +31,12 @@ from dabuild.quant.fixed_point import Rounding
 from dabuild.quant.qgraph import QGraph
 from dabuild.registry import import_extra
 from dabuild.targets.base import Target, held, refuse_ops_without_integers
+from dabuild.targets.tflite.writers import BUILTINS
 
 MODEL_FILE = "model.tflite"
 MANIFEST = "model.json"
 PACKAGES = ("tflite-micro", "ai-edge-litert")
+WEIGHTED = ("conv", "dense", "conv_transpose")   # ops whose lowering adds a lookup for a fused table activation
 LITERT_STEPS = 1   # how far LiteRT's reference kernels may round from TFLM's (see `run`)
 
 
@@ -44,12 +46,17 @@ def _module(name: str) -> Any:
 
 def node_layers(graph: Any, node: Any, layers: Collection[str]) -> set[str]:
     """The layer types of a lowering's `layers` that `node` makes without float islands: a conv's or dense's
-    lookup only under a fused table activation, a blocked dense only of a given blocked weight."""
+    lookup only under a fused table activation, and a lookup named by its function where TFLite has no builtin
+    for it ("lookup (hard_swish)"); a blocked dense only of a given blocked weight."""
     from dabuild.quant.activations import is_table_activation
 
     made = set(layers) - {"float_weighted", "float"}
-    if node.op in ("conv", "dense", "conv_transpose") and not is_table_activation(node.attrs.get("activation", "none")):
+    function = node.attrs.get("activation", "none")
+    if "lookup" in made and node.op in WEIGHTED and not is_table_activation(function):
         made.discard("lookup")
+    elif "lookup" in made and node.op in WEIGHTED and function not in BUILTINS:
+        made = (made - {"lookup"}) | {f"lookup ({function})"}
+    made = set(TfliteTarget.op_layers(node.op, frozenset(made)))
     given = graph.given.get(node.inputs[1]) if len(node.inputs) > 1 else None
     if given is None or not given.blocked:
         made.discard("blocked_dense")
@@ -80,6 +87,16 @@ class TfliteTarget(Target):
     @classmethod
     def layer_types(cls) -> frozenset[str]:
         return held(_module("writers").WRITERS)
+
+    @classmethod
+    def op_layers(cls, op: str, layers: frozenset[str]) -> frozenset[str]:
+        """A table activation's lookup is written for sigmoid and tanh only (LOGISTIC, TANH); any other's needs
+        "lookup (<op>)", which no writer holds."""
+        from dabuild.quant.activations import is_table_activation
+
+        if "lookup" in layers and is_table_activation(op) and op not in BUILTINS:
+            return (layers - {"lookup"}) | {f"lookup ({op})"}
+        return layers
 
     def refuse(self, graph: Any) -> None:
         """Every op whose integer layers the target cannot write, by node, before calibration (no float

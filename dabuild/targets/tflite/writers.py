@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from dabuild.errors import BuildError
-from dabuild.quant.layers.elementwise import QClamp
+from dabuild.quant.layers.elementwise import QClamp, QLookup
 from dabuild.quant.layers.linear import QConv, QDense, QWeighted
 from dabuild.quant.layers.pool import QMean
 from dabuild.quant.layers.shape import QConcat, QSelection
@@ -28,10 +28,12 @@ from dabuild.quant.layers.softmax import OUTPUT_PARAMS, QSoftmax
 from dabuild.quant.qgraph import QLayer, QuantParams
 from dabuild.registry import Registry
 from dabuild.targets.tflite.flatfile import NHWC, PLAIN, FlatFile, file_axis, permutation
+from dabuild.targets.tflite.functions import OUTPUT
 
 Writer = Callable[[FlatFile, Any], None]
 WRITERS: Registry[Writer] = Registry("layer writer", "the tflite target")
 SAME, VALID = 0, 1
+BUILTINS = {"sigmoid": "LOGISTIC", "tanh": "TANH"}   # the table activations TFLite has a builtin for
 FUSED_CODES = {"NONE": 0, "RELU": 1, "RELU_N1_TO_1": 2, "RELU6": 3}
 FUSING_OPTIONS = ("Conv2DOptions", "DepthwiseConv2DOptions", "FullyConnectedOptions", "AddOptions", "SubOptions",
                   "MulOptions")
@@ -310,6 +312,27 @@ def softmax(file: FlatFile, layer: QSoftmax) -> None:
                          f"{layer.axis} is last in no layout")
     index = file.activation(output, layout)
     file.operator("SOFTMAX", [file.value(name, layout)], [index], "SoftmaxOptions", beta=1.0)
+    file.place(output, index, layout)
+
+
+@writes("lookup")
+def lookup(file: FlatFile, layer: QLookup) -> None:
+    """LOGISTIC or TANH (int8) at TFLite's fixed output params, and a QUANTIZE to the layer's where they
+    differ; the reference's table is TFLM's own arithmetic (`functions.tflm_table`, via integers.as_tflm)."""
+    [name], [output] = layer.inputs, layer.outputs
+    if layer.function not in BUILTINS or file.params(name).dtype != "int8":
+        raise BuildError(f"layer {layer.name!r} (lookup): a table of {layer.function} over "
+                         f"{file.params(name).dtype}; the tflite target writes int8 sigmoid (LOGISTIC) and tanh (TANH)")
+    scale, zero_point, _ = OUTPUT[layer.function]
+    fixed = QuantParams(scale, zero_point, "int8")
+    layout = _common_layout(file, [name])
+    params = file.params(output)
+    index = file.activation(output, layout, fixed, suffix="/fixed" if params != fixed else "")
+    file.operator(BUILTINS[layer.function], [file.value(name, layout)], [index])
+    if params != fixed:
+        requantized = file.activation(output, layout)
+        file.operator("QUANTIZE", [index], [requantized], "QuantizeOptions")
+        index = requantized
     file.place(output, index, layout)
 
 
