@@ -21,7 +21,7 @@ import numpy as np
 
 from dabuild.errors import BuildError
 from dabuild.quant.layers.elementwise import QClamp, QLookup
-from dabuild.quant.layers.linear import QConv, QDense, QWeighted
+from dabuild.quant.layers.linear import QConv, QConvTranspose, QDense, QWeighted
 from dabuild.quant.layers.pool import QMean
 from dabuild.quant.layers.shape import QConcat, QSelection
 from dabuild.quant.layers.softmax import OUTPUT_PARAMS, QSoftmax
@@ -75,11 +75,12 @@ def fused_code(low: int, high: int, params: QuantParams) -> str | None:
 
 
 def finish_clamped(file: FlatFile, write: Callable[[int, int], None], name: str, layout: str, low: int,
-                   high: int) -> None:
+                   high: int, fuses: bool = True) -> None:
     """Write an operator (`write(output index, fused code)`) whose result is clamped to [low, high]: fused
-    where a code states the bounds, else into a tensor of its own with MAXIMUM and MINIMUM after it."""
+    where a code states the bounds (and the operator `fuses`), else into a tensor of its own with MAXIMUM and
+    MINIMUM after it."""
     params = file.params(name)
-    code = fused_code(low, high, params)
+    code = fused_code(low, high, params) if fuses else None
     if code is not None:
         output = file.activation(name, layout)
         write(output, FUSED_CODES[code])
@@ -211,6 +212,46 @@ def conv(file: FlatFile, layer: QConv) -> None:
         file.bounds[index] = (layer.output_min, layer.output_max)
 
     finish_clamped(file, write, output, NHWC, layer.output_min, layer.output_max)
+
+
+@writes("conv_transpose")
+def conv_transpose(file: FlatFile, layer: QConvTranspose) -> None:
+    """TRANSPOSE_CONV (1 group, undilated, OHWI weights per channel on axis 0), its output shape an input: the
+    pads must be what TFLite crops for that shape (VALID: none before; SAME: half of the total, the odd pixel
+    after)."""
+    [name], [output] = layer.inputs, layer.outputs
+    if layer.weight.ndim != 4 or layer.groups != 1 or any(d != 1 for d in layer.dilations):
+        raise BuildError(f"layer {layer.name!r} (conv_transpose): TFLite's transposed conv is 2-D, 1 group, "
+                         "undilated")
+    _, height, width = file.qgraph.tensors[name].shape
+    out_channels, out_height, out_width = file.qgraph.tensors[output].shape
+    kernel = layer.weight.shape[2:]
+    padding = None
+    for code in (VALID, SAME):
+        before = []
+        for size, out, k, s in zip((height, width), (out_height, out_width), kernel, layer.strides):
+            expected = -(-out // s) if code == SAME else (out - k) // s + 1
+            total = max((-(-out // s) - 1) * s + k - out, 0) if code == SAME else 0
+            before.append(total // 2 if expected == size else None)
+        if before == layer.pads[:2]:
+            padding = code
+            break
+    if padding is None:
+        raise BuildError(f"layer {layer.name!r} (conv_transpose): pads {layer.pads} are not what TFLite crops "
+                         "(VALID or SAME) for its output shape")
+    weight = _weights(file, layer, layer.weight.transpose(0, 2, 3, 1), 0)   # OHWI
+    bias = _bias(file, layer, file.params(name))
+    shape = file.ints(f"{layer.name}/output_shape", [1, out_height, out_width, out_channels])
+    source = file.value(name, NHWC)
+
+    def write(index: int, code: int) -> None:
+        file.operator("TRANSPOSE_CONV", [shape, weight, source, bias], [index], "TransposeConvOptions",
+                      padding=padding, strideH=layer.strides[0], strideW=layer.strides[1])
+        file.bounds[index] = (layer.output_min, layer.output_max)
+
+    params = file.params(output)
+    low, high = layer.output_min, layer.output_max
+    finish_clamped(file, write, output, NHWC, low, high, fuses=(low, high) == (params.qmin, params.qmax))
 
 
 @writes("dense")
