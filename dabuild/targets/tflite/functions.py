@@ -1,4 +1,4 @@
-"""TFLite Micro's int8 LOGISTIC and TANH, value for value, as 256-entry tables.
+"""TFLite Micro's int8 LOGISTIC, TANH and HARD_SWISH, value for value, as 256-entry tables.
 
 TFLM computes them in gemmlowp's fixed point (`gemmlowp::logistic` and `gemmlowp::tanh` on a Q4.27 input:
 an exp by a Taylor polynomial and a barrel shifter of constant factors, a Newton-Raphson division), not from
@@ -7,6 +7,8 @@ a few inputs. These are ports of that arithmetic, in Python integers with int32 
 int8 input once: the table the tflite target's reference uses for a sigmoid or tanh layer.
 
 The output of LOGISTIC is fixed at scale 1/256, zero point -128 and TANH's at 1/128, 0 (TFLM assumes them).
+HARD_SWISH (`hard_swish_table`) takes any output params: TFLite's reference HardSwish, in int16 fixed point
+with float32 multipliers reduced to 16 bits.
 """
 
 from __future__ import annotations
@@ -18,6 +20,11 @@ import numpy as np
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 INPUT_INTEGER_BITS = 4   # TFLM's int8 LOGISTIC and TANH take their input as a Q4.27 fixed-point number
 OUTPUT = {"sigmoid": (1 / 256, -128, 31 - 8), "tanh": (1 / 128, 0, 31 - 7)}   # scale, zero point, output shift
+
+
+def _round(value: float) -> int:
+    """TfLiteRound: half away from zero."""
+    return math.floor(abs(value) + 0.5) * (1 if value >= 0 else -1)
 
 
 def _doubling_high_mul(a: int, b: int) -> int:
@@ -112,7 +119,7 @@ def tflm_table(function: str, input_scale: float, input_zero_point: int) -> np.n
     function's fixed output params (`OUTPUT`)."""
     real_multiplier = float(np.float32(input_scale)) * float(1 << (31 - INPUT_INTEGER_BITS))
     mantissa, left_shift = math.frexp(real_multiplier)
-    multiplier = int(np.sign(mantissa) * math.floor(abs(mantissa) * 2**31 + 0.5))
+    multiplier = _round(mantissa * 2**31)   # no carry to 2**31 here, as TFLM's Prepare has none
     radius = math.floor(((1 << INPUT_INTEGER_BITS) - 1) * (1 << (31 - INPUT_INTEGER_BITS)) / 2.0**left_shift)
     _, zero_point, output_shift = OUTPUT[function]
     fixed = _logistic_fixed if function == "sigmoid" else _tanh_fixed
@@ -126,4 +133,72 @@ def tflm_table(function: str, input_scale: float, input_zero_point: int) -> np.n
         else:
             value = fixed(_multiply_by_quantized_multiplier(centred, multiplier, left_shift))
             table.append(min(max(_divide_by_pot(value, output_shift) + zero_point, -128), 127))
+    return np.array(table, np.int8)
+
+
+def _int16(value: int) -> int:
+    """A C cast to int16 (wrapping)."""
+    return (value + 2**15) % 2**16 - 2**15
+
+
+def _doubling_high_mul16(a: int, b: int, rounding: bool = True) -> int:
+    """gemmlowp's SaturatingRoundingDoublingHighMul on int16 (`rounding`), or TFLite's SaturatingDoublingHighMul
+    (truncating)."""
+    if a == b == -(2**15):
+        return 2**15 - 1
+    product = a * b
+    nudge = ((1 << 14) if product >= 0 else 1 - (1 << 14)) if rounding else 0
+    total = product + nudge
+    return _int16(abs(total) // (1 << 15) * (1 if total >= 0 else -1))
+
+
+def _saturating_left_shift16(value: int, amount: int) -> int:
+    return min(max(value * (1 << amount), -(2**15)), 2**15 - 1)
+
+
+def _quantize_multiplier(real: float) -> tuple[int, int]:
+    """TFLite's QuantizeMultiplier: a Q31 multiplier and its exponent (a left shift)."""
+    if real == 0:
+        return 0, 0
+    mantissa, exponent = math.frexp(real)
+    fixed = _round(mantissa * 2**31)
+    if fixed == 2**31:
+        fixed, exponent = fixed // 2, exponent + 1
+    return (0, 0) if exponent < -31 else (fixed, exponent)
+
+
+def _to_int16_multiplier(multiplier: int) -> int:
+    """TFLite's DownScaleInt32ToInt16Multiplier."""
+    return 2**15 - 1 if multiplier >= INT32_MAX - (1 << 15) else (multiplier + (1 << 15)) >> 16
+
+
+def hard_swish_exponent(input_scale: float, output_scale: float) -> int:
+    """The exponent of HARD_SWISH's output multiplier; TFLM refuses the operator where it is positive."""
+    hires = np.float32(1 / 128) * np.float32(input_scale)
+    return _quantize_multiplier(float(hires / np.float32(output_scale)))[1]
+
+
+def hard_swish_table(input_scale: float, input_zero_point: int, output_scale: float,
+                     output_zero_point: int) -> np.ndarray:
+    """TFLite's int8 HardSwish for every int8 input (-128..127): its Prepare's float32 multipliers, reduced to
+    16 bits, and its Eval's int16 arithmetic."""
+    hires = np.float32(1 / 128) * np.float32(input_scale)
+    output_multiplier, output_exponent = _quantize_multiplier(float(hires / np.float32(output_scale)))
+    reluish_multiplier, reluish_exponent = _quantize_multiplier(float(hires / (np.float32(3) / np.float32(32768))))
+    output16, reluish16 = _to_int16_multiplier(output_multiplier), _to_int16_multiplier(reluish_multiplier)
+    table = []
+    for q in range(-128, 128):
+        hires_value = _int16((q - input_zero_point) * (1 << 7))
+        preshift = _doubling_high_mul16(hires_value, output16)
+        reluish = hires_value
+        if reluish_exponent > 0:
+            reluish = _saturating_left_shift16(reluish, reluish_exponent - 1)
+        reluish = _doubling_high_mul16(reluish, reluish16)
+        if reluish_exponent > 0:
+            reluish = _saturating_left_shift16(reluish, 1)
+        if reluish_exponent < 0:
+            reluish = _divide_by_pot(reluish, -reluish_exponent)
+        reluish = _int16((reluish + (1 << 15)) >> 1)
+        value = _divide_by_pot(_doubling_high_mul16(reluish, preshift, rounding=False), -output_exponent)
+        table.append(min(max(_int16(value + output_zero_point), -128), 127))
     return np.array(table, np.int8)

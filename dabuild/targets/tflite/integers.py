@@ -32,7 +32,7 @@ from dabuild.quant.layers.pool import QAvgPool, QMean
 from dabuild.quant.layers.shape import QConcat, QSelection
 from dabuild.quant.layers.softmax import EXP_BITS, QSoftmax
 from dabuild.quant.qgraph import LAYER_TYPES, QGraph, QLayer, QTensor
-from dabuild.targets.tflite.functions import OUTPUT, tflm_table
+from dabuild.targets.tflite.functions import OUTPUT, hard_swish_table, tflm_table
 
 LEFT_SHIFTS = {"int8": 20, "int16": 15}   # TFLite's add/sub: the inputs' left shift by output type
 
@@ -85,11 +85,19 @@ def _as_tflm(layer: QLayer, graph: QGraph) -> list[QLayer]:
         return [dataclasses.replace(layer, exp_table=table)]
     if isinstance(layer, QLookup) and layer.function in OUTPUT and graph.tensors[layer.inputs[0]].params.dtype == "int8":
         return [dataclasses.replace(layer, table=_tflm_function(layer, graph))]
+    if isinstance(layer, QLookup) and layer.function == "hard_swish" and _int8(graph, layer):
+        source, target = (graph.tensors[name].params for name in (*layer.inputs, *layer.outputs))
+        table = hard_swish_table(source.scale, source.zero_point, target.scale, target.zero_point)
+        return [dataclasses.replace(layer, table=table)]
     if isinstance(layer, QAvgPool):
         return _avg_pool(layer, graph)
     if isinstance(layer, QMean):
         return _mean(layer, graph)
     return [layer]
+
+
+def _int8(graph: QGraph, layer: QLayer) -> bool:
+    return all(graph.tensors[name].params.dtype == "int8" for name in (*layer.inputs, *layer.outputs))
 
 
 def _tflm_function(layer: QLookup, graph: QGraph) -> np.ndarray:

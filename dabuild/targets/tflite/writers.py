@@ -28,12 +28,12 @@ from dabuild.quant.layers.softmax import OUTPUT_PARAMS, QSoftmax
 from dabuild.quant.qgraph import QLayer, QuantParams
 from dabuild.registry import Registry
 from dabuild.targets.tflite.flatfile import NHWC, PLAIN, FlatFile, file_axis, permutation
-from dabuild.targets.tflite.functions import OUTPUT
+from dabuild.targets.tflite.functions import OUTPUT, hard_swish_exponent
 
 Writer = Callable[[FlatFile, Any], None]
 WRITERS: Registry[Writer] = Registry("layer writer", "the tflite target")
 SAME, VALID = 0, 1
-BUILTINS = {"sigmoid": "LOGISTIC", "tanh": "TANH"}   # the table activations TFLite has a builtin for
+BUILTINS = {"sigmoid": "LOGISTIC", "tanh": "TANH", "hard_swish": "HARD_SWISH"}   # table activations TFLite has
 FUSED_CODES = {"NONE": 0, "RELU": 1, "RELU_N1_TO_1": 2, "RELU6": 3}
 FUSING_OPTIONS = ("Conv2DOptions", "DepthwiseConv2DOptions", "FullyConnectedOptions", "AddOptions", "SubOptions",
                   "MulOptions")
@@ -361,6 +361,15 @@ def lookup(file: FlatFile, layer: QLookup) -> None:
     """LOGISTIC or TANH (int8) at TFLite's fixed output params, and a QUANTIZE to the layer's where they
     differ; the reference's table is TFLM's own arithmetic (`functions.tflm_table`, via integers.as_tflm)."""
     [name], [output] = layer.inputs, layer.outputs
+    if layer.function == "hard_swish" and file.params(name).dtype == file.params(output).dtype == "int8":
+        if hard_swish_exponent(file.params(name).scale, file.params(output).scale) > 0:
+            raise BuildError(f"layer {layer.name!r} (lookup): hard_swish's output scale is below 1/128 of its "
+                             "input's, which TFLite's HARD_SWISH refuses")
+        layout = _common_layout(file, [name])
+        index = file.activation(output, layout)
+        file.operator("HARD_SWISH", [file.value(name, layout)], [index])
+        file.place(output, index, layout)
+        return
     if layer.function not in BUILTINS or file.params(name).dtype != "int8":
         raise BuildError(f"layer {layer.name!r} (lookup): a table of {layer.function} over "
                          f"{file.params(name).dtype}; the tflite target writes int8 sigmoid (LOGISTIC) and tanh (TANH)")
