@@ -88,6 +88,19 @@ def test_ops_without_a_writer_are_refused_by_node_before_calibration() -> None:
     assert caught.value.exit_code == 2
 
 
+def test_convs_tflite_has_no_operator_for_are_refused_by_node_before_calibration() -> None:
+    rng = np.random.default_rng(2)
+    constants = {"g_w": rng.normal(0, 0.3, (8, 2, 3, 3)), "d_w": rng.normal(0, 0.3, (8, 1, 3, 3)),
+                 "o_w": rng.normal(0, 0.3, (4, 8, 3))}
+    nodes = [Node("r", "reshape", ["x"], ["img"], {"shape": [0, 4, 4, 4]}),
+             conv_node("g", "img", "a", groups=2, pads=[1, 1, 1, 1]), conv_node("d", "a", "b", groups=8),
+             Node("f", "reshape", ["b"], ["rows"], {"shape": [0, 8, 4]}), conv_node("o", "rows", "y")]
+    graph = graph_of(nodes, (64,), constants)
+    with pytest.raises(UsageError, match=r"\n  conv: its integer layers \(conv \(2 groups\)\) .*'g'\n  conv: "
+                                         r"its integer layers \(conv \(1-D\)\) .*'o'$"):
+        TfliteTarget().refuse(graph)
+
+
 def small_cnn() -> object:
     """conv+relu -> depthwise+relu6 (explicit pads) -> pointwise + residual add -> max pool and a requantizing
     average pool (SAME) concatenated -> global average -> dense -> softmax: TFLite's own forms each time."""

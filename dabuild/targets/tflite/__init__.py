@@ -47,7 +47,8 @@ def _module(name: str) -> Any:
 def node_layers(graph: Any, node: Any, layers: Collection[str]) -> set[str]:
     """The layer types of a lowering's `layers` that `node` makes without float islands: a conv's or dense's
     lookup only under a fused table activation, and a lookup named by its function where TFLite has no builtin
-    for it ("lookup (hard_swish)"); a blocked dense only of a given blocked weight."""
+    for it ("lookup (gelu)"); a blocked dense only of a given blocked weight; a conv TFLite has no operator for
+    named by what it is ("conv (2 groups)", "conv (1-D)")."""
     from dabuild.quant.activations import is_table_activation
 
     made = set(layers) - {"float_weighted", "float"}
@@ -60,6 +61,11 @@ def node_layers(graph: Any, node: Any, layers: Collection[str]) -> set[str]:
     given = graph.given.get(node.inputs[1]) if len(node.inputs) > 1 else None
     if given is None or not given.blocked:
         made.discard("blocked_dense")
+    weight = graph.constants.get(node.inputs[1]) if node.op in ("conv", "conv_transpose") else None
+    if weight is not None and weight.ndim != 4:
+        made = (made - {node.op}) | {f"{node.op} ({weight.ndim - 2}-D)"}
+    elif weight is not None and node.attrs.get("groups", 1) != 1 and (node.op == "conv_transpose" or weight.shape[1] != 1):
+        made = (made - {node.op}) | {f"{node.op} ({node.attrs['groups']} groups)"}
     return made
 
 
