@@ -273,3 +273,19 @@ def test_hard_swish_is_tflites_own_hard_swish(tmp_path: Path) -> None:
     expected = run_integer(target.integer_graph(qgraph), x_q)
     assert np.array_equal(run_file(artifact / MODEL_FILE, x_q).reshape(expected.shape), expected)
     assert len(np.unique(expected)) > 50
+
+
+def test_dense_over_rows_of_rank_two_keeps_its_dimensions(tmp_path: Path) -> None:
+    rng = np.random.default_rng(6)
+    constants = {"w": rng.normal(0, 0.4, (8, 6)), "b": rng.normal(0, 0.1, 6)}
+    nodes = [Node("r", "reshape", ["x"], ["rows"], {"shape": [0, 4, 8]}), Node("d", "dense", ["rows", "w", "b"], ["y"], {})]
+    graph = graph_of(nodes, (32,), constants)
+    capability = load_capability(data_dir("capabilities") / "tflite.yaml")
+    x = image(50, (32,), seed=7)
+    qgraph = lower(graph, x, default_config(graph, capability))
+    target = TfliteTarget()
+    artifact = exported(target, qgraph, tmp_path)
+    x_q = quantize_input(qgraph, x)
+    expected = run_integer(target.integer_graph(qgraph), x_q)
+    assert expected.shape == (50, 4, 6)
+    assert np.array_equal(target.run(artifact, x_q, tmp_path), expected)

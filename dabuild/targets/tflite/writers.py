@@ -256,19 +256,16 @@ def conv_transpose(file: FlatFile, layer: QConvTranspose) -> None:
 
 @writes("dense")
 def dense(file: FlatFile, layer: QDense) -> None:
-    """FULLY_CONNECTED over (1, in) rows: weight (out, in)."""
+    """FULLY_CONNECTED over the last axis: weight (out, in); over rows of rank > 1 with keep_num_dims."""
     [name], [output] = layer.inputs, layer.outputs
-    if len(file.qgraph.tensors[name].shape) != 1:
-        raise BuildError(f"layer {layer.name!r} (dense): TFLite's fully connected takes (batch, features) "
-                         f"rows; this input has per-sample shape {list(file.qgraph.tensors[name].shape)} "
-                         "(flatten it first)")
+    keep = len(file.qgraph.tensors[name].shape) > 1
     source = file.value(name, PLAIN)
     weight = _weights(file, layer, np.ascontiguousarray(layer.weight.T), 0)
     bias = _bias(file, layer, file.params(name))
 
     def write(index: int, code: int) -> None:
         file.operator("FULLY_CONNECTED", [source, weight, bias], [index], "FullyConnectedOptions",
-                      fusedActivationFunction=code)
+                      fusedActivationFunction=code, keepNumDims=keep)
         file.bounds[index] = (layer.output_min, layer.output_max)
 
     finish_clamped(file, write, output, PLAIN, layer.output_min, layer.output_max)
