@@ -104,8 +104,9 @@ class CapabilitySpec(BaseModel):
         "tuning.objective `estimate` minimises; none: the search counts bits (size or bops).",
     )
     rounding: Literal["dabuild", "tflm", "tflm-single"] | None = Field(
-        default=None, description="How the integer targets built for it requantize when a recipe's `rounding` "
-        "option says nothing (dabuild.quant.fixed_point.ROUNDINGS); none: dabuild's own.")
+        default=None, description="The requantization rounding (dabuild.quant.fixed_point.ROUNDINGS) of a target "
+        "that takes it from here when the recipe's `rounding` option says nothing (the tflite target: tflm); "
+        "none: dabuild's own.")
     ops: dict[str, OpCapability] = Field(
         description="Per op type (e.g. dense, relu) the allowed choices; `default` covers every other op."
     )
