@@ -22,7 +22,7 @@ INPUT_INTEGER_BITS = 4   # TFLM's int8 LOGISTIC and TANH take their input as a Q
 OUTPUT = {"sigmoid": (1 / 256, -128, 31 - 8), "tanh": (1 / 128, 0, 31 - 7)}   # scale, zero point, output shift
 
 
-def _round(value: float) -> int:
+def round_away(value: float) -> int:
     """TfLiteRound: half away from zero."""
     return math.floor(abs(value) + 0.5) * (1 if value >= 0 else -1)
 
@@ -119,7 +119,7 @@ def tflm_table(function: str, input_scale: float, input_zero_point: int) -> np.n
     function's fixed output params (`OUTPUT`)."""
     real_multiplier = float(np.float32(input_scale)) * float(1 << (31 - INPUT_INTEGER_BITS))
     mantissa, left_shift = math.frexp(real_multiplier)
-    multiplier = _round(mantissa * 2**31)   # no carry to 2**31 here, as TFLM's Prepare has none
+    multiplier = round_away(mantissa * 2**31)   # no carry to 2**31 here, as TFLM's Prepare has none
     radius = math.floor(((1 << INPUT_INTEGER_BITS) - 1) * (1 << (31 - INPUT_INTEGER_BITS)) / 2.0**left_shift)
     _, zero_point, output_shift = OUTPUT[function]
     fixed = _logistic_fixed if function == "sigmoid" else _tanh_fixed
@@ -161,7 +161,7 @@ def _quantize_multiplier(real: float) -> tuple[int, int]:
     if real == 0:
         return 0, 0
     mantissa, exponent = math.frexp(real)
-    fixed = _round(mantissa * 2**31)
+    fixed = round_away(mantissa * 2**31)
     if fixed == 2**31:
         fixed, exponent = fixed // 2, exponent + 1
     return (0, 0) if exponent < -31 else (fixed, exponent)

@@ -28,7 +28,7 @@ from dabuild.quant.layers.softmax import OUTPUT_PARAMS, QSoftmax
 from dabuild.quant.qgraph import QLayer, QuantParams
 from dabuild.registry import Registry
 from dabuild.targets.tflite.flatfile import NHWC, PLAIN, FlatFile, file_axis, permutation
-from dabuild.targets.tflite.functions import OUTPUT, hard_swish_exponent
+from dabuild.targets.tflite.functions import OUTPUT, hard_swish_exponent, round_away
 
 Writer = Callable[[FlatFile, Any], None]
 WRITERS: Registry[Writer] = Registry("layer writer", "the tflite target")
@@ -36,7 +36,7 @@ SAME, VALID = 0, 1
 BUILTINS = {"sigmoid": "LOGISTIC", "tanh": "TANH", "hard_swish": "HARD_SWISH"}   # table activations TFLite has
 FUSED_CODES = {"NONE": 0, "RELU": 1, "RELU_N1_TO_1": 2, "RELU6": 3}
 FUSING_OPTIONS = ("Conv2DOptions", "DepthwiseConv2DOptions", "FullyConnectedOptions", "AddOptions", "SubOptions",
-                  "MulOptions")
+                  "MulOptions")   # the operators whose fused activation a clamp after them may set
 
 
 def writes(*ops: str) -> Callable[[Writer], Writer]:
@@ -52,17 +52,12 @@ def write_layer(file: FlatFile, layer: QLayer) -> None:
 # ---------------------------------------------------------------------- fused activations
 
 
-def _round(value: np.float32) -> int:
-    """TfLiteRound: half away from zero."""
-    return int(np.sign(value) * np.floor(np.abs(np.float64(value)) + 0.5))
-
-
 def fused_bounds(code: str, params: QuantParams) -> tuple[int, int]:
     """The clamp TFLite's CalculateActivationRangeQuantized derives for a fused activation (float32 math)."""
     scale = np.float32(params.scale)
 
     def quantize(real: float) -> int:
-        return params.zero_point + _round(np.float32(real) / scale)
+        return params.zero_point + round_away(float(np.float32(real) / scale))
 
     low, high = {"NONE": (None, None), "RELU": (0.0, None), "RELU6": (0.0, 6.0), "RELU_N1_TO_1": (-1.0, 1.0)}[code]
     return (params.qmin if low is None else max(params.qmin, quantize(low)),
@@ -119,8 +114,9 @@ def clamp(file: FlatFile, layer: QClamp) -> None:
     if placed is not None and (low, high) == bounds:
         file.place(output, placed.index, placed.layout)
         return
-    fusable = (producer is not None and producer.builtinOptions is not None
-               and getattr(producer.builtinOptions, "fusedActivationFunction", None) == FUSED_CODES["NONE"]
+    fusing = {getattr(file.s.BuiltinOptions, options) for options in FUSING_OPTIONS}
+    fusable = (producer is not None and producer.builtinOptionsType in fusing
+               and producer.builtinOptions.fusedActivationFunction == FUSED_CODES["NONE"]
                and file.readers.get(name) == 1 and len(file.layouts(name)) == 1)
     code = fused_code(low, high, params)
     if placed is not None and producer is not None and fusable and code is not None:
