@@ -289,3 +289,42 @@ def test_dense_over_rows_of_rank_two_keeps_its_dimensions(tmp_path: Path) -> Non
     expected = run_integer(target.integer_graph(qgraph), x_q)
     assert expected.shape == (50, 4, 6)
     assert np.array_equal(target.run(artifact, x_q, tmp_path), expected)
+
+
+def test_trace_gives_every_tensor_tflm_holds_and_a_wrong_file_fails_check_naming_its_layer(tmp_path: Path) -> None:
+    """TFLM's values of every QGraph tensor the file holds equal the reference's; a file whose conv bias was
+    changed after export fails check, the debug bundle naming that conv as the first diverging layer."""
+    import flatbuffers
+
+    from dabuild.errors import CheckError
+    from dabuild.trace.tflite_frontend.model_file import read_model
+
+    path = model("ds_cnn_int8")
+    _, qgraph = given_qgraph(path)
+    target = TfliteTarget(TfliteTarget.Options(litert=False))
+    graph = target.integer_graph(qgraph)
+    artifact = exported(target, qgraph, tmp_path)
+    x = inputs_for(path, 6, seed=4)
+    x_q = quantize_input(qgraph, x)
+    traced = target.trace(artifact, x_q, tmp_path)
+    reference = run_integer(graph, x_q, keep_intermediates=True)
+    assert len(traced) >= 10
+    for name, values in traced.items():
+        assert np.array_equal(values, reference[name]), name
+    tree = read_model(artifact / MODEL_FILE)
+    bias = next(tensor for tensor in tree.subgraphs[0].tensors if tensor.name == b"op2_conv_2d:conv/bias")
+    tree.buffers[bias.buffer].data = np.frombuffer((np.arange(16, dtype=np.int32) * 997).tobytes(), np.uint8)
+    builder = flatbuffers.Builder(0)
+    builder.Finish(tree.Pack(builder), file_identifier=b"TFL3")
+    (artifact / MODEL_FILE).write_bytes(bytes(builder.Output()))
+    with pytest.raises(CheckError, match=r"first diverging layer 'op2_conv_2d:conv'"):
+        check_stage(target, graph, artifact, x, None, tmp_path, tmp_path / "debug", Progress.silent())
+    import os
+    import subprocess
+    import sys
+
+    [bundle] = (tmp_path / "debug").iterdir()
+    rerun = subprocess.run(["sh", str(bundle / "run.sh")], capture_output=True, text=True,
+                           env={**os.environ, "PYTHON": sys.executable})
+    assert rerun.returncode != 0   # the bundle's run.sh reproduces the mismatch: cmp finds the outputs differ
+    assert (bundle / "rerun.bin").read_bytes() == (bundle / "actual.bin").read_bytes()

@@ -137,16 +137,16 @@ class TfliteTarget(Target):
 
     def stored_bytes(self, qgraph: QGraph) -> int:
         """The file's size: weights, biases, scales and the flatbuffer's tables."""
-        return len(_module("export").to_tflite(self.integer_graph(qgraph)))
+        return len(_module("export").to_tflite(self.integer_graph(qgraph)).data)
 
     def export(self, qgraph: QGraph, out_dir: Path) -> None:
-        data = _module("export").to_tflite(qgraph)
+        written = _module("export").to_tflite(qgraph)
         out_dir = Path(out_dir)
-        (out_dir / MODEL_FILE).write_bytes(data)
+        (out_dir / MODEL_FILE).write_bytes(written.data)
         manifest = {"input_shape": list(qgraph.tensors[qgraph.input].shape), "input_dtype": qgraph.input_params.storage,
                     "output_shape": list(qgraph.tensors[qgraph.output].shape),
                     "output_dtype": qgraph.output_params.storage, "rounding": qgraph.rounding,
-                    "model_bytes": len(data)}
+                    "model_bytes": len(written.data), "tensors": written.tensors}
         (out_dir / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
 
     def run(self, artifact_dir: Path, inputs: np.ndarray, work_dir: Path) -> np.ndarray:
@@ -180,6 +180,15 @@ class TfliteTarget(Target):
         if self.litert:
             measured["litert_outputs_one_step_from_tflm"] = f"{self.litert['differing']} of {self.litert['values']}"
         return {"firmware": measured}
+
+    def trace(self, artifact_dir: Path, inputs: np.ndarray, work_dir: Path) -> dict[str, np.ndarray]:
+        """Every QGraph tensor the file holds, from TFLM with every tensor kept (model.json's "tensors": file
+        tensor and layout), in the QGraph's own axis order."""
+        tensors = json.loads((Path(artifact_dir) / MANIFEST).read_text())["tensors"]
+        found = _module("runtime").tflm_tensors(Path(artifact_dir) / MODEL_FILE, inputs,
+                                                {name: int(index) for name, (index, _) in tensors.items()})
+        return {name: values.transpose(0, 3, 1, 2) if tensors[name][1] == "nhwc" and values.ndim == 4 else values
+                for name, values in found.items()}
 
     def rerun_script(self, artifact_dir: Path, inputs_file: str, outputs_file: str) -> str:
         name = Path(artifact_dir).name

@@ -2,15 +2,26 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from dabuild.errors import BuildError, UsageError
 from dabuild.quant.qgraph import INDICES, QGraph
 from dabuild.targets.tflite.flatfile import PLAIN, FlatFile
 from dabuild.targets.tflite.writers import write_layer
 
 
-def to_tflite(qgraph: QGraph) -> bytes:
-    """The packed model; UsageError listing every layer the tflite target cannot write (its op, or what of it
-    TFLite has no form for), so one run tells the user all of it."""
+@dataclass(frozen=True)
+class Written:
+    """The packed model, and where each QGraph tensor's values lie in it: name -> [file tensor, layout] (a
+    tensor whose file tensor a fused clamp changed after it is left out: the file never holds its values)."""
+
+    data: bytes
+    tensors: dict[str, list[int | str]]
+
+
+def to_tflite(qgraph: QGraph) -> Written:
+    """The model as written; UsageError listing every layer the tflite target cannot write (its op, or what of
+    it TFLite has no form for), so one run tells the user all of it."""
     refused: list[str] = []
     for name in {name for layer in qgraph.layers for name in (*layer.inputs, *layer.outputs)} | {qgraph.input}:
         params = qgraph.tensors[name].params if name in qgraph.tensors else None
@@ -30,4 +41,8 @@ def to_tflite(qgraph: QGraph) -> bytes:
                 file.place(name, file.activation(name, PLAIN), PLAIN)
     if refused:
         raise UsageError("the tflite target cannot write these layers:\n" + "\n".join(f"  {line}" for line in refused))
-    return file.finish()
+    data = file.finish()
+    tensors: dict[str, list[int | str]] = {name: [placed[0].index, placed[0].layout] for name, placed in
+                                           file.placed.items() if name not in file.clamped and placed
+                                           and name not in qgraph.constants}
+    return Written(data, tensors)

@@ -69,6 +69,7 @@ class FlatFile:
     producers: dict[int, Any] = field(default_factory=dict)   # file tensor -> the operator writing it
     readers: dict[str, int] = field(default_factory=dict)     # QGraph tensor -> layers reading it (+1: output)
     bounds: dict[int, tuple[int, int]] = field(default_factory=dict)  # file tensor -> the clamp its writer applies
+    clamped: set[str] = field(default_factory=set)   # QGraph tensors whose file tensor a fused clamp changed
 
     def __post_init__(self) -> None:
         generated = schema()

@@ -50,6 +50,23 @@ def run_tflm(path: Path, inputs: np.ndarray) -> np.ndarray:
     return np.stack(rows) if rows else np.zeros((0,), np.int8)
 
 
+def tflm_tensors(path: Path, inputs: np.ndarray, indices: dict[str, int]) -> dict[str, np.ndarray]:
+    """The file tensors `indices` (name -> tensor index) after each sample's invoke, TFLM keeping every tensor
+    (kPreserveAllTensors), batch first."""
+    interpreter = _tflm(path)
+    dtype = interpreter.get_input_details(0)["dtype"]
+    rows: dict[str, list[np.ndarray]] = {name: [] for name in indices}
+    try:
+        for sample in np.asarray(inputs):
+            interpreter.set_input(np.ascontiguousarray(sample[None], dtype=dtype), 0)
+            interpreter.invoke()
+            for name, index in indices.items():
+                rows[name].append(np.array(interpreter.GetTensor(index, 0)["tensor_data"])[0])
+    except RuntimeError as error:
+        raise BuildError(f"TFLite Micro could not run {path}: {error}") from None
+    return {name: np.stack(values) for name, values in rows.items() if values}
+
+
 def arena_bytes(path: Path, sample: np.ndarray) -> int | None:
     """The arena TFLM used for one invoke on `sample`, as its RecordingMicroAllocator reports it (None: no
     report found)."""

@@ -122,6 +122,7 @@ def clamp(file: FlatFile, layer: QClamp) -> None:
     if placed is not None and producer is not None and fusable and code is not None:
         producer.builtinOptions.fusedActivationFunction = FUSED_CODES[code]
         file.bounds[placed.index] = (low, high)
+        file.clamped.add(name)
         file.place(output, placed.index, placed.layout)
         return
     layout = placed.layout if placed is not None else PLAIN
