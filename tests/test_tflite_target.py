@@ -31,7 +31,7 @@ from dabuild.targets.check import check_stage
 from dabuild.targets.tflite import MODEL_FILE, TfliteTarget
 from dabuild.targets.tflite.runtime import run_tflm as run_file
 
-ROUND_TRIPS = ["ds_cnn_int8", "resnet_block_int8", "resnet_block_16x8"]
+ROUND_TRIPS = ["ds_cnn_int8", "resnet_block_int8", "resnet_block_16x8", "assorted_int8"]
 
 
 def exported(target: TfliteTarget, qgraph, folder: Path) -> Path:
@@ -66,17 +66,23 @@ def test_a_16x8_softmax_is_refused_naming_the_layer(tmp_path: Path) -> None:
     assert caught.value.exit_code == 2
 
 
-def test_assorted_model_is_written_whole_and_exact_against_its_reference(tmp_path: Path) -> None:
-    """PAD, CONV_2D, TRANSPOSE_CONV, STRIDED_SLICE, TANH, QUANTIZE, LOGISTIC, MUL, CONCATENATION, HARD_SWISH,
-    RESHAPE, FULLY_CONNECTED: TFLM runs the written file to the reference's integers. (Not to the original
-    file's: the given transposed conv's weights lose their per-channel scales in lowering.)"""
+def test_every_tensor_of_the_assorted_file_in_tflm_equals_the_targets_reference() -> None:
+    """PAD, CONV_2D, TRANSPOSE_CONV (per-channel weights), STRIDED_SLICE, TANH, QUANTIZE, LOGISTIC, MUL,
+    CONCATENATION, HARD_SWISH, RESHAPE, FULLY_CONNECTED of the original file, each operator's output in TFLM
+    against the reference of the QGraph as the tflite target computes it (TFLM's rounding and functions)."""
+    from test_tflite_frontend import _trace_of_operator
+
+    from dabuild.trace.tflite_frontend.model_file import read_model
+
     path = model("assorted_int8")
+    operators = read_model(path).subgraphs[0].operators
     _, qgraph = given_qgraph(path)
-    target = TfliteTarget()
-    artifact = exported(target, qgraph, tmp_path)
-    x_q = quantize_input(qgraph, inputs_for(path, 16, seed=11))
-    expected = run_integer(target.integer_graph(qgraph), x_q)
-    assert np.array_equal(target.run(artifact, x_q, tmp_path), expected.reshape(len(x_q), -1))
+    x = inputs_for(path, 16, seed=11)
+    theirs = run_tflm(path, qgraph, x, tuple(int(op.outputs[0]) for op in operators))
+    trace = run_integer(TfliteTarget().integer_graph(qgraph), quantize_input(qgraph, x), keep_intermediates=True)
+    for index, op in enumerate(operators):
+        expected = theirs[int(op.outputs[0])]
+        assert np.array_equal(_trace_of_operator(trace, index).reshape(expected.shape), expected), index
 
 
 def test_ops_without_a_writer_are_refused_by_node_before_calibration() -> None:
