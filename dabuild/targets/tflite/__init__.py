@@ -1,7 +1,7 @@
 """The tflite target: the quantized graph as an int8 (or 16x8) .tflite flatbuffer, proven in TFLite Micro.
 
 The artifact is model.tflite (written by `export.to_tflite` through TFLite's own generated schema, no
-TensorFlow) and model.json (its input and output). It takes the quantized input and returns the quantized
+TensorFlow) and model.json (its input and output, and where each QGraph tensor lies in the file, for `trace`). It takes the quantized input and returns the quantized
 output, as TFLM firmware does, so `check` compares it with dabuild's integer reference at `exact`: the
 reference runs the QGraph as TFLM computes the file (`integers.as_tflm`: float32 scales, the multipliers TFLM
 derives from them, TFLite's pool and mean forms) with the target's rounding, `tflm` unless the recipe says
@@ -31,7 +31,7 @@ from dabuild.quant.fixed_point import Rounding
 from dabuild.quant.qgraph import QGraph
 from dabuild.registry import import_extra
 from dabuild.targets.base import Target, held, refuse_ops_without_integers
-from dabuild.targets.tflite.writers import BUILTINS
+from dabuild.targets.tflite.writers import BUILTINS, WRITERS
 
 MODEL_FILE = "model.tflite"
 MANIFEST = "model.json"
@@ -78,7 +78,7 @@ class TfliteTarget(Target):
 
     class Options(Target.Options):
         rounding: Rounding | None = None   # how requantization rounds; None: the capability's (tflm)
-        litert: bool = True                # also run the file in LiteRT's reference kernels, equal to TFLM's
+        litert: bool = True                # also run the file in LiteRT's reference kernels (within a step of TFLM)
 
     options: Options
 
@@ -92,12 +92,12 @@ class TfliteTarget(Target):
 
     @classmethod
     def layer_types(cls) -> frozenset[str]:
-        return held(_module("writers").WRITERS)
+        return held(WRITERS)
 
     @classmethod
     def op_layers(cls, op: str, layers: frozenset[str]) -> frozenset[str]:
-        """A table activation's lookup is written for sigmoid and tanh only (LOGISTIC, TANH); any other's needs
-        "lookup (<op>)", which no writer holds."""
+        """A table activation's lookup is written for sigmoid, tanh and hard_swish only (LOGISTIC, TANH,
+        HARD_SWISH); any other's needs "lookup (<op>)", which no writer holds."""
         from dabuild.quant.activations import is_table_activation
 
         if "lookup" in layers and is_table_activation(op) and op not in BUILTINS:
