@@ -18,7 +18,7 @@ pytest.importorskip("ai_edge_litert", reason="needs the tflite extra: pip instal
 
 from test_c_kernels import conv_node
 from test_lowering import graph_of, image, lower
-from tflite_runtime import given_qgraph, inputs_for, model, run_tflm
+from tflite_runtime import given_qgraph, inputs_for, model, run_tflm, trace_of_operator
 
 from dabuild.capability import load_capability
 from dabuild.errors import UsageError
@@ -70,8 +70,6 @@ def test_every_tensor_of_the_assorted_file_in_tflm_equals_the_targets_reference(
     """PAD, CONV_2D, TRANSPOSE_CONV (per-channel weights), STRIDED_SLICE, TANH, QUANTIZE, LOGISTIC, MUL,
     CONCATENATION, HARD_SWISH, RESHAPE, FULLY_CONNECTED of the original file, each operator's output in TFLM
     against the reference of the QGraph as the tflite target computes it (TFLM's rounding and functions)."""
-    from test_tflite_frontend import _trace_of_operator
-
     from dabuild.trace.tflite_frontend.model_file import read_model
 
     path = model("assorted_int8")
@@ -82,7 +80,7 @@ def test_every_tensor_of_the_assorted_file_in_tflm_equals_the_targets_reference(
     trace = run_integer(TfliteTarget().integer_graph(qgraph), quantize_input(qgraph, x), keep_intermediates=True)
     for index, op in enumerate(operators):
         expected = theirs[int(op.outputs[0])]
-        assert np.array_equal(_trace_of_operator(trace, index).reshape(expected.shape), expected), index
+        assert np.array_equal(trace_of_operator(trace, index).reshape(expected.shape), expected), index
 
 
 def test_ops_without_a_writer_are_refused_by_node_before_calibration() -> None:
