@@ -59,6 +59,30 @@ def test_committed_file_rebuilt_as_given_runs_to_the_originals_integers(name: st
     assert (artifact / MODEL_FILE).stat().st_size < path.stat().st_size
 
 
+@pytest.mark.parametrize("name", ["ds_cnn_int8", "resnet_block_16x8"])
+def test_float_io_file_takes_and_returns_float_and_runs_to_the_originals_integers(name: str, tmp_path: Path) -> None:
+    """Option float_io: a QUANTIZE after the float32 input and a DEQUANTIZE before the float32 output, as
+    TensorFlow's converter writes by default; TFLM then gives the original's outputs, dequantized, and the
+    check (on the quantized integers) passes at exact with LiteRT run too."""
+    from dabuild.trace.tflite_frontend import operator_names
+    from dabuild.trace.tflite_frontend.model_file import read_model
+
+    path = model(name)
+    _, qgraph = given_qgraph(path)
+    target = TfliteTarget(TfliteTarget.Options(float_io=True))
+    artifact = exported(target, qgraph, tmp_path)
+    names = operator_names(read_model(artifact / MODEL_FILE))
+    assert names[0] == "QUANTIZE" and names[-1] == "DEQUANTIZE"
+    x = inputs_for(path, 12, seed=9)
+    graph = target.integer_graph(qgraph)
+    floats = run_file(artifact / MODEL_FILE, graph.input_params.dequantize(quantize_input(qgraph, x)))
+    assert floats.dtype == np.float32
+    original = run_tflm(path, qgraph, x)["output"]
+    assert np.array_equal(graph.output_params.dequantize(original.reshape(floats.shape)), floats)
+    report = check_stage(target, graph, artifact, x, None, tmp_path, tmp_path / "debug", Progress.silent())
+    assert report["ok"] and report["tolerance"] == "exact" and target.litert["samples"] == len(x)
+
+
 def test_a_16x8_softmax_is_refused_naming_the_layer(tmp_path: Path) -> None:
     _, sixteen = given_qgraph(model("ds_cnn_16x8"))
     with pytest.raises(UsageError, match=r"layers:\n  layer 'op8_softmax:softmax' \(softmax\).*int8 softmax") as caught:

@@ -75,10 +75,12 @@ class TfliteTarget(Target):
     default_tolerance = "exact"
     packages: ClassVar[tuple[str, ...]] = PACKAGES
     run_batch: ClassVar[int | None] = 256
+    size_options: ClassVar[tuple[str, ...]] = ("float_io",)
 
     class Options(Target.Options):
         rounding: Rounding | None = None   # how requantization rounds; None: the capability's (tflm)
         litert: bool = True                # also run the file in LiteRT's reference kernels (within a step of TFLM)
+        float_io: bool = False             # the file takes and returns float32 (QUANTIZE/DEQUANTIZE at its edges)
 
     options: Options
 
@@ -137,16 +139,19 @@ class TfliteTarget(Target):
 
     def stored_bytes(self, qgraph: QGraph) -> int:
         """The file's size: weights, biases, scales and the flatbuffer's tables."""
-        return len(_module("export").to_tflite(self.integer_graph(qgraph)).data)
+        return len(_module("export").to_tflite(self.integer_graph(qgraph), self.options.float_io).data)
 
     def export(self, qgraph: QGraph, out_dir: Path) -> None:
-        written = _module("export").to_tflite(qgraph)
+        written = _module("export").to_tflite(qgraph, self.options.float_io)
         out_dir = Path(out_dir)
         (out_dir / MODEL_FILE).write_bytes(written.data)
         manifest = {"input_shape": list(qgraph.tensors[qgraph.input].shape), "input_dtype": qgraph.input_params.storage,
                     "output_shape": list(qgraph.tensors[qgraph.output].shape),
                     "output_dtype": qgraph.output_params.storage, "rounding": qgraph.rounding,
-                    "model_bytes": len(written.data), "tensors": written.tensors}
+                    "model_bytes": len(written.data), "tensors": written.tensors,
+                    "float_io": self.options.float_io,
+                    "input_params": [qgraph.input_params.scale, qgraph.input_params.zero_point],
+                    "output_params": [qgraph.output_params.scale, qgraph.output_params.zero_point]}
         (out_dir / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
 
     def run(self, artifact_dir: Path, inputs: np.ndarray, work_dir: Path) -> np.ndarray:
@@ -155,16 +160,18 @@ class TfliteTarget(Target):
         .tflite files show the same in both runtimes), counted for the report."""
         runtime = _module("runtime")
         path = Path(artifact_dir) / MODEL_FILE
-        outputs = runtime.run_tflm(path, inputs)
+        manifest = json.loads((Path(artifact_dir) / MANIFEST).read_text())
+        feed = runtime.file_inputs(manifest, inputs)
+        outputs = runtime.quantized_outputs(manifest, runtime.run_tflm(path, feed))
         if not self.not_run():
-            steps = np.abs(runtime.run_litert(path, inputs).reshape(outputs.shape).astype(np.int64)
+            steps = np.abs(runtime.quantized_outputs(manifest, runtime.run_litert(path, feed)).reshape(outputs.shape)
                            - outputs.astype(np.int64))
             if steps.size and steps.max() > LITERT_STEPS:
                 raise BuildError(f"{path}: LiteRT's reference kernels and TFLite Micro differ by up to "
                                  f"{int(steps.max())} steps on {int(np.sum(steps > 0))} of {outputs.size} output values")
             self.litert = {key: self.litert.get(key, 0) + value for key, value in (
                 ("samples", len(inputs)), ("values", outputs.size), ("differing", int(np.sum(steps > 0))))}
-        return outputs.reshape(len(inputs), *json.loads((Path(artifact_dir) / MANIFEST).read_text())["output_shape"])
+        return outputs.reshape(len(inputs), *manifest["output_shape"]).astype(manifest["output_dtype"])
 
     def measurements(self, artifact_dir: Path, inputs: np.ndarray, work_dir: Path) -> dict[str, Any]:
         """The arena TFLM used on the first sample (its recording allocator's total), the file's size, and how
@@ -175,7 +182,9 @@ class TfliteTarget(Target):
         ran += [f"LiteRT {versions['ai-edge-litert']} (reference kernels)"] if self.litert else []
         measured: dict[str, Any] = {"model_bytes": path.stat().st_size, "ran_in": " and ".join(ran)}
         if len(inputs):
-            arena = _module("runtime").arena_bytes(path, inputs[0])
+            manifest = json.loads((Path(artifact_dir) / MANIFEST).read_text())
+            runtime = _module("runtime")
+            arena = runtime.arena_bytes(path, runtime.file_inputs(manifest, inputs[:1])[0])
             measured["tflm_arena_bytes"] = arena if arena is not None else "not reported"
         if self.litert:
             measured["litert_outputs_one_step_from_tflm"] = f"{self.litert['differing']} of {self.litert['values']}"

@@ -19,9 +19,11 @@ class Written:
     tensors: dict[str, list[int | str]]
 
 
-def to_tflite(qgraph: QGraph) -> Written:
-    """The model as written; UsageError listing every layer the tflite target cannot write (its op, or what of
-    it TFLite has no form for), so one run tells the user all of it."""
+def to_tflite(qgraph: QGraph, float_io: bool = False) -> Written:
+    """The model as written (`float_io`: taking and returning float32, a QUANTIZE after the input and a
+    DEQUANTIZE before the output, as TensorFlow's converter writes by default); UsageError listing every layer
+    the tflite target cannot write (its op, or what of it TFLite has no form for), so one run tells the user all
+    of it."""
     refused: list[str] = []
     for name in {name for layer in qgraph.layers for name in (*layer.inputs, *layer.outputs)} | {qgraph.input}:
         params = qgraph.tensors[name].params if name in qgraph.tensors else None
@@ -30,8 +32,11 @@ def to_tflite(qgraph: QGraph) -> Written:
                            "activations here are int8 or int16")
     if refused:
         raise UsageError("the tflite target cannot write this model:\n" + "\n".join(f"  {line}" for line in refused))
-    file = FlatFile(qgraph)
+    file = FlatFile(qgraph, float_io=float_io)
     file.place(qgraph.input, file.activation(qgraph.input, PLAIN), PLAIN)
+    if float_io:
+        file.operator("QUANTIZE", [file.float_tensor(qgraph.input)], [file.value(qgraph.input, PLAIN)],
+                      "QuantizeOptions")
     for layer in qgraph.layers:
         try:
             write_layer(file, layer)

@@ -70,6 +70,8 @@ class FlatFile:
     readers: dict[str, int] = field(default_factory=dict)     # QGraph tensor -> layers reading it (+1: output)
     bounds: dict[int, tuple[int, int]] = field(default_factory=dict)  # file tensor -> the clamp its writer applies
     clamped: set[str] = field(default_factory=set)   # QGraph tensors whose file tensor a fused clamp changed
+    float_io: bool = False   # the model takes and returns float32 (QUANTIZE and DEQUANTIZE at the edges)
+    floats: dict[str, int] = field(default_factory=dict)   # QGraph tensor -> its float32 file tensor at an edge
 
     def __post_init__(self) -> None:
         generated = schema()
@@ -129,6 +131,12 @@ class FlatFile:
         shape = (1, *self.qgraph.tensors[name].shape)
         order = permutation(layout, len(shape))
         return self.tensor(name + suffix, [shape[a] for a in order], self.dtype(params), params)
+
+    def float_tensor(self, name: str) -> int:
+        """The float32 file tensor of QGraph tensor `name` (plain), the model's edge in `float_io`."""
+        if name not in self.floats:
+            self.floats[name] = self.tensor(f"{name}/float", (1, *self.qgraph.tensors[name].shape), "float32")
+        return self.floats[name]
 
     def dtype(self, params: QuantParams) -> str:
         if params.dtype not in STORAGE_TYPES:
@@ -210,11 +218,15 @@ class FlatFile:
         return op
 
     def finish(self) -> bytes:
-        """The packed model: input and output plain, as the QGraph shapes them."""
+        """The packed model: input and output plain, as the QGraph shapes them (float32 in `float_io`)."""
         import flatbuffers
 
-        self.subgraph.inputs = [self.value(self.qgraph.input, PLAIN)]
-        self.subgraph.outputs = [self.value(self.qgraph.output, PLAIN)]
+        output = self.value(self.qgraph.output, PLAIN)
+        if self.float_io:
+            self.operator("DEQUANTIZE", [output], [self.float_tensor(self.qgraph.output)])
+        self.subgraph.inputs = [self.float_tensor(self.qgraph.input) if self.float_io
+                                else self.value(self.qgraph.input, PLAIN)]
+        self.subgraph.outputs = [self.float_tensor(self.qgraph.output) if self.float_io else output]
         builder = flatbuffers.Builder(1024)
         builder.Finish(self.model.Pack(builder), file_identifier=IDENTIFIER)
         return bytes(builder.Output())

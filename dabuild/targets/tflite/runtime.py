@@ -11,6 +11,7 @@ package returns no number, so `arena_bytes` reads that line from the process's s
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import tempfile
@@ -33,6 +34,25 @@ def _tflm(path: Path, recording: bool = False) -> Any:
         return runtime.Interpreter.from_file(str(path), arena_size=ARENA_LIMIT, intrepreter_config=config)
     except (RuntimeError, ValueError) as error:
         raise BuildError(f"TFLite Micro could not load {path}: {error}") from None
+
+
+def file_inputs(manifest: dict[str, Any], inputs: np.ndarray) -> np.ndarray:
+    """What the file takes for quantized `inputs`: themselves, or in `float_io` the real values they stand for,
+    (q - zero point) * scale in float32, which the file's QUANTIZE turns back into the same integers."""
+    if not manifest.get("float_io"):
+        return inputs
+    scale, zero_point = manifest["input_params"]
+    return (np.asarray(inputs, np.int64) - zero_point).astype(np.float32) * np.float32(scale)
+
+
+def quantized_outputs(manifest: dict[str, Any], outputs: np.ndarray) -> np.ndarray:
+    """The file's outputs as the quantized integers, int64: in `float_io` its DEQUANTIZE's float32 values
+    quantized back (exact: each is (q - zero point) * scale in float32)."""
+    if not manifest.get("float_io"):
+        return np.asarray(outputs).astype(np.int64)
+    scale, zero_point = manifest["output_params"]
+    steps = np.asarray(outputs, np.float64) / np.float64(np.float32(scale))
+    return (np.sign(steps) * np.floor(np.abs(steps) + 0.5)).astype(np.int64) + zero_point
 
 
 def run_tflm(path: Path, inputs: np.ndarray) -> np.ndarray:
@@ -106,8 +126,9 @@ def run_litert(path: Path, inputs: np.ndarray) -> np.ndarray:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m dabuild.targets.tflite.runtime model.tflite inputs.bin outputs.bin`: TFLM on raw samples of
-    the file's input type (what a debug bundle's run.sh calls)."""
+    """`python -m dabuild.targets.tflite.runtime model.tflite inputs.bin outputs.bin`: TFLM on raw quantized
+    samples, writing the raw quantized outputs, as the target's `run` (what a debug bundle's run.sh calls;
+    model.json beside the model says their types and the file's edges)."""
     import argparse
 
     parser = argparse.ArgumentParser(description=main.__doc__)
@@ -115,10 +136,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("inputs")
     parser.add_argument("outputs")
     args = parser.parse_args(argv)
-    details = _tflm(Path(args.model)).get_input_details(0)
-    sample = [int(d) for d in details["shape"][1:]]
-    x = np.fromfile(args.inputs, dtype=details["dtype"]).reshape(-1, *sample)
-    np.ascontiguousarray(run_tflm(Path(args.model), x)).tofile(args.outputs)
+    manifest = json.loads((Path(args.model).parent / "model.json").read_text())
+    x = np.fromfile(args.inputs, dtype=manifest["input_dtype"]).reshape(-1, *manifest["input_shape"])
+    y = quantized_outputs(manifest, run_tflm(Path(args.model), file_inputs(manifest, x)))
+    np.ascontiguousarray(y, dtype=manifest["output_dtype"]).tofile(args.outputs)
     return 0
 
 
