@@ -3,9 +3,9 @@
 Per model (tests/tflite_models): the import time (trace and graph passes),
 the file's size and the bytes the C target stores for it on a Cortex-M4
 (weights and requantization constants), and, for the quantized files, how
-many output bytes of dabuild's integer reference (the file rebuilt as given)
-differ from TFLM's on the same inputs, with dabuild's rounding and with
-TFLM's (`rounding: tflm`; goal 0), with TFLM's arena size (what its
+many output bytes of dabuild's integer reference (the file rebuilt as given,
+as the C target computes it) differ from TFLM's on the same inputs, with
+dabuild's rounding and with TFLM's (`rounding: tflm`; goal 0), with TFLM's arena size (what its
 RecordingMicroAllocator reports). The C target runs int8 only, so a 16x8 file
 shows "(int16)" there. Then the tflite target: the file it writes from the
 rebuilt QGraph, its size against the original's, how many of its output bytes
@@ -22,7 +22,6 @@ Usage: python bench/tflite.py [--samples N]
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 import tempfile
 import time
@@ -39,6 +38,7 @@ from dabuild.errors import UsageError  # noqa: E402
 from dabuild.quant.qgraph import QGraph  # noqa: E402
 from dabuild.quant.reference import dequantize_output, quantize_input, run_integer  # noqa: E402
 from dabuild.targets.base import Target  # noqa: E402
+from dabuild.targets.c import CTarget  # noqa: E402
 from dabuild.targets.c.codegen import stored_bytes  # noqa: E402
 from dabuild.targets.c.profiles import PROFILES  # noqa: E402
 from dabuild.targets.tflite import MODEL_FILE, TfliteTarget  # noqa: E402
@@ -100,7 +100,8 @@ def main() -> None:
         arena = tflm_arena(path)
         counts = []
         for rounding in ("dabuild", "tflm"):
-            ours = run_integer(dataclasses.replace(qgraph, rounding=rounding), quantize_input(qgraph, x))
+            ours = run_integer(CTarget(CTarget.Options(rounding=rounding)).integer_graph(qgraph),
+                               quantize_input(qgraph, x))
             counts.append(f"{int(np.sum(ours.reshape(expected.shape) != expected))}/{expected.size}")
         c_bytes = stored_bytes(qgraph, m4) if qgraph.output_params.dtype == "int8" else "(int16)"
         print(f"{row} {c_bytes:>10} {counts[0]:>16} {counts[1]:>13} {arena:>12}")

@@ -261,3 +261,23 @@ def test_cortex_m_build_in_tflm_rounding_equals_tflm(name: str, cpu: str, tmp_pa
     target.export(target.integer_graph(qgraph), artifact)
     actual = target.run(artifact, quantize_input(qgraph, x), tmp_path)
     assert np.array_equal(actual.reshape(expected.shape), expected)
+
+
+def test_assorted_model_in_c_with_tflm_rounding_equals_tflm(tmp_path: Path) -> None:
+    """The C target (host) with rounding tflm runs the assorted int8 file (PAD, CONV_2D, TRANSPOSE_CONV,
+    STRIDED_SLICE, TANH, QUANTIZE, LOGISTIC, MUL, CONCATENATION, HARD_SWISH, RESHAPE, FULLY_CONNECTED) to TFLM's
+    output bytes: with a TFLM rounding its sigmoid, tanh and hard_swish tables are TFLM's own."""
+    from tflite_runtime import run_tflm
+
+    from dabuild.quant.reference import quantize_input
+    from dabuild.targets.c import CTarget
+
+    path = model("assorted_int8")
+    _, qgraph = given_qgraph(path)
+    x = inputs_for(path, 24, seed=11)
+    expected = run_tflm(path, qgraph, x)["output"]
+    target = CTarget(CTarget.Options(rounding="tflm"))
+    artifact = tmp_path / "artifact"
+    artifact.mkdir()
+    target.export(target.integer_graph(qgraph), artifact)
+    assert np.array_equal(target.run(artifact, quantize_input(qgraph, x), tmp_path).reshape(expected.shape), expected)

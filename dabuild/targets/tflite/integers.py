@@ -25,14 +25,14 @@ import dataclasses
 
 import numpy as np
 
-from dabuild.quant.fixed_point import quantize_multiplier, requantize, round_half_away
+from dabuild.quant.fixed_point import quantize_multiplier, round_half_away
 from dabuild.quant.layers.elementwise import QAdd, QLookup, QMul
 from dabuild.quant.layers.linear import QWeighted
 from dabuild.quant.layers.pool import QAvgPool, QMean
 from dabuild.quant.layers.shape import QConcat, QSelection
 from dabuild.quant.layers.softmax import EXP_BITS, QSoftmax
 from dabuild.quant.qgraph import LAYER_TYPES, QGraph, QLayer, QTensor
-from dabuild.targets.tflite.functions import OUTPUT, hard_swish_table, tflm_table
+from dabuild.targets.tflm_functions import tflm_lookup
 
 LEFT_SHIFTS = {"int8": 20, "int16": 15}   # TFLite's add/sub: the inputs' left shift by output type
 
@@ -83,33 +83,13 @@ def _as_tflm(layer: QLayer, graph: QGraph) -> list[QLayer]:
         steps = np.arange(len(layer.exp_table), dtype=np.float64)
         table = round_half_away(np.exp(-source.scale * steps) * 2**EXP_BITS).astype(np.int32)
         return [dataclasses.replace(layer, exp_table=table)]
-    if isinstance(layer, QLookup) and layer.function in OUTPUT and graph.tensors[layer.inputs[0]].params.dtype == "int8":
-        return [dataclasses.replace(layer, table=_tflm_function(layer, graph))]
-    if isinstance(layer, QLookup) and layer.function == "hard_swish" and _int8(graph, layer):
-        source, target = (graph.tensors[name].params for name in (*layer.inputs, *layer.outputs))
-        table = hard_swish_table(source.scale, source.zero_point, target.scale, target.zero_point)
-        return [dataclasses.replace(layer, table=table)]
+    if isinstance(layer, QLookup):
+        return [tflm_lookup(layer, graph)]
     if isinstance(layer, QAvgPool):
         return _avg_pool(layer, graph)
     if isinstance(layer, QMean):
         return _mean(layer, graph)
     return [layer]
-
-
-def _int8(graph: QGraph, layer: QLayer) -> bool:
-    return all(graph.tensors[name].params.dtype == "int8" for name in (*layer.inputs, *layer.outputs))
-
-
-def _tflm_function(layer: QLookup, graph: QGraph) -> np.ndarray:
-    """TFLM's LOGISTIC or TANH at its fixed output params, then TFLite's QUANTIZE to the layer's output."""
-    source, target = graph.tensors[layer.inputs[0]].params, graph.tensors[layer.outputs[0]].params
-    table = tflm_table(layer.function, source.scale, source.zero_point)
-    scale, zero_point, _ = OUTPUT[layer.function]
-    if (float32(scale), zero_point, "int8") == (target.scale, target.zero_point, target.dtype):
-        return table
-    multiplier, shift = quantize_multiplier(float32(scale) / target.scale, layer.name)
-    return target.saturate(requantize(table.astype(np.int64) - zero_point, multiplier, shift, "tflm")
-                           + target.zero_point)
 
 
 def _avg_pool(layer: QAvgPool, graph: QGraph) -> list[QLayer]:

@@ -28,7 +28,7 @@ from dabuild.quant.layers.softmax import OUTPUT_PARAMS, QSoftmax
 from dabuild.quant.qgraph import QLayer, QuantParams
 from dabuild.registry import Registry
 from dabuild.targets.tflite.flatfile import NHWC, PLAIN, FlatFile, file_axis, permutation
-from dabuild.targets.tflite.functions import OUTPUT, hard_swish_exponent, round_away
+from dabuild.targets.tflm_functions import OUTPUT, hard_swish_exponent, round_away
 
 Writer = Callable[[FlatFile, Any], None]
 WRITERS: Registry[Writer] = Registry("layer writer", "the tflite target")

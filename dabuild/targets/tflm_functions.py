@@ -1,5 +1,8 @@
 """TFLite Micro's int8 LOGISTIC, TANH and HARD_SWISH, value for value, as 256-entry tables.
 
+Shared by the integer targets that compute as TFLM: the tflite target's integer graph (`integers.as_tflm`)
+and the c target with a TFLM `rounding` (`tflm_lookups`), so both equal TFLM on a model's table activations.
+
 TFLM computes them in gemmlowp's fixed point (`gemmlowp::logistic` and `gemmlowp::tanh` on a Q4.27 input:
 an exp by a Taylor polynomial and a barrel shifter of constant factors, a Newton-Raphson division), not from
 a float function, so a table of the float function (what dabuild's lookup layers hold) differs from TFLM's on
@@ -13,9 +16,14 @@ with float32 multipliers reduced to 16 bits.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
+
+from dabuild.quant.fixed_point import quantize_multiplier, requantize
+from dabuild.quant.layers.elementwise import QLookup
+from dabuild.quant.qgraph import QGraph, QLayer
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 INPUT_INTEGER_BITS = 4   # TFLM's int8 LOGISTIC and TANH take their input as a Q4.27 fixed-point number
@@ -202,3 +210,28 @@ def hard_swish_table(input_scale: float, input_zero_point: int, output_scale: fl
         value = _divide_by_pot(_doubling_high_mul16(reluish, preshift, rounding=False), -output_exponent)
         table.append(min(max(_int16(value + output_zero_point), -128), 127))
     return np.array(table, np.int8)
+
+
+def tflm_lookup(layer: QLookup, graph: QGraph) -> QLookup:
+    """`layer` with the table TFLM computes where it has the function for int8 (LOGISTIC or TANH at their fixed
+    output params, then TFLite's QUANTIZE to the layer's; HARD_SWISH), else as it is."""
+    source, target = (graph.tensors[name].params for name in (*layer.inputs, *layer.outputs))
+    if source.dtype != "int8" or target.dtype != "int8" or layer.function not in (*OUTPUT, "hard_swish"):
+        return layer
+    if layer.function == "hard_swish":
+        return dataclasses.replace(layer, table=hard_swish_table(source.scale, source.zero_point, target.scale,
+                                                                 target.zero_point))
+    table = tflm_table(layer.function, source.scale, source.zero_point)
+    scale, zero_point, _ = OUTPUT[layer.function]
+    if (float(np.float32(scale)), zero_point) != (float(np.float32(target.scale)), target.zero_point):
+        multiplier, shift = quantize_multiplier(float(np.float32(scale)) / target.scale, layer.name)
+        table = target.saturate(requantize(table.astype(np.int64) - zero_point, multiplier, shift, "tflm")
+                                + target.zero_point)
+    return dataclasses.replace(layer, table=table)
+
+
+def tflm_lookups(qgraph: QGraph) -> QGraph:
+    """`qgraph` with every lookup layer TFLM has a function for computing TFLM's table (`tflm_lookup`)."""
+    layers: list[QLayer] = [tflm_lookup(layer, qgraph) if isinstance(layer, QLookup) else layer
+                            for layer in qgraph.layers]
+    return dataclasses.replace(qgraph, layers=layers)
