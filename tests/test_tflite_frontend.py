@@ -242,7 +242,7 @@ def test_corrupted_files_fail_with_a_usage_error_or_import(tmp_path: Path) -> No
 @pytest.mark.skipif(shutil.which("arm-none-eabi-gcc") is None or shutil.which("qemu-system-arm") is None,
                     reason="needs gcc-arm-none-eabi, libnewlib-arm-none-eabi and qemu-system-arm")
 @pytest.mark.parametrize("cpu", ["cortex-m4", "cortex-m55"])
-@pytest.mark.parametrize("name", ["ds_cnn_int8", "resnet_block_int8"])
+@pytest.mark.parametrize("name", ["ds_cnn_int8", "resnet_block_int8", "assorted_int8"])
 def test_cortex_m_build_in_tflm_rounding_equals_tflm(name: str, cpu: str, tmp_path: Path) -> None:
     """The C target for a Cortex-M4 (its DSP kernels) and an M55 (Helium, whose four-lane requantization
     rounds as dabuild does and so gives way to the scalar one), run in qemu: TFLM's output bytes."""
