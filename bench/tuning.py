@@ -5,7 +5,7 @@ doubling max_trials.
     node, count the trials until the goal is first met: dabuild's `basic`
     (through the real tune stage) and INC's basic order (default, op-type-wise,
     op-wise fp32 fallback in graph order, accumulated fallback; the reference
-    enumeration of tests/test_strategies.py) on the same space and scorer.
+    enumeration of tests/tune/test_strategies.py) on the same space and scorer.
     Goals: accuracy within 1 % relative (the issue's target), and the harder
     negative log-likelihood within 0.1 % relative (a user metric).
 (b) Tunes with max_trials N, then 2N on the same trial store, and prints how
@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests"))
+sys.path[:0] = [str(REPO / "tests"), str(REPO / "tests" / "tune")]  # support and the tuning tests' helpers
 sys.path.insert(0, str(REPO / "bench"))
 
 from ort_peer import calibration_reader, ort_accuracy, upgrade_to_opset21  # noqa: E402

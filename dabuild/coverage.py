@@ -10,7 +10,7 @@ IR ops it emits (`emits=`), and the frontends refuse an undeclared emit while
 converting, so the declarations stay true.
 
 Regenerate after adding or changing an op: `python -m dabuild.coverage > docs/ops.md`
-(tests/test_coverage.py fails while the file is stale).
+(tests/house/test_coverage.py fails while the file is stale).
 
 This module sits above the targets and frontends it reads (it is documentation,
 like the CLI, not a stage), and imports them only when asked for the page.

@@ -1,7 +1,7 @@
 """JSON Schemas of recipe.yaml and capability files, generated from the pydantic models.
 
 Editors use them for completion and inline docs; the committed copies under
-schemas/ are kept in sync by tests/test_schemas.py. Regenerate with
+schemas/ are kept in sync by tests/recipe/test_schemas.py. Regenerate with
 
     python -m dabuild.schemas            # write schemas/*.json
     python -m dabuild.schemas --check    # exit 1 if they are out of date

@@ -1,5 +1,6 @@
-"""Fixtures shared by the end-to-end tests: a private copy of the digits example and a private cache; and
-a test that needs an extra this install lacks skips, naming it."""
+"""Fixtures every folder shares: a private copy of the digits example, a private cache, the native kernels'
+vector paths, the digits example traced and calibrated; and a test that needs an extra this install lacks
+skips, naming it. What tests import by name is in support.py (each folder may have a conftest of its own)."""
 
 from __future__ import annotations
 
@@ -10,12 +11,9 @@ from collections.abc import Generator
 from pathlib import Path
 
 import pytest
+from support import DIGITS, REPO, VECTOR_WIDTHS, trace_and_calibrate
 
 from dabuild.errors import BuildError
-
-REPO = Path(__file__).resolve().parent.parent
-DIGITS = REPO / "recipes" / "digits"
-
 
 # What dabuild says when a package of an optional extra is missing (registry.import_extra, the onnx target).
 _MISSING_EXTRA = re.compile(r"needs the Python package '([\w.-]+)', which is not installed; "
@@ -43,23 +41,6 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         report.longrepr = (str(item.path), (item.location[1] or 0) + 1, f"Skipped: {reason}")
 
 
-def copy_recipes(root: Path, *names: str) -> Path:
-    """Private copies of recipes/<name>, side by side under root/recipes, as they read each other's data."""
-    folder = root / "recipes"
-    for name in names:
-        shutil.copytree(REPO / "recipes" / name, folder / name, ignore=shutil.ignore_patterns("build", "__pycache__"))
-    return folder
-
-
-def limit_trials(recipe: Path, count: int) -> None:
-    """Cap a copied recipe's search at `count` trials: a test that proves a recipe builds and checks needs
-    no more than a few; the full search is the recipe's own business (and minutes of da4ml's estimates)."""
-    path = recipe / "recipe.yaml"
-    text, replaced = re.subn(r"max_trials: \d+", f"max_trials: {count}", path.read_text())
-    assert replaced == 1, f"{path} states max_trials once"
-    path.write_text(text)
-
-
 @pytest.fixture
 def cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A run cache of the test's own, so tests neither see nor fill the user's."""
@@ -74,7 +55,7 @@ def digits(tmp_path: Path) -> Path:
 
     The pipeline's behaviour does not depend on which runtimes check the
     artifacts, so these tests keep the one that needs no extra (and is fastest);
-    tests/test_example.py builds the bundled recipe with all its targets.
+    tests/pipeline/test_example.py builds the bundled recipe with all its targets.
     """
     folder = tmp_path / "digits"
     shutil.copytree(DIGITS, folder, ignore=shutil.ignore_patterns("build", "__pycache__"))
@@ -84,17 +65,14 @@ def digits(tmp_path: Path) -> Path:
     return folder
 
 
-def _vector_widths() -> list[int]:
-    from dabuild.ir.kernels.native import vector_widths
-
-    return vector_widths()
-
-
-VECTOR_WIDTHS = _vector_widths()  # every vector path of the native kernels this machine can run, widest first
-
-
 @pytest.fixture(params=VECTOR_WIDTHS, ids=[f"{width}-byte vectors" for width in VECTOR_WIDTHS])
 def vector_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> int:
     """Runs the test on one vector path of the native kernels (DABUILD_VECTOR_BYTES): every path, in turn."""
     monkeypatch.setenv("DABUILD_VECTOR_BYTES", str(request.param))
     return request.param
+
+
+@pytest.fixture(scope="session")
+def digits_stages(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The digits example's traced graph and calibration statistics folders."""
+    return trace_and_calibrate(REPO / "recipes" / "digits" / "recipe.yaml", tmp_path_factory.mktemp("digits-stages"))

@@ -1,4 +1,4 @@
-"""MLPerf Tiny's five reference models as dabuild graphs; shared by tests/test_mlperf_tiny.py and bench/tiny.py.
+"""MLPerf Tiny's five reference models as dabuild graphs; shared by tests/mcu/test_mlperf_tiny.py and bench/tiny.py.
 
 Written here from the reference architectures of mlcommons/tiny (benchmark/training/*: keyword_spotting's
 DS-CNN, visual_wake_words' MobileNetV1 alpha 0.25, image_classification's ResNet-8, anomaly_detection's FC

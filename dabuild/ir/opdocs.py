@@ -1,7 +1,7 @@
 """The op reference of docs/ops.md, generated from the op registry so the documented op set is the implemented one.
 
 dabuild.coverage puts it under the coverage table; regenerate the page after adding or changing an op:
-`python -m dabuild.coverage > docs/ops.md` (tests/test_coverage.py fails while the file is stale).
+`python -m dabuild.coverage > docs/ops.md` (tests/house/test_coverage.py fails while the file is stale).
 """
 
 from __future__ import annotations

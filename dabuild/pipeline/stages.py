@@ -6,7 +6,7 @@ declares, by role), its input stages' folders, and `run.stage.runs`, the
 target plugins made from what its config names (kind, options, capability);
 it writes into `run.out_dir`.
 No adapter sees the `Recipe`, the recipe's folder or the working directory, so an
-output can depend on nothing the key leaves out (tests/test_stage_keys.py builds
+output can depend on nothing the key leaves out (tests/pipeline/test_stage_keys.py builds
 a recipe twice with everything unkeyed changed and compares the outputs byte for byte).
 """
 

@@ -1,4 +1,4 @@
-/* conv.c's float32 conv run from raw files, for tests/test_arm64_kernels.py: cross-compiled for arm64 and run
+/* conv.c's float32 conv run from raw files, for tests/ir/test_arm64_kernels.py: cross-compiled for arm64 and run
  * under qemu-aarch64, so the NEON path is checked against numpy on an x86 machine.
  *
  *   conv_driver info                 prints the vector path, its vector bytes and conv block vectors

@@ -4,7 +4,7 @@ Every case is made at test time into a private folder (payloads are small; bombs
 are generated rather than committed): `make(name, folder)` writes recipe.yaml
 and the files it names, and returns what the build must print. A payload that
 runs writes `folder/MARKER`, so "no code ran" is a file that does not exist.
-tests/test_hostile.py builds each case in a subprocess under a memory and time
+tests/recipe/test_hostile.py builds each case in a subprocess under a memory and time
 limit, so a failure cannot take the suite down with it.
 """
 

@@ -1,0 +1,320 @@
+"""The C target's Cortex-M profiles: every conv/dense kernel variant (portable, DSP, Helium) bit-exact in qemu,
+the firmware figures, budgets, traces and the errors for missing tools.
+
+Each case is one of test_c_kernels' op/spec cases, exported for a profile, cross-compiled with -Werror and
+run in qemu-system-arm on a few random int8 inputs, all in one boot.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from support import REPO
+from test_c_kernels import CASES, STRICT, lowered, small_cnn, weights
+from test_lowering import graph_of, image, lower, with_weights
+from test_quantize import C_CAPABILITY
+
+from dabuild.cli import main
+from dabuild.errors import BuildError
+from dabuild.qir.reference import run_integer
+from dabuild.quant.defaults import default_config
+from dabuild.targets.c import CTarget
+from dabuild.targets.c.codegen import stored_bytes
+from dabuild.targets.c.kernels.linear import interleave
+from dabuild.targets.c.profiles import PROFILES
+
+pytestmark = pytest.mark.skipif(shutil.which("arm-none-eabi-gcc") is None or shutil.which("qemu-system-arm") is None,
+                                reason="needs gcc-arm-none-eabi, libnewlib-arm-none-eabi and qemu-system-arm")
+
+SAMPLES = 24
+# One profile per kernel variant: portable C99 (M0), the DSP extension (M4) and Helium (M55).
+VARIANTS = ("cortex-m0", "cortex-m4", "cortex-m55")
+WEIGHTED = ["dense per tensor", "dense per channel relu6", "conv 3x3 pad 1", "conv 3x3 pad 1 wide rows",
+            "conv stride 2 asymmetric pads per channel",
+            "conv dilation 2 clip", "conv groups 2", "conv 1x1 no pad", "conv1d", "depthwise",
+            "depthwise 6 channels asymmetric pads",
+            "depthwise multiplier 2 stride"]
+
+# conv cases whose window rows (kernel width x channels bytes) are no whole number of 16-byte Helium vectors
+ROWS_NOT_VECTORS = ("conv 3x3 pad 1", "conv stride 2 asymmetric pads per channel", "conv1d")
+
+
+def run_in_qemu(qgraph, folder: Path, cpu: str, cflags: list[str] = STRICT,
+                **options) -> tuple[np.ndarray, np.ndarray, dict, CTarget]:
+    target = CTarget(CTarget.Options(cpu=cpu, cflags=cflags, **options))
+    artifact, work = folder / "artifact", folder / "work"
+    artifact.mkdir(parents=True)
+    work.mkdir()
+    target.export(qgraph, artifact)
+    x_q = np.random.default_rng(31).integers(-128, 128, (SAMPLES, *qgraph.tensors[qgraph.input].shape)).astype(np.int8)
+    actual = target.run(artifact, x_q, work)
+    expected = np.asarray(run_integer(qgraph, x_q))  # run keeps the reference's shape, whatever its rank
+    return actual, expected, json.loads((artifact / "model.json").read_text()), target
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cpu", VARIANTS)
+@pytest.mark.parametrize("case", WEIGHTED)
+def test_kernel_variant_equals_the_integer_reference_in_qemu(case: str, cpu: str, tmp_path: Path) -> None:
+    actual, expected, manifest, _ = run_in_qemu(lowered(case), tmp_path, cpu)
+    assert np.array_equal(actual, expected), f"{np.sum(actual != expected)} of {expected.size} outputs differ"
+    assert manifest["cpu"] == cpu and manifest["firmware"]["flash_bytes"] > 0
+    if case.startswith("conv ") or case == "conv1d":
+        # im2col only where a window row is not contiguous or not a whole number of the core's words or vectors
+        im2col = "groups" in case or "dilation" in case or (cpu == "cortex-m55" and case in ROWS_NOT_VECTORS)
+        assert manifest["kernels"]["c"] == ("conv_mcu" if im2col else "conv_rows")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", sorted(set(CASES) - set(WEIGHTED)))
+def test_every_other_kernel_equals_the_integer_reference_in_qemu(case: str, tmp_path: Path) -> None:
+    """The kernels without an ISA-specific loop, cross-compiled once (for the core whose helpers use Helium)."""
+    actual, expected, manifest, _ = run_in_qemu(lowered(case), tmp_path, "cortex-m55")
+    assert np.array_equal(actual, expected), f"{np.sum(actual != expected)} of {expected.size} outputs differ"
+    expected_kernels = {"conv_rows" if name == "conv" else name for name in CASES[case][4]}
+    assert expected_kernels <= set(manifest["kernels"].values())
+
+
+@pytest.mark.parametrize("cpu", VARIANTS)
+def test_small_cnn_is_exact_in_qemu_and_measured(cpu: str, tmp_path: Path) -> None:
+    qgraph = lower(small_cnn(), image(200, (64,), seed=8) * 2)
+    actual, expected, manifest, target = run_in_qemu(qgraph, tmp_path, cpu)
+    assert np.array_equal(actual, expected)
+    measured = target.measurements(tmp_path / "artifact", np.zeros((1, 64), np.int8), tmp_path / "work")["firmware"]
+    assert measured["board"] == PROFILES[cpu].board.machine
+    assert measured["rodata_bytes"] >= 0.95 * manifest["weight_bytes"] > 0  # the constants (a few fold into code)
+    assert measured["bss_bytes"] >= manifest["arena_bytes"] and measured["stack_bytes"] > 0
+    assert 10_000 < measured["instructions_per_inference"] < 2_000_000
+
+
+@pytest.mark.parametrize("cpu", ("cortex-m3", "cortex-m4", "cortex-m55"))
+@pytest.mark.parametrize("case", ["conv 3x3 pad 1 wide rows", "conv 1x1 no pad"])
+def test_a_size_build_is_exact_in_qemu_and_smaller(case: str, cpu: str, tmp_path: Path) -> None:
+    """At -Os conv_rows compiles one channel x one pixel and one shared requantization: the same bits, less text."""
+    size_flags = [flag.replace("-O2", "-Os") for flag in STRICT]
+    actual, expected, small, _ = run_in_qemu(lowered(case), tmp_path / "os", cpu, size_flags)
+    assert np.array_equal(actual, expected), f"{np.sum(actual != expected)} of {expected.size} outputs differ"
+    _, _, fast, _ = run_in_qemu(lowered(case), tmp_path / "o2", cpu)
+    assert small["kernels"]["c"] == "conv_rows"
+    assert small["firmware"]["text_bytes"] < fast["firmware"]["text_bytes"]
+
+
+def test_trace_under_qemu_gives_every_layer(tmp_path: Path) -> None:
+    qgraph = lower(small_cnn(), image(200, (64,), seed=8) * 2)
+    _, _, _, target = run_in_qemu(qgraph, tmp_path, "cortex-m4")
+    x_q = np.random.default_rng(3).integers(-128, 128, (3, 64)).astype(np.int8)
+    (tmp_path / "trace_work").mkdir()
+    traced = target.trace(tmp_path / "artifact", x_q, tmp_path / "trace_work")
+    reference = run_integer(qgraph, x_q, keep_intermediates=True)
+    assert traced is not None and {"h1", "h2", "r", "logits"} <= set(traced)
+    for tensor, values in traced.items():
+        assert np.array_equal(values, np.asarray(reference[tensor]).reshape(values.shape)), tensor
+
+
+def test_budget_overflow_fails_naming_it(tmp_path: Path) -> None:
+    qgraph = lower(small_cnn(), image(200, (64,), seed=8) * 2)
+    target = CTarget(CTarget.Options(cpu="cortex-m4", budget={"flash": "1KiB", "ram": "64KiB"}))
+    (tmp_path / "artifact").mkdir()
+    target.export(qgraph, tmp_path / "artifact")
+    with pytest.raises(BuildError, match=r"does not fit its budget: flash \d+ bytes exceeds the budget of 1024 by \d+"):
+        target.run(tmp_path / "artifact", np.zeros((1, 64), np.int8), tmp_path)
+
+
+def test_int8_weights_take_half_the_host_layout() -> None:
+    qgraph = lowered("conv 1x1 no pad")   # 24 x 16 weights: int16 on the host, int8 on a Cortex-M
+    assert stored_bytes(qgraph, "host") - stored_bytes(qgraph, "cortex-m4") == 24 * 16
+
+
+def test_interleave_is_its_own_inverse_and_pairs_for_sxtb16() -> None:
+    rows = np.arange(8).reshape(1, 8)
+    assert interleave(rows).tolist() == [[0, 2, 1, 3, 4, 6, 5, 7]]
+    assert np.array_equal(interleave(interleave(rows)), rows)
+
+
+def test_sizes_and_options_are_validated() -> None:
+    budget = CTarget.Options(cpu="cortex-m4", budget={"flash": "64KB", "ram": "2M"}).budget
+    assert budget is not None and (budget.flash, budget.ram) == (65536, 2 * 1024**2)  # dabuild.sizes: binary
+    with pytest.raises(ValueError, match="is not a size"):
+        CTarget.Options(cpu="cortex-m4", budget={"flash": "64 furlongs"})
+    with pytest.raises(ValueError, match="budget is measured on a Cortex-M image"):
+        CTarget.Options(budget={"flash": 1000})
+    with pytest.raises(ValueError, match="runner: command needs options.command"):
+        CTarget.Options(cpu="cortex-m4", runner="command")
+
+
+def test_missing_cross_compiler_names_the_packages(tmp_path: Path) -> None:
+    target = CTarget(CTarget.Options(cpu="cortex-m4", compiler="dabuild-no-such-arm-gcc"))
+    with pytest.raises(BuildError, match="gcc-arm-none-eabi libnewlib-arm-none-eabi"):
+        target.export(lowered("relu"), tmp_path)
+
+
+def test_runner_command_runs_the_users_program(tmp_path: Path) -> None:
+    """A user command in place of qemu (here qemu itself, as a board would be flashed and read back)."""
+    command = ["sh", "-c", ("qemu-system-arm -M mps2-an386 -nographic -monitor none -serial none "
+               "-semihosting-config enable=on,target=native -kernel {image}")]
+    actual, expected, _, _ = run_in_qemu(lowered("conv 3x3 pad 1"), tmp_path, "cortex-m4", runner="command",
+                                         command=command)
+    assert np.array_equal(actual, expected)
+
+
+@pytest.mark.parametrize("features", [37, 20])
+def test_int4_dense_weights_are_packed_two_per_byte_and_exact(features: int, tmp_path: Path) -> None:
+    nodes, _, _constants, _, _ = CASES["dense per channel relu6"]
+    graph = graph_of(nodes, (features,), {"w": weights(features, 5), "b": weights(5)})
+    config = with_weights(default_config(graph, C_CAPABILITY), dtype="int4", granularity="per_channel")
+    qgraph = lower(graph, image(128, (features,), seed=3) * 2, config)
+    actual, expected, _manifest, _ = run_in_qemu(qgraph, tmp_path, "cortex-m4")
+    assert np.array_equal(actual, expected)
+    rows = 5 * -(-features // 2)   # packed bytes: half of the int8 weights, rounded up per row
+    assert stored_bytes(qgraph, "host") - stored_bytes(qgraph, "cortex-m4") == 5 * features - rows
+
+
+@pytest.mark.parametrize("cpu", VARIANTS)
+def test_int4_conv_weights_are_packed_two_per_byte_and_exact(cpu: str, tmp_path: Path) -> None:
+    """conv_rows packs each kernel row's 4-bit weights two per byte (an odd row padded): exact on every variant,
+    and the size objective counts the packed bytes."""
+    nodes = CASES["conv 3x3 pad 1 wide rows"][0]
+    graph = graph_of(nodes, (3, 5, 5), {"c_w": weights(5, 3, 3, 3), "c_b": weights(5)})  # rows of 9 weights
+    config = with_weights(default_config(graph, C_CAPABILITY), dtype="int4", granularity="per_channel")
+    qgraph = lower(graph, image(128, (3, 5, 5), seed=3) * 2, config)
+    actual, expected, manifest, target = run_in_qemu(qgraph, tmp_path, cpu)
+    assert np.array_equal(actual, expected), f"{np.sum(actual != expected)} of {expected.size} outputs differ"
+    assert manifest["kernels"]["c"] == "conv_rows"
+    # 5 outputs (padded to 6 for the channel blocks) x 3 kernel rows of 9 weights: 5 bytes a row, not 9
+    assert "static const uint8_t l_c_weight[90]" in (tmp_path / "artifact" / "layer_c.h").read_text()
+    assert manifest["weight_bytes"] == target.stored_bytes(qgraph) == stored_bytes(qgraph, cpu)
+    int8 = lower(graph, image(128, (3, 5, 5), seed=3) * 2, with_weights(default_config(graph, C_CAPABILITY),
+                                                                      dtype="int8", granularity="per_channel"))
+    assert target.stored_bytes(int8) - target.stored_bytes(qgraph) >= 6 * 27 - 90   # what the size objective sees
+    host = CTarget(CTarget.Options(cpu=cpu, cflags=STRICT, runner="host"))   # the same sources on this machine
+    (tmp_path / "host").mkdir()
+    x_q = np.random.default_rng(31).integers(-128, 128, (SAMPLES, 3, 5, 5)).astype(np.int8)
+    assert np.array_equal(host.run(tmp_path / "artifact", x_q, tmp_path / "host"), expected)
+
+
+def _budget_recipe(folder: Path, budget: str) -> None:
+    """The digits MLP tuned for one Cortex-M4 target on a capability whose default is per-channel weights."""
+    capability = (REPO / "capabilities" / "c.yaml").read_text().replace("name: c\n", "name: c-m4\n")
+    (folder / "c-m4.yaml").write_text(capability.replace("granularity: [per_tensor, per_channel]",
+                                                         "granularity: [per_channel, per_tensor]"))
+    text = (REPO / "recipes" / "digits" / "recipe.yaml").read_text()
+    (folder / "recipe.yaml").write_text(text[:text.index("targets:")] + f"""capabilities: [c-m4.yaml]
+targets:
+  - name: m4
+    kind: c
+    capability: c-m4
+    options: {{cpu: cortex-m4{budget}}}
+    check_io: {{tolerance: exact, samples: 20}}
+""")
+
+
+def _tuned(build: Path) -> tuple[str, int, list[bool]]:
+    """The chosen config's hash, the exported image's flash, and whether each trial passed."""
+    root = build / "digits-mlp"
+    trials = [json.loads(line)["passed"] for line in (root / "history" / "tune-c-m4.jsonl").read_text().splitlines()]
+    flash = json.loads((root / "export-m4" / "model.json").read_text())["firmware"]["flash_bytes"]
+    return json.loads((root / "tune-c-m4" / "metrics.json").read_text())["config_hash"], flash, trials
+
+
+@pytest.mark.slow
+def test_a_flash_budget_changes_the_tuners_choice(digits: Path, tmp_path: Path, cache_dir: Path) -> None:
+    _budget_recipe(digits, "")
+    assert main(["build", str(digits), "--build-dir", str(tmp_path / "free"), "-q"]) == 0
+    free_choice, free_flash, free_trials = _tuned(tmp_path / "free")
+    assert free_trials[0]  # the default (per-channel int8) meets the goal and is what it takes
+
+    limit = free_flash - 100
+    _budget_recipe(digits, f", budget: {{flash: {limit}}}")
+    assert main(["build", str(digits), "--build-dir", str(tmp_path / "tight"), "-q"]) == 0
+    choice, flash, trials = _tuned(tmp_path / "tight")
+    assert choice != free_choice and flash <= limit
+    assert not trials[0]  # the same default meets the goal but not the budget
+
+
+
+@pytest.mark.slow
+def test_a_budget_no_config_meets_fails_tuning_naming_the_smallest(digits: Path, tmp_path: Path, cache_dir: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    _budget_recipe(digits, ", budget: {flash: 600}")
+    assert main(["build", str(digits), "--build-dir", str(tmp_path / "build"), "-q"]) == 1
+    assert re.search(r"tune:c-m4: no config that meets the accuracy goal fits the targets' budgets; the smallest "
+                     r"artifact found \(trial \d+, .*\): cortex-m4: flash \d+ bytes exceeds the budget of 600 by \d+",
+                     capsys.readouterr().err)
+
+
+def _hard_swish_cnn(folder: Path, options: str) -> None:
+    """A conv with a fused hard_swish and a dense head on the digits data, as ONNX, tuned for one Cortex-M4
+    target with these further `options` (a budget)."""
+    from onnx import TensorProto, helper, numpy_helper, save
+
+    rng = np.random.default_rng(5)
+    initializers = [numpy_helper.from_array(np.array([-1, 1, 8, 8], np.int64), "shape"),
+                    numpy_helper.from_array(rng.normal(0, 0.5, (4, 1, 3, 3)).astype(np.float32), "conv_w"),
+                    numpy_helper.from_array(rng.normal(0, 0.1, 4).astype(np.float32), "conv_b"),
+                    numpy_helper.from_array(rng.normal(0, 0.2, (256, 10)).astype(np.float32), "dense_w"),
+                    numpy_helper.from_array(rng.normal(0, 0.1, 10).astype(np.float32), "dense_b")]
+    nodes = [helper.make_node("Reshape", ["x", "shape"], ["image"]),
+             helper.make_node("Conv", ["image", "conv_w", "conv_b"], ["conv"], pads=[1, 1, 1, 1], name="conv"),
+             helper.make_node("HardSwish", ["conv"], ["swish"]),
+             helper.make_node("Flatten", ["swish"], ["flat"]),
+             helper.make_node("Gemm", ["flat", "dense_w", "dense_b"], ["y"], name="dense")]
+    graph = helper.make_graph(nodes, "hard_swish_cnn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 64])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 10])], initializers)
+    save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), folder / "model.onnx")
+    shutil.copy(REPO / "recipes" / "digits" / "data.npz", folder / "data.npz")
+    (folder / "c-m4.yaml").write_text((REPO / "capabilities" / "c.yaml").read_text().replace("name: c\n",
+                                                                                          "name: c-m4\n"))
+    (folder / "recipe.yaml").write_text(f"""name: swish
+model: {{framework: onnx, source: model.onnx}}
+data:
+  calibration: {{source: data.npz, x: x_train, samples: 64}}
+  evaluation: {{source: data.npz, x: x_test, y: y_test}}
+  metric: accuracy
+tuning: {{strategy: basic, max_trials: 4, accuracy: {{criterion: absolute, tolerable_loss: 1.0}}}}
+capabilities: [c-m4.yaml]
+targets:
+  - name: m4
+    kind: c
+    capability: c-m4
+    options: {{cpu: cortex-m4{options}}}
+    check_io: {{tolerance: exact, samples: 2}}
+""")
+
+
+def test_a_budget_no_config_of_a_hard_swish_cnn_meets_ends_in_tune_naming_the_smallest(
+        tmp_path: Path, cache_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The newcomer's case (issue 23): a conv with a fused hard_swish under a flash budget nothing meets. The build
+    ends in the tune stage (exit 1) naming the smallest artifact and its sizes; no trial made the conv a float
+    island (the c target has no float hard_swish), and nothing was exported or checked."""
+    folder = tmp_path / "swish"
+    folder.mkdir()
+    _hard_swish_cnn(folder, ", budget: {flash: 600}")
+    assert main(["build", str(folder), "--build-dir", str(tmp_path / "build"), "-q"]) == 1
+    err = capsys.readouterr().err
+    assert re.search(r"tune:c-m4: no config that meets the accuracy goal fits the targets' budgets; the smallest "
+                     r"artifact found \(trial \d+, size \d+ bytes\): cortex-m4: flash \d+ bytes exceeds the budget "
+                     r"of 600 by \d+", err), err
+    assert "float_weighted" not in err and "Traceback" not in err
+    history = [json.loads(line) for line in
+               (tmp_path / "build" / "swish" / "history" / "tune-c-m4.jsonl").read_text().splitlines()]
+    assert history and not any(t["passed"] for t in history)
+    assert not (tmp_path / "build" / "swish" / "export-m4").exists()
+
+
+def test_a_target_failing_to_build_a_trial_names_the_tune_stage(
+        tmp_path: Path, cache_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A budgeted target that cannot build a trial's artifact while the tuner fits it (here its cross compiler
+    refuses a flag of the recipe's): the error names the tune stage before the target's own reason."""
+    folder = tmp_path / "swish"
+    folder.mkdir()
+    _hard_swish_cnn(folder, ", cflags: [-mno-such-option], budget: {flash: 600}")
+    assert main(["build", str(folder), "--build-dir", str(tmp_path / "build"), "-q"]) == 1
+    err = capsys.readouterr().err
+    assert re.search(r"^(dabuild: error: )?tune:c-m4: the target could not build a trial's artifact: .*"
+                     r"unrecognized command-line option '-mno-such-option'", err, re.MULTILINE | re.DOTALL), err
+    assert "Traceback" not in err
