@@ -34,7 +34,7 @@ from da4ml.types import CombLogic
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
-sys.path[:0] = [str(REPO / "tests"), str(REPO / "tests" / "tune")]  # support and the tuning tests' helpers
+sys.path[:0] = [str(REPO / "tests" / folder) for folder in ("", "tune", "quant")]  # the tuning tests and their helpers
 from test_tuning import tune  # noqa: E402
 from timing import fastest  # noqa: E402
 from tuning import prepare  # noqa: E402  (bench/ is not a package)

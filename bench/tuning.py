@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(REPO / "tests"), str(REPO / "tests" / "tune")]  # support and the tuning tests' helpers
+sys.path[:0] = [str(REPO / "tests" / folder) for folder in ("", "tune", "quant")]  # the tuning tests and their helpers
 sys.path.insert(0, str(REPO / "bench"))
 
 from ort_peer import calibration_reader, ort_accuracy, upgrade_to_opset21  # noqa: E402
