@@ -63,7 +63,7 @@ def main() -> None:
     try:
         build, config = prepare(work, args.evaluation)
         data = np.load(work / "data.npz")
-        setup = EvalSetup(build / "trace", build / "calibrate", data["x_eval"], data["y_eval"], "accuracy", None,
+        setup = EvalSetup(build / "trace", build / "calibrate", data["x_eval"], data["y_eval"], "accuracy",
                           args.evaluation)
         print(f"ResNet-50 at 3x224x224, {args.evaluation} evaluation images per trial, {args.trials} trials "
               f"of one config")

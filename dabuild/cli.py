@@ -153,7 +153,7 @@ def _interrupted() -> int:
     print("dabuild: interrupted", file=sys.stderr, flush=True)
     sys.stdout = sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - before waiting for workers: stage threads print on meanwhile
     # a module still being imported (in a stage thread) has started no scorer yet
-    stop_scoring = getattr(sys.modules.get("dabuild.tune.evaluate"), "stop_scoring", None)
+    stop_scoring = getattr(sys.modules.get("dabuild.tune.scorer"), "stop_scoring", None)
     if stop_scoring is not None:
         stop_scoring()
     return 130

@@ -21,8 +21,8 @@ from test_quantize import C_CAPABILITY
 
 from dabuild.cli import main
 from dabuild.errors import BuildError
+from dabuild.qir.reference import run_integer
 from dabuild.quant.defaults import default_config
-from dabuild.quant.reference import run_integer
 from dabuild.targets.c import CTarget
 from dabuild.targets.c.codegen import stored_bytes
 from dabuild.targets.c.kernels.linear import interleave

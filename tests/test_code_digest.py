@@ -75,12 +75,12 @@ def test_imports_are_read_wherever_they_are_written() -> None:
         import os, dabuild.ir.graph as g
         def f():
             from dabuild.quant import (
-                qgraph,
+                calibrate,
                 lowering as low,
             )
             return importlib.import_module("dabuild.ir.ops.activation")
     '''))
-    assert {"dabuild.ir.graph", "dabuild.quant.qgraph", "dabuild.quant.lowering",
+    assert {"dabuild.ir.graph", "dabuild.quant.calibrate", "dabuild.quant.lowering",
             "dabuild.ir.ops.activation", "dabuild.ir", "os"} <= names
 
 

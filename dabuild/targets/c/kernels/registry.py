@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from dabuild.errors import BuildError
-from dabuild.quant.qgraph import QGraph, QLayer, QuantParams
+from dabuild.qir.qgraph import QGraph, QLayer, QuantParams
 from dabuild.registry import Registry
 from dabuild.targets.c.layout import Storage
 from dabuild.targets.c.profiles import DSP, HOST, MVE, PORTABLE, PROFILES, Profile
