@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from dabuild.cli import main
-from tests.test_dask_executor import _build, _cluster
+from tests.test_dask_executor import _build, _cli, _cluster
 
 pytest.importorskip("distributed", reason="the dask extra is not installed (pip install 'dabuild[dask]')")
 TEAM_KEY = "a-team-key-of-32-characters-xyz!"
@@ -80,3 +80,24 @@ def test_a_worker_killed_mid_stage_changes_nothing(digits: Path, tmp_path: Path,
             retried = client.run_on_scheduler(times_retried)
         assert retried >= 1  # ... and its stage ran again, on the other worker
     assert _read(tmp_path / "dask") == local
+
+
+@pytest.mark.slow
+def test_a_scheduler_lost_mid_stage_is_one_error_and_publishes_nothing(
+        digits: Path, tmp_path: Path, team_remote: Path) -> None:
+    from tests.dask_faults import STAGE_PREFIX, KillOnFirstTrial
+
+    build_dir = tmp_path / "b"
+    with _cluster(tmp_path / "dask.log") as cluster:
+        with cluster.client() as client:
+            client.register_plugin(KillOnFirstTrial(tmp_path / "killed", victim=cluster.scheduler.pid,
+                                                    prefix=STAGE_PREFIX))
+        result = _cli("build", str(digits), "--build-dir", str(build_dir), "-q", "--executor", cluster.address,
+                      timeout=180)
+        assert cluster.scheduler.wait(timeout=10) == -9  # the scheduler was SIGKILLed as the first stage started
+    address = cluster.address.replace("dask://", "tcp://")
+    assert result.returncode == 1 and result.stderr.splitlines() == [
+        f"dabuild: error: lost the Dask scheduler at {address} mid-build; the stage wrote nothing"], result.stderr
+    folder = build_dir / "digits-mlp"
+    assert {p.name for p in folder.iterdir() if p.is_dir() and "-" in p.name} == {"tune-c"}  # no export, no check
+    assert not list((folder / ".tmp").glob("*"))  # and no temporary left behind
