@@ -15,7 +15,8 @@ cluster saves this machine the compute, not the bytes).
 
 Workers hold the team key (it travels in the task), as any writer of the
 remote does: run them where CI runs, on a network the team trusts. A worker's
-warnings stay in its own log. A worker lost mid-stage is retried by the
+warnings stay in its own log; a worker that cannot reach the remote makes
+the stage run on the client, with one warning. A worker lost mid-stage is retried by the
 scheduler (dabuild.cluster), and a half-pushed entry is never read: the remote
 writes its record after its blobs. A lost scheduler is one error; the client
 has published nothing of the stage. Without a writable remote, stages run on
@@ -48,6 +49,11 @@ DISTRIBUTED_KINDS = ("export", "check")
 TASK_PREFIX = "dabuild-stage-"  # the Dask keys of stage tasks (tests inject faults by it)
 
 
+class WorkerRemoteFailure(Exception):
+    """A worker could not use the remote (unreachable from it, a backend not installed there): the stage
+    then runs on the client, as a failing remote never fails a build."""
+
+
 def run_on_worker(stage: Stage, input_keys: dict[str, str], key: str, parts: dict[str, Any],
                   settings: RemoteSettings, team_key: TeamKey) -> str:
     """In a Dask worker: pull the inputs by key, run the stage, push its signed entry; its digest."""
@@ -61,14 +67,14 @@ def run_on_worker(stage: Stage, input_keys: dict[str, str], key: str, parts: dic
             inputs[role] = root / "inputs" / role
             inputs[role].mkdir(parents=True)
             if remote.fetch(input_key, inputs[role]) is None:
-                raise BuildError(f"{stage.name}: a Dask worker could not fetch its input {stage.inputs[role]!r} "
-                                 f"(entry {input_key[:12]}) from the remote {remote.url}")
+                raise WorkerRemoteFailure(f"a Dask worker could not fetch its input {stage.inputs[role]!r} "
+                                          f"(entry {input_key[:12]}) from the remote {remote.url}")
         out = root / "out"
         out.mkdir()
         stage_functions()[stage.kind](StageRun(stage, out, inputs, root / "build", Progress.silent()))
         manifest = Manifest.of_folder(out, stage.kind, key, parts)
         if not remote.push(out, manifest):
-            raise BuildError(f"{stage.name}: a Dask worker could not push its outputs to the remote {remote.url}")
+            raise WorkerRemoteFailure(f"a Dask worker could not push its outputs to the remote {remote.url}")
         return manifest.digest
 
 
@@ -89,7 +95,7 @@ class StageCluster:
     def run(self, stage: Stage, inputs: dict[str, Manifest], key: str, parts: dict[str, Any],
             dest: Path) -> Manifest | None:
         """Run `stage` on a worker and restore its entry into the empty folder `dest`; None when its inputs
-        cannot be put on the remote (the caller then runs it here)."""
+        cannot be put on the remote or the worker cannot use it (the caller then runs the stage here)."""
         for role, manifest in inputs.items():
             if not self.store.push(manifest.key):
                 warn(f"{stage.name}: its input {stage.inputs[role]!r} could not be put on the remote "
@@ -100,7 +106,12 @@ class StageCluster:
         future = cluster.client.submit(
             run_on_worker, stage, {role: m.key for role, m in inputs.items()}, key, parts, self.remote.settings,
             self.remote.key, key=f"{TASK_PREFIX}{stage.dirname}-{uuid.uuid4().hex}", pure=False)
-        cluster.gather([future])
+        try:
+            cluster.gather([future])
+        except WorkerRemoteFailure as failure:
+            warn(f"{stage.name}: {failure} (see the worker's log); it runs on this machine instead",
+                 key=f"stage cluster {stage.name}")
+            return None
         restored = self.store.restore_remote(key, dest)
         if restored is None:
             raise BuildError(f"{stage.name}: it ran on the Dask cluster at {self.address}, but its entry could not "
