@@ -13,6 +13,7 @@ have all come back, so each of these errors leaves nothing half-written.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import Any
 
@@ -24,6 +25,26 @@ CONNECT_SECONDS = 10
 WORKERLESS_SECONDS = 30  # a cluster without workers this long is an error, not a wait (a nanny restarts one sooner)
 # Dask logs a lost connection as errors with tracebacks; dabuild says it as one line of its own
 DASK_LOGGERS = ("distributed", "distributed.client")
+_silencing = threading.Lock()
+_silenced: dict[str, int] = {}  # while any Cluster lives (builds may run at once): each logger's own level
+_clusters = [0]
+
+
+def _silence_dask() -> None:
+    with _silencing:
+        if _clusters[0] == 0:
+            _silenced.update({name: logging.getLogger(name).level for name in DASK_LOGGERS})
+            for name in DASK_LOGGERS:
+                logging.getLogger(name).setLevel(logging.CRITICAL)
+        _clusters[0] += 1
+
+
+def _unsilence_dask() -> None:
+    with _silencing:
+        _clusters[0] -= 1
+        if _clusters[0] == 0:
+            for name, level in _silenced.items():
+                logging.getLogger(name).setLevel(level)
 
 
 class Cluster:
@@ -33,13 +54,11 @@ class Cluster:
         self.address = address
         self.task = task
         self.work = work  # what the client waits for, in messages: "trials to score"
-        self._log_levels = {name: logging.getLogger(name).level for name in DASK_LOGGERS}
-        for name in DASK_LOGGERS:
-            logging.getLogger(name).setLevel(logging.CRITICAL)
+        _silence_dask()
         try:
             self.client = Client(address, timeout=CONNECT_SECONDS, set_as_default=False)
         except (OSError, TimeoutError) as error:
-            self._restore_logging()
+            _unsilence_dask()
             raise BuildError(f"the Dask scheduler at {address} does not answer within {CONNECT_SECONDS}s "
                              f"({error})") from None
 
@@ -82,8 +101,4 @@ class Cluster:
 
     def close(self) -> None:
         self.client.close(timeout=CONNECT_SECONDS)
-        self._restore_logging()
-
-    def _restore_logging(self) -> None:
-        for name, level in self._log_levels.items():
-            logging.getLogger(name).setLevel(level)
+        _unsilence_dask()

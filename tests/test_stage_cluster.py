@@ -7,6 +7,7 @@ a worker is SIGKILLed when the first stage task starts on it (tests/dask_faults.
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +28,8 @@ def team_remote(tmp_path: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
     return remote
 
 
-def _read(build_dir: Path) -> dict[str, bytes]:
-    folder = build_dir / "digits-mlp"
+def _read(build_dir: Path, recipe: str = "digits-mlp") -> dict[str, bytes]:
+    folder = build_dir / recipe
     return {str(p.relative_to(folder)): p.read_bytes() for stage in ("tune-c", "export-mcu", "check-mcu")
             for p in sorted((folder / stage).rglob("*")) if p.is_file()}
 
@@ -101,3 +102,28 @@ def test_a_scheduler_lost_mid_stage_is_one_error_and_publishes_nothing(
     folder = build_dir / "digits-mlp"
     assert {p.name for p in folder.iterdir() if p.is_dir() and "-" in p.name} == {"tune-c"}  # no export, no check
     assert not list((folder / ".tmp").glob("*"))  # and no temporary left behind
+
+
+@pytest.mark.slow
+def test_two_recipes_in_one_command_build_at_once_on_the_cluster(
+        digits: Path, tmp_path: Path, team_remote: Path) -> None:
+    from distributed import LocalCluster
+    from distributed.diagnostics.task_stream import TaskStreamPlugin
+
+    twin = tmp_path / "twin"
+    shutil.copytree(digits, twin)
+    (twin / "recipe.yaml").write_text((digits / "recipe.yaml").read_text().replace("name: digits-mlp",
+                                                                                  "name: digits-twin", 1))
+    assert main(["build", str(digits), str(twin), "--build-dir", str(tmp_path / "local"), "--no-cache", "-q"]) == 0
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+                      dashboard_address=None) as cluster:
+        stream = TaskStreamPlugin(cluster.scheduler)
+        cluster.scheduler.add_plugin(stream)
+        address = cluster.scheduler_address.replace("tcp://", "dask://")
+        assert main(["build", str(digits), str(twin), "--build-dir", str(tmp_path / "dask"), "-q",
+                     "--executor", address]) == 0
+        keys = [str(record["key"]) for record in stream.buffer]
+    for name in ("digits-mlp", "digits-twin"):
+        assert _read(tmp_path / "dask", name) == _read(tmp_path / "local", name)
+    for stage in ("export-mcu", "check-mcu"):  # each recipe's ran on the workers
+        assert sum(key.startswith(f"dabuild-stage-{stage}-") for key in keys) == 2, keys
