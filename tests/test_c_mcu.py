@@ -38,7 +38,7 @@ WEIGHTED = ["dense per tensor", "dense per channel relu6", "conv 3x3 pad 1", "co
             "conv stride 2 asymmetric pads per channel",
             "conv dilation 2 clip", "conv groups 2", "conv 1x1 no pad", "conv1d", "depthwise",
             "depthwise 6 channels asymmetric pads",
-            "depthwise multiplier 2 stride"]
+            "depthwise multiplier 2 stride", "depthwise dilated stride past the band"]
 
 # conv cases whose window rows (kernel width x channels bytes) are no whole number of 16-byte Helium vectors
 ROWS_NOT_VECTORS = ("conv 3x3 pad 1", "conv stride 2 asymmetric pads per channel", "conv1d")

@@ -4,8 +4,8 @@ The input zero point leaves the inner loop. dense and depthwise conv use
 sum (x - zp) * w = sum x * w - zp * sum w, with zp * sum w in the bias at
 export time (the raw sum stays inside int32: |x| <= 128 < 255, which the
 lowering's overflow bound covers; the corrected bias joins it in int64), and
-depthwise reads a copy of its input bordered by the zero point, so every
-window is whole.
+depthwise reads its input through a ring of the padded rows one output row
+spans, bordered by the zero point, so every window is whole.
 
 The general conv is a small GEMM. Per tile of output pixels it gathers their
 windows, centred (x - zp, and 0 where the window pads: a padded x - zp is
@@ -130,9 +130,15 @@ def _conv_window(step: Step) -> dict[str, int]:
     return geometry
 
 
-def _padded_bytes(step: Step) -> int:
+def _band_rows(geometry: dict[str, int]) -> int:
+    """The padded input rows one output row's windows span."""
+    return (geometry["kernel_height"] - 1) * geometry["dilation_height"] + 1
+
+
+def _ring_bytes(step: Step) -> int:
+    """Depthwise scratch: a ring of the padded rows one output row reads (row_band.j2), none without padding."""
     geometry = _conv_window(step)
-    return geometry["padded_height"] * geometry["padded_width"] * geometry["channels"] if geometry["padded"] else 0
+    return _band_rows(geometry) * geometry["padded_width"] * geometry["channels"] if geometry["padded"] else 0
 
 
 # The GEMM conv's register block (int32 sums kept in locals), the pixels gathered per tile, and the
@@ -191,12 +197,12 @@ def _planar_weight(layer: QConv) -> np.ndarray:
 
 
 @kernel("conv", "conv_depthwise", config="weighted", inputs=CHANNELS_LAST, outputs=CHANNELS_LAST, granularities=BOTH,
-        when=_depthwise, scratch=_padded_bytes)
+        when=_depthwise, scratch=_ring_bytes)
 def conv_depthwise(step: Step) -> dict[str, Any]:
     layer: QConv = step.layer  # type: ignore[assignment]
     weight = _planar_weight(layer)  # (O, kh, kw, 1)
     geometry = _conv_window(step)
-    return {**geometry, "input_zero_point": step.inputs[0].quant.zero_point,
+    return {**geometry, "input_zero_point": step.inputs[0].quant.zero_point, "band_rows": _band_rows(geometry),
             "depth_multiplier": geometry["out_channels"] // geometry["channels"],
             "weight": np.ascontiguousarray(weight[..., 0].transpose(1, 2, 0)),  # [kh][kw][out]
             **_requantization(step, layer, weight.astype(np.int64).sum(axis=(1, 2, 3)))}
