@@ -91,6 +91,11 @@ CASES: dict[str, tuple[list[Node], tuple[int, ...], dict[str, np.ndarray], str, 
                              Node("plus", "add", ["a", "b"], ["y"], {})], (3, 5, 5),
                             {"c_w": weights(3, 3, 1, 1), "c_b": weights(3), "d_w": weights(3, 3, 3, 3),
                              "d_b": weights(3)}, "per_tensor", {"add"}),
+    "add of feature maps then relu": (   # the relu fused into the add (no step of its own); 75 values, 4 | 72
+        [conv_node("c", "x", "a"), conv_node("d", "x", "b", pads=[1, 1, 1, 1]), Node("plus", "add", ["a", "b"], ["s"], {}),
+         Node("r", "relu", ["s"], ["y"], {})], (3, 5, 5),
+        {"c_w": weights(3, 3, 1, 1), "c_b": weights(3), "d_w": weights(3, 3, 3, 3), "d_b": weights(3)}, "per_tensor",
+        {"add"}),
     "sub of feature maps": ([conv_node("c", "x", "a"), conv_node("d", "x", "b", pads=[1, 1, 1, 1]),
                              Node("minus", "sub", ["a", "b"], ["y"], {})], (3, 5, 5),
                             {"c_w": weights(3, 3, 1, 1), "c_b": weights(3), "d_w": weights(3, 3, 3, 3),
@@ -239,6 +244,8 @@ def test_kernel_equals_the_integer_reference(case: str, tmp_path: Path) -> None:
     assert np.array_equal(actual, expected), f"{np.sum(actual != expected)} of {expected.size} outputs differ"
     assert len(np.unique(expected)) > 3  # the case exercises real values, not one saturated constant
     assert CASES[case][4] <= set(manifest["kernels"].values())
+    if "then relu" in case:   # fused: the relu after the add has no step
+        assert "r" not in manifest["kernels"] and manifest["kernels"]["plus"] == "add"
     arena = manifest["arena"]
     assert arena["lower_bound_bytes"] <= arena["peak_bytes"] <= 1.05 * arena["lower_bound_bytes"]
 

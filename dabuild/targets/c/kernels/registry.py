@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from dabuild.errors import BuildError
+from dabuild.quant.layers.elementwise import QClamp
 from dabuild.quant.qgraph import QGraph, QLayer, QuantParams
 from dabuild.registry import Registry
 from dabuild.targets.c.layout import Storage
@@ -77,6 +78,7 @@ class Step:
     profile: Profile = PROFILES[HOST]
     constants: dict[str, np.ndarray] = field(default_factory=dict)   # float constants a float layer reads
     rounding: str = "dabuild"   # the QGraph's requantization rounding (fixed_point.ROUNDINGS)
+    clamp: QClamp | None = None   # a clamp (a residual block's relu) the kernel applies to its output itself
 
     @property
     def scratch_bytes(self) -> int:
