@@ -163,6 +163,9 @@ CASES: dict[str, tuple[list[Node], tuple[int, ...], dict[str, np.ndarray], str, 
     "transpose of feature maps": ([conv_node("c", "x", "a", pads=[1, 1, 1, 1]),
                                    Node("t", "transpose", ["a"], ["y"], {"perm": [0, 2, 3, 1]})], (3, 4, 5),
                                   {"c_w": weights(4, 3, 3, 3), "c_b": weights(4)}, "per_tensor", {"gather"}),
+    "conv of an NHWC input": ([Node("t", "transpose", ["x"], ["xt"], {"perm": [0, 3, 1, 2]}),
+                               conv_node("c", "xt", "y", pads=[1, 1, 1, 1])], (5, 6, 4),
+                              {"c_w": weights(6, 4, 3, 3), "c_b": weights(6)}, "per_channel", {"conv"}),
     "slice steps": ([Node("s", "slice", ["x"], ["y"], {"starts": [1, 0, -1], "ends": [3, 5, -6], "axes": [1, 3, 2],
                                                        "steps": [1, 2, -2]})], (3, 6, 5), {}, "per_tensor",
                     {"gather"}),
@@ -248,6 +251,15 @@ def test_kernel_equals_the_integer_reference(case: str, tmp_path: Path) -> None:
         assert "r" not in manifest["kernels"] and manifest["kernels"]["plus"] == "add"
     arena = manifest["arena"]
     assert arena["lower_bound_bytes"] <= arena["peak_bytes"] <= 1.05 * arena["lower_bound_bytes"]
+
+
+def test_an_nhwc_input_reaches_the_conv_as_it_comes(tmp_path: Path) -> None:
+    """The transpose of an NHWC input to the IR's NCHW is a view of the input's bytes, channels last as the conv
+    wants them: no step copies the input (the conv's output still leaves through a conversion to canonical)."""
+    actual, expected, manifest = build_and_run(lowered("conv of an NHWC input"), tmp_path)
+    assert np.array_equal(actual, expected)
+    assert "t" not in manifest["kernels"] and "x@channels_last" not in manifest["kernels"]
+    assert list(manifest["kernels"].values()) == ["conv", "gather"]
 
 
 def requantize_cases() -> tuple[np.ndarray, np.ndarray, np.ndarray]:

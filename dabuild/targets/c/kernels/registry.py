@@ -34,6 +34,7 @@ from dabuild.targets.c.profiles import DSP, HOST, MVE, PORTABLE, PROFILES, Profi
 CHANNELS_LAST, CANONICAL, ANY = "channels_last", "canonical", "any"
 SAME = "same"    # outputs: the storage order of the first input of the same shape (else canonical)
 ALIAS = "alias"  # outputs: the input's bytes themselves, reinterpreted (no code at all)
+VIEW = "view"    # outputs: the input's bytes themselves in the storage order a transpose gives them (no code)
 ALL_ISAS = (HOST, PORTABLE, DSP, MVE)
 
 
