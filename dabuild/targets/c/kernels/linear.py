@@ -154,10 +154,11 @@ def _round_up(value: int, multiple: int) -> int:
 
 
 def _gemm_shape(step: Step, channel_block: int, pixel_block: int, tile_pixels: int,
-                depth_multiple: int) -> dict[str, int]:
-    """The geometry of a GEMM conv with this register block, tile and depth multiple."""
+                depth_multiple: int, window: dict[str, int] | None = None) -> dict[str, int]:
+    """The geometry of a GEMM conv with this register block, tile and depth multiple (over `window`, the layer's
+    own by default)."""
     layer: QConv = step.layer  # type: ignore[assignment]
-    geometry = _conv_window(step)
+    geometry = window or _conv_window(step)
     group_channels = int(layer.weight.shape[1])
     window_depth = geometry["kernel_height"] * geometry["kernel_width"] * group_channels
     return {**geometry, "group_channels": group_channels, "window_depth": window_depth,
@@ -277,10 +278,27 @@ def _fits_nibbles(weight: np.ndarray) -> bool:
 def _rows_geometry(step: Step) -> dict[str, int]:
     """`conv_rows`' geometry: 2 channels x 2 pixels per block (the 13 usable registers of a DSP core hold 4 sums,
     4 widened weight pairs and a widened pixel word; see conv_mcu), 3 pixels on Helium when the output row is a
-    multiple of 3 (its sums cost no widening registers)."""
+    multiple of 3 or long enough that its last partial block costs little (its sums cost no widening registers).
+
+    A 1x1 conv of stride 1 without padding reads each pixel's channels alone, so its whole input is one row of
+    height x width pixels: blocks run across what were row ends (KWS's 25 x 5 pointwise convs: 41 blocks of 3
+    pixels and one of 2, where rows of 5 took 2 + 2 + 1 each)."""
     window = _conv_window(step)
-    pixel_block = 3 if step.profile.isa == MVE and window["out_width"] % 3 == 0 else 2
-    return _gemm_shape(step, 2, pixel_block, pixel_block, 1)
+    if _pointwise(window):
+        pixels = window["out_height"] * window["out_width"]
+        window = {**window, "height": 1, "width": pixels, "out_height": 1, "out_width": pixels,
+                  "padded_height": 1, "padded_width": pixels}
+    width = window["out_width"]
+    pixel_block = 3 if step.profile.isa == MVE and (width % 3 == 0 or width >= LONG_ROW) else 2
+    return _gemm_shape(step, 2, pixel_block, pixel_block, 1, window)
+
+
+LONG_ROW = 24   # output pixels from which Helium's conv_rows takes blocks of 3 whatever the remainder
+
+
+def _pointwise(window: dict[str, int]) -> bool:
+    return (window["kernel_height"] == window["kernel_width"] == window["stride_height"] == window["stride_width"] == 1
+            and not window["padded"])
 
 
 def _band_bytes(step: Step) -> int:
