@@ -2,12 +2,16 @@
 
 Per model (tests/tflite_models): the import time (trace and graph passes),
 the file's size and the bytes the C target stores for it on a Cortex-M4
-(weights and requantization constants; dabuild writes no .tflite yet), and,
-for the quantized files, how many output bytes of dabuild's integer reference
-(the file rebuilt as given) differ from TFLM's on the same inputs, with
-dabuild's rounding and with TFLM's (`rounding: tflm`; goal 0), with TFLM's
-arena size (what its RecordingMicroAllocator reports). The C target runs int8
-only, so a 16x8 file shows "(int16)" there. Then each model's 16x8 file
+(weights and requantization constants), and, for the quantized files, how
+many output bytes of dabuild's integer reference (the file rebuilt as given,
+as the C target computes it) differ from TFLM's on the same inputs, with
+dabuild's rounding and with TFLM's (`rounding: tflm`; goal 0), with TFLM's arena size (what its
+RecordingMicroAllocator reports). The C target runs int8 only, so a 16x8 file
+shows "(int16)" there. Then the tflite target: the file it writes from the
+rebuilt QGraph, its size against the original's, how many of its output bytes
+in TFLM differ from the original file's in TFLM (goal 0), and the arena TFLM
+needs for it; a model with layers the target cannot write shows what it
+refused. Then each model's 16x8 file
 against its int8 one: SQNR of the rebuilt integer path against the float file
 in LiteRT, and the bytes of the QGraph's integer arrays (int16 activations
 need int64 biases, so 16x8 stores a little more).
@@ -18,9 +22,6 @@ Usage: python bench/tflite.py [--samples N]
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import os
-import re
 import sys
 import tempfile
 import time
@@ -33,31 +34,43 @@ sys.path.insert(0, str(REPO / "tests"))
 
 from tflite_runtime import MODELS, given_qgraph, imported, inputs_for, model, run_litert, run_tflm  # noqa: E402
 
+from dabuild.errors import UsageError  # noqa: E402
+from dabuild.quant.qgraph import QGraph  # noqa: E402
 from dabuild.quant.reference import dequantize_output, quantize_input, run_integer  # noqa: E402
 from dabuild.targets.base import Target  # noqa: E402
+from dabuild.targets.c import CTarget  # noqa: E402
 from dabuild.targets.c.codegen import stored_bytes  # noqa: E402
 from dabuild.targets.c.profiles import PROFILES  # noqa: E402
+from dabuild.targets.tflite import MODEL_FILE, TfliteTarget  # noqa: E402
+from dabuild.targets.tflite.runtime import arena_bytes  # noqa: E402
+from dabuild.targets.tflite.runtime import run_tflm as run_file  # noqa: E402
 
 
 def tflm_arena(path: Path) -> int:
-    """The arena total TFLM's RecordingMicroAllocator prints to the process's stderr after an invoke (-1: none)."""
+    """The arena total TFLM's RecordingMicroAllocator reports after an invoke on zeros (-1: none)."""
     from tflite_micro.python.tflite_micro import runtime
 
-    interpreter = runtime.Interpreter.from_file(str(path))
-    details = interpreter.get_input_details(0)
-    interpreter.set_input(np.zeros(details["shape"], details["dtype"]), 0)
-    interpreter.invoke()
-    with tempfile.TemporaryFile() as captured:
-        saved = os.dup(2)
-        os.dup2(captured.fileno(), 2)
+    details = runtime.Interpreter.from_file(str(path)).get_input_details(0)
+    found = arena_bytes(path, np.zeros(details["shape"][1:], details["dtype"]))
+    return -1 if found is None else found
+
+
+def tflite_target_row(path: Path, qgraph: QGraph, x: np.ndarray, expected: np.ndarray) -> str:
+    """The tflite target's file for the rebuilt QGraph: its bytes, the original's, output bytes differing from
+    the original's in TFLM, and TFLM's arena for it; or what the target refused."""
+    target = TfliteTarget(TfliteTarget.Options(litert=False))
+    with tempfile.TemporaryDirectory(prefix="dabuild-bench-tflite-") as work:
         try:
-            interpreter.print_allocations()
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-        captured.seek(0)
-        found = re.search(rb"Arena allocation total (\d+) bytes", captured.read())
-    return int(found.group(1)) if found else -1
+            target.export(target.integer_graph(qgraph), Path(work))
+        except UsageError as error:
+            refused = sorted({line.split("(")[1].split(")")[0] for line in str(error).splitlines()[1:] if "(" in line})
+            return f"{path.stem:<26} refused: layers of {', '.join(refused)}"
+        written = Path(work) / MODEL_FILE
+        ours = run_file(written, quantize_input(qgraph, x))
+        differing = int(np.sum(ours.reshape(expected.shape) != expected))
+        return (f"{path.stem:<26} {written.stat().st_size:>8} {path.stat().st_size:>8} "
+                f"{written.stat().st_size / path.stat().st_size:>6.2f} {f'{differing}/{expected.size}':>14} "
+                f"{tflm_arena(written):>12}")
 
 
 def sqnr_db(signal: np.ndarray, approximation: np.ndarray) -> float:
@@ -72,6 +85,7 @@ def main() -> None:
     m4 = PROFILES["cortex-m4"]
     print(f"{'model':<26} {'import ms':>9} {'file B':>7} {'C stores B':>10} {'differ (dabuild)':>16} "
           f"{'differ (tflm)':>13} {'TFLM arena B':>12}")
+    written = []
     for path in MODELS:
         start = time.perf_counter()
         imported(path)
@@ -86,10 +100,15 @@ def main() -> None:
         arena = tflm_arena(path)
         counts = []
         for rounding in ("dabuild", "tflm"):
-            ours = run_integer(dataclasses.replace(qgraph, rounding=rounding), quantize_input(qgraph, x))
+            ours = run_integer(CTarget(CTarget.Options(rounding=rounding)).integer_graph(qgraph),
+                               quantize_input(qgraph, x))
             counts.append(f"{int(np.sum(ours.reshape(expected.shape) != expected))}/{expected.size}")
         c_bytes = stored_bytes(qgraph, m4) if qgraph.output_params.dtype == "int8" else "(int16)"
         print(f"{row} {c_bytes:>10} {counts[0]:>16} {counts[1]:>13} {arena:>12}")
+        written.append(tflite_target_row(path, qgraph, x, expected))
+    print()
+    print(f"{'tflite target':<26} {'ours B':>8} {'file B':>8} {'ratio':>6} {'differ (TFLM)':>14} {'TFLM arena B':>12}")
+    print("\n".join(written))
     print()
     print(f"{'model':<14} {'int8 SQNR dB':>12} {'16x8 SQNR dB':>12} {'int8 B':>9} {'16x8 B':>9}")
     for stem in sorted({path.stem.rsplit('_', 1)[0] for path in MODELS}):

@@ -103,6 +103,10 @@ class CapabilitySpec(BaseModel):
         description="A cost estimate of the backend (an entry point of dabuild.cost_models, e.g. da4ml), which "
         "tuning.objective `estimate` minimises; none: the search counts bits (size or bops).",
     )
+    rounding: Literal["dabuild", "tflm", "tflm-single"] | None = Field(
+        default=None, description="The requantization rounding (dabuild.quant.fixed_point.ROUNDINGS) of a target "
+        "that takes it from here when the recipe's `rounding` option says nothing (the tflite target: tflm); "
+        "none: dabuild's own.")
     ops: dict[str, OpCapability] = Field(
         description="Per op type (e.g. dense, relu) the allowed choices; `default` covers every other op."
     )

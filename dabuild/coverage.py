@@ -18,8 +18,8 @@ like the CLI, not a stage), and imports them only when asked for the page.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from dabuild.ir import opdocs
@@ -52,6 +52,7 @@ class Tables:
     layers: dict[str, frozenset[str]]
     float_ops: dict[str, frozenset[str]]
     frontends: dict[str, dict[str, list[str]]]   # "<framework> frontend" -> IR op -> source op names
+    op_layers: dict[str, Callable[[str, frozenset[str]], frozenset[str]]] = field(default_factory=dict)
 
     @property
     def stages(self) -> tuple[str, ...]:
@@ -64,15 +65,15 @@ def tables() -> Tables:
     dependency is missing raises, naming it (the page would be incomplete)."""
     from dabuild import plugins
 
-    layers, float_ops, frontends = {}, {}, {}
+    layers, float_ops, frontends, op_layers = {}, {}, {}, {}
     for kind in plugins.available(plugins.TARGETS):
         target = plugins.load(plugins.TARGETS, kind)
-        layers[kind], float_ops[kind] = target.layer_types(), target.float_ops()
+        layers[kind], float_ops[kind], op_layers[kind] = target.layer_types(), target.float_ops(), target.op_layers
     for framework in plugins.available(plugins.TRACERS):
         converters = plugins.load(plugins.TRACERS, framework).converters()
         if converters is not None:
             frontends[f"{framework} frontend"] = _emitted(converters.items())
-    return Tables(layers, float_ops, frontends)
+    return Tables(layers, float_ops, frontends, op_layers)
 
 
 class _Declares(Protocol):
@@ -126,11 +127,12 @@ def rows(found: Tables | None = None) -> list[dict[str, str]]:
         row = {"op": op, "interpreter": "float"}
         row["integer lowering"] = "float island" if made is None else f"exact: {_list(sorted(made))}"
         for target, written in found.layers.items():
+            needed = None if made is None else found.op_layers.get(target, lambda _, layers: layers)(op, frozenset(made))
             ways = []
-            if made is not None and made <= written:
+            if needed is not None and needed <= written:
                 ways.append("int")
-            elif made is not None and made & written:
-                ways.append(f"int except {_list(sorted(made - written))}")
+            elif needed is not None and needed & written:
+                ways.append(f"int except {_list(sorted(needed - written))}")
             if op in found.float_ops[target]:
                 ways.append("float")
             row[target] = " + ".join(ways) or "—"

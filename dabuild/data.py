@@ -9,7 +9,7 @@ the file and the key.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -102,10 +102,15 @@ def _samples(array: np.ndarray, spec: Any) -> np.ndarray:
     return array if spec.samples is None else array[: spec.samples]
 
 
-def load_inputs(spec: Any, base_dir: Path | None, input_names: list[str],
-                integer: Collection[str] = ()) -> dict[str, np.ndarray]:
+def load_inputs(spec: Any, base_dir: Path | None, input_names: list[str], integer: Collection[str] = (),
+                stored: Mapping[str, tuple[float, int, str]] | None = None) -> dict[str, np.ndarray]:
     """Graph input name -> float32 array, int64 for the `integer` inputs (token ids), first `spec.samples` rows,
-    all with one length."""
+    all with one length.
+
+    `stored` (Graph.stored_inputs): inputs the model quantizes first thing, by (scale, zero point, storage
+    type). An array of exactly that type holds the integers the model stores (an int8 .tflite input's), so it
+    becomes the real values they stand for, (q - zero point) * scale, which the model's own quantization
+    turns back into the same integers; an array of any other type holds real values. The dtype decides."""
     path = _path(spec, base_dir)
     keys = _input_keys(spec, input_names)
     arrays = {name: _samples(_read(path, key), spec) for name, key in keys.items()}
@@ -113,6 +118,11 @@ def load_inputs(spec: Any, base_dir: Path | None, input_names: list[str],
         if name in integer and array.dtype.kind not in "iu":
             raise UsageError(f"{path}: array {keys[name]!r} holds {array.dtype} values, but model input {name!r} "
                              "takes integers (indices into an embedding table); store it as integers")
+        quantized = (stored or {}).get(name)
+        if quantized is not None and array.dtype == np.dtype(quantized[2]):
+            scale, zero_point, _ = quantized
+            arrays[name] = ((array.astype(np.float64) - zero_point) * scale).astype(np.float32)
+            continue
         arrays[name] = array.astype(np.int64 if name in integer else np.float32, copy=False)
     lengths = {keys[name]: len(array) for name, array in arrays.items()}
     if len(set(lengths.values())) > 1:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -17,6 +18,15 @@ def copy_recipes(root: Path, *names: str) -> Path:
     for name in names:
         shutil.copytree(REPO / "recipes" / name, folder / name, ignore=shutil.ignore_patterns("build", "__pycache__"))
     return folder
+
+
+def limit_trials(recipe: Path, count: int) -> None:
+    """Cap a copied recipe's search at `count` trials: a test that proves a recipe builds and checks needs
+    no more than a few; the full search is the recipe's own business (and minutes of da4ml's estimates)."""
+    path = recipe / "recipe.yaml"
+    text, replaced = re.subn(r"max_trials: \d+", f"max_trials: {count}", path.read_text())
+    assert replaced == 1, f"{path} states max_trials once"
+    path.write_text(text)
 
 
 @pytest.fixture

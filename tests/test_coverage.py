@@ -104,4 +104,4 @@ def test_a_new_target_plugin_appears_in_the_coverage_table(toy_target: None) -> 
     assert rows["conv"]["toy"] == "int except conv"  # conv lowers to conv and lookup; the toy writes only lookup
     assert rows["div"]["toy"] == "float" and rows["softmax"]["toy"] == "—"
     header = coverage.coverage_markdown().splitlines()[coverage.HEADER.count("\n")]
-    assert "| c | hdl | nnef | onnx | toy |" in header
+    assert "| c | hdl | nnef | onnx | tflite | toy |" in header

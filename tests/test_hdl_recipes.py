@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import copy_recipes
+from conftest import copy_recipes, limit_trials
 
 from dabuild.cli import main
 from dabuild.ir.npz import read_npz
@@ -26,6 +26,7 @@ pytestmark = [pytest.mark.slow,
 def build_checked(tmp_path: Path, name: str) -> tuple[Path, Path, dict]:
     """Build recipes/<name> (target `fpga`) and assert what every HDL build must show; (recipe, build, metrics)."""
     recipe = copy_recipes(tmp_path, name) / name
+    limit_trials(recipe, 6)
     assert main(["build", str(recipe), "--build-dir", str(tmp_path / "build"), "-q"]) == 0
     build = tmp_path / "build" / name
     check = json.loads((build / "check-fpga" / "report.json").read_text())

@@ -225,14 +225,16 @@ def build_cnn(tmp_path: Path, edit: Callable[[str], str] = lambda text: text) ->
 def test_digits_cnn_recipe_builds_end_to_end_and_checks_bit_exact(tmp_path: Path, cache_dir: Path) -> None:
     pytest.importorskip("onnxruntime", reason="the recipe's ort target needs dabuild[onnx]")
     pytest.importorskip("tract", reason="the recipe's tract target needs dabuild[tract]")
+    pytest.importorskip("tflite_micro", reason="the recipe's tflm target needs dabuild[tflite]")
     out, summary = build_cnn(tmp_path)
-    stages = ("trace", "calibrate", "tune:c", "tune:onnxruntime", "tune:tract")
-    targets = ("mcu", "ort", "tract", "cortex-m4", "cortex-m55")
+    stages = ("trace", "calibrate", "tune:c", "tune:onnxruntime", "tune:tract", "tune:tflite")
+    targets = ("mcu", "ort", "tract", "cortex-m4", "cortex-m55", "tflm")
     stages += tuple(f"{kind}:{target}" for target in targets for kind in ("export", "check"))
     assert summary["outcomes"] == {stage: "executed" for stage in stages}
     assert {name: (check["ok"], check["tolerance"]) for name, check in summary["checks"].items()} == {
         "mcu": (True, "exact"), "ort": (True, "approximate"), "tract": (True, "approximate"),
-        "cortex-m4": (True, "exact"), "cortex-m55": (True, "exact")}  # the last two in qemu
+        "cortex-m4": (True, "exact"), "cortex-m55": (True, "exact"),  # these two in qemu
+        "tflm": (True, "exact")}  # in TFLite Micro's interpreter
     metrics = summary["metrics"]["tune:c"]
     assert metrics["fp32"] >= 0.97 and metrics["goal_met"]
     assert [node.op for node in Graph.load(out / "trace").nodes] == [

@@ -94,7 +94,7 @@ def test_readme_names_the_extras_each_example_recipe_needs() -> None:
     rows = dict(re.findall(r"^\| `(recipes/[\w-]+)` \| [^|]+ \| `([\w,]+)`", text, re.MULTILINE))
     recipes = sorted(p.parent for p in (REPO / "recipes").glob("*/recipe.yaml"))
     assert set(rows) == {f"recipes/{p.name}" for p in recipes}
-    by_target = {"c": set(), "onnx": {"onnx"}, "nnef": {"tract"}, "hdl": {"hdl"}}
+    by_target = {"c": set(), "onnx": {"onnx"}, "nnef": {"tract"}, "hdl": {"hdl"}, "tflite": {"tflite"}}
     for folder in recipes:
         recipe = yaml.safe_load((folder / "recipe.yaml").read_text())
         model = recipe["model"]

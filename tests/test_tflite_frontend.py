@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("tflite_micro", reason="needs the tflite extra: pip install 'dabuild[tflite]'")
 pytest.importorskip("ai_edge_litert", reason="needs the tflite extra: pip install 'dabuild[tflite]'")
 
-from tflite_runtime import MODELS, given_qgraph, imported, inputs_for, model, run_litert
+from tflite_runtime import MODELS, given_qgraph, imported, inputs_for, model, run_litert, trace_of_operator
 
 from dabuild.errors import UsageError
 from dabuild.ir.interpreter import run
@@ -156,13 +156,6 @@ def test_a_model_over_the_node_limit_is_refused_before_unpacking(monkeypatch: py
         imported(model("ds_cnn_int8"))
 
 
-def _trace_of_operator(trace: dict[str, np.ndarray], index: int) -> np.ndarray:
-    """The last tensor the integer reference wrote for the file's operator `index`, channels last as TFLM has it."""
-    name = [key for key in trace if key.startswith(f"op{index}_") and not key.endswith(":accumulator")][-1]
-    values = trace[name]
-    return values.transpose(0, 2, 3, 1) if values.ndim == 4 else values
-
-
 def test_ds_cnn_in_tflm_rounding_equals_tflm_byte_for_byte_in_reference_and_c(tmp_path: Path) -> None:
     """The int8 DS-CNN rebuilt as given, requantized as TFLM does: every tensor TFLM's interpreter writes (convs,
     depthwise convs, average pool, fully connected, softmax), from dabuild's integer reference, and every output
@@ -183,7 +176,7 @@ def test_ds_cnn_in_tflm_rounding_equals_tflm_byte_for_byte_in_reference_and_c(tm
     x_q = quantize_input(qgraph, x)
     trace = run_integer(tflm_graph, x_q, keep_intermediates=True)
     for index, op in enumerate(operators):
-        assert np.array_equal(_trace_of_operator(trace, index).reshape(theirs[int(op.outputs[0])].shape),
+        assert np.array_equal(trace_of_operator(trace, index).reshape(theirs[int(op.outputs[0])].shape),
                               theirs[int(op.outputs[0])]), index
     artifact = tmp_path / "artifact"
     artifact.mkdir()
@@ -212,7 +205,7 @@ def test_resnet_block_in_tflm_rounding_equals_tflm_in_reference_and_c(name: str,
     tflm_graph = dataclasses.replace(qgraph, rounding="tflm")
     trace = run_integer(tflm_graph, quantize_input(qgraph, x), keep_intermediates=True)
     for index in exact:
-        assert np.array_equal(_trace_of_operator(trace, index), theirs[int(operators[index].outputs[0])]), index
+        assert np.array_equal(trace_of_operator(trace, index), theirs[int(operators[index].outputs[0])]), index
     expected = theirs["output"]
     assert np.array_equal(run_integer(tflm_graph, quantize_input(qgraph, x)).reshape(expected.shape), expected)
     if qgraph.input_params.dtype != "int8":
@@ -249,7 +242,7 @@ def test_corrupted_files_fail_with_a_usage_error_or_import(tmp_path: Path) -> No
 @pytest.mark.skipif(shutil.which("arm-none-eabi-gcc") is None or shutil.which("qemu-system-arm") is None,
                     reason="needs gcc-arm-none-eabi, libnewlib-arm-none-eabi and qemu-system-arm")
 @pytest.mark.parametrize("cpu", ["cortex-m4", "cortex-m55"])
-@pytest.mark.parametrize("name", ["ds_cnn_int8", "resnet_block_int8"])
+@pytest.mark.parametrize("name", ["ds_cnn_int8", "resnet_block_int8", "assorted_int8"])
 def test_cortex_m_build_in_tflm_rounding_equals_tflm(name: str, cpu: str, tmp_path: Path) -> None:
     """The C target for a Cortex-M4 (its DSP kernels) and an M55 (Helium, whose four-lane requantization
     rounds as dabuild does and so gives way to the scalar one), run in qemu: TFLM's output bytes."""
@@ -268,3 +261,23 @@ def test_cortex_m_build_in_tflm_rounding_equals_tflm(name: str, cpu: str, tmp_pa
     target.export(target.integer_graph(qgraph), artifact)
     actual = target.run(artifact, quantize_input(qgraph, x), tmp_path)
     assert np.array_equal(actual.reshape(expected.shape), expected)
+
+
+def test_assorted_model_in_c_with_tflm_rounding_equals_tflm(tmp_path: Path) -> None:
+    """The C target (host) with rounding tflm runs the assorted int8 file (PAD, CONV_2D, TRANSPOSE_CONV,
+    STRIDED_SLICE, TANH, QUANTIZE, LOGISTIC, MUL, CONCATENATION, HARD_SWISH, RESHAPE, FULLY_CONNECTED) to TFLM's
+    output bytes: with a TFLM rounding its sigmoid, tanh and hard_swish tables are TFLM's own."""
+    from tflite_runtime import run_tflm
+
+    from dabuild.quant.reference import quantize_input
+    from dabuild.targets.c import CTarget
+
+    path = model("assorted_int8")
+    _, qgraph = given_qgraph(path)
+    x = inputs_for(path, 24, seed=11)
+    expected = run_tflm(path, qgraph, x)["output"]
+    target = CTarget(CTarget.Options(rounding="tflm"))
+    artifact = tmp_path / "artifact"
+    artifact.mkdir()
+    target.export(target.integer_graph(qgraph), artifact)
+    assert np.array_equal(target.run(artifact, quantize_input(qgraph, x), tmp_path).reshape(expected.shape), expected)

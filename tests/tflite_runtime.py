@@ -88,6 +88,13 @@ def run_tflm(path: Path, qgraph: QGraph, x: np.ndarray, tensors: tuple[int, ...]
     return values
 
 
+def trace_of_operator(trace: dict[str, np.ndarray], index: int) -> np.ndarray:
+    """The last tensor the integer reference wrote for the file's operator `index`, channels last as TFLM has it."""
+    name = [key for key in trace if key.startswith(f"op{index}_") and not key.endswith(":accumulator")][-1]
+    values = trace[name]
+    return values.transpose(0, 2, 3, 1) if values.ndim == 4 else values
+
+
 def imported(path: Path) -> Graph:
     return optimize(TfliteTracer(str(path)).trace())
 

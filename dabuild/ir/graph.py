@@ -80,6 +80,22 @@ class Graph:
         """The graph inputs of an integer element type: token ids, which only index embedding tables."""
         return [spec.name for spec in self.inputs if np.dtype(spec.dtype).kind in "iu"]
 
+    def stored_inputs(self) -> dict[str, tuple[float, int, str]]:
+        """The graph inputs a fake_quant of one scale reads (a quantized model's own input quantization, e.g. a
+        .tflite file's int8 input): name -> (scale, zero point, the numpy type its integers are stored in).
+        Data of exactly that type are those integers, which `load_inputs` turns into the real values they stand
+        for; data of any other type are real values."""
+        names = {spec.name for spec in self.inputs}
+        stored = {}
+        for node in self.nodes:
+            if node.op != "fake_quant" or node.inputs[0] not in names or len(node.attrs["scale"]) != 1:
+                continue
+            given = GivenQuant.from_attrs(node.attrs)
+            if given.bits <= 16 and not given.blocked:
+                storage = f"{'' if given.signed else 'u'}int{8 if given.bits <= 8 else 16}"
+                stored[node.inputs[0]] = (given.scale[0], given.zero_point[0], storage)
+        return stored
+
     def consumers(self) -> dict[str, list[Node]]:
         """Tensor name -> the nodes that read it, in graph order."""
         readers: dict[str, list[Node]] = {}

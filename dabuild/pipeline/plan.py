@@ -341,7 +341,7 @@ def _target_stages(recipe: Recipe, target: TargetSpec, capability: str) -> list[
             "evaluation": _data_config(evaluation),
             "metric": recipe.data.metric,
         },
-        inputs={"qgraph": f"tune:{capability}", "artifact": export.name},
+        inputs={"qgraph": f"tune:{capability}", "artifact": export.name, "graph": "trace"},
         input_folders={"qgraph": "qgraph"},
         files={"evaluation": evaluation.source, **_metric_file(recipe)},
         packages=("numpy", *target_class.packages),

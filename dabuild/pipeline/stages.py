@@ -92,7 +92,7 @@ def calibrate(run: StageRun) -> None:
 
     graph = Graph.load(run.inputs["graph"])
     spec = DataFile.from_config(run.stage.config, run.stage.files["data"])
-    arrays = load_inputs(spec, None, [t.name for t in graph.inputs], graph.integer_inputs())
+    arrays = load_inputs(spec, None, [t.name for t in graph.inputs], graph.integer_inputs(), graph.stored_inputs())
     used, stored = len(next(iter(arrays.values()))), rows_in_file(spec)
     if used < stored:
         run.progress.info(f"calibrate: the first {used:,} of the {stored:,} samples in {spec.source.name} "
@@ -114,6 +114,7 @@ def export(run: StageRun) -> None:
 
 def check(run: StageRun) -> None:
     from dabuild.data import DataFile, load_inputs, required_labels
+    from dabuild.ir.graph import Graph
     from dabuild.quant.qgraph import QGraph
     from dabuild.targets.check import check_stage
     from dabuild.tune.metric import load_metric
@@ -122,8 +123,9 @@ def check(run: StageRun) -> None:
     target = run.stage.runs["target"]
     qgraph = target.integer_graph(QGraph.load(run.inputs["qgraph"] / "qgraph"))
     spec = DataFile.from_config(config["evaluation"], run.stage.files["evaluation"])
-    x = next(iter(load_inputs(spec, None, qgraph.input_names, qgraph.input_names if qgraph.takes_indices else ())
-                  .values()))
+    stored = Graph.load(run.inputs["graph"]).stored_inputs()
+    x = next(iter(load_inputs(spec, None, qgraph.input_names, qgraph.input_names if qgraph.takes_indices else (),
+                              stored).values()))
     labels = required_labels(spec, None)
     if config["samples"] != "all":
         x, labels = x[: config["samples"]], labels[: config["samples"]]

@@ -10,6 +10,7 @@ steps (output params from a calibrated range, constants, shapes).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -228,6 +229,11 @@ class Lowering:
         """The node's integer weights and scales: the model's own where it gives them (Graph.given), else as
         `choice` quantizes them."""
         given = self.graph.given.get(self.node.inputs[1]) if self.node.op in ("dense", "conv") else None
+        if self.node.op == "conv_transpose" and self.node.attrs.get("groups", 1) == 1:
+            # the graph's (C, O, *kernel) weight arrives in conv layout (O, C, *kernel): its per-channel axis swaps
+            given = self.graph.given.get(self.node.inputs[1])
+            if given is not None and given.axis is not None and given.axis % weight.ndim in (0, 1):
+                given = dataclasses.replace(given, axis=1 - given.axis % weight.ndim)
 
         def compute() -> tuple[np.ndarray, np.ndarray]:
             if given is not None:

@@ -21,7 +21,7 @@ which side of quantization the artifact's `run` faces:
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -75,6 +75,13 @@ class Target:
         """The QLayer types this target writes, read off its own registry: what `refuse` and docs/ops.md check a
         lowering's layers against. An optional dependency it lacks is a BuildError naming the extra."""
         return frozenset()
+
+    @classmethod
+    def op_layers(cls, op: str, layers: frozenset[str]) -> frozenset[str]:
+        """The layer types a node of IR op `op` needs written here, of its lowering's `layers`: all of them, or
+        fewer or other names where the target writes a layer type for some ops only (the tflite target's
+        lookup: sigmoid and tanh). docs/ops.md reads it."""
+        return layers
 
     @classmethod
     def float_ops(cls) -> frozenset[str]:
@@ -225,12 +232,14 @@ def refuse_float_layers(qgraph: QGraph, capability: CapabilitySpec, no_fpu: str 
 
 
 def refuse_ops_without_integers(graph: Any, target: str, layer_types: Collection[str],
-                                float_ops: Collection[str] = ()) -> None:
+                                float_ops: Collection[str] = (),
+                                needed: Callable[[Any, Collection[str]], Collection[str]] | None = None) -> None:
     """BuildError, before any stage after trace runs, listing every node an integer-only target cannot take.
 
     A node needs an integer lowering whose layer types the target writes, unless its op is one of `float_ops`
     (the float islands the target runs: such a node stays float); the message names the target and, per op,
-    every node using it, so one run tells the user all of it.
+    every node using it, so one run tells the user all of it. `needed(node, layers)`: the layer types of the
+    lowering's `layers` this node can make (default: all of them).
     """
     from dabuild.quant.lowering import LOWERINGS, integer_layers
 
@@ -242,7 +251,8 @@ def refuse_ops_without_integers(graph: Any, target: str, layer_types: Collection
         if lowerer is None:
             why = "no exact integer form, and this target runs no float islands"
         else:
-            missing = sorted(integer_layers(lowerer) - set(layer_types))
+            made = integer_layers(lowerer) if needed is None else set(needed(node, integer_layers(lowerer)))
+            missing = sorted(made - set(layer_types))
             if not missing:
                 continue
             why = f"its integer layers ({', '.join(missing)}) have no kernel here"

@@ -79,7 +79,8 @@ def tune_stage(
     spec = DataFile.from_config(config["evaluation"], files["evaluation"])
     graph_dir, stats_dir, out_dir = Path(graph_dir), Path(stats_dir), Path(out_dir)
     graph = Graph.load(graph_dir)
-    x = next(iter(load_inputs(spec, None, [t.name for t in graph.inputs], graph.integer_inputs()).values()))
+    x = next(iter(load_inputs(spec, None, [t.name for t in graph.inputs], graph.integer_inputs(),
+                              graph.stored_inputs()).values()))
     labels = required_labels(spec, None)
     writers = integer_writers(graph, capability)
     evaluator = Evaluator(EvalSetup(graph_dir, stats_dir, x, labels, config["metric"], None, spec.batch_size,

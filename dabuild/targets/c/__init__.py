@@ -48,6 +48,7 @@ from dabuild.targets.base import Target, held, refuse_float_layers, refuse_ops_w
 from dabuild.targets.c import firmware
 from dabuild.targets.c.codegen import PROGRAM, WEIGHTS_FILE, render, stored_bytes, trace_file
 from dabuild.targets.c.profiles import CPUS, FLOAT_ORDER, PROFILES, Profile
+from dabuild.targets.tflm_functions import tflm_lookups
 
 MANIFEST = "model.json"
 TRACE_PROGRAM = PROGRAM + "_trace"
@@ -210,6 +211,10 @@ class CTarget(Target):
         return None
 
     def integer_graph(self, qgraph: QGraph) -> QGraph:
+        """The QGraph with the option's rounding; with a TFLM rounding, sigmoid, tanh and hard_swish tables as TFLM
+        computes them too (`tflm_functions`), so an imported .tflite's table activations equal TFLM's."""
+        if self.options.rounding != "dabuild":
+            qgraph = tflm_lookups(qgraph)
         return dataclasses.replace(qgraph, rounding=self.options.rounding)
 
     def stored_bytes(self, qgraph: QGraph) -> int:
