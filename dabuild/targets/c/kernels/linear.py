@@ -218,7 +218,7 @@ def conv(step: Step) -> dict[str, Any]:
     _, weight = _gemm_weight(step, geometry, np.int16)
     return {**geometry, "input_zero_point": step.inputs[0].quant.zero_point, "groups": groups,
             "channel_block": CHANNEL_BLOCK, "pixel_block": PIXEL_BLOCK, "isa": HOST, "centred": True,
-            "column_type": "int16_t", "pad_value": 0,
+            "column_type": "int16_t", "pad_value": 0, "vector_output": False,
             # one window row is contiguous in both source and columns when no group or dilation interleaves it
             "contiguous_rows": groups == 1 and geometry["dilation_width"] == 1,
             "weight": weight, **_requantization(step, layer, np.zeros(geometry["out_channels"], np.int64), centred=True)}
@@ -326,15 +326,19 @@ def conv_rows(step: Step) -> dict[str, Any]:
         weight = pack_nibbles(weight.reshape(len(weight[0]), geometry["kernel_height"], row_bytes))
     weight_row = -(-row_bytes // 2) if nibbles else row_bytes
     requantization = _requantization(step, layer, 0 * weight_sums if centred else weight_sums, centred)
-    shifts = np.asarray(layer.shift)
-    # Helium requantizes four outputs at once where the sums fit int32, every shift is 33..62 (see
-    # dabuild_requantize32_mve, which rounds as dabuild does) and the channels fill whole blocks
-    vector_output = (step.profile.isa == MVE and requantization["narrow_sum"] and step.rounding == "dabuild"
-                     and bool(np.all((shifts >= 33) & (shifts <= 62)))
-                     and geometry["block_outputs"] == geometry["out_channels"])
+    vector_output = _vector_output(step, geometry, requantization)
     return {**geometry, "input_zero_point": step.inputs[0].quant.zero_point, "isa": step.profile.isa,
             "weight": weight, "nibbles": nibbles, "centred": centred, "weight_row": weight_row,
             "weight_depth": geometry["kernel_height"] * weight_row, "vector_output": vector_output, **requantization}
+
+
+def _vector_output(step: Step, geometry: dict[str, int], requantization: dict[str, Any]) -> bool:
+    """Whether a Helium GEMM conv requantizes two pixels x two channels as one vector (mve_outputs.j2): where the
+    sums fit int32, every shift is 33..62 (see dabuild_requantize32_mve, which rounds as dabuild does), the
+    channels fill whole blocks and no group offsets them."""
+    layer: QConv = step.layer  # type: ignore[assignment]
+    return (step.profile.isa == MVE and requantization["narrow_sum"] and requantization["vector_requantize"]
+            and layer.groups == 1 and geometry["block_outputs"] == geometry["out_channels"])
 
 
 @kernel("conv", "conv_mcu", config="weighted", inputs=CHANNELS_LAST, outputs=CHANNELS_LAST, granularities=BOTH,
@@ -349,11 +353,12 @@ def conv_mcu(step: Step) -> dict[str, Any]:
     centred = step.profile.isa != MVE  # int16 columns x - zp; else int8 columns x with zp folded into the bias
     weight_sums = np.zeros(geometry["out_channels"], np.int64) if centred else rows.reshape(-1, depth).astype(np.int64).sum(1)
     zero_point = step.inputs[0].quant.zero_point
+    requantization = _requantization(step, layer, weight_sums, centred)
     return {**geometry, "input_zero_point": zero_point, "groups": groups, "isa": step.profile.isa,
             "centred": centred, "column_type": "int16_t" if centred else "int8_t",
             "pad_value": 0 if centred else zero_point,
             "contiguous_rows": groups == 1 and geometry["dilation_width"] == 1,
-            "weight": weight, **_requantization(step, layer, weight_sums, centred)}
+            "weight": weight, "vector_output": _vector_output(step, geometry, requantization), **requantization}
 
 
 def _transposed_taps(size: int, out: int, kernel: int, stride: int, pad: int, dilation: int) -> dict[str, np.ndarray]:
