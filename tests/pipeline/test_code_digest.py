@@ -17,7 +17,8 @@ def fresh_digests() -> Iterator[None]:
     """The digests are memoised per process; a test that edits code starts and ends with empty memos."""
     def clear() -> None:
         code_digest.stage_code_digest.cache_clear()
-        code_digest._imports.cache_clear()
+        code_digest._module_imports.cache_clear()
+        code_digest._module_file.cache_clear()
         code_digest._package_root.cache_clear()
     clear()
     yield

@@ -291,6 +291,8 @@ def test_native_histograms_count_exactly_what_numpy_counts(monkeypatch: pytest.M
     values = (rng.standard_t(3, size=(6, 20, 40, 150)) * rng.uniform(0.1, 10, 150)).astype(np.float32)
     values[2, 3, 4, 5] = 300.0  # a late outlier: windows widen and rebin
     values[:, :, :, 7] = 0.5  # a constant channel
+    values[values < -1.5] = 0.0  # ReLU-like runs of zeros, set aside and counted at once
+    values[0, 1, :, 9] = -0.0  # -0 counts in the bin of +0
     if layout == "channels last":
         values = values.transpose(0, 3, 1, 2)  # (N, C, H, W) seen over (N, H, W, C) memory, as after a conv
     axis = None if layout == "no channel axis" else 1

@@ -124,6 +124,15 @@ def test_arena_planner_reuses_memory_of_dead_tensors() -> None:
     assert plan.peak_bytes == 208  # a, b and c are all alive while c is computed
 
 
+def test_arena_planner_keeps_the_step_order_plan_where_largest_first_leaves_a_hole() -> None:
+    """VWW's head in small: largest first puts d, then a, at 0, so c must go above both b and d (peak 7); placed
+    in step order c sits where a was and d above it, the liveness bound (c and d alive together)."""
+    chain = [(["x"], ["a"]), (["a"], ["b"]), (["b"], ["c"]), (["c"], ["d"]), (["d"], ["y"])]
+    plan = plan_arena(chain, {"a": 3, "b": 2, "c": 2, "d": 4}, external={"x", "y"})
+    assert plan.peak_bytes == plan.lower_bound_bytes == 6
+    assert plan.placements["c"].offset == plan.placements["a"].offset == 0
+
+
 def test_missing_compiler_names_it_and_the_fix(tmp_path: Path) -> None:
     target = CTarget(CTarget.Options(compiler="dabuild-no-such-cc"))
     artifact = export(random_mlp(), tmp_path / "artifact", target)
