@@ -30,7 +30,7 @@ def _alias(step: Step) -> dict[str, Any]:
 
 
 for _op in ("identity", "reshape", "flatten", "squeeze", "unsqueeze"):
-    kernel(_op, "alias", inputs=CANONICAL, outputs=ALIAS)(_alias)
+    kernel(_op, "alias", inputs=CANONICAL, outputs=ALIAS, dtypes=("int8", "int16", "int16/int8"))(_alias)
 
 
 def source_offsets(step: Step, fill: float = -1) -> list[np.ndarray]:
