@@ -102,8 +102,12 @@ def artifact_size(space: TuningSpace, stored_bytes: StoredBytes, quantize: Calla
     """`size` as the artifact's bytes: each config quantized and measured by the target once (by its hash).
 
     The floor is the bytes of every node at its fewest bits (per tensor, fewest scales, where offered), the
-    scale the default config's."""
-    cost = Estimate(stored_bytes, quantize)
+    scale the default config's. Activations wider than 8 bits add the RAM bytes they take beyond int8
+    (`TuningSpace.wide_activation_bits`), as the counted size does."""
+    stored = Estimate(stored_bytes, quantize)
+
+    def cost(config: QuantConfig) -> int:
+        return stored(config) + space.wide_activation_bits(config) // 8
 
     def fewest(node: NodeSpace) -> NodeConfig:
         def key(choice: NodeConfig) -> tuple[int, int, int]:

@@ -59,6 +59,7 @@ class NodeSpace:
     weight_size: int  # elements of the node's constant weight (0: no weight)
     macs: int  # multiply-accumulates per sample through the weight (0: no weight)
     source: str | None  # the node whose activation quantizes this node's input (None: unknown, counted as float)
+    activation_size: int = 0  # elements per sample of the node's output (what its activation quantizes)
 
     @property
     def default(self) -> NodeConfig:
@@ -66,6 +67,12 @@ class NodeSpace:
 
     def weight_bits(self, choice: NodeConfig) -> int:
         return self.weight_size * dtype_bits(choice.weight.dtype if choice.weight else None)
+
+    def wide_activation_bits(self, choice: NodeConfig) -> int:
+        """The RAM bits an integer activation wider than 8 bits adds to its output over int8 (int16: 8 a value)."""
+        if choice.activation is None:
+            return 0
+        return self.activation_size * max(0, dtype_bits(choice.activation.dtype) - 8)
 
 
 @dataclass
@@ -82,8 +89,15 @@ class TuningSpace:
         return QuantConfig({name: FP32 for name in self.nodes})
 
     def size(self, config: QuantConfig) -> int:
-        """Total bits of the weights stored under `config`."""
-        return sum(node.weight_bits(config.nodes[name]) for name, node in self.nodes.items())
+        """Total bits of the weights stored under `config`, plus the RAM its activations wider than 8 bits add
+        (`wide_activation_bits`): int16 activations cost their extra byte a value, so the search takes them only
+        on the layers whose accuracy needs them (mixed 8/16)."""
+        return (sum(node.weight_bits(config.nodes[name]) for name, node in self.nodes.items())
+                + self.wide_activation_bits(config))
+
+    def wide_activation_bits(self, config: QuantConfig) -> int:
+        """Bits of activation RAM per sample beyond int8 storage that `config`'s wider activations take."""
+        return sum(node.wide_activation_bits(config.nodes[name]) for name, node in self.nodes.items())
 
     def bops(self, config: QuantConfig) -> int:
         """Bit operations per sample: multiply-accumulates x weight bits x input activation bits."""
@@ -212,7 +226,9 @@ def build_space(graph: Graph, capability: CapabilitySpec, narrowing: Mapping[str
             macs = int(weight.size) * (per_sample // int(channels or 1))
         first = node.inputs[0] if node.inputs else None
         source = producers[first].name if first in producers else input_consumers.get(first or "")
-        nodes[node.name] = NodeSpace(node.name, node.op, candidates, int(weight.size) if weight is not None else 0, macs, source)
+        activation_size = math.prod(int(d or 1) for d in shapes[node.outputs[0]].shape[1:]) if node.outputs else 0
+        nodes[node.name] = NodeSpace(node.name, node.op, candidates, int(weight.size) if weight is not None else 0, macs,
+                                     source, activation_size)
     return TuningSpace(nodes)
 
 
