@@ -8,6 +8,7 @@ the portable ones: the manifest's kernels say which ran).
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from pathlib import Path
 
@@ -18,6 +19,7 @@ pytest.importorskip("tflite_micro", reason="needs the tflite extra: pip install 
 
 from tflite_runtime import given_qgraph, inputs_for, model, run_tflm
 
+from dabuild.quant.config import QuantConfig
 from dabuild.quant.qgraph import QGraph
 from dabuild.quant.reference import quantize_input, run_integer
 from dabuild.targets.c import CTarget, read_manifest
@@ -83,3 +85,46 @@ def test_cortex_m_16x8_falls_back_to_the_portable_kernels_and_equals_tflm(cpu: s
     actual = target.run(artifact, quantize_input(qgraph, x), tmp_path)
     expected = run_tflm(path, qgraph, x)["output"]
     assert np.array_equal(actual.reshape(expected.shape), expected)
+
+
+def sixteen_bit(config: QuantConfig, *names: str) -> QuantConfig:
+    """`config` with the activations of the nodes `names` int16, asymmetric (zero points away from 0)."""
+    return QuantConfig({name: dataclasses.replace(node, activation=dataclasses.replace(
+        node.activation, dtype="int16", scheme="asym")) if name in names and node.activation else node
+        for name, node in config.nodes.items()})
+
+
+@pytest.mark.parametrize("rounding", ["dabuild", "tflm"])
+def test_mixed_8_16_with_broadcast_constant_add_and_asymmetric_int16_softmax(rounding: str, tmp_path: Path) -> None:
+    """input -> dense (int16 out) -> add of a broadcast constant (int16) -> relu -> dense -> reshape ->
+    transpose -> softmax (int16 in, asymmetric; TFLite's int16 softmax, whose
+    x - max drops the zero point): every layer's kernel takes its own mix of int8 and int16, exact."""
+    from test_lowering import graph_of, lower
+    from test_quantize import C_CAPABILITY
+
+    from dabuild.ir.graph import Node
+    from dabuild.quant.defaults import default_config
+
+    rng = np.random.default_rng(3)
+    nodes = [Node("fc1", "dense", ["x", "w1", "b1"], ["h"], {}),
+             Node("shift", "add", ["h", "offset"], ["s"], {}),
+             Node("rectify", "relu", ["s"], ["r"], {}),
+             Node("fc2", "dense", ["r", "w2", "b2"], ["z"], {}),
+             Node("rows", "reshape", ["z"], ["m"], {"shape": [0, 3, 4]}),
+             Node("swap", "transpose", ["m"], ["t"], {"perm": [0, 2, 1]}),
+             Node("probabilities", "softmax", ["t"], ["y"], {"axis": -1})]
+    graph = graph_of(nodes, (6,), {"w1": rng.normal(0, 0.5, (6, 10)), "b1": rng.normal(0, 0.1, 10),
+                                   "offset": rng.normal(1, 0.5, (10,)), "w2": rng.normal(0, 0.5, (10, 12)),
+                                   "b2": rng.normal(0, 0.1, 12)})
+    x = rng.normal(size=(64, 6)).astype(np.float32)
+    config = sixteen_bit(default_config(graph, C_CAPABILITY), "fc1", "shift", "fc2")
+    qgraph = lower(graph, x, config)
+    assert qgraph.tensors["shift:offset"].params.dtype == "int16"   # the add's broadcast addend: an int16 graph constant
+    assert {qgraph.tensors[name].params.dtype for name in ("h", "s", "r", "z", "t", "y")} == {"int16"}
+    assert qgraph.tensors["t"].params.zero_point != 0
+    target = CTarget(CTarget.Options(rounding=rounding))
+    artifact = built(target, qgraph, tmp_path)
+    x_q = quantize_input(qgraph, x)
+    expected = run_integer(target.integer_graph(qgraph), x_q)
+    ours = target.run(artifact, x_q, tmp_path)
+    assert np.array_equal(ours, expected.reshape(ours.shape))

@@ -1,7 +1,7 @@
 """The tuner choosing int16 activations per layer (mixed 8/16) where a capability offers them.
 
 An MLP whose fc1 has one outlier unit (300 times the others, which fc2 does not read): fc1's per-tensor int8 grid
-then loses the small units and no all-int8 config meets a 2.5 % goal. With int16 offered for dense activations, the space counts
+then loses the small units and no all-int8 config meets a 2.5 % goal. With int16 asked for dense activations (tuning.space; the c capability offers it), the space counts
 each int16 activation's extra byte a value (`TuningSpace.wide_activation_bits`, in `size`), so the cheapest
 config that meets the goal holds int16 on fc1 alone; the c target runs that mixed config (int8 in, int16 between
 fc1 and fc2, int8 out) to the integer reference's very integers.
@@ -27,12 +27,28 @@ from dabuild.tune.evaluate import EvalSetup, Evaluator
 from dabuild.tune.search import Goal
 from dabuild.tune.space import build_space
 
-SIXTEEN = C.model_copy(deep=True)   # dense: int8 or int16 activations; one weight and activation scheme each
-SIXTEEN.ops["dense"].activation.dtype = ["int8", "int16"]
-SIXTEEN.ops["dense"].activation.scheme = ["sym"]
-SIXTEEN.ops["dense"].activation.algorithm = ["minmax"]
-SIXTEEN.ops["dense"].weight.granularity = ["per_channel"]
-SIXTEEN.ops["dense"].weight.algorithm = ["minmax"]
+# The shipped c capability, int16 asked for dense activations; one weight and activation scheme each.
+SIXTEEN = {"op_type": {"dense": {"activation": {"dtype": ["int8", "int16"], "scheme": ["sym"], "algorithm": ["minmax"]},
+                                 "weight": {"granularity": ["per_channel"], "algorithm": ["minmax"]}}}}
+
+
+def test_int16_activations_enter_the_space_on_request_and_only_where_every_reader_takes_them() -> None:
+    """By default the space holds the c capability's int8 activations only; asked for, int16 stays off a node
+    an op without 16-bit kernels reads (sigmoid: a table over int8)."""
+    from test_lowering import graph_of
+
+    from dabuild.ir.graph import Node
+
+    rng = np.random.default_rng(0)
+    graph = graph_of([Node("fc1", "dense", ["x", "w1", "b1"], ["h"], {}), Node("squash", "sigmoid", ["h"], ["s"], {}),
+                      Node("fc2", "dense", ["s", "w2", "b2"], ["y"], {})], (4,),
+                     {"w1": rng.normal(size=(4, 4)), "b1": rng.normal(size=4), "w2": rng.normal(size=(4, 2)),
+                      "b2": rng.normal(size=2)})
+    plain = build_space(graph, C)
+    assert {c.activation.dtype for node in plain.nodes.values() for c in node.candidates if c.activation} == {"int8"}
+    asked = build_space(graph, C, SIXTEEN)
+    assert {c.activation.dtype for c in asked.nodes["fc1"].candidates} == {"int8"}    # sigmoid reads it
+    assert {c.activation.dtype for c in asked.nodes["fc2"].candidates} == {"int8", "int16"}
 
 
 def outlier_mlp(folder: Path) -> tuple[Evaluator, Graph]:
@@ -50,7 +66,7 @@ def outlier_mlp(folder: Path) -> tuple[Evaluator, Graph]:
 
 def test_the_tuner_puts_int16_on_the_one_layer_whose_accuracy_needs_it(tmp_path: Path) -> None:
     evaluator, graph = outlier_mlp(tmp_path)
-    space = build_space(graph, SIXTEEN)
+    space = build_space(graph, C, SIXTEEN)
     assert space.total() == 8
     goal = Goal("relative", 0.025)
     default = space.default()

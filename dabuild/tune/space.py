@@ -7,6 +7,9 @@ choice; plus fp32 (`NodeConfig(None, None)`: the node runs in float) when the
 capability allows fallback. This is what Intel Neural Compressor's
 `query_fw_capability` returns, op-wise and op-type-wise.
 
+Activation dtypes wider than 8 bits (int16) a capability lists are on request:
+the space holds them only where `tuning.space` lists them.
+
 `tuning.space` in the recipe narrows it like INC's `op_type_dict` and
 `op_name_dict`: per op type or per node name, per role, a list per field;
 op_name wins over op_type field by field. A narrowing the capability cannot
@@ -37,6 +40,10 @@ from dabuild.quant.layers.fallback import FLOAT_WRITING_OPS
 from dabuild.quant.lowering import quantizable_roles
 
 FP32 = NodeConfig(weight=None, activation=None)
+# Activation dtypes wider than this many bits (int16, TFLite's 16x8) enter the space only where tuning.space asks
+# for them by op type or node name: offered by default, they would double every node's activation choices, and so
+# the trials of every search whose int8 configs already meet the goal.
+WIDE_BITS = 8
 FLOAT_DTYPE = "fp32"
 FIELDS = ("dtype", "scheme", "granularity", "algorithm")
 OBJECTIVES = ("size", "bops")
@@ -206,6 +213,8 @@ def build_space(graph: Graph, capability: CapabilitySpec, narrowing: Mapping[str
         node.name: (entry.dtype, entry.scheme) for node in graph.nodes
                if (entry := capability.for_op(node.op).activation) is not None}
     given = given_choices(graph, offered)
+    readers = {node.name: [reader.op for reader in graph.nodes if set(reader.inputs) & set(node.outputs)]
+               for node in graph.nodes}
     _check_given_narrowing(graph, given, by_type, by_name)
     nodes: dict[str, NodeSpace] = {}
     for node in graph.nodes:
@@ -213,8 +222,10 @@ def build_space(graph: Graph, capability: CapabilitySpec, narrowing: Mapping[str
         if node.op in GIVEN_OPS:  # the model's own quantizer: nothing to choose
             candidates: tuple[NodeConfig, ...] = (NodeConfig(None, fixed["activation"]),)
         else:
-            candidates = _with_given(_candidates(node.name, node.op, capability, by_type.get(node.op, {}),
-                                                 by_name.get(node.name, {}), node.attrs.get("activation")), fixed)
+            own = _candidates(node.name, node.op, capability, by_type.get(node.op, {}), by_name.get(node.name, {}),
+                              node.attrs.get("activation"))
+            candidates = _with_given(_read_by_its_consumers(node.name, own, readers.get(node.name, []), capability),
+                                     fixed)
         weight = graph.constants.get(node.inputs[1]) if len(node.inputs) > 1 else None
         if "weight" not in (quantizable_roles(node.op) or ()):
             weight = None
@@ -230,6 +241,28 @@ def build_space(graph: Graph, capability: CapabilitySpec, narrowing: Mapping[str
         nodes[node.name] = NodeSpace(node.name, node.op, candidates, int(weight.size) if weight is not None else 0, macs,
                                      source, activation_size)
     return TuningSpace(nodes)
+
+
+def _read_by_its_consumers(name: str, candidates: tuple[NodeConfig, ...], readers: list[str],
+                           capability: CapabilitySpec) -> tuple[NodeConfig, ...]:
+    """The candidates whose output activation every op reading it takes: an activation wider than 8 bits only
+    where each reader's capability entry offers that dtype too (its kernels then take it as input: the c
+    target's 16-bit kernels, say), so no config holds a tensor a reader cannot run."""
+    def readable(choice: NodeConfig) -> bool:
+        if choice.activation is None or dtype_bits(choice.activation.dtype) <= 8:
+            return True
+        for op in readers:
+            entry = capability.for_op(op).activation
+            if entry is None or choice.activation.dtype not in entry.dtype:
+                return False
+        return True
+
+    kept = tuple(choice for choice in candidates if readable(choice))
+    if not kept:
+        raise BuildError(f"node {name!r}: tuning.space leaves only activations wider than 8 bits, which an op "
+                         f"reading it ({', '.join(sorted(set(readers)))}) does not take in capability "
+                         f"{capability.name!r}")
+    return kept
 
 
 def _check_given_narrowing(graph: Graph, given: Mapping[str, Mapping[str, Any]], by_type: Mapping[str, Any],
@@ -344,7 +377,10 @@ def _narrow(offered: QuantChoices, wanted: Mapping[str, list[str]], name: str, o
         values = list(getattr(offered, field))
         if field == "dtype":
             values = [d for d in values if is_int_type(d)]
-        asked = [v for v in wanted.get(field, values) if not (field == "dtype" and v == FLOAT_DTYPE)]
+        default = values
+        if field == "dtype" and role == "activation":   # wider activations (int16) on request only
+            default = [d for d in values if dtype_bits(d) <= WIDE_BITS]
+        asked = [v for v in wanted.get(field, default) if not (field == "dtype" and v == FLOAT_DTYPE)]
         for value in asked:
             if value not in values:
                 offered_text = ", ".join(values) or "none"

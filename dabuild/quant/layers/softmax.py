@@ -9,8 +9,8 @@ operands non-negative, so C's division gives the same), saturated to int8.
 The output params are fixed to scale 1/256, zero point -128: [0, 1) in 256
 steps, whatever calibration saw (1.0 itself saturates to 255/256).
 
-A 16-bit input (TFLite's 16x8, zero point 0) takes TFLite's int16 softmax
-instead, in every rounding (it is an algorithm of its own, not a
+A 16-bit input (TFLite's 16x8: int16, whose zero point drops out of x - max)
+takes TFLite's int16 softmax instead, in every rounding (it is an algorithm of its own, not a
 requantization): d = x - max(x) rescaled so [-65535, 0] spans [-10, 0]
 (`input_multiplier`, `input_shift`: TFLite's QuantizeMultiplier of
 s_x / (10 / 65535), applied as rounding tflm does), e = exp of it from a
@@ -151,9 +151,8 @@ def lower_softmax(ctx: Lowering) -> list[QLayer]:
         raise BuildError(f"{ctx.where}: fixed-point softmax needs a known non-batch axis of fewer than "
                          f"{INT32_MAX // 2**EXP_BITS + 1} elements (axis {axis} has {length})")
     if np.dtype(source.storage).itemsize == 2:
-        if source.zero_point != 0 or source.dtype != "int16":
-            raise BuildError(f"{ctx.where}: a 16-bit softmax (TFLite's) takes int16 with zero point 0, not "
-                             f"{source.dtype} with zero point {source.zero_point}")
+        if source.dtype != "int16":
+            raise BuildError(f"{ctx.where}: a 16-bit softmax (TFLite's) takes int16, not {source.dtype}")
         ctx.output(node.outputs[0], WIDE_OUTPUT_PARAMS)
         return [int16_softmax(node.name, list(node.inputs), list(node.outputs), axis, source.scale)]
     ctx.output(node.outputs[0], OUTPUT_PARAMS)

@@ -210,7 +210,8 @@ def render(qgraph: QGraph, profile: Profile = PROFILES[HOST]) -> Rendered:
 
     def pointer(tensor: str) -> str:
         if tensor in constant_names:
-            return constant_names[tensor]
+            wide = program.constants[tensor].quant.storage != "int8"
+            return f"(const int8_t *)(const void *){constant_names[tensor]}" if wide else constant_names[tensor]
         buffer = program.buffer.get(tensor, tensor)
         if buffer == program.input:  # token ids or int16: a kernel's int8 pointer, which it casts back
             return "(const int8_t *)(const void *)in" if wide_input else "in"
@@ -264,8 +265,8 @@ def render(qgraph: QGraph, profile: Profile = PROFILES[HOST]) -> Rendered:
         "input_min": int(np.iinfo(source.storage).min), "input_max": int(np.iinfo(source.storage).max),
         "output_scale": c_float(target.scale), "output_scale_decimal": f"{target.scale:.9g}",
         "output_zero_point": target.zero_point,
-        "constants": [{"ident": constant_names[name], "name": name, "values": qgraph.constants[name]}
-                      for name in program.constants],
+        "constants": [{"ident": constant_names[name], "name": name, "values": qgraph.constants[name],
+                       "type": f"{program.constants[name].quant.storage}_t"} for name in program.constants],
         "calls": calls,
         "input_name": qgraph.input,
         "indices": qgraph.takes_indices,
@@ -303,8 +304,9 @@ def stored_bytes(qgraph: QGraph, cpu: str | Profile = HOST) -> int:
 
 
 def _weight_bytes(qgraph: QGraph, program: Program, kernel_contexts: list[dict[str, Any]]) -> int:
-    """Bytes of every constant array of the artifact: the int8 graph constants and each kernel's arrays."""
-    return (sum(qgraph.constants[name].size for name in program.constants)
+    """Bytes of every constant array of the artifact: the integer graph constants and each kernel's arrays."""
+    return (sum(qgraph.constants[name].size * np.dtype(program.constants[name].quant.storage).itemsize
+                for name in program.constants)
             + sum(constant_bytes(context) for context in kernel_contexts))
 
 

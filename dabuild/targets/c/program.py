@@ -132,6 +132,9 @@ def build_program(qgraph: QGraph, profile: Profile = PROFILES[HOST]) -> Program:
 
     output = in_storage(qgraph.output, CANONICAL)
     if buffer[output] == buffer[qgraph.input]:  # nothing but aliases of the input: `out` needs a copy
+        if params[output] is not None and params[output].storage != "int8":
+            raise BuildError(f"the C target copies an int8 input to its output, not {params[output].dtype}: the "
+                             "graph only reshapes its 16-bit input")
         target = f"{qgraph.output}@out"
         storage[target], buffer[target], params[target] = storage[output], target, params[output]
         steps.append(Step(CONVERT, target, None, [operand(output)], [operand(target)]))

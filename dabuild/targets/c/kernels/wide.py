@@ -97,18 +97,21 @@ def wide_dense(step: Step) -> dict[str, Any]:
             "rows": step.inputs[0].size // layer.in_features}
 
 
-def _same_shapes(layer: QLayer, qgraph: QGraph, profile: Profile) -> str | None:
-    if any(name in qgraph.constants for name in layer.inputs):
-        return "a constant operand (16-bit inputs: activations only)"
-    shapes = {qgraph.tensors[name].shape for name in layer.inputs}
-    return None if len(shapes) == 1 else "inputs of different shapes (no broadcasting)"
+def _broadcast_offsets(source: Operand, shape: tuple[int, ...]) -> np.ndarray | None:
+    """Per output value, the offset of the value of `source` numpy broadcasting reads (None: the same offset)."""
+    rank = max(len(shape), len(source.shape))
+    offsets = np.arange(source.size).reshape(source.shape)
+    broadcast = np.broadcast_to(offsets.reshape((1,) * (rank - offsets.ndim) + offsets.shape), shape).ravel()
+    return None if np.array_equal(broadcast, np.arange(broadcast.size)) else np.ascontiguousarray(broadcast)
 
 
-@kernel("add", "wide_add", dtypes=WIDE, inputs=CANONICAL, outputs=CANONICAL, when=_same_shapes)
-@kernel("sub", "wide_add", dtypes=WIDE, inputs=CANONICAL, outputs=CANONICAL, when=_same_shapes)
+@kernel("add", "wide_add", dtypes=WIDE, inputs=CANONICAL, outputs=CANONICAL)
+@kernel("sub", "wide_add", dtypes=WIDE, inputs=CANONICAL, outputs=CANONICAL)
 def wide_add(step: Step) -> dict[str, Any]:
+    """Broadcast operands (and constant ones, int8 graph constants) read through offset tables."""
     layer: QAdd = step.layer  # type: ignore[assignment]
     return {**_types(step), "size": step.outputs[0].size, "sign": layer.sign, "left_shift": layer.left_shift,
+            "offsets": [_broadcast_offsets(source, step.outputs[0].shape) for source in step.inputs],
             "zero_points": [o.quant.zero_point for o in step.inputs],
             "input_multiplier": [int(m) for m in layer.input_multiplier],
             "input_shift": [int(s) for s in layer.input_shift],
