@@ -9,9 +9,9 @@ data (so, as in a trained network, it standardises its input) and random scale a
 activation ranges a trained network has without shipping trained weights. Quantized as the c capability
 chooses by default: int8 activations, int8 per-channel weights.
 
-  kws       DS-CNN, 1x49x10 MFCC -> 12 classes: 10x4 stride-2 stem, four depthwise-separable blocks.
-  vww       MobileNetV1 0.25, 3x96x96 -> 2 classes: thirteen depthwise-separable blocks.
-  ic        ResNet-8, 3x32x32 -> 10 classes: three residual stacks (16, 32, 64 channels).
+  kws       DS-CNN, 49x10x1 MFCC (NHWC) -> 12 classes: 10x4 stride-2 stem, four depthwise-separable blocks.
+  vww       MobileNetV1 0.25, 96x96x3 (NHWC) -> 2 classes: thirteen depthwise-separable blocks.
+  ic        ResNet-8, 32x32x3 (NHWC) -> 10 classes: three residual stacks (16, 32, 64 channels).
   ad        FC autoencoder, 640 -> 128 x4 -> 8 -> 128 x4 -> 640.
   wakeword  streaming wake-word DS-TCN (v1.3), 40 features x 30 frames of 32 ms -> 3 classes: four 1-D
             depthwise-separable blocks (kernels 3, 5, 10, 15, valid padding).
@@ -28,9 +28,9 @@ from dabuild.ir import Graph, Node, TensorSpec
 from dabuild.ir.interpreter import Interpreter
 from dabuild.ir.passes import optimize
 from dabuild.progress import Progress
+from dabuild.qir.qgraph import QGraph
 from dabuild.quant.calibrate import calibrate
 from dabuild.quant.defaults import default_config
-from dabuild.quant.qgraph import QGraph
 from dabuild.quant.quantize import quantize
 from dabuild.resources import data_dir
 
@@ -38,12 +38,17 @@ CALIBRATION_SAMPLES = 32
 
 
 class Builder:
-    """Appends layers with seeded random weights; batch norms take the statistics of the data they see."""
+    """Appends layers with seeded random weights; batch norms take the statistics of the data they see.
 
-    def __init__(self, shape: tuple[int, ...], seed: int = 0):
+    An image model's input is NHWC, as TFLite's converter gives it (`channels_last`): the graph transposes it to
+    the IR's NCHW first, which the c target takes as a view of the input's bytes (no copy)."""
+
+    def __init__(self, shape: tuple[int, ...], seed: int = 0, channels_last: bool = False):
         self.rng = np.random.default_rng(seed)
-        self.graph = Graph([TensorSpec("x", (None, *shape))], [], [], {})
-        self.data = self.rng.standard_normal((CALIBRATION_SAMPLES, *shape)).astype(np.float32)
+        stored = (*shape[1:], shape[0]) if channels_last else shape
+        self.graph = Graph([TensorSpec("x", (None, *stored))], [], [], {})
+        self.data = self.rng.standard_normal((CALIBRATION_SAMPLES, *stored)).astype(np.float32)
+        self.input = self.node("transpose", ["x"], perm=[0, len(shape), *range(1, len(shape))]) if channels_last else "x"
 
     def const(self, array: np.ndarray) -> str:
         name = f"c{len(self.graph.constants)}"
@@ -98,8 +103,8 @@ def pads_2d(height: int, width: int, kernel: tuple[int, int], stride: int) -> tu
 
 
 def kws() -> Graph:
-    b = Builder((1, 49, 10))
-    x = b.batch_norm(b.conv("x", 1, 64, (10, 4), (2, 2), pads_2d(49, 10, (10, 4), 2)))
+    b = Builder((1, 49, 10), channels_last=True)
+    x = b.batch_norm(b.conv(b.input, 1, 64, (10, 4), (2, 2), pads_2d(49, 10, (10, 4), 2)))
     for _ in range(4):
         x = b.batch_norm(b.conv(x, 64, 64, (3, 3), (1, 1), (1, 1, 1, 1), groups=64))
         x = b.batch_norm(b.conv(x, 64, 64, (1, 1), (1, 1), (0, 0, 0, 0)))
@@ -112,8 +117,8 @@ VWW_BLOCKS = ((16, 1), (32, 2), (32, 1), (64, 2), (64, 1), (128, 2), (128, 1), (
 
 
 def vww() -> Graph:
-    b = Builder((3, 96, 96))
-    x = b.batch_norm(b.conv("x", 3, 8, (3, 3), (2, 2), pads_2d(96, 96, (3, 3), 2)))
+    b = Builder((3, 96, 96), channels_last=True)
+    x = b.batch_norm(b.conv(b.input, 3, 8, (3, 3), (2, 2), pads_2d(96, 96, (3, 3), 2)))
     channels, size = 8, 48
     for filters, stride in VWW_BLOCKS:
         x = b.batch_norm(b.conv(x, channels, channels, (3, 3), (stride, stride), pads_2d(size, size, (3, 3), stride),
@@ -126,8 +131,8 @@ def vww() -> Graph:
 
 
 def ic() -> Graph:
-    b = Builder((3, 32, 32))
-    x = b.batch_norm(b.conv("x", 3, 16, (3, 3), (1, 1), (1, 1, 1, 1)))
+    b = Builder((3, 32, 32), channels_last=True)
+    x = b.batch_norm(b.conv(b.input, 3, 16, (3, 3), (1, 1), (1, 1, 1, 1)))
     channels, size = 16, 32
     for filters in (16, 32, 64):
         stride = 1 if filters == channels else 2

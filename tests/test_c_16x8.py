@@ -19,9 +19,9 @@ pytest.importorskip("tflite_micro", reason="needs the tflite extra: pip install 
 
 from tflite_runtime import given_qgraph, inputs_for, model, run_tflm
 
+from dabuild.qir.qgraph import QGraph
+from dabuild.qir.reference import quantize_input, run_integer
 from dabuild.quant.config import QuantConfig
-from dabuild.quant.qgraph import QGraph
-from dabuild.quant.reference import quantize_input, run_integer
 from dabuild.targets.c import CTarget, read_manifest
 
 

@@ -21,10 +21,10 @@ from test_quantize import C_CAPABILITY
 
 from dabuild.errors import BuildError
 from dabuild.ir import Graph, Node
+from dabuild.qir.fixed_point import requantize
+from dabuild.qir.qgraph import QGraph
+from dabuild.qir.reference import run_integer
 from dabuild.quant.defaults import default_config
-from dabuild.quant.fixed_point import requantize
-from dabuild.quant.qgraph import QGraph
-from dabuild.quant.reference import run_integer
 from dabuild.targets.c import CTarget
 from dabuild.targets.c.codegen import COMMON_HEADER, render
 
@@ -70,6 +70,10 @@ CASES: dict[str, tuple[list[Node], tuple[int, ...], dict[str, np.ndarray], str, 
     "depthwise multiplier 2 stride": ([conv_node("c", "x", "y", groups=4, strides=[2, 1])], (4, 7, 7),
                                       {"c_w": weights(8, 1, 3, 3), "c_b": weights(8)}, "per_tensor",
                                       {"conv_depthwise"}),
+    "depthwise dilated stride past the band": (   # a 2x3 window dilated 2 rows spans 3 rows; stride 4 skips one
+        [conv_node("c", "x", "y", groups=8, dilations=[2, 1], strides=[4, 2], pads=[1, 1, 2, 0],
+                   activation="relu")], (8, 13, 11),
+        {"c_w": weights(8, 1, 2, 3), "c_b": weights(8)}, "per_channel", {"conv_depthwise"}),
     "depthwise 6 channels asymmetric pads": ([conv_node("c", "x", "y", groups=6, pads=[0, 1, 1, 0])], (6, 5, 6),
                                              {"c_w": weights(6, 1, 3, 3), "c_b": weights(6)}, "per_tensor",
                                              {"conv_depthwise"}),
@@ -87,6 +91,11 @@ CASES: dict[str, tuple[list[Node], tuple[int, ...], dict[str, np.ndarray], str, 
                              Node("plus", "add", ["a", "b"], ["y"], {})], (3, 5, 5),
                             {"c_w": weights(3, 3, 1, 1), "c_b": weights(3), "d_w": weights(3, 3, 3, 3),
                              "d_b": weights(3)}, "per_tensor", {"add"}),
+    "add of feature maps then relu": (   # the relu fused into the add (no step of its own); 75 values, 4 | 72
+        [conv_node("c", "x", "a"), conv_node("d", "x", "b", pads=[1, 1, 1, 1]), Node("plus", "add", ["a", "b"], ["s"], {}),
+         Node("r", "relu", ["s"], ["y"], {})], (3, 5, 5),
+        {"c_w": weights(3, 3, 1, 1), "c_b": weights(3), "d_w": weights(3, 3, 3, 3), "d_b": weights(3)}, "per_tensor",
+        {"add"}),
     "sub of feature maps": ([conv_node("c", "x", "a"), conv_node("d", "x", "b", pads=[1, 1, 1, 1]),
                              Node("minus", "sub", ["a", "b"], ["y"], {})], (3, 5, 5),
                             {"c_w": weights(3, 3, 1, 1), "c_b": weights(3), "d_w": weights(3, 3, 3, 3),
@@ -154,6 +163,9 @@ CASES: dict[str, tuple[list[Node], tuple[int, ...], dict[str, np.ndarray], str, 
     "transpose of feature maps": ([conv_node("c", "x", "a", pads=[1, 1, 1, 1]),
                                    Node("t", "transpose", ["a"], ["y"], {"perm": [0, 2, 3, 1]})], (3, 4, 5),
                                   {"c_w": weights(4, 3, 3, 3), "c_b": weights(4)}, "per_tensor", {"gather"}),
+    "conv of an NHWC input": ([Node("t", "transpose", ["x"], ["xt"], {"perm": [0, 3, 1, 2]}),
+                               conv_node("c", "xt", "y", pads=[1, 1, 1, 1])], (5, 6, 4),
+                              {"c_w": weights(6, 4, 3, 3), "c_b": weights(6)}, "per_channel", {"conv"}),
     "slice steps": ([Node("s", "slice", ["x"], ["y"], {"starts": [1, 0, -1], "ends": [3, 5, -6], "axes": [1, 3, 2],
                                                        "steps": [1, 2, -2]})], (3, 6, 5), {}, "per_tensor",
                     {"gather"}),
@@ -235,8 +247,19 @@ def test_kernel_equals_the_integer_reference(case: str, tmp_path: Path) -> None:
     assert np.array_equal(actual, expected), f"{np.sum(actual != expected)} of {expected.size} outputs differ"
     assert len(np.unique(expected)) > 3  # the case exercises real values, not one saturated constant
     assert CASES[case][4] <= set(manifest["kernels"].values())
+    if "then relu" in case:   # fused: the relu after the add has no step
+        assert "r" not in manifest["kernels"] and manifest["kernels"]["plus"] == "add"
     arena = manifest["arena"]
     assert arena["lower_bound_bytes"] <= arena["peak_bytes"] <= 1.05 * arena["lower_bound_bytes"]
+
+
+def test_an_nhwc_input_reaches_the_conv_as_it_comes(tmp_path: Path) -> None:
+    """The transpose of an NHWC input to the IR's NCHW is a view of the input's bytes, channels last as the conv
+    wants them: no step copies the input (the conv's output still leaves through a conversion to canonical)."""
+    actual, expected, manifest = build_and_run(lowered("conv of an NHWC input"), tmp_path)
+    assert np.array_equal(actual, expected)
+    assert "t" not in manifest["kernels"] and "x@channels_last" not in manifest["kernels"]
+    assert list(manifest["kernels"].values()) == ["conv", "gather"]
 
 
 def requantize_cases() -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -15,16 +15,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import REPO
-from test_c_kernels import CASES, STRICT, lowered, small_cnn, weights
+from test_c_kernels import CASES, STRICT, lowered, requantize_cases, small_cnn, weights
 from test_lowering import graph_of, image, lower, with_weights
 from test_quantize import C_CAPABILITY
 
 from dabuild.cli import main
 from dabuild.errors import BuildError
+from dabuild.qir.fixed_point import requantize
+from dabuild.qir.reference import run_integer
 from dabuild.quant.defaults import default_config
-from dabuild.quant.reference import run_integer
-from dabuild.targets.c import CTarget
-from dabuild.targets.c.codegen import stored_bytes
+from dabuild.targets.c import CTarget, firmware
+from dabuild.targets.c.codegen import COMMON_HEADER, stored_bytes
 from dabuild.targets.c.kernels.linear import interleave
 from dabuild.targets.c.profiles import PROFILES
 
@@ -38,7 +39,9 @@ WEIGHTED = ["dense per tensor", "dense per channel relu6", "conv 3x3 pad 1", "co
             "conv stride 2 asymmetric pads per channel",
             "conv dilation 2 clip", "conv groups 2", "conv 1x1 no pad", "conv1d", "depthwise",
             "depthwise 6 channels asymmetric pads",
-            "depthwise multiplier 2 stride"]
+            "depthwise multiplier 2 stride", "depthwise dilated stride past the band"]
+# every case whose kernels have a portable, a DSP and a Helium path
+ISA_PATHS = [*WEIGHTED, "add of feature maps then relu"]
 
 # conv cases whose window rows (kernel width x channels bytes) are no whole number of 16-byte Helium vectors
 ROWS_NOT_VECTORS = ("conv 3x3 pad 1", "conv stride 2 asymmetric pads per channel", "conv1d")
@@ -59,7 +62,7 @@ def run_in_qemu(qgraph, folder: Path, cpu: str, cflags: list[str] = STRICT,
 
 @pytest.mark.slow
 @pytest.mark.parametrize("cpu", VARIANTS)
-@pytest.mark.parametrize("case", WEIGHTED)
+@pytest.mark.parametrize("case", ISA_PATHS)
 def test_kernel_variant_equals_the_integer_reference_in_qemu(case: str, cpu: str, tmp_path: Path) -> None:
     actual, expected, manifest, _ = run_in_qemu(lowered(case), tmp_path, cpu)
     assert np.array_equal(actual, expected), f"{np.sum(actual != expected)} of {expected.size} outputs differ"
@@ -70,8 +73,43 @@ def test_kernel_variant_equals_the_integer_reference_in_qemu(case: str, cpu: str
         assert manifest["kernels"]["c"] == ("conv_mcu" if im2col else "conv_rows")
 
 
+def test_helium_requantize_rounds_every_tie_as_the_reference(tmp_path: Path) -> None:
+    """dabuild_requantize32_mve (VMULH of |acc|, a rounding shift, the sign put back), four lanes at a time on
+    the M55 in qemu, against the reference on requantize_cases' extremes, random values and exact ties of both
+    signs at every shift it takes (33..62, |acc| < 2^31)."""
+    acc, multiplier, shift = requantize_cases()
+    taken = (shift >= 33) & (np.abs(acc) <= 2**31 - 1)
+    acc, multiplier, shift = acc[taken], multiplier[taken], shift[taken]
+    padding = -len(acc) % 4
+    acc, multiplier, shift = (np.concatenate([a, a[:padding]]) for a in (acc, multiplier, shift))
+    profile = PROFILES["cortex-m55"]
+    artifact = tmp_path / "artifact"
+    CTarget(CTarget.Options(cpu=profile.name)).export(lowered("relu"), artifact)
+    arrays = "\n".join(f"static const int32_t {name}[{len(values)}] = {{{', '.join(map(str, values))}}};"
+                        for name, values in (("acc", acc), ("multiplier", multiplier), ("shift", shift)))
+    (artifact / "main.c").write_text(f"""#include <stdio.h>
+#include "{COMMON_HEADER}"
+{arrays}
+int main(int argc, char **argv)
+{{
+    static int32_t result[{len(acc)}];
+    FILE *file = fopen("outputs.bin", "wb");
+    (void)argc;
+    (void)argv;
+    for (int32_t i = 0; i < {len(acc)}; i += 4) {{
+        vst1q_s32(result + i, dabuild_requantize32_mve(vld1q_s32(acc + i), vld1q_s32(multiplier + i), vld1q_s32(shift + i)));
+    }}
+    return file == NULL || fwrite(result, sizeof result, 1, file) != 1 || fclose(file) != 0;
+}}
+""")
+    image = firmware.build_image(profile, STRICT, artifact, tmp_path / "image")
+    firmware.run_image(profile, image.elf, tmp_path, timeout=60)
+    actual = np.fromfile(tmp_path / "outputs.bin", np.int32)
+    assert len(acc) > 500 and np.array_equal(actual, requantize(acc, multiplier, shift))
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("case", sorted(set(CASES) - set(WEIGHTED)))
+@pytest.mark.parametrize("case", sorted(set(CASES) - set(ISA_PATHS)))
 def test_every_other_kernel_equals_the_integer_reference_in_qemu(case: str, tmp_path: Path) -> None:
     """The kernels without an ISA-specific loop, cross-compiled once (for the core whose helpers use Helium)."""
     actual, expected, manifest, _ = run_in_qemu(lowered(case), tmp_path, "cortex-m55")

@@ -19,9 +19,9 @@ from test_tuning import C
 from dabuild.ir import interpreter
 from dabuild.ir.graph import Graph
 from dabuild.progress import Progress
+from dabuild.qir.reference import quantize_input, run_integer
 from dabuild.quant.calibrate import Stats, calibrate
 from dabuild.quant.quantize import quantize
-from dabuild.quant.reference import quantize_input, run_integer
 from dabuild.targets.c import CTarget
 from dabuild.tune.evaluate import EvalSetup, Evaluator
 from dabuild.tune.search import Goal
@@ -60,7 +60,7 @@ def outlier_mlp(folder: Path) -> tuple[Evaluator, Graph]:
     graph.save(folder / "graph")
     calibrate(graph, [{"x": x[:200]}], Progress.silent()).save(folder / "stats")
     labels = interpreter.run(graph, {"x": x[200:]})["h3"].argmax(axis=1)
-    return Evaluator(EvalSetup(folder / "graph", folder / "stats", x[200:], labels, "accuracy", None, 200)), \
+    return Evaluator(EvalSetup(folder / "graph", folder / "stats", x[200:], labels, "accuracy", 200)), \
         Graph.load(folder / "graph")
 
 

@@ -51,6 +51,11 @@ class Storage:
             step *= self.shape[axis]
         return tuple(strides)
 
+    def permuted(self, perm: tuple[int, ...]) -> Storage:
+        """The same bytes as the transpose by `perm` (output axis k is this storage's axis perm[k]) sees them:
+        every value stays where it is, so the output's memory order is this one's, renamed."""
+        return Storage(tuple(self.shape[axis] for axis in perm), tuple(perm.index(axis) for axis in self.order))
+
     def same_bytes(self, other: Storage) -> bool:
         """Both storages put every value at the same offset (axes of size 1 do not move anything)."""
         return (self.shape == other.shape

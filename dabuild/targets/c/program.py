@@ -5,11 +5,17 @@ spec fits (`kernels.select`); its activation inputs are converted when the
 kernel wants another storage (a conversion step, done once per tensor and
 storage and shared by every reader), and its outputs get the storage the
 kernel produces. Alias layers (reshape, flatten, ...) emit no step: their
-output is their input's buffer. A float island's tensors (`QGraph.floats`)
+output is their input's buffer; a transpose is one too, its output the
+input's bytes in a renamed storage order. A float island's tensors (`QGraph.floats`)
 are float32, canonical, without quantization params; the float constants its
 layers read are the step's own (`Step.constants`), not int8 graph constants. The graph output must end canonical in `out`,
 and the buffer it lives in becomes `out` itself, so the last kernel writes
 there directly.
+
+A clamp that is the only reader of an add's (or sub's) output, right after it
+(a residual block's relu; `reference.absorbed_clamps`), is fused: the add's
+step writes the clamp's output, clamped to its bounds, and the clamp takes no
+step, as TFLM fuses the activation into ADD.
 """
 
 from __future__ import annotations
@@ -17,11 +23,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dabuild.errors import BuildError
-from dabuild.quant.layers.shape import QConcat
-from dabuild.quant.qgraph import QGraph, QLayer
+from dabuild.qir.layers.shape import QConcat, QSelection
+from dabuild.qir.qgraph import QGraph, QLayer
+from dabuild.qir.reference import absorbed_clamps
 from dabuild.targets.c.kernels import KERNELS, Kernel, Operand, Step, select
 from dabuild.targets.c.kernels.movement import conversion_storage
-from dabuild.targets.c.kernels.registry import ALIAS, ANY, CANONICAL, CHANNELS_LAST, SAME
+from dabuild.targets.c.kernels.registry import ALIAS, ANY, CANONICAL, CHANNELS_LAST, SAME, VIEW
 from dabuild.targets.c.layout import Storage
 from dabuild.targets.c.profiles import HOST, PROFILES, Profile
 
@@ -104,7 +111,10 @@ def build_program(qgraph: QGraph, profile: Profile = PROFILES[HOST]) -> Program:
             converted[key] = target
         return converted[key]
 
-    for layer in qgraph.layers:
+    fused = absorbed_clamps(qgraph)
+    for index, layer in enumerate(qgraph.layers):
+        if index - 1 in fused:   # the clamp the add before it applies
+            continue
         if _touches_batch(layer, len(shape(layer.inputs[0])) + 1):
             raise BuildError(f"layer {layer.name!r}: {layer.op} along the batch axis; the C model runs one sample "
                              "at a time")
@@ -121,14 +131,20 @@ def build_program(qgraph: QGraph, profile: Profile = PROFILES[HOST]) -> Program:
             else:
                 inputs.append(operand(in_storage(name, chosen.inputs)))
         outputs = []
-        for name in layer.outputs:
+        for name in fused.get(index, layer).outputs:
             if chosen.outputs == ALIAS:
                 storage[name], buffer[name] = Storage.canonical(shape(name)), buffer[inputs[0].name]
+                continue
+            if chosen.outputs == VIEW:   # a transpose: the batch axis stays first (_touches_batch)
+                assert isinstance(layer, QSelection)
+                perm = tuple(axis - 1 for axis in layer.op_attrs["perm"][1:])
+                storage[name], buffer[name] = inputs[0].storage.permuted(perm), buffer[inputs[0].name]
                 continue
             storage[name], buffer[name] = _output_storage(chosen.outputs, shape(name), inputs), name
             outputs.append(operand(name))
         if outputs:
-            steps.append(Step(chosen, layer.name, layer, inputs, outputs, profile, float_constants, qgraph.rounding))
+            steps.append(Step(chosen, layer.name, layer, inputs, outputs, profile, float_constants, qgraph.rounding,
+                              fused.get(index)))
 
     output = in_storage(qgraph.output, CANONICAL)
     if buffer[output] == buffer[qgraph.input]:  # nothing but aliases of the input: `out` needs a copy

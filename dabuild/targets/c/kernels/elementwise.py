@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from dabuild.quant.fixed_point import INT32_MAX, requantize
-from dabuild.quant.layers.elementwise import QAdd, QClamp, QLookup, QMul, QPrelu
+from dabuild.qir.fixed_point import INT32_MAX, requantize
+from dabuild.qir.layers.elementwise import QAdd, QClamp, QLookup, QMul, QPrelu
 from dabuild.targets.c.kernels.registry import Operand, Step, kernel
 from dabuild.targets.c.layout import Storage, Walk, broadcast_strides
 
@@ -53,12 +53,16 @@ def rescale_table(layer: QAdd, operand: Operand, index: int, rounding: str) -> n
 @kernel("sub", "add")
 def add(step: Step) -> dict[str, Any]:
     """`contiguous`, `narrow_sum` and `vector_shift` (every operand one flat run, the two terms' sum within int32,
-    a shift of 33..62) admit the 32-bit requantization, and on Helium four elements per pass."""
+    a shift of 33..62) admit the 32-bit requantization, and on Helium four elements per pass. The output is
+    clamped to the output type's range, or to the bounds of the clamp fused into the step (a relu after it)."""
     layer: QAdd = step.layer  # type: ignore[assignment]
     walk = binary_walk(step)
     tables = [rescale_table(layer, operand, index, step.rounding) for index, operand in enumerate(step.inputs)]
     shift = int(layer.shift[0])
-    return {"walk": walk, "sign": "+" if layer.sign > 0 else "-", "tables": tables,
+    output = step.outputs[0].quant
+    low, high = (output.qmin, output.qmax) if step.clamp is None else (max(output.qmin, step.clamp.low),
+                                                                        min(output.qmax, step.clamp.high))
+    return {"walk": walk, "sign": "+" if layer.sign > 0 else "-", "tables": tables, "low": low, "high": high,
             "offsets": [-operand.quant.qmin for operand in step.inputs],
             "multiplier": int(layer.multiplier[0]), "shift": shift,
             "output_zero_point": step.outputs[0].quant.zero_point,

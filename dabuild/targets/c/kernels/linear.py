@@ -4,8 +4,8 @@ The input zero point leaves the inner loop. dense and depthwise conv use
 sum (x - zp) * w = sum x * w - zp * sum w, with zp * sum w in the bias at
 export time (the raw sum stays inside int32: |x| <= 128 < 255, which the
 lowering's overflow bound covers; the corrected bias joins it in int64), and
-depthwise reads a copy of its input bordered by the zero point, so every
-window is whole.
+depthwise reads its input through a ring of the padded rows one output row
+spans, bordered by the zero point, so every window is whole.
 
 The general conv is a small GEMM. Per tile of output pixels it gathers their
 windows, centred (x - zp, and 0 where the window pads: a padded x - zp is
@@ -38,9 +38,9 @@ from typing import Any
 import numpy as np
 
 from dabuild.errors import BuildError
-from dabuild.quant.fixed_point import INT32_MAX
-from dabuild.quant.layers.linear import QConv, QConvTranspose, QDense, QWeighted
-from dabuild.quant.qgraph import QGraph
+from dabuild.qir.fixed_point import INT32_MAX
+from dabuild.qir.layers.linear import QConv, QConvTranspose, QDense, QWeighted
+from dabuild.qir.qgraph import QGraph
 from dabuild.targets.c.kernels.registry import CANONICAL, CHANNELS_LAST, Step, kernel
 from dabuild.targets.c.profiles import DSP, HOST, MVE, PORTABLE, Profile
 
@@ -130,9 +130,15 @@ def _conv_window(step: Step) -> dict[str, int]:
     return geometry
 
 
-def _padded_bytes(step: Step) -> int:
+def _band_rows(geometry: dict[str, int]) -> int:
+    """The padded input rows one output row's windows span."""
+    return (geometry["kernel_height"] - 1) * geometry["dilation_height"] + 1
+
+
+def _ring_bytes(step: Step) -> int:
+    """Depthwise scratch: a ring of the padded rows one output row reads (row_band.j2), none without padding."""
     geometry = _conv_window(step)
-    return geometry["padded_height"] * geometry["padded_width"] * geometry["channels"] if geometry["padded"] else 0
+    return _band_rows(geometry) * geometry["padded_width"] * geometry["channels"] if geometry["padded"] else 0
 
 
 # The GEMM conv's register block (int32 sums kept in locals), the pixels gathered per tile, and the
@@ -148,10 +154,11 @@ def _round_up(value: int, multiple: int) -> int:
 
 
 def _gemm_shape(step: Step, channel_block: int, pixel_block: int, tile_pixels: int,
-                depth_multiple: int) -> dict[str, int]:
-    """The geometry of a GEMM conv with this register block, tile and depth multiple."""
+                depth_multiple: int, window: dict[str, int] | None = None) -> dict[str, int]:
+    """The geometry of a GEMM conv with this register block, tile and depth multiple (over `window`, the layer's
+    own by default)."""
     layer: QConv = step.layer  # type: ignore[assignment]
-    geometry = _conv_window(step)
+    geometry = window or _conv_window(step)
     group_channels = int(layer.weight.shape[1])
     window_depth = geometry["kernel_height"] * geometry["kernel_width"] * group_channels
     return {**geometry, "group_channels": group_channels, "window_depth": window_depth,
@@ -191,12 +198,12 @@ def _planar_weight(layer: QConv) -> np.ndarray:
 
 
 @kernel("conv", "conv_depthwise", config="weighted", inputs=CHANNELS_LAST, outputs=CHANNELS_LAST, granularities=BOTH,
-        when=_depthwise, scratch=_padded_bytes)
+        when=_depthwise, scratch=_ring_bytes)
 def conv_depthwise(step: Step) -> dict[str, Any]:
     layer: QConv = step.layer  # type: ignore[assignment]
     weight = _planar_weight(layer)  # (O, kh, kw, 1)
     geometry = _conv_window(step)
-    return {**geometry, "input_zero_point": step.inputs[0].quant.zero_point,
+    return {**geometry, "input_zero_point": step.inputs[0].quant.zero_point, "band_rows": _band_rows(geometry),
             "depth_multiplier": geometry["out_channels"] // geometry["channels"],
             "weight": np.ascontiguousarray(weight[..., 0].transpose(1, 2, 0)),  # [kh][kw][out]
             **_requantization(step, layer, weight.astype(np.int64).sum(axis=(1, 2, 3)))}
@@ -211,7 +218,7 @@ def conv(step: Step) -> dict[str, Any]:
     _, weight = _gemm_weight(step, geometry, np.int16)
     return {**geometry, "input_zero_point": step.inputs[0].quant.zero_point, "groups": groups,
             "channel_block": CHANNEL_BLOCK, "pixel_block": PIXEL_BLOCK, "isa": HOST, "centred": True,
-            "column_type": "int16_t", "pad_value": 0,
+            "column_type": "int16_t", "pad_value": 0, "vector_output": False,
             # one window row is contiguous in both source and columns when no group or dilation interleaves it
             "contiguous_rows": groups == 1 and geometry["dilation_width"] == 1,
             "weight": weight, **_requantization(step, layer, np.zeros(geometry["out_channels"], np.int64), centred=True)}
@@ -271,10 +278,27 @@ def _fits_nibbles(weight: np.ndarray) -> bool:
 def _rows_geometry(step: Step) -> dict[str, int]:
     """`conv_rows`' geometry: 2 channels x 2 pixels per block (the 13 usable registers of a DSP core hold 4 sums,
     4 widened weight pairs and a widened pixel word; see conv_mcu), 3 pixels on Helium when the output row is a
-    multiple of 3 (its sums cost no widening registers)."""
+    multiple of 3 or long enough that its last partial block costs little (its sums cost no widening registers).
+
+    A 1x1 conv of stride 1 without padding reads each pixel's channels alone, so its whole input is one row of
+    height x width pixels: blocks run across what were row ends (KWS's 25 x 5 pointwise convs: 41 blocks of 3
+    pixels and one of 2, where rows of 5 took 2 + 2 + 1 each)."""
     window = _conv_window(step)
-    pixel_block = 3 if step.profile.isa == MVE and window["out_width"] % 3 == 0 else 2
-    return _gemm_shape(step, 2, pixel_block, pixel_block, 1)
+    if _pointwise(window):
+        pixels = window["out_height"] * window["out_width"]
+        window = {**window, "height": 1, "width": pixels, "out_height": 1, "out_width": pixels,
+                  "padded_height": 1, "padded_width": pixels}
+    width = window["out_width"]
+    pixel_block = 3 if step.profile.isa == MVE and (width % 3 == 0 or width >= LONG_ROW) else 2
+    return _gemm_shape(step, 2, pixel_block, pixel_block, 1, window)
+
+
+LONG_ROW = 24   # output pixels from which Helium's conv_rows takes blocks of 3 whatever the remainder
+
+
+def _pointwise(window: dict[str, int]) -> bool:
+    return (window["kernel_height"] == window["kernel_width"] == window["stride_height"] == window["stride_width"] == 1
+            and not window["padded"])
 
 
 def _band_bytes(step: Step) -> int:
@@ -302,15 +326,19 @@ def conv_rows(step: Step) -> dict[str, Any]:
         weight = pack_nibbles(weight.reshape(len(weight[0]), geometry["kernel_height"], row_bytes))
     weight_row = -(-row_bytes // 2) if nibbles else row_bytes
     requantization = _requantization(step, layer, 0 * weight_sums if centred else weight_sums, centred)
-    shifts = np.asarray(layer.shift)
-    # Helium requantizes four outputs at once where the sums fit int32, every shift is 33..62 (see
-    # dabuild_requantize32_mve, which rounds as dabuild does) and the channels fill whole blocks
-    vector_output = (step.profile.isa == MVE and requantization["narrow_sum"] and step.rounding == "dabuild"
-                     and bool(np.all((shifts >= 33) & (shifts <= 62)))
-                     and geometry["block_outputs"] == geometry["out_channels"])
+    vector_output = _vector_output(step, geometry, requantization)
     return {**geometry, "input_zero_point": step.inputs[0].quant.zero_point, "isa": step.profile.isa,
             "weight": weight, "nibbles": nibbles, "centred": centred, "weight_row": weight_row,
             "weight_depth": geometry["kernel_height"] * weight_row, "vector_output": vector_output, **requantization}
+
+
+def _vector_output(step: Step, geometry: dict[str, int], requantization: dict[str, Any]) -> bool:
+    """Whether a Helium GEMM conv requantizes two pixels x two channels as one vector (mve_outputs.j2): where the
+    sums fit int32, every shift is 33..62 (see dabuild_requantize32_mve, which rounds as dabuild does), the
+    channels fill whole blocks and no group offsets them."""
+    layer: QConv = step.layer  # type: ignore[assignment]
+    return (step.profile.isa == MVE and requantization["narrow_sum"] and requantization["vector_requantize"]
+            and layer.groups == 1 and geometry["block_outputs"] == geometry["out_channels"])
 
 
 @kernel("conv", "conv_mcu", config="weighted", inputs=CHANNELS_LAST, outputs=CHANNELS_LAST, granularities=BOTH,
@@ -325,11 +353,12 @@ def conv_mcu(step: Step) -> dict[str, Any]:
     centred = step.profile.isa != MVE  # int16 columns x - zp; else int8 columns x with zp folded into the bias
     weight_sums = np.zeros(geometry["out_channels"], np.int64) if centred else rows.reshape(-1, depth).astype(np.int64).sum(1)
     zero_point = step.inputs[0].quant.zero_point
+    requantization = _requantization(step, layer, weight_sums, centred)
     return {**geometry, "input_zero_point": zero_point, "groups": groups, "isa": step.profile.isa,
             "centred": centred, "column_type": "int16_t" if centred else "int8_t",
             "pad_value": 0 if centred else zero_point,
             "contiguous_rows": groups == 1 and geometry["dilation_width"] == 1,
-            "weight": weight, **_requantization(step, layer, weight_sums, centred)}
+            "weight": weight, "vector_output": _vector_output(step, geometry, requantization), **requantization}
 
 
 def _transposed_taps(size: int, out: int, kernel: int, stride: int, pad: int, dilation: int) -> dict[str, np.ndarray]:

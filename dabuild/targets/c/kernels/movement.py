@@ -1,10 +1,10 @@
-"""Kernels that move int8 values: zero-copy aliases, gathers (transpose, slice, split, layout conversion),
-pad and concat.
+"""Kernels that move int8 values: zero-copy aliases and views (transpose), gathers (slice, split, layout
+conversion), pad and concat.
 
 The source offset of every output value is not re-derived here from each
 op's attributes: the IR op itself runs on an array holding each input
 value's storage offset, so its output holds, per output value, the offset it
-copies (pad: -1 where it fills). Transpose, slice and split give an affine map
+copies (pad: -1 where it fills). Slice and split give an affine map
 (a base and one stride per axis), which becomes a strided loop nest; pad gives
 one offset table per axis. Whatever the op's attribute conventions, the C
 code moves exactly the values the reference moves.
@@ -18,8 +18,8 @@ import numpy as np
 
 from dabuild.errors import BuildError
 from dabuild.ir.ops import OPS
-from dabuild.quant.layers.shape import QConcat, QSelection
-from dabuild.targets.c.kernels.registry import ALIAS, CANONICAL, Operand, Step, kernel
+from dabuild.qir.layers.shape import QConcat, QSelection
+from dabuild.targets.c.kernels.registry import ALIAS, CANONICAL, VIEW, Operand, Step, kernel
 from dabuild.targets.c.layout import Storage, Walk
 
 FILL = -(1 << 28)  # a pad table's mark: any sum holding one is negative (rank <= 7, offsets < 2**28)
@@ -31,6 +31,10 @@ def _alias(step: Step) -> dict[str, Any]:
 
 for _op in ("identity", "reshape", "flatten", "squeeze", "unsqueeze"):
     kernel(_op, "alias", inputs=CANONICAL, outputs=ALIAS, dtypes=("int8", "int16", "int16/int8"))(_alias)
+# A transpose moves nothing: its output is the input's bytes in a renamed storage order (Storage.permuted), and a
+# reader that wants another order converts it, as it would any tensor. So an NHWC graph input transposed to the
+# IR's NCHW is channels-last as it comes, and the convs read it without a copy.
+kernel("transpose", "view", outputs=VIEW)(_alias)
 
 
 def source_offsets(step: Step, fill: float = -1) -> list[np.ndarray]:
@@ -57,7 +61,6 @@ def affine_walk(step: Step, offsets: np.ndarray, out: Operand) -> Walk:
     return Walk.over(out.shape, out.storage.order, {"o": out.strides, "i": strides}, bases={"i": base})
 
 
-@kernel("transpose", "gather", outputs=CANONICAL)
 @kernel("slice", "gather")
 @kernel("split", "gather")
 @kernel(":convert", "gather")

@@ -24,7 +24,8 @@ from typing import Any
 import numpy as np
 
 from dabuild.errors import BuildError
-from dabuild.quant.qgraph import QGraph, QLayer, QuantParams
+from dabuild.qir.layers.elementwise import QClamp
+from dabuild.qir.qgraph import QGraph, QLayer, QuantParams
 from dabuild.registry import Registry
 from dabuild.targets.c.layout import Storage
 from dabuild.targets.c.profiles import DSP, HOST, MVE, PORTABLE, PROFILES, Profile
@@ -33,6 +34,7 @@ from dabuild.targets.c.profiles import DSP, HOST, MVE, PORTABLE, PROFILES, Profi
 CHANNELS_LAST, CANONICAL, ANY = "channels_last", "canonical", "any"
 SAME = "same"    # outputs: the storage order of the first input of the same shape (else canonical)
 ALIAS = "alias"  # outputs: the input's bytes themselves, reinterpreted (no code at all)
+VIEW = "view"    # outputs: the input's bytes themselves in the storage order a transpose gives them (no code)
 ALL_ISAS = (HOST, PORTABLE, DSP, MVE)
 
 
@@ -77,6 +79,7 @@ class Step:
     profile: Profile = PROFILES[HOST]
     constants: dict[str, np.ndarray] = field(default_factory=dict)   # float constants a float layer reads
     rounding: str = "dabuild"   # the QGraph's requantization rounding (fixed_point.ROUNDINGS)
+    clamp: QClamp | None = None   # a clamp (a residual block's relu) the kernel applies to its output itself
 
     @property
     def scratch_bytes(self) -> int:

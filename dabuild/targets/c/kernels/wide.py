@@ -24,11 +24,11 @@ import numpy as np
 
 from dabuild.ir.ops import OPS
 from dabuild.ir.ops.pool import Pool
-from dabuild.quant.layers.elementwise import QAdd, QClamp
-from dabuild.quant.layers.linear import QConv, QDense, QWeighted
-from dabuild.quant.layers.pool import QAvgPool, QMean
-from dabuild.quant.layers.softmax import QSoftmax
-from dabuild.quant.qgraph import QGraph, QLayer
+from dabuild.qir.layers.elementwise import QAdd, QClamp
+from dabuild.qir.layers.linear import QConv, QDense, QWeighted
+from dabuild.qir.layers.pool import QAvgPool, QMean
+from dabuild.qir.layers.softmax import QSoftmax
+from dabuild.qir.qgraph import QGraph, QLayer
 from dabuild.targets.c.kernels.linear import window
 from dabuild.targets.c.kernels.movement import source_offsets
 from dabuild.targets.c.kernels.registry import CANONICAL, Operand, Step, kernel
@@ -108,9 +108,13 @@ def _broadcast_offsets(source: Operand, shape: tuple[int, ...]) -> np.ndarray | 
 @kernel("add", "wide_add", dtypes=WIDE, inputs=CANONICAL, outputs=CANONICAL)
 @kernel("sub", "wide_add", dtypes=WIDE, inputs=CANONICAL, outputs=CANONICAL)
 def wide_add(step: Step) -> dict[str, Any]:
-    """Broadcast operands (and constant ones, int8 graph constants) read through offset tables."""
+    """Broadcast operands (and constant ones, graph constants) read through offset tables; a clamp fused into the
+    step (a residual block's relu, `Step.clamp`) narrows the output bounds."""
     layer: QAdd = step.layer  # type: ignore[assignment]
-    return {**_types(step), "size": step.outputs[0].size, "sign": layer.sign, "left_shift": layer.left_shift,
+    output = step.outputs[0].quant
+    low, high = (output.qmin, output.qmax) if step.clamp is None else (max(output.qmin, step.clamp.low),
+                                                                        min(output.qmax, step.clamp.high))
+    return {**_types(step), "output_min": low, "output_max": high, "size": step.outputs[0].size, "sign": layer.sign, "left_shift": layer.left_shift,
             "offsets": [_broadcast_offsets(source, step.outputs[0].shape) for source in step.inputs],
             "zero_points": [o.quant.zero_point for o in step.inputs],
             "input_multiplier": [int(m) for m in layer.input_multiplier],
