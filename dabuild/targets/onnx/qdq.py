@@ -444,8 +444,9 @@ def to_qdq_onnx(qgraph: QGraph, opset: int | None = None, name: str = "dabuild",
                 check: bool = True, isa: str = "auto") -> onnx.ModelProto:
     """The QGraph as a checked QDQ model with a dynamic batch; BuildError naming layers it cannot write.
 
-    QuantizeLinear saturates to its zero point's full type, so activations must be exactly int8 or uint8
-    (opset 17 has no narrower or 16-bit types); weights of up to 8 bits are exact in int8. Weights of 4 bits
+    QuantizeLinear saturates to its zero point's full type, so activations must be exactly int8 or uint8, or
+    int16 (TFLite's 16x8), which Q/DQ take from opset 21 on (the default then; a lower opset asked is refused);
+    weights of up to 8 bits are exact in int8. Weights of 4 bits
     or fewer are INT4 initializers at opset 21 (the default opset then); at an opset asked below 21 they stay
     in int8. Blocked weights (blocked_dense) need opset 21 (the default then; a lower one asked is refused).
     `check=False` skips onnx's checker (for sizing a model nobody runs). `isa`: the instruction set the model
