@@ -37,11 +37,11 @@ from dabuild.capability import load_capability
 from dabuild.ir import Graph, Node, TensorSpec
 from dabuild.ir.passes import optimize
 from dabuild.progress import Progress
+from dabuild.qir.qgraph import QGraph
+from dabuild.qir.reference import run_integer
 from dabuild.quant.calibrate import calibrate
 from dabuild.quant.defaults import default_config
-from dabuild.quant.qgraph import QGraph
 from dabuild.quant.quantize import quantize
-from dabuild.quant.reference import run_integer
 from dabuild.resources import data_dir
 from dabuild.targets.c import CTarget
 

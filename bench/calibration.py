@@ -60,7 +60,7 @@ def mlp_graph():
     from dabuild.ir.passes import optimize
     from dabuild.trace.base import load_model, trace_model
 
-    model = load_model("model.py:build", DIGITS, DIGITS / "weights.npz")
+    model = load_model(f"{DIGITS / 'model.py'}:build", DIGITS / "weights.npz")
     return optimize(trace_model(model, "numpy", {"x": (None, 64)}))
 
 
@@ -191,11 +191,11 @@ def dabuild_accuracies(graph, calibration: np.ndarray, x_test: np.ndarray, y_tes
     from dabuild.capability import load_capability
     from dabuild.ir.interpreter import run
     from dabuild.progress import Progress
+    from dabuild.qir.reference import run_quantized
     from dabuild.quant.calibrate import calibrate
     from dabuild.quant.config import NodeConfig, QuantConfig
     from dabuild.quant.defaults import default_config
     from dabuild.quant.quantize import quantize
-    from dabuild.quant.reference import run_quantized
     from dabuild.resources import data_dir
 
     capability = load_capability(data_dir("capabilities") / "c.yaml")
@@ -280,8 +280,8 @@ def cnn_accuracy_vs_onnxruntime() -> None:
           f"calibration {len(calibration)} rows, evaluation {len(x_test)} rows")
     with tempfile.TemporaryDirectory() as folder:
         root = Path(folder)
-        trace_stage(ModelSpec(framework="onnx", source=str(model), inputs={"x": [None, 1, 8, 8]}), DIGITS_CNN,
-                    root / "trace", Progress.silent())
+        trace_stage(ModelSpec(framework="onnx", source=str(model), inputs={"x": [None, 1, 8, 8]}), root / "trace",
+                    Progress.silent())
         ours_fp32, ours = dabuild_accuracies(Graph.load(root / "trace"), calibration, x_test, y_test,
                                              ("per_tensor", "per_channel"))
         tuned, layout = cnn_basic_tune(root / "trace", calibration, root)

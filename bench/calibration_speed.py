@@ -1,6 +1,6 @@
 """Calibration cost against inference: calibrate() over N images / the interpreter's inference of the same images.
 
-Exports each model of bench/architectures.py (random weights, 3x224x224),
+Exports each family of tests/architectures.py at its published size (random weights, 3x224x224),
 traces and optimises it as the trace stage does, and times, in one process and
 interleaved, (a) the Interpreter running the images in batches as the
 calibrate stage's data would come (batch 64, all cores: batches split across
@@ -11,19 +11,22 @@ CPU time (which other load on the machine inflates less) and calibrate / inferen
 (goal <= 1.5, issue 13). The first calibration also pays for allocating the
 histograms (8 KiB per channel of every tensor), a cost that does not grow with N.
 
-Usage: python bench/calibration_speed.py [--models resnet50 ...] [--images 128] [--batch 64] [--rounds 1]
+Usage: python bench/calibration_speed.py [--models resnet ...] [--images 128] [--batch 64] [--rounds 1]
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-from architectures import ARCHITECTURES, IMAGE, export_onnx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the families' one definition
+from architectures import FAMILIES, IMAGE, export_onnx
 
 from dabuild.ir.graph import Graph
 from dabuild.ir.interpreter import Interpreter
@@ -61,7 +64,7 @@ def fastest(graph: Graph, batches: list[dict[str, np.ndarray]], rounds: int) -> 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="+", default=["resnet50"], choices=list(ARCHITECTURES))
+    parser.add_argument("--models", nargs="+", default=["resnet"], choices=[family.name for family in FAMILIES])
     parser.add_argument("--images", type=int, default=128)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=1, help="interleaved rounds; the fastest of each is kept")

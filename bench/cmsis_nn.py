@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 
 from dabuild.ir.ops import OPS
-from dabuild.quant.layers.linear import QConv, QDense
-from dabuild.quant.qgraph import QGraph
+from dabuild.qir.layers.linear import QConv, QDense
+from dabuild.qir.qgraph import QGraph
 from dabuild.targets.c import firmware
 from dabuild.targets.c.profiles import Profile
 

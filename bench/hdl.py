@@ -41,8 +41,8 @@ from tuning import prepare  # noqa: E402  (bench/ is not a package)
 
 from dabuild.capability import discover_capabilities  # noqa: E402
 from dabuild.data import load_inputs, load_labels  # noqa: E402
+from dabuild.qir.qgraph import QGraph, QuantParams  # noqa: E402
 from dabuild.quant.config import QuantConfig  # noqa: E402
-from dabuild.quant.qgraph import QGraph, QuantParams  # noqa: E402
 from dabuild.recipe import load_recipe  # noqa: E402
 from dabuild.targets.hdl.cost import Da4mlCost  # noqa: E402
 from dabuild.targets.hdl.program import trace  # noqa: E402
@@ -151,10 +151,10 @@ def main() -> None:
 
     print("\n(b) tuned widths vs. uniform int8 (pot) at the same goal")
     data = recipe.data.evaluation
-    labels = load_labels(data, recipe.base_dir)
+    labels = load_labels(data)
     graph_inputs = tuned.input_names
-    x_eval = next(iter(load_inputs(data, recipe.base_dir, graph_inputs).values()))
-    evaluator = Evaluator(EvalSetup(*stages, x_eval, labels, recipe.data.metric, recipe.base_dir, data.batch_size))
+    x_eval = next(iter(load_inputs(data, graph_inputs).values()))
+    evaluator = Evaluator(EvalSetup(*stages, x_eval, labels, recipe.data.metric, data.batch_size))
     goal = Goal(recipe.tuning.accuracy.criterion, recipe.tuning.accuracy.tolerable_loss)
     threshold = goal.threshold(evaluator.baseline, evaluator.metric.higher_is_better)
     space = build_space(evaluator.graph, capability)

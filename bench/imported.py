@@ -41,7 +41,7 @@ sys.path.insert(0, str(REPO / "tests"))
 from imported_models import target_figures  # noqa: E402  (bench/ and tests/ are not packages)
 
 from dabuild.cli import main as dabuild  # noqa: E402
-from dabuild.quant.qgraph import QGraph  # noqa: E402
+from dabuild.qir.qgraph import QGraph  # noqa: E402
 from dabuild.recipe import load_recipe  # noqa: E402
 
 

@@ -90,7 +90,7 @@ def resnet_graph(blocks_per_stage: int = 2) -> Graph:
 
 
 def digits_graph() -> Graph:
-    forward = load_model("model.py:build", DIGITS, DIGITS / "weights.npz")
+    forward = load_model(f"{DIGITS / 'model.py'}:build", DIGITS / "weights.npz")
     return optimize(trace_model(forward, inputs={"x": (1, 64)}))
 
 

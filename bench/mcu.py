@@ -35,8 +35,8 @@ from cmsis_nn import count as cmsis_nn_count
 from interpreter import resnet_graph
 
 from dabuild.ir.passes import optimize
-from dabuild.quant.qgraph import QGraph
-from dabuild.quant.reference import run_integer
+from dabuild.qir.qgraph import QGraph
+from dabuild.qir.reference import run_integer
 from dabuild.targets.c import CTarget
 from dabuild.trace import trace_model
 

@@ -35,8 +35,8 @@ sys.path.insert(0, str(REPO / "tests"))
 from tflite_runtime import MODELS, given_qgraph, imported, inputs_for, model, run_litert, run_tflm  # noqa: E402
 
 from dabuild.errors import UsageError  # noqa: E402
-from dabuild.quant.qgraph import QGraph  # noqa: E402
-from dabuild.quant.reference import dequantize_output, quantize_input, run_integer  # noqa: E402
+from dabuild.qir.qgraph import QGraph  # noqa: E402
+from dabuild.qir.reference import dequantize_output, quantize_input, run_integer  # noqa: E402
 from dabuild.targets.base import Target  # noqa: E402
 from dabuild.targets.c import CTarget  # noqa: E402
 from dabuild.targets.c.codegen import stored_bytes  # noqa: E402

@@ -25,8 +25,8 @@ import numpy as np
 
 from dabuild.capability import load_capability
 from dabuild.ir.kernels.native import layer_threads
+from dabuild.qir.reference import absorbed_clamps, quantize_input
 from dabuild.quant.config import QuantConfig
-from dabuild.quant.reference import absorbed_clamps, quantize_input
 from dabuild.tune.evaluate import EvalSetup, Evaluator
 from dabuild.tune.space import FP32, build_space
 
@@ -86,7 +86,7 @@ def main() -> None:
         images = data["x_eval"]
     images = np.concatenate([images] * -(-args.evaluation // len(images)))[:args.evaluation]
     evaluator = Evaluator(EvalSetup(build / "trace", build / "calibrate", images,
-                                    np.zeros(len(images), np.int64), "accuracy", None, 64))
+                                    np.zeros(len(images), np.int64), "accuracy", 64))
     print(f"ResNet-50, {len(images)} evaluation images, batch {evaluator.batch_size}, {evaluator.threads} threads, "
           f"{os.cpu_count()} cores", flush=True)
     for name, config in configs(evaluator).items():

@@ -66,10 +66,11 @@ def prepare(root: Path, name: str = "digits") -> tuple[Path, tuple[Path, Path]]:
     (folder / "nll.py").write_text(NLL)
     recipe = load_recipe(folder / "recipe.yaml")
     stages = (root / f"{name}-trace", root / f"{name}-calibrate")
-    trace_stage(recipe.model, recipe.base_dir, stages[0], Progress.silent())
+    model = recipe.model.model_copy(update={"source": str(recipe.base_dir / recipe.model.source)})  # as planning resolves it
+    trace_stage(model, stages[0], Progress.silent())
     graph = Graph.load(stages[0])
     spec = recipe.data.calibration
-    arrays = load_inputs(spec, recipe.base_dir, [t.name for t in graph.inputs])
+    arrays = load_inputs(spec, [t.name for t in graph.inputs])
     calibrate(graph, batches(arrays, spec.batch_size), Progress.silent()).save(stages[1])
     return folder, stages
 
@@ -81,7 +82,8 @@ def trials_to_goal(root: Path, folder: Path, stages: tuple[Path, Path], label: s
     run = tune(stages, root / f"basic-{metric.replace(':', '-')}", recipe, C_FALLBACK)
     passing = [t["trial"] + 1 for t in run["history"] if t["passed"]]
     data = np.load(folder / "data.npz")
-    evaluator = Evaluator(EvalSetup(*stages, data["x_test"].astype(np.float32), data["y_test"], metric, folder, 64))
+    evaluator = Evaluator(EvalSetup(*stages, data["x_test"].astype(np.float32), data["y_test"], metric, 64,
+                                    metric_file=folder / "nll.py" if metric.startswith("nll.py:") else None))
     space = build_space(evaluator.graph, C_FALLBACK)
     check = Goal(**goal)
     inc = inc_basic_trials(space, lambda c: evaluator.score(c).metric,
@@ -129,13 +131,13 @@ def mixed_precision(root: Path) -> None:
     folder, stages = prepare(root, "digits-cnn")
     recipe = load_recipe(folder / "recipe.yaml")
     graph = Graph.load(stages[0])
-    calibration = load_inputs(recipe.data.calibration, folder, [t.name for t in graph.inputs])["x"]
-    x = load_inputs(recipe.data.evaluation, folder, [t.name for t in graph.inputs])["x"]
-    labels = load_labels(recipe.data.evaluation, folder)
+    calibration = load_inputs(recipe.data.calibration, [t.name for t in graph.inputs])["x"]
+    x = load_inputs(recipe.data.evaluation, [t.name for t in graph.inputs])["x"]
+    labels = load_labels(recipe.data.evaluation)
     ort_fp32 = ort_accuracy((folder / "model.onnx").read_bytes(), x, labels)
     ort_w4a8 = ort_accuracy(onnxruntime_w4a8(folder / "model.onnx", calibration,
                                             recipe.data.calibration.batch_size, root), x, labels)
-    evaluator = Evaluator(EvalSetup(*stages, x, labels, "accuracy", folder, recipe.data.evaluation.batch_size))
+    evaluator = Evaluator(EvalSetup(*stages, x, labels, "accuracy", recipe.data.evaluation.batch_size))
     fp32 = evaluator.baseline
     default = build_space(graph, MIXED)
     int8_bits = default.size(default.default())  # the default weights are int8

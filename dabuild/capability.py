@@ -94,7 +94,7 @@ class CapabilitySpec(BaseModel):
     description: str = Field(default="", description="Free text for people.")
     precisions: list[str] = Field(min_length=1, description="Precisions the backend can run, e.g. [int8].")
     fp32_fallback: bool = Field(default=False, description="Whether the backend runs float islands: nodes kept in float32, with "
-                                  "quantize/dequantize at the island's boundary (dabuild.quant.layers.fallback).")
+                                  "quantize/dequantize at the island's boundary (dabuild.qir.layers.fallback).")
     float_ops: list[str] | None = Field(
         default=None, description="The op types a float island may hold (with fp32_fallback), within those the "
         "target writes in float (its own table, Target.float_ops, shown in docs/ops.md); none listed: all of those.")
@@ -104,7 +104,7 @@ class CapabilitySpec(BaseModel):
         "tuning.objective `estimate` minimises; none: the search counts bits (size or bops).",
     )
     rounding: Literal["dabuild", "tflm", "tflm-single"] | None = Field(
-        default=None, description="The requantization rounding (dabuild.quant.fixed_point.ROUNDINGS) of a target "
+        default=None, description="The requantization rounding (dabuild.qir.fixed_point.ROUNDINGS) of a target "
         "that takes it from here when the recipe's `rounding` option says nothing (the tflite target: tflm); "
         "none: dabuild's own.")
     ops: dict[str, OpCapability] = Field(
@@ -226,7 +226,7 @@ def _unknown_names(document: YamlDocument, spec: CapabilitySpec) -> list[Diagnos
     """Op types the IR does not have and dtypes dabuild cannot lower, each at its line: a misspelt name
     would otherwise match nothing and silently leave its op on the `default` entry."""
     from dabuild.ir.ops import OPS
-    from dabuild.quant.dtypes import type_names
+    from dabuild.qir.dtypes import type_names
 
     found = []
     precisions = [*type_names(), "fp32"]

@@ -11,14 +11,20 @@ import argparse
 import json
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dabuild import __version__, notices
 from dabuild.errors import BuildError, DabuildError, UsageError
 from dabuild.progress import Progress, human_size
 from dabuild.userpaths import PathProblem, checked_path
+
+if TYPE_CHECKING:
+    from dabuild.pipeline.build import BuildOptions
+    from dabuild.recipe import Recipe
 
 COMMANDS = ("build", "validate", "list", "graph", "clean", "capabilities", "init", "cache", "report", "kernels")
 DEFAULT_RECIPE = Path("recipe.yaml")
@@ -153,7 +159,7 @@ def _interrupted() -> int:
     print("dabuild: interrupted", file=sys.stderr, flush=True)
     sys.stdout = sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - before waiting for workers: stage threads print on meanwhile
     # a module still being imported (in a stage thread) has started no scorer yet
-    stop_scoring = getattr(sys.modules.get("dabuild.tune.evaluate"), "stop_scoring", None)
+    stop_scoring = getattr(sys.modules.get("dabuild.tune.scorer"), "stop_scoring", None)
     if stop_scoring is not None:
         stop_scoring()
     return 130
@@ -214,10 +220,36 @@ def _build(args: argparse.Namespace, progress: Progress) -> int:
         push=not args.no_push,
         cluster=cluster,
     )
-    for recipe in _load_recipes(args):
+    recipes = _load_recipes(args)
+    if cluster is not None and len(recipes) > 1:
+        return _build_at_once(recipes, options, progress)
+    for recipe in recipes:
         start = time.monotonic()
         summary = build(recipe, options, progress)
         _print_summary(summary.to_json(), time.monotonic() - start)
+    return 0
+
+
+def _build_at_once(recipes: list[Recipe], options: BuildOptions, progress: Progress) -> int:
+    """With a cluster, the recipes build at once (a thread each), so their trials, exports and checks meet
+    on the workers; each summary prints as its build ends, and the first failure in recipe order is
+    raised once every build has ended."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from dabuild.pipeline.build import build
+
+    printing = threading.Lock()
+
+    def build_one(recipe: Recipe) -> None:
+        start = time.monotonic()
+        summary = build(recipe, options, progress)
+        with printing:
+            _print_summary(summary.to_json(), time.monotonic() - start)
+
+    with ThreadPoolExecutor(len(recipes), thread_name_prefix="dabuild-recipe") as pool:
+        futures = [pool.submit(build_one, recipe) for recipe in recipes]
+    for future in futures:
+        future.result()
     return 0
 
 

@@ -16,7 +16,7 @@ from da4ml.converter.plugin import DAISTracerPluginBase
 from da4ml.trace import FixedVariableArray
 
 from dabuild.errors import BuildError
-from dabuild.quant.qgraph import QGraph
+from dabuild.qir.qgraph import QGraph
 from dabuild.targets.hdl.symbolic import apply_qgraph
 
 

@@ -39,10 +39,6 @@ class DataFile:
         return cls(Path(source), config["x"], config.get("y"), config.get("samples"), config["batch_size"])
 
 
-def _path(spec: Any, base_dir: Path | None) -> Path:
-    return Path(spec.source) if base_dir is None else Path(base_dir, spec.source)
-
-
 def read_array(path: Path, key: str) -> np.ndarray:
     """Array `key` of the .npz `path`, its headers checked first (limits.py: sizes, archive ratio, a plain
     numeric dtype, so nothing is unpickled and nothing huge is allocated); UsageError naming file and key."""
@@ -102,16 +98,16 @@ def _samples(array: np.ndarray, spec: Any) -> np.ndarray:
     return array if spec.samples is None else array[: spec.samples]
 
 
-def load_inputs(spec: Any, base_dir: Path | None, input_names: list[str], integer: Collection[str] = (),
+def load_inputs(spec: Any, input_names: list[str], integer: Collection[str] = (),
                 stored: Mapping[str, tuple[float, int, str]] | None = None) -> dict[str, np.ndarray]:
     """Graph input name -> float32 array, int64 for the `integer` inputs (token ids), first `spec.samples` rows,
-    all with one length.
+    all with one length. `spec.source` is taken as written (a loaded recipe's is absolute).
 
     `stored` (Graph.stored_inputs): inputs the model quantizes first thing, by (scale, zero point, storage
     type). An array of exactly that type holds the integers the model stores (an int8 .tflite input's), so it
     becomes the real values they stand for, (q - zero point) * scale, which the model's own quantization
     turns back into the same integers; an array of any other type holds real values. The dtype decides."""
-    path = _path(spec, base_dir)
+    path = Path(spec.source)
     keys = _input_keys(spec, input_names)
     arrays = {name: _samples(_read(path, key), spec) for name, key in keys.items()}
     for name, array in arrays.items():
@@ -131,19 +127,19 @@ def load_inputs(spec: Any, base_dir: Path | None, input_names: list[str], intege
     return arrays
 
 
-def required_labels(spec: Any, base_dir: Path | None) -> np.ndarray:
+def required_labels(spec: Any) -> np.ndarray:
     """The labels a metric scores against (the recipe refuses evaluation data without them)."""
-    labels = load_labels(spec, base_dir)
+    labels = load_labels(spec)
     if labels is None:
-        raise UsageError(f"{_path(spec, base_dir)}: evaluation data needs labels (`y: <key>`)")
+        raise UsageError(f"{spec.source}: evaluation data needs labels (`y: <key>`)")
     return labels
 
 
-def load_labels(spec: Any, base_dir: Path | None) -> np.ndarray | None:
+def load_labels(spec: Any) -> np.ndarray | None:
     """The labels `spec.y` (first `spec.samples` rows), or None; must match x in length."""
     if spec.y is None:
         return None
-    path = _path(spec, base_dir)
+    path = Path(spec.source)
     labels = _samples(_read(path, spec.y), spec)
     x_key = spec.x if isinstance(spec.x, str) else next(iter(dict(spec.x).values()))
     x_length = len(_samples(_read(path, x_key), spec))

@@ -24,8 +24,8 @@ import numpy as np
 from dabuild.data import load_inputs, load_labels
 from dabuild.ir.graph import Graph
 from dabuild.plugins import TARGETS, load
-from dabuild.quant.qgraph import QGraph
-from dabuild.quant.reference import run_quantized
+from dabuild.qir.qgraph import QGraph
+from dabuild.qir.reference import run_quantized
 from dabuild.recipe import Recipe
 from dabuild.targets.check import reference_inputs
 
@@ -98,8 +98,8 @@ def target_figures(recipe: Recipe, build: Path, original: Path, runtime: str, ta
                    option_overrides: dict[str, dict] | None = None) -> list[TargetFigures]:
     """Per target of the built recipe: accuracy and output-step disagreement (module doc)."""
     spec = recipe.data.evaluation
-    x = next(iter(load_inputs(spec, recipe.base_dir, [t.name for t in Graph.load(build / "trace").inputs]).values()))
-    labels = load_labels(spec, recipe.base_dir)
+    x = next(iter(load_inputs(spec, [t.name for t in Graph.load(build / "trace").inputs]).values()))
+    labels = load_labels(spec)
     expected, note = ORIGINAL_RUNTIMES[runtime](original, x)
     rows = []
     for target in targets or [t.name for t in recipe.targets]:

@@ -28,9 +28,9 @@ from dabuild.ir import Graph, Node, TensorSpec
 from dabuild.ir.interpreter import Interpreter
 from dabuild.ir.passes import optimize
 from dabuild.progress import Progress
+from dabuild.qir.qgraph import QGraph
 from dabuild.quant.calibrate import calibrate
 from dabuild.quant.defaults import default_config
-from dabuild.quant.qgraph import QGraph
 from dabuild.quant.quantize import quantize
 from dabuild.resources import data_dir
 

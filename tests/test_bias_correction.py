@@ -16,14 +16,14 @@ from dabuild.ir import Graph, Node, TensorSpec
 from dabuild.ir.interpreter import run
 from dabuild.ir.ops import OPS
 from dabuild.progress import Progress
+from dabuild.qir.qgraph import QGraph
+from dabuild.qir.reference import run_quantized
 from dabuild.quant.bias_correction import mean_output_error
 from dabuild.quant.calibrate import Stats, calibrate
 from dabuild.quant.config import NodeConfig, QuantChoice, QuantConfig
 from dabuild.quant.defaults import default_config
 from dabuild.quant.lowering import quantize_weight
-from dabuild.quant.qgraph import QGraph
 from dabuild.quant.quantize import quantize
-from dabuild.quant.reference import run_quantized
 
 INT4 = QuantChoice("int4", "sym", "per_tensor", "minmax")
 INT8_ACTIVATION = QuantChoice("int8", "asym", "per_tensor", "minmax")

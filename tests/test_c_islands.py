@@ -18,13 +18,13 @@ from test_c_kernels import STRICT
 from dabuild.errors import BuildError
 from dabuild.ir import Graph, Node, TensorSpec
 from dabuild.progress import Progress
+from dabuild.qir.layers.island_order import run_ordered
+from dabuild.qir.qgraph import QGraph
+from dabuild.qir.reference import quantize_input, run_integer
 from dabuild.quant.calibrate import calibrate
 from dabuild.quant.config import NodeConfig
 from dabuild.quant.defaults import default_config
-from dabuild.quant.layers.island_order import run_ordered
-from dabuild.quant.qgraph import QGraph
 from dabuild.quant.quantize import quantize
-from dabuild.quant.reference import quantize_input, run_integer
 from dabuild.targets.c import CTarget
 from dabuild.targets.check import check_stage
 
@@ -206,7 +206,7 @@ def test_the_transcendentals_are_the_ir_ops_within_a_few_ulp() -> None:
     """island_order's exp, tanh, sigmoid, erf, gelu, softmax, matmul and avg_pool (the C kernels' float32
     sequences) compute the IR ops: exp within 1 ulp of float64's e**x over its whole finite range."""
     from dabuild.ir.ops import OPS
-    from dabuild.quant.layers.island_order import expf32
+    from dabuild.qir.layers.island_order import expf32
 
     x = np.linspace(-86.9, 88.7, 400_001, dtype=np.float32)
     exact = np.exp(x.astype(np.float64))

@@ -21,10 +21,10 @@ from test_quantize import C_CAPABILITY
 
 from dabuild.errors import BuildError
 from dabuild.ir import Graph, Node
+from dabuild.qir.fixed_point import requantize
+from dabuild.qir.qgraph import QGraph
+from dabuild.qir.reference import run_integer
 from dabuild.quant.defaults import default_config
-from dabuild.quant.fixed_point import requantize
-from dabuild.quant.qgraph import QGraph
-from dabuild.quant.reference import run_integer
 from dabuild.targets.c import CTarget
 from dabuild.targets.c.codegen import COMMON_HEADER, render
 

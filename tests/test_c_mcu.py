@@ -21,9 +21,9 @@ from test_quantize import C_CAPABILITY
 
 from dabuild.cli import main
 from dabuild.errors import BuildError
+from dabuild.qir.fixed_point import requantize
+from dabuild.qir.reference import run_integer
 from dabuild.quant.defaults import default_config
-from dabuild.quant.fixed_point import requantize
-from dabuild.quant.reference import run_integer
 from dabuild.targets.c import CTarget, firmware
 from dabuild.targets.c.codegen import COMMON_HEADER, stored_bytes
 from dabuild.targets.c.kernels.linear import interleave

@@ -17,8 +17,8 @@ from test_quantize import lower, mlp_graph
 from dabuild.errors import BuildError, CheckError
 from dabuild.ir import Node
 from dabuild.progress import Progress
-from dabuild.quant.qgraph import QGraph
-from dabuild.quant.reference import run_integer, run_quantized
+from dabuild.qir.qgraph import QGraph
+from dabuild.qir.reference import run_integer, run_quantized
 from dabuild.targets.c import CTarget
 from dabuild.targets.c.arena import plan_arena
 from dabuild.targets.check import check_stage
@@ -230,6 +230,7 @@ def test_a_corrupted_layer_is_named_as_the_first_to_diverge(tmp_path: Path) -> N
 
 def test_ops_without_integer_form_are_refused_after_trace_naming_target_nodes_and_op() -> None:
     from dabuild.ir import Graph, TensorSpec
+    from dabuild.quant.lowering import integer_forms
 
     scale = np.full(4, 2.0, np.float32)
     graph = Graph([TensorSpec("x", (None, 4))], ["z"],
@@ -237,6 +238,6 @@ def test_ops_without_integer_form_are_refused_after_trace_naming_target_nodes_an
                    Node("again", "div", ["r", "two"], ["z"])], {"two": scale})
     with pytest.raises(BuildError, match=r"target 'c' cannot build this model; ops it cannot take:\n"
                                          r"  div: no exact integer form, .*; nodes 'half', 'again'$"):
-        CTarget(CTarget.Options(cpu="cortex-m0")).refuse(graph)  # no FPU: no float islands
-    CTarget(CTarget.Options()).refuse(graph)  # the host runs div as a float island (the c capability's float_ops)
-    CTarget(CTarget.Options()).refuse(mlp_graph([4, 8, 3], ["relu", "none"]))  # every op lowers to layers the C kernels run
+        CTarget(CTarget.Options(cpu="cortex-m0")).refuse(graph, integer_forms())  # no FPU: no float islands
+    CTarget(CTarget.Options()).refuse(graph, integer_forms())  # the host runs div as a float island (the c capability's float_ops)
+    CTarget(CTarget.Options()).refuse(mlp_graph([4, 8, 3], ["relu", "none"]), integer_forms())  # every op lowers to layers the C kernels run

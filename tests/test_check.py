@@ -12,7 +12,7 @@ from test_c_target import STRICT, export, random_mlp
 
 from dabuild.errors import CheckError
 from dabuild.progress import Progress
-from dabuild.quant.reference import quantize_input, run_integer
+from dabuild.qir.reference import quantize_input, run_integer
 from dabuild.targets.c import CTarget
 from dabuild.targets.check import check_stage, first_divergence
 from dabuild.targets.tolerance import LEVELS, compare
@@ -129,7 +129,7 @@ def test_a_reference_check_does_not_know_is_refused(tmp_path: Path) -> None:
 def test_the_proof_compares_integers_where_they_differ_as_a_full_comparison_would(level: str) -> None:
     """Equal integers are an error of exactly 0, so comparing only the differing ones gives the same verdict,
     mismatch count and largest error as comparing all."""
-    from dabuild.quant.qgraph import QuantParams
+    from dabuild.qir.qgraph import QuantParams
     from dabuild.targets.check import _compare, _compare_differing
 
     rng = np.random.default_rng(3)

@@ -8,8 +8,8 @@ from test_quantize import lower, mlp_graph
 
 from dabuild.capability import load_capability
 from dabuild.errors import BuildError
-from dabuild.quant.qgraph import QGraph
-from dabuild.quant.reference import run_integer
+from dabuild.qir.qgraph import QGraph
+from dabuild.qir.reference import run_integer
 from dabuild.resources import data_dir
 
 pytest.importorskip("da4ml")

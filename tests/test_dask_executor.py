@@ -125,10 +125,13 @@ def test_a_scheduler_and_worker_processes_give_the_local_build_byte_for_byte(
 def test_an_executor_that_does_not_answer_is_one_line_within_seconds(
         digits: Path, tmp_path: Path, cache_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     start = time.monotonic()
-    code = main(["build", str(digits), "--build-dir", str(tmp_path / "b"), "--no-cache", "-q",
-                 "--executor", f"dask://127.0.0.1:{free_port()}"])
-    error = capsys.readouterr().err.strip()
+    address = f"127.0.0.1:{free_port()}"
+    code = main(["build", str(digits), "--build-dir", str(tmp_path / "b"), "--no-cache", "--executor", f"dask://{address}"])
+    error = capsys.readouterr().err
     assert code == 1 and "does not answer within 10s" in error and "Traceback" not in error
+    # without a remote cache the stages stay here, and the build says so in one line
+    assert (f"dabuild: no remote cache this build may write, so its stages run on this machine and only tuning "
+            f"trials go to the Dask cluster at tcp://{address}\n") in error
     assert time.monotonic() - start < 120  # the trace and calibrate stages, then at most 10 s of waiting
 
 
@@ -198,7 +201,7 @@ def test_a_trial_whose_workers_all_die_is_one_error(digits: Path, tmp_path: Path
 @pytest.mark.slow  # waits out WORKERLESS_SECONDS (30 s)
 def test_a_cluster_whose_every_worker_died_is_one_error_not_a_hang(
         digits: Path, tmp_path: Path, cache_dir: Path) -> None:
-    from dabuild.tune.dask_executor import WORKERLESS_SECONDS
+    from dabuild.cluster import WORKERLESS_SECONDS
     from tests.dask_faults import KillOnFirstTrial
 
     with _cluster(tmp_path / "dask.log") as cluster:  # 3 failures allowed: the trial outlives its 2 workers

@@ -41,15 +41,15 @@ def data_file(tmp_path: Path) -> Path:
 
 def test_digits_inputs_labels_and_samples() -> None:
     evaluation = spec(DIGITS / "data.npz", x="x_test", y="y_test", samples=100)
-    inputs = load_inputs(evaluation, DIGITS, ["x"])
-    labels = load_labels(evaluation, DIGITS)
+    inputs = load_inputs(evaluation, ["x"])
+    labels = load_labels(evaluation)
     assert inputs["x"].shape == (100, 64) and inputs["x"].dtype == np.float32
     assert labels is not None and labels.shape == (100,)
-    assert load_labels(spec(DIGITS / "data.npz", x="x_test"), DIGITS) is None
+    assert load_labels(spec(DIGITS / "data.npz", x="x_test")) is None
 
 
 def test_relative_source_and_input_mapping(data_file: Path) -> None:
-    arrays = load_inputs(spec(data_file.name, x={"first": "x", "second": "a"}), data_file.parent, ["first", "second"])
+    arrays = load_inputs(spec(data_file, x={"first": "x", "second": "a"}), ["first", "second"])
     assert sorted(arrays) == ["first", "second"]
     np.testing.assert_array_equal(arrays["first"], np.arange(8, dtype=np.float32).reshape(4, 2))
 
@@ -69,22 +69,22 @@ def test_input_errors_name_file_and_key(
     data_file: Path, x: str | dict[str, str], names: list[str], message: str
 ) -> None:
     with pytest.raises(UsageError) as error:
-        load_inputs(spec(data_file, x=x), data_file.parent, names)
+        load_inputs(spec(data_file, x=x), names)
     assert message in str(error.value)
 
 
 def test_missing_file_is_named(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="data file .*absent.npz does not exist"):
-        load_inputs(spec(tmp_path / "absent.npz"), tmp_path, ["x"])
+        load_inputs(spec(tmp_path / "absent.npz"), ["x"])
 
 
 def test_label_errors(data_file: Path) -> None:
     with pytest.raises(UsageError, match="labels 'y_short' have 3 rows but inputs 'x' have 4"):
-        load_labels(spec(data_file, y="y_short"), data_file.parent)
+        load_labels(spec(data_file, y="y_short"))
     with pytest.raises(UsageError, match="d.npz: no array 'labels'"):
-        load_labels(spec(data_file, y="labels"), data_file.parent)
+        load_labels(spec(data_file, y="labels"))
     # truncation applies to both, so a shorter label array is fine when samples cuts x to match
-    assert load_labels(spec(data_file, y="y_short", samples=3), data_file.parent).tolist() == [1, 0, 1]
+    assert load_labels(spec(data_file, y="y_short", samples=3)).tolist() == [1, 0, 1]
 
 
 def test_batches_cover_every_row_once() -> None:

@@ -23,10 +23,10 @@ from dabuild.errors import BuildError, UsageError  # noqa: E402
 from dabuild.ir.interpreter import run  # noqa: E402
 from dabuild.ir.passes import optimize  # noqa: E402
 from dabuild.progress import Progress  # noqa: E402
+from dabuild.qir.reference import quantize_input, run_integer  # noqa: E402
 from dabuild.quant.calibrate import calibrate  # noqa: E402
 from dabuild.quant.config import NodeConfig, QuantChoice, QuantConfig  # noqa: E402
 from dabuild.quant.quantize import quantize  # noqa: E402
-from dabuild.quant.reference import quantize_input, run_integer  # noqa: E402
 from dabuild.trace import trace_model  # noqa: E402
 
 VOCAB, TOKENS, WIDTH, CLASSES = 30, 8, 12, 4
@@ -184,7 +184,7 @@ def test_the_c_artifact_refuses_an_index_outside_its_table(tmp_path: Path, cache
     """model_forward returns -2 for a bad index (no read outside the table); the test program stops there."""
     from dabuild.plugins import TARGETS as TARGET_PLUGINS
     from dabuild.plugins import load
-    from dabuild.quant.qgraph import QGraph
+    from dabuild.qir.qgraph import QGraph
 
     write_recipe(tmp_path, "onnx", ["c"])
     assert main(["build", str(tmp_path), "--build-dir", str(tmp_path / "build"), "-q"]) == 0

@@ -12,9 +12,9 @@ from dabuild.ir.given_quant import GivenQuant
 from dabuild.ir.interpreter import run
 from dabuild.ir.passes import optimize
 from dabuild.progress import Progress
+from dabuild.qir.reference import quantize_input, run_integer
 from dabuild.quant.calibrate import calibrate
 from dabuild.quant.quantize import quantize
-from dabuild.quant.reference import quantize_input, run_integer
 from dabuild.tune.space import build_space
 from tests.test_quantize import C_CAPABILITY
 

@@ -20,9 +20,10 @@ from dabuild.quant.calibrate import calibrate
 from dabuild.quant.quantize import quantize
 from dabuild.recipe import load_recipe
 from dabuild.resources import data_dir
-from dabuild.tune.evaluate import EvalSetup, Evaluator, Scorer
+from dabuild.tune.evaluate import EvalSetup, Evaluator
 from dabuild.tune.mixed_precision import MixedPrecisionStrategy
 from dabuild.tune.objective import make_objective, resolve_objective
+from dabuild.tune.scorer import Scorer
 from dabuild.tune.search import Budget, Goal, Search
 from dabuild.tune.space import build_space, dtype_bits
 from dabuild.tune.strategy import width_steps
@@ -133,7 +134,7 @@ def synthetic(tmp_path_factory: pytest.TempPathFactory) -> Evaluator:
     labels = np.argmax(run(graph, {"x": x})[graph.outputs[0]], axis=1)
     graph.save(folder / "graph")
     calibrate(graph, [{"x": x}], Progress.silent()).save(folder / "stats")
-    return Evaluator(EvalSetup(folder / "graph", folder / "stats", x, labels, "accuracy", folder, 400))
+    return Evaluator(EvalSetup(folder / "graph", folder / "stats", x, labels, "accuracy", 400))
 
 
 def test_mixed_precision_lowers_the_estimate_and_keeps_the_goal(synthetic: Evaluator) -> None:

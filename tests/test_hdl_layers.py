@@ -19,11 +19,11 @@ from test_da4ml_plugin import DA4ML
 from dabuild.errors import BuildError
 from dabuild.ir import Graph, Node, TensorSpec
 from dabuild.progress import Progress
+from dabuild.qir.qgraph import QGraph
+from dabuild.qir.reference import run_integer
 from dabuild.quant.calibrate import calibrate
 from dabuild.quant.defaults import default_config
-from dabuild.quant.qgraph import QGraph
 from dabuild.quant.quantize import quantize
-from dabuild.quant.reference import run_integer
 from dabuild.targets.check import check_stage
 
 pytest.importorskip("da4ml")

@@ -12,8 +12,8 @@ from conftest import copy_recipes, limit_trials
 
 from dabuild.cli import main
 from dabuild.ir.npz import read_npz
-from dabuild.quant.qgraph import QGraph
-from dabuild.quant.reference import quantize_input, run_integer
+from dabuild.qir.qgraph import QGraph
+from dabuild.qir.reference import quantize_input, run_integer
 from dabuild.targets.hdl.simulators import simulator
 
 pytest.importorskip("da4ml")

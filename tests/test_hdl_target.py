@@ -13,7 +13,7 @@ from test_quantize import lower, mlp_graph
 
 from dabuild.errors import BuildError
 from dabuild.progress import Progress
-from dabuild.quant.reference import run_integer
+from dabuild.qir.reference import run_integer
 from dabuild.targets.check import check_stage
 from dabuild.targets.hdl import HdlTarget
 from dabuild.targets.hdl.simulators import simulator

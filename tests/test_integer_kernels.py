@@ -13,10 +13,10 @@ import pytest
 
 from dabuild.ir.kernels import integer, native
 from dabuild.ir.kernels.native import layer_threads
-from dabuild.quant.layers.elementwise import LEFT_SHIFT, QAdd, QClamp, QRelu, QSub
-from dabuild.quant.layers.linear import QConv, QDense
-from dabuild.quant.qgraph import QGraph, QTensor, QuantParams
-from dabuild.quant.reference import absorbed_clamps, run_integer
+from dabuild.qir.layers.elementwise import LEFT_SHIFT, QAdd, QClamp, QRelu, QSub
+from dabuild.qir.layers.linear import QConv, QDense
+from dabuild.qir.qgraph import QGraph, QTensor, QuantParams
+from dabuild.qir.reference import absorbed_clamps, run_integer
 
 RNG = np.random.default_rng(31)
 

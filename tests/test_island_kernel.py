@@ -12,7 +12,7 @@ import pytest
 
 from dabuild.ir.kernels import native
 from dabuild.ir.kernels.native import layer_threads
-from dabuild.quant.layers.island_order import run_ordered
+from dabuild.qir.layers.island_order import run_ordered
 
 RNG = np.random.default_rng(5)
 

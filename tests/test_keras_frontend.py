@@ -132,7 +132,7 @@ def test_jet_mlp_from_a_keras_file_saved_by_keras(tmp_path: Path) -> None:
     model.save(path)
     assert choose_framework(path) == "keras"
     assert choose_framework(model) == "keras", "a keras.Model is a torch Module too, but keras traces it"
-    loaded = load_model(str(path.name), tmp_path, None)
+    loaded = load_model(str(path), None)
     graph = trace_model(loaded)
     x = np.random.default_rng(2).standard_normal((4, 16)).astype(np.float32)
     np.testing.assert_allclose(run(graph, {graph.inputs[0].name: x})[graph.outputs[0]], model.predict(x, verbose=0),
@@ -146,12 +146,12 @@ def test_factory_with_h5_weights(tmp_path: Path) -> None:
         "    return keras.Sequential([keras.Input((6,)), keras.layers.Dense(3, activation='relu')])\n")
     source = sequential((6,), layers.Dense(3, activation="relu"))
     source.save_weights(tmp_path / "model.weights.h5")
-    model = load_model("model.py:build", tmp_path, Path("model.weights.h5"))
+    model = load_model(f"{tmp_path / 'model.py'}:build", tmp_path / "model.weights.h5")
     graph = trace_model(model)
     x = np.random.default_rng(3).standard_normal((2, 6)).astype(np.float32)
     np.testing.assert_allclose(run(graph, {graph.inputs[0].name: x})[graph.outputs[0]], source.predict(x, verbose=0),
                                atol=1e-5)
-    unloaded = trace_model(load_model("model.py:build", tmp_path, None), "keras")
+    unloaded = trace_model(load_model(f"{tmp_path / 'model.py'}:build", None), "keras")
     assert [n.op for n in unloaded.nodes] == [n.op for n in graph.nodes]
     assert not np.array_equal(*(next(v for k, v in g.constants.items() if "kernel" in k) for g in (graph, unloaded)))
 
@@ -203,7 +203,7 @@ def test_a_qkeras_file_names_the_package_it_needs(tmp_path: Path) -> None:
         h5.create_group("model_weights")
     with pytest.raises(UsageError, match=r"qkeras_mlp.h5: a QKeras model \(layers QDense, quantized_bits, "
                                          r"QActivation\); QKeras needs TensorFlow \(package 'tensorflow'.*q_type 'kbi'"):
-        trace_model(load_model(str(path), tmp_path, None))
+        trace_model(load_model(str(path), None))
 
 
 def test_an_undeclared_emit_is_refused_while_converting() -> None:

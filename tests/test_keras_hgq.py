@@ -28,12 +28,12 @@ from dabuild.ir.given_quant import FixedQuant  # noqa: E402
 from dabuild.ir.interpreter import run  # noqa: E402
 from dabuild.ir.passes import optimize  # noqa: E402
 from dabuild.progress import Progress  # noqa: E402
+from dabuild.qir.layers.fake_quant import QFixedQuant  # noqa: E402
+from dabuild.qir.qgraph import QGraph, QTensor, QuantParams  # noqa: E402
+from dabuild.qir.reference import run_integer, run_quantized  # noqa: E402
 from dabuild.quant.calibrate import calibrate  # noqa: E402
 from dabuild.quant.given_params import fixed_params  # noqa: E402
-from dabuild.quant.layers.fake_quant import QFixedQuant  # noqa: E402
-from dabuild.quant.qgraph import QGraph, QTensor, QuantParams  # noqa: E402
 from dabuild.quant.quantize import quantize  # noqa: E402
-from dabuild.quant.reference import run_integer, run_quantized  # noqa: E402
 from dabuild.trace import trace_model  # noqa: E402
 from dabuild.trace.keras_frontend.hgq import FixedQuantizer, Unsupported, weight_grid  # noqa: E402
 from dabuild.tune.space import build_space  # noqa: E402

@@ -29,7 +29,7 @@ def test_jet_mlp_keras_traces_as_keras_computes_and_builds_c_onnx_hdl(tmp_path: 
     recipe = copy_recipes(tmp_path, "jet-mlp", "jet-mlp-keras") / "jet-mlp-keras"
     data = read_npz(recipe.parent / "jet-mlp" / "data.npz")
     model = keras.saving.load_model(recipe / "model.keras")
-    graph = trace_model(load_model("model.keras", recipe, None))
+    graph = trace_model(load_model(str(recipe / "model.keras"), None))
     np.testing.assert_allclose(run(graph, {"x": data["x_test"]})[graph.outputs[0]],
                                model.predict(data["x_test"], verbose=0), rtol=1e-4, atol=1e-4)
 
@@ -49,7 +49,7 @@ def _same_logic_as_da4ml(model: keras.Model, build: Path) -> None:
     from da4ml.converter import trace_model as da4ml_trace
     from da4ml.trace import HWConfig, comb_trace
 
-    from dabuild.quant.qgraph import QGraph
+    from dabuild.qir.qgraph import QGraph
     from dabuild.targets.hdl.program import trace
 
     hwconf = HWConfig(1, -1, -1)

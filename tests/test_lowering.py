@@ -20,14 +20,14 @@ from dabuild.ir import Graph, Node, TensorSpec
 from dabuild.ir.interpreter import run
 from dabuild.ir.ops import OPS
 from dabuild.progress import Progress
+from dabuild.qir.layers.fallback import QFloat, QFloatWeighted
+from dabuild.qir.qgraph import QGraph
+from dabuild.qir.reference import dequantize_output, quantize_input, run_integer, run_quantized
 from dabuild.quant.calibrate import calibrate
 from dabuild.quant.config import NodeConfig, QuantChoice, QuantConfig
 from dabuild.quant.defaults import default_config
-from dabuild.quant.layers.fallback import QFloat, QFloatWeighted
 from dabuild.quant.lowering import LOWERINGS, WeightCache, quantizable_roles
-from dabuild.quant.qgraph import QGraph
 from dabuild.quant.quantize import quantize
-from dabuild.quant.reference import dequantize_output, quantize_input, run_integer, run_quantized
 from dabuild.targets.c import CTarget
 
 RNG = np.random.default_rng(0)

@@ -51,8 +51,8 @@ def test_a_loaded_graph_maps_its_weights(tmp_path: Path) -> None:
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this platform")
 def test_a_forked_child_starts_new_threads_for_its_layers() -> None:
     """The parent's conv thread pool does not survive fork; the child must not wait for its threads."""
-    from dabuild.quant.layers.linear import QConv
-    from dabuild.quant.qgraph import QGraph, QTensor, QuantParams
+    from dabuild.qir.layers.linear import QConv
+    from dabuild.qir.qgraph import QGraph, QTensor, QuantParams
 
     conv = native.native_conv()
     if conv is None or conv.integer is None:

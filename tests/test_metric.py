@@ -26,7 +26,7 @@ def test_top_k_is_the_share_of_labels_among_the_k_largest_outputs(name: str, k: 
     rng = np.random.default_rng(k)
     outputs = rng.normal(size=(400, 16))
     labels = rng.integers(0, 16, size=400)
-    metric = load_metric(name, None)
+    metric = load_metric(name)
     assert metric.higher_is_better
     assert metric(outputs, labels) == pytest.approx(top_k_by_sorting(outputs, labels, k))
 
@@ -35,29 +35,29 @@ def test_top_k_grows_with_k_and_reaches_one_when_every_label_is_in_reach() -> No
     rng = np.random.default_rng(0)
     outputs = rng.normal(size=(300, 10))
     labels = rng.integers(0, 10, size=300)
-    scores = [load_metric(f"top_{k}", None)(outputs, labels) for k in range(1, 10)]
+    scores = [load_metric(f"top_{k}")(outputs, labels) for k in range(1, 10)]
     assert scores == sorted(scores) and scores[0] < scores[-1]
     ranked_second = np.argsort(-outputs, axis=1)[:, 1]
-    assert load_metric("top_2", None)(outputs, ranked_second) == 1.0
-    assert load_metric("top_1", None)(outputs, ranked_second) == 0.0
+    assert load_metric("top_2")(outputs, ranked_second) == 1.0
+    assert load_metric("top_1")(outputs, ranked_second) == 0.0
 
 
 def test_top_1_equals_accuracy_even_with_the_ties_quantized_outputs_have() -> None:
     rng = np.random.default_rng(1)
     outputs = rng.integers(-2, 3, size=(500, 6)).astype(np.float32) * 0.25  # few levels: many ties
     labels = rng.integers(0, 6, size=500)
-    assert load_metric("top_1", None)(outputs, labels) == load_metric("accuracy", None)(outputs, labels)
-    assert load_metric("top_3", None)(outputs, labels) == pytest.approx(top_k_by_sorting(outputs, labels, 3))
+    assert load_metric("top_1")(outputs, labels) == load_metric("accuracy")(outputs, labels)
+    assert load_metric("top_3")(outputs, labels) == pytest.approx(top_k_by_sorting(outputs, labels, 3))
 
 
 def test_top_k_rejects_k_covering_every_class_and_mismatched_labels() -> None:
     outputs = np.zeros((4, 5))
     with pytest.raises(BuildError, match="only 5 classes"):
-        load_metric("top_k", None)(outputs, np.zeros(4, dtype=int))
+        load_metric("top_k")(outputs, np.zeros(4, dtype=int))
     with pytest.raises(BuildError, match="labels of shape"):
-        load_metric("top_2", None)(outputs, np.zeros((4, 5)))
+        load_metric("top_2")(outputs, np.zeros((4, 5)))
     with pytest.raises(BuildError, match=r"class indices in \[0, 5\)"):
-        load_metric("top_2", None)(outputs, np.array([0, 1, 7, 2]))
+        load_metric("top_2")(outputs, np.array([0, 1, 7, 2]))
 
 
 def recipe_with_metric(tmp_path: Path, metric: str) -> Path:

@@ -27,10 +27,10 @@ from dabuild.errors import BuildError
 from dabuild.ir import Graph, Node
 from dabuild.ir.interpreter import run
 from dabuild.progress import Progress
+from dabuild.qir.qgraph import QGraph
+from dabuild.qir.reference import dequantize_output, quantize_input, run_integer
 from dabuild.quant.config import NodeConfig, QuantChoice, QuantConfig
 from dabuild.quant.defaults import default_config
-from dabuild.quant.qgraph import QGraph
-from dabuild.quant.reference import dequantize_output, quantize_input, run_integer
 from dabuild.recipe import load_recipe
 from dabuild.tune.evaluate import EvalSetup, Evaluator
 from dabuild.tune.space import TuningSpace, build_space
@@ -149,10 +149,11 @@ def cnn(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, tuple[Path, Pat
     folder = root / "digits-cnn"
     shutil.copytree(REPO / "recipes" / "digits-cnn", folder, ignore=shutil.ignore_patterns("build", "__pycache__"))
     recipe = load_recipe(folder / "recipe.yaml")
-    trace_stage(recipe.model, recipe.base_dir, root / "trace", Progress.silent())
+    model = recipe.model.model_copy(update={"source": str(recipe.base_dir / recipe.model.source)})  # as planning resolves it
+    trace_stage(model, root / "trace", Progress.silent())
     graph = Graph.load(root / "trace")
     spec = recipe.data.calibration
-    arrays = load_inputs(spec, recipe.base_dir, [t.name for t in graph.inputs])
+    arrays = load_inputs(spec, [t.name for t in graph.inputs])
     calibrate(graph, batches(arrays, spec.batch_size), Progress.silent()).save(root / "calibrate")
     return folder, (root / "trace", root / "calibrate")
 
@@ -194,7 +195,7 @@ def test_per_tensor_search_weighs_every_int4_choice_where_uniform_int4_minmax_mi
     recipe = digits_recipe(folder, strategy="mixed-precision", space=PER_TENSOR_WEIGHTS)
     metrics = tune(stages, tmp_path / "tune", recipe, MIXED)
     data = np.load(folder / "data.npz")
-    evaluator = Evaluator(EvalSetup(*stages, data["x_test"], data["y_test"], "accuracy", folder, 64))
+    evaluator = Evaluator(EvalSetup(*stages, data["x_test"], data["y_test"], "accuracy", 64))
     space = build_space(evaluator.graph, MIXED, PER_TENSOR_WEIGHTS)
     assert evaluator.score(uniform_weights(space, dtype="int4")).metric < 0.99 * evaluator.baseline
     assert metrics["goal_met"] and metrics["quantized"] >= 0.99 * metrics["fp32"]

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from mlperf_tiny import MODELS, quantized
 
-from dabuild.quant.qgraph import QGraph
-from dabuild.quant.reference import run_integer
+from dabuild.qir.qgraph import QGraph
+from dabuild.qir.reference import run_integer
 from dabuild.targets.c import CTarget
 
 pytestmark = pytest.mark.skipif(shutil.which("arm-none-eabi-gcc") is None or shutil.which("qemu-system-arm") is None,

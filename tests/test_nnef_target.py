@@ -22,12 +22,12 @@ from dabuild.cli import main
 from dabuild.errors import BuildError, CheckError
 from dabuild.ir import Graph, Node, TensorSpec
 from dabuild.progress import Progress
+from dabuild.qir.qgraph import QGraph
+from dabuild.qir.reference import run_integer, run_quantized
 from dabuild.quant.calibrate import calibrate
 from dabuild.quant.config import NodeConfig, QuantConfig
 from dabuild.quant.defaults import default_config
-from dabuild.quant.qgraph import QGraph
 from dabuild.quant.quantize import quantize
-from dabuild.quant.reference import run_integer, run_quantized
 from dabuild.resources import data_dir
 from dabuild.targets.check import check_stage
 from dabuild.targets.nnef import ARCHIVE, NnefTarget

@@ -24,8 +24,9 @@ DIGITS = Path(__file__).resolve().parent.parent / "recipes" / "digits"
 
 
 def digits_spec() -> SimpleNamespace:
-    """What the recipe's ModelSpec holds for the digits example (weights already absolute)."""
-    return SimpleNamespace(framework=None, source="model.py:build", weights=DIGITS / "weights.npz", inputs={"x": [1, 64]})
+    """What the recipe's ModelSpec holds for the digits example (its paths absolute, as a loaded recipe's are)."""
+    return SimpleNamespace(framework=None, source=f"{DIGITS / 'model.py'}:build", weights=DIGITS / "weights.npz",
+                           inputs={"x": [1, 64]})
 
 
 def write_model(tmp_path: Path, body: str) -> Path:
@@ -35,12 +36,12 @@ def write_model(tmp_path: Path, body: str) -> Path:
 
 
 def trace_source(tmp_path: Path, body: str, attr: str = "forward") -> Graph:
-    model = load_model(f"{write_model(tmp_path, body).name}:{attr}", tmp_path, None)
+    model = load_model(f"{write_model(tmp_path, body)}:{attr}", None)
     return trace_model(model, inputs={"x": (1, 4)})
 
 
 def test_digits_traces_to_three_dense_nodes(tmp_path: Path) -> None:
-    trace_stage(digits_spec(), DIGITS, tmp_path, Progress.silent())
+    trace_stage(digits_spec(), tmp_path, Progress.silent())
     graph = Graph.load(tmp_path)
     assert [(n.op, n.attrs["activation"]) for n in graph.nodes] == [
         ("dense", "relu"),
@@ -51,7 +52,7 @@ def test_digits_traces_to_three_dense_nodes(tmp_path: Path) -> None:
 
 
 def test_traced_digits_graph_computes_what_the_function_does() -> None:
-    forward = load_model("model.py:build", DIGITS, DIGITS / "weights.npz")
+    forward = load_model(f"{DIGITS / 'model.py'}:build", DIGITS / "weights.npz")
     graph = optimize(trace_model(forward, inputs={"x": (1, 64)}))
     x = read_npz(DIGITS / "data.npz")["x_test"]
     traced = run(graph, {"x": x})[graph.outputs[0]]
@@ -62,8 +63,8 @@ def test_load_model_imports_under_a_fresh_name_and_restores_sys_path(tmp_path: P
     (tmp_path / "helper.py").write_text("SCALE = 3.0\n")
     write_model(tmp_path, "from helper import SCALE\n\ndef forward(x):\n    return x * SCALE\n")
     before = list(sys.path)
-    first = load_model("net.py:forward", tmp_path, None)
-    second = load_model("net.py:forward", tmp_path, None)
+    first = load_model(f"{tmp_path / 'net.py'}:forward", None)
+    second = load_model(f"{tmp_path / 'net.py'}:forward", None)
     assert sys.path == before
     assert first.__module__ != second.__module__
     assert first.__module__ not in ("net", "__main__")
@@ -137,17 +138,19 @@ def test_reshape_keeps_the_batch_dynamic(tmp_path: Path) -> None:
         ("no_such_package.mod:forward", UsageError, "cannot import model module 'no_such_package.mod'"),
     ],
 )
-def test_load_model_errors(tmp_path: Path, source: str, error: type, message: str) -> None:
+def test_load_model_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, source: str, error: type,
+                           message: str) -> None:
     write_model(tmp_path, "def forward(x):\n    return x\n")
+    monkeypatch.chdir(tmp_path)  # relative paths are taken as written (a loaded recipe's are absolute)
     with pytest.raises(error) as raised:
-        load_model(source, tmp_path, None)
+        load_model(source, None)
     assert message in str(raised.value)
 
 
 def test_load_model_reports_import_failures_with_location(tmp_path: Path) -> None:
     write_model(tmp_path, "1 / 0\n")
     with pytest.raises(BuildError, match=r"net\.py:3: importing .*net\.py failed: ZeroDivisionError"):
-        load_model("net.py:forward", tmp_path, None)
+        load_model(f"{tmp_path / 'net.py'}:forward", None)
 
 
 def test_missing_input_shapes_are_asked_for() -> None:

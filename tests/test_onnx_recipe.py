@@ -43,7 +43,7 @@ def test_digits_onnx_builds_and_checks_exactly(recipes: Path, tmp_path: Path, ca
 
     # The ONNX export of the digits MLP is the same graph as the numpy model it came from.
     traced = Graph.load(build_root / "digits-onnx" / "trace")
-    numpy_model = load_model("model.py:build", recipes / "digits", Path("weights.npz"))
+    numpy_model = load_model(f"{recipes / 'digits' / 'model.py'}:build", recipes / "digits" / "weights.npz")
     assert traced.content_hash() == optimize(trace_model(numpy_model, inputs={"x": (1, 64)})).content_hash()
 
 

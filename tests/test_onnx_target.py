@@ -24,12 +24,12 @@ from dabuild.cli import _print_summary  # noqa: E402
 from dabuild.errors import BuildError, CheckError  # noqa: E402
 from dabuild.ir import Graph, Node, TensorSpec  # noqa: E402
 from dabuild.progress import Progress  # noqa: E402
+from dabuild.qir.qgraph import QGraph  # noqa: E402
+from dabuild.qir.reference import quantize_input, run_integer, run_quantized  # noqa: E402
 from dabuild.quant.calibrate import Stats, calibrate  # noqa: E402
 from dabuild.quant.config import NodeConfig, QuantConfig  # noqa: E402
 from dabuild.quant.defaults import default_config  # noqa: E402
-from dabuild.quant.qgraph import QGraph  # noqa: E402
 from dabuild.quant.quantize import quantize  # noqa: E402
-from dabuild.quant.reference import quantize_input, run_integer, run_quantized  # noqa: E402
 from dabuild.resources import data_dir  # noqa: E402
 from dabuild.targets.check import check_stage  # noqa: E402
 from dabuild.targets.onnx import MODEL_FILE, OnnxTarget, missing_package_error, runner  # noqa: E402

@@ -20,9 +20,9 @@ from dabuild.errors import BuildError, UsageError
 from dabuild.ir.interpreter import run
 from dabuild.ir.passes import optimize
 from dabuild.progress import Progress
+from dabuild.qir.reference import run_quantized
 from dabuild.quant.calibrate import calibrate
 from dabuild.quant.quantize import quantize
-from dabuild.quant.reference import run_quantized
 from dabuild.targets.onnx.isa import detect, saturates
 from dabuild.targets.onnx.saturation import run_original
 from dabuild.trace.onnx_frontend import OnnxTracer

@@ -16,12 +16,12 @@ from dabuild.errors import BuildError
 from dabuild.ir import Graph, Node, TensorSpec
 from dabuild.ir.interpreter import run
 from dabuild.progress import Progress
+from dabuild.qir.qgraph import QGraph, QuantParams
+from dabuild.qir.reference import requantize, run_integer, run_quantized
 from dabuild.quant.calibrate import Stats, calibrate
 from dabuild.quant.config import QuantConfig
 from dabuild.quant.defaults import default_config
-from dabuild.quant.qgraph import QGraph, QuantParams
 from dabuild.quant.quantize import quantize, quantize_multiplier
-from dabuild.quant.reference import requantize, run_integer, run_quantized
 from dabuild.resources import data_dir
 
 REPO = Path(__file__).resolve().parent.parent
@@ -195,7 +195,7 @@ def test_int8_digits_mlp_is_within_two_percent_of_float() -> None:
     from dabuild.trace.base import load_model, trace_model
 
     digits = REPO / "recipes" / "digits"
-    model = load_model("model.py:build", digits, digits / "weights.npz")
+    model = load_model(f"{digits / 'model.py'}:build", digits / "weights.npz")
     graph = optimize(trace_model(model, "numpy", {"x": (None, 64)}))
     assert [(n.op, n.attrs.get("activation")) for n in graph.nodes] == [("dense", "relu"), ("dense", "relu"),
                                                                         ("dense", "none")]

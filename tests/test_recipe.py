@@ -95,7 +95,7 @@ def test_paths_are_absolute_and_relative_to_the_recipe_folder(
     for resolved in [recipe.model.weights, recipe.data.calibration.source, recipe.data.evaluation.source, *recipe.model.depends]:
         assert resolved is not None and resolved.is_absolute() and resolved.is_file()
     assert recipe.data.calibration.source == folder.resolve() / "data" / "train.npz"
-    assert recipe.model.source == "model.py:build"  # kept as written: the tracer resolves it against base_dir
+    assert recipe.model.source == "model.py:build"  # kept as written: planning keys its file by content (stage files)
 
 
 def test_relative_recipe_path_is_resolved(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -19,9 +19,9 @@ import pytest
 from test_c_kernels import STRICT, build_and_run, lowered, requantize_cases, small_cnn
 from test_lowering import image, lower
 
-from dabuild.quant.fixed_point import ROUNDINGS, requantize
-from dabuild.quant.qgraph import QGraph
-from dabuild.quant.reference import run_integer
+from dabuild.qir.fixed_point import ROUNDINGS, requantize
+from dabuild.qir.qgraph import QGraph
+from dabuild.qir.reference import run_integer
 from dabuild.targets.c import CTarget
 from dabuild.targets.c.codegen import COMMON_HEADER, render
 

@@ -118,7 +118,7 @@ def test_basic_needs_no_more_trials_than_inc_basic_order(digits_stages: tuple[Pa
     recipe = digits_recipe(folder, strategy="basic", accuracy=NLL_GOAL)
     data = np.load(folder / "data.npz")
     evaluator = Evaluator(EvalSetup(*digits_stages, data["x_test"].astype(np.float32), data["y_test"],
-                                    "nll.py:nll", folder, 64))
+                                    "nll.py:nll", 64, metric_file=folder / "nll.py"))
     from dabuild.ir.graph import Graph
 
     space = build_space(Graph.load(digits_stages[0]), C_FALLBACK)
@@ -154,14 +154,14 @@ def spread_mlp(tmp_path: Path, spread: float = 2.0 ** 7) -> tuple[Evaluator, obj
     from dabuild.ir import interpreter
 
     labels = interpreter.run(graph, {"x": x[200:]})["h3"].argmax(axis=1)
-    return Evaluator(EvalSetup(tmp_path / "graph", tmp_path / "stats", x[200:], labels, "accuracy", None, 200)), \
+    return Evaluator(EvalSetup(tmp_path / "graph", tmp_path / "stats", x[200:], labels, "accuracy", 200)), \
         Graph.load(tmp_path / "graph")
 
 
 def run_search(evaluator: Evaluator, space: TuningSpace, strategy: str, goal: Goal, max_trials: int = 100):
     from dabuild.plugins import load
     from dabuild.progress import Progress
-    from dabuild.tune.evaluate import Scorer
+    from dabuild.tune.scorer import Scorer
     from dabuild.tune.search import Budget, Search
     from dabuild.tune.trials import TrialStore
 
@@ -257,7 +257,7 @@ def test_a_subset_score_that_went_with_a_full_miss_predicts_no_pass(tmp_path: Pa
     every config the subset scores no better than it a predicted miss (not worth a full evaluation), while a
     config scoring better on the subset is still predicted to pass."""
     from dabuild.progress import Progress
-    from dabuild.tune.evaluate import Scorer
+    from dabuild.tune.scorer import Scorer
     from dabuild.tune.search import Budget, Search
     from dabuild.tune.trials import TrialStore
 

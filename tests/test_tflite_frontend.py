@@ -16,7 +16,7 @@ from tflite_runtime import MODELS, given_qgraph, imported, inputs_for, model, ru
 
 from dabuild.errors import UsageError
 from dabuild.ir.interpreter import run
-from dabuild.quant.reference import run_quantized
+from dabuild.qir.reference import run_quantized
 from dabuild.trace.base import choose_framework
 from dabuild.trace.tflite_frontend.model_file import read_model, schema
 
@@ -162,7 +162,7 @@ def test_ds_cnn_in_tflm_rounding_equals_tflm_byte_for_byte_in_reference_and_c(tm
     byte from the C target (host) built with rounding tflm."""
     from tflite_runtime import run_tflm
 
-    from dabuild.quant.reference import quantize_input, run_integer
+    from dabuild.qir.reference import quantize_input, run_integer
     from dabuild.targets.c import CTarget
 
     path = model("ds_cnn_int8")
@@ -193,7 +193,7 @@ def test_resnet_block_in_tflm_rounding_equals_tflm_in_reference_and_c(name: str,
 
     from tflite_runtime import run_tflm
 
-    from dabuild.quant.reference import quantize_input, run_integer
+    from dabuild.qir.reference import quantize_input, run_integer
     from dabuild.targets.c import CTarget
 
     path = model(name)
@@ -248,7 +248,7 @@ def test_cortex_m_build_in_tflm_rounding_equals_tflm(name: str, cpu: str, tmp_pa
     rounds as dabuild does and so gives way to the scalar one), run in qemu: TFLM's output bytes."""
     from tflite_runtime import run_tflm
 
-    from dabuild.quant.reference import quantize_input
+    from dabuild.qir.reference import quantize_input
     from dabuild.targets.c import CTarget
 
     path = model(name)
@@ -269,7 +269,7 @@ def test_assorted_model_in_c_with_tflm_rounding_equals_tflm(tmp_path: Path) -> N
     output bytes: with a TFLM rounding its sigmoid, tanh and hard_swish tables are TFLM's own."""
     from tflite_runtime import run_tflm
 
-    from dabuild.quant.reference import quantize_input
+    from dabuild.qir.reference import quantize_input
     from dabuild.targets.c import CTarget
 
     path = model("assorted_int8")

@@ -24,8 +24,9 @@ from dabuild.capability import load_capability
 from dabuild.errors import UsageError
 from dabuild.ir.graph import Node
 from dabuild.progress import Progress
+from dabuild.qir.reference import quantize_input, run_integer
 from dabuild.quant.defaults import default_config
-from dabuild.quant.reference import quantize_input, run_integer
+from dabuild.quant.lowering import integer_forms
 from dabuild.resources import data_dir
 from dabuild.targets.check import check_stage
 from dabuild.targets.tflite import MODEL_FILE, TfliteTarget
@@ -112,7 +113,7 @@ def test_ops_without_a_writer_are_refused_by_node_before_calibration() -> None:
                       Node("e", "exp", ["b"], ["y"], {})], (8,), {})
     with pytest.raises(UsageError, match=r"target 'tflite' cannot build.*\n  gelu: .*lookup \(gelu\).*"
                                          r"'g'\n  exp: .*lookup \(exp\).*'e'$") as caught:
-        TfliteTarget().refuse(graph)
+        TfliteTarget().refuse(graph, integer_forms())
     assert caught.value.exit_code == 2
 
 
@@ -126,7 +127,7 @@ def test_convs_tflite_has_no_operator_for_are_refused_by_node_before_calibration
     graph = graph_of(nodes, (64,), constants)
     with pytest.raises(UsageError, match=r"\n  conv: its integer layers \(conv \(2 groups\)\) .*'g'\n  conv: "
                                          r"its integer layers \(conv \(1-D\)\) .*'o'$"):
-        TfliteTarget().refuse(graph)
+        TfliteTarget().refuse(graph, integer_forms())
 
 
 def small_cnn() -> object:
@@ -190,11 +191,11 @@ def test_int8_data_is_taken_as_the_integers_the_file_stores(tmp_path: Path) -> N
     stored = quantize_input(qgraph, x)
     np.savez(tmp_path / "data.npz", floats=x, int8=stored, int16=stored.astype(np.int16))
     spec = DataFile(tmp_path / "data.npz", "int8")
-    taken = load_inputs(spec, None, [name], (), graph.stored_inputs())[name]
+    taken = load_inputs(spec, [name], (), graph.stored_inputs())[name]
     assert np.array_equal(quantize_input(qgraph, taken), stored)
     for key, expected in (("floats", x), ("int16", stored.astype(np.float32))):
         spec = DataFile(tmp_path / "data.npz", key)
-        assert np.array_equal(load_inputs(spec, None, [name], (), graph.stored_inputs())[name], expected)
+        assert np.array_equal(load_inputs(spec, [name], (), graph.stored_inputs())[name], expected)
 
 
 def test_recipe_with_int8_data_builds_a_tflite_file_checked_exact(tmp_path: Path) -> None:

@@ -374,7 +374,7 @@ def test_state_dict_is_loaded_into_the_factory_module(tmp_path: Path) -> None:
     (tmp_path / "model.py").write_text(MODEL_PY)
     trained = nn.Linear(4, 3)
     torch.save({"fc.weight": trained.weight.detach(), "fc.bias": trained.bias.detach()}, tmp_path / "state.pt")
-    model = load_model("model.py:build", tmp_path, Path("state.pt"))
+    model = load_model(f"{tmp_path / 'model.py'}:build", tmp_path / "state.pt")
     assert torch.equal(model.fc.weight, trained.weight)
     graph = trace_model(model, inputs={"x": [1, 4]})
     x = np.ones((2, 4), np.float32)
@@ -386,7 +386,7 @@ def test_bad_state_dict_names_the_file_and_every_mismatched_key(tmp_path: Path) 
     (tmp_path / "model.py").write_text(MODEL_PY)
     torch.save({"fc.weight": torch.zeros(5, 4), "head.bias": torch.zeros(3)}, tmp_path / "state.pt")
     with pytest.raises(UsageError) as caught:
-        load_model("model.py:build", tmp_path, Path("state.pt"))
+        load_model(f"{tmp_path / 'model.py'}:build", tmp_path / "state.pt")
     message = str(caught.value)
     assert "state.pt" in message and "model.py:build" in message
     assert "missing key fc.bias" in message and "unexpected key head.bias" in message
@@ -397,10 +397,10 @@ def test_a_weights_file_that_is_not_a_state_dict(tmp_path: Path) -> None:
     (tmp_path / "model.py").write_text(MODEL_PY)
     (tmp_path / "state.pt").write_bytes(b"not a torch file")
     with pytest.raises(UsageError, match="state.pt: not a state dict torch.load"):
-        load_model("model.py:build", tmp_path, Path("state.pt"))
+        load_model(f"{tmp_path / 'model.py'}:build", tmp_path / "state.pt")
     torch.save([torch.zeros(2)], tmp_path / "list.pt")
     with pytest.raises(UsageError, match="holds a list, not a state dict"):
-        load_model("model.py:build", tmp_path, Path("list.pt"))
+        load_model(f"{tmp_path / 'model.py'}:build", tmp_path / "list.pt")
 
 
 class MathActivations(nn.Module):

@@ -55,8 +55,9 @@ def test_torch_and_numpy_digits_trace_to_the_same_graph(tmp_path: Path) -> None:
         ("digits-torch", "model.py:build", "state.pt", "torch"),
         ("digits", "model.py:build", "weights.npz", "numpy"),
     ):
-        spec = SimpleNamespace(framework=framework, source=source, weights=Path(weights), inputs={"x": [None, 64]})
-        trace_stage(spec, RECIPES / name, tmp_path / name, Progress.silent())
+        spec = SimpleNamespace(framework=framework, source=f"{RECIPES / name / source}", weights=RECIPES / name / weights,
+                               inputs={"x": [None, 64]})
+        trace_stage(spec, tmp_path / name, Progress.silent())
         graphs.append(Graph.load(tmp_path / name))
     assert graphs[0].content_hash() == graphs[1].content_hash()
 

@@ -67,10 +67,11 @@ def digits_stages(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]
 
     recipe = load_recipe(REPO / "recipes" / "digits" / "recipe.yaml")
     root = tmp_path_factory.mktemp("digits-stages")
-    trace_stage(recipe.model, recipe.base_dir, root / "trace", Progress.silent())
+    model = recipe.model.model_copy(update={"source": str(recipe.base_dir / recipe.model.source)})  # as planning resolves it
+    trace_stage(model, root / "trace", Progress.silent())
     graph = Graph.load(root / "trace")
     spec = recipe.data.calibration
-    arrays = load_inputs(spec, recipe.base_dir, [t.name for t in graph.inputs])
+    arrays = load_inputs(spec, [t.name for t in graph.inputs])
     calibrate(graph, batches(arrays, spec.batch_size), Progress.silent()).save(root / "calibrate")
     return root / "trace", root / "calibrate"
 
@@ -346,8 +347,8 @@ def test_report_before_any_build_is_a_usage_error(tmp_path: Path) -> None:
 def test_metric_scores_are_what_the_integer_reference_delivers(digits_stages: tuple[Path, Path],
                                                                tmp_path: Path) -> None:
     """The chosen trial's score is the accuracy of the saved qgraph run through the integer reference."""
-    from dabuild.quant.qgraph import QGraph
-    from dabuild.quant.reference import run_quantized
+    from dabuild.qir.qgraph import QGraph
+    from dabuild.qir.reference import run_quantized
 
     metrics = tune(digits_stages, tmp_path / "out", digits_recipe())
     data = np.load(REPO / "recipes" / "digits" / "data.npz")
@@ -383,9 +384,9 @@ def test_a_hopeless_trial_stops_early_with_a_bound_that_already_misses(digits_st
 
     recipe = digits_recipe()
     spec = recipe.data.evaluation
-    x = load_inputs(spec, recipe.base_dir, ["x"])["x"]
-    evaluator = Evaluator(EvalSetup(digits_stages[0], digits_stages[1], x, load_labels(spec, recipe.base_dir),
-                                    "accuracy", recipe.base_dir, 50))
+    x = load_inputs(spec, ["x"])["x"]
+    evaluator = Evaluator(EvalSetup(digits_stages[0], digits_stages[1], x, load_labels(spec),
+                                    "accuracy", 50))
     config = default_config(evaluator.graph, C)
     full = evaluator.score(config)
     assert evaluator.score(config, floor=full.metric).metric == full.metric  # it passes: scored to the end

@@ -15,8 +15,8 @@ import numpy as np
 from dabuild.ir.graph import Graph
 from dabuild.ir.passes import optimize
 from dabuild.progress import Progress
+from dabuild.qir.qgraph import QGraph
 from dabuild.quant.calibrate import calibrate
-from dabuild.quant.qgraph import QGraph
 from dabuild.quant.quantize import quantize
 from dabuild.trace.tflite_frontend import TfliteTracer
 from dabuild.tune.space import build_space
@@ -66,7 +66,7 @@ def run_tflm(path: Path, qgraph: QGraph, x: np.ndarray, tensors: tuple[int, ...]
     the QGraph's output params) and, by file tensor index, the `tensors` asked for (kept: kPreserveAllTensors)."""
     from tflite_micro.python.tflite_micro import runtime
 
-    from dabuild.quant.reference import quantize_input
+    from dabuild.qir.reference import quantize_input
 
     interpreter = runtime.Interpreter.from_file(str(path),
                                                 intrepreter_config=runtime.InterpreterConfig.kPreserveAllTensors)

@@ -12,7 +12,7 @@ The contract every frontend keeps (the one thing a frontend does about it):
   - `zero_point`: list of ints of the same length, inside the dtype's range;
   - `bits`, `signed`: the integer type, any width (its name, `dtype`, is e.g.
     int8 or uint4); integer lowering maps it onto dabuild's int2..int16 /
-    uint1..uint16 (`dabuild.quant.dtypes`) and refuses other widths naming the
+    uint1..uint16 (`dabuild.qir.dtypes`) and refuses other widths naming the
     node and the nearest type; a frontend refuses what is no integer at all
     (float8), naming the node;
   - `axis`: None (per tensor) or the axis the per-channel parameters run along,

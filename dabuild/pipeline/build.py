@@ -21,6 +21,7 @@ from dabuild.pipeline.plan import Stage, plan
 from dabuild.pipeline.preflight import preflight, refuse_unbuildable
 from dabuild.pipeline.remote import Remote
 from dabuild.pipeline.remote_settings import load_settings
+from dabuild.pipeline.stage_cluster import StageCluster
 from dabuild.pipeline.stages import stage_functions
 from dabuild.pipeline.store import Store
 from dabuild.progress import Progress
@@ -112,14 +113,21 @@ def _build_locked(recipe: Recipe, options: BuildOptions, progress: Progress, sta
             stage_functions(options.jobs, store.trials_root if store else None, options.cluster,
                             store.remote if store else None),
             progress,
+            stage_cluster(options.cluster, store, progress),
         )
-        traced = [stage for stage in stages if stage.kind == "trace"]
-        _raise_first_failure(run_stages(traced, session, options.jobs))
-        preflight(recipe, workspace.stage_dir("trace"),
-                  [capabilities[stage.name.split(":", 1)[1]] for stage in stages if stage.kind == "tune"])
-        refuse_unbuildable(workspace.stage_dir("trace"), [stage for stage in stages if stage.kind == "export"])
-        result = run_stages([stage for stage in stages if stage.kind != "trace"], session, options.jobs)
-        _raise_first_failure(result)
+        try:
+            traced = [stage for stage in stages if stage.kind == "trace"]
+            _raise_first_failure(run_stages(traced, session, options.jobs))
+            preflight(recipe, workspace.stage_dir("trace"),
+                      [capabilities[stage.name.split(":", 1)[1]] for stage in stages if stage.kind == "tune"])
+            refuse_unbuildable(workspace.stage_dir("trace"), [stage for stage in stages if stage.kind == "export"])
+            rest = [stage for stage in stages if stage.kind != "trace"]
+            # with a cluster, one thread per stage that may wait on it (the threads only wait)
+            jobs = max(options.jobs, len(rest)) if session.cluster is not None else options.jobs
+            _raise_first_failure(run_stages(rest, session, jobs))
+        finally:
+            if session.cluster is not None:
+                session.cluster.close()
         summary = _summarise(recipe, workspace, stages, session, warned)
         _link_reports(workspace, stages)
         report = summary.to_json()
@@ -131,6 +139,18 @@ def _build_locked(recipe: Recipe, options: BuildOptions, progress: Progress, sta
             stamp.write(stamp_file, _files_read(recipe, stages, capabilities), _files_written(workspace, stages),
                         summary.to_json())
     return summary
+
+
+def stage_cluster(address: str | None, store: Store | None, progress: Progress) -> StageCluster | None:
+    """Where export and check stages run: on the Dask cluster when there is one and a remote this user may
+    write (workers exchange entries through it), else here (said in one line when there is a cluster)."""
+    if address is None:
+        return None
+    if store is None or store.remote is None or not store.remote.settings.push:
+        progress.info(f"dabuild: no remote cache this build may write, so its stages run on this machine and "
+                      f"only tuning trials go to the Dask cluster at {address}")
+        return None
+    return StageCluster(address, store)
 
 
 def open_store(project: Path, push: bool = True) -> Store:

@@ -52,6 +52,7 @@ def _package_root(top: str) -> Path | None:
     return origin.parent if spec.submodule_search_locations else origin
 
 
+@cache  # thousands of lookups per build, of a few hundred names: each costs file-system calls
 def _module_file(name: str) -> Path | None:
     parts = name.split(".")
     root = _package_root(parts[0])
@@ -107,12 +108,16 @@ def _tops(roots: tuple[str, ...]) -> frozenset[str]:
     return frozenset({"dabuild", *(root.split(".")[0] for root in roots)})
 
 
-@cache
-def _imports(name: str, tops: frozenset[str]) -> tuple[str, ...]:
+@cache  # each module is read once per process, whichever stages' closures hold it
+def _module_imports(name: str) -> tuple[str, ...]:
     file = _module_file(name)
     assert file is not None, name
     names = imported_names(file.read_text(encoding="utf-8", errors="replace"))
-    return tuple(sorted(m for m in names if m.split(".")[0] in tops and _module_file(m) is not None))
+    return tuple(sorted(m for m in names if _module_file(m) is not None))
+
+
+def _imports(name: str, tops: frozenset[str]) -> list[str]:
+    return [m for m in _module_imports(name) if m.split(".")[0] in tops]
 
 
 def closure(roots: tuple[str, ...]) -> list[str]:

@@ -20,6 +20,7 @@ from doit.reporter import ConsoleReporter
 from doit.task import Task, dict_to_task
 from doit.tools import config_changed
 
+from dabuild import notices
 from dabuild.errors import DabuildError
 from dabuild.pipeline.execute import Outcome, Session
 from dabuild.pipeline.manifest import MANIFEST, Manifest
@@ -56,12 +57,14 @@ def _watched(stage: Stage) -> dict[str, Any]:
         return {**stage.static_parts, "unavailable": str(error)}
 
 
-def to_task(stage: Stage, session: Session, result: RunResult) -> Task:
-    """One doit task per stage; its action defers to the session (cache, atomic publish)."""
+def to_task(stage: Stage, session: Session, result: RunResult, warnings: object | None = None) -> Task:
+    """One doit task per stage; its action defers to the session (cache, atomic publish), its warnings
+    counted in the build's `warnings` (notices.current() of the thread that runs the stages)."""
 
     def action() -> TaskFailed | None:
         try:
-            session.run(stage)
+            with notices.bound(warnings):
+                session.run(stage)
         except DabuildError as error:
             result.failures.append(Failure(stage.name, str(error), error))
             return TaskFailed(str(error))
@@ -121,7 +124,8 @@ class _Loader(TaskLoader2):
 def run_stages(stages: list[Stage], session: Session, jobs: int) -> RunResult:
     """Run every stage through doit; failures are collected, not raised."""
     result = RunResult()
-    tasks = [to_task(stage, session, result) for stage in stages]
+    warnings = notices.current()
+    tasks = [to_task(stage, session, result, warnings) for stage in stages]
     config = {
         "dep_file": str(session.workspace.build_dir / ".doit.db"),
         "backend": "sqlite3",

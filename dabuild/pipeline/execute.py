@@ -3,7 +3,8 @@
 For a stage: compute its key from the manifests of its inputs; if the folder in
 place already carries that key, nothing to do; if the store has it, restore it;
 if the team's remote has it, fetch it;
-otherwise run the stage function into a temporary folder, record a manifest,
+otherwise run the stage function (an export or check stage, on a Dask
+cluster's worker when the build has one and a remote: pipeline/stage_cluster.py) into a temporary folder, record a manifest,
 store it, and rename the folder into place. The outputs a later build accepts
 are therefore always complete: an interrupted stage leaves only a temporary
 folder, which the next build removes.
@@ -21,6 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dabuild.errors import BuildError
 from dabuild.ir.memory import release_free_memory
@@ -28,6 +30,9 @@ from dabuild.pipeline.manifest import Manifest
 from dabuild.pipeline.plan import Stage, cache_key, input_digests, key_parts
 from dabuild.pipeline.store import Store
 from dabuild.progress import Progress, human_size
+
+if TYPE_CHECKING:
+    from dabuild.pipeline.stage_cluster import StageCluster
 
 
 class Outcome(enum.Enum):
@@ -90,6 +95,7 @@ class Session:
     store: Store | None
     functions: dict[str, StageFunction]
     progress: Progress
+    cluster: StageCluster | None = None  # runs the stages it takes on a Dask cluster (pipeline/stage_cluster.py)
     outcomes: dict[str, tuple[Outcome, float]] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -140,6 +146,12 @@ class Session:
                         return outcome
                     shutil.rmtree(tmp)
                     tmp.mkdir()
+            if self.cluster is not None and self.cluster.takes(stage):
+                ran = self.cluster.run(stage, inputs, key, parts, tmp)
+                if ran is not None:
+                    ran.write(tmp)
+                    self.workspace.publish(tmp, stage)
+                    return Outcome.EXECUTED
             self.functions[stage.kind](
                 StageRun(
                     stage,

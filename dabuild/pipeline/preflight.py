@@ -51,9 +51,12 @@ def preflight(recipe: Recipe, graph_dir: Path, capabilities: list[Any]) -> None:
 def refuse_unbuildable(graph_dir: Path, exports: list[Any]) -> None:
     """Each target's `refuse` on the traced graph: a BuildError naming target, op and nodes it cannot build,
     before calibration and tuning spend any time."""
+    from dabuild.quant.lowering import integer_forms
+
     graph = Graph.load(graph_dir)
+    forms = integer_forms()
     for stage in exports:
-        stage.runs["target"].refuse(graph)
+        stage.runs["target"].refuse(graph, forms)
 
 
 def _used(spec: Any, key: str) -> np.ndarray:

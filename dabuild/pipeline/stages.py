@@ -16,9 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dabuild.pipeline.execute import StageFunction, StageRun
-
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # types only: execute runs these adapters, plan keys them by their code (code_digest)
+    from dabuild.pipeline.execute import StageFunction, StageRun
     from dabuild.tune.trials import SharedTrials
 
 
@@ -78,7 +77,7 @@ def trace(run: StageRun) -> None:
     hooked = run.stage.runs.get("hooks", [])
     for target in hooked:
         target.pre_trace(model)
-    trace_stage(model, None, run.out_dir, run.progress)
+    trace_stage(model, run.out_dir, run.progress)
     if hooked:
         graph = Graph.load(run.out_dir)
         for target in hooked:
@@ -92,7 +91,7 @@ def calibrate(run: StageRun) -> None:
 
     graph = Graph.load(run.inputs["graph"])
     spec = DataFile.from_config(run.stage.config, run.stage.files["data"])
-    arrays = load_inputs(spec, None, [t.name for t in graph.inputs], graph.integer_inputs(), graph.stored_inputs())
+    arrays = load_inputs(spec, [t.name for t in graph.inputs], graph.integer_inputs(), graph.stored_inputs())
     used, stored = len(next(iter(arrays.values()))), rows_in_file(spec)
     if used < stored:
         run.progress.info(f"calibrate: the first {used:,} of the {stored:,} samples in {spec.source.name} "
@@ -105,7 +104,7 @@ def calibrate(run: StageRun) -> None:
 
 
 def export(run: StageRun) -> None:
-    from dabuild.quant.qgraph import QGraph
+    from dabuild.qir.qgraph import QGraph
 
     target = run.stage.runs["target"]
     target.export(target.integer_graph(QGraph.load(run.inputs["qgraph"] / "qgraph")), run.out_dir)
@@ -115,7 +114,7 @@ def export(run: StageRun) -> None:
 def check(run: StageRun) -> None:
     from dabuild.data import DataFile, load_inputs, required_labels
     from dabuild.ir.graph import Graph
-    from dabuild.quant.qgraph import QGraph
+    from dabuild.qir.qgraph import QGraph
     from dabuild.targets.check import check_stage
     from dabuild.tune.metric import load_metric
 
@@ -124,12 +123,12 @@ def check(run: StageRun) -> None:
     qgraph = target.integer_graph(QGraph.load(run.inputs["qgraph"] / "qgraph"))
     spec = DataFile.from_config(config["evaluation"], run.stage.files["evaluation"])
     stored = Graph.load(run.inputs["graph"]).stored_inputs()
-    x = next(iter(load_inputs(spec, None, qgraph.input_names, qgraph.input_names if qgraph.takes_indices else (),
+    x = next(iter(load_inputs(spec, qgraph.input_names, qgraph.input_names if qgraph.takes_indices else (),
                               stored).values()))
-    labels = required_labels(spec, None)
+    labels = required_labels(spec)
     if config["samples"] != "all":
         x, labels = x[: config["samples"]], labels[: config["samples"]]
-    metric = load_metric(config["metric"], None, run.stage.files.get("metric"))
+    metric = load_metric(config["metric"], run.stage.files.get("metric"))
     check_stage(target, qgraph, run.inputs["artifact"], x, config["tolerance"], run.out_dir,
                 run.build_dir / "debug" / run.stage.dirname, run.progress, lambda outputs: metric(outputs, labels))
 

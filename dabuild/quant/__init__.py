@@ -1,1 +1,1 @@
-"""Quantization: calibration statistics, per-node configs, integer lowering and its numpy reference."""
+"""Quantization: calibration statistics, per-node configs and the integer lowering into dabuild.qir."""

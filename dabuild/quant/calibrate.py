@@ -11,23 +11,23 @@ outlives its batch.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from dabuild.errors import BuildError
-from dabuild.ir.graph import Graph
+from dabuild.ir.graph import Graph, Node
 from dabuild.ir.interpreter import Interpreter
 from dabuild.ir.kernels.compiling import available_cores
 from dabuild.ir.kernels.native import native_histogram
 from dabuild.ir.memory import samples_that_fit
 from dabuild.ir.npz import read_npz, write_npz
 from dabuild.progress import Progress
-from dabuild.quant.activations import with_table_activations_split
+from dabuild.qir.activations import is_table_activation, pre_activation
+from dabuild.qir.dtypes import int_type
 from dabuild.quant.algorithms import ALGORITHMS, Levels, Range
-from dabuild.quant.dtypes import int_type
 from dabuild.quant.histogram import BINS, Bins, Histogram
 
 STATS_FILE = "stats.npz"
@@ -36,6 +36,7 @@ _AXIS = "axis"
 _HISTOGRAM_FIELDS = ("counts", "width", "offset", "low", "high")
 # Ops whose output features lie on the last axis, (batch, ..., features); others use axis 1 (NCHW).
 LAST_AXIS_OPS = frozenset({"dense", "matmul", "embedding"})
+FUSING_OPS = frozenset({"dense", "conv"})  # ops whose fused table activation calibration splits off
 
 
 @dataclass(eq=False)
@@ -273,6 +274,26 @@ class ChannelAxes:
             axis = self.axes[source] if source is not None and same else default
         self.axes[name] = axis
         return axis
+
+
+def with_table_activations_split(graph: Graph) -> Graph:
+    """The same graph, with each table activation fused into conv/dense moved into a node of its own.
+
+    The new node reads `pre_activation(output)` and writes the original output,
+    so every tensor of `graph` keeps its name and its values.
+    """
+    nodes: list[Node] = []
+    for node in graph.nodes:
+        activation = node.attrs.get("activation", "none")
+        if node.op not in FUSING_OPS or not is_table_activation(activation):
+            nodes.append(node)
+            continue
+        output = node.outputs[0]
+        attrs = {**node.attrs, "activation": "none", "activation_attrs": {}}
+        nodes.append(replace(node, outputs=[pre_activation(output)], attrs=attrs))
+        nodes.append(Node(f"{node.name}:{activation}", activation, [pre_activation(output)], [output],
+                          dict(node.attrs.get("activation_attrs", {}))))
+    return Graph(graph.inputs, graph.outputs, nodes, graph.constants)
 
 
 def _describe(graph: Graph) -> dict[str, str]:

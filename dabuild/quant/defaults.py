@@ -8,8 +8,8 @@ from typing import Protocol
 
 from dabuild.errors import BuildError
 from dabuild.ir.graph import Graph
+from dabuild.qir.dtypes import NAMES_TEXT, is_int_type
 from dabuild.quant.config import NodeConfig, QuantChoice, QuantConfig
-from dabuild.quant.dtypes import NAMES_TEXT, is_int_type
 from dabuild.quant.lowering import FLOAT_ONLY, LOWERINGS, float_only_message, quantizable_roles
 
 

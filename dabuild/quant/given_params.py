@@ -20,7 +20,7 @@ the output channels are per-channel scales in disguise when every input row
 shares them (and so are blocks along the inputs that all share one scale per
 channel): those become ordinary per-channel weights. What remains cannot be
 folded into one scale per output, so it lowers to a `blocked_dense` layer
-(`dabuild.quant.layers.blocked`); blocks along the output channels whose
+(`dabuild.qir.layers.blocked`); blocks along the output channels whose
 scales change from row to row are blocks of one input there. A type that differs from what the
 capability offers only in signedness is shifted exactly (uint8 with zero point
 z is int8 with zero point z - 128), so onnxruntime's uint8 activations run on
@@ -47,9 +47,10 @@ import numpy as np
 from dabuild.errors import BuildError
 from dabuild.ir.given_quant import FIXED_OP, OP, OPS, FixedQuant, GivenQuant
 from dabuild.ir.graph import Graph, Node
+from dabuild.qir.dtypes import MAX_BITS, MIN_BITS, fitting_type, int_type
+from dabuild.qir.fixed_point import nearest_power_of_two
+from dabuild.qir.qgraph import QuantParams
 from dabuild.quant.config import QuantChoice, QuantConfig
-from dabuild.quant.dtypes import MAX_BITS, MIN_BITS, fitting_type, int_type
-from dabuild.quant.qgraph import QuantParams
 
 GIVEN = "given"  # the `algorithm` of a QuantChoice taken from the model
 EXACT = "exact"  # the `algorithm` of a tensor a fixed-point given model leaves unquantized: kept exact
@@ -234,12 +235,6 @@ def given_tensor_params(graph: Graph, config: QuantConfig) -> dict[str, QuantPar
 def carries_quantization(graph: Graph) -> bool:
     """Whether the model came with quantization of its own (the `given` strategy is then the default)."""
     return bool(graph.given) or any(node.op in OPS for node in graph.nodes)
-
-
-def nearest_power_of_two(scale: float) -> str:
-    """The power of two nearest `scale` and the error taking it would introduce."""
-    exponent = int(np.round(np.log2(scale)))
-    return f"2**{exponent} = {2.0**exponent:g} (every value {abs(2.0**exponent / scale - 1):.2%} off)"
 
 
 def check_scheme(choice: QuantChoice, given: GivenQuant | FixedQuant | None, schemes: Collection[str], where: str,

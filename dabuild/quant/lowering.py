@@ -1,8 +1,9 @@
 """The lowering registry and what every op's lowering shares.
 
 A lowering turns one float node into integer layers. It is a function
-registered with `@lowers("op", ...)` next to the layer class it emits (in
-`dabuild.quant.layers`), so adding an op touches one module. Each gets a
+registered with `@lowers("op", ...)` in the module of its layer kind
+(`dabuild.quant.lowerings.<kind>`, beside the layer classes of
+`dabuild.qir.layers.<kind>` it emits). Each gets a
 `Lowering` context: the float graph, the calibration statistics, the node's
 config, and the tensors lowered so far, with helpers for the recurring
 steps (output params from a calibrated range, constants, shapes).
@@ -13,19 +14,21 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from dabuild.errors import BuildError
 from dabuild.ir.graph import Graph, Node, TensorSpec
+from dabuild.qir.activations import is_table_activation, pre_activation
+from dabuild.qir.dtypes import NAMES_TEXT, int_type, is_int_type
+from dabuild.qir.fixed_point import round_half_away
+from dabuild.qir.qgraph import LAYER_TYPES, QLayer, QTensor, QuantParams
 from dabuild.quant.algorithms import ALGORITHMS
 from dabuild.quant.calibrate import Stats
 from dabuild.quant.config import NodeConfig, QuantChoice
-from dabuild.quant.dtypes import NAMES_TEXT, int_type, is_int_type
-from dabuild.quant.fixed_point import round_half_away
 from dabuild.quant.given_params import EXACT, GIVEN, WeightBlocks, weight_blocks, weight_integers
-from dabuild.quant.layers import MODULES as LAYER_MODULES
-from dabuild.quant.qgraph import LAYER_TYPES, QLayer, QTensor, QuantParams
+from dabuild.quant.lowerings import MODULES as LOWERING_MODULES
 from dabuild.registry import Registry
 
 # A range the fp32 fallback and graph inputs without a quantized consumer use.
@@ -146,6 +149,26 @@ class WeightCache:
         """A dict that lives as long as node `node`'s cached weights: where its layers keep what they derive
         from them (qconv.c's packed weights)."""
         return self._entries[node][3] if node in self._entries else {}
+
+
+@dataclass(frozen=True)
+class FusedActivation:
+    """A dense/conv node's fused activation: its op and attrs, and the tensor the weighted layer writes (the
+    node's output, or for a table activation the pre-activation the lookup layer reads)."""
+
+    op: str
+    attrs: dict[str, Any]
+    written: str
+
+    @property
+    def table(self) -> bool:
+        return is_table_activation(self.op)
+
+    @classmethod
+    def of(cls, node: Node) -> FusedActivation:
+        op = node.attrs.get("activation", "none")
+        return cls(op, dict(node.attrs.get("activation_attrs", {})),
+                   pre_activation(node.outputs[0]) if is_table_activation(op) else node.outputs[0])
 
 
 @dataclass
@@ -296,7 +319,7 @@ class Lowerer:
         return made
 
 
-LOWERINGS: Registry[Lowerer] = Registry("integer lowering", "dabuild's quantizer", LAYER_MODULES)
+LOWERINGS: Registry[Lowerer] = Registry("integer lowering", "dabuild's quantizer", LOWERING_MODULES)
 
 # Ops integer lowering refuses by design, with the reason: they have no exact integer form in dabuild and
 # run in float (a float island, on targets whose capability allows float). docs/ops.md lists them.
@@ -336,6 +359,12 @@ def integer_layers(lowerer: Lowerer) -> set[str]:
     exist only beside float islands, which integer-only targets never get)."""
     return {name for name in lowerer.layers or ()
             if not getattr(LAYER_TYPES.get(name), "computes_in_float", False)}
+
+
+def integer_forms() -> dict[str, frozenset[str]]:
+    """Op -> the integer layer types its lowering makes (`integer_layers`), for every op that has one: what a
+    target's `refuse` holds against the layer types it writes, handed over so targets need not import this."""
+    return {op: frozenset(integer_layers(lowerer)) for op, lowerer in LOWERINGS.items()}
 
 
 def quantizable_roles(op: str) -> tuple[str, ...] | None:

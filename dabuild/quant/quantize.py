@@ -1,10 +1,10 @@
 """Integer lowering: Graph + Stats + QuantConfig -> QGraph.
 
 Each node is lowered by the function registered for its op (see
-`dabuild.quant.lowering` and the layer modules of `dabuild.quant.layers`),
+`dabuild.quant.lowering` and the layer modules of `dabuild.qir.layers`),
 or, when its config is fp32 (`NodeConfig(weight=None, activation=None)`), by
 the fp32 fallback: fp32 nodes form float islands, with quantization only at
-their boundary (`dabuild.quant.layers.fallback`). Activation tensors get their quantization from the node
+their boundary (`dabuild.qir.layers.fallback`). Activation tensors get their quantization from the node
 that produces them; the graph input takes the activation choice of its first
 consumer that has one. Each choice's calibration algorithm picks the range
 from the stored statistics; weights, known exactly, get theirs from a
@@ -20,11 +20,11 @@ from __future__ import annotations
 
 from dabuild.errors import BuildError
 from dabuild.ir.graph import Graph
+from dabuild.qir.fixed_point import quantize_multiplier
+from dabuild.qir.qgraph import INDICES, QGraph, QLayer, QTensor
 from dabuild.quant.calibrate import Stats
 from dabuild.quant.config import QuantConfig
-from dabuild.quant.fixed_point import quantize_multiplier
 from dabuild.quant.given_params import given_tensor_params
-from dabuild.quant.layers.fallback import island_tensors, lower_fp32
 from dabuild.quant.lowering import (
     FLOAT_ONLY,
     LOWERINGS,
@@ -35,7 +35,7 @@ from dabuild.quant.lowering import (
     float_only_message,
     quantize_weight,
 )
-from dabuild.quant.qgraph import INDICES, QGraph, QLayer, QTensor
+from dabuild.quant.lowerings.fallback import island_tensors, lower_fp32
 
 __all__ = ["activation_params", "quantize", "quantize_multiplier", "quantize_weight"]
 

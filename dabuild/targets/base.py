@@ -21,7 +21,7 @@ which side of quantization the artifact's `run` faces:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -29,7 +29,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from dabuild.errors import BuildError
-from dabuild.quant.qgraph import QGraph
+from dabuild.qir.qgraph import QGraph
 from dabuild.registry import Registry
 
 if TYPE_CHECKING:
@@ -144,9 +144,11 @@ class Target:
     def post_trace(self, graph: Any) -> None:
         """Called with the traced graph (e.g. to reject ops early)."""
 
-    def refuse(self, graph: Any) -> None:
+    def refuse(self, graph: Any, integer_forms: Mapping[str, frozenset[str]]) -> None:
         """Called with the traced graph before any other stage runs: raise a BuildError listing everything
         the target cannot build (every node of every op it cannot take), so one run tells the user all of it.
+        `integer_forms` maps each op with an integer lowering to the layer types it makes (the pipeline hands
+        it over from dabuild.quant.lowering, so a target knows the integer IR and never the quantizer).
         It is no trace hook: it changes nothing, so the trace stays shared by every target."""
 
     def post_export(self, out_dir: Path) -> None:
@@ -217,7 +219,7 @@ def held(registry: Registry[Any]) -> frozenset[str]:
 def refuse_float_layers(qgraph: QGraph, capability: CapabilitySpec, no_fpu: str | None = None) -> None:
     """BuildError naming the first float layer (a float island's, or the layer feeding one) when the capability
     cannot run float, or the core cannot (`no_fpu`: why, e.g. "cpu 'cortex-m0' has no FPU")."""
-    from dabuild.quant.layers.fallback import QFloat, QFloatWeighted
+    from dabuild.qir.layers.fallback import QFloat, QFloatWeighted
 
     layer = next((layer for layer in qgraph.layers if isinstance(layer, (QFloat, QFloatWeighted))), None)
     if layer is None:
@@ -232,27 +234,24 @@ def refuse_float_layers(qgraph: QGraph, capability: CapabilitySpec, no_fpu: str 
 
 
 def refuse_ops_without_integers(graph: Any, target: str, layer_types: Collection[str],
-                                float_ops: Collection[str] = (),
+                                integer_forms: Mapping[str, frozenset[str]], float_ops: Collection[str] = (),
                                 needed: Callable[[Any, Collection[str]], Collection[str]] | None = None) -> None:
     """BuildError, before any stage after trace runs, listing every node an integer-only target cannot take.
 
-    A node needs an integer lowering whose layer types the target writes, unless its op is one of `float_ops`
-    (the float islands the target runs: such a node stays float); the message names the target and, per op,
-    every node using it, so one run tells the user all of it. `needed(node, layers)`: the layer types of the
-    lowering's `layers` this node can make (default: all of them).
+    A node needs an integer lowering (`integer_forms`: op -> the layer types it makes) whose layer types the
+    target writes, unless its op is one of `float_ops` (the float islands the target runs: such a node stays
+    float); the message names the target and, per op, every node using it, so one run tells the user all of it.
+    `needed(node, layers)`: the layer types of the lowering's `layers` this node can make (default: all of them).
     """
-    from dabuild.quant.lowering import LOWERINGS, integer_layers
-
     refused: dict[tuple[str, str], list[str]] = {}
     for node in graph.nodes:
-        lowerer = LOWERINGS.get(node.op)
-        if lowerer is None and node.op in float_ops:
+        made = integer_forms.get(node.op)
+        if made is None and node.op in float_ops:
             continue
-        if lowerer is None:
+        if made is None:
             why = "no exact integer form, and this target runs no float islands"
         else:
-            made = integer_layers(lowerer) if needed is None else set(needed(node, integer_layers(lowerer)))
-            missing = sorted(made - set(layer_types))
+            missing = sorted(set(made if needed is None else needed(node, made)) - set(layer_types))
             if not missing:
                 continue
             why = f"its integer layers ({', '.join(missing)}) have no kernel here"

@@ -47,8 +47,8 @@ import dabuild
 from dabuild.errors import CheckError
 from dabuild.notices import warn
 from dabuild.progress import Progress
-from dabuild.quant.qgraph import QGraph, QuantParams
-from dabuild.quant.reference import dequantize_output, quantize_input, run_integer
+from dabuild.qir.qgraph import QGraph, QuantParams
+from dabuild.qir.reference import dequantize_output, quantize_input, run_integer
 from dabuild.targets.base import Target
 from dabuild.targets.tolerance import LEVELS, Comparison, compare, outside
 

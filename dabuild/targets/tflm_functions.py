@@ -21,9 +21,9 @@ import math
 
 import numpy as np
 
-from dabuild.quant.fixed_point import quantize_multiplier, requantize
-from dabuild.quant.layers.elementwise import QLookup
-from dabuild.quant.qgraph import QGraph, QLayer
+from dabuild.qir.fixed_point import quantize_multiplier, requantize
+from dabuild.qir.layers.elementwise import QLookup
+from dabuild.qir.qgraph import QGraph, QLayer
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 INPUT_INTEGER_BITS = 4   # TFLM's int8 LOGISTIC and TANH take their input as a Q4.27 fixed-point number

@@ -290,14 +290,10 @@ def _resolve_attr(owner: Any, dotted: str, where: str) -> Any:
     return value
 
 
-def _at(base_dir: Path | None, path: Path | str) -> Path:
-    return Path(path) if base_dir is None else Path(base_dir, path)
-
-
-def load_model(source: str, base_dir: Path | None, weights: Path | None) -> Any:
+def load_model(source: str, weights: Path | None) -> Any:
     """The model object a recipe's `model.source` names.
 
-    `file.py:attr` (file relative to `base_dir`; None: paths are taken as written) or `package.module:attr`; a source
+    `file.py:attr` (the path taken as written: a loaded recipe's is absolute) or `package.module:attr`; a source
     without `:` naming an existing file is returned as a Path, for frontends that
     read model files. With `weights`, `attr` is a factory: for an .npz it is
     called with the dict of arrays; a file a frontend lists in its
@@ -305,13 +301,13 @@ def load_model(source: str, base_dir: Path | None, weights: Path | None) -> Any:
     Either way the result is the model.
     """
     if ":" not in source:
-        path = _at(base_dir, source)
+        path = Path(source)
         if path.is_file():
             return path
         raise UsageError(f"model source {source!r} must be 'file.py:attr', 'package.module:attr' or a model file")
     location, attr = source.rsplit(":", 1)
     if location.endswith(".py"):
-        path = _at(base_dir, location).resolve()
+        path = Path(location).resolve()
         if not path.is_file():
             raise UsageError(f"model file {path} does not exist (model source {source!r})")
         module, where = _import_file(path), str(path)
@@ -324,7 +320,7 @@ def load_model(source: str, base_dir: Path | None, weights: Path | None) -> Any:
     model = _resolve_attr(module, attr, where)
     if weights is None:
         return model
-    weights_path = _at(base_dir, weights)
+    weights_path = Path(weights)
     if not weights_path.is_file():
         raise UsageError(f"model weights file {weights_path} does not exist")
     if weights_path.suffix != ".npz":
@@ -375,13 +371,13 @@ def refuse_non_finite(graph: Graph, source: Any) -> None:
                          + (f" and {len(bad) - 10} more" if len(bad) > 10 else ""))
 
 
-def trace_stage(model_spec: Any, base_dir: Path | None, out_dir: Path, progress: Progress) -> None:
+def trace_stage(model_spec: Any, out_dir: Path, progress: Progress) -> None:
     """Load, trace and canonicalise the recipe's model; write graph.json + weights.npz to `out_dir`.
 
     `model_spec` needs attributes framework, source, weights and inputs (the
     recipe's ModelSpec has them).
     """
-    model = load_model(model_spec.source, base_dir, model_spec.weights)
+    model = load_model(model_spec.source, model_spec.weights)
     inputs, dtypes = declared_inputs(model_spec.inputs)
     graph = optimize(trace_model(model, model_spec.framework, inputs, progress, dtypes))
     refuse_non_finite(graph, model_spec.weights or model_spec.source)

@@ -3,28 +3,16 @@
 The integer reference computes the bits an integer target will compute, so a
 trial's score is the accuracy the deployed artifact delivers, not a float
 simulation of it. `Evaluator` is built from plain, picklable `EvalSetup`
-data. Worker processes (`-j N`) are forked from the tune stage where the OS
-can (Linux, macOS): each starts with the parent's Evaluator, whose weights,
-evaluation images and float outputs the OS shares copy-on-write, so N workers
-do not hold N copies of the model (the trace's weights are memory-mapped
-besides). Where only spawning exists, each builds its own Evaluator from the
-same EvalSetup and scores exactly as the parent would.
+data, so worker processes and Dask workers (dabuild.tune.scorer) can build
+their own.
 """
 
 from __future__ import annotations
 
 import functools
-import signal
-import threading
 import time
-import weakref
-from collections.abc import Iterator
-from concurrent.futures import ProcessPoolExecutor
-from contextlib import contextmanager
-from dataclasses import dataclass, replace
-from multiprocessing import get_all_start_methods, get_context
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -34,12 +22,12 @@ from dabuild.ir.kernels.compiling import available_cores
 from dabuild.ir.kernels.native import layer_threads
 from dabuild.ir.memory import samples_that_fit
 from dabuild.metrics import top_k_of
+from dabuild.qir.qgraph import QGraph
+from dabuild.qir.reference import quantize_input, run_integer, run_quantized
 from dabuild.quant.calibrate import Stats
 from dabuild.quant.config import QuantConfig
 from dabuild.quant.lowering import WeightCache
-from dabuild.quant.qgraph import QGraph
 from dabuild.quant.quantize import quantize
-from dabuild.quant.reference import quantize_input, run_integer, run_quantized
 from dabuild.tune.metric import Metric, load_metric
 
 TRACED_BATCH = 8  # samples per batch when every integer intermediate is kept (a ResNet-50 image's take ~30 MB)
@@ -54,10 +42,9 @@ class EvalSetup:
     x: np.ndarray
     labels: np.ndarray
     metric: str
-    base_dir: Path | None
     batch_size: int
     bias_correction: bool = False
-    metric_file: Path | None = None  # a file metric's .py as the tune stage declares it (else found from base_dir)
+    metric_file: Path | None = None  # a file metric's .py as the tune stage declares it (else the path the metric writes)
     threads: int = 0  # threads a large layer of the integer reference splits among (0: every core)
     integer_writers: frozenset[str] = frozenset()  # dense/convs whose output an island dequantizes (space.py)
 
@@ -81,7 +68,7 @@ class Evaluator:
         self.setup = setup
         self.graph = Graph.load(setup.graph_dir)
         self.stats = Stats.load(setup.stats_dir)
-        self.metric: Metric = load_metric(setup.metric, setup.base_dir, setup.metric_file)
+        self.metric: Metric = load_metric(setup.metric, setup.metric_file)
         self.input = self.graph.inputs[0].name
         self.threads = setup.threads or available_cores()
         self.interpreter = Interpreter(self.graph, threads=self.threads)  # prepared once for every batch
@@ -231,100 +218,3 @@ def _add_node_error(errors: dict[str, list[float]], producer: dict[str, str], qg
     if np.issubdtype(value.dtype, np.integer) and tensor in qgraph.tensors:
         value = qgraph.tensors[tensor].params.dequantize(value)
     errors[producer[tensor]].append(relative_mse(value, reference) * count)
-
-
-_worker: Evaluator | None = None
-
-
-def _start_worker(source: Evaluator | EvalSetup, threads: int) -> None:
-    """The worker's Evaluator: the parent's own when forked, else built from its setup; its layers split
-    among `threads` (its share of the cores)."""
-    global _worker  # noqa: PLW0603 - the pool initializer sets the per-process evaluator
-    if isinstance(source, EvalSetup):
-        source = Evaluator(replace(source, threads=threads))
-    source.threads = threads
-    _worker = source
-
-
-def _score_in_worker(config: dict, floor: float | None) -> Score:
-    assert _worker is not None
-    return _worker.score(QuantConfig.from_dict(config), floor)
-
-
-@contextmanager
-def _interrupts_blocked() -> Iterator[None]:
-    """SIGINT blocked in this thread meanwhile; processes started meanwhile inherit the mask for good.
-
-    A Ctrl-C reaches the whole process group: without this, each worker would print its own
-    KeyboardInterrupt traceback, even while still importing. The parent stops them (cli.main).
-    """
-    if not hasattr(signal, "pthread_sigmask"):
-        yield
-        return
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
-
-
-class Scorer:
-    """Scores batches of configs, in this process or in `jobs` worker processes (forked where the OS can, see
-    the module's docstring; the pool is made between trials, when no thread of this process holds a lock),
-    or on the workers of the Dask cluster at `cluster` (dabuild/tune/executors.py)."""
-
-    def __init__(self, evaluator: Evaluator, jobs: int = 1, cluster: str | None = None):
-        self.evaluator = evaluator
-        self.jobs = max(1, jobs)
-        self._pool: ProcessPoolExecutor | None = None
-        self._cluster: Any = None  # a DaskExecutor (dabuild/tune/dask_executor.py) when `cluster` is an address
-        if cluster is not None:
-            from dabuild.tune.dask_executor import DaskExecutor
-
-            self._cluster = DaskExecutor(cluster, evaluator.setup)
-        _live.add(self)
-
-    def score(self, configs: list[QuantConfig], floor: float | None = None) -> list[Score]:
-        """Each config's score; `floor` lets hopeless ones stop early (see `Evaluator.score`)."""
-        if self._cluster is not None:
-            return self._cluster.score([config.to_dict() for config in configs], floor)
-        if self.jobs == 1 or len(configs) < 2:
-            return [self.evaluator.score(config, floor) for config in configs]
-        if _stopping.is_set():  # interrupted: no new workers (the build is ending, see cli._interrupted)
-            raise KeyboardInterrupt
-        if self._pool is None:
-            # each worker's layers split among its share of the cores, so N workers do not oversubscribe them
-            threads = max(1, available_cores() // self.jobs)
-            forked = "fork" in get_all_start_methods()
-            source = self.evaluator if forked else self.evaluator.setup
-            self._pool = ProcessPoolExecutor(self.jobs, mp_context=get_context("fork" if forked else "spawn"),
-                                             initializer=_start_worker, initargs=(source, threads))
-        with _interrupts_blocked():  # workers start (on submit) deaf to Ctrl-C: the parent alone handles it
-            futures = [self._pool.submit(_score_in_worker, config.to_dict(), floor) for config in configs]
-        return [future.result() for future in futures]
-
-    def close(self) -> None:
-        pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(cancel_futures=True)
-        cluster, self._cluster = self._cluster, None
-        if cluster is not None:
-            cluster.close()
-
-    def __enter__(self) -> Scorer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-_live: weakref.WeakSet[Scorer] = weakref.WeakSet()
-_stopping = threading.Event()
-
-
-def stop_scoring() -> None:
-    """Cancel what every live Scorer has queued and wait for its workers to finish their current trial and
-    exit (on Ctrl-C: the workers ignore it, see `_interrupts_blocked`, so they end cleanly, not in tracebacks)."""
-    _stopping.set()
-    for scorer in list(_live):
-        scorer.close()

@@ -63,8 +63,8 @@ class Metric:
         return f"{self.name}:{hashlib.sha256(self.file.read_bytes()).hexdigest()}"
 
 
-def load_metric(spec: str, base_dir: Path | None, file: Path | None = None) -> Metric:
-    """The metric a recipe's `data.metric` names; relative files start at `base_dir`.
+def load_metric(spec: str, file: Path | None = None) -> Metric:
+    """The metric a recipe's `data.metric` names; a file it names is taken as written.
 
     `file` is the metric's `.py` as a stage declares it (its content is keyed, its place is not):
     given, it is read instead of the path the spec writes.
@@ -80,7 +80,7 @@ def load_metric(spec: str, base_dir: Path | None, file: Path | None = None) -> M
     if not target.endswith(".py"):
         file = None
     elif file is None:
-        file = Path(base_dir or Path.cwd(), target)
+        file = Path(target)
     try:
         if file is not None:
             module_spec = importlib.util.spec_from_file_location(

@@ -26,8 +26,8 @@ from typing import ClassVar, Protocol
 from dabuild import plugins
 from dabuild.capability import COST_MODELS, CapabilitySpec
 from dabuild.errors import BuildError
+from dabuild.qir.qgraph import QGraph
 from dabuild.quant.config import NodeConfig, QuantConfig
-from dabuild.quant.qgraph import QGraph
 from dabuild.tune.space import NodeSpace, TuningSpace
 
 ESTIMATE = "estimate"

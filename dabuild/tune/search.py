@@ -29,8 +29,9 @@ from typing import IO
 
 from dabuild.progress import Progress
 from dabuild.quant.config import QuantConfig
-from dabuild.tune.evaluate import Evaluator, Score, Scorer
+from dabuild.tune.evaluate import Evaluator, Score
 from dabuild.tune.objective import Objective, counted
+from dabuild.tune.scorer import Scorer
 from dabuild.tune.space import TuningSpace
 from dabuild.tune.trials import Trial, TrialStore
 

@@ -29,12 +29,12 @@ from dabuild.errors import BuildError
 from dabuild.ir.given_quant import OPS as GIVEN_OPS
 from dabuild.ir.graph import Graph
 from dabuild.ir.ops import OPS
+from dabuild.qir.dtypes import NAMES_TEXT, int_type, is_int_type
 from dabuild.quant.calibrate import LAST_AXIS_OPS
 from dabuild.quant.config import NodeConfig, QuantChoice, QuantConfig
-from dabuild.quant.dtypes import NAMES_TEXT, int_type, is_int_type
 from dabuild.quant.given_params import check_scheme, given_choices
-from dabuild.quant.layers.fallback import FLOAT_WRITING_OPS
 from dabuild.quant.lowering import quantizable_roles
+from dabuild.quant.lowerings.fallback import FLOAT_WRITING_OPS
 
 FP32 = NodeConfig(weight=None, activation=None)
 FLOAT_DTYPE = "fp32"

@@ -27,8 +27,8 @@ from dabuild.progress import Progress
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from dabuild.qir.qgraph import QGraph
     from dabuild.quant.config import QuantConfig
-    from dabuild.quant.qgraph import QGraph
     from dabuild.tune.trials import SharedTrials
 
 
@@ -67,9 +67,10 @@ def tune_stage(
     from dabuild.quant.calibrate import STATS_FILE
     from dabuild.quant.given_params import carries_quantization
     from dabuild.recipe import TuningSpec
-    from dabuild.tune.evaluate import EvalSetup, Evaluator, Scorer
+    from dabuild.tune.evaluate import EvalSetup, Evaluator
     from dabuild.tune.objective import make_objective
     from dabuild.tune.report import REPORT_DIR, write_report
+    from dabuild.tune.scorer import Scorer
     from dabuild.tune.search import Budget, Goal, Search
     from dabuild.tune.space import build_space, integer_writers
     from dabuild.tune.trials import TrialStore, context_hash
@@ -79,11 +80,11 @@ def tune_stage(
     spec = DataFile.from_config(config["evaluation"], files["evaluation"])
     graph_dir, stats_dir, out_dir = Path(graph_dir), Path(stats_dir), Path(out_dir)
     graph = Graph.load(graph_dir)
-    x = next(iter(load_inputs(spec, None, [t.name for t in graph.inputs], graph.integer_inputs(),
+    x = next(iter(load_inputs(spec, [t.name for t in graph.inputs], graph.integer_inputs(),
                               graph.stored_inputs()).values()))
-    labels = required_labels(spec, None)
+    labels = required_labels(spec)
     writers = integer_writers(graph, capability)
-    evaluator = Evaluator(EvalSetup(graph_dir, stats_dir, x, labels, config["metric"], None, spec.batch_size,
+    evaluator = Evaluator(EvalSetup(graph_dir, stats_dir, x, labels, config["metric"], spec.batch_size,
                                     tuning.bias_correction, files.get("metric"), integer_writers=writers))
     space = build_space(graph, capability, tuning.space.model_dump(mode="json", exclude_none=True))
     store = TrialStore(trials_root, context_hash(graph, stats_dir / STATS_FILE, x, labels,

@@ -15,7 +15,7 @@
 #include <stdint.h>
 #include <string.h>
 #include "vectors.h"
-#if VBYTES == 64 && defined(__AVX512F__)
+#if (VBYTES == 64 && defined(__AVX512F__)) || (VBYTES == 32 && defined(__AVX2__))
 #include <immintrin.h>
 #endif
 
@@ -128,8 +128,8 @@ static inline int64_t bin(float value, double reciprocal, int64_t offset)
 
 #define COUNT_BLOCK 64  /* values whose bins are computed together (vectorised) before they are counted */
 
-/* bins[i] = bin(x[i]) for n <= COUNT_BLOCK values, 8 at a time where the CPU has AVX-512 (the same double
- * product, floor and int64 conversion of an integral double as bin(), all exact). */
+/* bins[i] = bin(x[i]) for n <= COUNT_BLOCK values, 8 at a time where the CPU has AVX-512, 4 with AVX2 (the same
+ * double product, floor and integer conversion of an integral double as bin(), all exact). */
 static inline void block_bins(const float *x, ptrdiff_t n, double r, int64_t first, int64_t *bins)
 {
     if (!(r > 0.0)) {
@@ -146,12 +146,43 @@ static inline void block_bins(const float *x, ptrdiff_t n, double r, int64_t fir
         __m512d floored = _mm512_roundscale_pd(scaled, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
         _mm512_storeu_si512(bins + i, _mm512_sub_epi64(_mm512_cvttpd_epi64(floored), offset));
     }
+#elif VBYTES == 32 && defined(__AVX2__)
+    /* No double -> int64 conversion in AVX2: the bin is formed in double (floor(x * r) and the offset are
+     * integers below 2^53, so the difference is exact) and narrowed to int32, a 4-lane group at a time where
+     * every lane lies inside the row (values outside it only arise from a window a caller did not extend,
+     * and keep the scalar path's arithmetic). */
+    if (fabs((double)first) < 0x1p52) {
+        __m256d reciprocal = _mm256_set1_pd(r), offset = _mm256_set1_pd((double)first);
+        __m256d top = _mm256_set1_pd((double)HISTOGRAM_BINS);
+        for (; i + 4 <= n; i += 4) {
+            __m256d scaled = _mm256_mul_pd(_mm256_cvtps_pd(_mm_loadu_ps(x + i)), reciprocal);
+            __m256d index = _mm256_sub_pd(_mm256_floor_pd(scaled), offset);
+            __m256d inside = _mm256_and_pd(_mm256_cmp_pd(index, _mm256_setzero_pd(), _CMP_GE_OQ),
+                                           _mm256_cmp_pd(index, top, _CMP_LT_OQ));
+            if (_mm256_movemask_pd(inside) != 0xf)
+                break;
+            _mm256_storeu_si256((__m256i *)(bins + i), _mm256_cvtepi32_epi64(_mm256_cvttpd_epi32(index)));
+        }
+    }
 #endif
     for (; i < n; i++)
         bins[i] = (int64_t)floor((double)x[i] * r) - first;
 }
 
-/* The values of x[0:n] that are not zero, in order, into out (room for n + 16), and how many; with AVX-512,
+#if VBYTES == 32 && defined(__AVX2__)
+/* compress_order[mask]: the lanes whose bit is set in mask, in order (then zeros), one byte each. */
+static uint8_t compress_order[256][8];
+
+__attribute__((constructor)) static void fill_compress_order(void)
+{
+    for (int mask = 0; mask < 256; mask++)
+        for (int lane = 0, kept = 0; lane < 8; lane++)
+            if (mask >> lane & 1)
+                compress_order[mask][kept++] = (uint8_t)lane;
+}
+#endif
+
+/* The values of x[0:n] that are not zero, in order, into out (room for n + 16), and how many; with AVX-512 or AVX2,
  * else every value (zeros are then counted like the others). ReLU outputs are half zeros, and counting them
  * one by one would make every increment of their bin wait for the previous one. */
 static inline ptrdiff_t nonzero_values(const float *x, ptrdiff_t n, float *out)
@@ -162,6 +193,14 @@ static inline ptrdiff_t nonzero_values(const float *x, ptrdiff_t n, float *out)
         __m512 values = _mm512_loadu_ps(x + i);
         __mmask16 nonzero = _mm512_cmp_ps_mask(values, _mm512_setzero_ps(), _CMP_NEQ_UQ);
         _mm512_storeu_ps(out + kept, _mm512_maskz_compress_ps(nonzero, values));  /* register form: fast */
+        kept += __builtin_popcount(nonzero);
+    }
+#elif VBYTES == 32 && defined(__AVX2__)
+    for (; i + 8 <= n; i += 8) {  /* AVX2 has no compress: a permutation per 8-bit mask from compress_order */
+        __m256 values = _mm256_loadu_ps(x + i);
+        int nonzero = _mm256_movemask_ps(_mm256_cmp_ps(values, _mm256_setzero_ps(), _CMP_NEQ_UQ));
+        __m256i order = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)compress_order[nonzero]));
+        _mm256_storeu_ps(out + kept, _mm256_permutevar8x32_ps(values, order));
         kept += __builtin_popcount(nonzero);
     }
 #endif

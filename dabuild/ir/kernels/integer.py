@@ -2,7 +2,7 @@
 float -> integer quantization, compiled.
 
 Loaded with the interpreter's native kernels (`dabuild.ir.kernels.native`, same library, same cache and
-proof); `dabuild.quant.layers` call it for the layers it takes and keep their numpy code for the rest and
+proof); `dabuild.qir.layers` call it for the layers it takes and keep their numpy code for the rest and
 for traces. Every result is an exact integer, so it equals the numpy reference's bit for bit whatever the
 thread split (tests/test_integer_kernels.py compares them on every spec case).
 """

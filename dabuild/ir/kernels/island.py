@@ -1,7 +1,7 @@
 """island_conv.c with numpy arrays in and out: a float island's conv and dense in the C target's summation order.
 
 Loaded with the interpreter's native kernels (`dabuild.ir.kernels.native`, same library, cache and proof).
-`dabuild.quant.layers.island_order` calls it for 2-D convs and dense layers and keeps its numpy loops (one
+`dabuild.qir.layers.island_order` calls it for 2-D convs and dense layers and keeps its numpy loops (one
 numpy pass per input channel and tap: seconds per layer on ResNet-50, which made a trial that leaves one
 conv in fp32 nine times as slow as an all-integer one) for everything else. Each output adds the same
 float32 terms in the same order as the numpy loops, so the two agree bit for bit (tests/test_island_kernel.py).

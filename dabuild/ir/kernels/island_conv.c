@@ -1,4 +1,4 @@
-/* A float island's conv (and dense, a 1x1 conv), compiled: the sums of dabuild.quant.layers.island_order.
+/* A float island's conv (and dense, a 1x1 conv), compiled: the sums of dabuild.qir.layers.island_order.
  *
  * Each output is 0, plus x * w for each input channel of its group, kernel row, kernel column (taps in the
  * padding skipped: they would add a zero, and a sum that starts at +0 is never -0, so adding +-0 changes

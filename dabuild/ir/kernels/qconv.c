@@ -1,4 +1,4 @@
-/* The integer reference's conv and add, compiled: the bits of dabuild.quant.layers at native speed.
+/* The integer reference's conv and add, compiled: the bits of dabuild.qir.layers at native speed.
  *
  * qconv2d_nhwc: x (N, H, W, C2) int16 holds the centred inputs q - zero_point (C2 = channels rounded up to
  * even, the extra channel 0), the packed weight int16 pairs of input channels; each output is

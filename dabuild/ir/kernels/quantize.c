@@ -1,4 +1,4 @@
-/* float32 -> integers as dabuild.quant.qgraph.QuantParams.quantize does it, for the integer reference's graph
+/* float32 -> integers as dabuild.qir.qgraph.QuantParams.quantize does it, for the integer reference's graph
  * input and the outputs of its float islands (a numpy pass per step made these a third of a trial that
  * leaves ResNet-50's first conv in fp32).
  *

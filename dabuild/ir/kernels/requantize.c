@@ -1,4 +1,4 @@
-/* The integer reference's requantization of a weighted layer's sums, as dabuild.quant.fixed_point computes it.
+/* The integer reference's requantization of a weighted layer's sums, as dabuild.qir.fixed_point computes it.
  *
  * acc holds exact integer sums (as doubles) in memory seen as (outer, channels, inner), contiguous. Each value
  * becomes clamp(round_half_away((acc + bias[c]) * multiplier[c] / 2^shift[c]) + zero_point, low, high), the

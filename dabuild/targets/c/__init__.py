@@ -34,6 +34,7 @@ import shlex
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -41,8 +42,8 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from dabuild.errors import BuildError
-from dabuild.quant.fixed_point import Rounding
-from dabuild.quant.qgraph import QGraph
+from dabuild.qir.fixed_point import Rounding
+from dabuild.qir.qgraph import QGraph
 from dabuild.sizes import parse_size
 from dabuild.targets.base import Target, held, refuse_float_layers, refuse_ops_without_integers
 from dabuild.targets.c import firmware
@@ -184,12 +185,12 @@ class CTarget(Target):
         path = shutil.which(self.profile.compiler) if self.profile.cortex_m else None
         return [Path(path)] if path else []
 
-    def refuse(self, graph: Any) -> None:
+    def refuse(self, graph: Any, integer_forms: Mapping[str, frozenset[str]]) -> None:
         """Every op the C kernels cannot run, by node, before calibration and tuning spend any time (an op
         without an integer form is fine where it can be a float island: in float_ops, on a core with an FPU)."""
         capability = self.capability_spec
         float_ops = (capability.float_ops or []) if capability.fp32_fallback else []
-        refuse_ops_without_integers(graph, self.kind, self.layer_types(), float_ops)
+        refuse_ops_without_integers(graph, self.kind, self.layer_types(), integer_forms, float_ops)
 
     @classmethod
     def layer_types(cls) -> frozenset[str]:

@@ -18,7 +18,7 @@ import numpy as np
 
 import dabuild
 from dabuild.names import unique_name
-from dabuild.quant.qgraph import QGraph
+from dabuild.qir.qgraph import QGraph
 from dabuild.targets.c.arena import ArenaPlan, plan_arena
 from dabuild.targets.c.firmware import LINKER_SCRIPT, STACK_RESERVE, STARTUP
 from dabuild.targets.c.kernels import Step

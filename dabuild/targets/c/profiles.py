@@ -76,7 +76,7 @@ FLOAT_ORDER = ("-ffp-contract=off",)   # every build of the artifact: see _profi
 
 def _profile(name: str, isa: str, flags: tuple[str, ...], board: Board | None) -> None:
     """Every profile compiles with -ffp-contract=off: a float island's products and sums are rounded one by
-    one, in the order the integer reference adds them (dabuild.quant.layers.island_order)."""
+    one, in the order the integer reference adds them (dabuild.qir.layers.island_order)."""
     compiler = "cc" if board is None else "arm-none-eabi-gcc"
     PROFILES.add(name, Profile(name, compiler, (*flags, *FLOAT_ORDER), isa, board))
 

@@ -23,9 +23,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dabuild.errors import BuildError
-from dabuild.quant.layers.shape import QConcat, QSelection
-from dabuild.quant.qgraph import QGraph, QLayer
-from dabuild.quant.reference import absorbed_clamps
+from dabuild.qir.layers.shape import QConcat, QSelection
+from dabuild.qir.qgraph import QGraph, QLayer
+from dabuild.qir.reference import absorbed_clamps
 from dabuild.targets.c.kernels import KERNELS, Kernel, Operand, Step, select
 from dabuild.targets.c.kernels.movement import conversion_storage
 from dabuild.targets.c.kernels.registry import ALIAS, ANY, CANONICAL, CHANNELS_LAST, SAME, VIEW

@@ -29,7 +29,7 @@ import numpy as np
 from pydantic import Field
 
 from dabuild.errors import BuildError, CheckError
-from dabuild.quant.qgraph import QGraph
+from dabuild.qir.qgraph import QGraph
 from dabuild.targets.base import Target, held, refuse_float_layers
 from dabuild.targets.hdl.simulators import simulator, simulator_programs, simulator_version
 

@@ -28,10 +28,10 @@ from typing import ClassVar
 
 import numpy as np
 
-from dabuild.quant.layers.elementwise import QClamp, QLookup
-from dabuild.quant.layers.linear import QWeighted
-from dabuild.quant.layers.shape import QSelection
-from dabuild.quant.qgraph import QGraph, QLayer
+from dabuild.qir.layers.elementwise import QClamp, QLookup
+from dabuild.qir.layers.linear import QWeighted
+from dabuild.qir.layers.shape import QSelection
+from dabuild.qir.qgraph import QGraph, QLayer
 from dabuild.targets.hdl.symbolic import constant_symbols, converter_of
 
 try:

@@ -21,7 +21,7 @@ from da4ml.trace import HWConfig, comb_trace, to_pipeline
 from da4ml.types import CombLogic, Pipeline
 
 from dabuild.errors import BuildError
-from dabuild.quant.qgraph import QGraph
+from dabuild.qir.qgraph import QGraph
 from dabuild.targets.hdl.symbolic import fractional_bits
 
 MANIFEST = "hdl.json"

@@ -46,19 +46,19 @@ from dabuild.errors import BuildError
 from dabuild.ir.ops import OPS
 from dabuild.ir.ops.pool import AvgPool, Pool
 from dabuild.ir.ops.reduce import Reduce
-from dabuild.quant.dtypes import int_type
-from dabuild.quant.fixed_point import requantize as requantize_integers
-from dabuild.quant.given_params import nearest_power_of_two
-from dabuild.quant.layers.blocked import QBlockedDense
-from dabuild.quant.layers.elementwise import QAdd, QClamp, QLookup, QMul
-from dabuild.quant.layers.fake_quant import QFixedQuant
-from dabuild.quant.layers.linear import QConv, QConvTranspose, QDense, QWeighted
-from dabuild.quant.layers.matmul import QMatMul
-from dabuild.quant.layers.pool import QAvgPool, QMean
-from dabuild.quant.layers.resize import FRACTION_BITS, QResizeLinear
-from dabuild.quant.layers.select import QPick, QWhere
-from dabuild.quant.layers.shape import SELECTION_OPS, QConcat, QSelection
-from dabuild.quant.qgraph import QGraph, QLayer, QuantParams
+from dabuild.qir.dtypes import int_type
+from dabuild.qir.fixed_point import nearest_power_of_two
+from dabuild.qir.fixed_point import requantize as requantize_integers
+from dabuild.qir.layers.blocked import QBlockedDense
+from dabuild.qir.layers.elementwise import QAdd, QClamp, QLookup, QMul
+from dabuild.qir.layers.fake_quant import QFixedQuant
+from dabuild.qir.layers.linear import QConv, QConvTranspose, QDense, QWeighted
+from dabuild.qir.layers.matmul import QMatMul
+from dabuild.qir.layers.pool import QAvgPool, QMean
+from dabuild.qir.layers.resize import FRACTION_BITS, QResizeLinear
+from dabuild.qir.layers.select import QPick, QWhere
+from dabuild.qir.layers.shape import SELECTION_OPS, QConcat, QSelection
+from dabuild.qir.qgraph import QGraph, QLayer, QuantParams
 from dabuild.registry import Registry
 
 try:

@@ -34,7 +34,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from dabuild.errors import BuildError
-from dabuild.quant.qgraph import QGraph
+from dabuild.qir.qgraph import QGraph
 from dabuild.targets.base import Target, held
 from dabuild.targets.nnef.emitter import Emitter
 from dabuild.targets.nnef.float_ops import FLOAT_OPS

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from dabuild.names import unique_name
-from dabuild.quant.qgraph import QGraph, QuantParams
+from dabuild.qir.qgraph import QGraph, QuantParams
 
 KEYWORDS = frozenset({"version", "extension", "fragment", "graph", "tensor", "integer", "scalar", "logical",
                       "string", "true", "false", "for", "in", "if", "else", "yield", "length_of", "shape_of",

@@ -31,18 +31,18 @@ from typing import Any
 import numpy as np
 
 from dabuild.errors import BuildError
-from dabuild.quant.layers.blocked import QBlockedDense
-from dabuild.quant.layers.elementwise import QAdd, QClamp, QLookup, QMul, QPrelu
-from dabuild.quant.layers.embedding import QEmbedding
-from dabuild.quant.layers.fallback import QFloat, QFloatWeighted
-from dabuild.quant.layers.linear import QConv, QConvTranspose, QDense, QWeighted, transposed_layout
-from dabuild.quant.layers.matmul import QMatMul
-from dabuild.quant.layers.pool import QAvgPool, QMean
-from dabuild.quant.layers.resize import QResizeLinear
-from dabuild.quant.layers.select import QPick, QWhere
-from dabuild.quant.layers.shape import SELECTION_OPS, QConcat, QSelection
-from dabuild.quant.layers.softmax import QSoftmax
-from dabuild.quant.qgraph import QLayer, QuantParams
+from dabuild.qir.layers.blocked import QBlockedDense
+from dabuild.qir.layers.elementwise import QAdd, QClamp, QLookup, QMul, QPrelu
+from dabuild.qir.layers.embedding import QEmbedding
+from dabuild.qir.layers.fallback import QFloat, QFloatWeighted
+from dabuild.qir.layers.linear import QConv, QConvTranspose, QDense, QWeighted, transposed_layout
+from dabuild.qir.layers.matmul import QMatMul
+from dabuild.qir.layers.pool import QAvgPool, QMean
+from dabuild.qir.layers.resize import QResizeLinear
+from dabuild.qir.layers.select import QPick, QWhere
+from dabuild.qir.layers.shape import SELECTION_OPS, QConcat, QSelection
+from dabuild.qir.layers.softmax import QSoftmax
+from dabuild.qir.qgraph import QLayer, QuantParams
 from dabuild.registry import Registry
 from dabuild.targets.nnef.emitter import Emitter, number
 from dabuild.targets.nnef.float_ops import Shape, emit_float, known_size, reduce

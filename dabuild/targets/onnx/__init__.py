@@ -27,8 +27,8 @@ from pydantic import Field
 
 from dabuild.capability import CapabilitySpec, QuantChoices
 from dabuild.errors import BuildError
-from dabuild.quant.dtypes import int_type, is_int_type
-from dabuild.quant.qgraph import QGraph
+from dabuild.qir.dtypes import int_type, is_int_type
+from dabuild.qir.qgraph import QGraph
 from dabuild.targets.base import Target, held
 from dabuild.targets.onnx.isa import Isa, detect, resolve, saturates
 

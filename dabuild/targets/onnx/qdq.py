@@ -52,14 +52,14 @@ import dabuild
 from dabuild.errors import BuildError
 from dabuild.ir.graph import Node
 from dabuild.ir.ops import OPS
-from dabuild.quant.activations import lookup_table
-from dabuild.quant.fixed_point import quantize_multiplier
-from dabuild.quant.layers.blocked import QBlockedDense
-from dabuild.quant.layers.embedding import QEmbedding
-from dabuild.quant.layers.fallback import QFloatWeighted
-from dabuild.quant.layers.linear import QWeighted, transposed_layout
-from dabuild.quant.layers.shape import SELECTION_OPS
-from dabuild.quant.qgraph import INDICES, QGraph, QLayer, QuantParams
+from dabuild.qir.activations import lookup_table
+from dabuild.qir.fixed_point import quantize_multiplier
+from dabuild.qir.layers.blocked import QBlockedDense
+from dabuild.qir.layers.embedding import QEmbedding
+from dabuild.qir.layers.fallback import QFloatWeighted
+from dabuild.qir.layers.linear import QWeighted, transposed_layout
+from dabuild.qir.layers.shape import SELECTION_OPS
+from dabuild.qir.qgraph import INDICES, QGraph, QLayer, QuantParams
 from dabuild.registry import Registry
 from dabuild.targets.onnx.isa import SAFE_WEIGHT, resolve, saturates
 from dabuild.targets.onnx_float import EXPORTERS, IR_VERSION, OPSET, Emitter, value_info

@@ -19,7 +19,7 @@ tflite-micro and ai-edge-litert are the `tflite` extra, imported only when the t
 from __future__ import annotations
 
 import json
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, ClassVar
@@ -27,8 +27,8 @@ from typing import Any, ClassVar
 import numpy as np
 
 from dabuild.errors import BuildError, UsageError
-from dabuild.quant.fixed_point import Rounding
-from dabuild.quant.qgraph import QGraph
+from dabuild.qir.fixed_point import Rounding
+from dabuild.qir.qgraph import QGraph
 from dabuild.registry import import_extra
 from dabuild.targets.base import Target, held, refuse_ops_without_integers
 from dabuild.targets.tflite.writers import BUILTINS, WRITERS
@@ -49,7 +49,7 @@ def node_layers(graph: Any, node: Any, layers: Collection[str]) -> set[str]:
     lookup only under a fused table activation, and a lookup named by its function where TFLite has no builtin
     for it ("lookup (gelu)"); a blocked dense only of a given blocked weight; a conv TFLite has no operator for
     named by what it is ("conv (2 groups)", "conv (1-D)")."""
-    from dabuild.quant.activations import is_table_activation
+    from dabuild.qir.activations import is_table_activation
 
     made = set(layers) - {"float_weighted", "float"}
     function = node.attrs.get("activation", "none")
@@ -100,17 +100,17 @@ class TfliteTarget(Target):
     def op_layers(cls, op: str, layers: frozenset[str]) -> frozenset[str]:
         """A table activation's lookup is written for sigmoid, tanh and hard_swish only (LOGISTIC, TANH,
         HARD_SWISH); any other's needs "lookup (<op>)", which no writer holds."""
-        from dabuild.quant.activations import is_table_activation
+        from dabuild.qir.activations import is_table_activation
 
         if "lookup" in layers and is_table_activation(op) and op not in BUILTINS:
             return (layers - {"lookup"}) | {f"lookup ({op})"}
         return layers
 
-    def refuse(self, graph: Any) -> None:
+    def refuse(self, graph: Any, integer_forms: Mapping[str, frozenset[str]]) -> None:
         """Every op whose integer layers the target cannot write, by node, before calibration (no float
         islands: TFLM runs the whole model in integers)."""
         try:
-            refuse_ops_without_integers(graph, self.kind, self.layer_types(), needed=lambda node, layers:
+            refuse_ops_without_integers(graph, self.kind, self.layer_types(), integer_forms, needed=lambda node, layers:
                                         node_layers(graph, node, layers))
         except BuildError as error:
             raise UsageError(str(error)) from None

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dabuild.errors import BuildError, UsageError
-from dabuild.quant.qgraph import INDICES, QGraph
+from dabuild.qir.qgraph import INDICES, QGraph
 from dabuild.targets.tflite.flatfile import PLAIN, FlatFile
 from dabuild.targets.tflite.writers import write_layer
 

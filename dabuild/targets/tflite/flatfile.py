@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from dabuild.errors import BuildError
-from dabuild.quant.qgraph import QGraph, QuantParams
+from dabuild.qir.qgraph import QGraph, QuantParams
 
 PLAIN, NHWC = "plain", "nhwc"
 TO_NHWC = (0, 2, 3, 1)   # file axis j of an nhwc tensor holds NCHW axis TO_NHWC[j]

@@ -25,13 +25,13 @@ import dataclasses
 
 import numpy as np
 
-from dabuild.quant.fixed_point import quantize_multiplier, round_half_away
-from dabuild.quant.layers.elementwise import QAdd, QLookup, QMul
-from dabuild.quant.layers.linear import QWeighted
-from dabuild.quant.layers.pool import QAvgPool, QMean
-from dabuild.quant.layers.shape import QConcat, QSelection
-from dabuild.quant.layers.softmax import EXP_BITS, QSoftmax
-from dabuild.quant.qgraph import LAYER_TYPES, QGraph, QLayer, QTensor
+from dabuild.qir.fixed_point import quantize_multiplier, round_half_away
+from dabuild.qir.layers.elementwise import QAdd, QLookup, QMul
+from dabuild.qir.layers.linear import QWeighted
+from dabuild.qir.layers.pool import QAvgPool, QMean
+from dabuild.qir.layers.shape import QConcat, QSelection
+from dabuild.qir.layers.softmax import EXP_BITS, QSoftmax
+from dabuild.qir.qgraph import LAYER_TYPES, QGraph, QLayer, QTensor
 from dabuild.targets.tflm_functions import tflm_lookup
 
 LEFT_SHIFTS = {"int8": 20, "int16": 15}   # TFLite's add/sub: the inputs' left shift by output type

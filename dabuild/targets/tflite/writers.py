@@ -20,12 +20,12 @@ from typing import Any
 import numpy as np
 
 from dabuild.errors import BuildError
-from dabuild.quant.layers.elementwise import QClamp, QLookup
-from dabuild.quant.layers.linear import QConv, QConvTranspose, QDense, QWeighted
-from dabuild.quant.layers.pool import QMean
-from dabuild.quant.layers.shape import QConcat, QSelection
-from dabuild.quant.layers.softmax import OUTPUT_PARAMS, QSoftmax
-from dabuild.quant.qgraph import QLayer, QuantParams
+from dabuild.qir.layers.elementwise import QClamp, QLookup
+from dabuild.qir.layers.linear import QConv, QConvTranspose, QDense, QWeighted
+from dabuild.qir.layers.pool import QMean
+from dabuild.qir.layers.shape import QConcat, QSelection
+from dabuild.qir.layers.softmax import OUTPUT_PARAMS, QSoftmax
+from dabuild.qir.qgraph import QLayer, QuantParams
 from dabuild.registry import Registry
 from dabuild.targets.tflite.flatfile import NHWC, PLAIN, FlatFile, file_axis, permutation
 from dabuild.targets.tflm_functions import OUTPUT, hard_swish_exponent, round_away

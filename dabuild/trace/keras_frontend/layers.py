@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -18,8 +19,16 @@ from dabuild.trace.keras_frontend.walk import Builder, Call, Unsupported, Value,
 # ---------------------------------------------------------------- activations
 
 
-def _simple(op: str, **attrs: object) -> Callable[[Builder, Value], Value]:
-    return lambda b, x: b.value(op, [x.name], dict(attrs), x.channels_first)
+@dataclass(frozen=True)
+class KerasActivation:
+    """How a Keras activation is applied, and the IR ops that emits (the converters' `emits` follow from them)."""
+
+    emits: tuple[str, ...]
+    apply: Callable[[Builder, Value], Value]
+
+
+def _simple(op: str, **attrs: object) -> KerasActivation:
+    return KerasActivation((op,), lambda b, x: b.value(op, [x.name], dict(attrs), x.channels_first))
 
 
 def _softmax(b: Builder, x: Value, axis: int = -1) -> Value:
@@ -31,9 +40,11 @@ def _silu(b: Builder, x: Value) -> Value:
     return b.value("mul", [x.name, gate], channels_first=x.channels_first)
 
 
+_SILU = KerasActivation(("sigmoid", "mul"), _silu)
+
 # Keras activation names (keras.activations.serialize) -> how to apply them; keras 3 hard_sigmoid is relu6(x+3)/6
-ACTIVATIONS: dict[str, Callable[[Builder, Value], Value]] = {
-    "linear": lambda b, x: x,
+ACTIVATIONS: dict[str, KerasActivation] = {
+    "linear": KerasActivation((), lambda b, x: x),
     "relu": _simple("relu"),
     "relu6": _simple("relu6"),
     "sigmoid": _simple("sigmoid"),
@@ -43,15 +54,14 @@ ACTIVATIONS: dict[str, Callable[[Builder, Value], Value]] = {
     "hard_silu": _simple("hard_swish"),
     "hard_swish": _simple("hard_swish"),
     "gelu": _simple("gelu", approximate="none"),
-    "silu": _silu,
-    "swish": _silu,
-    "softmax": _softmax,
+    "silu": _SILU,
+    "swish": _SILU,
+    "softmax": KerasActivation(("softmax",), _softmax),
 }
 
 
-# Every IR op an `activation=` may emit (silu is sigmoid times x).
-ACTIVATION_OPS = ("relu", "relu6", "sigmoid", "tanh", "leaky_relu", "hard_sigmoid", "hard_swish", "gelu", "mul",
-                  "softmax")
+# Every IR op an `activation=` may emit, read off ACTIVATIONS (adding an activation is one entry there).
+ACTIVATION_OPS = tuple(sorted({op for activation in ACTIVATIONS.values() for op in activation.emits}))
 
 
 def activation_name(function: object) -> str:
@@ -69,7 +79,7 @@ def activate(b: Builder, layer: object, x: Value) -> Value:
     name = activation_name(function)
     if name not in ACTIVATIONS:
         raise Unsupported(f"activation {name!r}; supported: {', '.join(ACTIVATIONS)}")
-    return ACTIVATIONS[name](b, x)
+    return ACTIVATIONS[name].apply(b, x)
 
 
 @converts("Activation", emits=ACTIVATION_OPS)

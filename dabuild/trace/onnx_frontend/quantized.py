@@ -15,7 +15,7 @@ the grid.
 
 Blocked scales (opset 21 `block_size`) are taken over integer initializers
 (weights: a blocked `GivenQuant`, whose scales keep their ONNX shape); the
-integer path runs them block by block (`dabuild.quant.layers.blocked`).
+integer path runs them block by block (`dabuild.qir.layers.blocked`).
 
 Refused, naming the node and the nearest representable choice: float8/float4
 types, blocked scales over a run-time tensor (an activation), integer types
@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 QUANTIZATION_OPS = ("QuantizeLinear", "DequantizeLinear")
 MICROSOFT = "com.microsoft."
 _INTEGER = re.compile(r"(u?)int(\d+)")
-WIDEST_GIVEN = 16  # the widest integer type given quantization maps onto (dabuild.quant.dtypes)
+WIDEST_GIVEN = 16  # the widest integer type given quantization maps onto (dabuild.qir.dtypes)
 
 
 def _integer_type(dtype: np.dtype) -> tuple[int, bool]:

@@ -1,4 +1,4 @@
-"""blocked_dense: a dense with one weight scale per block of inputs and output (dabuild.quant.layers.blocked).
+"""blocked_dense: a dense with one weight scale per block of inputs and output (dabuild.qir.layers.blocked).
 
 Per output, each block's int8 dot product (dabuild_dot, int32) is multiplied
 by the block's multiplier into one int64 accumulator, which one rounding shift
@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 
 from dabuild.errors import BuildError
-from dabuild.quant.fixed_point import INT32_MAX, INT64_MAX
-from dabuild.quant.layers.blocked import QBlockedDense, block_starts
+from dabuild.qir.fixed_point import INT32_MAX, INT64_MAX
+from dabuild.qir.layers.blocked import QBlockedDense, block_starts
 from dabuild.targets.c.kernels.registry import CANONICAL, Step, kernel
 
 

@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from dabuild.quant.fixed_point import INT32_MAX, requantize
-from dabuild.quant.layers.elementwise import QAdd, QClamp, QLookup, QMul, QPrelu
+from dabuild.qir.fixed_point import INT32_MAX, requantize
+from dabuild.qir.layers.elementwise import QAdd, QClamp, QLookup, QMul, QPrelu
 from dabuild.targets.c.kernels.registry import Operand, Step, kernel
 from dabuild.targets.c.layout import Storage, Walk, broadcast_strides
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from dabuild.quant.layers.embedding import QEmbedding
+from dabuild.qir.layers.embedding import QEmbedding
 from dabuild.targets.c.kernels.registry import CANONICAL, Step, kernel
 
 

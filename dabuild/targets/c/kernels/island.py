@@ -5,7 +5,7 @@ dequantized as it is read, `dabuild_dequantize`; a float island tensor as it
 is; a float constant from the kernel's own arrays), and writes each output as
 float32 inside the island or quantized at its boundary (`dabuild_quantize`),
 as the integer reference does (QuantParams.dequantize/quantize). Sums add in
-the order of dabuild.quant.layers.island_order, every product and sum rounded
+the order of dabuild.qir.layers.island_order, every product and sum rounded
 to float32 on its own (separate statements, and -ffp-contract=off), so the
 results equal the integer reference's bit for bit: check stays `exact`.
 
@@ -30,8 +30,8 @@ import numpy as np
 
 from dabuild.ir.ops import OPS
 from dabuild.ir.ops.linear import conv_geometry
-from dabuild.quant.layers.fallback import QFloat
-from dabuild.quant.qgraph import QGraph, QLayer, QuantParams
+from dabuild.qir.layers.fallback import QFloat
+from dabuild.qir.qgraph import QGraph, QLayer, QuantParams
 from dabuild.targets.c.kernels.registry import CANONICAL, Condition, Step, kernel
 from dabuild.targets.c.layout import Storage, Walk, broadcast_strides
 from dabuild.targets.c.literals import c_float

@@ -38,9 +38,9 @@ from typing import Any
 import numpy as np
 
 from dabuild.errors import BuildError
-from dabuild.quant.fixed_point import INT32_MAX
-from dabuild.quant.layers.linear import QConv, QConvTranspose, QDense, QWeighted
-from dabuild.quant.qgraph import QGraph
+from dabuild.qir.fixed_point import INT32_MAX
+from dabuild.qir.layers.linear import QConv, QConvTranspose, QDense, QWeighted
+from dabuild.qir.qgraph import QGraph
 from dabuild.targets.c.kernels.registry import CANONICAL, CHANNELS_LAST, Step, kernel
 from dabuild.targets.c.profiles import DSP, HOST, MVE, PORTABLE, Profile
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from dabuild.quant.layers.matmul import QMatMul
+from dabuild.qir.layers.matmul import QMatMul
 from dabuild.targets.c.kernels.registry import CANONICAL, Step, kernel
 
 

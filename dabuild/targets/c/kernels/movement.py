@@ -18,7 +18,7 @@ import numpy as np
 
 from dabuild.errors import BuildError
 from dabuild.ir.ops import OPS
-from dabuild.quant.layers.shape import QConcat, QSelection
+from dabuild.qir.layers.shape import QConcat, QSelection
 from dabuild.targets.c.kernels.registry import ALIAS, CANONICAL, VIEW, Operand, Step, kernel
 from dabuild.targets.c.layout import Storage, Walk
 

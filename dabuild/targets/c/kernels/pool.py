@@ -20,11 +20,11 @@ import numpy as np
 from dabuild.ir.ops import OPS
 from dabuild.ir.ops.pool import AvgPool, Pool
 from dabuild.ir.ops.reduce import Reduce
-from dabuild.quant.fixed_point import INT32_MAX
-from dabuild.quant.layers.pool import QAvgPool, QMean
-from dabuild.quant.layers.shape import QSelection
-from dabuild.quant.layers.softmax import QSoftmax
-from dabuild.quant.qgraph import QGraph, QLayer
+from dabuild.qir.fixed_point import INT32_MAX
+from dabuild.qir.layers.pool import QAvgPool, QMean
+from dabuild.qir.layers.shape import QSelection
+from dabuild.qir.layers.softmax import QSoftmax
+from dabuild.qir.qgraph import QGraph, QLayer
 from dabuild.targets.c.kernels.linear import window
 from dabuild.targets.c.kernels.registry import CANONICAL, CHANNELS_LAST, Step, kernel
 from dabuild.targets.c.layout import Storage, Walk

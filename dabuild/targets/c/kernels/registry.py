@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 
 from dabuild.errors import BuildError
-from dabuild.quant.layers.elementwise import QClamp
-from dabuild.quant.qgraph import QGraph, QLayer, QuantParams
+from dabuild.qir.layers.elementwise import QClamp
+from dabuild.qir.qgraph import QGraph, QLayer, QuantParams
 from dabuild.registry import Registry
 from dabuild.targets.c.layout import Storage
 from dabuild.targets.c.profiles import DSP, HOST, MVE, PORTABLE, PROFILES, Profile

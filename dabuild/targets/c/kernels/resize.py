@@ -7,8 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from dabuild.quant.layers.resize import FRACTION_BITS, QResizeLinear
-from dabuild.quant.qgraph import QGraph
+from dabuild.qir.layers.resize import FRACTION_BITS, QResizeLinear
+from dabuild.qir.qgraph import QGraph
 from dabuild.targets.c.kernels.registry import CANONICAL, Step, kernel
 from dabuild.targets.c.profiles import Profile
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from dabuild.quant.layers.select import QPick, QWhere
+from dabuild.qir.layers.select import QPick, QWhere
 from dabuild.targets.c.kernels.registry import Step, kernel
 from dabuild.targets.c.layout import Walk, broadcast_strides
 

@@ -169,3 +169,9 @@ def accumulator_trace(values: np.ndarray) -> np.ndarray:
 def saturate(values: np.ndarray, low: int, high: int, dtype: str) -> np.ndarray:
     """Clamp integer values to [low, high] and store them as `dtype`."""
     return np.clip(values, low, high).astype(dtype)
+
+
+def nearest_power_of_two(scale: float) -> str:
+    """The power of two nearest `scale` and the error taking it would introduce."""
+    exponent = int(np.round(np.log2(scale)))
+    return f"2**{exponent} = {2.0**exponent:g} (every value {abs(2.0**exponent / scale - 1):.2%} off)"

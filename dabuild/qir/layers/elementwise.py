@@ -3,7 +3,7 @@
 relu keeps its input's params and clamps at the zero point; relu6 and clip
 keep them too and clamp at their quantized bounds (exact up to the rounding
 of the bounds). Every other activation is a table with one entry per value
-of the input's dtype (256 for int8; see `dabuild.quant.activations`).
+of the input's dtype (256 for int8; see `dabuild.qir.activations`).
 
 add/sub follow TFLite: both inputs, centred, are shifted left by LEFT_SHIFT
 bits and each scaled to the common scale 2 * max(s_a, s_b) / 2**LEFT_SHIFT
@@ -16,20 +16,20 @@ min/max into an integer graph constant. Inputs broadcast as numpy does.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import numpy as np
 
-from dabuild.errors import BuildError
 from dabuild.ir.kernels.native import layer_thread_count, native_conv
-from dabuild.ir.ops import OPS
-from dabuild.quant.activations import clamp_bounds, is_table_activation, lookup_table
-from dabuild.quant.fixed_point import accumulator_trace, quantize_multiplier, requantize
-from dabuild.quant.lowering import Lowering, lowers
-from dabuild.quant.qgraph import QGraph, QLayer, Trace, layer_type
+from dabuild.qir.fixed_point import accumulator_trace, requantize
+from dabuild.qir.qgraph import QGraph, QLayer, Trace, layer_type
 
 PAIR_TABLES: dict[tuple[object, ...], np.ndarray] = {}  # QAdd's 64 KiB look-up tables by what they depend on
+
+
 PAIR_TABLES_KEPT = 256  # at most 16 MiB of them
+
+
 LEFT_SHIFT = 20  # |x - zp| <= 255 < 2**8, so the shifted inputs stay below 2**28 and their sum below 2**29
 
 
@@ -65,30 +65,6 @@ class QLookup(QLayer):
 
     def run(self, inputs: list[np.ndarray], graph: QGraph, trace: Trace | None) -> list[np.ndarray]:
         return [self.table[inputs[0].astype(np.int64) - self.params(graph).qmin]]
-
-
-def lookup_layer(ctx: Lowering, name: str, source: str, output: str, op: str, attrs: dict[str, Any]) -> QLookup:
-    """The table of float op `op` from `source`'s params to `output`'s calibrated ones (declared here)."""
-    target = ctx.calibrated(output)
-    ctx.output(output, target)
-    table = lookup_table(op, OPS[op].resolve(attrs), ctx.params(source), target)
-    return QLookup(name=name, inputs=[source], outputs=[output], function=op, table=table)
-
-
-@lowers("relu", "relu6", "clip", layers={"relu": ("relu",), "relu6": ("clamp",), "clip": ("clamp",)})
-def lower_clamp(ctx: Lowering) -> list[QLayer]:
-    node = ctx.node
-    source = ctx.params(node.inputs[0])
-    ctx.output(node.outputs[0], source)
-    low, high = clamp_bounds(node.op, OPS[node.op].resolve(node.attrs), source)
-    layer_class = QRelu if node.op == "relu" else QClamp
-    return [layer_class(name=node.name, inputs=list(node.inputs), outputs=list(node.outputs), low=low, high=high)]
-
-
-@lowers(*(op for op in OPS if is_table_activation(op)), layers=("lookup",))
-def lower_table(ctx: Lowering) -> list[QLayer]:
-    node = ctx.node
-    return [lookup_layer(ctx, node.name, node.inputs[0], node.outputs[0], node.op, node.attrs)]
 
 
 @layer_type
@@ -188,22 +164,6 @@ class QSub(QAdd):
     sign: ClassVar[int] = -1
 
 
-@lowers("add", "sub", layers={"add": ("add",), "sub": ("sub",)})
-def lower_add(ctx: Lowering) -> list[QLayer]:
-    node = ctx.node
-    inputs = [ctx.int8_input(name) for name in node.inputs]
-    scales = np.array([ctx.params(name).scale for name in inputs])
-    target = ctx.calibrated(node.outputs[0])
-    ctx.output(node.outputs[0], target)
-    twice_max = 2 * scales.max()
-    input_multiplier, input_shift = quantize_multiplier(scales / twice_max, ctx.where)
-    multiplier, shift = quantize_multiplier(twice_max / (2**LEFT_SHIFT * target.scale), ctx.where)
-    layer_class = QAdd if node.op == "add" else QSub
-    return [layer_class(name=node.name, inputs=inputs, outputs=list(node.outputs), left_shift=LEFT_SHIFT,
-                        input_multiplier=input_multiplier, input_shift=input_shift, multiplier=multiplier,
-                        shift=shift)]
-
-
 @layer_type
 @dataclass
 class QMul(QLayer):
@@ -219,17 +179,6 @@ class QMul(QLayer):
             trace[f"{self.name}:accumulator"] = accumulator_trace(product)
         target = self.output_params(graph)
         return [target.saturate(requantize(product, self.multiplier, self.shift, graph.rounding) + target.zero_point)]
-
-
-@lowers("mul", layers=("mul",))
-def lower_mul(ctx: Lowering) -> list[QLayer]:
-    node = ctx.node
-    inputs = [ctx.int8_input(name) for name in node.inputs]
-    target = ctx.calibrated(node.outputs[0])
-    ctx.output(node.outputs[0], target)
-    real = ctx.params(inputs[0]).scale * ctx.params(inputs[1]).scale / target.scale
-    multiplier, shift = quantize_multiplier(real, ctx.where)
-    return [QMul(name=node.name, inputs=inputs, outputs=list(node.outputs), multiplier=multiplier, shift=shift)]
 
 
 @layer_type
@@ -252,27 +201,3 @@ class QPrelu(QLayer):
         negative = self.sign * requantize(centred, self.negative_multiplier, self.negative_shift, graph.rounding)
         target = self.output_params(graph)
         return [target.saturate(np.where(centred >= 0, positive, negative) + target.zero_point)]
-
-
-@lowers("prelu", layers=("lookup", "prelu"))
-def lower_prelu(ctx: Lowering) -> list[QLayer]:
-    """One slope: a table (leaky_relu with that slope, exact); a slope tensor: QPrelu's two requantizations."""
-    node = ctx.node
-    slope = ctx.constant(node.inputs[1]).astype(np.float64)
-    if slope.size == 1:
-        return [lookup_layer(ctx, node.name, node.inputs[0], node.outputs[0], "leaky_relu",
-                             {"alpha": float(slope.ravel()[0])})]
-    rank = ctx.rank(node.inputs[0])
-    if slope.ndim == rank:  # a leading batch axis of the constant: it must be 1
-        if slope.shape[0] != 1:
-            raise BuildError(f"{ctx.where}: its slope differs from sample to sample of the batch")
-        slope = slope[0]
-    source = ctx.params(node.inputs[0])
-    target = ctx.calibrated(node.outputs[0])
-    ctx.output(node.outputs[0], target)
-    multiplier, shift = quantize_multiplier(source.scale / target.scale, ctx.where)
-    magnitude = np.abs(slope) * source.scale / target.scale
-    negative_multiplier, negative_shift = quantize_multiplier(np.where(magnitude > 0, magnitude, 1.0), ctx.where)
-    return [QPrelu(name=node.name, inputs=[node.inputs[0]], outputs=list(node.outputs), multiplier=multiplier,
-                   shift=shift, negative_multiplier=negative_multiplier.reshape(slope.shape),
-                   negative_shift=negative_shift.reshape(slope.shape), sign=np.sign(slope).astype(np.int32))]

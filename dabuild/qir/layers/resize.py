@@ -16,11 +16,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from dabuild.ir.ops import OPS
-from dabuild.ir.ops.resize import linear_taps, source_coordinates
-from dabuild.quant.fixed_point import quantize_multiplier, requantize, round_half_away
-from dabuild.quant.lowering import Lowering
-from dabuild.quant.qgraph import QGraph, QLayer, Trace, layer_type
+from dabuild.qir.fixed_point import requantize
+from dabuild.qir.qgraph import QGraph, QLayer, Trace, layer_type
 
 FRACTION_BITS = 12
 
@@ -52,28 +49,3 @@ class QResizeLinear(QLayer):
         total = self.interpolate(self.params(graph).centred(inputs[0]))
         target = self.output_params(graph)
         return [target.saturate(requantize(total, self.multiplier, self.shift, graph.rounding) + target.zero_point)]
-
-
-def lower_linear_resize(ctx: Lowering) -> list[QLayer]:
-    """The layer of a linear resize node (called by the resize lowering, which handles nearest itself)."""
-    node = ctx.node
-    attrs = OPS["resize"].resolve(node.attrs)
-    shape = (None, *ctx.sample_shape(node.inputs[0]))
-    axes, lowers_, uppers, weights = [], [], [], []
-    for axis in range(1, len(shape)):
-        size, out, scale = int(shape[axis]), int(attrs["sizes"][axis]), float(attrs["scales"][axis])  # type: ignore[arg-type]
-        if size == out and scale == 1:
-            continue
-        coordinates = source_coordinates(out, size, scale, attrs["coordinate_transformation_mode"])
-        lower, upper, t = linear_taps(coordinates, size)
-        axes.append(axis)
-        lowers_.append([int(i) for i in lower])
-        uppers.append([int(i) for i in upper])
-        weights.append([int(w) for w in round_half_away(t * (1 << FRACTION_BITS))])
-    source = ctx.params(node.inputs[0])
-    target = ctx.calibrated(node.outputs[0])
-    ctx.output(node.outputs[0], target)
-    multiplier, shift = quantize_multiplier(source.scale / (target.scale * 2.0 ** (FRACTION_BITS * len(axes))),
-                                            ctx.where)
-    return [QResizeLinear(name=node.name, inputs=[node.inputs[0]], outputs=list(node.outputs), op_attrs=attrs, axes=axes,
-                          lower=lowers_, upper=uppers, weight=weights, multiplier=multiplier, shift=shift)]

@@ -53,7 +53,7 @@ from dabuild.ir.ops.window import output_sizes
 from dabuild.registry import Registry
 
 OrderedKernel = Callable[[list[np.ndarray], dict[str, Any]], np.ndarray]
-ORDERED: Registry[OrderedKernel] = Registry("ordered float op", "float islands (dabuild.quant.layers.island_order)")
+ORDERED: Registry[OrderedKernel] = Registry("ordered float op", "float islands (dabuild.qir.layers.island_order)")
 
 
 def run_ordered(op: str, inputs: list[np.ndarray], attrs: dict[str, Any]) -> list[np.ndarray]:

@@ -12,9 +12,9 @@ from typing import Literal, overload
 
 import numpy as np
 
-from dabuild.quant.fixed_point import requantize
-from dabuild.quant.layers.elementwise import QAdd, QClamp
-from dabuild.quant.qgraph import QGraph
+from dabuild.qir.fixed_point import requantize
+from dabuild.qir.layers.elementwise import QAdd, QClamp
+from dabuild.qir.qgraph import QGraph
 
 __all__ = ["dequantize_output", "quantize_input", "requantize", "run_integer", "run_quantized"]
 

@@ -1,7 +1,7 @@
 """QGraph: the integer-lowered graph that integer targets execute bit-exactly.
 
 A QGraph is a DAG: named integer tensors (int8 by default; any type of
-`dabuild.quant.dtypes`), each with its per-tensor QuantParams,
+`dabuild.qir.dtypes`), each with its per-tensor QuantParams,
 and layers in schedule order, each reading one or more tensors and writing one
 or more. Tensor names are the float graph's, so a per-layer trace of the
 integer reference lines up with the float interpreter's; the few tensors
@@ -39,9 +39,9 @@ import numpy as np
 from dabuild.errors import BuildError
 from dabuild.ir.kernels.native import layer_thread_count, native_conv
 from dabuild.ir.npz import read_npz, write_npz
-from dabuild.quant.dtypes import int_type
-from dabuild.quant.fixed_point import round_half_away
-from dabuild.quant.layers import MODULES as LAYER_MODULES
+from dabuild.qir.dtypes import int_type
+from dabuild.qir.fixed_point import round_half_away
+from dabuild.qir.layers import MODULES as LAYER_MODULES
 from dabuild.registry import Registry
 
 QGRAPH_FILE = "qgraph.json"

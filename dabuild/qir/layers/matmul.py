@@ -13,10 +13,8 @@ from typing import ClassVar
 
 import numpy as np
 
-from dabuild.errors import BuildError
-from dabuild.quant.fixed_point import accumulator_trace, quantize_multiplier, requantize
-from dabuild.quant.lowering import Lowering, lowers
-from dabuild.quant.qgraph import QGraph, QLayer, Trace, layer_type
+from dabuild.qir.fixed_point import accumulator_trace, requantize
+from dabuild.qir.qgraph import QGraph, QLayer, Trace, layer_type
 
 
 @layer_type
@@ -33,16 +31,3 @@ class QMatMul(QLayer):
             trace[f"{self.name}:accumulator"] = accumulator_trace(accumulator)
         target = self.output_params(graph)
         return [target.saturate(requantize(accumulator, self.multiplier, self.shift, graph.rounding) + target.zero_point)]
-
-
-@lowers("matmul", layers=("matmul",))
-def lower_matmul(ctx: Lowering) -> list[QLayer]:
-    node = ctx.node
-    if any(ctx.rank(name) < 2 for name in node.inputs if not ctx.is_constant(name)):
-        raise BuildError(f"{ctx.where}: integer matmul needs activations of rank >= 2 (batch and rows)")
-    inputs = [ctx.int8_input(name) for name in node.inputs]
-    target = ctx.calibrated(node.outputs[0])
-    ctx.output(node.outputs[0], target)
-    real = ctx.params(inputs[0]).scale * ctx.params(inputs[1]).scale / target.scale
-    multiplier, shift = quantize_multiplier(real, ctx.where)
-    return [QMatMul(name=node.name, inputs=inputs, outputs=list(node.outputs), multiplier=multiplier, shift=shift)]

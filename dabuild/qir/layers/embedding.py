@@ -18,9 +18,8 @@ import numpy as np
 
 from dabuild.errors import BuildError
 from dabuild.ir.ops.shape import out_of_range
-from dabuild.quant.fixed_point import quantize_multiplier, requantize
-from dabuild.quant.lowering import Lowering, lowers
-from dabuild.quant.qgraph import QGraph, QLayer, QuantParams, Trace, layer_type
+from dabuild.qir.fixed_point import requantize
+from dabuild.qir.qgraph import QGraph, QLayer, Trace, layer_type
 
 
 @layer_type
@@ -56,23 +55,3 @@ class QEmbedding(QLayer):
         scaled = requantize(rows.astype(np.int64), self.multiplier[indices].reshape(*indices.shape, *tail),
                             self.shift[indices].reshape(*indices.shape, *tail), graph.rounding)
         return [out.saturate(scaled + out.zero_point)]
-
-
-@lowers("embedding", weighted=True, layers=("embedding",))
-def lower_embedding(ctx: Lowering) -> list[QLayer]:
-    node = ctx.node
-    if node.inputs[0] not in ctx.graph.integer_inputs():
-        raise BuildError(f"{ctx.where}: integer lowering takes embedding indices from an integer graph input only")
-    choice = ctx.config.weight
-    if choice is None:
-        raise BuildError(f"{ctx.where}: the quantization config gives no weight choice for the table")
-    table = ctx.constant(node.inputs[1])
-    weight, scales = ctx.weight_integers(table, choice, 0)
-    if choice.granularity == "per_tensor":
-        ctx.output(node.outputs[0], QuantParams(float(scales[0]), 0, choice.dtype))
-        empty = np.zeros(0, np.int32)
-        return [QEmbedding(node.name, list(node.inputs[:1]), list(node.outputs), weight, scales, empty, empty)]
-    params = ctx.calibrated(node.outputs[0])
-    ctx.output(node.outputs[0], params)
-    multiplier, shift = quantize_multiplier(scales / params.scale, ctx.where)
-    return [QEmbedding(node.name, list(node.inputs[:1]), list(node.outputs), weight, scales, multiplier, shift)]

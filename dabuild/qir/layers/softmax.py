@@ -17,13 +17,12 @@ from typing import ClassVar
 
 import numpy as np
 
-from dabuild.errors import BuildError
-from dabuild.ir.ops import OPS
-from dabuild.quant.fixed_point import INT32_MAX, accumulator_trace, round_half_away
-from dabuild.quant.lowering import Lowering, lowers
-from dabuild.quant.qgraph import QGraph, QLayer, QuantParams, Trace, layer_type
+from dabuild.qir.fixed_point import accumulator_trace
+from dabuild.qir.qgraph import QGraph, QLayer, QuantParams, Trace, layer_type
 
 EXP_BITS = 16
+
+
 OUTPUT_PARAMS = QuantParams(1 / 256, -128)
 
 
@@ -42,20 +41,3 @@ class QSoftmax(QLayer):
             trace[f"{self.name}:accumulator"] = accumulator_trace(total)
         target = self.output_params(graph)
         return [target.saturate((e * 256 + total // 2) // total + target.zero_point)]
-
-
-@lowers("softmax", layers=("softmax",))
-def lower_softmax(ctx: Lowering) -> list[QLayer]:
-    node = ctx.node
-    source = ctx.params(node.inputs[0])
-    rank = ctx.rank(node.inputs[0])
-    axis = int(OPS["softmax"].resolve(node.attrs)["axis"]) % rank
-    length = ctx.shapes[node.inputs[0]].shape[axis]
-    if axis == 0 or length is None or length * 2**EXP_BITS > INT32_MAX:
-        raise BuildError(f"{ctx.where}: fixed-point softmax needs a known non-batch axis of fewer than "
-                         f"{INT32_MAX // 2**EXP_BITS + 1} elements (axis {axis} has {length})")
-    ctx.output(node.outputs[0], OUTPUT_PARAMS)
-    steps = np.arange(source.qmax - source.qmin + 1, dtype=np.float64)
-    table = round_half_away(np.exp(-source.scale * steps) * 2**EXP_BITS).astype(np.int32)
-    return [QSoftmax(name=node.name, inputs=list(node.inputs), outputs=list(node.outputs), axis=axis,
-                     exp_table=table)]
