@@ -6,15 +6,18 @@ the file's size and the bytes the C target stores for it on a Cortex-M4
 many output bytes of dabuild's integer reference (the file rebuilt as given,
 as the C target computes it) differ from TFLM's on the same inputs, with
 dabuild's rounding and with TFLM's (`rounding: tflm`; goal 0), with TFLM's arena size (what its
-RecordingMicroAllocator reports). The C target runs int8 only, so a 16x8 file
-shows "(int16)" there. Then the tflite target: the file it writes from the
+RecordingMicroAllocator reports); a 16x8 file's C bytes are those of its portable 16-bit kernels
+(int8 weights, int64 sums, the int16 softmax's two tables). Then the tflite target: the file it writes from the
 rebuilt QGraph, its size against the original's, how many of its output bytes
 in TFLM differ from the original file's in TFLM (goal 0), and the arena TFLM
 needs for it; a model with layers the target cannot write shows what it
 refused. Then each model's 16x8 file
 against its int8 one: SQNR of the rebuilt integer path against the float file
 in LiteRT, and the bytes of the QGraph's integer arrays (int16 activations
-need int64 biases, so 16x8 stores a little more).
+need int64 biases, so 16x8 stores a little more; a 16x8 softmax adds its two
+513-entry tables). A 16x8 model ending in softmax gets TFLite's int16 softmax,
+whose interpolated exp table bounds its SQNR: LiteRT running the 16x8 file
+itself gives the DS-CNN the same figure.
 
 Usage: python bench/tflite.py [--samples N]
 """
@@ -103,7 +106,7 @@ def main() -> None:
             ours = run_integer(CTarget(CTarget.Options(rounding=rounding)).integer_graph(qgraph),
                                quantize_input(qgraph, x))
             counts.append(f"{int(np.sum(ours.reshape(expected.shape) != expected))}/{expected.size}")
-        c_bytes = stored_bytes(qgraph, m4) if qgraph.output_params.dtype == "int8" else "(int16)"
+        c_bytes = stored_bytes(qgraph, m4)
         print(f"{row} {c_bytes:>10} {counts[0]:>16} {counts[1]:>13} {arena:>12}")
         written.append(tflite_target_row(path, qgraph, x, expected))
     print()

@@ -4,7 +4,8 @@
 (`Target.stored_bytes`: int4 packed two a byte where the target packs them,
 int16-stored weights counted as stored) when the tune stage knows the target
 it tunes for; without one (a bare `tune_stage` call) it is the total weight
-bits counted from the tuning space. `bops` (multiply-accumulates x weight bits
+bits counted from the tuning space. Either way an activation wider than 8 bits
+(int16) adds the RAM it takes beyond int8 (`TuningSpace.wide_activation_bits`). `bops` (multiply-accumulates x weight bits
 x input bits) is counted from the space and means the same on every backend. `estimate` is the backend's own figure: a capability YAML may name a
 cost model (`cost_model: da4ml`), a class registered under the entry-point
 group `dabuild.cost_models` whose instances price a quantized graph
@@ -102,8 +103,12 @@ def artifact_size(space: TuningSpace, stored_bytes: StoredBytes, quantize: Calla
     """`size` as the artifact's bytes: each config quantized and measured by the target once (by its hash).
 
     The floor is the bytes of every node at its fewest bits (per tensor, fewest scales, where offered), the
-    scale the default config's."""
-    cost = Estimate(stored_bytes, quantize)
+    scale the default config's. Activations wider than 8 bits add the RAM bytes they take beyond int8
+    (`TuningSpace.wide_activation_bits`), as the counted size does."""
+    stored = Estimate(stored_bytes, quantize)
+
+    def cost(config: QuantConfig) -> int:
+        return stored(config) + space.wide_activation_bits(config) // 8
 
     def fewest(node: NodeSpace) -> NodeConfig:
         def key(choice: NodeConfig) -> tuple[int, int, int]:

@@ -7,6 +7,9 @@ choice; plus fp32 (`NodeConfig(None, None)`: the node runs in float) when the
 capability allows fallback. This is what Intel Neural Compressor's
 `query_fw_capability` returns, op-wise and op-type-wise.
 
+Activation dtypes wider than 8 bits (int16) a capability lists are on request:
+the space holds them only where `tuning.space` lists them.
+
 `tuning.space` in the recipe narrows it like INC's `op_type_dict` and
 `op_name_dict`: per op type or per node name, per role, a list per field;
 op_name wins over op_type field by field. A narrowing the capability cannot
@@ -37,6 +40,10 @@ from dabuild.quant.lowering import quantizable_roles
 from dabuild.quant.lowerings.fallback import FLOAT_WRITING_OPS
 
 FP32 = NodeConfig(weight=None, activation=None)
+# Activation dtypes wider than this many bits (int16, TFLite's 16x8) enter the space only where tuning.space asks
+# for them by op type or node name: offered by default, they would double every node's activation choices, and so
+# the trials of every search whose int8 configs already meet the goal.
+WIDE_BITS = 8
 FLOAT_DTYPE = "fp32"
 FIELDS = ("dtype", "scheme", "granularity", "algorithm")
 OBJECTIVES = ("size", "bops")
@@ -59,6 +66,7 @@ class NodeSpace:
     weight_size: int  # elements of the node's constant weight (0: no weight)
     macs: int  # multiply-accumulates per sample through the weight (0: no weight)
     source: str | None  # the node whose activation quantizes this node's input (None: unknown, counted as float)
+    activation_size: int = 0  # elements per sample of the node's output (what its activation quantizes)
 
     @property
     def default(self) -> NodeConfig:
@@ -66,6 +74,12 @@ class NodeSpace:
 
     def weight_bits(self, choice: NodeConfig) -> int:
         return self.weight_size * dtype_bits(choice.weight.dtype if choice.weight else None)
+
+    def wide_activation_bits(self, choice: NodeConfig) -> int:
+        """The RAM bits an integer activation wider than 8 bits adds to its output over int8 (int16: 8 a value)."""
+        if choice.activation is None:
+            return 0
+        return self.activation_size * max(0, dtype_bits(choice.activation.dtype) - 8)
 
 
 @dataclass
@@ -82,8 +96,15 @@ class TuningSpace:
         return QuantConfig({name: FP32 for name in self.nodes})
 
     def size(self, config: QuantConfig) -> int:
-        """Total bits of the weights stored under `config`."""
-        return sum(node.weight_bits(config.nodes[name]) for name, node in self.nodes.items())
+        """Total bits of the weights stored under `config`, plus the RAM its activations wider than 8 bits add
+        (`wide_activation_bits`): int16 activations cost their extra byte a value, so the search takes them only
+        on the layers whose accuracy needs them (mixed 8/16)."""
+        return (sum(node.weight_bits(config.nodes[name]) for name, node in self.nodes.items())
+                + self.wide_activation_bits(config))
+
+    def wide_activation_bits(self, config: QuantConfig) -> int:
+        """Bits of activation RAM per sample beyond int8 storage that `config`'s wider activations take."""
+        return sum(node.wide_activation_bits(config.nodes[name]) for name, node in self.nodes.items())
 
     def bops(self, config: QuantConfig) -> int:
         """Bit operations per sample: multiply-accumulates x weight bits x input activation bits."""
@@ -192,6 +213,8 @@ def build_space(graph: Graph, capability: CapabilitySpec, narrowing: Mapping[str
         node.name: (entry.dtype, entry.scheme) for node in graph.nodes
                if (entry := capability.for_op(node.op).activation) is not None}
     given = given_choices(graph, offered)
+    readers = {node.name: [reader.op for reader in graph.nodes if set(reader.inputs) & set(node.outputs)]
+               for node in graph.nodes}
     _check_given_narrowing(graph, given, by_type, by_name)
     nodes: dict[str, NodeSpace] = {}
     for node in graph.nodes:
@@ -199,8 +222,10 @@ def build_space(graph: Graph, capability: CapabilitySpec, narrowing: Mapping[str
         if node.op in GIVEN_OPS:  # the model's own quantizer: nothing to choose
             candidates: tuple[NodeConfig, ...] = (NodeConfig(None, fixed["activation"]),)
         else:
-            candidates = _with_given(_candidates(node.name, node.op, capability, by_type.get(node.op, {}),
-                                                 by_name.get(node.name, {}), node.attrs.get("activation")), fixed)
+            own = _candidates(node.name, node.op, capability, by_type.get(node.op, {}), by_name.get(node.name, {}),
+                              node.attrs.get("activation"))
+            candidates = _with_given(_read_by_its_consumers(node.name, own, readers.get(node.name, []), capability),
+                                     fixed)
         weight = graph.constants.get(node.inputs[1]) if len(node.inputs) > 1 else None
         if "weight" not in (quantizable_roles(node.op) or ()):
             weight = None
@@ -212,8 +237,32 @@ def build_space(graph: Graph, capability: CapabilitySpec, narrowing: Mapping[str
             macs = int(weight.size) * (per_sample // int(channels or 1))
         first = node.inputs[0] if node.inputs else None
         source = producers[first].name if first in producers else input_consumers.get(first or "")
-        nodes[node.name] = NodeSpace(node.name, node.op, candidates, int(weight.size) if weight is not None else 0, macs, source)
+        activation_size = math.prod(int(d or 1) for d in shapes[node.outputs[0]].shape[1:]) if node.outputs else 0
+        nodes[node.name] = NodeSpace(node.name, node.op, candidates, int(weight.size) if weight is not None else 0, macs,
+                                     source, activation_size)
     return TuningSpace(nodes)
+
+
+def _read_by_its_consumers(name: str, candidates: tuple[NodeConfig, ...], readers: list[str],
+                           capability: CapabilitySpec) -> tuple[NodeConfig, ...]:
+    """The candidates whose output activation every op reading it takes: an activation wider than 8 bits only
+    where each reader's capability entry offers that dtype too (its kernels then take it as input: the c
+    target's 16-bit kernels, say), so no config holds a tensor a reader cannot run."""
+    def readable(choice: NodeConfig) -> bool:
+        if choice.activation is None or dtype_bits(choice.activation.dtype) <= 8:
+            return True
+        for op in readers:
+            entry = capability.for_op(op).activation
+            if entry is None or choice.activation.dtype not in entry.dtype:
+                return False
+        return True
+
+    kept = tuple(choice for choice in candidates if readable(choice))
+    if not kept:
+        raise BuildError(f"node {name!r}: tuning.space leaves only activations wider than 8 bits, which an op "
+                         f"reading it ({', '.join(sorted(set(readers)))}) does not take in capability "
+                         f"{capability.name!r}")
+    return kept
 
 
 def _check_given_narrowing(graph: Graph, given: Mapping[str, Mapping[str, Any]], by_type: Mapping[str, Any],
@@ -328,7 +377,10 @@ def _narrow(offered: QuantChoices, wanted: Mapping[str, list[str]], name: str, o
         values = list(getattr(offered, field))
         if field == "dtype":
             values = [d for d in values if is_int_type(d)]
-        asked = [v for v in wanted.get(field, values) if not (field == "dtype" and v == FLOAT_DTYPE)]
+        default = values
+        if field == "dtype" and role == "activation":   # wider activations (int16) on request only
+            default = [d for d in values if dtype_bits(d) <= WIDE_BITS]
+        asked = [v for v in wanted.get(field, default) if not (field == "dtype" and v == FLOAT_DTYPE)]
         for value in asked:
             if value not in values:
                 offered_text = ", ".join(values) or "none"

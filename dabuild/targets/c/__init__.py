@@ -241,6 +241,7 @@ class CTarget(Target):
             "input_size": qgraph.tensors[qgraph.input].size,
             "input_dtype": qgraph.input_params.storage,  # int32 for token ids
             "output_size": qgraph.tensors[qgraph.output].size,
+            "output_dtype": qgraph.output_params.storage,   # int16 for 16-bit activations
             "output_shape": list(qgraph.tensors[qgraph.output].shape),
             "arena_bytes": rendered.arena.peak_bytes,
             "arena": rendered.arena.report(),
@@ -307,10 +308,12 @@ class CTarget(Target):
             if result.returncode != 0:
                 raise BuildError(f"the C test program of {artifact_dir} failed (exit {result.returncode}): "
                                  f"{result.stderr.strip()}")
-        if not outputs_file.exists() or outputs_file.stat().st_size != len(samples) * manifest["output_size"]:
+        output_dtype = np.dtype(manifest.get("output_dtype", "int8"))
+        if (not outputs_file.exists()
+                or outputs_file.stat().st_size != len(samples) * manifest["output_size"] * output_dtype.itemsize):
             raise BuildError(f"the C test program of {artifact_dir} wrote no outputs for all {len(samples)} samples "
                              f"to {outputs_file}")
-        return np.fromfile(outputs_file, dtype=np.int8).reshape(len(samples), manifest["output_size"])
+        return np.fromfile(outputs_file, dtype=output_dtype).reshape(len(samples), manifest["output_size"])
 
     def fits(self, qgraph: QGraph) -> str | None:
         """With a budget: the artifact exported and linked for the profile, and what of it overflows."""

@@ -30,6 +30,7 @@ from dabuild.targets.c.program import Program, build_program
 PROGRAM = "model_test"
 WEIGHTS_FILE, WEIGHTS_FALLBACK = "weights.bin", "weights.inc"
 COMMON_HEADER = "dabuild_kernels.h"
+WIDE_HEADER = "dabuild_wide.h"   # the 16-bit activation kernels' requantization
 _TEMPLATES = Path(__file__).parent / "templates"
 
 
@@ -148,8 +149,8 @@ def scratch_name(step: Step) -> str:
 
 def plan_memory(program: Program) -> ArenaPlan:
     """Liveness over the steps of every buffer but `in` and `out`, scratch buffers alive during their step;
-    a float island's buffers take 4 bytes a value, at word-aligned offsets."""
-    sizes = {program.buffer[name]: program.storage[name].size * (4 if program.buffer[name] in program.floats else 1)
+    a float island's buffers take 4 bytes a value and 16-bit activations 2, at word-aligned offsets."""
+    sizes = {program.buffer[name]: program.storage[name].size * program.element_bytes(program.buffer[name])
              for name in program.storage}
     schedule = []
     for step in program.steps:
@@ -160,7 +161,8 @@ def plan_memory(program: Program) -> ArenaPlan:
             writes.append(scratch_name(step))
         schedule.append((reads, writes))
     scratch = frozenset(scratch_name(step) for step in program.steps if step.scratch_bytes)
-    return plan_arena(schedule, sizes, external={program.input, program.output}, wide=scratch, words=program.floats)
+    return plan_arena(schedule, sizes, external={program.input, program.output}, wide=scratch,
+                      words=program.floats | program.halves)
 
 
 BLOB_THRESHOLD = 1 << 20   # weights of this many bytes or more leave the C source for weights.bin
@@ -202,21 +204,25 @@ def render(qgraph: QGraph, profile: Profile = PROFILES[HOST]) -> Rendered:
     version = dabuild.__version__
     program = build_program(qgraph, profile)
     arena = plan_memory(program)
+    wide_input = qgraph.takes_indices or program.input in program.halves
     taken: set[str] = set()
     constant_names = {name: c_identifier(name, taken, "c_") for name in program.constants}
 
     def pointer(tensor: str) -> str:
         if tensor in constant_names:
-            return constant_names[tensor]
+            wide = program.constants[tensor].quant.storage != "int8"
+            return f"(const int8_t *)(const void *){constant_names[tensor]}" if wide else constant_names[tensor]
         buffer = program.buffer.get(tensor, tensor)
-        if buffer == program.input:  # token ids are int32: a kernel's int8 pointer, which it casts back
-            return "(const int8_t *)(const void *)in" if qgraph.takes_indices else "in"
+        if buffer == program.input:  # token ids or int16: a kernel's int8 pointer, which it casts back
+            return "(const int8_t *)(const void *)in" if wide_input else "in"
         if buffer == program.output:
-            return "out"
+            return "(int8_t *)(void *)out" if program.output in program.halves else "out"
         return f"arena + {arena.placements[buffer].offset}"
 
     files: dict[str, str | bytes] = {COMMON_HEADER: env.get_template(f"{COMMON_HEADER}.j2").render(version=version,
-                                                                                            rounding=qgraph.rounding)}
+                                                                                            rounding=qgraph.rounding),
+                                    WIDE_HEADER: env.get_template(f"{WIDE_HEADER}.j2").render(version=version,
+                                                                                          rounding=qgraph.rounding)}
     calls: list[dict[str, Any]] = []
     traced = [Traced(qgraph.input, program.storage[qgraph.input], qgraph.input_params.storage)]
     kernel_contexts = [step.kernel.context(step) for step in program.steps]
@@ -236,8 +242,8 @@ def render(qgraph: QGraph, profile: Profile = PROFILES[HOST]) -> Rendered:
         files[header] = env.get_template("layer.h.j2").render(
             context, kernel=step.kernel.name, config=_config_template(env, step),
             forward=f"kernels/{step.kernel.name}.forward.j2")
-        reported = [Traced(o.name, o.storage, "float32" if o.params is None else "int8") for o in step.outputs
-                    if step.layer is not None]
+        reported = [Traced(o.name, o.storage, "float32" if o.params is None else o.params.storage)
+                    for o in step.outputs if step.layer is not None]
         traced += reported
         calls.append({"ident": ident, "header": header, "arguments": ", ".join(arguments),
                       "kernel": step.kernel.name, "name": step.name,
@@ -255,10 +261,12 @@ def render(qgraph: QGraph, profile: Profile = PROFILES[HOST]) -> Rendered:
         "input_scale": c_float(source.scale), "input_scale_decimal": f"{source.scale:.9g}",
         "input_zero_point": source.zero_point,
         "input_low_bound": -span - 1, "input_high_bound": span,
+        "input_type": f"{source.storage}_t", "output_type": f"{target.storage}_t",
+        "input_min": int(np.iinfo(source.storage).min), "input_max": int(np.iinfo(source.storage).max),
         "output_scale": c_float(target.scale), "output_scale_decimal": f"{target.scale:.9g}",
         "output_zero_point": target.zero_point,
-        "constants": [{"ident": constant_names[name], "name": name, "values": qgraph.constants[name]}
-                      for name in program.constants],
+        "constants": [{"ident": constant_names[name], "name": name, "values": qgraph.constants[name],
+                       "type": f"{program.constants[name].quant.storage}_t"} for name in program.constants],
         "calls": calls,
         "input_name": qgraph.input,
         "indices": qgraph.takes_indices,
@@ -296,8 +304,9 @@ def stored_bytes(qgraph: QGraph, cpu: str | Profile = HOST) -> int:
 
 
 def _weight_bytes(qgraph: QGraph, program: Program, kernel_contexts: list[dict[str, Any]]) -> int:
-    """Bytes of every constant array of the artifact: the int8 graph constants and each kernel's arrays."""
-    return (sum(qgraph.constants[name].size for name in program.constants)
+    """Bytes of every constant array of the artifact: the integer graph constants and each kernel's arrays."""
+    return (sum(qgraph.constants[name].size * np.dtype(program.constants[name].quant.storage).itemsize
+                for name in program.constants)
             + sum(constant_bytes(context) for context in kernel_contexts))
 
 

@@ -44,6 +44,10 @@ class Program:
     output: str                   # the buffer `out` is
     constants: dict[str, Operand]
     floats: frozenset[str] = frozenset()   # buffers of float32 values (4 bytes each)
+    halves: frozenset[str] = frozenset()   # buffers of int16 values (2 bytes each: 16-bit activations)
+
+    def element_bytes(self, buffer: str) -> int:
+        return 4 if buffer in self.floats else 2 if buffer in self.halves else 1
 
 
 def _constant(qgraph: QGraph, name: str, rank: int, layer: QLayer) -> Operand:
@@ -78,7 +82,7 @@ def _touches_batch(layer: QLayer, rank: int) -> bool:
 
 
 def build_program(qgraph: QGraph, profile: Profile = PROFILES[HOST]) -> Program:
-    qgraph.require_dtypes("C", activations=("int8",))  # int8 kernels; narrower weights are exact in int8
+    qgraph.require_dtypes("C", activations=("int8", "int16"))  # narrower types are exact in these
     storage = {qgraph.input: Storage.canonical(qgraph.tensors[qgraph.input].shape)}
     buffer = {qgraph.input: qgraph.input}
     steps: list[Step] = []
@@ -144,12 +148,17 @@ def build_program(qgraph: QGraph, profile: Profile = PROFILES[HOST]) -> Program:
 
     output = in_storage(qgraph.output, CANONICAL)
     if buffer[output] == buffer[qgraph.input]:  # nothing but aliases of the input: `out` needs a copy
+        if params[output] is not None and params[output].storage != "int8":
+            raise BuildError(f"the C target copies an int8 input to its output, not {params[output].dtype}: the "
+                             "graph only reshapes its 16-bit input")
         target = f"{qgraph.output}@out"
         storage[target], buffer[target], params[target] = storage[output], target, params[output]
         steps.append(Step(CONVERT, target, None, [operand(output)], [operand(target)]))
         output = target
+    halves = frozenset(buffer[name] for name, quant in params.items()
+                       if quant is not None and quant.storage == "int16" and name in buffer)
     return Program(steps, storage, buffer, buffer[qgraph.input], buffer[output], constants,
-                   frozenset(buffer[name] for name in qgraph.floats))
+                   frozenset(buffer[name] for name in qgraph.floats), halves)
 
 
 def _output_storage(rule: str, shape: tuple[int, ...], inputs: list[Operand]) -> Storage:

@@ -67,7 +67,9 @@ from dabuild.targets.onnx_float import EXPORTERS, IR_VERSION, OPSET, Emitter, va
 QUANTIZED_TENSORS = "dabuild.quantized_tensors"  # metadata key: QGraph tensor -> name of its integers
 ISA = "dabuild.isa"  # metadata key: the instruction set the model was written for
 UINT8_WEIGHTS = "dabuild.uint8_weights"  # metadata key: layers whose weights are uint8 so u8s8 cannot saturate
-ONNX_TYPES = {"int8": TensorProto.INT8, "uint8": TensorProto.UINT8, "int32": TensorProto.INT32}
+ONNX_TYPES = {"int8": TensorProto.INT8, "uint8": TensorProto.UINT8, "int16": TensorProto.INT16,
+              "int32": TensorProto.INT32}
+INT16_OPSET = 21  # the first opset whose QuantizeLinear and DequantizeLinear take int16 (onnxruntime runs them)
 
 
 def _scalar_or_vector(values: np.ndarray, dtype: type) -> np.ndarray:
@@ -442,8 +444,9 @@ def to_qdq_onnx(qgraph: QGraph, opset: int | None = None, name: str = "dabuild",
                 check: bool = True, isa: str = "auto") -> onnx.ModelProto:
     """The QGraph as a checked QDQ model with a dynamic batch; BuildError naming layers it cannot write.
 
-    QuantizeLinear saturates to its zero point's full type, so activations must be exactly int8 or uint8
-    (opset 17 has no narrower or 16-bit types); weights of up to 8 bits are exact in int8. Weights of 4 bits
+    QuantizeLinear saturates to its zero point's full type, so activations must be exactly int8 or uint8, or
+    int16 (TFLite's 16x8), which Q/DQ take from opset 21 on (the default then; a lower opset asked is refused);
+    weights of up to 8 bits are exact in int8. Weights of 4 bits
     or fewer are INT4 initializers at opset 21 (the default opset then); at an opset asked below 21 they stay
     in int8. Blocked weights (blocked_dense) need opset 21 (the default then; a lower one asked is refused).
     `check=False` skips onnx's checker (for sizing a model nobody runs). `isa`: the instruction set the model
@@ -455,6 +458,15 @@ def to_qdq_onnx(qgraph: QGraph, opset: int | None = None, name: str = "dabuild",
         raise BuildError(f"onnx export: layer {blocked[0]!r} (blocked_dense) has blocked weight scales, which "
                          f"DequantizeLinear reads from opset {BLOCKED_OPSET} on; nearest representable: "
                          f"options.opset {BLOCKED_OPSET}")
+    sixteen = [layer.name for layer in qgraph.layers
+               if any(name in qgraph.tensors and qgraph.tensors[name].params.dtype == "int16"
+                      for name in (*layer.inputs, *layer.outputs))]
+    if sixteen and opset is not None and opset < INT16_OPSET:
+        raise BuildError(f"onnx export: layer {sixteen[0]!r} has int16 activations, which QuantizeLinear and "
+                         f"DequantizeLinear take from opset {INT16_OPSET} on; nearest representable: "
+                         f"options.opset {INT16_OPSET}")
+    if sixteen and opset is None:
+        opset = INT16_OPSET
     qgraph.require_dtypes("onnx", activations=[name for name in ONNX_TYPES if name != "int32"])
     missing = [f"{layer.name!r} ({layer.op})" for layer in qgraph.layers if layer.op not in WRITERS]
     if missing:

@@ -15,6 +15,10 @@ import onnx
 import onnxruntime as ort
 
 PRECISION_MODE = "session.x64quantprecision"  # onnxruntime's: int8 weights as uint8, run in its exact u8u8 kernels
+# onnxruntime fuses an opset-21 DequantizeLinear of a weight and its MatMul into MatMulNBits, which at its default
+# accuracy level (4) quantizes the float input to int8 again, dynamically: a 16-bit activation loses up to 138 of
+# its steps there. Level 1 computes the fused node in float32, as the QDQ model states it.
+MATMUL_NBITS_ACCURACY = "session.qdq_matmulnbits_accuracy_level"
 
 
 def session(model: str | bytes, threads: int = 1, precise: bool = False) -> ort.InferenceSession:
@@ -31,6 +35,7 @@ def session(model: str | bytes, threads: int = 1, precise: bool = False) -> ort.
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     options.enable_cpu_mem_arena = False
+    options.add_session_config_entry(MATMUL_NBITS_ACCURACY, "1")
     if precise:
         options.add_session_config_entry(PRECISION_MODE, "1")
         model = explicit_zero_points(model)

@@ -8,7 +8,7 @@ recomputed from them, as TFLM does:
 
 - conv, dense: s_in * s_w / s_out per channel; add/sub: TFLite's rescale to 2 max(s_a, s_b) with a left shift
   of 20 (15 for int16); mul: s_a * s_b / s_out; concat: s_i / s_out; softmax: its exp table from the float32
-  input scale.
+  input scale (the int16 softmax's rescale is TFLite's from the float32 scale already).
 - TFLite's AVERAGE_POOL_2D keeps its input's params and never counts padding: a pool that requantizes is
   written as the pool into a tensor of its input's params and a QUANTIZE after it (a one-input concat here),
   and a pool that counts padding as an explicit pad before an unpadded pool.
@@ -78,6 +78,8 @@ def _as_tflm(layer: QLayer, graph: QGraph) -> list[QLayer]:
         scales = np.array([_scale(graph, name) for name in layer.inputs])
         multiplier, shift = quantize_multiplier(scales / _scale(graph, layer.outputs[0]), layer.name)
         return [dataclasses.replace(layer, multiplier=multiplier, shift=shift)]
+    if isinstance(layer, QSoftmax) and layer.reciprocal_table is not None:
+        return [layer]   # TFLite's int16 softmax: its rescale derives from the float32 scale already
     if isinstance(layer, QSoftmax):
         source = graph.tensors[layer.inputs[0]].params
         steps = np.arange(len(layer.exp_table), dtype=np.float64)

@@ -24,7 +24,7 @@ from dabuild.qir.layers.elementwise import QClamp, QLookup
 from dabuild.qir.layers.linear import QConv, QConvTranspose, QDense, QWeighted
 from dabuild.qir.layers.pool import QMean
 from dabuild.qir.layers.shape import QConcat, QSelection
-from dabuild.qir.layers.softmax import OUTPUT_PARAMS, QSoftmax
+from dabuild.qir.layers.softmax import OUTPUT_PARAMS, WIDE_OUTPUT_PARAMS, QSoftmax
 from dabuild.qir.qgraph import QLayer, QuantParams
 from dabuild.registry import Registry
 from dabuild.targets.tflite.flatfile import NHWC, PLAIN, FlatFile, file_axis, permutation
@@ -335,11 +335,16 @@ def concat(file: FlatFile, layer: QConcat) -> None:
 
 @writes("softmax")
 def softmax(file: FlatFile, layer: QSoftmax) -> None:
-    """SOFTMAX (beta 1) over the last axis of the layout that puts the layer's axis last, int8 to int8."""
+    """SOFTMAX (beta 1) over the last axis of the layout that puts the layer's axis last, int8 to int8 (output
+    1/256, zero point -128) or int16 to int16 (TFLite's int16 softmax: input zero point 0, output 1/32768, 0)."""
     [name], [output] = layer.inputs, layer.outputs
-    if file.params(name).dtype != "int8" or file.params(output) != OUTPUT_PARAMS:
+    eight = file.params(name).dtype == "int8" and file.params(output) == OUTPUT_PARAMS
+    sixteen = (layer.reciprocal_table is not None and file.params(name).dtype == "int16"
+               and file.params(name).zero_point == 0 and file.params(output) == WIDE_OUTPUT_PARAMS)
+    if not (eight or sixteen):
         raise BuildError(f"layer {layer.name!r} (softmax): the tflite target writes int8 softmax (output scale "
-                         "1/256, zero point -128); this one reads or writes another type")
+                         "1/256, zero point -128) and int16 softmax (input zero point 0, output scale 1/32768, "
+                         "zero point 0); this one reads or writes another type")
     rank = file.rank(name)
     layout = next((layout for layout in (PLAIN, NHWC) if file_axis(layout, rank, layer.axis) == rank - 1), None)
     if layout is None:

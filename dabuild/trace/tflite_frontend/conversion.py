@@ -165,11 +165,18 @@ class Conversion:
                            perm.index(axis) if len(scale) > 1 else None, rounding="half_away")
         return self.emit("fake_quant", [name], given.attrs())
 
-    def bias(self, index: int) -> list[str]:
-        """An optional bias (index -1: none) as its real values."""
+    def bias(self, index: int, source: int, weight: int) -> list[str]:
+        """An optional bias (index -1: none) as its real values. An integer bias of a quantized `source` and
+        `weight` counts in units of s_source * s_weight, as TFLite's kernels add it to their sums, whatever
+        scale the file states for it (the converter's 16x8 files state other ones), so the given quantization
+        rebuilds the file's very integers."""
         if index < 0:
             return []
-        return [self.constant(tensor_name(self.tensor(index)) or "bias", self.real(index))]
+        values, sources, weights = self.static(index, "bias"), self.quantization(source), self.quantization(weight)
+        real = self.real(index)
+        if values.dtype.kind == "i" and sources is not None and weights is not None:
+            real = (values.astype(np.float64) * sources[0][0] * weights[0]).astype(np.float32)
+        return [self.constant(tensor_name(self.tensor(index)) or "bias", real)]
 
     def _bits(self, index: int) -> tuple[int, bool]:
         type_name = self.type_name(index)

@@ -79,7 +79,7 @@ def conv_2d(ctx: Conversion, op: Any) -> None:
     attrs = _window(ctx, op, (weight_shape[1], weight_shape[2]), dilation)
     groups = ctx.shape(op.inputs[0])[3] // weight_shape[3]
     weight = ctx.weight(op.inputs[1], [0, 3, 1, 2], channel_axis=0)   # OHWI -> OIHW
-    bias = ctx.bias(op.inputs[2] if len(op.inputs) > 2 else -1)
+    bias = ctx.bias(op.inputs[2] if len(op.inputs) > 2 else -1, op.inputs[0], op.inputs[1])
     result = ctx.emit("conv", [_nchw_input(ctx, op), weight, *bias], {**attrs, "groups": groups}, nchw=True)
     _finish(ctx, op, result)
 
@@ -91,7 +91,7 @@ def depthwise_conv_2d(ctx: Conversion, op: Any) -> None:
     dilation = (options.dilationHFactor or 1, options.dilationWFactor or 1)
     attrs = _window(ctx, op, (weight_shape[1], weight_shape[2]), dilation)
     weight = ctx.weight(op.inputs[1], [3, 0, 1, 2], channel_axis=3)   # -> (channels * multiplier, 1, kh, kw)
-    bias = ctx.bias(op.inputs[2] if len(op.inputs) > 2 else -1)
+    bias = ctx.bias(op.inputs[2] if len(op.inputs) > 2 else -1, op.inputs[0], op.inputs[1])
     groups = ctx.shape(op.inputs[0])[3]
     result = ctx.emit("conv", [_nchw_input(ctx, op), weight, *bias], {**attrs, "groups": groups}, nchw=True)
     _finish(ctx, op, result)
@@ -114,7 +114,7 @@ def transpose_conv(ctx: Conversion, op: Any) -> None:
         else:
             extra[axis] = -total
     weight = ctx.weight(op.inputs[1], [3, 0, 1, 2], channel_axis=0)   # -> (I, O, kh, kw)
-    bias = ctx.bias(op.inputs[3] if len(op.inputs) > 3 else -1)
+    bias = ctx.bias(op.inputs[3] if len(op.inputs) > 3 else -1, op.inputs[2], op.inputs[1])
     source = ctx.value(op.inputs[2])
     if source not in ctx.nchw:
         raise Unsupported("its input is not a 4-D NHWC tensor")
@@ -135,7 +135,7 @@ def fully_connected(ctx: Conversion, op: Any) -> None:
     if len(ctx.shape(op.inputs[0])) != 2:
         source = ctx.emit("reshape", [source], {"shape": [-1, in_features]})
     weight = ctx.weight(op.inputs[1], [1, 0], channel_axis=0)   # (O, I) -> (I, O)
-    bias = ctx.bias(op.inputs[2] if len(op.inputs) > 2 else -1)
+    bias = ctx.bias(op.inputs[2] if len(op.inputs) > 2 else -1, op.inputs[0], op.inputs[1])
     _finish(ctx, op, ctx.emit("dense", [source, weight, *bias]))
 
 

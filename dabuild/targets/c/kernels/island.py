@@ -42,6 +42,7 @@ UNARY = ACTIVATIONS[1:]
 COPIES = ("identity", "reshape", "flatten", "squeeze", "unsqueeze")
 BINARY = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
 FLOAT_MAX = "0x1.fffffep+127f"
+ISLAND_DTYPES = ("int8", "", "int16", "int16/int8")   # the integer tensors an island reads or writes at its boundary
 FLOAT_OPS: set[str] = set()  # every IR op some float kernel below runs (`_float_layer` adds them): CTarget.float_ops
 
 
@@ -55,12 +56,17 @@ class Access:
     def read(self, index: str) -> str:
         if self.params is None:
             return f"((const float *){self.pointer})[{index}]"
-        return f"dabuild_dequantize({self.pointer}[{index}], {self.params.zero_point}, {c_float(self.params.scale)})"
+        values = (self.pointer if self.params.storage == "int8"
+                  else f"((const {self.params.storage}_t *)(const void *){self.pointer})")
+        return f"dabuild_dequantize({values}[{index}], {self.params.zero_point}, {c_float(self.params.scale)})"
 
     def write(self, index: str, value: str) -> str:
         if self.params is None:
             return f"((float *){self.pointer})[{index}] = {value};"
         p = self.params
+        if p.storage != "int8":   # a 16-bit tensor at the island's boundary
+            return (f"(({p.storage}_t *)(void *){self.pointer})[{index}] = ({p.storage}_t)dabuild_quantize_wide("
+                    f"{value}, {c_float(p.scale)}, {p.zero_point}, {p.qmin}, {p.qmax});")
         return (f"{self.pointer}[{index}] = dabuild_quantize({value}, {c_float(p.scale)}, {p.zero_point}, "
                 f"{p.qmin}, {p.qmax});")
 
@@ -152,9 +158,9 @@ def _bias(step: Step, reads: list[Access], channel: str) -> tuple[str | None, di
     return (reads[2].read(channel) if len(reads) > 2 else None), {}
 
 
-@kernel("float", "float_dense", inputs=CANONICAL, outputs=CANONICAL, dtypes=("int8", ""),
+@kernel("float", "float_dense", inputs=CANONICAL, outputs=CANONICAL, dtypes=ISLAND_DTYPES,
         when=_float_layer(("dense",), fused=True))
-@kernel("float_weighted", "float_dense", inputs=CANONICAL, outputs=CANONICAL, dtypes=("int8", ""),
+@kernel("float_weighted", "float_dense", inputs=CANONICAL, outputs=CANONICAL, dtypes=ISLAND_DTYPES,
         when=_float_layer(("dense",), fused=True))
 def float_dense(step: Step) -> dict[str, Any]:
     """acc = sum over k of x[r, k] * w[k, o], then + bias, activation: island_order's dense."""
@@ -169,9 +175,9 @@ def float_dense(step: Step) -> dict[str, Any]:
             "activation": _fused(OPS["dense"].resolve(layer.op_attrs))}
 
 
-@kernel("float", "float_conv", inputs=CANONICAL, outputs=CANONICAL, dtypes=("int8", ""),
+@kernel("float", "float_conv", inputs=CANONICAL, outputs=CANONICAL, dtypes=ISLAND_DTYPES,
         when=_float_layer(("conv",), fused=True))
-@kernel("float_weighted", "float_conv", inputs=CANONICAL, outputs=CANONICAL, dtypes=("int8", ""),
+@kernel("float_weighted", "float_conv", inputs=CANONICAL, outputs=CANONICAL, dtypes=ISLAND_DTYPES,
         when=_float_layer(("conv",), fused=True))
 def float_conv(step: Step) -> dict[str, Any]:
     """Per output, taps in input channel, kernel row, kernel column order (padding skipped), then + bias,
@@ -203,7 +209,7 @@ def layer_kernel(step: Step) -> tuple[int, ...]:
     return tuple(np.shape(weight)[2:])
 
 
-@kernel("float", "float_max_pool", inputs=CANONICAL, outputs=CANONICAL, dtypes=("int8", ""),
+@kernel("float", "float_max_pool", inputs=CANONICAL, outputs=CANONICAL, dtypes=ISLAND_DTYPES,
         when=_float_layer(("max_pool",)))
 def float_max_pool(step: Step) -> dict[str, Any]:
     """The largest tap of each window in the input (taps in the padding or past the edge never win)."""
@@ -232,7 +238,7 @@ def _per_sample_mean(layer: QLayer, qgraph: QGraph, profile: Profile) -> str | N
     return why
 
 
-@kernel("float", "float_mean", inputs=CANONICAL, outputs=CANONICAL, dtypes=("int8", ""), when=_per_sample_mean)
+@kernel("float", "float_mean", inputs=CANONICAL, outputs=CANONICAL, dtypes=ISLAND_DTYPES, when=_per_sample_mean)
 def float_mean(step: Step) -> dict[str, Any]:
     """Per output, its reduced values summed in C order, then one division by their count: island_order's
     mean. `starts` holds each output's first input offset, `steps` each reduced value's offset from it."""
@@ -266,11 +272,11 @@ def _unary(step: Step) -> dict[str, Any]:
             "activation": "" if op in COPIES else activation(op, OPS[op].resolve(layer.op_attrs))}
 
 
-kernel("float", "float_unary", inputs=CANONICAL, outputs=CANONICAL, dtypes=("int8", ""),
+kernel("float", "float_unary", inputs=CANONICAL, outputs=CANONICAL, dtypes=ISLAND_DTYPES,
        when=_float_layer(UNARY + COPIES))(_unary)
 
 
-@kernel("float", "float_binary", inputs=CANONICAL, outputs=CANONICAL, dtypes=("int8", ""),
+@kernel("float", "float_binary", inputs=CANONICAL, outputs=CANONICAL, dtypes=ISLAND_DTYPES,
         when=_float_layer(tuple(BINARY)))
 def float_binary(step: Step) -> dict[str, Any]:
     """One walk over the output, each input at its broadcast strides (a float constant in its own shape)."""
@@ -290,7 +296,7 @@ def float_binary(step: Step) -> dict[str, Any]:
     return {**base, "walk": walk, "operator": BINARY[layer.float_op]}
 
 
-@kernel("float", "float_softmax", inputs=CANONICAL, outputs=CANONICAL, dtypes=("int8", ""),
+@kernel("float", "float_softmax", inputs=CANONICAL, outputs=CANONICAL, dtypes=ISLAND_DTYPES,
         when=_float_layer(("softmax",)))
 def float_softmax(step: Step) -> dict[str, Any]:
     """Per row along the axis: the max, then e = exp(x - max) summed from 0 in index order, then each e (computed
@@ -309,7 +315,7 @@ def _matrices(shape: tuple[int, ...], batch: tuple[int, ...]) -> np.ndarray:
     return np.broadcast_to(firsts, batch).ravel().astype(np.int32)
 
 
-@kernel("float", "float_matmul", inputs=CANONICAL, outputs=CANONICAL, dtypes=("int8", ""),
+@kernel("float", "float_matmul", inputs=CANONICAL, outputs=CANONICAL, dtypes=ISLAND_DTYPES,
         when=_float_layer(("matmul",)))
 def float_matmul(step: Step) -> dict[str, Any]:
     """numpy.matmul of two tensors (or a tensor and a constant): per matrix of the broadcast batch, each
@@ -331,7 +337,7 @@ def float_matmul(step: Step) -> dict[str, Any]:
             "inner": a[-1], "columns": b[-1]}
 
 
-@kernel("float", "float_avg_pool", inputs=CANONICAL, outputs=CANONICAL, dtypes=("int8", ""),
+@kernel("float", "float_avg_pool", inputs=CANONICAL, outputs=CANONICAL, dtypes=ISLAND_DTYPES,
         when=_float_layer(("avg_pool",)))
 def float_avg_pool(step: Step) -> dict[str, Any]:
     """Per window, its taps summed from 0 in kernel row, column order (the padding and the ceil-mode overhang
@@ -359,7 +365,7 @@ def _batch_first(layer: QLayer, qgraph: QGraph, profile: Profile) -> str | None:
     return why
 
 
-@kernel("float", "float_transpose", inputs=CANONICAL, outputs=CANONICAL, dtypes=("int8", ""),
+@kernel("float", "float_transpose", inputs=CANONICAL, outputs=CANONICAL, dtypes=ISLAND_DTYPES,
         when=_batch_first)
 def float_transpose(step: Step) -> dict[str, Any]:
     """Each output value copied from its input offset (a table): any permutation that keeps the batch first."""

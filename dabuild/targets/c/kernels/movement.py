@@ -30,7 +30,7 @@ def _alias(step: Step) -> dict[str, Any]:
 
 
 for _op in ("identity", "reshape", "flatten", "squeeze", "unsqueeze"):
-    kernel(_op, "alias", inputs=CANONICAL, outputs=ALIAS)(_alias)
+    kernel(_op, "alias", inputs=CANONICAL, outputs=ALIAS, dtypes=("int8", "int16", "int16/int8"))(_alias)
 # A transpose moves nothing: its output is the input's bytes in a renamed storage order (Storage.permuted), and a
 # reader that wants another order converts it, as it would any tensor. So an NHWC graph input transposed to the
 # IR's NCHW is channels-last as it comes, and the convs read it without a copy.

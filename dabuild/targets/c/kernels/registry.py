@@ -114,7 +114,7 @@ KERNELS: Registry[Kernel] = Registry("C kernel", "the c target", (
     "dabuild.targets.c.kernels.blocked", "dabuild.targets.c.kernels.elementwise",
     "dabuild.targets.c.kernels.embedding", "dabuild.targets.c.kernels.island", "dabuild.targets.c.kernels.linear",
     "dabuild.targets.c.kernels.matmul", "dabuild.targets.c.kernels.movement", "dabuild.targets.c.kernels.pool",
-    "dabuild.targets.c.kernels.resize", "dabuild.targets.c.kernels.select",
+    "dabuild.targets.c.kernels.resize", "dabuild.targets.c.kernels.select", "dabuild.targets.c.kernels.wide",
 ))
 
 

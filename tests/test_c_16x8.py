@@ -1,0 +1,130 @@
+"""The C target on 16x8 QGraphs (int16 activations, int8 weights, int64 sums), from the committed 16x8 .tflite files.
+
+Its int16 layers take the portable kernels of dabuild/targets/c/kernels/wide.py on every CPU: on the host, in each
+rounding, the outputs equal the integer reference's; with rounding tflm they equal TFLite Micro's too, on the host
+and on a Cortex-M4 and an M55 in qemu (whose DSP and Helium kernels are int8 only, so the int16 layers fall back to
+the portable ones: the manifest's kernels say which ran).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("tflite_micro", reason="needs the tflite extra: pip install 'dabuild[tflite]'")
+
+from tflite_runtime import given_qgraph, inputs_for, model, run_tflm
+
+from dabuild.qir.qgraph import QGraph
+from dabuild.qir.reference import quantize_input, run_integer
+from dabuild.quant.config import QuantConfig
+from dabuild.targets.c import CTarget, read_manifest
+
+
+def built(target: CTarget, qgraph: QGraph, folder: Path) -> Path:
+    artifact = folder / "artifact"
+    artifact.mkdir()
+    target.export(target.integer_graph(qgraph), artifact)
+    return artifact
+
+
+@pytest.mark.parametrize("rounding", ["dabuild", "tflm", "tflm-single"])
+def test_resnet_block_16x8_in_c_equals_the_reference_and_with_tflm_rounding_tflm(rounding: str,
+                                                                                  tmp_path: Path) -> None:
+    """Transpose, convs with fused relu, a residual add, max pool, mean and fully connected, all int16."""
+    path = model("resnet_block_16x8")
+    _, qgraph = given_qgraph(path)
+    x = inputs_for(path, 8, seed=11)
+    target = CTarget(CTarget.Options(rounding=rounding))
+    artifact = built(target, qgraph, tmp_path)
+    assert {"wide_conv", "wide_add", "wide_max_pool", "wide_mean", "wide_dense"} <= set(
+        read_manifest(artifact)["kernels"].values())
+    x_q = quantize_input(qgraph, x)
+    ours = target.run(artifact, x_q, tmp_path)
+    assert ours.dtype == np.int16
+    reference = run_integer(target.integer_graph(qgraph), x_q)
+    assert np.array_equal(ours, reference.reshape(ours.shape))
+    if rounding == "tflm":
+        expected = run_tflm(path, qgraph, x)["output"]
+        assert np.array_equal(ours.reshape(expected.shape), expected)
+
+
+@pytest.mark.parametrize("cpu", ["host", "cortex-m4"])
+def test_ds_cnn_16x8_with_its_int16_softmax_in_c_equals_tflm(cpu: str, tmp_path: Path) -> None:
+    """Depthwise and pointwise convs, TFLM's dividing average pool, the fully connected layer and TFLite's int16
+    softmax (exp and reciprocal tables) of the 16x8 DS-CNN: the C target (rounding tflm) gives TFLM's int16
+    probabilities, on the host and (where its toolchain and qemu are here) on a Cortex-M4."""
+    if cpu != "host" and (shutil.which("arm-none-eabi-gcc") is None or shutil.which("qemu-system-arm") is None):
+        pytest.skip("needs gcc-arm-none-eabi, libnewlib-arm-none-eabi and qemu-system-arm")
+    path = model("ds_cnn_16x8")
+    _, qgraph = given_qgraph(path)
+    x = inputs_for(path, 8, seed=12)
+    expected = run_tflm(path, qgraph, x)["output"]
+    target = CTarget(CTarget.Options(cpu=cpu, rounding="tflm"))
+    artifact = built(target, qgraph, tmp_path)
+    assert "wide_softmax" in read_manifest(artifact)["kernels"].values()
+    ours = target.run(artifact, quantize_input(qgraph, x), tmp_path)
+    assert np.array_equal(ours.reshape(expected.shape), expected)
+
+
+@pytest.mark.skipif(shutil.which("arm-none-eabi-gcc") is None or shutil.which("qemu-system-arm") is None,
+                    reason="needs gcc-arm-none-eabi, libnewlib-arm-none-eabi and qemu-system-arm")
+@pytest.mark.parametrize("cpu", ["cortex-m4", "cortex-m55"])
+def test_cortex_m_16x8_falls_back_to_the_portable_kernels_and_equals_tflm(cpu: str, tmp_path: Path) -> None:
+    path = model("resnet_block_16x8")
+    _, qgraph = given_qgraph(path)
+    x = inputs_for(path, 6, seed=13)
+    target = CTarget(CTarget.Options(cpu=cpu, rounding="tflm"))
+    artifact = built(target, qgraph, tmp_path)
+    kernels = read_manifest(artifact)["kernels"]
+    assert all(name.startswith("wide_") for name in kernels.values()), kernels
+    actual = target.run(artifact, quantize_input(qgraph, x), tmp_path)
+    expected = run_tflm(path, qgraph, x)["output"]
+    assert np.array_equal(actual.reshape(expected.shape), expected)
+
+
+def sixteen_bit(config: QuantConfig, *names: str) -> QuantConfig:
+    """`config` with the activations of the nodes `names` int16, asymmetric (zero points away from 0)."""
+    return QuantConfig({name: dataclasses.replace(node, activation=dataclasses.replace(
+        node.activation, dtype="int16", scheme="asym")) if name in names and node.activation else node
+        for name, node in config.nodes.items()})
+
+
+@pytest.mark.parametrize("rounding", ["dabuild", "tflm"])
+def test_mixed_8_16_with_broadcast_constant_add_and_asymmetric_int16_softmax(rounding: str, tmp_path: Path) -> None:
+    """input -> dense (int16 out) -> add of a broadcast constant (int16) -> relu -> dense -> reshape ->
+    transpose -> softmax (int16 in, asymmetric; TFLite's int16 softmax, whose
+    x - max drops the zero point): every layer's kernel takes its own mix of int8 and int16, exact."""
+    from test_lowering import graph_of, lower
+    from test_quantize import C_CAPABILITY
+
+    from dabuild.ir.graph import Node
+    from dabuild.quant.defaults import default_config
+
+    rng = np.random.default_rng(3)
+    nodes = [Node("fc1", "dense", ["x", "w1", "b1"], ["h"], {}),
+             Node("shift", "add", ["h", "offset"], ["s"], {}),
+             Node("rectify", "relu", ["s"], ["r"], {}),
+             Node("fc2", "dense", ["r", "w2", "b2"], ["z"], {}),
+             Node("rows", "reshape", ["z"], ["m"], {"shape": [0, 3, 4]}),
+             Node("swap", "transpose", ["m"], ["t"], {"perm": [0, 2, 1]}),
+             Node("probabilities", "softmax", ["t"], ["y"], {"axis": -1})]
+    graph = graph_of(nodes, (6,), {"w1": rng.normal(0, 0.5, (6, 10)), "b1": rng.normal(0, 0.1, 10),
+                                   "offset": rng.normal(1, 0.5, (10,)), "w2": rng.normal(0, 0.5, (10, 12)),
+                                   "b2": rng.normal(0, 0.1, 12)})
+    x = rng.normal(size=(64, 6)).astype(np.float32)
+    config = sixteen_bit(default_config(graph, C_CAPABILITY), "fc1", "shift", "fc2")
+    qgraph = lower(graph, x, config)
+    assert qgraph.tensors["shift:offset"].params.dtype == "int16"   # the add's broadcast addend: an int16 graph constant
+    assert {qgraph.tensors[name].params.dtype for name in ("h", "s", "r", "z", "t", "y")} == {"int16"}
+    assert qgraph.tensors["t"].params.zero_point != 0
+    target = CTarget(CTarget.Options(rounding=rounding))
+    artifact = built(target, qgraph, tmp_path)
+    x_q = quantize_input(qgraph, x)
+    expected = run_integer(target.integer_graph(qgraph), x_q)
+    ours = target.run(artifact, x_q, tmp_path)
+    assert np.array_equal(ours, expected.reshape(ours.shape))
