@@ -110,8 +110,8 @@ def _build_locked(recipe: Recipe, options: BuildOptions, progress: Progress, sta
         session = Session(
             workspace,
             store,
-            stage_functions(options.jobs, store.trials_root if store else None, options.cluster,
-                            store.remote if store else None),
+            stage_functions(options.jobs, store.trials_root if store and store.readable else None, options.cluster,
+                            store.remote if store else None, store.trials_key if store else None),
             progress,
             stage_cluster(options.cluster, store, progress),
         )

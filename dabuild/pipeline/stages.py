@@ -18,16 +18,19 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # types only: execute runs these adapters, plan keys them by their code (code_digest)
     from dabuild.pipeline.execute import StageFunction, StageRun
+    from dabuild.trust import TeamKey
     from dabuild.tune.trials import SharedTrials
 
 
 def stage_functions(jobs: int = 1, trials_root: Path | None = None, cluster: str | None = None,
-                    shared_trials: SharedTrials | None = None) -> dict[str, StageFunction]:
+                    shared_trials: SharedTrials | None = None,
+                    trials_key: TeamKey | None = None) -> dict[str, StageFunction]:
     """The function run for each stage kind.
 
     `jobs` processes score tuning trials, or the workers of the Dask cluster at
     `cluster` (a scheduler address); `trials_root` is the run cache's trial
-    store (None with --no-cache: tuning then remembers nothing between runs).
+    store (None with --no-cache: tuning then remembers nothing between runs), its
+    records signed with `trials_key` where others may write the run cache.
     `shared_trials` is the team's remote, which shares scored trials between machines.
     None of them changes what a stage writes.
     """
@@ -39,7 +42,7 @@ def stage_functions(jobs: int = 1, trials_root: Path | None = None, cluster: str
         stored_by = run.stage.runs.get("stored_by")  # the target whose artifact size `size` counts
         tune_stage(run.stage.config, run.stage.files, run.inputs["graph"], run.inputs["stats"], run.out_dir,
                    run.progress, trials_root=trials_root, jobs=jobs, cluster=cluster,
-                   shared_trials=shared_trials,
+                   shared_trials=shared_trials, trials_key=trials_key,
                    keep_dir=run.build_dir / "debug" / run.stage.dirname,
                    journal=run.build_dir / "history" / f"{run.stage.dirname}.jsonl", constraints=constraints,
                    stored_bytes=stored_by.stored_bytes if stored_by else None)

@@ -233,6 +233,16 @@ class Store:
         """The trial store (dabuild/tune/trials.py) lives inside the run cache, and is pruned with it."""
         return self.root / "trials"
 
+    @property
+    def readable(self) -> bool:
+        """False for a shared cache without a team key: nothing in it is trusted, trial scores included."""
+        return self._readable
+
+    @property
+    def trials_key(self) -> TeamKey | None:
+        """The key that signs trial records: the team's where others may write the cache, else none."""
+        return self.key if self.shared else None
+
     def _all_entries(self) -> list[Path]:
         return _children(self._entries, depth=2)
 

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 
     from dabuild.qir.qgraph import QGraph
     from dabuild.quant.config import QuantConfig
+    from dabuild.trust import TeamKey
     from dabuild.tune.trials import SharedTrials
 
 
@@ -50,10 +51,12 @@ def tune_stage(
     stored_bytes: Callable[[QGraph], int] | None = None,
     cluster: str | None = None,
     shared_trials: SharedTrials | None = None,
+    trials_key: TeamKey | None = None,
 ) -> None:
     """Tune into `out_dir` from the stage's keyed inputs alone: `config` is the tune `Stage.config` (tuning,
     capability, metric, evaluation data settings), `files` its declared files (`evaluation`, and `metric` for a
-    file metric). `trials_root` holds the trial store (None: remember nothing).
+    file metric). `trials_root` holds the trial store (None: remember nothing), its records signed with
+    `trials_key` where others may write it.
 
     Every trial is appended to `journal` (a JSON line each) when one is given. `constraints` are the budgets
     of the targets built from this tuning: each says why a quantized graph's artifact would not fit (None:
@@ -89,7 +92,7 @@ def tune_stage(
     space = build_space(graph, capability, tuning.space.model_dump(mode="json", exclude_none=True))
     store = TrialStore(trials_root, context_hash(graph, stats_dir / STATS_FILE, x, labels,
                                                  evaluator.metric.identity(), tuning.bias_correction, writers),
-                       shared_trials)
+                       shared_trials, trials_key)
     strategy_name = tuning.strategy or ("given" if carries_quantization(graph) else "basic")
     strategy = load(STRATEGIES, strategy_name)()
     where = f"tune:{capability.name}"

@@ -18,6 +18,7 @@ read-only) warns once and the search goes on remembering nothing new.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import os
 import tempfile
@@ -31,6 +32,7 @@ from dabuild import __version__
 from dabuild.ir.graph import Graph
 from dabuild.notices import warn
 from dabuild.quant.config import QuantConfig
+from dabuild.trust import TeamKey
 from dabuild.tune.evaluate import Score
 
 TRIAL_FORMAT = 3  # bump when what a score means changes (quantize, reference, metric semantics)
@@ -105,7 +107,10 @@ def context_hash(graph: Graph, stats_file: Path, x: np.ndarray, labels: np.ndarr
 TEMPORARY_PREFIX = ".trial-"
 
 
-def _proof(record: dict[str, Any]) -> str:
+def _proof(record: dict[str, Any], key: TeamKey | None) -> str:
+    """The record's hash; in a cache others may write, its team-key signature (a hash anyone can forge)."""
+    if key is not None:
+        return key.sign("trial", record)
     return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()
 
 
@@ -121,13 +126,17 @@ class TrialStore:
     """Scores by config hash within one context; a store without a root remembers nothing (--no-cache).
 
     With `shared` (the team's remote), a score this store lacks is looked up there, and every new score is
-    also pushed there: a second machine's search evaluates nothing the first one scored.
+    also pushed there: a second machine's search evaluates nothing the first one scored. With `key` (a run
+    cache that others may write, dabuild/trust.py), records are signed with the team key and one without a
+    valid signature is dropped like a damaged one: a forged score would steer the search.
     """
 
-    def __init__(self, root: Path | None, context: str, shared: SharedTrials | None = None):
+    def __init__(self, root: Path | None, context: str, shared: SharedTrials | None = None,
+                 key: TeamKey | None = None):
         self.folder = None if root is None else Path(root) / context[:2] / context
         self.context = context
         self.shared = shared if root is not None else None
+        self.key = key
         self.writable = True  # until a write fails
 
     def get(self, config_hash: str, floor: float | None = None) -> Score | None:
@@ -143,8 +152,8 @@ class TrialStore:
         try:
             data = json.loads(text)
             proof = data.pop("proof")
-            if proof != _proof(data) or data["config_hash"] != config_hash:
-                raise ValueError("its content does not match its hash")
+            if not hmac.compare_digest(str(proof), _proof(data, self.key)) or data["config_hash"] != config_hash:
+                raise ValueError("not signed by the team key" if self.key else "its content does not match its hash")
             score = _score(data)
         except (ValueError, KeyError, TypeError, AttributeError) as error:
             warn(f"trial store record {path} is damaged ({error}); dropped, the config is evaluated again",
@@ -181,7 +190,7 @@ class TrialStore:
         if self.folder is None or not self.writable:
             return
         record = _record(config_hash, score)
-        record["proof"] = _proof(record)
+        record["proof"] = _proof(record, self.key)
         tmp: str | None = None
         try:
             self.folder.mkdir(parents=True, exist_ok=True)

@@ -242,6 +242,26 @@ def test_a_shared_folder_serves_only_signed_entries(tmp_path: Path) -> None:
     assert any("no team key is set" in w for w in warned)
 
 
+def test_a_shared_folder_keeps_only_signed_trial_scores(tmp_path: Path) -> None:
+    """Trial scores in a run cache others may write carry the team key's signature: a score another writer
+    rewrote with the plain hash an unshared cache uses is dropped; without a key the cache is not read."""
+    from dabuild.tune.evaluate import Score
+    from dabuild.tune.trials import TrialStore
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o775)  # group-writable: others may write it
+    store = Store(shared, TeamKey(TEAM_KEY.encode(), "test"))
+    context, config, score = "ab" * 32, "cd" * 32, Score(0.97, 0.001, 0.5)
+    TrialStore(store.trials_root, context, key=store.trials_key).put(config, score)
+    assert TrialStore(store.trials_root, context, key=store.trials_key).get(config) == score
+    TrialStore(store.trials_root, context).put(config, Score(1.0, 0.0, 0.5))  # a flattering score, unkeyed
+    with notices.collect() as warned:
+        assert TrialStore(store.trials_root, context, key=store.trials_key).get(config) is None
+        assert not Store(shared, None).readable
+    assert any("not signed by the team key" in w for w in warned)
+
+
 def test_a_read_only_remote_is_never_written(tmp_path: Path) -> None:
     folder, manifest = _entry(tmp_path)
     (tmp_path / "remote").mkdir()
