@@ -106,6 +106,7 @@ def _push_from_origin(cold: ColdBuild, monkeypatch: pytest.MonkeyPatch, url: str
 @pytest.mark.skipif(sshd_missing() is not None, reason=sshd_missing() or "")
 def test_second_clone_restores_every_stage_from_an_sftp_remote(
         cold: ColdBuild, team: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("sshfs", reason="the sftp extra is not installed (pip install 'dabuild[sftp]')")
     with sftp_server(team / "sshd") as (port, home):
         monkeypatch.setenv("HOME", str(home))  # the client's ~/.ssh: key, known_hosts
         url = f"sftp://127.0.0.1:{port}{team / 'sftp-remote'}"
@@ -298,6 +299,7 @@ def test_an_unreachable_remote_is_one_warning_within_seconds(tmp_path: Path) -> 
 
 @pytest.mark.skipif(sshd_missing() is not None, reason=sshd_missing() or "")
 def test_bad_credentials_are_one_line_naming_the_remote(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("sshfs", reason="the sftp extra is not installed (pip install 'dabuild[sftp]')")
     with sftp_server(tmp_path / "sshd") as (port, home):
         (home / ".ssh" / "id_ed25519").unlink()  # a client whose key the server does not know
         (home / ".ssh" / "id_ed25519.pub").unlink()
