@@ -5,6 +5,10 @@ weights; a recipe with its onnx target and one trial, for the trace and calibrat
 config `--trials` times on a LocalCluster of N worker processes (one thread each) for every N in `--workers`:
 trials per second and the speedup against 1 worker (goal >= 1.7x at 2 workers on 2 cores).
 
+The machine's own ceiling is measured beside it: the same trials in N plain processes (a process pool, one
+Evaluator of one thread each, no Dask). Two processes of a memory-bound ResNet trial share one memory bus and
+caches, so on a small VM they may gain well under 2x; Dask's speedup is then read against that ceiling.
+
 A model of N machines, from figures measured here: per trial, compute c (1 worker's seconds per trial) and
 transfer t (a round trip of a task carrying one config and returning one score, no compute); per worker, the
 setup s (the evaluation data sent once through the worker plugin, and the Evaluator built). N workers then
@@ -48,6 +52,34 @@ def _echo(config: dict) -> int:
     return len(config["nodes"])
 
 
+_evaluators: dict = {}  # in a plain worker process: its Evaluator (one thread), as a Dask worker's plugin builds it
+
+
+def _start_plain(setup) -> None:
+    from dataclasses import replace
+
+    from dabuild.tune.evaluate import Evaluator
+
+    _evaluators["plain"] = Evaluator(replace(setup, threads=1))
+
+
+def _score_plain(config: dict) -> float:
+    from dabuild.quant.config import QuantConfig
+
+    return _evaluators["plain"].score(QuantConfig.from_dict(config), None).metric
+
+
+def plain_rate(setup, config: dict, processes: int, trials: int) -> float:
+    """Trials per second of `processes` plain worker processes: the machine's ceiling, without Dask."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(processes, initializer=_start_plain, initargs=(setup,)) as pool:
+        list(pool.map(_score_plain, [config] * processes))  # every process set up and warm before the clock
+        start = time.perf_counter()
+        list(pool.map(_score_plain, [config] * trials))
+        return trials / (time.perf_counter() - start)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--workers", default="1,2", help="worker counts, e.g. 1,2,4,8,16")
@@ -70,6 +102,7 @@ def main() -> None:
         print(f"ResNet-50 at 3x224x224, {args.evaluation} evaluation images per trial, {args.trials} trials "
               f"of one config")
         rate: dict[int, float] = {}
+        plain: dict[int, float] = {}
         first_scores = None
         per_trial = transfer = setup_seconds = 0.0
         for n in counts:
@@ -92,8 +125,11 @@ def main() -> None:
                         transfer = (time.perf_counter() - start) / args.trials
                 executor.close()
             rate[n] = args.trials / elapsed
+            plain[n] = plain_rate(setup, config, n, args.trials)
             print(f"{n:>3} workers: {rate[n]:7.3f} trials/s  speedup {rate[n] / rate[counts[0]]:5.2f}x "
-                  f"(against {counts[0]})  setup {setup_time:6.2f} s")
+                  f"(against {counts[0]})  setup {setup_time:6.2f} s;  {n} plain processes: {plain[n]:7.3f} "
+                  f"trials/s, speedup {plain[n] / plain[counts[0]]:5.2f}x (this machine's ceiling); "
+                  f"Dask at {rate[n] / plain[n]:4.0%} of it")
         print(f"measured: compute c = {per_trial:.3f} s/trial, transfer t = {transfer * 1000:.1f} ms/trial, "
               f"setup s = {setup_seconds:.2f} s/worker")
         for machines in (1, 2, 4, 8, 16, 64):

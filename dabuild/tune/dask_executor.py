@@ -11,6 +11,7 @@ from distributed.diagnostics.plugin import WorkerPlugin
 
 from dabuild.cluster import Cluster
 from dabuild.errors import BuildError
+from dabuild.ir.memory import reuse_freed_arrays
 from dabuild.quant.config import QuantConfig
 from dabuild.tune.evaluate import EvalSetup, Evaluator, Score
 
@@ -26,6 +27,7 @@ class EvaluatorPlugin(WorkerPlugin):
         self.name = f"dabuild-evaluator-{token}"
 
     def setup(self, worker: Any) -> None:
+        reuse_freed_arrays()  # the nanny's MALLOC_TRIM_THRESHOLD_ would make every big array an mmap
         _evaluators[self.token] = Evaluator(replace(self.setup_data, threads=1))  # one trial per worker thread
 
     def teardown(self, worker: Any) -> None:
