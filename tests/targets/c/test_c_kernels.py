@@ -304,7 +304,8 @@ int main(void)
     assert np.array_equal(np.array(printed.split(), np.int64), requantize(acc, multiplier, shift))
 
 
-def small_cnn(seed: int = 5) -> Graph:
+def small_cnn(seed: int = 5, depthwise_pads: tuple[int, ...] = (1, 1, 1, 1),
+              pool_pads: tuple[int, ...] = (1, 1, 1, 1)) -> Graph:
     """conv -> depthwise -> pointwise + residual add -> max_pool and avg_pool branches concatenated
     -> global average -> dense -> softmax."""
     rng = np.random.default_rng(seed)
@@ -315,11 +316,11 @@ def small_cnn(seed: int = 5) -> Graph:
     nodes = [
         Node("image", "reshape", ["x"], ["img"], {"shape": [0, 1, 8, 8]}),
         conv_node("c1", "img", "h1", pads=[1, 1, 1, 1], activation="relu"),
-        conv_node("dw", "h1", "h2", pads=[1, 1, 1, 1], groups=8, activation="relu6"),
+        conv_node("dw", "h1", "h2", pads=list(depthwise_pads), groups=8, activation="relu6"),
         conv_node("pw", "h2", "h3"),
         Node("residual", "add", ["h3", "h1"], ["r"], {}),
         Node("maxp", "max_pool", ["r"], ["m"], {"kernel": [2, 2]}),
-        Node("avgp", "avg_pool", ["r"], ["a"], {"kernel": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}),
+        Node("avgp", "avg_pool", ["r"], ["a"], {"kernel": [3, 3], "strides": [2, 2], "pads": list(pool_pads)}),
         Node("both", "concat", ["m", "a"], ["c"], {"axis": 1}),
         Node("gap", "global_avg_pool", ["c"], ["g"], {}),
         Node("flat", "flatten", ["g"], ["f"], {}),

@@ -16,7 +16,7 @@ import pytest
 pytest.importorskip("tflite_micro", reason="needs the tflite extra: pip install 'dabuild[tflite]'")
 pytest.importorskip("ai_edge_litert", reason="needs the tflite extra: pip install 'dabuild[tflite]'")
 
-from test_c_kernels import conv_node
+from test_c_kernels import conv_node, small_cnn
 from test_lowering import graph_of, image, lower
 from tflite_runtime import given_qgraph, inputs_for, model, run_tflm, trace_of_operator
 
@@ -123,35 +123,16 @@ def test_convs_tflite_has_no_operator_for_are_refused_by_node_before_calibration
         TfliteTarget().refuse(graph, integer_forms())
 
 
-def small_cnn() -> object:
-    """conv+relu -> depthwise+relu6 (explicit pads) -> pointwise + residual add -> max pool and a requantizing
-    average pool (SAME) concatenated -> global average -> dense -> softmax: TFLite's own forms each time."""
-    rng = np.random.default_rng(5)
-    constants = {"c1_w": rng.normal(0, 0.3, (8, 1, 3, 3)), "c1_b": rng.normal(0, 0.1, 8),
-                 "dw_w": rng.normal(0, 0.3, (8, 1, 3, 3)), "dw_b": rng.normal(0, 0.1, 8),
-                 "pw_w": rng.normal(0, 0.3, (8, 8, 1, 1)), "pw_b": rng.normal(0, 0.1, 8),
-                 "fc_w": rng.normal(0, 0.5, (16, 10)), "fc_b": rng.normal(0, 0.1, 10)}
-    nodes = [
-        Node("image", "reshape", ["x"], ["img"], {"shape": [0, 1, 8, 8]}),
-        conv_node("c1", "img", "h1", pads=[1, 1, 1, 1], activation="relu"),
-        conv_node("dw", "h1", "h2", pads=[2, 0, 0, 2], groups=8, activation="relu6"),
-        conv_node("pw", "h2", "h3"),
-        Node("residual", "add", ["h3", "h1"], ["r"], {}),
-        Node("maxp", "max_pool", ["r"], ["m"], {"kernel": [2, 2]}),
-        Node("avgp", "avg_pool", ["r"], ["a"], {"kernel": [3, 3], "strides": [2, 2], "pads": [0, 0, 1, 1]}),
-        Node("both", "concat", ["m", "a"], ["c"], {"axis": 1}),
-        Node("gap", "global_avg_pool", ["c"], ["g"], {}),
-        Node("flat", "flatten", ["g"], ["f"], {}),
-        Node("fc", "dense", ["f", "fc_w", "fc_b"], ["logits"], {}),
-        Node("soft", "softmax", ["logits"], ["y"], {"axis": -1}),
-    ]
-    return graph_of(nodes, (64,), constants)
+def tflite_cnn() -> object:
+    """test_c_kernels' small CNN in TFLite's own forms: depthwise+relu6 with explicit pads, and a requantizing
+    average pool padded as SAME pads it (after, not before)."""
+    return small_cnn(depthwise_pads=(2, 0, 0, 2), pool_pads=(0, 0, 1, 1))
 
 
 def test_a_cnn_quantized_by_dabuild_is_exact_in_tflm_through_check(tmp_path: Path) -> None:
     """float64 scales of dabuild's own become the file's float32 ones, and the reference follows TFLM's
     derivations from them: check passes at exact, and its report gives TFLM's arena and LiteRT's agreement."""
-    graph = small_cnn()
+    graph = tflite_cnn()
     capability = load_capability(data_dir("capabilities") / "tflite.yaml")
     x = image(200, (64,), seed=8) * 2
     qgraph = lower(graph, x, default_config(graph, capability))
