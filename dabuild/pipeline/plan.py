@@ -59,17 +59,11 @@ class Stage:
 def watched_parts(stage: Stage) -> dict[str, Any]:
     """The key parts that are not files: doit's `config_changed` compares them, so an upgraded
     package or compiler reruns the stage even when no file changed."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    def package_version(name: str) -> str:
-        try:
-            return version(name)
-        except PackageNotFoundError:
-            return "absent"
+    from dabuild.installed import installed_version
 
     return {
         **stage.static_parts,
-        "packages": {name: package_version(name) for name in stage.packages},
+        "packages": {name: installed_version(name) for name in stage.packages},
         "tools": stage.tools() if stage.tools else {},
     }
 

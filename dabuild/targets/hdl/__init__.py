@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import importlib
 import shlex
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from types import ModuleType
 from typing import ClassVar, Literal
@@ -29,6 +28,7 @@ import numpy as np
 from pydantic import Field
 
 from dabuild.errors import BuildError, CheckError
+from dabuild.installed import installed_version
 from dabuild.qir.qgraph import QGraph
 from dabuild.targets.base import Target, held, refuse_float_layers
 from dabuild.targets.hdl.simulators import simulator, simulator_programs, simulator_version
@@ -73,10 +73,7 @@ class HdlTarget(Target):
         return held(_import("dabuild.targets.hdl.symbolic").CONVERTERS)
 
     def runtime_version(self) -> dict[str, str]:
-        try:
-            versions = {"da4ml": version("da4ml")}
-        except PackageNotFoundError:
-            versions = {"da4ml": "absent"}
+        versions = {"da4ml": installed_version("da4ml")}
         tool = self._simulator()
         if tool is not None:
             versions[tool] = simulator_version(tool)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import importlib
 import shlex
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from types import ModuleType
 from typing import Any, ClassVar
@@ -27,6 +26,7 @@ from pydantic import Field
 
 from dabuild.capability import CapabilitySpec, QuantChoices
 from dabuild.errors import BuildError
+from dabuild.installed import installed_version
 from dabuild.qir.dtypes import int_type, is_int_type
 from dabuild.qir.qgraph import QGraph
 from dabuild.targets.base import Target, held
@@ -109,14 +109,8 @@ class OnnxTarget(Target):
         return capability.model_copy(update={"ops": ops})
 
     def runtime_version(self) -> dict[str, str]:
-        def installed(package: str) -> str:
-            try:
-                return version(package)
-            except PackageNotFoundError:
-                return "absent"
-
         # The artifact's isa, and this machine's: where they differ in saturation the check runs precise.
-        return {**{package: installed(package) for package in PACKAGES}, "isa": self.isa, "host isa": detect()}
+        return {**{package: installed_version(package) for package in PACKAGES}, "isa": self.isa, "host isa": detect()}
 
     @property
     def precise(self) -> bool:

@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Collection, Mapping
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
 
 from dabuild.errors import BuildError, UsageError
+from dabuild.installed import installed_version
 from dabuild.qir.fixed_point import Rounding
 from dabuild.qir.qgraph import QGraph
 from dabuild.registry import import_extra
@@ -119,13 +119,7 @@ class TfliteTarget(Target):
         return _module("integers").as_tflm(qgraph, self.rounding)
 
     def runtime_version(self) -> dict[str, str]:
-        def installed(package: str) -> str:
-            try:
-                return version(package)
-            except PackageNotFoundError:
-                return "absent"
-
-        return {package: installed(package) for package in PACKAGES if package != "ai-edge-litert"
+        return {package: installed_version(package) for package in PACKAGES if package != "ai-edge-litert"
                 or self.options.litert}
 
     def not_run(self) -> list[str]:
