@@ -206,7 +206,7 @@ def test_the_c_target_refuses_widths_its_kernels_cannot_run(tmp_path: Path) -> N
     from dabuild.targets.c import CTarget
 
     with pytest.raises(BuildError, match=r"layer 'fc1' \(dense\): the C target cannot run tensor 'x' of dtype "
-                                         r"uint6 \(it runs int8\)"):
+                                         r"uint6 \(it runs int8, int16\)"):
         CTarget().export(mixed_mlp(), tmp_path / "c")
     graph = mlp_graph([6, 4], ["relu"], seed=5)
     x = np.random.default_rng(6).normal(size=(64, 6)).astype(np.float32)
@@ -220,7 +220,7 @@ def test_the_onnx_target_refuses_widths_its_kernels_cannot_run() -> None:
     from dabuild.targets.onnx.qdq import to_qdq_onnx
 
     with pytest.raises(BuildError, match=r"layer 'fc1' \(dense\): the onnx target cannot run tensor 'x' of dtype "
-                                         r"uint6 \(it runs int8, uint8\)"):
+                                         r"uint6 \(it runs int8, uint8, int16\)"):
         to_qdq_onnx(mixed_mlp())
 
 

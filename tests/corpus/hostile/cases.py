@@ -317,12 +317,12 @@ def npz_infinite_weights(folder: Path) -> list[str]:
 
 def capability_int128(folder: Path) -> list[str]:
     _numpy_project(folder)
-    text = (Path(__file__).parents[3] / "capabilities" / "c.yaml").read_text()
-    (folder / "wide.yaml").write_text(text.replace("name: c\n", "name: wide\n")
-                                      .replace("precisions: [int8, fp32]", "precisions: [int8, int128]"))
+    lines = (Path(__file__).parents[3] / "capabilities" / "c.yaml").read_text().splitlines(keepends=True)
+    line = next(number for number, text in enumerate(lines, 1) if text.startswith("precisions:"))
+    lines[line - 1] = "precisions: [int8, int128]\n"  # whatever c.yaml offers, the second precision is int128
+    (folder / "wide.yaml").write_text("".join(lines).replace("name: c\n", "name: wide\n"))
     recipe = folder / "recipe.yaml"
     recipe.write_text(recipe.read_text().replace("kind: c}", "kind: c, capability: wide}") + "capabilities: [wide.yaml]\n")
-    line = next(number for number, text in enumerate(text.splitlines(), 1) if text.startswith("precisions:"))
     return [f"wide.yaml:{line}:20: unknown precision 'int128'", "dabuild has no type for it"]
 
 
