@@ -288,6 +288,7 @@ def test_a_budget_no_config_meets_fails_tuning_naming_the_smallest(digits: Path,
 def _hard_swish_cnn(folder: Path, options: str) -> None:
     """A conv with a fused hard_swish and a dense head on the digits data, as ONNX, tuned for one Cortex-M4
     target with these further `options` (a budget)."""
+    pytest.importorskip("onnx", reason="the model is an ONNX file: needs dabuild[onnx]")
     from onnx import TensorProto, helper, numpy_helper, save
 
     rng = np.random.default_rng(5)
