@@ -219,11 +219,8 @@ def test_allow_miss_accepts_the_best_found(digits_stages: tuple[Path, Path], tmp
     assert "**missed**" in (tmp_path / "out" / "report" / "report.md").read_text()
 
 
-def _user_metric_recipe(tmp_path: Path, body: str, allow_miss: bool = False) -> Path:
-    import shutil
-
-    folder = tmp_path / "digits"
-    shutil.copytree(REPO / "recipes" / "digits", folder)
+def _user_metric_recipe(folder: Path, body: str, allow_miss: bool = False) -> Path:
+    """The `digits` fixture's recipe (its c target only: a core install builds it) scored by score.py:top2."""
     (folder / "score.py").write_text(body)
     recipe = folder / "recipe.yaml"
     text = recipe.read_text().replace("metric: accuracy", "metric: score.py:top2")
@@ -233,8 +230,8 @@ def _user_metric_recipe(tmp_path: Path, body: str, allow_miss: bool = False) -> 
     return folder
 
 
-def test_user_metric_function_scores_the_trials(tmp_path: Path, cache_dir: Path) -> None:
-    folder = _user_metric_recipe(tmp_path, (
+def test_user_metric_function_scores_the_trials(digits: Path, tmp_path: Path, cache_dir: Path) -> None:
+    folder = _user_metric_recipe(digits, (
         "import numpy as np\n\n"
         "def top2(outputs, labels):\n"
         "    best = np.argsort(outputs, axis=1)[:, -2:]\n"
@@ -244,17 +241,17 @@ def test_user_metric_function_scores_the_trials(tmp_path: Path, cache_dir: Path)
     assert metrics["metric"] == "score.py:top2" and metrics["fp32"] > 0.98 and metrics["goal_met"]
 
 
-def test_metric_function_that_raises_is_a_build_error_naming_it(tmp_path: Path, cache_dir: Path,
+def test_metric_function_that_raises_is_a_build_error_naming_it(digits: Path, tmp_path: Path, cache_dir: Path,
                                                               capsys: pytest.CaptureFixture) -> None:
-    folder = _user_metric_recipe(tmp_path, "def top2(outputs, labels):\n    raise ValueError('no top-2 today')\n")
+    folder = _user_metric_recipe(digits, "def top2(outputs, labels):\n    raise ValueError('no top-2 today')\n")
     assert main(["build", str(folder), "--build-dir", str(tmp_path / "build"), "-q"]) == 1
     err = capsys.readouterr().err
     assert "metric 'score.py:top2' raised ValueError: no top-2 today" in err
     assert not (tmp_path / "build" / "digits-mlp" / "tune-c").exists()
 
 
-def test_metric_that_is_not_a_function_form_is_a_validation_error(tmp_path: Path) -> None:
-    folder = _user_metric_recipe(tmp_path, "")
+def test_metric_that_is_not_a_function_form_is_a_validation_error(digits: Path) -> None:
+    folder = _user_metric_recipe(digits, "")
     recipe = folder / "recipe.yaml"
     recipe.write_text(recipe.read_text().replace("score.py:top2", "missing.py:top2"))
     assert main(["validate", str(folder)]) == 2
@@ -284,12 +281,9 @@ def test_timeout_stops_the_search_and_keeps_the_best_so_far(digits_stages: tuple
     assert metrics["quantized"] == max(t["metric"] for t in metrics["history"]) and not metrics["goal_met"]
 
 
-def test_cli_miss_exits_1_and_allow_miss_exits_0(tmp_path: Path, cache_dir: Path,
+def test_cli_miss_exits_1_and_allow_miss_exits_0(digits: Path, tmp_path: Path, cache_dir: Path,
                                                  capsys: pytest.CaptureFixture) -> None:
-    import shutil
-
-    folder = tmp_path / "digits"
-    shutil.copytree(REPO / "recipes" / "digits", folder)
+    folder = digits
     recipe = folder / "recipe.yaml"
     recipe.write_text(recipe.read_text().replace(
         "{criterion: relative, tolerable_loss: 0.01}",
@@ -324,8 +318,8 @@ def test_report_has_the_per_node_table_and_plots(tmp_path: Path, cache_dir: Path
     assert capsys.readouterr().out.strip() == markdown.strip()
 
 
-def test_report_before_any_build_is_a_usage_error(tmp_path: Path) -> None:
-    assert main(["report", str(REPO / "recipes" / "digits"), "--build-dir", str(tmp_path / "none")]) == 2
+def test_report_before_any_build_is_a_usage_error(digits: Path, tmp_path: Path) -> None:
+    assert main(["report", str(digits), "--build-dir", str(tmp_path / "none")]) == 2
 
 
 def test_metric_scores_are_what_the_integer_reference_delivers(digits_stages: tuple[Path, Path],
