@@ -3,6 +3,7 @@ remotes, and the trust model rejects what the team key did not sign or what does
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import multiprocessing
 import shutil
@@ -26,6 +27,9 @@ from dabuild.trust import TeamKey
 from tests.remote_servers import free_port, s3_server, sftp_server, sshd_missing
 
 TEAM_KEY = "a-team-key-of-32-characters-xyz!"
+# Every remote, file:// included, goes through fsspec: without dabuild[remote] a build warns and stays local.
+needs_fsspec = pytest.mark.skipif(importlib.util.find_spec("fsspec") is None,
+                                  reason="remotes need fsspec: pip install 'dabuild[remote]'")
 STAGES = 5  # trace, calibrate, tune:c, export:mcu, check:mcu
 
 
@@ -88,6 +92,7 @@ def _restored_everything(summary: str) -> bool:
     return f"0 executed, 0 restored from cache, {STAGES} restored from the remote" in summary
 
 
+@needs_fsspec
 def test_second_clone_restores_every_stage_from_a_file_remote(
         cold: ColdBuild, team: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("DABUILD_REMOTE", f"file://{cold.remote}")
@@ -136,6 +141,7 @@ def _tree(folder: Path) -> dict[str, bytes]:
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
+@needs_fsspec
 def test_a_tampered_blob_is_rejected_rebuilt_and_a_read_only_remote_is_never_written(
         cold: ColdBuild, team: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     remote = team / "remote"
@@ -155,6 +161,7 @@ def test_a_tampered_blob_is_rejected_rebuilt_and_a_read_only_remote_is_never_wri
 
 
 
+@needs_fsspec
 def test_a_project_s_push_false_holds_when_the_environment_names_the_remote(
         cold: ColdBuild, team: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     remote = team / "remote"
@@ -209,6 +216,7 @@ def _remote(url: str, key: str = TEAM_KEY, push: bool = True) -> Remote:
     return Remote(RemoteSettings(url, push, None, "test"), TeamKey(key.encode(), "test"))
 
 
+@needs_fsspec
 def test_a_manifest_forged_without_the_team_key_is_rejected(tmp_path: Path) -> None:
     folder, manifest = _entry(tmp_path)
     url = f"file://{tmp_path / 'remote'}"
@@ -274,6 +282,7 @@ def _push(url: str, folder: str, manifest: dict) -> bool:
     return _remote(url).push(Path(folder), Manifest(**manifest))
 
 
+@needs_fsspec
 def test_two_concurrent_pushes_leave_a_consistent_remote(tmp_path: Path) -> None:
     folder, manifest = _entry(tmp_path, b"x" * 3_000_000)
     url = f"file://{tmp_path / 'remote'}"
@@ -331,6 +340,7 @@ def test_an_unknown_protocol_is_a_validation_error_at_its_line(
     assert "supported: file://, s3://, sftp://, ssh://" in error
 
 
+@needs_fsspec
 def test_a_second_machine_reuses_the_team_s_trial_scores_and_only_signed_ones(tmp_path: Path) -> None:
     from dabuild.tune.evaluate import Score
     from dabuild.tune.trials import TrialStore
