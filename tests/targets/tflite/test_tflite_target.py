@@ -42,6 +42,18 @@ def exported(target: TfliteTarget, qgraph, folder: Path) -> Path:
     return artifact
 
 
+def tflm_and_reference(graph, x: np.ndarray, folder: Path) -> tuple[np.ndarray, np.ndarray]:
+    """`graph` quantized by dabuild on `x` for the tflite capability and exported: TFLM's outputs of the file (in
+    the reference's shape) and the reference's integers, on `x` quantized."""
+    capability = load_capability(data_dir("capabilities") / "tflite.yaml")
+    qgraph = lower(graph, x, default_config(graph, capability))
+    target = TfliteTarget()
+    artifact = exported(target, qgraph, folder)
+    x_q = quantize_input(qgraph, x)
+    expected = run_integer(target.integer_graph(qgraph), x_q)
+    return run_file(artifact / MODEL_FILE, x_q).reshape(expected.shape), expected
+
+
 @pytest.mark.parametrize("name", ROUND_TRIPS)
 def test_committed_file_rebuilt_as_given_runs_to_the_originals_integers(name: str, tmp_path: Path) -> None:
     path = model(name)
@@ -210,15 +222,8 @@ def test_sigmoid_and_tanh_are_tflms_own_logistic_and_tanh(scale: float, tmp_path
     nodes = [Node("d", "dense", ["x", "w", "b"], ["h"], {}), Node("s", "sigmoid", ["h"], ["a"], {}),
              Node("d2", "dense", ["a", "w2", "b2"], ["h2"], {}), Node("t", "tanh", ["h2"], ["y"], {})]
     graph = graph_of(nodes, (8,), constants)
-    capability = load_capability(data_dir("capabilities") / "tflite.yaml")
-    x = image(300, (8,), seed=3) * 2
-    qgraph = lower(graph, x, default_config(graph, capability))
-    target = TfliteTarget()
-    artifact = exported(target, qgraph, tmp_path)
-    x_q = quantize_input(qgraph, x)
-    ours = run_file(artifact / MODEL_FILE, x_q)
-    expected = run_integer(target.integer_graph(qgraph), x_q)
-    assert np.array_equal(ours.reshape(expected.shape), expected)
+    ours, expected = tflm_and_reference(graph, image(300, (8,), seed=3) * 2, tmp_path)
+    assert np.array_equal(ours, expected)
     assert len(np.unique(expected)) > 50
 
 
@@ -231,14 +236,8 @@ def test_transposed_conv_is_exact_in_tflm(attrs: dict, kernel: int, tmp_path: Pa
     nodes = [Node("r", "reshape", ["x"], ["img"], {"shape": [0, 4, 5, 5]}),
              Node("t", "conv_transpose", ["img", "w", "b"], ["y"], attrs)]
     graph = graph_of(nodes, (100,), constants)
-    capability = load_capability(data_dir("capabilities") / "tflite.yaml")
-    x = image(40, (100,), seed=3) * 2
-    qgraph = lower(graph, x, default_config(graph, capability))
-    target = TfliteTarget()
-    artifact = exported(target, qgraph, tmp_path)
-    x_q = quantize_input(qgraph, x)
-    expected = run_integer(target.integer_graph(qgraph), x_q)
-    assert np.array_equal(run_file(artifact / MODEL_FILE, x_q).reshape(expected.shape), expected)
+    ours, expected = tflm_and_reference(graph, image(40, (100,), seed=3) * 2, tmp_path)
+    assert np.array_equal(ours, expected)
 
 
 def test_transposed_conv_pads_tflite_cannot_crop_are_refused(tmp_path: Path) -> None:
@@ -267,14 +266,8 @@ def test_hard_swish_is_tflites_own_hard_swish(tmp_path: Path) -> None:
     nodes = [Node("r", "reshape", ["x"], ["img"], {"shape": [0, 2, 6, 6]}),
              conv_node("c", "img", "h", pads=[1, 1, 1, 1]), Node("s", "hard_swish", ["h"], ["y"], {})]
     graph = graph_of(nodes, (72,), constants)
-    capability = load_capability(data_dir("capabilities") / "tflite.yaml")
-    x = image(60, (72,), seed=5) * 2
-    qgraph = lower(graph, x, default_config(graph, capability))
-    target = TfliteTarget()
-    artifact = exported(target, qgraph, tmp_path)
-    x_q = quantize_input(qgraph, x)
-    expected = run_integer(target.integer_graph(qgraph), x_q)
-    assert np.array_equal(run_file(artifact / MODEL_FILE, x_q).reshape(expected.shape), expected)
+    ours, expected = tflm_and_reference(graph, image(60, (72,), seed=5) * 2, tmp_path)
+    assert np.array_equal(ours, expected)
     assert len(np.unique(expected)) > 50
 
 
