@@ -49,11 +49,21 @@ from dabuild.targets.base import Target, held, refuse_float_layers, refuse_ops_w
 from dabuild.targets.c import firmware
 from dabuild.targets.c.codegen import PROGRAM, WEIGHTS_FILE, render, stored_bytes, trace_file
 from dabuild.targets.c.profiles import CPUS, FLOAT_ORDER, PROFILES, Profile
+from dabuild.targets.c.streaming import graph_ops
+from dabuild.targets.c.streaming import plan as plan_stream
 from dabuild.targets.tflm_functions import tflm_lookups
 
 MANIFEST = "model.json"
 TRACE_PROGRAM = PROGRAM + "_trace"
 TRACE_DIR = "trace"
+
+
+class Streaming(BaseModel):
+    """Run a 1-D conv model on a stream (streaming.py): `hop` new frames a call, each conv over time keeping the
+    frames it still needs in a state buffer."""
+
+    model_config = ConfigDict(extra="forbid")
+    hop: int = Field(1, ge=1)   # input frames per call of model_step
 
 
 class Budget(BaseModel):
@@ -115,6 +125,12 @@ class CTarget(Target):
         timeout: float = 600.0   # seconds one emulator or command run may take
         budget: Budget | None = None
         rounding: Rounding = "dabuild"   # how requantization rounds: dabuild's, or TFLite Micro's (fixed_point)
+        streaming: Streaming | None = None   # `true` or {hop: N}: model_step per hop (streaming.py)
+
+        @field_validator("streaming", mode="before")
+        @classmethod
+        def _streaming_flag(cls, value: Any) -> Any:
+            return ({} if value else None) if isinstance(value, bool) else value
 
         @model_validator(mode="after")
         def _consistent(self) -> CTarget.Options:
@@ -137,6 +153,11 @@ class CTarget(Target):
         levels = [flag for flag in self.options.cflags if flag.startswith("-O")]
         return dataclasses.replace(profile, compiler=self.options.compiler or profile.compiler,
                                    for_size=bool(levels) and levels[-1] in ("-Os", "-Oz"))
+
+    @property
+    def hop(self) -> int | None:
+        """Input frames per call of a streaming artifact; None: it runs whole windows."""
+        return self.options.streaming.hop if self.options.streaming else None
 
     @property
     def runner(self) -> str:
@@ -191,6 +212,9 @@ class CTarget(Target):
         capability = self.capability_spec
         float_ops = (capability.float_ops or []) if capability.fp32_fallback else []
         refuse_ops_without_integers(graph, self.kind, self.layer_types(), integer_forms, float_ops)
+        if self.hop is not None:   # NotStreamable (exit 2) naming the first layer that looks ahead or mixes frames
+            ops, shapes = graph_ops(graph)
+            plan_stream(ops, shapes, graph.inputs[0].name, graph.outputs[0], self.hop, "the model")
 
     @classmethod
     def layer_types(cls) -> frozenset[str]:
@@ -227,7 +251,7 @@ class CTarget(Target):
     def export(self, qgraph: QGraph, out_dir: Path) -> None:
         refuse_float_layers(qgraph, self.capability_spec, None if self.profile.fpu else f"cpu {self.profile.name!r} has no FPU")
         profile = self.profile
-        rendered = render(qgraph, profile)
+        rendered = render(qgraph, profile, self.hop)
         out_dir = Path(out_dir)
         for name, text in rendered.files.items():
             (out_dir / name).parent.mkdir(parents=True, exist_ok=True)
@@ -246,7 +270,8 @@ class CTarget(Target):
             "arena_bytes": rendered.arena.peak_bytes,
             "arena": rendered.arena.report(),
             "kernels": rendered.kernels,
-            "traced": [traced.manifest() for traced in rendered.traced],
+            **({"streaming": rendered.streamed.manifest()} if rendered.streamed else
+               {"traced": [traced.manifest() for traced in rendered.traced]}),
             "cpu": profile.name,
             "assembler_flags": ["-I"] if WEIGHTS_FILE in rendered.files else [],  # .incbin finds weights.bin
             "weight_bytes": rendered.weight_bytes,
@@ -354,6 +379,11 @@ class CTarget(Target):
             dtype = read_manifest(artifact_dir).get("input_dtype", "int8")
             np.ascontiguousarray(inputs[:1], dtype=dtype).tofile(work_dir / "inputs.bin")
             counts = firmware.count_instructions(self.profile, image, work_dir, self.options.timeout)
+            streaming = read_manifest(artifact_dir).get("streaming")
+            if streaming:   # a mark pair per hop: the last hop of the first window is past the warm-up
+                calls = streaming["calls_per_window"]
+                measured["instructions_per_hop"] = counts[calls - 1]
+                counts = [sum(counts[:calls])]
             measured["instructions_per_inference"] = counts[0]
         return {"firmware": measured} if measured else {}
 
