@@ -277,10 +277,20 @@ class CTarget(Target):
             "weight_bytes": rendered.weight_bytes,
         }
         if profile.cortex_m:
+            state = rendered.streamed.state_bytes if rendered.streamed else 0
+            firmware.require_room(profile, out_dir, {"arena": rendered.arena.peak_bytes, "streaming state": state,
+                                                     "reserve for heap and stack": firmware.STACK_RESERVE},
+                                  {"constants": rendered.weight_bytes})
             with tempfile.TemporaryDirectory(prefix="dabuild-image-") as work:
                 image = firmware.build_image(profile, self.options.cflags, out_dir, Path(work))
                 assert profile.board is not None  # a cortex_m profile names its qemu board
-                manifest["firmware"] = {"board": profile.board.machine, **firmware.measure(image)}
+                measured = firmware.measure(image)
+                manifest["firmware"] = {"board": profile.board.machine, **measured}
+            firmware.require_room(profile, out_dir,
+                                  {"data": measured["data_bytes"], "bss (arena, state)": measured["bss_bytes"],
+                                   "stack of model_forward": measured["stack_bytes"]},
+                                  {"text": measured["text_bytes"], "rodata": measured["rodata_bytes"],
+                                   "data": measured["data_bytes"]})
         (out_dir / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
 
     def _build_command(self, compiler: str, artifact_dir: Path, prefix: str, program: str) -> list[str]:
@@ -345,7 +355,10 @@ class CTarget(Target):
         if self.options.budget is None:
             return None
         with tempfile.TemporaryDirectory(prefix="dabuild-fit-") as work:
-            self.export(qgraph, Path(work))
+            try:
+                self.export(qgraph, Path(work))
+            except firmware.BoardOverflow as overflow:
+                return f"{self.options.cpu}: {overflow}"
             measured = read_manifest(Path(work))["firmware"]
         overflows = self.options.budget.overflows(measured)
         return f"{self.options.cpu}: " + "; ".join(overflows) if overflows else None
