@@ -22,7 +22,10 @@ a scratch folder). Option `rounding` (`dabuild`, `tflm`, `tflm-single`) picks
 how every requantization rounds, in the C and in the reference check runs, so
 the C can equal TFLite Micro's (and CMSIS-NN's) integers. A Cortex-M export also measures the image (flash, RAM,
 stack) into model.json, and `budget: {flash, ram}` fails the check naming
-what overflows and by how much.
+what overflows and by how much; a model bigger than the board's own memory
+fails the export with the sizes (firmware.require_room). Option `streaming:
+{hop}` builds a 1-D conv model to run once per hop (streaming.py): model_step,
+model_reset and state buffers, model_forward streaming one window.
 """
 
 from __future__ import annotations
@@ -384,7 +387,7 @@ class CTarget(Target):
 
     def measurements(self, artifact_dir: Path, inputs: np.ndarray, work_dir: Path) -> dict[str, Any]:
         """model.json's firmware figures, and under qemu the instructions model_forward retires on the first
-        sample (a counting image: -DDABUILD_COUNT)."""
+        sample (a counting image: -DDABUILD_COUNT); a streaming model's also those of one hop past the warm-up."""
         artifact_dir, work_dir = Path(artifact_dir), Path(work_dir)
         measured = dict(read_manifest(artifact_dir).get("firmware", {}))
         if self.runner == "qemu" and len(inputs):
