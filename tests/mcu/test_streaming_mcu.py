@@ -46,3 +46,4 @@ def test_streaming_wakeword_is_exact_in_qemu(cpu: str, tmp_path: Path) -> None:
     assert manifest["firmware"]["bss_bytes"] >= state + manifest["arena_bytes"]   # the state is RAM the budget sees
     measured = target.measurements(tmp_path / "artifact", samples, tmp_path / "count")["firmware"]
     assert 0 < measured["instructions_per_hop"] * 30 <= measured["instructions_per_inference"]
+    assert measured["state_bytes"] == state   # the check report's figures (build.json, report page) give it

@@ -390,12 +390,14 @@ class CTarget(Target):
         sample (a counting image: -DDABUILD_COUNT); a streaming model's also those of one hop past the warm-up."""
         artifact_dir, work_dir = Path(artifact_dir), Path(work_dir)
         measured = dict(read_manifest(artifact_dir).get("firmware", {}))
+        streaming = read_manifest(artifact_dir).get("streaming")
+        if streaming and measured:
+            measured["state_bytes"] = streaming["state_bytes"]   # part of ram_bytes (bss)
         if self.runner == "qemu" and len(inputs):
             image = self._build(artifact_dir, work_dir, ("-DDABUILD_COUNT",))
             dtype = read_manifest(artifact_dir).get("input_dtype", "int8")
             np.ascontiguousarray(inputs[:1], dtype=dtype).tofile(work_dir / "inputs.bin")
             counts = firmware.count_instructions(self.profile, image, work_dir, self.options.timeout)
-            streaming = read_manifest(artifact_dir).get("streaming")
             if streaming:   # a mark pair per hop: the last hop of the first window is past the warm-up
                 calls = streaming["calls_per_window"]
                 measured["instructions_per_hop"] = counts[calls - 1]

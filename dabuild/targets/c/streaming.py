@@ -275,15 +275,24 @@ def step_qgraph(qgraph: Any, streamed: Plan) -> Any:
     window holds what the padding gave)."""
     tensors = {name: dataclasses.replace(tensor, shape=(*tensor.shape[:-1], streamed.frames[name].count))
                if name in streamed.frames else tensor for name, tensor in qgraph.tensors.items()}
+    floats = {name: (*shape[:-1], streamed.frames[name].count) if name in streamed.frames else shape
+              for name, shape in qgraph.floats.items()}
     windowed = {window.layer for window in streamed.windows}
     layers = [dataclasses.replace(layer, pads=[0, 0]) if layer.name in windowed else layer for layer in qgraph.layers]
-    return dataclasses.replace(qgraph, tensors=tensors, layers=layers)
+    return dataclasses.replace(qgraph, tensors=tensors, layers=layers, floats=floats)
 
 
 def plan_stream(qgraph: Any, hop: int) -> Plan:
     """The plan of the QGraph for `hop` frames a call (NotStreamable naming the first layer that cannot)."""
     ops, shapes = qgraph_ops(qgraph)
-    return plan(ops, shapes, qgraph.input, qgraph.output, hop, "the model")
+    streamed = plan(ops, shapes, qgraph.input, qgraph.output, hop, "the model")
+    for window in streamed.windows:
+        tensor = qgraph.tensors.get(window.tensor)
+        dtype = "float32 (a float island's)" if tensor is None else tensor.params.dtype
+        if tensor is None or tensor.params.storage != "int8":
+            raise NotStreamable(f"streaming the model: conv {window.layer!r} reads {dtype} activations; streaming "
+                                "keeps int8 state only")
+    return streamed
 
 
 def warmup_fill(program: Any, buffer: str, state_names: Mapping[str, str], qgraph: Any) -> dict[str, Any] | None:
@@ -304,9 +313,6 @@ def stream_context(streamed: Plan, program: Any, window_graph: Any, state_names:
     windows = []
     for window in streamed.windows:
         params = window_graph.tensors[window.tensor].params
-        if params.storage != "int8":
-            raise NotStreamable(f"streaming the model: conv {window.layer!r} reads {params.dtype} activations; "
-                                "streaming keeps int8 state only")
         windows.append({"layer": window.layer, "ident": state_names[window.layer], "bytes": window.frames * window.channels,
                         "held_bytes": window.held * window.channels, "count_bytes": window.count * window.channels,
                         "zero_point": params.zero_point, "frames": window.frames, "held": window.held})
