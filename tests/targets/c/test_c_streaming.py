@@ -204,3 +204,45 @@ def test_a_hop_that_does_not_divide_the_window_is_refused() -> None:
     qgraph, _ = quantized_graph(delayed())
     with pytest.raises(UsageError, match="hop 5 does not divide the window of 12 frames"):
         CTarget(CTarget.Options(streaming={"hop": 5})).export(qgraph, Path("/nonexistent"))
+
+
+def test_a_recipe_builds_and_checks_a_streaming_target(tmp_path: Path, cache_dir: Path) -> None:
+    """The option through the whole build: an ONNX 1-D model (the digits as 8 channels x 8 frames: a causal conv,
+    a valid one down to one frame, a dense head) passes the refusal on the float graph, tunes, exports with
+    model_step and checks exact against the whole-window reference."""
+    pytest.importorskip("onnx", reason="the model is an ONNX file: needs dabuild[onnx]")
+    from onnx import TensorProto, helper, numpy_helper, save
+    from support import REPO
+
+    from dabuild.cli import main
+
+    rng = np.random.default_rng(12)
+    initializers = [numpy_helper.from_array(rng.normal(0, 0.4, (12, 8, 3)).astype(np.float32), "causal_w"),
+                    numpy_helper.from_array(rng.normal(0, 0.2, (16, 12, 8)).astype(np.float32), "valid_w"),
+                    numpy_helper.from_array(rng.normal(0, 0.3, (16, 10)).astype(np.float32), "dense_w")]
+    nodes = [helper.make_node("Conv", ["x", "causal_w"], ["causal"], pads=[2, 0], name="causal"),
+             helper.make_node("Relu", ["causal"], ["relu"]),
+             helper.make_node("Conv", ["relu", "valid_w"], ["valid"], name="valid"),
+             helper.make_node("Flatten", ["valid"], ["flat"]),
+             helper.make_node("MatMul", ["flat", "dense_w"], ["y"], name="dense")]
+    graph = helper.make_graph(nodes, "frames", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 10])], initializers)
+    save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "model.onnx")
+    digits = np.load(REPO / "recipes" / "digits" / "data.npz")
+    np.savez(tmp_path / "data.npz", x=digits["x_train"][:64].reshape(-1, 8, 8), y=digits["y_train"][:64])
+    (tmp_path / "recipe.yaml").write_text("""name: frames
+model: {framework: onnx, source: model.onnx}
+data:
+  calibration: {source: data.npz, x: x, samples: 64}
+  evaluation: {source: data.npz, x: x, y: y}
+  metric: accuracy
+tuning: {strategy: basic, max_trials: 2, accuracy: {criterion: absolute, tolerable_loss: 1.0}}
+targets:
+  - {name: stream, kind: c, options: {streaming: {hop: 1}}, check_io: {tolerance: exact, samples: 8}}
+""")
+    assert main(["build", str(tmp_path), "--build-dir", str(tmp_path / "build"), "-q"]) == 0
+    report = json.loads((tmp_path / "build" / "frames" / "build.json").read_text())
+    check = report["checks"]["stream"]
+    assert check["ok"] and check["tolerance"] == "exact"
+    manifest = json.loads((tmp_path / "build" / "frames" / "export-stream" / "model.json").read_text())
+    assert manifest["streaming"]["hop"] == 1 and manifest["streaming"]["calls_per_window"] == 8
