@@ -49,7 +49,7 @@ from dabuild.qir.fixed_point import Rounding
 from dabuild.qir.qgraph import QGraph
 from dabuild.sizes import parse_size
 from dabuild.targets.base import Target, held, refuse_float_layers, refuse_ops_without_integers
-from dabuild.targets.c import firmware
+from dabuild.targets.c import cycles, firmware
 from dabuild.targets.c.codegen import PROGRAM, WEIGHTS_FILE, render, stored_bytes, trace_file
 from dabuild.targets.c.profiles import CPUS, FLOAT_ORDER, PROFILES, Profile
 from dabuild.targets.c.streaming import graph_ops
@@ -387,7 +387,9 @@ class CTarget(Target):
 
     def measurements(self, artifact_dir: Path, inputs: np.ndarray, work_dir: Path) -> dict[str, Any]:
         """model.json's firmware figures, and under qemu the instructions model_forward retires on the first
-        sample (a counting image: -DDABUILD_COUNT); a streaming model's also those of one hop past the warm-up."""
+        sample (a counting image: -DDABUILD_COUNT), by timing class, with the cycles they would take on a core
+        whose timing dabuild.targets.c.cycles models (flash wait states not included); a streaming model's
+        also those of one hop past the warm-up."""
         artifact_dir, work_dir = Path(artifact_dir), Path(work_dir)
         measured = dict(read_manifest(artifact_dir).get("firmware", {}))
         streaming = read_manifest(artifact_dir).get("streaming")
@@ -397,12 +399,24 @@ class CTarget(Target):
             image = self._build(artifact_dir, work_dir, ("-DDABUILD_COUNT",))
             dtype = read_manifest(artifact_dir).get("input_dtype", "int8")
             np.ascontiguousarray(inputs[:1], dtype=dtype).tofile(work_dir / "inputs.bin")
-            counts = firmware.count_instructions(self.profile, image, work_dir, self.options.timeout)
+            executions = firmware.trace_executions(self.profile, image, work_dir, self.options.timeout)
+            timing = cycles.TIMINGS.get(self.profile.name)
+            disassembly = cycles.disassemble(image)[0] if timing is not None else {}
+            estimates = [cycles.estimate(execution, disassembly, timing) if timing is not None else None
+                         for execution in executions]
+            inference = 1
             if streaming:   # a mark pair per hop: the last hop of the first window is past the warm-up
-                calls = streaming["calls_per_window"]
-                measured["instructions_per_hop"] = counts[calls - 1]
-                counts = [sum(counts[:calls])]
-            measured["instructions_per_inference"] = counts[0]
+                inference = streaming["calls_per_window"]
+                measured["instructions_per_hop"] = executions[inference - 1].instructions
+                hop = estimates[inference - 1]
+                if hop is not None:
+                    measured["estimated_cycles_per_hop"] = hop.cycles
+            measured["instructions_per_inference"] = sum(execution.instructions for execution in executions[:inference])
+            window = [estimate for estimate in estimates[:inference] if estimate is not None]
+            if window:
+                measured["estimated_cycles_per_inference"] = sum(estimate.cycles for estimate in window)
+                measured["instruction_classes"] = {kind: sum(estimate.classes.get(kind, 0) for estimate in window)
+                                                   for kind in sorted({kind for e in window for kind in e.classes})}
         return {"firmware": measured} if measured else {}
 
     def trace(self, artifact_dir: Path, inputs: np.ndarray, work_dir: Path) -> dict[str, np.ndarray] | None:
