@@ -7,7 +7,8 @@ hop's one new frame, each depthwise conv keeping its last k - 1 input frames as 
 checked bit-exact in qemu against the integer reference on the whole window (the streaming one runs each window
 as 30 calls after a reset). Then, from qemu's exec log (bench/mcu.py's measure): the instructions model_forward
 retires on one window, and the instructions of one model_step past the warm-up (the 30th call of a window);
-their ratio is the fraction of the whole-window work one hop costs. RAM: the whole-window arena against the
+their ratio is the fraction of the whole-window work one hop costs, and the cycles both would take by the
+core's published timing (dabuild.targets.c.cycles; flash wait states not included). RAM: the whole-window arena against the
 streaming arena plus its state (both static, in the image's bss).
 
 Usage: python bench/streaming.py [--cpus cortex-m4 cortex-m55] [--cflags=-O2]
@@ -44,12 +45,15 @@ def main() -> None:
             stream = measure(qgraph, samples, cpu, args.cflags.split(), Path(work) / "stream", streaming={"hop": 1})
         whole, hop = window["instructions_per_inference"], stream["instructions_per_hop"]
         state = stream["streaming"]["state_bytes"]
-        rows.append([cpu, f"{whole:,}", f"{hop:,}", f"{hop / whole:.3f} (1/{whole / hop:.1f})",
+        whole_cycles, hop_cycles = window.get("estimated_cycles_per_inference"), stream.get("estimated_cycles_per_hop")
+        cycles = f"{hop_cycles:,} / {whole_cycles:,}" if whole_cycles and hop_cycles else "-"
+        rows.append([cpu, f"{whole:,}", f"{hop:,}", f"{hop / whole:.3f} (1/{whole / hop:.1f})", cycles,
                      f"{stream['instructions_per_inference']:,}", f"{window['arena']['peak_bytes']:,}",
                      f"{stream['arena']['peak_bytes']:,} + {state:,}", f"{window['ram_bytes']:,} / {stream['ram_bytes']:,}"])
     print(f"wakeword (1-D DS-CNN, 40 x 30 frames), hop 1 frame, {args.cflags}; every image exact in qemu on "
           f"{CHECKED_SAMPLES} windows")
     print_table(["cpu", "whole window (instructions)", "one hop (instructions)", "hop / window",
+                 "est. cycles hop / window (no wait states)",
                  "window as 30 hops", "arena whole", "arena + state streaming", "RAM whole / streaming (B)"], rows)
 
 
