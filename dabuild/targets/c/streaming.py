@@ -111,6 +111,7 @@ class Plan:
     windows: list[Window]
     output: Frames | None         # the output's frames; None: a head (one vector per frame, once ready)
     head_frames: Frames | None    # the frames the head follows (its one frame per call), for a head output
+    reach: int = 1                # input frames one output frame depends on (its receptive field)
 
     @property
     def calls(self) -> int:
@@ -138,6 +139,7 @@ class Plan:
     def manifest(self) -> dict[str, Any]:
         """model.json's `streaming`: the hop, the calls of a window, and every state buffer (its RAM)."""
         return {"hop": self.hop, "calls_per_window": self.calls, "window_frames": self.window_frames,
+                "receptive_field_frames": self.reach,
                 "output_frames_per_call": self.output_frames.count, "warmup_calls": self.warmup_calls,
                 "state_bytes": self.state_bytes,
                 "states": [{"layer": window.layer, "channels": window.channels, "frames": window.frames,
@@ -172,7 +174,25 @@ def plan(ops: list[Op], shapes: Mapping[str, tuple[int, ...]], model_input: str,
     output = frames.get(model_output)
     if output is None and not heads:
         raise NotStreamable(f"streaming {model}: its output {model_output!r} does not follow the input's frames")
-    return Plan(hop, shape[1], frames, windows, output, heads[0] if heads else None)
+    return Plan(hop, shape[1], frames, windows, output, heads[0] if heads else None, _reach(ops, frames))
+
+
+def _reach(ops: list[Op], frames: Mapping[str, Frames]) -> int:
+    """The input frames one output frame depends on (its receptive field): 1, and each conv over time adds its
+    span less one, in its input's frames (strides before it widen them)."""
+    reach: dict[str, tuple[int, int]] = {}   # tensor -> (input frames reached, input frames between its frames)
+    widest = (1, 1)
+    for op in ops:
+        known = [reach.get(name, (1, 1)) for name in op.inputs if name in frames]
+        if not known:
+            continue
+        span, step = max(known)
+        if op.op == "conv" and op.kernel is not None and len(op.kernel) == 1:
+            dilation = _int_list(op.attrs.get("dilations"), [1])[0]
+            span, step = span + (op.kernel[0] - 1) * dilation * step, step * _int_list(op.attrs.get("strides"), [1])[0]
+        reach.update((name, (span, step)) for name in op.outputs)
+        widest = max(widest, (span, step))
+    return widest[0]
 
 
 class _Refused(Exception):
@@ -204,6 +224,8 @@ def _advance(op: Op, frames: dict[str, Frames], shapes: Mapping[str, tuple[int, 
         if first.count != 1:
             raise _Refused(f"ends the time axis, which takes one frame a call there, but gets {first.count} "
                            f"(hop {hop}); choose the hop the strides multiply to")
+        if heads and heads[0] != first:
+            raise _Refused("ends a time axis whose frames arrive at other calls than an earlier head's")
         heads.append(first)
         return
     if op.op in HEAD_ENTRY:
@@ -323,5 +345,5 @@ def stream_context(streamed: Plan, program: Any, window_graph: Any, state_names:
             "input_channels": window_graph.tensors[window_graph.input].shape[0],
             "output_channels": shape[0] if timed else int(window_graph.tensors[window_graph.output].size),
             "output_frames": shape[-1] if timed else 1, "output_count": output.count, "output_first": output.first,
-            "warmup_calls": streamed.warmup_calls, "state_bytes": streamed.state_bytes}
+            "warmup_calls": streamed.warmup_calls, "state_bytes": streamed.state_bytes, "reach": streamed.reach}
 

@@ -168,6 +168,15 @@ def test_streaming_state_is_in_the_manifest(tmp_path: Path) -> None:
     assert [(state["channels"], state["held_frames"]) for state in streaming["states"]] == [(6, 3), (12, 6)]
     assert streaming["state_bytes"] == 6 * 4 + 12 * 7
     assert streaming["warmup_calls"] == 9 and streaming["calls_per_window"] == 10
+    assert streaming["receptive_field_frames"] == 1 + (4 - 1) + (7 - 1)
+
+
+@pytest.mark.parametrize("name,reach", [("causal_residual", 1 + 2 + 4 * 2 + 1), ("strided", 1 + 3 + 2 * 2),
+                                        ("delayed", 1 + 2 + 2)])
+def test_the_receptive_field_counts_dilations_and_strides(name: str, reach: int, tmp_path: Path) -> None:
+    qgraph, _ = quantized_graph(MODELS[name]())
+    CTarget(CTarget.Options(streaming=True if name != "strided" else {"hop": 2})).export(qgraph, tmp_path)
+    assert json.loads((tmp_path / "model.json").read_text())["streaming"]["receptive_field_frames"] == reach
 
 
 def refused(graph: Graph) -> str:
