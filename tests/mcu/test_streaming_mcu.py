@@ -47,3 +47,15 @@ def test_streaming_wakeword_is_exact_in_qemu(cpu: str, tmp_path: Path) -> None:
     measured = target.measurements(tmp_path / "artifact", samples, tmp_path / "count")["firmware"]
     assert 0 < measured["instructions_per_hop"] * 30 <= measured["instructions_per_inference"]
     assert measured["state_bytes"] == state   # the check report's figures (build.json, report page) give it
+
+
+def test_the_tuner_counts_the_streaming_state_in_ram(tmp_path: Path) -> None:
+    """A RAM budget between the streaming image's RAM without its state and with it: the tuner's fits() says the
+    artifact overflows, so the state is part of what the budget sees."""
+    qgraph, _ = wakeword()
+    CTarget(CTarget.Options(cpu="cortex-m4", streaming=True)).export(qgraph, tmp_path)
+    manifest = json.loads((tmp_path / "model.json").read_text())
+    ram, state = manifest["firmware"]["ram_bytes"], manifest["streaming"]["state_bytes"]
+    budget = ram - state // 2
+    reason = CTarget(CTarget.Options(cpu="cortex-m4", streaming=True, budget={"ram": budget})).fits(qgraph)
+    assert reason == f"cortex-m4: ram {ram} bytes exceeds the budget of {budget} by {state // 2}"
