@@ -217,7 +217,8 @@ class CTarget(Target):
         refuse_ops_without_integers(graph, self.kind, self.layer_types(), integer_forms, float_ops)
         if self.hop is not None:   # NotStreamable (exit 2) naming the first layer that looks ahead or mixes frames
             ops, shapes = graph_ops(graph)
-            plan_stream(ops, shapes, graph.inputs[0].name, graph.outputs[0], self.hop, "the model")
+            if None not in shapes[graph.inputs[0].name]:   # else export judges it, its shapes known
+                plan_stream(ops, shapes, graph.inputs[0].name, graph.outputs[0], self.hop, "the model")
 
     @classmethod
     def layer_types(cls) -> frozenset[str]:
