@@ -97,10 +97,18 @@ def headed() -> Graph:
     return b.finish(b.dense(b.node("flatten", [x]), channels, 4))
 
 
+def branches() -> Graph:
+    """Two causal branches (kernels 2 and 4, dilation 3) concatenated along the channels, then a causal conv."""
+    b = Builder((3, 20), seed=11)
+    left = b.batch_norm(conv1d(b, "x", 3, 4, 2, (1, 0)))
+    right = b.batch_norm(conv1d(b, "x", 3, 5, 4, (9, 0), dilation=3))
+    return b.finish(conv1d(b, b.node("concat", [left, right], axis=1), 9, 4, 3, (2, 0)))
+
+
 MODELS: dict[str, Callable[[], Graph]] = {"causal_residual": causal_residual, "strided": strided,
-                                          "delayed": delayed, "headed": headed}
+                                          "delayed": delayed, "headed": headed, "branches": branches}
 CASES = [("causal_residual", 1), ("causal_residual", 4), ("strided", 2), ("strided", 4), ("delayed", 1),
-         ("headed", 1)]
+         ("headed", 1), ("branches", 5)]
 
 
 def window_output(qgraph: QGraph, windows: np.ndarray) -> np.ndarray:
@@ -207,6 +215,13 @@ def test_a_flatten_of_several_frames_is_refused_by_name() -> None:
     x = b.batch_norm(conv1d(b, "x", 4, 5, 3, (2, 0)))
     message = refused(b.finish(b.dense(b.node("flatten", [x]), 30, 3)))
     assert "layer 'flatten3' (flatten) mixes the 6 frames" in message
+
+
+def test_a_head_needs_one_frame_a_call() -> None:
+    qgraph, _ = quantized_graph(headed())
+    with pytest.raises(UsageError, match="layer 'flatten12' \\(flatten\\) ends the time axis, which takes one frame a "
+                                         "call there, but gets 2 \\(hop 2\\)"):
+        CTarget(CTarget.Options(streaming={"hop": 2})).export(qgraph, Path("/nonexistent"))
 
 
 def test_a_hop_that_does_not_divide_the_window_is_refused() -> None:
