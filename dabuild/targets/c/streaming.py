@@ -80,6 +80,11 @@ class Frames:
     count: int
     first: int
 
+    @property
+    def warmup_calls(self) -> int:
+        """Calls whose frames include some with a negative index."""
+        return -(self.first // self.count) if self.first < 0 else 0
+
 
 @dataclass(frozen=True)
 class Window:
@@ -100,11 +105,13 @@ class Window:
     @property
     def warmup_calls(self) -> int:
         """Calls whose new frames include some with a negative index."""
-        return max(0, -(self.first // self.count)) if self.first < 0 else 0
+        return Frames(self.count, self.first).warmup_calls
 
 
 @dataclass(frozen=True)
 class Plan:
+    """How a model streams at `hop` frames a call: every tensor's frames and every conv's window."""
+
     hop: int
     window_frames: int            # T: the whole-window model's input frames
     frames: dict[str, Frames]     # every tensor with a time axis
@@ -132,9 +139,7 @@ class Plan:
     @property
     def warmup_calls(self) -> int:
         """Calls after a reset until every window's new frames and the output's have indices >= 0."""
-        output = self.output_frames
-        return max([window.warmup_calls for window in self.windows]
-                   + [-(output.first // output.count) if output.first < 0 else 0])
+        return max([window.warmup_calls for window in self.windows] + [self.output_frames.warmup_calls])
 
     def manifest(self) -> dict[str, Any]:
         """model.json's `streaming`: the hop, the calls of a window, and every state buffer (its RAM)."""
