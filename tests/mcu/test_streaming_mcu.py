@@ -1,7 +1,8 @@
 """The streaming wake-word (tests/mlperf_tiny.py's `wakeword`, a 1-D DS-CNN) as a streaming c artifact in qemu on a
 Cortex-M4 (DSP kernels) and M55 (Helium): model_forward streams each 30-frame window through 30 calls of
-model_step, and its outputs equal the whole-window integer reference bit for bit; the counting image reports
-the instructions of one hop past the warm-up.
+model_step, and its outputs equal the whole-window integer reference bit for bit; a driver of our own calls
+model_step over a stream of three windows and more in the same qemu, every call's output past the warm-up equal
+to the reference on the latest 30 frames; the counting image reports the instructions of one hop.
 """
 
 from __future__ import annotations
@@ -14,10 +15,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 from mlperf_tiny import quantized
+from test_c_streaming import DRIVER, check_sliding_window
 
 from dabuild.qir.qgraph import QGraph
 from dabuild.qir.reference import run_integer
-from dabuild.targets.c import CTarget
+from dabuild.targets.c import CTarget, firmware
+from dabuild.targets.c.profiles import PROFILES
 
 pytestmark = pytest.mark.skipif(shutil.which("arm-none-eabi-gcc") is None or shutil.which("qemu-system-arm") is None,
                                 reason="needs gcc-arm-none-eabi, libnewlib-arm-none-eabi and qemu-system-arm")
@@ -59,3 +62,19 @@ def test_the_tuner_counts_the_streaming_state_in_ram(tmp_path: Path) -> None:
     budget = ram - state // 2
     reason = CTarget(CTarget.Options(cpu="cortex-m4", streaming=True, budget={"ram": budget})).fits(qgraph)
     assert reason == f"cortex-m4: ram {ram} bytes exceeds the budget of {budget} by {state // 2}"
+
+
+@pytest.mark.parametrize("cpu", ["cortex-m4", "cortex-m55"])
+def test_streaming_wakeword_calls_follow_the_sliding_window_in_qemu(cpu: str, tmp_path: Path) -> None:
+    qgraph, _ = wakeword()
+    artifact = tmp_path / "artifact"
+    artifact.mkdir()
+    CTarget(CTarget.Options(cpu=cpu, streaming=True)).export(qgraph, artifact)
+
+    def run_in_qemu(artifact: Path, work: Path) -> None:
+        """The artifact's image with DRIVER as its main.c, booted in qemu in `work` (inputs.bin, outputs.bin)."""
+        (artifact / "main.c").write_text(DRIVER)
+        image = firmware.build_image(PROFILES[cpu], ["-O2"], artifact, work / "image")
+        firmware.run_image(PROFILES[cpu], image.elf, work, 600)
+
+    check_sliding_window(qgraph, artifact, tmp_path, 1, run_in_qemu)

@@ -120,28 +120,44 @@ def last_frame(outputs: np.ndarray) -> np.ndarray:
     return outputs[..., -1] if outputs.ndim == 3 else outputs
 
 
-def stream_calls(artifact: Path, work: Path, stream: np.ndarray, hop: int) -> tuple[np.ndarray, np.ndarray]:
-    """Ready counts and outputs (calls, channels, frames) of model_step over `stream` (channels, frames)."""
+def run_on_host(artifact: Path, work: Path) -> None:
+    """DRIVER and the artifact's model.c built by this machine's cc, run on work/inputs.bin into work/outputs.bin."""
     (work / "driver.c").write_text(DRIVER)
     program = work / "driver"
     subprocess.run(["cc", "-std=c99", "-O2", "-Wall", "-Wextra", "-Werror", "-ffp-contract=off", f"-I{artifact}",
                     "-o", str(program), str(work / "driver.c"), str(artifact / "model.c")], check=True)
-    channels, frames = stream.shape
-    calls = frames // hop
-    stream[:, :calls * hop].reshape(channels, calls, hop).transpose(1, 0, 2).tofile(work / "stream.bin")
-    subprocess.run([str(program), str(work / "stream.bin"), str(work / "out.bin")], check=True, timeout=60)
+    subprocess.run([str(program), "inputs.bin", "outputs.bin"], check=True, timeout=60, cwd=work)
+
+
+def check_sliding_window(qgraph: QGraph, artifact: Path, work: Path, hop: int,
+                         run: Callable[[Path, Path], None] = run_on_host) -> None:
+    """One stream of three windows and some, called hop by hop (`run` runs DRIVER): the calls' ready counts add
+    up to the reference's frames on the first window, and every call's newest output frame once a window has
+    arrived equals the last output frame of run_integer on the window of the latest frames."""
+    channels, window = qgraph.tensors[qgraph.input].shape
+    stream = qgraph.input_params.quantize(np.random.default_rng(5).standard_normal((channels, 3 * window + 2 * hop)))
+    calls = stream.shape[1] // hop
+    stream.reshape(channels, calls, hop).transpose(1, 0, 2).tofile(work / "inputs.bin")
+    run(artifact, work)
     manifest = json.loads((artifact / "model.json").read_text())
-    per_call = manifest["output_size"] // manifest["output_shape"][-1] * manifest["streaming"]["output_frames_per_call"] \
-        if len(manifest["output_shape"]) == 2 else manifest["output_size"]
-    raw = np.fromfile(work / "out.bin", dtype=np.int8).reshape(calls, 4 + per_call)
-    ready = raw[:, :4].copy().view(np.int32)[:, 0]
-    return ready, raw[:, 4:]
+    first = window_output(qgraph, stream[None, :, :window])[0]
+    per_call = first.shape[0] * manifest["streaming"]["output_frames_per_call"] if first.ndim == 2 else first.size
+    raw = np.fromfile(work / "outputs.bin", dtype=np.int8).reshape(calls, 4 + per_call)
+    ready, outputs = raw[:, :4].copy().view(np.int32)[:, 0], raw[:, 4:]
+    window_calls = window // hop
+    assert ready[:window_calls].sum() == (first.shape[-1] if first.ndim == 2 else 1)
+    assert np.all(ready[window_calls:] == ready.max())
+    per_frame = outputs.reshape(calls, -1, ready.max()) if first.ndim == 2 else outputs[:, :, None]
+    for call in range(window_calls - 1, calls):
+        end = (call + 1) * hop
+        reference = last_frame(window_output(qgraph, stream[None, :, end - window:end]))[0]
+        assert np.array_equal(per_frame[call, :, -1], reference), f"call {call} (frames up to {end})"
+    assert calls - window_calls + 1 >= 2 * window_calls
 
 
 @pytest.mark.parametrize("name,hop", CASES)
 def test_streaming_equals_the_whole_window_reference(name: str, hop: int, tmp_path: Path) -> None:
     qgraph, data = quantized_graph(MODELS[name]())
-    channels, window = qgraph.tensors[qgraph.input].shape
     target = CTarget(CTarget.Options(streaming={"hop": hop}))
     artifact = tmp_path / "artifact"
     artifact.mkdir()
@@ -151,21 +167,7 @@ def test_streaming_equals_the_whole_window_reference(name: str, hop: int, tmp_pa
     expected = window_output(qgraph, samples)
     assert np.array_equal(target.run(artifact, samples, tmp_path), expected)
     assert len(np.unique(expected)) > 1
-    # sliding window: one stream of three windows and some, called hop by hop
-    stream = qgraph.input_params.quantize(np.random.default_rng(5).standard_normal((channels, 3 * window + 2 * hop)))
-    ready, outputs = stream_calls(artifact, tmp_path, stream, hop)
-    calls = window // hop
-    first = window_output(qgraph, stream[None, :, :window])[0]
-    frames = first.shape[-1] if first.ndim == 2 else 1
-    assert ready[:calls].sum() == frames and np.all(ready[calls:] == ready.max())
-    per_frame = outputs.reshape(len(outputs), -1, ready.max()) if first.ndim == 2 else outputs[:, :, None]
-    checked = 0
-    for call in range(calls - 1, len(ready)):
-        end = (call + 1) * hop
-        reference = last_frame(window_output(qgraph, stream[None, :, end - window:end]))[0]
-        assert np.array_equal(per_frame[call, :, -1], reference), f"call {call} (frames up to {end})"
-        checked += 1
-    assert checked >= 2 * calls
+    check_sliding_window(qgraph, artifact, tmp_path, hop)
 
 
 def test_streaming_state_is_in_the_manifest(tmp_path: Path) -> None:
