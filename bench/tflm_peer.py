@@ -46,6 +46,7 @@ from pathlib import Path
 
 import numpy as np
 
+from dabuild.errors import BuildError
 from dabuild.qir.qgraph import QGraph
 from dabuild.targets.c import firmware
 from dabuild.targets.c.profiles import Profile
@@ -65,6 +66,8 @@ CXX_FLAGS = ("-std=c++17", "-fno-rtti", "-fno-exceptions", "-fno-threadsafe-stat
 ARENA_LIMIT = 1 << 20           # the most arena the driver offers; what TFLM used is measured
 RAM_KEPT = 96 << 10             # RAM left beside the arena for TFLM's statics, newlib's heap and the stack
 ARENA_FILE = "arena.txt"
+DRIVER_EXITS = {4: "the op resolver refused an operator", 5: "AllocateTensors failed (an operator's Prepare refused "
+                "the file, or the arena is too small)", 6: "Invoke failed"}   # the driver's exit codes
 JOBS = 2
 
 
@@ -287,7 +290,11 @@ def measure(model: Path, qgraph: QGraph, samples: np.ndarray, profile: Profile, 
     for folder, part in ((run, feed), (counted, feed[:1])):
         folder.mkdir(exist_ok=True)
         np.ascontiguousarray(part, dtype=given).tofile(folder / "inputs.bin")
-    firmware.run_image(profile, elf, run, timeout)
+    try:
+        firmware.run_image(profile, elf, run, timeout)
+    except BuildError as error:
+        why = next((words for code, words in DRIVER_EXITS.items() if f"with exit {code}:" in str(error)), None)
+        raise SystemExit(f"{model}: TFLM on {profile.name}: {why}" if why else str(error)) from None
     outputs = np.fromfile(run / "outputs.bin", dtype=taken).reshape(len(samples), *shape_out[1:])
     instructions = firmware.count_instructions(profile, elf, counted, timeout)[0] if count else None
     return Measured(quantized_outputs(manifest, outputs), int((run / ARENA_FILE).read_text()), instructions)
