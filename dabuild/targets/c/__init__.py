@@ -22,7 +22,10 @@ a scratch folder). Option `rounding` (`dabuild`, `tflm`, `tflm-single`) picks
 how every requantization rounds, in the C and in the reference check runs, so
 the C can equal TFLite Micro's (and CMSIS-NN's) integers. A Cortex-M export also measures the image (flash, RAM,
 stack) into model.json, and `budget: {flash, ram}` fails the check naming
-what overflows and by how much.
+what overflows and by how much. Option `patch` (`auto`, `off`, or a number of
+layers) runs the first chain of convs a band of rows at a time (patch.py)
+where that lowers the arena's peak, never, or over that many layers;
+model.json's arena gives the layer-by-layer plan beside it and what was patched.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ import subprocess
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -115,6 +118,8 @@ class CTarget(Target):
         timeout: float = 600.0   # seconds one emulator or command run may take
         budget: Budget | None = None
         rounding: Rounding = "dabuild"   # how requantization rounds: dabuild's, or TFLite Micro's (fixed_point)
+        # patch-based execution of the first convs (patch.py): where it lowers the peak, never, or N layers
+        patch: Literal["auto", "off"] | Annotated[int, Field(ge=2)] = "auto"
 
         @model_validator(mode="after")
         def _consistent(self) -> CTarget.Options:
@@ -227,7 +232,7 @@ class CTarget(Target):
     def export(self, qgraph: QGraph, out_dir: Path) -> None:
         refuse_float_layers(qgraph, self.capability_spec, None if self.profile.fpu else f"cpu {self.profile.name!r} has no FPU")
         profile = self.profile
-        rendered = render(qgraph, profile)
+        rendered = render(qgraph, profile, self.options.patch)
         out_dir = Path(out_dir)
         for name, text in rendered.files.items():
             (out_dir / name).parent.mkdir(parents=True, exist_ok=True)
@@ -244,7 +249,7 @@ class CTarget(Target):
             "output_dtype": qgraph.output_params.storage,   # int16 for 16-bit activations
             "output_shape": list(qgraph.tensors[qgraph.output].shape),
             "arena_bytes": rendered.arena.peak_bytes,
-            "arena": rendered.arena.report(),
+            "arena": rendered.memory,
             "kernels": rendered.kernels,
             "traced": [traced.manifest() for traced in rendered.traced],
             "cpu": profile.name,
