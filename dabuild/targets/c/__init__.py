@@ -351,16 +351,23 @@ class CTarget(Target):
 
     def measurements(self, artifact_dir: Path, inputs: np.ndarray, work_dir: Path) -> dict[str, Any]:
         """model.json's firmware figures, and under qemu the instructions model_forward retires on the first
-        sample (a counting image: -DDABUILD_COUNT)."""
+        sample (a counting image: -DDABUILD_COUNT); and the patched stage, if any, with the arena's peak beside
+        the layer-by-layer one."""
         artifact_dir, work_dir = Path(artifact_dir), Path(work_dir)
-        measured = dict(read_manifest(artifact_dir).get("firmware", {}))
+        manifest = read_manifest(artifact_dir)
+        measured = dict(manifest.get("firmware", {}))
         if self.runner == "qemu" and len(inputs):
             image = self._build(artifact_dir, work_dir, ("-DDABUILD_COUNT",))
-            dtype = read_manifest(artifact_dir).get("input_dtype", "int8")
+            dtype = manifest.get("input_dtype", "int8")
             np.ascontiguousarray(inputs[:1], dtype=dtype).tofile(work_dir / "inputs.bin")
             counts = firmware.count_instructions(self.profile, image, work_dir, self.options.timeout)
             measured["instructions_per_inference"] = counts[0]
-        return {"firmware": measured} if measured else {}
+        report: dict[str, Any] = {"firmware": measured} if measured else {}
+        arena = manifest.get("arena", {})
+        if arena.get("patch"):
+            report["patch"] = {**arena["patch"], "peak_bytes": arena["peak_bytes"],
+                               "layer_by_layer_peak_bytes": arena["layer_by_layer"]["peak_bytes"]}
+        return report
 
     def trace(self, artifact_dir: Path, inputs: np.ndarray, work_dir: Path) -> dict[str, np.ndarray] | None:
         """Every tensor a layer writes (and the input), from the test program built with -DDABUILD_TRACE.

@@ -170,10 +170,13 @@ def stem_then_dense(features: int) -> QGraph:
 def test_the_planner_patches_only_where_the_peak_drops(tmp_path: Path) -> None:
     """Two convs whose 8x12x12 tensor is the peak: patched, lower. The same convs before a dense layer whose output
     outweighs them: the peak is the dense layer's either way, so nothing is patched."""
-    _, _, manifest = export(stem_then_dense(10), tmp_path / "small", "host", "auto")
+    target, artifact, manifest = export(stem_then_dense(10), tmp_path / "small", "host", "auto")
     arena = manifest["arena"]
     assert arena["patch"]["layers"] == ["a", "b"]
     assert arena["peak_bytes"] < arena["layer_by_layer"]["peak_bytes"]
+    reported = target.measurements(artifact, np.zeros((1, 3, 12, 12), np.int8), tmp_path)["patch"]  # the check's
+    assert reported["layers"] == ["a", "b"] and reported["peak_bytes"] == arena["peak_bytes"]
+    assert reported["layer_by_layer_peak_bytes"] == arena["layer_by_layer"]["peak_bytes"]
     _, _, manifest = export(stem_then_dense(4000), tmp_path / "large", "host", "auto")
     arena = manifest["arena"]
     assert arena["patch"] is None and arena["peak_bytes"] == arena["layer_by_layer"]["peak_bytes"]
