@@ -134,8 +134,9 @@ def bandable(step: Step, program: Program) -> bool:
 
 
 def chains(program: Program) -> list[list[int]]:
-    """Runs of consecutive bandable steps, each reading nothing but the output of the one before it, which no
-    other step reads (step indices; runs of two or more)."""
+    """Runs of consecutive bandable steps, each reading nothing but the output of the one before it, as that one
+    stores it (a reshape between them would change what a row is), which no other step reads (step indices;
+    runs of two or more)."""
     readers: dict[str, int] = {}
     for step in program.steps:
         for operand in step.inputs:
@@ -153,6 +154,7 @@ def chains(program: Program) -> list[list[int]]:
         before = program.steps[index - 1] if index else None
         linked = (runs and runs[-1][-1] == index - 1 and before is not None
                   and activations(step) == [program.buffer[before.outputs[0].name]]
+                  and step.inputs[0].storage == before.outputs[0].storage   # no reshape between them
                   and readers[activations(step)[0]] == 1 and activations(step)[0] != program.output)
         if linked:
             runs[-1].append(index)

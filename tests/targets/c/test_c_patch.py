@@ -22,7 +22,8 @@ from dabuild.ir import Node
 from dabuild.qir.qgraph import QGraph
 from dabuild.qir.reference import run_integer
 from dabuild.targets.c import Budget, CTarget
-from dabuild.targets.c.patch import Rows, schedule
+from dabuild.targets.c.patch import Rows, chains, schedule
+from dabuild.targets.c.program import build_program
 
 # name: (convs as (name, out channels, attrs), input shape (C, H, W)); each conv reads the one before it
 CHAINS: dict[str, tuple[list[tuple[str, int, dict[str, object]]], tuple[int, int, int]]] = {
@@ -219,3 +220,16 @@ def test_a_patched_trace_shows_every_tensor_but_the_stages_inner_ones(tmp_path: 
     assert set(traced) == {qgraph.input, "y"} and not inner & set(traced)
     for name, values in traced.items():
         assert np.array_equal(values, reference[name]), name
+
+
+def test_a_reshape_between_convs_ends_the_chain() -> None:
+    """conv -> reshape (rows of another length: the same bytes, other rows) -> conv: not a chain of rows. One
+    channel, so the reshape copies nothing (channels last is the canonical order) and the convs are neighbours."""
+    nodes = [conv_node("a", "x", "h", pads=[1, 1, 1, 1]),
+             Node("fold", "reshape", ["h"], ["r"], {"shape": [0, 1, 16, 6]}),
+             conv_node("b", "r", "y", pads=[1, 1, 1, 1])]
+    constants = {"a_w": weights(1, 3, 3, 3), "a_b": weights(1), "b_w": weights(4, 1, 3, 3), "b_b": weights(4)}
+    qgraph = lower(graph_of(nodes, (3, 8, 12), constants), image(64, (3, 8, 12), seed=7))
+    program = build_program(qgraph)
+    assert [step.name for step in program.steps][1:3] == ["a", "b"]   # after the input's conversion
+    assert chains(program) == []
