@@ -29,6 +29,8 @@ from dabuild.targets.c.literals import c_float, c_floats
 from dabuild.targets.c.patch import Patch, chains, patch
 from dabuild.targets.c.profiles import HOST, PROFILES, Profile
 from dabuild.targets.c.program import Program, build_program
+from dabuild.targets.c.streaming import Plan as StreamPlan
+from dabuild.targets.c.streaming import plan_stream, step_qgraph, stream_context, warmup_fill
 
 PROGRAM = "model_test"
 WEIGHTS_FILE, WEIGHTS_FALLBACK = "weights.bin", "weights.inc"
@@ -133,6 +135,7 @@ class Rendered:
     kernels: dict[str, str]     # step name -> kernel name
     traced: list[Traced]        # input, then layer outputs in schedule order; no aliases or layout conversions
     weight_bytes: int           # bytes of every constant array: weights, biases, requantization, tables
+    streamed: StreamPlan | None = None   # a streaming artifact's plan (its state buffers)
 
 
 def _environment() -> jinja2.Environment:
@@ -182,7 +185,8 @@ def plan_memory(program: Program, stage: Patch | None = None) -> ArenaPlan:
             writes.append(scratch_name(step))
             scratch.add(scratch_name(step))
         schedule.append((reads, writes))
-    return plan_arena(schedule, sizes, external={program.input, program.output}, wide=frozenset(scratch),
+    return plan_arena(schedule, sizes, external={program.input, program.output, *program.states},
+                      wide=frozenset(scratch),
                       words=program.floats | program.halves)
 
 
@@ -272,20 +276,33 @@ def string_literal_lines(data: bytes, per_line: int = 32) -> str:
                      for i in range(0, len(data), per_line))
 
 
-def render(qgraph: QGraph, profile: Profile = PROFILES[HOST], patching: PATCHING = "auto") -> Rendered:
+def render(qgraph: QGraph, profile: Profile = PROFILES[HOST], hop: int | None = None,
+           patching: PATCHING = "auto") -> Rendered:
+    """The artifact's files; with `hop`, a streaming one (streaming.py): model_step runs `hop` new frames, and
+    model_forward runs a whole window through it. `patching`: the option `patch` (see `plan`)."""
     env = _environment()
     version = dabuild.__version__
-    planned = plan(build_program(qgraph, profile), patching)
+    window_graph, streamed = qgraph, None
+    if hop is not None:
+        streamed = plan_stream(qgraph, hop)
+        qgraph = step_qgraph(qgraph, streamed)
+    planned = plan(build_program(qgraph, profile, {window.layer: window for window in streamed.windows}
+                                 if streamed else None), patching)
     program, arena, stage = planned.program, planned.arena, planned.stage
     wide_input = qgraph.takes_indices or program.input in program.halves
     taken: set[str] = set()
     constant_names = {name: c_identifier(name, taken, "c_") for name in program.constants}
+    state_names = {window.layer: c_identifier(window.layer, taken, "state_") for window in streamed.windows} \
+        if streamed else {}
 
     def pointer(tensor: str) -> str:
         if tensor in constant_names:
             wide = program.constants[tensor].quant.storage != "int8"
             return f"(const int8_t *)(const void *){constant_names[tensor]}" if wide else constant_names[tensor]
         buffer = program.buffer.get(tensor, tensor)
+        if buffer in program.states:
+            window, frame = program.states[buffer]
+            return state_names[window.layer] + (f" + {frame * window.channels}" if frame else "")
         if buffer == program.input:  # token ids or int16: a kernel's int8 pointer, which it casts back
             return "(const int8_t *)(const void *)in" if wide_input else "in"
         if buffer == program.output:
@@ -325,11 +342,11 @@ def render(qgraph: QGraph, profile: Profile = PROFILES[HOST], patching: PATCHING
         if stage and stage.first <= index < stage.last:
             continue   # a patched stage's inner tensors never exist whole: no call of its own, nothing to trace
         reported = [Traced(o.name, o.storage, "float32" if o.params is None else o.params.storage)
-                    for o in step.outputs if step.layer is not None]
+                    for o in step.outputs if step.layer is not None and streamed is None]
         traced += reported
         call: dict[str, Any] = {
             "ident": ident, "header": header, "arguments": ", ".join(arguments), "kernel": step.kernel.name,
-            "name": step.name,
+            "name": step.name, "fill": warmup_fill(program, step.outputs[0].name, state_names, qgraph),
             "traces": [{"tensor": t.tensor, "pointer": pointer(t.tensor), "bytes": t.bytes} for t in reported]}
         if stage and index == stage.last:
             call |= _stage_driver(env, stage, planned, [idents[i] for i in range(stage.first, stage.last + 1)],
@@ -341,8 +358,8 @@ def render(qgraph: QGraph, profile: Profile = PROFILES[HOST], patching: PATCHING
     span = source.qmax - source.qmin
     model: dict[str, Any] = {
         "version": version,
-        "input_size": qgraph.tensors[qgraph.input].size,
-        "output_size": qgraph.tensors[qgraph.output].size,
+        "input_size": window_graph.tensors[qgraph.input].size,
+        "output_size": window_graph.tensors[qgraph.output].size,
         "arena": arena,
         "placements": list(arena.placements.values()),
         "input_scale": c_float(source.scale), "input_scale_decimal": f"{source.scale:.9g}",
@@ -361,6 +378,7 @@ def render(qgraph: QGraph, profile: Profile = PROFILES[HOST], patching: PATCHING
         "indices": qgraph.takes_indices,
         "common_header": COMMON_HEADER,
         "blob_bytes": len(blob),
+        "streaming": stream_context(streamed, program, window_graph, state_names) if streamed else None,
     }
     if blob:
         files[WEIGHTS_FILE] = blob
@@ -378,7 +396,8 @@ def render(qgraph: QGraph, profile: Profile = PROFILES[HOST], patching: PATCHING
         files[STARTUP] = env.get_template("firmware/startup.c.j2").render(board)
         files[LINKER_SCRIPT] = env.get_template("firmware/link.ld.j2").render(board)
     kernels = {step.name: step.kernel.name for step in program.steps}
-    return Rendered(files, library_sources, arena, planned.report(), kernels, traced, weight_bytes)
+    return Rendered(files, library_sources, arena, planned.report(), kernels, [] if streamed else traced,
+                    weight_bytes, streamed)
 
 
 def _stage_driver(env: jinja2.Environment, stage: Patch, planned: Plan, idents: list[str], pointer: Any,
