@@ -2,8 +2,9 @@
 
 Its int16 layers take the portable kernels of dabuild/targets/c/kernels/wide.py on every CPU: on the host, in each
 rounding, the outputs equal the integer reference's; with rounding tflm they equal TFLite Micro's too, on the host
-and on a Cortex-M4 and an M55 in qemu (whose DSP and Helium kernels are int8 only, so the int16 layers fall back to
-the portable ones: the manifest's kernels say which ran).
+and on a Cortex-M4 and an M55 in qemu, where dense and conv layers with an int16 input of zero point 0 take
+wide_dense_mcu and wide_conv_mcu (SMLAD and Helium dot products) and the rest the portable kernels (the manifest's
+kernels say which ran).
 """
 
 from __future__ import annotations
@@ -71,20 +72,76 @@ def test_ds_cnn_16x8_with_its_int16_softmax_in_c_equals_tflm(cpu: str, tmp_path:
     assert np.array_equal(ours.reshape(expected.shape), expected)
 
 
-@pytest.mark.skipif(shutil.which("arm-none-eabi-gcc") is None or shutil.which("qemu-system-arm") is None,
-                    reason="needs gcc-arm-none-eabi, libnewlib-arm-none-eabi and qemu-system-arm")
+QEMU = pytest.mark.skipif(shutil.which("arm-none-eabi-gcc") is None or shutil.which("qemu-system-arm") is None,
+                          reason="needs gcc-arm-none-eabi, libnewlib-arm-none-eabi and qemu-system-arm")
+
+
+@QEMU
 @pytest.mark.parametrize("cpu", ["cortex-m4", "cortex-m55"])
-def test_cortex_m_16x8_falls_back_to_the_portable_kernels_and_equals_tflm(cpu: str, tmp_path: Path) -> None:
+def test_cortex_m_16x8_dense_and_conv_take_the_isa_kernels_and_equal_tflm(cpu: str, tmp_path: Path) -> None:
+    """The ResNet block's convs and fully connected layer run wide_conv_mcu and wide_dense_mcu (SMLAD on the M4,
+    Helium on the M55), the rest the portable 16-bit kernels: TFLM's int16 outputs, in qemu."""
     path = model("resnet_block_16x8")
     _, qgraph = given_qgraph(path)
     x = inputs_for(path, 6, seed=13)
     target = CTarget(CTarget.Options(cpu=cpu, rounding="tflm"))
     artifact = built(target, qgraph, tmp_path)
-    kernels = read_manifest(artifact)["kernels"]
-    assert all(name.startswith("wide_") for name in kernels.values()), kernels
+    kernels = set(read_manifest(artifact)["kernels"].values())
+    assert {"wide_conv_mcu", "wide_dense_mcu"} <= kernels and "wide_conv" not in kernels, kernels
+    assert all(name.startswith("wide_") for name in kernels), kernels
     actual = target.run(artifact, quantize_input(qgraph, x), tmp_path)
     expected = run_tflm(path, qgraph, x)["output"]
     assert np.array_equal(actual.reshape(expected.shape), expected)
+
+
+def symmetric_int16(config: QuantConfig, *names: str) -> QuantConfig:
+    """`config` with the activations of the nodes `names` int16, symmetric (zero point 0, TFLite's 16x8)."""
+    return QuantConfig({name: dataclasses.replace(node, activation=dataclasses.replace(
+        node.activation, dtype="int16", scheme="sym")) if name in names and node.activation else node
+        for name, node in config.nodes.items()})
+
+
+def isa_kernel_graph() -> tuple[QGraph, np.ndarray]:
+    """conv 3x7x9 -> 30 (3x3, padded) -> conv 30 -> 6 (3x3, stride 2, padded; a window of 270 taps: more than one
+    int32 chunk of dabuild_wide_dot4, 270 = 33 * 8 + 6 = 67 * 4 + 2, and 6 = 4 + 2 outputs) -> flatten -> dense
+    120 -> 10 (120 = 15 * 8 = 30 * 4, 10 = 2 * 4 + 2) -> dense 10 -> 5 (shorter than a vector: the tail alone),
+    every activation int16 symmetric: the ISA kernels' chunks and tails, with the portable ones' rounding."""
+    from test_lowering import graph_of, lower
+    from test_quantize import C_CAPABILITY
+
+    from dabuild.ir.graph import Node
+    from dabuild.quant.defaults import default_config
+
+    rng = np.random.default_rng(5)
+    nodes = [Node("c1", "conv", ["x", "w1"], ["h"], {"pads": [1] * 4, "activation": "relu"}),
+             Node("c2", "conv", ["h", "w2"], ["h2"], {"pads": [1] * 4, "strides": [2, 2]}),
+             Node("flat", "flatten", ["h2"], ["f"], {}),
+             Node("fc1", "dense", ["f", "w3", "b3"], ["g"], {}),
+             Node("fc2", "dense", ["g", "w4", "b4"], ["y"], {})]
+    graph = graph_of(nodes, (3, 7, 9), {"w1": rng.normal(0, 0.5, (30, 3, 3, 3)), "w2": rng.normal(0, 0.2, (6, 30, 3, 3)),
+                                        "w3": rng.normal(0, 0.3, (120, 10)), "b3": rng.normal(0, 0.1, 10),
+                                        "w4": rng.normal(0, 0.5, (10, 5)), "b4": rng.normal(0, 0.1, 5)})
+    x = rng.normal(size=(40, 3, 7, 9)).astype(np.float32)
+    config = symmetric_int16(default_config(graph, C_CAPABILITY), "c1", "c2", "flat", "fc1", "fc2")
+    return lower(graph, x, config), x
+
+
+@QEMU
+@pytest.mark.parametrize("rounding", ["dabuild", "tflm", "tflm-single"])
+@pytest.mark.parametrize("cpu", ["cortex-m4", "cortex-m55"])
+def test_isa_16x8_kernels_equal_the_reference_in_every_rounding(cpu: str, rounding: str, tmp_path: Path) -> None:
+    """wide_conv_mcu and wide_dense_mcu over chunked and tailed dot products, in qemu, against the integer
+    reference in each rounding; one sample alternates int16's extremes, -32768 and 32767."""
+    qgraph, x = isa_kernel_graph()
+    target = CTarget(CTarget.Options(cpu=cpu, rounding=rounding))
+    artifact = built(target, qgraph, tmp_path)
+    kernels = read_manifest(artifact)["kernels"]
+    assert [kernels[name] for name in ("c1", "c2", "fc1", "fc2")] == ["wide_conv_mcu"] * 2 + ["wide_dense_mcu"] * 2
+    x_q = quantize_input(qgraph, x[:4])
+    x_q[0] = np.where(np.arange(x_q[0].size).reshape(x_q[0].shape) % 2, -32768, 32767)
+    expected = run_integer(target.integer_graph(qgraph), x_q)
+    actual = target.run(artifact, x_q, tmp_path)
+    assert np.array_equal(actual, expected.reshape(actual.shape)), f"{np.sum(actual != expected.reshape(actual.shape))} differ"
 
 
 def sixteen_bit(config: QuantConfig, *names: str) -> QuantConfig:
