@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -185,3 +186,54 @@ def test_mixed_8_16_with_broadcast_constant_add_and_asymmetric_int16_softmax(rou
     expected = run_integer(target.integer_graph(qgraph), x_q)
     ours = target.run(artifact, x_q, tmp_path)
     assert np.array_equal(ours, expected.reshape(ours.shape))
+
+
+def floor_product_cases() -> list[tuple[int, int, int, int]]:
+    """(acc, multiplier, addend, shift) around int32's edges (where dabuild_floor_product's one-multiply path ends)
+    and beyond, at every shift 1..62, with the addends the requantizations pass (0, a rounding half, 2^30)."""
+    rng = np.random.default_rng(8)
+    accs = [0, 1, -1, 2**31 - 1, -(2**31), 2**31, -(2**31) - 1, 2**40 + 3, -(2**47) + 5,
+            *map(int, rng.integers(-(2**31), 2**31, 6)), *map(int, rng.integers(-(2**50), 2**50, 4))]
+    cases = []
+    for shift in range(1, 63):
+        for acc in accs:
+            for multiplier in (1, 2**31 - 1, int(rng.integers(1, 2**31))):
+                for addend in {0, 2 ** (shift - 1), 2**30}:
+                    exact = (acc * multiplier + addend) >> shift
+                    if shift < 32 or abs(exact) <= 2**61:   # from shift 32 on, the function takes no saturation
+                        cases.append((acc, multiplier, addend, shift))
+    return cases
+
+
+def test_wide_floor_product_is_exact_on_both_of_its_paths(tmp_path: Path) -> None:
+    """dabuild_floor_product, which every 16-bit requantization calls, on the host: floor((acc * multiplier +
+    addend) / 2^shift) computed in Python's integers, saturated at +-2^61 as the function states."""
+    from test_c_kernels import lowered
+
+    from dabuild.targets.c.codegen import render
+
+    for name, text in render(lowered("relu")).files.items():
+        if name.endswith(".h"):
+            (tmp_path / name).write_text(text)
+    cases = floor_product_cases()
+    rows = ",\n".join(f"{{{a}LL, {m}, {d}LL, {s}}}" for a, m, d, s in cases)
+    (tmp_path / "check.c").write_text(f"""#include <stdio.h>
+#include "dabuild_wide.h"
+static const struct {{ int64_t acc; int32_t multiplier; int64_t addend; int32_t shift; }} cases[] = {{
+{rows}
+}};
+int main(void)
+{{
+    size_t i;
+    for (i = 0; i < sizeof cases / sizeof cases[0]; ++i) {{
+        printf("%lld\\n", (long long)dabuild_floor_product(cases[i].acc, cases[i].multiplier, cases[i].addend,
+                                                         cases[i].shift));
+    }}
+    return 0;
+}}
+""")
+    subprocess.run(["cc", "-std=c99", "-O2", "-Wall", "-Wextra", "-Werror", "-o", str(tmp_path / "check"),
+                    str(tmp_path / "check.c")], check=True)
+    printed = subprocess.run([str(tmp_path / "check")], capture_output=True, text=True, check=True).stdout
+    expected = [min(max((a * m + d) >> s, -(2**61)), 2**61) for a, m, d, s in cases]
+    assert len(cases) > 5000 and [int(value) for value in printed.split()] == expected
