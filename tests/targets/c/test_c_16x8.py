@@ -104,9 +104,10 @@ def symmetric_int16(config: QuantConfig, *names: str) -> QuantConfig:
 
 def isa_kernel_graph() -> tuple[QGraph, np.ndarray]:
     """conv 3x7x9 -> 30 (3x3, padded) -> conv 30 -> 6 (3x3, stride 2, padded; a window of 270 taps: more than one
-    int32 chunk of dabuild_wide_dot4, 270 = 33 * 8 + 6 = 67 * 4 + 2, and 6 = 4 + 2 outputs) -> flatten -> dense
-    120 -> 10 (120 = 15 * 8 = 30 * 4, 10 = 2 * 4 + 2) -> dense 10 -> 5 (shorter than a vector: the tail alone),
-    every activation int16 symmetric: the ISA kernels' chunks and tails, with the portable ones' rounding."""
+    int32 chunk of dabuild_wide_dot4, 270 = 33 * 8 + 6 = 67 * 4 + 2, and 6 = 4 + 2 outputs) -> conv 6 -> 4 in 2
+    groups (dilated 2, padded unevenly: the portable kernel on every cpu) -> flatten -> dense 48 -> 10 (48 = 6 * 8
+    = 12 * 4, 10 = 2 * 4 + 2) -> dense 10 -> 5 (shorter than a vector: the tail alone), every activation int16
+    symmetric: the ISA kernels' chunks and tails, with the portable ones' rounding."""
     from test_lowering import graph_of, lower
     from test_quantize import C_CAPABILITY
 
@@ -116,76 +117,39 @@ def isa_kernel_graph() -> tuple[QGraph, np.ndarray]:
     rng = np.random.default_rng(5)
     nodes = [Node("c1", "conv", ["x", "w1"], ["h"], {"pads": [1] * 4, "activation": "relu"}),
              Node("c2", "conv", ["h", "w2"], ["h2"], {"pads": [1] * 4, "strides": [2, 2]}),
-             Node("flat", "flatten", ["h2"], ["f"], {}),
+             Node("c3", "conv", ["h2", "w5"], ["h3"], {"pads": [2, 1, 1, 2], "dilations": [2, 2], "groups": 2}),
+             Node("flat", "flatten", ["h3"], ["f"], {}),
              Node("fc1", "dense", ["f", "w3", "b3"], ["g"], {}),
              Node("fc2", "dense", ["g", "w4", "b4"], ["y"], {})]
     graph = graph_of(nodes, (3, 7, 9), {"w1": rng.normal(0, 0.5, (30, 3, 3, 3)), "w2": rng.normal(0, 0.2, (6, 30, 3, 3)),
-                                        "w3": rng.normal(0, 0.3, (120, 10)), "b3": rng.normal(0, 0.1, 10),
+                                        "w5": rng.normal(0, 0.4, (4, 3, 3, 3)), "w3": rng.normal(0, 0.3, (48, 10)), "b3": rng.normal(0, 0.1, 10),
                                         "w4": rng.normal(0, 0.5, (10, 5)), "b4": rng.normal(0, 0.1, 5)})
     x = rng.normal(size=(40, 3, 7, 9)).astype(np.float32)
-    config = symmetric_int16(default_config(graph, C_CAPABILITY), "c1", "c2", "flat", "fc1", "fc2")
+    config = symmetric_int16(default_config(graph, C_CAPABILITY), "c1", "c2", "c3", "flat", "fc1", "fc2")
     return lower(graph, x, config), x
 
 
-@QEMU
 @pytest.mark.parametrize("rounding", ["dabuild", "tflm", "tflm-single"])
-@pytest.mark.parametrize("cpu", ["cortex-m4", "cortex-m55"])
-def test_isa_16x8_kernels_equal_the_reference_in_every_rounding(cpu: str, rounding: str, tmp_path: Path) -> None:
-    """wide_conv_mcu and wide_dense_mcu over chunked and tailed dot products, in qemu, against the integer
-    reference in each rounding; one sample alternates int16's extremes, -32768 and 32767."""
+@pytest.mark.parametrize("cpu", ["host", "cortex-m4", "cortex-m55"])
+def test_16x8_dense_and_conv_kernels_equal_the_reference_in_every_rounding(cpu: str, rounding: str,
+                                                                           tmp_path: Path) -> None:
+    """wide_conv_mcu and wide_dense_mcu over chunked and tailed dot products (M4 and M55, in qemu), the portable
+    wide_conv and wide_dense (the host; a grouped, dilated conv everywhere), against the integer reference in
+    each rounding; one sample alternates int16's extremes, -32768 and 32767."""
+    if cpu != "host" and (shutil.which("arm-none-eabi-gcc") is None or shutil.which("qemu-system-arm") is None):
+        pytest.skip("needs gcc-arm-none-eabi, libnewlib-arm-none-eabi and qemu-system-arm")
     qgraph, x = isa_kernel_graph()
     target = CTarget(CTarget.Options(cpu=cpu, rounding=rounding))
     artifact = built(target, qgraph, tmp_path)
     kernels = read_manifest(artifact)["kernels"]
-    assert [kernels[name] for name in ("c1", "c2", "fc1", "fc2")] == ["wide_conv_mcu"] * 2 + ["wide_dense_mcu"] * 2
+    isa = "" if cpu == "host" else "_mcu"
+    assert [kernels[name] for name in ("c1", "c2", "c3", "fc1", "fc2")] == [
+        f"wide_conv{isa}", f"wide_conv{isa}", "wide_conv", f"wide_dense{isa}", f"wide_dense{isa}"]
     x_q = quantize_input(qgraph, x[:4])
     x_q[0] = np.where(np.arange(x_q[0].size).reshape(x_q[0].shape) % 2, -32768, 32767)
     expected = run_integer(target.integer_graph(qgraph), x_q)
     actual = target.run(artifact, x_q, tmp_path)
     assert np.array_equal(actual, expected.reshape(actual.shape)), f"{np.sum(actual != expected.reshape(actual.shape))} differ"
-
-
-def sixteen_bit(config: QuantConfig, *names: str) -> QuantConfig:
-    """`config` with the activations of the nodes `names` int16, asymmetric (zero points away from 0)."""
-    return QuantConfig({name: dataclasses.replace(node, activation=dataclasses.replace(
-        node.activation, dtype="int16", scheme="asym")) if name in names and node.activation else node
-        for name, node in config.nodes.items()})
-
-
-@pytest.mark.parametrize("rounding", ["dabuild", "tflm"])
-def test_mixed_8_16_with_broadcast_constant_add_and_asymmetric_int16_softmax(rounding: str, tmp_path: Path) -> None:
-    """input -> dense (int16 out) -> add of a broadcast constant (int16) -> relu -> dense -> reshape ->
-    transpose -> softmax (int16 in, asymmetric; TFLite's int16 softmax, whose
-    x - max drops the zero point): every layer's kernel takes its own mix of int8 and int16, exact."""
-    from test_lowering import graph_of, lower
-    from test_quantize import C_CAPABILITY
-
-    from dabuild.ir.graph import Node
-    from dabuild.quant.defaults import default_config
-
-    rng = np.random.default_rng(3)
-    nodes = [Node("fc1", "dense", ["x", "w1", "b1"], ["h"], {}),
-             Node("shift", "add", ["h", "offset"], ["s"], {}),
-             Node("rectify", "relu", ["s"], ["r"], {}),
-             Node("fc2", "dense", ["r", "w2", "b2"], ["z"], {}),
-             Node("rows", "reshape", ["z"], ["m"], {"shape": [0, 3, 4]}),
-             Node("swap", "transpose", ["m"], ["t"], {"perm": [0, 2, 1]}),
-             Node("probabilities", "softmax", ["t"], ["y"], {"axis": -1})]
-    graph = graph_of(nodes, (6,), {"w1": rng.normal(0, 0.5, (6, 10)), "b1": rng.normal(0, 0.1, 10),
-                                   "offset": rng.normal(1, 0.5, (10,)), "w2": rng.normal(0, 0.5, (10, 12)),
-                                   "b2": rng.normal(0, 0.1, 12)})
-    x = rng.normal(size=(64, 6)).astype(np.float32)
-    config = sixteen_bit(default_config(graph, C_CAPABILITY), "fc1", "shift", "fc2")
-    qgraph = lower(graph, x, config)
-    assert qgraph.tensors["shift:offset"].params.dtype == "int16"   # the add's broadcast addend: an int16 graph constant
-    assert {qgraph.tensors[name].params.dtype for name in ("h", "s", "r", "z", "t", "y")} == {"int16"}
-    assert qgraph.tensors["t"].params.zero_point != 0
-    target = CTarget(CTarget.Options(rounding=rounding))
-    artifact = built(target, qgraph, tmp_path)
-    x_q = quantize_input(qgraph, x)
-    expected = run_integer(target.integer_graph(qgraph), x_q)
-    ours = target.run(artifact, x_q, tmp_path)
-    assert np.array_equal(ours, expected.reshape(ours.shape))
 
 
 def floor_product_cases() -> list[tuple[int, int, int, int]]:
