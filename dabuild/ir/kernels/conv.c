@@ -217,7 +217,9 @@ NAME(block)(const NAME(Conv) *c, const NAME(KBlock) *k, const ELEM *w, ptrdiff_t
 }
 
 /* Output rows [row0, row1) of the flattened (N * OH) rows, channels o .. o + VECS * VLEN - 1, over one K-block:
- * full blocks of PIXELS pixels, then single pixels. `partial` holds the chunk's partial sums, pixel by pixel. */
+ * full blocks of PIXELS pixels, then the rest of the row in blocks of 4 and 2 pixels and a single one (a row
+ * of 28 or 7 pixels left 4 or 1 of 6-pixel blocks to single pixels, whose one broadcast per multiply-add made
+ * them several times slower a pixel). `partial` holds the chunk's partial sums, pixel by pixel. */
 static inline __attribute__((always_inline)) void
 NAME(rows_of_kblock)(const NAME(Conv) *c, const NAME(KBlock) *k, const ELEM *w, ptrdiff_t ld, ELEM *partial, ptrdiff_t row0,
                ptrdiff_t row1, ptrdiff_t o, const int PIXELS, const int VECS)
@@ -227,7 +229,13 @@ NAME(rows_of_kblock)(const NAME(Conv) *c, const NAME(KBlock) *k, const ELEM *w, 
         ELEM *sums = partial + (row - row0) * c->out_w * MAX_VECS * VLEN;
         for (; ow + PIXELS <= c->out_w; ow += PIXELS)
             NAME(block)(c, k, w, ld, sums + ow * MAX_VECS * VLEN, n, oh, ow, o, PIXELS, VECS);
-        for (; ow < c->out_w; ow++)
+        if (PIXELS > 4 && ow + 4 <= c->out_w) {
+            NAME(block)(c, k, w, ld, sums + ow * MAX_VECS * VLEN, n, oh, ow, o, 4, VECS);
+            ow += 4;
+        }
+        for (; ow + 2 <= c->out_w; ow += 2)
+            NAME(block)(c, k, w, ld, sums + ow * MAX_VECS * VLEN, n, oh, ow, o, 2, VECS);
+        if (ow < c->out_w)
             NAME(block)(c, k, w, ld, sums + ow * MAX_VECS * VLEN, n, oh, ow, o, 1, VECS);
     }
 }
