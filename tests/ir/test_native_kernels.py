@@ -25,6 +25,7 @@ from dabuild.ir.kernels import compiling, native
 from dabuild.ir.kernels.compiling import Sources
 from dabuild.ir.ops import OPS
 from dabuild.ir.ops.linear import UNCHANGED, Epilogue, Geometry, _native_conv
+from dabuild.ir.ops.pool import _native_pool
 
 pytestmark = pytest.mark.skipif(shutil.which(native.COMPILER) is None, reason="no C compiler")
 
@@ -410,25 +411,35 @@ def test_layer_threads_work_in_a_forked_child(monkeypatch: pytest.MonkeyPatch) -
     assert os.waitstatus_to_exitcode(status) == 0
 
 
-@pytest.mark.parametrize("attrs", [
-    {"kernel": [3, 3], "strides": [2, 2]},
-    {"kernel": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]},
-    {"kernel": [3, 3], "strides": [2, 2], "ceil_mode": True},  # SqueezeNet's: the overhang never wins
-    {"kernel": [2, 3], "strides": [1, 2], "pads": [1, 0, 0, 2], "dilations": [2, 1]},
-])
-def test_max_pool_of_a_conv_output_matches_numpy_bit_for_bit(monkeypatch: pytest.MonkeyPatch, vector_path: int,
-                                                              attrs: dict) -> None:
-    """max_pool.c on a channels-last tensor: numpy's maxima, NaN winning and the later of two equal zeros kept."""
+POOLS = [
+    ("max_pool", {"kernel": [3, 3], "strides": [2, 2]}),
+    ("max_pool", {"kernel": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}),
+    ("max_pool", {"kernel": [3, 3], "strides": [2, 2], "ceil_mode": True}),  # SqueezeNet's: the overhang never wins
+    ("max_pool", {"kernel": [2, 3], "strides": [1, 2], "pads": [1, 0, 0, 2], "dilations": [2, 1]}),
+    ("avg_pool", {"kernel": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}),  # ShuffleNet v1's shortcut
+    ("avg_pool", {"kernel": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1], "count_include_pad": True}),
+    ("avg_pool", {"kernel": [2, 3], "strides": [1, 2], "pads": [1, 0, 0, 2], "ceil_mode": True}),
+    ("avg_pool", {"kernel": [2, 2], "strides": [2, 2]}),
+]
+
+
+@pytest.mark.parametrize("op, attrs", POOLS)
+def test_pools_of_a_conv_output_match_numpy_bit_for_bit(monkeypatch: pytest.MonkeyPatch, vector_path: int, op: str,
+                                                        attrs: dict) -> None:
+    """pool.c on a channels-last tensor: numpy's maxima (NaN winning, the later of two equal zeros kept) and
+    averages (the taps summed in numpy's order, padding adding +0, divided by numpy's counts)."""
     rng = np.random.default_rng(8)
     memory = rng.standard_normal((2, 9, 11, 21)).astype(np.float32)  # (N, H, W, C): 21 channels, a partial vector
     memory[0, 2, 3, 4] = np.nan
     memory[1, :, :, 5] = np.where(rng.random((9, 11)) < 0.5, -0.0, 0.0)  # zeros of both signs
     x = memory.transpose(0, 3, 1, 2)  # (N, C, H, W) over channels-last memory, as a conv leaves it
     monkeypatch.delenv(native.SWITCH, raising=False)
-    compiled = OPS["max_pool"].run([x], attrs)[0]
+    resolved = OPS[op].resolve(attrs)
+    assert _native_pool(x, *OPS[op].geometry(resolved), resolved["ceil_mode"]) is not None  # pool.c takes it
+    compiled = OPS[op].run([x], attrs)[0]
     assert channels_last_memory(compiled)
     monkeypatch.setenv(native.SWITCH, "0")
-    reference = OPS["max_pool"].run([x], attrs)[0]
+    reference = OPS[op].run([x], attrs)[0]
     assert compiled.shape == reference.shape
     np.testing.assert_array_equal(compiled, reference)
     assert np.array_equal(np.signbit(compiled), np.signbit(reference))

@@ -56,7 +56,7 @@ from dabuild.notices import warn
 
 COMPILER = "cc"
 VARIANTS = (("float", "int", "f32"), ("double", "long long", "f64"))  # conv.c's element types, its mask types, names
-UNITS = ("histogram.c", "requantize.c", "qconv.c", "threads.c", "max_pool.c", "island_conv.c", "quantize.c",
+UNITS = ("histogram.c", "requantize.c", "qconv.c", "threads.c", "pool.c", "island_conv.c", "quantize.c",
          "vector_path.c")  # with conv.c's variants, one translation unit each
 HEADERS = ("vectors.h", "conv.c")  # included by the units
 TARGET_FLAGS = (("-O3", "-march=native"), ("-O3",))  # the CPU's own instructions, else the compiler's default target
@@ -82,14 +82,15 @@ def _conv_call(element: type[ctypes._SimpleCData]) -> type[ctypes.Structure]:
     return type(f"ConvCall_{element.__name__}", (ctypes.Structure,), {"_fields_": fields})
 
 
-class MaxPoolCall(ctypes.Structure):
-    """max_pool.c's `MaxPool`: one max pool's tensors and geometry."""
+class PoolCall(ctypes.Structure):
+    """pool.c's `Pool`: one max or average pool's tensors and geometry."""
 
     _fields_ = [("x", ctypes.c_void_p), *((name, ctypes.c_ssize_t) for name in ("height", "width", "channels")),
                 ("y", ctypes.c_void_p),
                 *((name, ctypes.c_ssize_t) for name in ("out_h", "out_w", "kernel_h", "kernel_w", "stride_h",
                                                         "stride_w", "pad_top", "pad_left", "dilation_h",
-                                                        "dilation_w"))]
+                                                        "dilation_w")),
+                ("divisors", ctypes.c_void_p)]
 
 
 ELEMENTS: dict[np.dtype, tuple[str, Any]] = {np.dtype(np.float32): ("f32", _conv_call(ctypes.c_float)),
@@ -122,9 +123,10 @@ class NativeConv:
                 kernel.argtypes = [ctypes.POINTER(call), ctypes.c_ssize_t, ctypes.c_ssize_t]
                 kernel.restype = None
                 self._kernels[dtype, depthwise] = kernel
-        self._max_pool = library.max_pool_nhwc
-        self._max_pool.argtypes = [ctypes.POINTER(MaxPoolCall), ctypes.c_ssize_t, ctypes.c_ssize_t]
-        self._max_pool.restype = None
+        self._pools = {"max": library.max_pool_nhwc, "average": library.avg_pool_nhwc}
+        for pool in self._pools.values():
+            pool.argtypes = [ctypes.POINTER(PoolCall), ctypes.c_ssize_t, ctypes.c_ssize_t]
+            pool.restype = None
         self.rows = RowSplitter(library)  # threads.c; the same library holds histogram.c, requantize.c, qconv.c,
         self.histogram = NativeHistogram(library)  # island_conv.c and quantize.c
         self.requantize = NativeRequantize(library)
@@ -180,15 +182,17 @@ class NativeConv:
         return ConvPlan(self, self._kernels[dtype, weight.depthwise], call, (batch, *out, out_channels), dtype,
                         work >= PARALLEL_MACS, (weight, bias, zeros))
 
-    def max_pool(self, x: np.ndarray, kernel: list[int], strides: list[int], pads: list[int], dilations: list[int],
-                 out: list[int]) -> np.ndarray:
-        """max_pool.c over a C-contiguous float32 (N, H, W, C) x: the (N, OH, OW, C) maxima, taps outside the
-        input skipped; pads are the (top, left) ones, `out` is (OH, OW)."""
+    def pool(self, x: np.ndarray, kernel: list[int], strides: list[int], pads: list[int], dilations: list[int],
+             out: list[int], divisors: np.ndarray | None = None) -> np.ndarray:
+        """pool.c over a C-contiguous float32 (N, H, W, C) x: the (N, OH, OW, C) maxima (taps outside the input
+        skipped), or with `divisors` (float32 (OH, OW), each output's count) the averages (taps outside the
+        input adding +0, as numpy's zero padding does); pads are the (top, left) ones, `out` is (OH, OW)."""
         batch, height, width, channels = x.shape
         y = aligned_empty((batch, *out, channels), x.dtype)
-        call = MaxPoolCall(x.ctypes.data, height, width, channels, y.ctypes.data, *out, *kernel, *strides, *pads,
-                           *dilations)
-        self._max_pool(ctypes.byref(call), 0, batch * out[0])
+        counts = None if divisors is None else np.ascontiguousarray(divisors, np.float32)
+        call = PoolCall(x.ctypes.data, height, width, channels, y.ctypes.data, *out, *kernel, *strides, *pads,
+                        *dilations, None if counts is None else counts.ctypes.data)
+        self._pools["max" if counts is None else "average"](ctypes.byref(call), 0, batch * out[0])
         return y
 
     def run(self, function: Any, call: ctypes.Structure, rows: int, parallel: bool) -> None:
