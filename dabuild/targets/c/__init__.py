@@ -46,7 +46,7 @@ from dabuild.qir.fixed_point import Rounding
 from dabuild.qir.qgraph import QGraph
 from dabuild.sizes import parse_size
 from dabuild.targets.base import Target, held, refuse_float_layers, refuse_ops_without_integers
-from dabuild.targets.c import firmware
+from dabuild.targets.c import cycles, firmware
 from dabuild.targets.c.codegen import PROGRAM, WEIGHTS_FILE, render, stored_bytes, trace_file
 from dabuild.targets.c.profiles import CPUS, FLOAT_ORDER, PROFILES, Profile
 from dabuild.targets.tflm_functions import tflm_lookups
@@ -346,15 +346,21 @@ class CTarget(Target):
 
     def measurements(self, artifact_dir: Path, inputs: np.ndarray, work_dir: Path) -> dict[str, Any]:
         """model.json's firmware figures, and under qemu the instructions model_forward retires on the first
-        sample (a counting image: -DDABUILD_COUNT)."""
+        sample (a counting image: -DDABUILD_COUNT), by timing class, with the cycles they would take on a core
+        whose timing dabuild.targets.c.cycles models (flash wait states not included)."""
         artifact_dir, work_dir = Path(artifact_dir), Path(work_dir)
         measured = dict(read_manifest(artifact_dir).get("firmware", {}))
         if self.runner == "qemu" and len(inputs):
             image = self._build(artifact_dir, work_dir, ("-DDABUILD_COUNT",))
             dtype = read_manifest(artifact_dir).get("input_dtype", "int8")
             np.ascontiguousarray(inputs[:1], dtype=dtype).tofile(work_dir / "inputs.bin")
-            counts = firmware.count_instructions(self.profile, image, work_dir, self.options.timeout)
-            measured["instructions_per_inference"] = counts[0]
+            execution = firmware.trace_executions(self.profile, image, work_dir, self.options.timeout)[0]
+            measured["instructions_per_inference"] = execution.instructions
+            timing = cycles.TIMINGS.get(self.profile.name)
+            if timing is not None:
+                estimate = cycles.estimate(execution, cycles.disassemble(image)[0], timing)
+                measured["estimated_cycles_per_inference"] = estimate.cycles
+                measured["instruction_classes"] = estimate.classes
         return {"firmware": measured} if measured else {}
 
     def trace(self, artifact_dir: Path, inputs: np.ndarray, work_dir: Path) -> dict[str, np.ndarray] | None:

@@ -26,14 +26,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+import numpy as np
+
 from dabuild.errors import BuildError
+from dabuild.targets.c import cycles
+from dabuild.targets.c.cycles import Execution
 from dabuild.targets.c.profiles import ARM_PACKAGES, QEMU_PACKAGE, Profile
 
 FIRMWARE = "firmware"
 STARTUP, LINKER_SCRIPT = f"{FIRMWARE}/startup.c", f"{FIRMWARE}/link.ld"
 STACK_RESERVE = 4096   # bytes of RAM the linker keeps free for newlib's heap (file buffers) and the stack
 QEMU = "qemu-system-arm"
-MARK = b"] dabuild_mark\n"
+MARK = "dabuild_mark"
 LINK_FLAGS = ("--specs=rdimon.specs", "-nostartfiles", "-Wl,--gc-sections")
 SECTION_FLAGS = ("-ffunction-sections", "-fdata-sections")
 
@@ -113,39 +117,71 @@ def run_image(profile: Profile, image: Path, work_dir: Path, timeout: float) -> 
                          f"{(result.stderr + result.stdout).strip()[-2000:]}")
 
 
-def _count_between_marks(log: IO[bytes]) -> list[int]:
-    """Lines (executed instructions) between consecutive pairs of dabuild_mark lines of a qemu exec log."""
-    counts: list[int] = []
-    inside, running, carry = False, 0, b""
-    while chunk := log.read(1 << 22):
+_HEX = np.full(256, 255, np.uint8)
+_HEX[np.frombuffer(b"0123456789abcdef", np.uint8)] = np.arange(16, dtype=np.uint8)
+_PC_OFFSET = 10        # "[cs_base/pc/...": the pc's 8 hex digits start 10 bytes after the bracket
+_NIBBLE_SHIFTS = np.arange(28, -1, -4, dtype=np.uint32)
+
+
+def _addresses(lines: bytes) -> np.ndarray:
+    """The guest pc of every trace line of a qemu exec log (each line one executed instruction)."""
+    raw = np.frombuffer(lines, np.uint8)
+    digits = _HEX[raw[np.flatnonzero(raw == ord("["))[:, None] + _PC_OFFSET + np.arange(8)]]
+    if (digits == 255).any():
+        raise BuildError("qemu's exec log has a line whose pc is not 8 hex digits: this qemu's log format is "
+                         "not the one dabuild reads (qemu 7.2)")
+    return (digits.astype(np.uint32) << _NIBBLE_SHIFTS).sum(axis=1, dtype=np.uint32)
+
+
+def _executions_between_marks(log: IO[bytes], mark: int, origin: int) -> list[Execution]:
+    """What ran between consecutive pairs of executions of the instruction at `mark` (dabuild_mark), counted
+    from `origin`, the image's first instruction."""
+    done: list[Execution] = []
+    current: Execution | None = None
+    previous, carry = np.zeros(1, np.uint32), b""
+    while chunk := log.read(1 << 24):
         chunk = carry + chunk
         cut = chunk.rfind(b"\n") + 1
-        chunk, carry = chunk[:cut], chunk[cut:]
-        start = 0
-        while (at := chunk.find(MARK, start)) >= 0:
-            if inside:
-                counts.append(running + chunk.count(b"\n", start, at))
-            inside, running = not inside, 0
-            start = at + len(MARK)
-        if inside:
-            running += chunk.count(b"\n", start)
-    return counts
+        addresses = _addresses(chunk[:cut])
+        carry = chunk[cut:]
+        before = np.concatenate([previous, addresses[:-1]])
+        starts = [0, *(np.flatnonzero(addresses == mark) + 1)]
+        for begin, end in zip(starts, [*starts[1:], len(addresses) + 1]):
+            if current is not None:
+                current.add(addresses[begin:end - 1], before[begin:end - 1])
+            if end <= len(addresses):          # a mark ends this piece: a window opens or closes
+                if current is None:
+                    current = Execution(origin)
+                else:
+                    done.append(current)
+                    current = None
+        if len(addresses):
+            previous = addresses[-1:]
+    return done
 
 
-def count_instructions(profile: Profile, image: Path, work_dir: Path, timeout: float) -> list[int]:
-    """Instructions each model_forward call of a counting image retired, one entry per sample."""
+def trace_executions(profile: Profile, image: Path, work_dir: Path, timeout: float) -> list[Execution]:
+    """What each model_forward call of a counting image executed (per address), one entry per sample."""
     require(QEMU, QEMU_PACKAGE)
+    instructions, symbols = cycles.disassemble(image)
+    if MARK not in symbols:
+        raise BuildError(f"{image} has no {MARK} function: it is not a counting build (-DDABUILD_COUNT)")
     line = [*qemu_line(profile, str(image)), "-singlestep", "-d", "exec,nochain", "-D", "/dev/stdout"]
     with subprocess.Popen(line, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=work_dir) as process:
         assert process.stdout is not None
         try:
-            counts = _count_between_marks(process.stdout)
+            executions = _executions_between_marks(process.stdout, symbols[MARK], min(instructions))
             process.wait(timeout=timeout)
         finally:
             process.kill()
-    if process.returncode != 0 or not counts:
+    if process.returncode != 0 or not executions:
         raise BuildError(f"counting the instructions of {image} in qemu failed (exit {process.returncode})")
-    return counts
+    return executions
+
+
+def count_instructions(profile: Profile, image: Path, work_dir: Path, timeout: float) -> list[int]:
+    """Instructions each model_forward call of a counting image retired, one entry per sample."""
+    return [execution.instructions for execution in trace_executions(profile, image, work_dir, timeout)]
 
 
 _INPUT_SECTION = re.compile(r"^ (\.\S+)\s+0x[0-9a-f]+\s+0x([0-9a-f]+)\s+(\S+)$", re.MULTILINE)
