@@ -26,6 +26,7 @@ import json
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -60,8 +61,9 @@ def models() -> dict[str, tuple[QGraph, np.ndarray]]:
 
 
 def measure(qgraph: QGraph, samples: np.ndarray, cpu: str, cflags: list[str], folder: Path,
-            cmsis_nn: Path | None = None) -> dict:
-    target = CTarget(CTarget.Options(cpu=cpu, cflags=cflags))
+            cmsis_nn: Path | None = None, **options: Any) -> dict:
+    """The c target's image of `qgraph` (with further target `options`) checked exact in qemu, and its figures."""
+    target = CTarget(CTarget.Options(cpu=cpu, cflags=cflags, **options))
     artifact, run_dir, count_dir = folder / "artifact", folder / "run", folder / "count"
     for path in (artifact, run_dir, count_dir):
         path.mkdir()
@@ -75,7 +77,7 @@ def measure(qgraph: QGraph, samples: np.ndarray, cpu: str, cflags: list[str], fo
     if cmsis_nn is not None:
         measured["cmsis_nn"] = cmsis_nn_count(qgraph, samples[0], target.profile, cmsis_nn, artifact,
                                               folder / "cmsis-nn")
-    return {**measured, "arena": manifest["arena"]}
+    return {**measured, "arena": manifest["arena"], "streaming": manifest.get("streaming")}
 
 
 def main() -> None:

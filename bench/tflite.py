@@ -19,7 +19,14 @@ need int64 biases, so 16x8 stores a little more; a 16x8 softmax adds its two
 whose interpolated exp table bounds its SQNR: LiteRT running the 16x8 file
 itself gives the DS-CNN the same figure.
 
-Usage: python bench/tflite.py [--samples N]
+With --tflm DIR (a folder of the tflite-micro, CMSIS-NN, CMSIS_6, flatbuffers, gemmlowp and ruy checkouts;
+bench/tflm_peer.py says which commits and how to fetch them), the last table is measured on a Cortex-M4
+(mps2-an386) in qemu 7.2: each int8 file rebuilt as given and exported by the c target with `rounding: tflm`
+(-O2), against TFLM with CMSIS-NN kernels (built here, default double rounding: TFLM's) running the file
+itself: instructions per inference (goal <= 0.8x TFLM+CMSIS-NN's), output bytes that differ over the samples
+(goal 0), and the arena TFLM used in qemu. Without it that table says it was not measured.
+
+Usage: python bench/tflite.py [--samples N] [--tflm DIR]
 """
 
 from __future__ import annotations
@@ -47,6 +54,11 @@ from dabuild.targets.c.profiles import PROFILES  # noqa: E402
 from dabuild.targets.tflite import MODEL_FILE, TfliteTarget  # noqa: E402
 from dabuild.targets.tflite.runtime import arena_bytes  # noqa: E402
 from dabuild.targets.tflite.runtime import run_tflm as run_file  # noqa: E402
+
+sys.path.insert(0, str(REPO / "bench"))
+from tflm_peer import Checkouts, PeerMissing, measure  # noqa: E402
+
+GOAL = 0.8   # c's instructions against TFLM+CMSIS-NN's on a Cortex-M4
 
 
 def tflm_arena(path: Path) -> int:
@@ -81,10 +93,35 @@ def sqnr_db(signal: np.ndarray, approximation: np.ndarray) -> float:
     return float(10 * np.log10(np.sum(signal**2) / noise)) if noise > 0 else float("inf")
 
 
+def qemu_row(path: Path, checkouts: Checkouts, samples: int) -> str:
+    """The c target with rounding tflm against TFLM+CMSIS-NN on the file, both on a Cortex-M4 in qemu."""
+    _, qgraph = given_qgraph(path)
+    x_q = quantize_input(qgraph, inputs_for(path, samples, seed=11))
+    target = CTarget(CTarget.Options(cpu="cortex-m4", rounding="tflm"))
+    with tempfile.TemporaryDirectory(prefix="dabuild-bench-tflite-qemu-") as work:
+        artifact, run, count = (Path(work) / name for name in ("artifact", "run", "count"))
+        for folder in (artifact, run, count):
+            folder.mkdir()
+        target.export(target.integer_graph(qgraph), artifact)
+        ours = target.run(artifact, x_q, run)
+        instructions = target.measurements(artifact, x_q[:1], count)["firmware"]["instructions_per_inference"]
+        peer = measure(path, qgraph, x_q, target.profile, checkouts, artifact, Path(work) / "tflm")
+    assert peer.instructions is not None
+    differing = int(np.sum(ours.reshape(peer.outputs.shape) != peer.outputs))
+    return (f"{path.stem:<26} {instructions:>13,} {peer.instructions:>15,} {instructions / peer.instructions:>6.2f}x "
+            f"{f'{differing}/{peer.outputs.size}':>14} {peer.arena_bytes:>12,}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--samples", type=int, default=64)
+    parser.add_argument("--tflm", type=Path, metavar="DIR", default=None,
+                        help="the peer checkouts' folder: measure TFLM+CMSIS-NN against the c target in qemu")
     args = parser.parse_args()
+    try:
+        checkouts = Checkouts(args.tflm) if args.tflm else None
+    except PeerMissing as missing:
+        parser.error(str(missing))
     m4 = PROFILES["cortex-m4"]
     print(f"{'model':<26} {'import ms':>9} {'file B':>7} {'C stores B':>10} {'differ (dabuild)':>16} "
           f"{'differ (tflm)':>13} {'TFLM arena B':>12}")
@@ -125,6 +162,17 @@ def main() -> None:
             ours = dequantize_output(qgraph, run_integer(qgraph, quantize_input(qgraph, x)))
             figures.append((sqnr_db(reference, ours.reshape(reference.shape)), Target().stored_bytes(qgraph)))
         print(f"{stem:<14} {figures[0][0]:>12.1f} {figures[1][0]:>12.1f} {figures[0][1]:>9} {figures[1][1]:>9}")
+    print()
+    if checkouts is None:
+        print("c (rounding tflm) against TFLM+CMSIS-NN on a Cortex-M4 in qemu: not measured (give --tflm DIR, "
+              "see bench/tflm_peer.py)")
+        return
+    print(f"Cortex-M4 in qemu 7.2, -O2, {args.samples} samples; c with rounding tflm, TFLM+CMSIS-NN double rounding")
+    print(f"{'model':<26} {'c instructions':>13} {'TFLM+CMSIS-NN':>15} {'ratio':>7} {'differ (goal 0)':>14} "
+          f"{'TFLM arena B':>12}   (ratio goal <= {GOAL}x)")
+    for path in MODELS:
+        if path.stem.endswith("_int8"):
+            print(qemu_row(path, checkouts, args.samples), flush=True)
 
 
 if __name__ == "__main__":

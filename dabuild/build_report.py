@@ -109,13 +109,14 @@ def _mcu(summary: dict[str, Any]) -> str:
         firmware = check.get("firmware")
         if not firmware:
             continue
-        cells = [firmware.get(key) for key in ("flash_bytes", "ram_bytes", "stack_bytes", "instructions_per_inference")]
+        cells = [firmware.get(key) for key in ("flash_bytes", "ram_bytes", "stack_bytes", "instructions_per_inference",
+                                                "state_bytes", "instructions_per_hop")]   # the last two: streaming
         rows.append([html.escape(target), html.escape(str(firmware.get("board", "-"))),
                      *["-" if value is None else f"{value:,}" for value in cells]])
     if not rows:
         return "<p>No microcontroller target in this build.</p>"
-    return _table(["target", "board", "flash (bytes)", "RAM (bytes)", "stack (bytes)", "instructions per inference"],
-                  rows, frozenset({2, 3, 4, 5}))
+    return _table(["target", "board", "flash (bytes)", "RAM (bytes)", "stack (bytes)", "instructions per inference",
+                   "streaming state (bytes, in RAM)", "instructions per hop"], rows, frozenset({2, 3, 4, 5, 6, 7}))
 
 
 def _stages(summary: dict[str, Any]) -> str:

@@ -173,7 +173,11 @@ MODELS: dict[str, Callable[[], Graph]] = {"kws": kws, "vww": vww, "ic": ic, "ad"
 def quantized(name: str) -> tuple[QGraph, np.ndarray]:
     """The model int8-quantized with the c capability's defaults, calibrated on its own random data; and that
     data (float32, for a few samples to check)."""
-    graph = MODELS[name]()
+    return quantized_graph(MODELS[name]())
+
+
+def quantized_graph(graph: Graph) -> tuple[QGraph, np.ndarray]:
+    """`quantized` for any graph of one input `x` (a Builder's)."""
     shape = tuple(graph.inputs[0].shape[1:])
     data = np.random.default_rng(7).standard_normal((CALIBRATION_SAMPLES, *shape)).astype(np.float32)
     stats = calibrate(graph, ({"x": data[i:i + 16]} for i in range(0, len(data), 16)), Progress.silent())

@@ -120,7 +120,8 @@ def _build_locked(recipe: Recipe, options: BuildOptions, progress: Progress, sta
             _raise_first_failure(run_stages(traced, session, options.jobs))
             preflight(recipe, workspace.stage_dir("trace"),
                       [capabilities[stage.name.split(":", 1)[1]] for stage in stages if stage.kind == "tune"])
-            refuse_unbuildable(workspace.stage_dir("trace"), [stage for stage in stages if stage.kind == "export"])
+            refuse_unbuildable(workspace.stage_dir("trace"), [stage for stage in stages if stage.kind == "export"],
+                               recipe)
             rest = [stage for stage in stages if stage.kind != "trace"]
             # with a cluster, one thread per stage that may wait on it (the threads only wait)
             jobs = max(options.jobs, len(rest)) if session.cluster is not None else options.jobs

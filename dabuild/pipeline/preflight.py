@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from dabuild.data import read_array
-from dabuild.errors import BuildError, Diagnostic, ValidationError
+from dabuild.errors import BuildError, Diagnostic, UsageError, ValidationError
 from dabuild.ir.graph import Graph, TensorSpec
 from dabuild.ir.ops.shape import out_of_range
 from dabuild.metrics import BUILTIN_METRICS, top_k_of
@@ -48,15 +48,26 @@ def preflight(recipe: Recipe, graph_dir: Path, capabilities: list[Any]) -> None:
         raise ValidationError(sorted(set(diagnostics), key=lambda d: (d.line or 0, d.col or 0, d.message)))
 
 
-def refuse_unbuildable(graph_dir: Path, exports: list[Any]) -> None:
+def refuse_unbuildable(graph_dir: Path, exports: list[Any], recipe: Recipe | None = None) -> None:
     """Each target's `refuse` on the traced graph: a BuildError naming target, op and nodes it cannot build,
-    before calibration and tuning spend any time."""
+    before calibration and tuning spend any time. An option the model cannot honour (a UsageError naming the
+    `option`, e.g. streaming a model that looks ahead) becomes a diagnostic at that option in the recipe."""
     from dabuild.quant.lowering import integer_forms
 
     graph = Graph.load(graph_dir)
     forms = integer_forms()
     for stage in exports:
-        stage.runs["target"].refuse(graph, forms)
+        try:
+            stage.runs["target"].refuse(graph, forms)
+        except UsageError as error:
+            option = getattr(error, "option", None)
+            names = [target.name for target in recipe.targets] if recipe is not None else []
+            if option is None or recipe is None or recipe.document is None or stage.target not in names:
+                raise
+            index = names.index(stage.target)
+            raise ValidationError([recipe.document.diagnostic(
+                ("targets", index, "options", option),
+                f"target {stage.target!r}: {error} (model {recipe.model.source})")]) from None
 
 
 def _used(spec: Any, key: str) -> np.ndarray:

@@ -22,7 +22,7 @@ from dabuild.errors import BuildError
 from dabuild.ir.graph import Graph, Node, TensorSpec
 from dabuild.qir.activations import is_table_activation, pre_activation
 from dabuild.qir.dtypes import NAMES_TEXT, int_type, is_int_type
-from dabuild.qir.fixed_point import round_half_away
+from dabuild.qir.fixed_point import quantize_multiplier, round_half_away
 from dabuild.qir.qgraph import LAYER_TYPES, QLayer, QTensor, QuantParams
 from dabuild.quant.algorithms import ALGORITHMS
 from dabuild.quant.calibrate import Stats
@@ -296,6 +296,16 @@ class Lowering:
         self.constants[name] = params.quantize(values)
         self.tensors[name] = QTensor(tuple(values.shape), params)
         return name
+
+    def product_of_inputs(self) -> tuple[list[str], np.ndarray, np.ndarray]:
+        """For a layer whose output is the product of its two inputs (mul, matmul): the names it reads them by,
+        and the multiplier and shift that take s_a * s_b to the output's calibrated scale (output recorded)."""
+        inputs = [self.int8_input(name) for name in self.node.inputs]
+        target = self.calibrated(self.node.outputs[0])
+        self.output(self.node.outputs[0], target)
+        real = self.params(inputs[0]).scale * self.params(inputs[1]).scale / target.scale
+        multiplier, shift = quantize_multiplier(real, self.where)
+        return inputs, multiplier, shift
 
 
 LowerFunction = Callable[[Lowering], list[QLayer]]

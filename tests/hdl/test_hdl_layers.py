@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from test_da4ml_plugin import DA4ML
 
+from dabuild import notices
 from dabuild.errors import BuildError
 from dabuild.ir import Graph, Node, TensorSpec
 from dabuild.progress import Progress
@@ -236,8 +237,9 @@ def test_softmax_is_refused_naming_the_layer_and_why() -> None:
         trace(qgraph, HWConfig(1, -1, -1))
 
 
-def small_cnn() -> QGraph:
-    """conv -> relu -> max_pool -> depthwise conv -> add (residual) -> global average pool -> flatten -> dense."""
+def small_cnn(activations: str | None = None) -> QGraph:
+    """conv -> relu -> max_pool -> depthwise conv -> add (residual) -> global average pool -> flatten -> dense,
+    every activation of dtype `activations` if given (the input too: it takes its first reader's)."""
     rng = np.random.default_rng(12)
     constants = {"w1": conv_weights(4, 1, (3, 3), seed=13)["w"], "b1": rng.normal(0, 0.1, 4),
                  "w2": conv_weights(4, 1, (3, 3), seed=14)["w"], "b2": rng.normal(0, 0.1, 4),
@@ -252,11 +254,48 @@ def small_cnn() -> QGraph:
         ("f", "flatten", ["g"], {}),
         ("y", "dense", ["f", "wd", "bd"], {}),
     ]
-    return fixed_point_graph((1, 6, 6), nodes, constants, granularity="per_channel", dtypes={"c2": "int6"})
+    dtypes = {"c2": "int6"} if activations is None else {name: activations for name, *_ in nodes}
+    return fixed_point_graph((1, 6, 6), nodes, constants, granularity="per_channel", dtypes=dtypes)
+
+
+def small_cnn_16x8() -> QGraph:
+    """TFLite's 16x8 where fixed point expresses it: int16 activations, int8 weights, power-of-two scales."""
+    return small_cnn("int16")
+
+
+def conv_mean_16x8() -> QGraph:
+    """A small 16x8 conv -> relu -> mean of 9 -> dense: the mean's 31 fractional bits, in little logic."""
+    rng = np.random.default_rng(18)
+    nodes: list[Spec] = [("c", "conv", ["x", "w", "b"], {"pads": [1, 1, 1, 1], "activation": "relu"}),
+                         ("g", "global_avg_pool", ["c"], {}), ("f", "flatten", ["g"], {}),
+                         ("y", "dense", ["f", "wd"], {})]
+    return fixed_point_graph((1, 3, 3), nodes, {**conv_weights(2, 1, (3, 3), seed=19), "wd": rng.normal(size=(2, 2))},
+                             dtypes={name: "int16" for name, *_ in nodes})
 
 
 def test_small_cnn_is_exact() -> None:
     assert_exact(small_cnn(), samples=300)
+
+
+def test_16x8_small_cnn_is_exact(tmp_path: Path) -> None:
+    """int16 activations, int8 weights: the program equals the reference. Its mean of 9 int16 values has 31
+    fractional bits, where da4ml's C++ interpreter miscomputes; the target then says so and takes da4ml's
+    Python evaluation of the same program (the Verilog agrees with it: test_exported_rtl_is_exact)."""
+    qgraph = small_cnn_16x8()
+    assert {tensor.params.dtype for tensor in qgraph.tensors.values()} == {"int16"}
+    assert all(np.abs(layer.weight).max() <= 127 for layer in qgraph.layers if hasattr(layer, "weight"))
+    target = HdlTarget(HdlTarget.Options(simulate="never"))
+    artifact = tmp_path / "artifact"
+    artifact.mkdir()
+    target.export(qgraph, artifact)
+    x_q = full_range_inputs(qgraph, 300)
+    with notices.collect() as warned:
+        actual = target.run(artifact, x_q, tmp_path)
+    expected = run_integer(qgraph, x_q).reshape(actual.shape)
+    assert np.array_equal(actual, expected) and np.abs(expected).max() > 127   # the 16-bit range in use
+    dais = trace(qgraph, HWConfig(1, -1, -1)).predict(x_q.reshape(300, -1) * qgraph.input_params.scale, n_threads=1)
+    if not np.array_equal(np.asarray(dais).reshape(actual.shape) / qgraph.output_params.scale, expected):
+        assert any("DAIS interpreter miscomputes" in warning for warning in warned)
 
 
 def test_every_layer_the_cnn_uses_has_a_converter_and_the_cost_model_prices_them() -> None:
@@ -292,6 +331,7 @@ def products_and_tables() -> QGraph:
 @pytest.mark.parametrize(("build", "latency_cutoff"), [
     pytest.param(small_cnn, 4, marks=pytest.mark.slow),  # ~60 s, almost all of it verilator compiling ~29 k LUTs
     (products_and_tables, 12),  # tables: da4ml's memory files must end with a newline for verilator
+    (conv_mean_16x8, 4),
 ])
 def test_exported_rtl_is_exact(build: Callable[[], QGraph], latency_cutoff: float, tmp_path: Path) -> None:
     """Exported by the hdl target and checked as check:hdl checks: the DAIS program and the simulated Verilog."""

@@ -59,13 +59,9 @@ def lower_add(ctx: Lowering) -> list[QLayer]:
 
 @lowers("mul", layers=("mul",))
 def lower_mul(ctx: Lowering) -> list[QLayer]:
-    node = ctx.node
-    inputs = [ctx.int8_input(name) for name in node.inputs]
-    target = ctx.calibrated(node.outputs[0])
-    ctx.output(node.outputs[0], target)
-    real = ctx.params(inputs[0]).scale * ctx.params(inputs[1]).scale / target.scale
-    multiplier, shift = quantize_multiplier(real, ctx.where)
-    return [QMul(name=node.name, inputs=inputs, outputs=list(node.outputs), multiplier=multiplier, shift=shift)]
+    inputs, multiplier, shift = ctx.product_of_inputs()
+    return [QMul(name=ctx.node.name, inputs=inputs, outputs=list(ctx.node.outputs), multiplier=multiplier,
+                 shift=shift)]
 
 
 @lowers("prelu", layers=("lookup", "prelu"))

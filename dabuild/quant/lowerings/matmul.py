@@ -5,7 +5,6 @@ The layers it makes, and the arithmetic they run, are dabuild.qir.layers.matmul'
 from __future__ import annotations
 
 from dabuild.errors import BuildError
-from dabuild.qir.fixed_point import quantize_multiplier
 from dabuild.qir.layers.matmul import QMatMul
 from dabuild.qir.qgraph import QLayer
 from dabuild.quant.lowering import Lowering, lowers
@@ -16,9 +15,5 @@ def lower_matmul(ctx: Lowering) -> list[QLayer]:
     node = ctx.node
     if any(ctx.rank(name) < 2 for name in node.inputs if not ctx.is_constant(name)):
         raise BuildError(f"{ctx.where}: integer matmul needs activations of rank >= 2 (batch and rows)")
-    inputs = [ctx.int8_input(name) for name in node.inputs]
-    target = ctx.calibrated(node.outputs[0])
-    ctx.output(node.outputs[0], target)
-    real = ctx.params(inputs[0]).scale * ctx.params(inputs[1]).scale / target.scale
-    multiplier, shift = quantize_multiplier(real, ctx.where)
+    inputs, multiplier, shift = ctx.product_of_inputs()
     return [QMatMul(name=node.name, inputs=inputs, outputs=list(node.outputs), multiplier=multiplier, shift=shift)]

@@ -22,7 +22,14 @@ a scratch folder). Option `rounding` (`dabuild`, `tflm`, `tflm-single`) picks
 how every requantization rounds, in the C and in the reference check runs, so
 the C can equal TFLite Micro's (and CMSIS-NN's) integers. A Cortex-M export also measures the image (flash, RAM,
 stack) into model.json, and `budget: {flash, ram}` fails the check naming
-what overflows and by how much.
+what overflows and by how much; a model bigger than the board's own memory
+fails the export with the sizes (firmware.require_room). Option `streaming:
+{hop}` builds a 1-D conv model to run once per hop (streaming.py): model_step,
+model_reset and state buffers, model_forward streaming one window.
+Option `patch` (`auto`, `off`, or a number of
+layers) runs the first chain of convs a band of rows at a time (patch.py)
+where that lowers the arena's peak by a tenth, never, or over that many layers;
+model.json's arena gives the layer-by-layer plan beside it and what was patched.
 """
 
 from __future__ import annotations
@@ -36,7 +43,7 @@ import subprocess
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -49,11 +56,21 @@ from dabuild.targets.base import Target, held, refuse_float_layers, refuse_ops_w
 from dabuild.targets.c import cycles, firmware
 from dabuild.targets.c.codegen import PROGRAM, WEIGHTS_FILE, render, stored_bytes, trace_file
 from dabuild.targets.c.profiles import CPUS, FLOAT_ORDER, PROFILES, Profile
+from dabuild.targets.c.streaming import graph_ops
+from dabuild.targets.c.streaming import plan as plan_stream
 from dabuild.targets.tflm_functions import tflm_lookups
 
 MANIFEST = "model.json"
 TRACE_PROGRAM = PROGRAM + "_trace"
 TRACE_DIR = "trace"
+
+
+class Streaming(BaseModel):
+    """Run a 1-D conv model on a stream (streaming.py): `hop` new frames a call, each conv over time keeping the
+    frames it still needs in a state buffer."""
+
+    model_config = ConfigDict(extra="forbid")
+    hop: int = Field(1, ge=1)   # input frames per call of model_step
 
 
 class Budget(BaseModel):
@@ -115,6 +132,14 @@ class CTarget(Target):
         timeout: float = 600.0   # seconds one emulator or command run may take
         budget: Budget | None = None
         rounding: Rounding = "dabuild"   # how requantization rounds: dabuild's, or TFLite Micro's (fixed_point)
+        # patch-based execution of the first convs (patch.py): where it lowers the peak, never, or N layers
+        patch: Literal["auto", "off"] | Annotated[int, Field(ge=2)] = "auto"
+        streaming: Streaming | None = None   # `true` or {hop: N}: model_step per hop (streaming.py)
+
+        @field_validator("streaming", mode="before")
+        @classmethod
+        def _streaming_flag(cls, value: Any) -> Any:
+            return ({} if value else None) if isinstance(value, bool) else value
 
         @model_validator(mode="after")
         def _consistent(self) -> CTarget.Options:
@@ -137,6 +162,11 @@ class CTarget(Target):
         levels = [flag for flag in self.options.cflags if flag.startswith("-O")]
         return dataclasses.replace(profile, compiler=self.options.compiler or profile.compiler,
                                    for_size=bool(levels) and levels[-1] in ("-Os", "-Oz"))
+
+    @property
+    def hop(self) -> int | None:
+        """Input frames per call of a streaming artifact; None: it runs whole windows."""
+        return self.options.streaming.hop if self.options.streaming else None
 
     @property
     def runner(self) -> str:
@@ -191,6 +221,10 @@ class CTarget(Target):
         capability = self.capability_spec
         float_ops = (capability.float_ops or []) if capability.fp32_fallback else []
         refuse_ops_without_integers(graph, self.kind, self.layer_types(), integer_forms, float_ops)
+        if self.hop is not None:   # NotStreamable (exit 2) naming the first layer that looks ahead or mixes frames
+            ops, shapes = graph_ops(graph)
+            if None not in shapes[graph.inputs[0].name]:   # else export judges it, its shapes known
+                plan_stream(ops, shapes, graph.inputs[0].name, graph.outputs[0], self.hop, "the model")
 
     @classmethod
     def layer_types(cls) -> frozenset[str]:
@@ -227,7 +261,7 @@ class CTarget(Target):
     def export(self, qgraph: QGraph, out_dir: Path) -> None:
         refuse_float_layers(qgraph, self.capability_spec, None if self.profile.fpu else f"cpu {self.profile.name!r} has no FPU")
         profile = self.profile
-        rendered = render(qgraph, profile)
+        rendered = render(qgraph, profile, self.hop, self.options.patch)
         out_dir = Path(out_dir)
         for name, text in rendered.files.items():
             (out_dir / name).parent.mkdir(parents=True, exist_ok=True)
@@ -244,18 +278,29 @@ class CTarget(Target):
             "output_dtype": qgraph.output_params.storage,   # int16 for 16-bit activations
             "output_shape": list(qgraph.tensors[qgraph.output].shape),
             "arena_bytes": rendered.arena.peak_bytes,
-            "arena": rendered.arena.report(),
+            "arena": rendered.memory,
             "kernels": rendered.kernels,
-            "traced": [traced.manifest() for traced in rendered.traced],
+            **({"streaming": rendered.streamed.manifest()} if rendered.streamed else
+               {"traced": [traced.manifest() for traced in rendered.traced]}),
             "cpu": profile.name,
             "assembler_flags": ["-I"] if WEIGHTS_FILE in rendered.files else [],  # .incbin finds weights.bin
             "weight_bytes": rendered.weight_bytes,
         }
         if profile.cortex_m:
+            state = rendered.streamed.state_bytes if rendered.streamed else 0
+            firmware.require_room(profile, out_dir, {"arena": rendered.arena.peak_bytes, "streaming state": state,
+                                                     "reserve for heap and stack": firmware.STACK_RESERVE},
+                                  {"constants": rendered.weight_bytes})
             with tempfile.TemporaryDirectory(prefix="dabuild-image-") as work:
                 image = firmware.build_image(profile, self.options.cflags, out_dir, Path(work))
                 assert profile.board is not None  # a cortex_m profile names its qemu board
-                manifest["firmware"] = {"board": profile.board.machine, **firmware.measure(image)}
+                measured = firmware.measure(image)
+                manifest["firmware"] = {"board": profile.board.machine, **measured}
+            firmware.require_room(profile, out_dir,
+                                  {"data": measured["data_bytes"], "bss (arena, state)": measured["bss_bytes"],
+                                   "stack of model_forward": measured["stack_bytes"]},
+                                  {"text": measured["text_bytes"], "rodata": measured["rodata_bytes"],
+                                   "data": measured["data_bytes"]})
         (out_dir / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
 
     def _build_command(self, compiler: str, artifact_dir: Path, prefix: str, program: str) -> list[str]:
@@ -320,7 +365,10 @@ class CTarget(Target):
         if self.options.budget is None:
             return None
         with tempfile.TemporaryDirectory(prefix="dabuild-fit-") as work:
-            self.export(qgraph, Path(work))
+            try:
+                self.export(qgraph, Path(work))
+            except firmware.BoardOverflow as overflow:
+                return f"{self.options.cpu}: {overflow}"
             measured = read_manifest(Path(work))["firmware"]
         overflows = self.options.budget.overflows(measured)
         return f"{self.options.cpu}: " + "; ".join(overflows) if overflows else None
@@ -347,21 +395,43 @@ class CTarget(Target):
     def measurements(self, artifact_dir: Path, inputs: np.ndarray, work_dir: Path) -> dict[str, Any]:
         """model.json's firmware figures, and under qemu the instructions model_forward retires on the first
         sample (a counting image: -DDABUILD_COUNT), by timing class, with the cycles they would take on a core
-        whose timing dabuild.targets.c.cycles models (flash wait states not included)."""
+        whose timing dabuild.targets.c.cycles models (flash wait states not included); a streaming model's
+        also those of one hop past the warm-up; and the patched stage, if any, with the arena's peak beside the
+        layer-by-layer one."""
         artifact_dir, work_dir = Path(artifact_dir), Path(work_dir)
-        measured = dict(read_manifest(artifact_dir).get("firmware", {}))
+        manifest = read_manifest(artifact_dir)
+        measured = dict(manifest.get("firmware", {}))
+        streaming = manifest.get("streaming")
+        if streaming and measured:
+            measured["state_bytes"] = streaming["state_bytes"]   # part of ram_bytes (bss)
         if self.runner == "qemu" and len(inputs):
             image = self._build(artifact_dir, work_dir, ("-DDABUILD_COUNT",))
-            dtype = read_manifest(artifact_dir).get("input_dtype", "int8")
+            dtype = manifest.get("input_dtype", "int8")
             np.ascontiguousarray(inputs[:1], dtype=dtype).tofile(work_dir / "inputs.bin")
-            execution = firmware.trace_executions(self.profile, image, work_dir, self.options.timeout)[0]
-            measured["instructions_per_inference"] = execution.instructions
+            executions = firmware.trace_executions(self.profile, image, work_dir, self.options.timeout)
             timing = cycles.TIMINGS.get(self.profile.name)
-            if timing is not None:
-                estimate = cycles.estimate(execution, cycles.disassemble(image)[0], timing)
-                measured["estimated_cycles_per_inference"] = estimate.cycles
-                measured["instruction_classes"] = estimate.classes
-        return {"firmware": measured} if measured else {}
+            disassembly = cycles.disassemble(image)[0] if timing is not None else {}
+            estimates = [cycles.estimate(execution, disassembly, timing) if timing is not None else None
+                         for execution in executions]
+            inference = 1
+            if streaming:   # a mark pair per hop: the last hop of the first window is past the warm-up
+                inference = streaming["calls_per_window"]
+                measured["instructions_per_hop"] = executions[inference - 1].instructions
+                hop = estimates[inference - 1]
+                if hop is not None:
+                    measured["estimated_cycles_per_hop"] = hop.cycles
+            measured["instructions_per_inference"] = sum(execution.instructions for execution in executions[:inference])
+            window = [estimate for estimate in estimates[:inference] if estimate is not None]
+            if window:
+                measured["estimated_cycles_per_inference"] = sum(estimate.cycles for estimate in window)
+                measured["instruction_classes"] = {kind: sum(estimate.classes.get(kind, 0) for estimate in window)
+                                                   for kind in sorted({kind for e in window for kind in e.classes})}
+        report: dict[str, Any] = {"firmware": measured} if measured else {}
+        arena = manifest.get("arena", {})
+        if arena.get("patch"):
+            report["patch"] = {**arena["patch"], "peak_bytes": arena["peak_bytes"],
+                               "layer_by_layer_peak_bytes": arena["layer_by_layer"]["peak_bytes"]}
+        return report
 
     def trace(self, artifact_dir: Path, inputs: np.ndarray, work_dir: Path) -> dict[str, np.ndarray] | None:
         """Every tensor a layer writes (and the input), from the test program built with -DDABUILD_TRACE.

@@ -42,6 +42,10 @@ LINK_FLAGS = ("--specs=rdimon.specs", "-nostartfiles", "-Wl,--gc-sections")
 SECTION_FLAGS = ("-ffunction-sections", "-fdata-sections")
 
 
+class BoardOverflow(BuildError):
+    """The model's image does not fit its board's flash or RAM (tuning takes it as a config that does not fit)."""
+
+
 def require(program: str, packages: str) -> str:
     path = shutil.which(program)
     if path is None:
@@ -88,11 +92,27 @@ def build_image(profile: Profile, cflags: list[str], artifact_dir: Path, work_di
         overflow = re.findall(r"region `(\w+)' overflowed by (\d+) bytes|RAM overflowed[^\n]*", message)
         if overflow and profile.board is not None:
             board = profile.board
-            raise BuildError(f"the {profile.name} image of {artifact_dir} does not fit board {board.machine} "
+            raise BoardOverflow(f"the {profile.name} image of {artifact_dir} does not fit board {board.machine} "
                              f"(flash {board.flash_bytes} bytes, RAM {board.ram_bytes} bytes): {message}")
         raise BuildError(f"building the {profile.name} image of {artifact_dir} with {profile.compiler} failed:\n"
                          f"{message}")
     return Image(work_dir / "image.elf", work_dir / "model.o", work_dir / "model.su", work_dir / "image.map")
+
+
+def require_room(profile: Profile, artifact_dir: Path, ram: dict[str, int], flash: dict[str, int]) -> None:
+    """BuildError, before anything runs, when the parts of RAM or flash a model needs add up to more than its
+    board has: each total with its parts and the board's size, in bytes."""
+    board = profile.board
+    assert board is not None  # a Cortex-M profile names its board
+    over = []
+    for memory, parts, size in (("RAM", ram, board.ram_bytes), ("flash", flash, board.flash_bytes)):
+        total = sum(parts.values())
+        if total > size:
+            detail = " + ".join(f"{name} {value}" for name, value in parts.items() if value)
+            over.append(f"{memory} needs {total} bytes ({detail}) but the board has {size}, {total - size} too few")
+    if over:
+        raise BoardOverflow(f"the {profile.name} build of {artifact_dir} does not fit board {board.machine}: "
+                         + "; ".join(over) + "; make the model smaller or choose a cpu whose board has more memory")
 
 
 def qemu_line(profile: Profile, image: str) -> list[str]:

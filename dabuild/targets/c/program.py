@@ -20,7 +20,8 @@ step, as TFLM fuses the activation into ADD.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from dabuild.errors import BuildError
 from dabuild.qir.layers.shape import QConcat, QSelection
@@ -31,6 +32,7 @@ from dabuild.targets.c.kernels.movement import conversion_storage
 from dabuild.targets.c.kernels.registry import ALIAS, ANY, CANONICAL, CHANNELS_LAST, SAME, VIEW
 from dabuild.targets.c.layout import Storage
 from dabuild.targets.c.profiles import HOST, PROFILES, Profile
+from dabuild.targets.c.streaming import Window
 
 CONVERT = next(k for k in KERNELS.values() if k.op == ":convert")
 
@@ -45,6 +47,7 @@ class Program:
     constants: dict[str, Operand]
     floats: frozenset[str] = frozenset()   # buffers of float32 values (4 bytes each)
     halves: frozenset[str] = frozenset()   # buffers of int16 values (2 bytes each: 16-bit activations)
+    states: dict[str, tuple[Window, int]] = field(default_factory=dict)   # state buffers: window, frame offset
 
     def element_bytes(self, buffer: str) -> int:
         return 4 if buffer in self.floats else 2 if buffer in self.halves else 1
@@ -81,13 +84,16 @@ def _touches_batch(layer: QLayer, rank: int) -> bool:
     return False
 
 
-def build_program(qgraph: QGraph, profile: Profile = PROFILES[HOST]) -> Program:
+def build_program(qgraph: QGraph, profile: Profile = PROFILES[HOST], windows: Mapping[str, Window] | None = None) -> Program:
+    """The steps of `qgraph`; a conv in `windows` (by layer name: a streaming call's, see streaming.py) reads its
+    window, a state buffer outside the arena, into whose tail a copy step writes its input's new frames."""
     qgraph.require_dtypes("C", activations=("int8", "int16"))  # narrower types are exact in these
     storage = {qgraph.input: Storage.canonical(qgraph.tensors[qgraph.input].shape)}
     buffer = {qgraph.input: qgraph.input}
     steps: list[Step] = []
     converted: dict[tuple[str, str], str] = {}
     constants: dict[str, Operand] = {}
+    states: dict[str, tuple[Window, int]] = {}
 
     params = {name: tensor.params for name, tensor in qgraph.tensors.items()}
 
@@ -111,6 +117,16 @@ def build_program(qgraph: QGraph, profile: Profile = PROFILES[HOST]) -> Program:
             converted[key] = target
         return converted[key]
 
+    def window_operand(window: Window) -> Operand:
+        """The conv's window, after a step copying the input's new frames into its tail."""
+        whole, tail = f"{window.layer}:window", f"{window.layer}:window:new"
+        storage[whole] = Storage.channels_last((window.channels, window.frames))
+        storage[tail] = Storage.channels_last((window.channels, window.count))
+        for name, offset in ((whole, 0), (tail, window.held)):
+            buffer[name], params[name], states[name] = name, params[window.tensor], (window, offset)
+        steps.append(Step(CONVERT, tail, None, [operand(window.tensor)], [operand(tail)]))
+        return operand(whole)
+
     fused = absorbed_clamps(qgraph)
     for index, layer in enumerate(qgraph.layers):
         if index - 1 in fused:   # the clamp the add before it applies
@@ -128,6 +144,8 @@ def build_program(qgraph: QGraph, profile: Profile = PROFILES[HOST]) -> Program:
             elif name in qgraph.constants:
                 constants[name] = _constant(qgraph, name, rank, layer)
                 inputs.append(constants[name])
+            elif windows and layer.name in windows:
+                inputs.append(window_operand(windows[layer.name]))
             else:
                 inputs.append(operand(in_storage(name, chosen.inputs)))
         outputs = []
@@ -158,7 +176,7 @@ def build_program(qgraph: QGraph, profile: Profile = PROFILES[HOST]) -> Program:
     halves = frozenset(buffer[name] for name, quant in params.items()
                        if quant is not None and quant.storage == "int16" and name in buffer)
     return Program(steps, storage, buffer, buffer[qgraph.input], buffer[output], constants,
-                   frozenset(buffer[name] for name in qgraph.floats), halves)
+                   frozenset(buffer[name] for name in qgraph.floats), halves, states)
 
 
 def _output_storage(rule: str, shape: tuple[int, ...], inputs: list[Operand]) -> Storage:
