@@ -6,8 +6,9 @@ the file's size and the bytes the C target stores for it on a Cortex-M4
 many output bytes of dabuild's integer reference (the file rebuilt as given,
 as the C target computes it) differ from TFLM's on the same inputs, with
 dabuild's rounding and with TFLM's (`rounding: tflm`; goal 0), with TFLM's arena size (what its
-RecordingMicroAllocator reports); a 16x8 file's C bytes are those of its portable 16-bit kernels
-(int8 weights, int64 sums, the int16 softmax's two tables). Then the tflite target: the file it writes from the
+RecordingMicroAllocator reports); a 16x8 file's C bytes are those of its 16-bit kernels
+(int8 weights, interleaved for SMLAD where a dense or conv takes wide_*_mcu, int64 sums, the int16 softmax's two
+tables). Then the tflite target: the file it writes from the
 rebuilt QGraph, its size against the original's, how many of its output bytes
 in TFLM differ from the original file's in TFLM (goal 0), and the arena TFLM
 needs for it; a model with layers the target cannot write shows what it

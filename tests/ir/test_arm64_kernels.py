@@ -2,7 +2,8 @@
 run under qemu-aarch64 (Debian's qemu-user) through tests/arm64/conv_driver.c, which reads and writes raw arrays.
 
 An x86 machine cannot run the NEON path natively; this checks it computes the op cases of
-tests/ir/test_native_kernels.py (ungrouped and depthwise 2-D convs, partial vectors, pads, strides, dilations)
+tests/ir/test_native_kernels.py (ungrouped, grouped and depthwise 2-D convs, partial vectors, pads, strides,
+dilations)
 within float tolerance of the numpy reference. Instruction counts against onnxruntime's aarch64 build are not
 measured here.
 """
@@ -49,8 +50,7 @@ def test_arm64_builds_the_neon_path(layout: tuple[str, int, int]) -> None:
     assert layout == ("neon", 16, 4)
 
 
-TWO_D = [case for case in CASES if len(case[3]) == 2 and (case[8] == 1 or case[8] == case[1] == case[2])]
-#        (ungrouped or depthwise: what conv.c runs)
+TWO_D = [case for case in CASES if len(case[3]) == 2]
 
 
 @pytest.mark.parametrize("case", TWO_D)
@@ -58,7 +58,7 @@ TWO_D = [case for case in CASES if len(case[3]) == 2 and (case[8] == 1 or case[8
 def test_neon_conv_matches_numpy(driver: Path, layout: tuple[str, int, int], tmp_path: Path,
                                  monkeypatch: pytest.MonkeyPatch, case: tuple, activation: str) -> None:
     batch, channels, out_channels, size, kernel, strides, pads, dilations, groups = case
-    depthwise = groups > 1
+    depthwise = groups == channels == out_channels and groups > 1
     rng = np.random.default_rng(channels * 100 + out_channels)
     x = rng.standard_normal((batch, channels, *size)).astype(np.float32)
     weight = (rng.standard_normal((out_channels, channels // groups, *kernel))
@@ -68,14 +68,17 @@ def test_neon_conv_matches_numpy(driver: Path, layout: tuple[str, int, int], tmp
     attrs = {"strides": strides, "pads": pads, "dilations": dilations, "groups": groups, "activation": activation}
     reference = OPS["conv"].run([x, weight, bias], attrs)[0]
     _, vector_bytes, block_vectors = layout
-    taps, padded = pack_weight(weight, depthwise, vector_bytes, block_vectors)
+    conv_groups = 1 if depthwise else groups  # conv.c's groups: a depthwise conv is one of its own kind
+    taps, padded = pack_weight(weight, depthwise, vector_bytes, block_vectors, conv_groups)
     out = reference.shape[2:]
-    files = {"x": x.transpose(0, 2, 3, 1), "w": taps, "b": np.concatenate([bias, np.zeros(padded - out_channels,
-                                                                                             np.float32)])}
+    group_out = out_channels // conv_groups
+    padding = np.zeros((conv_groups, padded - group_out), np.float32)
+    files = {"x": x.transpose(0, 2, 3, 1), "w": taps,
+             "b": np.concatenate([bias.reshape(conv_groups, group_out), padding], 1)}
     for name, array in files.items():
         np.ascontiguousarray(array, np.float32).tofile(tmp_path / name)
-    geometry = [batch, *size, channels, *kernel, out_channels, padded, *out, *strides, pads[0], pads[1], *dilations,
-                1 if activation == "relu" else 0, int(depthwise), 1]
+    geometry = [batch, *size, channels // conv_groups, *kernel, group_out, padded, *out, *strides, pads[0], pads[1],
+                *dilations, 1 if activation == "relu" else 0, int(depthwise), 1, conv_groups]
     subprocess.run([EMULATOR, str(driver), "conv", *map(str, geometry), *(str(tmp_path / n) for n in "xwby")],
                    check=True, timeout=300)
     compiled = np.fromfile(tmp_path / "y", np.float32).reshape(batch, *out, out_channels).transpose(0, 3, 1, 2)

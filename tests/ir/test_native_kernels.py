@@ -25,6 +25,7 @@ from dabuild.ir.kernels import compiling, native
 from dabuild.ir.kernels.compiling import Sources
 from dabuild.ir.ops import OPS
 from dabuild.ir.ops.linear import UNCHANGED, Epilogue, Geometry, _native_conv
+from dabuild.ir.ops.pool import _native_pool
 
 pytestmark = pytest.mark.skipif(shutil.which(native.COMPILER) is None, reason="no C compiler")
 
@@ -72,8 +73,13 @@ CASES = [  # batch, channels, out_channels, spatial size, kernel, strides, pads,
     (1, 300, 70, (9, 7), (3, 3), [1, 1], [1, 1, 1, 1], [1, 1], 1),  # K in blocks of a tap's channel chunks
     (2, 40, 150, (6, 5), (1, 1), [2, 2], [0, 0, 0, 0], [1, 1], 1),  # channel blocks of 4, 4 and 2 vectors
     (1, 3, 24, (30, 30), (7, 7), [2, 2], [3, 3, 3, 3], [1, 1], 1),  # a stem: K in blocks of kernel rows
-    (2, 8, 16, (6, 6), (3, 3), [1, 1], [1, 1, 1, 1], [1, 1], 8),  # two outputs per group: numpy runs it
-    (2, 8, 16, (6, 6), (3, 3), [1, 1], [1, 1, 1, 1], [1, 1], 2),  # grouped: numpy runs it
+    (2, 8, 16, (6, 6), (3, 3), [1, 1], [1, 1, 1, 1], [1, 1], 8),  # two outputs per group
+    (2, 8, 16, (6, 6), (3, 3), [1, 1], [1, 1, 1, 1], [1, 1], 2),  # grouped
+    (1, 24, 112, (14, 14), (1, 1), [1, 1], [0, 0, 0, 0], [1, 1], 4),  # ShuffleNet v1's: 28 outputs per group
+    (2, 136, 136, (7, 9), (1, 1), [1, 1], [0, 0, 0, 0], [1, 1], 4),  # 34 per group: a partial vector in each
+    (2, 12, 30, (9, 8), (3, 3), [2, 1], [1, 0, 2, 1], [1, 2], 3),  # grouped, strided, dilated, uneven pads
+    (1, 640, 64, (5, 5), (3, 3), [1, 1], [1, 1, 1, 1], [1, 1], 2),  # grouped, K in blocks of channel chunks
+    (3, 6, 9, (13,), (3,), [2], [1, 1], [1], 3),  # grouped 1-D
 ]
 
 
@@ -359,13 +365,14 @@ def test_a_path_that_does_not_compile_falls_back_to_the_next_narrower(monkeypatc
     assert "vector_path.c:1:" in warned[0] and "error" in warned[0]
 
 
-@pytest.mark.parametrize("groups, out_channels, native_runs", [(1, 8, True), (8, 8, True), (8, 16, False),
-                                                                  (2, 8, False)])
-def test_which_convs_run_natively(monkeypatch: pytest.MonkeyPatch, groups: int, out_channels: int,
+@pytest.mark.parametrize("groups, out_channels", [(1, 8), (8, 8), (8, 16), (2, 8)])
+@pytest.mark.parametrize("dtype, native_runs", [(np.float32, True), (np.float16, False)])
+def test_which_convs_run_natively(monkeypatch: pytest.MonkeyPatch, groups: int, out_channels: int, dtype: type,
                                   native_runs: bool) -> None:
+    """Every float32 conv of one or two spatial axes runs natively, grouped or not; a float16 one does not."""
     monkeypatch.delenv(native.SWITCH, raising=False)
-    x = np.ones((2, 8, 5, 5), np.float32)
-    weight = np.ones((out_channels, 8 // groups, 3, 3), np.float32)
+    x = np.ones((2, 8, 5, 5), dtype)
+    weight = np.ones((out_channels, 8 // groups, 3, 3), dtype)
     geometry = Geometry([3, 3], [1, 1], [1, 1, 1, 1], [1, 1])
     y = _native_conv(x, weight, groups, geometry, [5, 5], Epilogue(None, None, UNCHANGED))
     assert (y is not None) == native_runs
@@ -373,7 +380,7 @@ def test_which_convs_run_natively(monkeypatch: pytest.MonkeyPatch, groups: int, 
         assert y.shape == (2, out_channels, 5, 5) and y[0, 0, 2, 2] == 9 * 8 // groups
 
 
-@pytest.mark.parametrize("case", [CASES[2], CASES[6], CASES[12], CASES[14], CASES[15]])
+@pytest.mark.parametrize("case", [CASES[2], CASES[6], CASES[12], CASES[14], CASES[15], CASES[20], CASES[24]])
 def test_float64_conv_of_integers_is_exact(monkeypatch: pytest.MonkeyPatch, vector_path: int, case: tuple) -> None:
     """The integer reference's sums: integer-valued float64 operands give exactly numpy's result."""
     batch, channels, out_channels, size, kernel, strides, pads, dilations, groups = case
@@ -404,25 +411,35 @@ def test_layer_threads_work_in_a_forked_child(monkeypatch: pytest.MonkeyPatch) -
     assert os.waitstatus_to_exitcode(status) == 0
 
 
-@pytest.mark.parametrize("attrs", [
-    {"kernel": [3, 3], "strides": [2, 2]},
-    {"kernel": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]},
-    {"kernel": [3, 3], "strides": [2, 2], "ceil_mode": True},  # SqueezeNet's: the overhang never wins
-    {"kernel": [2, 3], "strides": [1, 2], "pads": [1, 0, 0, 2], "dilations": [2, 1]},
-])
-def test_max_pool_of_a_conv_output_matches_numpy_bit_for_bit(monkeypatch: pytest.MonkeyPatch, vector_path: int,
-                                                              attrs: dict) -> None:
-    """max_pool.c on a channels-last tensor: numpy's maxima, NaN winning and the later of two equal zeros kept."""
+POOLS = [
+    ("max_pool", {"kernel": [3, 3], "strides": [2, 2]}),
+    ("max_pool", {"kernel": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}),
+    ("max_pool", {"kernel": [3, 3], "strides": [2, 2], "ceil_mode": True}),  # SqueezeNet's: the overhang never wins
+    ("max_pool", {"kernel": [2, 3], "strides": [1, 2], "pads": [1, 0, 0, 2], "dilations": [2, 1]}),
+    ("avg_pool", {"kernel": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}),  # ShuffleNet v1's shortcut
+    ("avg_pool", {"kernel": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1], "count_include_pad": True}),
+    ("avg_pool", {"kernel": [2, 3], "strides": [1, 2], "pads": [1, 0, 0, 2], "ceil_mode": True}),
+    ("avg_pool", {"kernel": [2, 2], "strides": [2, 2]}),
+]
+
+
+@pytest.mark.parametrize("op, attrs", POOLS)
+def test_pools_of_a_conv_output_match_numpy_bit_for_bit(monkeypatch: pytest.MonkeyPatch, vector_path: int, op: str,
+                                                        attrs: dict) -> None:
+    """pool.c on a channels-last tensor: numpy's maxima (NaN winning, the later of two equal zeros kept) and
+    averages (the taps summed in numpy's order, padding adding +0, divided by numpy's counts)."""
     rng = np.random.default_rng(8)
     memory = rng.standard_normal((2, 9, 11, 21)).astype(np.float32)  # (N, H, W, C): 21 channels, a partial vector
     memory[0, 2, 3, 4] = np.nan
     memory[1, :, :, 5] = np.where(rng.random((9, 11)) < 0.5, -0.0, 0.0)  # zeros of both signs
     x = memory.transpose(0, 3, 1, 2)  # (N, C, H, W) over channels-last memory, as a conv leaves it
     monkeypatch.delenv(native.SWITCH, raising=False)
-    compiled = OPS["max_pool"].run([x], attrs)[0]
+    resolved = OPS[op].resolve(attrs)
+    assert _native_pool(x, *OPS[op].geometry(resolved), resolved["ceil_mode"]) is not None  # pool.c takes it
+    compiled = OPS[op].run([x], attrs)[0]
     assert channels_last_memory(compiled)
     monkeypatch.setenv(native.SWITCH, "0")
-    reference = OPS["max_pool"].run([x], attrs)[0]
+    reference = OPS[op].run([x], attrs)[0]
     assert compiled.shape == reference.shape
     np.testing.assert_array_equal(compiled, reference)
     assert np.array_equal(np.signbit(compiled), np.signbit(reference))

@@ -257,6 +257,27 @@ def test_shape_ops_against_numpy() -> None:
     np.testing.assert_array_equal(kernel("reshape", x, shape=[0, -1]), x.reshape(2, 12))
 
 
+@pytest.mark.parametrize("shape", [[0, 4, 3, 5, 6], [0, 3, 4, 5, 2, 3], [0, -1], [0, 12, 6, 5], [-1, 12, 5, 6],
+                                   [0, 2, 6, 30], [24, 5, 6], [0, 12, 30]])
+def test_reshape_of_channels_last_memory_gives_numpys_values(shape: list[int]) -> None:
+    """A conv's output is (N, C, H, W) over channels-last memory: reshapes that regroup its channels keep
+    that memory order (a view, or one copy), every other reshape is numpy's; the values are numpy's."""
+    x = np.arange(2 * 5 * 6 * 12, dtype=np.float32).reshape(2, 5, 6, 12).transpose(0, 3, 1, 2)
+    target = [x.shape[axis] if size == 0 else size for axis, size in enumerate(shape)]
+    np.testing.assert_array_equal(kernel("reshape", x, shape=shape), x.reshape(target))
+
+
+def test_channel_shuffle_of_a_conv_output_leaves_channels_last_memory() -> None:
+    """ShuffleNet's reshape -> transpose -> reshape: the split is a view of the conv's memory, and the merge
+    leaves channels-last memory (what the next conv reads without a copy)."""
+    x = np.arange(2 * 5 * 6 * 12, dtype=np.float32).reshape(2, 5, 6, 12).transpose(0, 3, 1, 2)
+    groups = kernel("reshape", x, shape=[0, 4, 3, 5, 6])
+    assert np.shares_memory(groups, x)
+    shuffled = kernel("reshape", kernel("transpose", groups, perm=[0, 2, 1, 3, 4]), shape=[0, 12, 5, 6])
+    np.testing.assert_array_equal(shuffled, x.reshape(2, 4, 3, 5, 6).transpose(0, 2, 1, 3, 4).reshape(2, 12, 5, 6))
+    assert shuffled.transpose(0, 2, 3, 1).flags.c_contiguous
+
+
 @pytest.mark.parametrize(("op", "reference"), [("reduce_mean", np.mean), ("reduce_sum", np.sum),
                                                ("reduce_max", np.max)])
 def test_reductions(op: str, reference: Any) -> None:

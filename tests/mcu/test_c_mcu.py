@@ -38,7 +38,7 @@ VARIANTS = ("cortex-m0", "cortex-m4", "cortex-m55")
 WEIGHTED = ["dense per tensor", "dense per channel relu6", "conv 3x3 pad 1", "conv 3x3 pad 1 wide rows",
             "conv stride 2 asymmetric pads per channel",
             "conv dilation 2 clip", "conv groups 2", "conv 1x1 no pad", "conv1d", "depthwise",
-            "depthwise 6 channels asymmetric pads",
+            "depthwise 6 channels asymmetric pads", "depthwise 12 channels dilated columns stride 2",
             "depthwise multiplier 2 stride", "depthwise dilated stride past the band"]
 # every case whose kernels have a portable, a DSP and a Helium path
 ISA_PATHS = [*WEIGHTED, "add of feature maps then relu"]
@@ -71,6 +71,21 @@ def test_kernel_variant_equals_the_integer_reference_in_qemu(case: str, cpu: str
         # im2col only where a window row is not contiguous or not a whole number of the core's words or vectors
         im2col = "groups" in case or "dilation" in case or (cpu == "cortex-m55" and case in ROWS_NOT_VECTORS)
         assert manifest["kernels"]["c"] == ("conv_mcu" if im2col else "conv_rows")
+
+
+@pytest.mark.parametrize("rounding", ["tflm", "tflm-single"])
+def test_depthwise_dsp_loop_is_exact_in_the_tflm_roundings(rounding: str, tmp_path: Path) -> None:
+    """The M4's SXTB16/SMLABB depthwise loop (12 channels: three words per tap) feeds TFLM's requantization the
+    same sums as the reference computing with that rounding."""
+    target = CTarget(CTarget.Options(cpu="cortex-m4", cflags=STRICT, rounding=rounding))
+    qgraph = target.integer_graph(lowered("depthwise 12 channels dilated columns stride 2"))
+    (tmp_path / "artifact").mkdir()
+    (tmp_path / "work").mkdir()
+    target.export(qgraph, tmp_path / "artifact")
+    assert "__smlabb" in (tmp_path / "artifact" / "layer_c.h").read_text()
+    x_q = np.random.default_rng(5).integers(-128, 128, (SAMPLES, *qgraph.tensors[qgraph.input].shape)).astype(np.int8)
+    actual = target.run(tmp_path / "artifact", x_q, tmp_path / "work")
+    assert np.array_equal(actual, np.asarray(run_integer(qgraph, x_q)))
 
 
 def test_helium_requantize_rounds_every_tie_as_the_reference(tmp_path: Path) -> None:

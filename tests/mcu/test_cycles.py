@@ -115,26 +115,24 @@ def test_a_helium_loop_overlaps_a_load_with_the_multiply_after_it(tmp_path: Path
     assert estimated == n * (m55.vector + m55.vector_overlapped + m55.loop_end)
 
 
-def test_the_counting_image_reports_classes_that_sum_to_its_instructions(tmp_path: Path) -> None:
-    target = CTarget(CTarget.Options(cpu="cortex-m4"))
-    artifact, work = tmp_path / "artifact", tmp_path / "work"
+def measured(cpu: str, case: str, folder: Path) -> dict:
+    """The firmware figures of test_c_kernels' `case` exported for `cpu` and counted on one sample in qemu."""
+    target = CTarget(CTarget.Options(cpu=cpu))
+    artifact, work = folder / "artifact", folder / "work"
     artifact.mkdir()
     work.mkdir()
-    qgraph = lowered("conv 3x3 pad 1")
+    qgraph = lowered(case)
     target.export(qgraph, artifact)
     sample = np.zeros((1, *qgraph.tensors[qgraph.input].shape), np.int8)
-    measured = target.measurements(artifact, sample, work)["firmware"]
-    assert sum(measured["instruction_classes"].values()) == measured["instructions_per_inference"]
-    assert measured["estimated_cycles_per_inference"] > measured["instructions_per_inference"]
+    return target.measurements(artifact, sample, work)["firmware"]
+
+
+def test_the_counting_image_reports_classes_that_sum_to_its_instructions(tmp_path: Path) -> None:
+    figures = measured("cortex-m4", "conv 3x3 pad 1", tmp_path)
+    assert sum(figures["instruction_classes"].values()) == figures["instructions_per_inference"]
+    assert figures["estimated_cycles_per_inference"] > figures["instructions_per_inference"]
 
 
 def test_a_core_without_a_timing_table_gets_no_estimate(tmp_path: Path) -> None:
-    target = CTarget(CTarget.Options(cpu="cortex-m33"))
-    artifact, work = tmp_path / "artifact", tmp_path / "work"
-    artifact.mkdir()
-    work.mkdir()
-    qgraph = lowered("dense per tensor")
-    target.export(qgraph, artifact)
-    sample = np.zeros((1, *qgraph.tensors[qgraph.input].shape), np.int8)
-    measured = target.measurements(artifact, sample, work)["firmware"]
-    assert measured["instructions_per_inference"] > 0 and "estimated_cycles_per_inference" not in measured
+    figures = measured("cortex-m33", "dense per tensor", tmp_path)
+    assert figures["instructions_per_inference"] > 0 and "estimated_cycles_per_inference" not in figures

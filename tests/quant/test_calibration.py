@@ -353,12 +353,28 @@ def test_int32_channel_counts_widen_before_they_could_overflow(monkeypatch: pyte
     assert widened.tensors["t"].channels.counts.sum(axis=1).tolist() == [5 * 200] * 16
 
 
+def assert_native_counts_equal_numpys(values: np.ndarray, batch: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Channel statistics of `values` (axis 1) observed a sample at a time and `batch` at a time by the native
+    kernels, and `batch` at a time by numpy: all three the same."""
+    from dabuild.ir.kernels import native
+
+    def stats(size: int) -> Stats:
+        result = Stats()
+        for start in range(0, len(values), size):
+            result.observe("t", values[start:start + size], axis=1)
+        return result
+
+    monkeypatch.delenv(native.SWITCH, raising=False)
+    compiled = [stats(size) for size in (1, batch)]
+    monkeypatch.setenv(native.SWITCH, "0")
+    assert compiled[0] == compiled[1] == stats(batch)
+
+
 @pytest.mark.parametrize("channels_last", [False, True])
 def test_native_whole_histograms_derived_from_big_channels_are_exact(monkeypatch: pytest.MonkeyPatch,
                                                                      vector_path: int, channels_last: bool) -> None:
     """Channels with enough values per batch have their whole-tensor counts derived from their own rows'
     gains (histogram.c): the same counts numpy bins value by value, with channel widths finer than the whole's."""
-    from dabuild.ir.kernels import native
 
     rng = np.random.default_rng(12)
     values = (rng.standard_normal((3, 96, 96, 5)) * np.array([0.01, 1.0, 30.0, 1.0, 2.0])).astype(np.float32)
@@ -368,16 +384,27 @@ def test_native_whole_histograms_derived_from_big_channels_are_exact(monkeypatch
     values[2, 50, 50, 1] = -700.0  # a late outlier: the whole's window and one channel's widen
     values = values.transpose(0, 3, 1, 2) if channels_last else np.ascontiguousarray(values.transpose(0, 3, 1, 2))
 
-    def stats(batch: int) -> Stats:
-        result = Stats()
-        for start in range(0, len(values), batch):
-            result.observe("t", values[start:start + batch], axis=1)
-        return result
+    assert_native_counts_equal_numpys(values, 3, monkeypatch)
 
-    monkeypatch.delenv(native.SWITCH, raising=False)
-    compiled = [stats(batch) for batch in (1, 3)]
-    monkeypatch.setenv(native.SWITCH, "0")
-    assert compiled[0] == compiled[1] == stats(3)
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_native_bins_leave_float32_only_where_it_would_be_inexact(monkeypatch: pytest.MonkeyPatch,
+                                                                  vector_path: int, channels_last: bool) -> None:
+    """histogram.c bins in float32 where that is exact and in double elsewhere: products that would lose bits
+    below float32's normal range (subnormal values), grid offsets past 2^24 (values far from zero on a fine
+    grid), tiny and huge widths: numpy's double-precision counts exactly, on every vector path."""
+
+    rng = np.random.default_rng(21)
+    values = rng.standard_normal((2, 40, 24, 6)).astype(np.float32)
+    values[..., 0] = 1e5 + values[..., 0] * 0.01  # a grid of width 2^-15: offsets near 3.3e9
+    values[..., 1] *= np.float32(1e-40)  # subnormal values
+    values[..., 2] *= np.float32(1e-30)  # tiny, normal
+    values[..., 3] *= np.float32(1e30)  # huge
+    values[..., 4] = np.where(values[..., 4] > 0, np.float32(2.0 ** -140), np.float32(-(2.0 ** -149)))
+    values[..., 5] = -8e6 + values[..., 5]  # negative, offset just below 2^24 in magnitude
+    values = values.transpose(0, 3, 1, 2) if channels_last else np.ascontiguousarray(values.transpose(0, 3, 1, 2))
+
+    assert_native_counts_equal_numpys(values, 2, monkeypatch)
 
 
 @pytest.mark.parametrize("channels", [3, 200])

@@ -20,6 +20,11 @@
  * tap, channel by channel), whatever the blocking, the vector width the compiler picks or how many
  * threads share the rows.
  *
+ * A grouped conv (ONNX's `group`) runs group by group within each chunk of rows: group g reads input channels
+ * [g C, (g + 1) C) of each pixel and writes output channels [g O, (g + 1) O), where C and O are the per-group
+ * counts in `channels` and `out_channels`; its weights are the g-th packed weight of the group's shape, its
+ * bias the g-th run of padded_channels. A pixel of x then holds groups * C values and one of y groups * O.
+ *
  * Padding is not copied: a tap that falls outside the input reads a row of C zeros instead.
  * The epilogue adds the bias, then the residual (another (N, OH, OW, O) tensor), then applies relu or a
  * clamp to [low, high], the order of the graph nodes it replaces.
@@ -42,6 +47,8 @@
 #define KBLOCK (32768 / (BLOCK_VECS * VBYTES))  /* (tap, channel) inputs per K-block: a 32 KiB slab */
 #define CHUNK_PIXELS 256              /* output pixels whose partial sums one K-block updates */
 enum { NO_ACTIVATION, RELU, CLAMP };
+#define X_PIXEL(c) ((c)->channels * (c)->groups)      /* elements from one pixel of x to the next */
+#define Y_PIXEL(c) ((c)->out_channels * (c)->groups)  /* ... of y and the residual */
 #endif
 
 #undef VLEN
@@ -63,6 +70,8 @@ typedef struct {
     int activation;         /* NO_ACTIVATION, RELU or CLAMP */
     ELEM low, high;        /* CLAMP's bounds */
     const ELEM *zeros;     /* channels zeros: what a tap in the padding reads */
+    ptrdiff_t groups;      /* 1, or a grouped conv's groups (channels, out_channels and padded_channels are then
+                            * per group); 1 for a depthwise conv */
 } NAME(Conv);
 
 /* max(x, 0) lane by lane, keeping NaN as numpy.maximum does. */
@@ -114,8 +123,8 @@ static inline __attribute__((always_inline)) void NAME(finish)(const NAME(Conv) 
 {
     if (c->bias)
         sum += *(const NAME(vec_unaligned) *)(c->bias + first);
-    ELEM *y = c->y + pixel * c->out_channels + first;
-    const ELEM *residual = c->residual ? c->residual + pixel * c->out_channels + first : NULL;
+    ELEM *y = c->y + pixel * Y_PIXEL(c) + first;
+    const ELEM *residual = c->residual ? c->residual + pixel * Y_PIXEL(c) + first : NULL;
     ptrdiff_t count = c->out_channels - first;
     if (residual)
         sum += count >= VLEN ? *(const NAME(vec_unaligned) *)residual : NAME(load_partial)(residual, count);
@@ -167,15 +176,15 @@ NAME(block)(const NAME(Conv) *c, const NAME(KBlock) *k, const ELEM *w, ptrdiff_t
             acc[p][v] = k->first ? (NAME(vec)){0} : *(const NAME(vec) *)(partial + (p * MAX_VECS + v) * VLEN);
     const ELEM *rows[MAX_PIXELS];
     ptrdiff_t left = ow * c->stride_w - c->pad_left;  /* the first input column of the block's first pixel */
-    ptrdiff_t step = c->stride_w * c->channels;
+    ptrdiff_t pixel = X_PIXEL(c), step = c->stride_w * pixel;
     for (ptrdiff_t kh = k->kh0; kh < k->kh1; kh++) {
         ptrdiff_t ih = oh * c->stride_h - c->pad_top + kh * c->dilation_h;
         int row_inside = ih >= 0 && ih < c->height;
-        const ELEM *row = row_inside ? c->x + (n * c->height + ih) * c->width * c->channels : c->zeros;
-        if (!k->one_tap && row_inside && c->dilation_w == 1 && left >= 0
+        const ELEM *row = row_inside ? c->x + (n * c->height + ih) * c->width * pixel : c->zeros;
+        if (!k->one_tap && row_inside && c->groups == 1 && c->dilation_w == 1 && left >= 0
                 && left + (PIXELS - 1) * c->stride_w + c->kernel_w <= c->width) {
             /* the whole kernel row is inside for every pixel: its taps' channels are one contiguous run */
-            rows[0] = row + left * c->channels;
+            rows[0] = row + left * pixel;
             NAME(taps)(acc, rows, 1, step, w, ld, c->kernel_w * c->channels, PIXELS, VECS);
             w += c->kernel_w * c->channels * ld;
             continue;
@@ -187,7 +196,7 @@ NAME(block)(const NAME(Conv) *c, const NAME(KBlock) *k, const ELEM *w, ptrdiff_t
             UNROLL for (int p = 0; p < PIXELS; p++) {
                 ptrdiff_t iw = left + p * c->stride_w + kw * c->dilation_w;
                 int pixel_inside = row_inside && iw >= 0 && iw < c->width;
-                rows[p] = pixel_inside ? row + iw * c->channels + c0 : c->zeros;
+                rows[p] = pixel_inside ? row + iw * pixel + c0 : c->zeros;
                 inside &= pixel_inside;
             }
             if (inside)  /* the block's inputs are equally spaced: one pointer reaches them all */
@@ -208,7 +217,9 @@ NAME(block)(const NAME(Conv) *c, const NAME(KBlock) *k, const ELEM *w, ptrdiff_t
 }
 
 /* Output rows [row0, row1) of the flattened (N * OH) rows, channels o .. o + VECS * VLEN - 1, over one K-block:
- * full blocks of PIXELS pixels, then single pixels. `partial` holds the chunk's partial sums, pixel by pixel. */
+ * full blocks of PIXELS pixels, then the rest of the row in blocks of 4 and 2 pixels and a single one (a row
+ * of 28 or 7 pixels left 4 or 1 of 6-pixel blocks to single pixels, whose one broadcast per multiply-add made
+ * them several times slower a pixel). `partial` holds the chunk's partial sums, pixel by pixel. */
 static inline __attribute__((always_inline)) void
 NAME(rows_of_kblock)(const NAME(Conv) *c, const NAME(KBlock) *k, const ELEM *w, ptrdiff_t ld, ELEM *partial, ptrdiff_t row0,
                ptrdiff_t row1, ptrdiff_t o, const int PIXELS, const int VECS)
@@ -218,7 +229,13 @@ NAME(rows_of_kblock)(const NAME(Conv) *c, const NAME(KBlock) *k, const ELEM *w, 
         ELEM *sums = partial + (row - row0) * c->out_w * MAX_VECS * VLEN;
         for (; ow + PIXELS <= c->out_w; ow += PIXELS)
             NAME(block)(c, k, w, ld, sums + ow * MAX_VECS * VLEN, n, oh, ow, o, PIXELS, VECS);
-        for (; ow < c->out_w; ow++)
+        if (PIXELS > 4 && ow + 4 <= c->out_w) {
+            NAME(block)(c, k, w, ld, sums + ow * MAX_VECS * VLEN, n, oh, ow, o, 4, VECS);
+            ow += 4;
+        }
+        for (; ow + 2 <= c->out_w; ow += 2)
+            NAME(block)(c, k, w, ld, sums + ow * MAX_VECS * VLEN, n, oh, ow, o, 2, VECS);
+        if (ow < c->out_w)
             NAME(block)(c, k, w, ld, sums + ow * MAX_VECS * VLEN, n, oh, ow, o, 1, VECS);
     }
 }
@@ -267,9 +284,11 @@ NAME(weight_block)(const NAME(Conv) *c, const NAME(KBlock) *ks, const ptrdiff_t 
         NAME(rows_of_kblock)(c, &ks[b], slab + offsets[b] * ld, ld, partial, row0, row1, o, PIXELS, VECS);
 }
 
-/* Output rows [row0, row1) of the flattened (N * OH) rows: chunks of rows, each through every weight block. */
+/* Output rows [row0, row1) of the flattened (N * OH) rows: chunks of rows, each through every group's weight
+ * blocks. */
 void NAME(conv2d_nhwc)(const NAME(Conv) *c, ptrdiff_t row0, ptrdiff_t row1)
 {
+    ptrdiff_t depth = c->kernel_h * c->kernel_w * c->channels;
     ptrdiff_t count = NAME(kblocks)(c, NULL, NULL);
     NAME(KBlock) *ks = malloc(count * sizeof *ks);
     ptrdiff_t *offsets = malloc(count * sizeof *offsets);
@@ -279,14 +298,22 @@ void NAME(conv2d_nhwc)(const NAME(Conv) *c, ptrdiff_t row0, ptrdiff_t row1)
     NAME(kblocks)(c, ks, offsets);
     for (ptrdiff_t start = row0; start < row1; start += chunk) {
         ptrdiff_t end = start + chunk < row1 ? start + chunk : row1;
-        for (ptrdiff_t o = 0; o < c->padded_channels; o += BLOCK_VECS * VLEN) {
-            switch ((c->padded_channels - o) / VLEN) {  /* a narrower last block: more pixels per block */
-            case 1: NAME(weight_block)(c, ks, offsets, count, partial, start, end, o, 8, 1); break;
+        for (ptrdiff_t g = 0; g < c->groups; g++) {
+            NAME(Conv) group = *c;  /* the group's channels of x, y and the residual, its weights and bias */
+            group.x = c->x + g * c->channels;
+            group.weight = c->weight + g * depth * c->padded_channels;
+            group.bias = c->bias ? c->bias + g * c->padded_channels : NULL;
+            group.residual = c->residual ? c->residual + g * c->out_channels : NULL;
+            group.y = c->y + g * c->out_channels;
+            for (ptrdiff_t o = 0; o < c->padded_channels; o += BLOCK_VECS * VLEN) {
+                switch ((c->padded_channels - o) / VLEN) {  /* a narrower last block: more pixels per block */
+                case 1: NAME(weight_block)(&group, ks, offsets, count, partial, start, end, o, 8, 1); break;
 #if BLOCK_VECS > 2
-            case 2: NAME(weight_block)(c, ks, offsets, count, partial, start, end, o, 8, 2); break;
-            case 3: NAME(weight_block)(c, ks, offsets, count, partial, start, end, o, 8, 3); break;
+                case 2: NAME(weight_block)(&group, ks, offsets, count, partial, start, end, o, 8, 2); break;
+                case 3: NAME(weight_block)(&group, ks, offsets, count, partial, start, end, o, 8, 3); break;
 #endif
-            default: NAME(weight_block)(c, ks, offsets, count, partial, start, end, o, 6, BLOCK_VECS); break;
+                default: NAME(weight_block)(&group, ks, offsets, count, partial, start, end, o, 6, BLOCK_VECS); break;
+                }
             }
         }
     }

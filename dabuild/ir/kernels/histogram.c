@@ -3,8 +3,9 @@
  * The tensor is seen as (outer, channels, inner) with element strides (so, sc, 1) when inner > 1, or
  * (outer, channels) with strides (so, 1) when inner == 1 (channels-last memory). Counting mirrors
  * dabuild.quant.histogram.Histogram.add exactly: bin = floor(value / width) - offset in double
- * precision (width a power of two, so multiplying by its reciprocal is the same exact division), bin 0
- * for a channel whose width is still 0. Only channels [c0, c1) are touched, so threads can share a tensor.
+ * precision (width a power of two, so multiplying by its reciprocal is the same exact division), or in
+ * float32 a whole vector at a time where that gives the same bins (block_bins), bin 0 for a channel whose
+ * width is still 0. Only channels [c0, c1) are touched, so threads can share a tensor.
  *
  * A channel's counts are int32 (half the memory and cache of int64: a ResNet-50's rows take 0.5 GB, not 1;
  * dabuild.quant.calibrate widens them, and counts in numpy, before any row could pass 2^31 - 1); the
@@ -15,8 +16,11 @@
 #include <stdint.h>
 #include <string.h>
 #include "vectors.h"
-#if (VBYTES == 64 && defined(__AVX512F__)) || (VBYTES == 32 && defined(__AVX2__))
+#if defined(__SSE4_1__) || defined(__AVX__)
 #include <immintrin.h>
+#endif
+#if defined(__aarch64__)
+#include <arm_neon.h>
 #endif
 
 #define HISTOGRAM_BINS 2048
@@ -128,9 +132,49 @@ static inline int64_t bin(float value, double reciprocal, int64_t offset)
 
 #define COUNT_BLOCK 64  /* values whose bins are computed together (vectorised) before they are counted */
 
-/* bins[i] = bin(x[i]) for n <= COUNT_BLOCK values, 8 at a time where the CPU has AVX-512, 4 with AVX2 (the same
- * double product, floor and integer conversion of an integral double as bin(), all exact). */
-static inline void block_bins(const float *x, ptrdiff_t n, double r, int64_t first, int64_t *bins)
+typedef int ints_unaligned __attribute__((vector_size(VBYTES), aligned(4)));
+
+/* floor(x) lane by lane. */
+static inline floats floor_lanes(floats x)
+{
+#if VBYTES == 64 && defined(__AVX512F__)
+    return (floats)_mm512_roundscale_ps((__m512)x, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+#elif VBYTES == 32 && defined(__AVX__)
+    return (floats)_mm256_floor_ps((__m256)x);
+#elif VBYTES == 16 && defined(__SSE4_1__)
+    return (floats)_mm_floor_ps((__m128)x);
+#elif VBYTES == 16 && defined(__aarch64__)
+    return (floats)vrndmq_f32((float32x4_t)x);
+#else
+    floats y;
+    for (int lane = 0; lane < FLOAT_LANES; lane++)
+        y[lane] = floorf(x[lane]);
+    return y;
+#endif
+}
+
+/* Whether every lane of a comparison's result is true. */
+static inline int all_lanes(ints holds)
+{
+#if VBYTES == 32 && defined(__AVX__)
+    return _mm256_movemask_ps((__m256)holds) == 0xff;
+#else
+    int all = -1;
+    for (int lane = 0; lane < FLOAT_LANES; lane++)
+        all &= holds[lane];
+    return all != 0;
+#endif
+}
+
+/* bins[i] = bin(x[i]) for n <= COUNT_BLOCK values, a vector at a time in float32 where that is exact: with a
+ * power-of-two width whose reciprocal and width are normal floats, value * reciprocal is exact unless it
+ * overflows or loses bits below the normal range (multiplying back by the width detects both), floor of it is
+ * exact, and its difference from an offset that is a float (as an offset of a window around float32 values
+ * is: past 2^24 the width is below the values' own spacing) is exact wherever the true difference is a bin of
+ * the row (an integer in [0, BINS) is a float), which the range check asks. A vector with a lane that fails
+ * (values outside the row only arise from a window a caller did not extend) and the last values take bin()'s
+ * double arithmetic. */
+static inline void block_bins(const float *x, ptrdiff_t n, double r, int64_t first, int32_t *bins)
 {
     if (!(r > 0.0)) {
         for (ptrdiff_t i = 0; i < n; i++)
@@ -138,35 +182,21 @@ static inline void block_bins(const float *x, ptrdiff_t n, double r, int64_t fir
         return;
     }
     ptrdiff_t i = 0;
-#if VBYTES == 64 && defined(__AVX512F__) && defined(__AVX512DQ__)
-    __m512d reciprocal = _mm512_set1_pd(r);
-    __m512i offset = _mm512_set1_epi64(first);
-    for (; i + 8 <= n; i += 8) {
-        __m512d scaled = _mm512_mul_pd(_mm512_cvtps_pd(_mm256_loadu_ps(x + i)), reciprocal);
-        __m512d floored = _mm512_roundscale_pd(scaled, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-        _mm512_storeu_si512(bins + i, _mm512_sub_epi64(_mm512_cvttpd_epi64(floored), offset));
-    }
-#elif VBYTES == 32 && defined(__AVX2__)
-    /* No double -> int64 conversion in AVX2: the bin is formed in double (floor(x * r) and the offset are
-     * integers below 2^53, so the difference is exact) and narrowed to int32, a 4-lane group at a time where
-     * every lane lies inside the row (values outside it only arise from a window a caller did not extend,
-     * and keep the scalar path's arithmetic). */
-    if (fabs((double)first) < 0x1p52) {
-        __m256d reciprocal = _mm256_set1_pd(r), offset = _mm256_set1_pd((double)first);
-        __m256d top = _mm256_set1_pd((double)HISTOGRAM_BINS);
-        for (; i + 4 <= n; i += 4) {
-            __m256d scaled = _mm256_mul_pd(_mm256_cvtps_pd(_mm_loadu_ps(x + i)), reciprocal);
-            __m256d index = _mm256_sub_pd(_mm256_floor_pd(scaled), offset);
-            __m256d inside = _mm256_and_pd(_mm256_cmp_pd(index, _mm256_setzero_pd(), _CMP_GE_OQ),
-                                           _mm256_cmp_pd(index, top, _CMP_LT_OQ));
-            if (_mm256_movemask_pd(inside) != 0xf)
+    if (r >= 0x1p-125 && r <= 0x1p125 && fabs((double)first) < 0x1p62 && (int64_t)(float)first == first) {
+        floats reciprocal = (float)r - (floats){0}, width = (float)(1.0 / r) - (floats){0};
+        floats offset = (float)first - (floats){0};
+        for (; i + FLOAT_LANES <= n; i += FLOAT_LANES) {
+            floats values = *(const floats_unaligned *)(x + i);
+            floats scaled = values * reciprocal;
+            floats index = floor_lanes(scaled) - offset;
+            ints holds = (scaled * width == values) & (index >= 0) & (index < (float)HISTOGRAM_BINS);
+            if (!all_lanes(holds))
                 break;
-            _mm256_storeu_si256((__m256i *)(bins + i), _mm256_cvtepi32_epi64(_mm256_cvttpd_epi32(index)));
+            *(ints_unaligned *)(bins + i) = __builtin_convertvector(index, ints);
         }
     }
-#endif
     for (; i < n; i++)
-        bins[i] = (int64_t)floor((double)x[i] * r) - first;
+        bins[i] = (int32_t)bin(x[i], r, first);
 }
 
 #if VBYTES == 32 && defined(__AVX2__)
@@ -215,7 +245,7 @@ static inline void count_run(const float *x, ptrdiff_t count, double r, int64_t 
                              double whole_reciprocal, int64_t whole_offset, int64_t *whole)
 {
     float values[COUNT_BLOCK + 16];
-    int64_t bins[COUNT_BLOCK], whole_bins[COUNT_BLOCK];
+    int32_t bins[COUNT_BLOCK], whole_bins[COUNT_BLOCK];
     for (ptrdiff_t i0 = 0; i0 < count; i0 += COUNT_BLOCK) {
         ptrdiff_t n = count - i0 < COUNT_BLOCK ? count - i0 : COUNT_BLOCK;
         ptrdiff_t kept = nonzero_values(x + i0, n, values);
@@ -240,6 +270,10 @@ static inline void count_run(const float *x, ptrdiff_t count, double r, int64_t 
 
 #define COUNT_TILE 16        /* channels counted together */
 #define COUNT_PIXELS 512     /* pixels gathered at once: a COUNT_TILE x COUNT_PIXELS float scratch is 32 KiB */
+#define SCRATCH_ROW (COUNT_PIXELS + 16)  /* a scratch row's floats: rows 2 KiB apart would share cache sets, and
+                                          * their stores alias the next pixel's loads modulo 4 KiB */
+#define PREFETCH_PIXELS 16   /* how far ahead the gather fetches a pixel's line: it reads one line a pixel, a
+                              * stride the hardware prefetchers do not follow across pages */
 #define DERIVE_VALUES 8192   /* a channel with at least this many values has its whole-tensor counts derived */
 
 /* counts[c][bin] += 1 for each value of channel c, with each channel's reciprocal width and offset; the same
@@ -257,7 +291,7 @@ static inline void count_run(const float *x, ptrdiff_t count, double r, int64_t 
 void channel_counts(const TensorView *v, const double *reciprocal, const int64_t *offset, int32_t *counts,
                     double whole_reciprocal, int64_t whole_offset, int64_t *whole, ptrdiff_t c0, ptrdiff_t c1)
 {
-    static _Thread_local float scratch[COUNT_TILE][COUNT_PIXELS];
+    static _Thread_local float scratch[COUNT_TILE][SCRATCH_ROW];
     static _Thread_local int32_t before[COUNT_TILE][HISTOGRAM_BINS];
     int many = v->outer * v->inner >= DERIVE_VALUES;
     for (ptrdiff_t t0 = c0; t0 < c1; t0 += COUNT_TILE) {
@@ -274,6 +308,8 @@ void channel_counts(const TensorView *v, const double *reciprocal, const int64_t
                 ptrdiff_t pixels = v->outer - o0 < COUNT_PIXELS ? v->outer - o0 : COUNT_PIXELS;
                 for (ptrdiff_t p = 0; p < pixels; p++) {
                     const float *x = element(v, o0 + p, t0);
+                    if (o0 + p + PREFETCH_PIXELS < v->outer)
+                        __builtin_prefetch(element(v, o0 + p + PREFETCH_PIXELS, t0));
                     for (ptrdiff_t j = 0; j < width; j++)
                         scratch[j][p] = x[j];
                 }

@@ -56,7 +56,7 @@ from dabuild.notices import warn
 
 COMPILER = "cc"
 VARIANTS = (("float", "int", "f32"), ("double", "long long", "f64"))  # conv.c's element types, its mask types, names
-UNITS = ("histogram.c", "requantize.c", "qconv.c", "threads.c", "max_pool.c", "island_conv.c", "quantize.c",
+UNITS = ("histogram.c", "requantize.c", "qconv.c", "threads.c", "pool.c", "island_conv.c", "quantize.c",
          "vector_path.c")  # with conv.c's variants, one translation unit each
 HEADERS = ("vectors.h", "conv.c")  # included by the units
 TARGET_FLAGS = (("-O3", "-march=native"), ("-O3",))  # the CPU's own instructions, else the compiler's default target
@@ -77,18 +77,20 @@ def _conv_call(element: type[ctypes._SimpleCData]) -> type[ctypes.Structure]:
         ("out_h", size), ("out_w", size), ("stride_h", size), ("stride_w", size), ("pad_top", size), ("pad_left", size),
         ("dilation_h", size), ("dilation_w", size),
         ("activation", ctypes.c_int), ("low", element), ("high", element), ("zeros", ctypes.c_void_p),
+        ("groups", size),
     ]
     return type(f"ConvCall_{element.__name__}", (ctypes.Structure,), {"_fields_": fields})
 
 
-class MaxPoolCall(ctypes.Structure):
-    """max_pool.c's `MaxPool`: one max pool's tensors and geometry."""
+class PoolCall(ctypes.Structure):
+    """pool.c's `Pool`: one max or average pool's tensors and geometry."""
 
     _fields_ = [("x", ctypes.c_void_p), *((name, ctypes.c_ssize_t) for name in ("height", "width", "channels")),
                 ("y", ctypes.c_void_p),
                 *((name, ctypes.c_ssize_t) for name in ("out_h", "out_w", "kernel_h", "kernel_w", "stride_h",
                                                         "stride_w", "pad_top", "pad_left", "dilation_h",
-                                                        "dilation_w"))]
+                                                        "dilation_w")),
+                ("divisors", ctypes.c_void_p)]
 
 
 ELEMENTS: dict[np.dtype, tuple[str, Any]] = {np.dtype(np.float32): ("f32", _conv_call(ctypes.c_float)),
@@ -101,7 +103,7 @@ DEPTHWISE_COST = 4  # a depthwise multiply-add costs about 4 of a full conv's (m
 
 
 class NativeConv:
-    """conv.c's `conv2d_nhwc` and `depthwise2d_nhwc`, with numpy arrays in and out.
+    """conv.c's `conv2d_nhwc` (ungrouped or grouped) and `depthwise2d_nhwc`, with numpy arrays in and out.
 
     A prepared conv packs its weight into conv.c's layout once (`pack`) and passes the packed form. With `threads` > 1 (see `layer_threads`), a conv
     with enough work splits its output rows among that many threads; every output is computed by the
@@ -121,9 +123,10 @@ class NativeConv:
                 kernel.argtypes = [ctypes.POINTER(call), ctypes.c_ssize_t, ctypes.c_ssize_t]
                 kernel.restype = None
                 self._kernels[dtype, depthwise] = kernel
-        self._max_pool = library.max_pool_nhwc
-        self._max_pool.argtypes = [ctypes.POINTER(MaxPoolCall), ctypes.c_ssize_t, ctypes.c_ssize_t]
-        self._max_pool.restype = None
+        self._pools = {"max": library.max_pool_nhwc, "average": library.avg_pool_nhwc}
+        for pool in self._pools.values():
+            pool.argtypes = [ctypes.POINTER(PoolCall), ctypes.c_ssize_t, ctypes.c_ssize_t]
+            pool.restype = None
         self.rows = RowSplitter(library)  # threads.c; the same library holds histogram.c, requantize.c, qconv.c,
         self.histogram = NativeHistogram(library)  # island_conv.c and quantize.c
         self.requantize = NativeRequantize(library)
@@ -135,12 +138,13 @@ class NativeConv:
         """Whether conv.c has a variant for this element type (float32, float64)."""
         return np.dtype(dtype) in ELEMENTS
 
-    def pack(self, weight: np.ndarray, depthwise: bool = False) -> PackedWeight:
-        """The (O, C, KH, KW) weight in conv.c's layout: done once per weight by a prepared conv."""
-        taps, padded = pack_weight(weight, depthwise, self.vector_bytes, self.block_vectors)
+    def pack(self, weight: np.ndarray, depthwise: bool = False, groups: int = 1) -> PackedWeight:
+        """The (O, C / groups, KH, KW) weight in conv.c's layout: done once per weight by a prepared conv. A grouped
+        weight is each group's (O / groups, ...) slice packed as an ungrouped weight, one after another."""
+        taps, padded = pack_weight(weight, depthwise, self.vector_bytes, self.block_vectors, groups)
         aligned = aligned_empty(taps.shape, taps.dtype)
         aligned[...] = taps
-        return PackedWeight(aligned, weight.shape, depthwise, padded)
+        return PackedWeight(aligned, weight.shape, depthwise, padded, groups)
 
     def __call__(self, x: np.ndarray, weight: PackedWeight, bias: np.ndarray | None, residual: np.ndarray | None,
                  strides: list[int], pads: list[int], dilations: list[int], out: list[int],
@@ -159,32 +163,36 @@ class NativeConv:
         """The conv of (N, H, W, C) inputs of `shape` prepared once (see `__call__` for the arguments): geometry,
         packed weight, padded bias and epilogue filled in, so that each run only points the call at its arrays."""
         batch, height, width, channels = shape
-        out_channels, _, kernel_h, kernel_w = weight.shape
-        dtype = weight.taps.dtype
-        if bias is not None:
-            bias = np.concatenate([bias.astype(dtype, copy=False), np.zeros(weight.padded - out_channels, dtype)])
+        out_channels, group_channels, kernel_h, kernel_w = weight.shape
+        groups, dtype = weight.groups, weight.taps.dtype
+        group_out = out_channels // groups
+        if bias is not None:  # each group's bias padded to whole vectors, as its weight is
+            padding = np.zeros((groups, weight.padded - group_out), dtype)
+            bias = np.concatenate([bias.astype(dtype, copy=False).reshape(groups, group_out), padding], 1).ravel()
         zeros = np.zeros(channels, dtype)
         call = ELEMENTS[dtype][1](
-            None, height, width, channels,
-            weight.taps.ctypes.data, kernel_h, kernel_w, out_channels, weight.padded,
+            None, height, width, channels // groups,
+            weight.taps.ctypes.data, kernel_h, kernel_w, group_out, weight.padded,
             None if bias is None else bias.ctypes.data, None, None,
             out[0], out[1], strides[0], strides[1], pads[0], pads[1], dilations[0], dilations[1],
-            *activation, zeros.ctypes.data,
+            *activation, zeros.ctypes.data, groups,
         )
-        macs = batch * out[0] * out[1] * out_channels * kernel_h * kernel_w * (1 if weight.depthwise else channels)
+        macs = batch * out[0] * out[1] * out_channels * kernel_h * kernel_w * group_channels
         work = macs * (DEPTHWISE_COST if weight.depthwise else 1)
         return ConvPlan(self, self._kernels[dtype, weight.depthwise], call, (batch, *out, out_channels), dtype,
                         work >= PARALLEL_MACS, (weight, bias, zeros))
 
-    def max_pool(self, x: np.ndarray, kernel: list[int], strides: list[int], pads: list[int], dilations: list[int],
-                 out: list[int]) -> np.ndarray:
-        """max_pool.c over a C-contiguous float32 (N, H, W, C) x: the (N, OH, OW, C) maxima, taps outside the
-        input skipped; pads are the (top, left) ones, `out` is (OH, OW)."""
+    def pool(self, x: np.ndarray, kernel: list[int], strides: list[int], pads: list[int], dilations: list[int],
+             out: list[int], divisors: np.ndarray | None = None) -> np.ndarray:
+        """pool.c over a C-contiguous float32 (N, H, W, C) x: the (N, OH, OW, C) maxima (taps outside the input
+        skipped), or with `divisors` (float32 (OH, OW), each output's count) the averages (taps outside the
+        input adding +0, as numpy's zero padding does); pads are the (top, left) ones, `out` is (OH, OW)."""
         batch, height, width, channels = x.shape
         y = aligned_empty((batch, *out, channels), x.dtype)
-        call = MaxPoolCall(x.ctypes.data, height, width, channels, y.ctypes.data, *out, *kernel, *strides, *pads,
-                           *dilations)
-        self._max_pool(ctypes.byref(call), 0, batch * out[0])
+        counts = None if divisors is None else np.ascontiguousarray(divisors, np.float32)
+        call = PoolCall(x.ctypes.data, height, width, channels, y.ctypes.data, *out, *kernel, *strides, *pads,
+                        *dilations, None if counts is None else counts.ctypes.data)
+        self._pools["max" if counts is None else "average"](ctypes.byref(call), 0, batch * out[0])
         return y
 
     def run(self, function: Any, call: ctypes.Structure, rows: int, parallel: bool) -> None:
@@ -213,11 +221,16 @@ class ConvPlan:
         return y
 
 
-def pack_weight(weight: np.ndarray, depthwise: bool, vector_bytes: int, block_vectors: int) -> tuple[np.ndarray, int]:
+def pack_weight(weight: np.ndarray, depthwise: bool, vector_bytes: int, block_vectors: int,
+                groups: int = 1) -> tuple[np.ndarray, int]:
     """The (O, C, KH, KW) weight in the layout of conv.c compiled for a path of `vector_bytes` vectors and
     `block_vectors` vectors per register block: output channels padded to whole vectors, (KH, KW, padded) for a
     depthwise conv, else blocks of block_vectors vectors of channels, each a contiguous (KH * KW * C, width)
-    slab, one after another (flat); and the padded channel count."""
+    slab, one after another (flat); and the padded channel count. A grouped weight (groups > 1) is each group's
+    O / groups output channels packed so, one group after another (flat), with one group's padded count."""
+    if groups > 1:
+        packs = [pack_weight(part, False, vector_bytes, block_vectors) for part in np.split(weight, groups)]
+        return np.concatenate([taps for taps, _ in packs]), packs[0][1]
     out_channels, _, kernel_h, kernel_w = weight.shape
     vector = vector_bytes // weight.itemsize
     padded = -(-out_channels // vector) * vector
@@ -236,7 +249,8 @@ class PackedWeight:
     taps: np.ndarray
     shape: tuple[int, ...]
     depthwise: bool
-    padded: int  # output channels rounded up to whole vectors
+    padded: int  # output channels (of one group, where grouped) rounded up to whole vectors
+    groups: int = 1  # a grouped conv's groups; 1 for an ungrouped or depthwise one
 
 
 def aligned_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:

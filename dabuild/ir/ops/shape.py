@@ -72,8 +72,51 @@ class Reshape(Op):
         return [(tuple(target), inputs[0].dtype)]
 
     def kernel(self, arrays: list[np.ndarray], attrs: dict[str, Any]) -> list[np.ndarray]:
-        shape = [arrays[0].shape[a] if s == 0 else s for a, s in enumerate(attrs["shape"])]
-        return [arrays[0].reshape(shape)]
+        x = arrays[0]
+        shape = [x.shape[a] if s == 0 else s for a, s in enumerate(attrs["shape"])]
+        known = math.prod(size for size in shape if size != -1)
+        if -1 in shape and known:
+            shape[shape.index(-1)] = x.size // known
+        channels = _channels_last_reshape(x, tuple(shape[1:])) if shape and shape[0] == len(x) else None
+        return [x.reshape(shape) if channels is None else channels]
+
+
+SLICED_COPIES = 16  # a regrouping copy loops over its shortest axis where that has at most this many entries
+
+
+def _channels_last_reshape(x: np.ndarray, tail: tuple[int, ...]) -> np.ndarray | None:
+    """x reshaped to (len(x), *tail) in channels-last memory, where the reshape keeps the batch and the trailing
+    (spatial) axes and only regroups the axes between, and x's memory already holds those innermost (a conv's
+    output, or a view of one); None otherwise (numpy's reshape then).
+
+    ShuffleNet's channel shuffle (reshape to (N, g, C/g, H, W), swap g and C/g, reshape back) on a conv's
+    channels-last output made numpy copy twice into channels-first order, and the next conv copy back: here
+    the split is a view and the merge one copy into channels-last order, which the next conv reads as it is.
+    """
+    if x.flags.c_contiguous or x.ndim < 3:
+        return None
+    kept = 0  # trailing axes that the reshape keeps
+    while kept < min(x.ndim, len(tail) + 1) - 2 and x.shape[x.ndim - 1 - kept] == tail[len(tail) - 1 - kept]:
+        kept += 1
+    middle = list(range(1, x.ndim - kept))
+    spatial = list(range(x.ndim - kept, x.ndim))
+    if not kept or not middle or len(tail) - kept < 1:
+        return None
+    by_memory = sorted(middle, key=lambda axis: -x.strides[axis])
+    if not x.transpose(0, *spatial, *by_memory).flags.c_contiguous:
+        return None
+    inner = x.transpose(0, *spatial, *middle)
+    if not inner.flags.c_contiguous:  # one copy, a slice of the shortest regrouped axis at a time
+        copy = np.empty(inner.shape, x.dtype)
+        shortest = min(range(1 + kept, inner.ndim), key=lambda axis: inner.shape[axis])
+        if inner.shape[shortest] <= SLICED_COPIES:  # numpy's copy walked rows of that axis: 2-5x slower
+            for index in range(inner.shape[shortest]):
+                pick = (slice(None),) * shortest + (index,)
+                copy[pick] = inner[pick]
+            inner = copy
+    inner = inner.reshape(len(x), *tail[len(tail) - kept:], *tail[:len(tail) - kept])
+    regrouped = len(tail) - kept
+    return inner.transpose(0, *range(1 + kept, 1 + kept + regrouped), *range(1, 1 + kept))
 
 
 @register

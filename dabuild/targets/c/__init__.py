@@ -26,6 +26,10 @@ what overflows and by how much; a model bigger than the board's own memory
 fails the export with the sizes (firmware.require_room). Option `streaming:
 {hop}` builds a 1-D conv model to run once per hop (streaming.py): model_step,
 model_reset and state buffers, model_forward streaming one window.
+Option `patch` (`auto`, `off`, or a number of
+layers) runs the first chain of convs a band of rows at a time (patch.py)
+where that lowers the arena's peak by a tenth, never, or over that many layers;
+model.json's arena gives the layer-by-layer plan beside it and what was patched.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ import subprocess
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -128,6 +132,8 @@ class CTarget(Target):
         timeout: float = 600.0   # seconds one emulator or command run may take
         budget: Budget | None = None
         rounding: Rounding = "dabuild"   # how requantization rounds: dabuild's, or TFLite Micro's (fixed_point)
+        # patch-based execution of the first convs (patch.py): where it lowers the peak, never, or N layers
+        patch: Literal["auto", "off"] | Annotated[int, Field(ge=2)] = "auto"
         streaming: Streaming | None = None   # `true` or {hop: N}: model_step per hop (streaming.py)
 
         @field_validator("streaming", mode="before")
@@ -255,7 +261,7 @@ class CTarget(Target):
     def export(self, qgraph: QGraph, out_dir: Path) -> None:
         refuse_float_layers(qgraph, self.capability_spec, None if self.profile.fpu else f"cpu {self.profile.name!r} has no FPU")
         profile = self.profile
-        rendered = render(qgraph, profile, self.hop)
+        rendered = render(qgraph, profile, self.hop, self.options.patch)
         out_dir = Path(out_dir)
         for name, text in rendered.files.items():
             (out_dir / name).parent.mkdir(parents=True, exist_ok=True)
@@ -272,7 +278,7 @@ class CTarget(Target):
             "output_dtype": qgraph.output_params.storage,   # int16 for 16-bit activations
             "output_shape": list(qgraph.tensors[qgraph.output].shape),
             "arena_bytes": rendered.arena.peak_bytes,
-            "arena": rendered.arena.report(),
+            "arena": rendered.memory,
             "kernels": rendered.kernels,
             **({"streaming": rendered.streamed.manifest()} if rendered.streamed else
                {"traced": [traced.manifest() for traced in rendered.traced]}),
@@ -390,15 +396,17 @@ class CTarget(Target):
         """model.json's firmware figures, and under qemu the instructions model_forward retires on the first
         sample (a counting image: -DDABUILD_COUNT), by timing class, with the cycles they would take on a core
         whose timing dabuild.targets.c.cycles models (flash wait states not included); a streaming model's
-        also those of one hop past the warm-up."""
+        also those of one hop past the warm-up; and the patched stage, if any, with the arena's peak beside the
+        layer-by-layer one."""
         artifact_dir, work_dir = Path(artifact_dir), Path(work_dir)
-        measured = dict(read_manifest(artifact_dir).get("firmware", {}))
-        streaming = read_manifest(artifact_dir).get("streaming")
+        manifest = read_manifest(artifact_dir)
+        measured = dict(manifest.get("firmware", {}))
+        streaming = manifest.get("streaming")
         if streaming and measured:
             measured["state_bytes"] = streaming["state_bytes"]   # part of ram_bytes (bss)
         if self.runner == "qemu" and len(inputs):
             image = self._build(artifact_dir, work_dir, ("-DDABUILD_COUNT",))
-            dtype = read_manifest(artifact_dir).get("input_dtype", "int8")
+            dtype = manifest.get("input_dtype", "int8")
             np.ascontiguousarray(inputs[:1], dtype=dtype).tofile(work_dir / "inputs.bin")
             executions = firmware.trace_executions(self.profile, image, work_dir, self.options.timeout)
             timing = cycles.TIMINGS.get(self.profile.name)
@@ -418,7 +426,12 @@ class CTarget(Target):
                 measured["estimated_cycles_per_inference"] = sum(estimate.cycles for estimate in window)
                 measured["instruction_classes"] = {kind: sum(estimate.classes.get(kind, 0) for estimate in window)
                                                    for kind in sorted({kind for e in window for kind in e.classes})}
-        return {"firmware": measured} if measured else {}
+        report: dict[str, Any] = {"firmware": measured} if measured else {}
+        arena = manifest.get("arena", {})
+        if arena.get("patch"):
+            report["patch"] = {**arena["patch"], "peak_bytes": arena["peak_bytes"],
+                               "layer_by_layer_peak_bytes": arena["layer_by_layer"]["peak_bytes"]}
+        return report
 
     def trace(self, artifact_dir: Path, inputs: np.ndarray, work_dir: Path) -> dict[str, np.ndarray] | None:
         """Every tensor a layer writes (and the input), from the test program built with -DDABUILD_TRACE.

@@ -282,9 +282,9 @@ def _rows_geometry(step: Step) -> dict[str, int]:
 
     A 1x1 conv of stride 1 without padding reads each pixel's channels alone, so its whole input is one row of
     height x width pixels: blocks run across what were row ends (KWS's 25 x 5 pointwise convs: 41 blocks of 3
-    pixels and one of 2, where rows of 5 took 2 + 2 + 1 each)."""
+    pixels and one of 2, where rows of 5 took 2 + 2 + 1 each); not when banded (patch.py), row by row."""
     window = _conv_window(step)
-    if _pointwise(window):
+    if _pointwise(window) and not step.banded:   # a band's rows are given at run time
         pixels = window["out_height"] * window["out_width"]
         window = {**window, "height": 1, "width": pixels, "out_height": 1, "out_width": pixels,
                   "padded_height": 1, "padded_width": pixels}

@@ -80,6 +80,7 @@ class Step:
     constants: dict[str, np.ndarray] = field(default_factory=dict)   # float constants a float layer reads
     rounding: str = "dabuild"   # the QGraph's requantization rounding (fixed_point.ROUNDINGS)
     clamp: QClamp | None = None   # a clamp (a residual block's relu) the kernel applies to its output itself
+    banded: bool = False   # computes a band of output rows per call (patch.py): row_begin, row_end, in_first
 
     @property
     def scratch_bytes(self) -> int:

@@ -29,10 +29,10 @@ from dabuild.qir.layers.linear import QConv, QDense, QWeighted
 from dabuild.qir.layers.pool import QAvgPool, QMean
 from dabuild.qir.layers.softmax import QSoftmax
 from dabuild.qir.qgraph import QGraph, QLayer
-from dabuild.targets.c.kernels.linear import window
+from dabuild.targets.c.kernels.linear import interleave, window
 from dabuild.targets.c.kernels.movement import source_offsets
 from dabuild.targets.c.kernels.registry import CANONICAL, Operand, Step, kernel
-from dabuild.targets.c.profiles import Profile
+from dabuild.targets.c.profiles import DSP, MVE, Profile
 
 WIDE = ("int16", "int16/int8")   # layer specs with a 16-bit operand (pure int8 layers keep the int8 kernels)
 BOTH = ("per_tensor", "per_channel")
@@ -79,6 +79,32 @@ def _planar(layer: QLayer, qgraph: QGraph, profile: Profile) -> str | None:
     return None if rank in (2, 3) else f"{rank - 1}-D window (1-D and 2-D only)"
 
 
+def _gathered(layer: QLayer, qgraph: QGraph, profile: Profile) -> str | None:
+    if (why := _planar(layer, qgraph, profile)) is not None:
+        return why
+    if layer.groups != 1:  # type: ignore[attr-defined]
+        return "grouped (a depthwise window of a few taps gains nothing from gathering it)"
+    return _int16_input(layer, qgraph, profile)
+
+
+def _column_bytes(step: Step) -> int:
+    """wide_conv_mcu's scratch: one output pixel's window, int16."""
+    return 2 * int(np.prod(step.layer.weight.shape[1:]))  # type: ignore[union-attr]
+
+
+@kernel("conv", "wide_conv_mcu", config="weighted", dtypes=WIDE, inputs=CANONICAL, outputs=CANONICAL,
+        granularities=BOTH, when=_gathered, scratch=_column_bytes, isas=(DSP, MVE))
+def wide_conv_mcu(step: Step) -> dict[str, Any]:
+    """wide_conv on a Cortex-M with the DSP extension or Helium: per output pixel its window gathered (0 where
+    it pads) into one int16 column, then four output channels per pass over it (dabuild_wide_dot4), as a dense
+    layer; the same exact int64 sums."""
+    layer: QConv = step.layer  # type: ignore[assignment]
+    geometry = window(step, list(layer.weight.shape[2:]), layer.strides, layer.pads, layer.dilations)
+    depth = int(np.prod(layer.weight.shape[1:]))
+    return {**_weighted(step, layer), **geometry, **_mcu_weight(step, layer.weight.reshape(len(layer.weight), depth)),
+            "depth": depth}
+
+
 @kernel("conv", "wide_conv", config="weighted", dtypes=WIDE, inputs=CANONICAL, outputs=CANONICAL,
         granularities=BOTH, when=_planar)
 def wide_conv(step: Step) -> dict[str, Any]:
@@ -86,6 +112,34 @@ def wide_conv(step: Step) -> dict[str, Any]:
     geometry = window(step, list(layer.weight.shape[2:]), layer.strides, layer.pads, layer.dilations)
     return {**_weighted(step, layer), **geometry, "weight": np.ascontiguousarray(layer.weight),
             "group_in": layer.weight.shape[1], "group_out": geometry["out_channels"] // layer.groups}
+
+
+def _int16_input(layer: QLayer, qgraph: QGraph, profile: Profile) -> str | None:
+    params = qgraph.tensors[layer.inputs[0]].params
+    if params.dtype != "int16" or params.zero_point != 0:
+        return "not an int16 input of zero point 0 (TFLite's symmetric 16x8)"
+    return None
+
+
+def _mcu_weight(step: Step, rows: np.ndarray) -> dict[str, Any]:
+    """Weight rows for dabuild_wide_dot4: on a DSP profile each row's whole groups of 4 interleaved (SXTB16 then
+    gives the pairs SMLAD multiplies with two int16 of x), its tail of fewer than 4 as is."""
+    interleaved = step.profile.interleaved
+    if interleaved:
+        whole = rows.shape[-1] & ~3
+        rows = np.concatenate([interleave(rows[..., :whole]), rows[..., whole:]], axis=-1)
+    return {"weight": np.ascontiguousarray(rows), "interleaved": int(interleaved)}
+
+
+@kernel("dense", "wide_dense_mcu", config="weighted", dtypes=WIDE, inputs=CANONICAL, outputs=CANONICAL,
+        granularities=BOTH, when=_int16_input, isas=(DSP, MVE))
+def wide_dense_mcu(step: Step) -> dict[str, Any]:
+    """wide_dense on a Cortex-M with the DSP extension or Helium: four outputs per pass over x, int16 pairs (or
+    vectors of 8) against widened int8 weights (dabuild_wide_dot4), the same exact int64 sums."""
+    layer: QDense = step.layer  # type: ignore[assignment]
+    return {**_weighted(step, layer), **_mcu_weight(step, layer.weight.T),
+            "in_features": layer.in_features, "out_features": layer.out_features,
+            "rows": step.inputs[0].size // layer.in_features}
 
 
 @kernel("dense", "wide_dense", config="weighted", dtypes=WIDE, inputs=CANONICAL, outputs=CANONICAL,
