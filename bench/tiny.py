@@ -88,7 +88,8 @@ def tflite_file(qgraph: QGraph, folder: Path) -> tuple[Path, QGraph] | str:
     try:
         target.export(graph, folder)
     except UsageError as error:
-        return f"tflite target refused: {str(error).splitlines()[0]}"
+        refused = [line.strip() for line in str(error).splitlines()[1:]] or [str(error)]
+        return f"tflite target refused {len(refused)} layers, the first: {refused[0]}"
     return folder / MODEL_FILE, graph
 
 
