@@ -9,6 +9,7 @@ errors for what the C target cannot run.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import subprocess
@@ -21,7 +22,7 @@ from test_quantize import C_CAPABILITY
 
 from dabuild.errors import BuildError
 from dabuild.ir import Graph, Node
-from dabuild.qir.fixed_point import requantize
+from dabuild.qir.fixed_point import ROUNDINGS, requantize
 from dabuild.qir.qgraph import QGraph
 from dabuild.qir.reference import run_integer
 from dabuild.quant.defaults import default_config
@@ -305,6 +306,36 @@ int main(void)
                     str(tmp_path / "check.c")], check=True)
     printed = subprocess.run([str(tmp_path / "check")], capture_output=True, text=True, check=True).stdout
     assert np.array_equal(np.array(printed.split(), np.int64), requantize(acc, multiplier, shift))
+
+
+@pytest.mark.parametrize("rounding", ROUNDINGS)
+def test_c_requantize32_matches_the_reference_in_every_rounding(rounding: str, tmp_path: Path) -> None:
+    """dabuild_requantize32 (an int32 sum, shift 32..62: the 32-bit word paths) on requantize_cases' extremes,
+    random values and ties of both signs equals the reference's requantize in each rounding."""
+    acc, multiplier, shift = requantize_cases()
+    taken = (shift >= 32) & (np.abs(acc) <= 2**31 - 1)
+    acc, multiplier, shift = acc[taken], multiplier[taken], shift[taken]
+    header = render(dataclasses.replace(lowered("relu"), rounding=rounding)).files[COMMON_HEADER]
+    (tmp_path / COMMON_HEADER).write_text(header)
+    rows = ",\n".join(f"{{{a}, {m}, {s}}}" for a, m, s in zip(acc, multiplier, shift))
+    (tmp_path / "check.c").write_text(f"""#include <stdio.h>
+#include "{COMMON_HEADER}"
+static const struct {{ int32_t acc; int32_t multiplier; int32_t shift; }} cases[] = {{
+{rows}
+}};
+int main(void)
+{{
+    size_t i;
+    for (i = 0; i < sizeof cases / sizeof cases[0]; ++i) {{
+        printf("%ld\\n", (long)dabuild_requantize32(cases[i].acc, cases[i].multiplier, cases[i].shift));
+    }}
+    return 0;
+}}
+""")
+    subprocess.run(["cc", "-std=c99", *STRICT, "-o", str(tmp_path / "check"), str(tmp_path / "check.c")], check=True)
+    printed = subprocess.run([str(tmp_path / "check")], capture_output=True, text=True, check=True).stdout
+    assert len(acc) > 900
+    assert np.array_equal(np.array(printed.split(), np.int64), requantize(acc, multiplier, shift, rounding))
 
 
 def small_cnn(seed: int = 5, depthwise_pads: tuple[int, ...] = (1, 1, 1, 1),
