@@ -25,7 +25,11 @@ bench/tflm_peer.py says which commits and how to fetch them), the last table is 
 (mps2-an386) in qemu 7.2: each int8 file rebuilt as given and exported by the c target with `rounding: tflm`
 (-O2), against TFLM with CMSIS-NN kernels (built here, default double rounding: TFLM's) running the file
 itself: instructions per inference (goal <= 0.8x TFLM+CMSIS-NN's), output bytes that differ over the samples
-(goal 0), and the arena TFLM used in qemu. Without it that table says it was not measured.
+(goal 0), and the arena TFLM used in qemu. Without it that table says it was not measured. The 16x8 files are
+not in it: TFLM's CMSIS-NN FULLY_CONNECTED refuses per-channel weights under int16 input in Prepare
+(tensorflow/lite/micro/kernels/cmsis_nn/fully_connected.cc:116 at the pinned commit, seen with a build that keeps
+TFLM's error strings), so TFLM+CMSIS-NN cannot run them; their C equals TFLM's reference-kernel interpreter
+(the first table, and tests/targets/c/test_c_16x8.py in qemu).
 
 Usage: python bench/tflite.py [--samples N] [--tflm DIR]
 """
