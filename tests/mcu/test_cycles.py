@@ -80,8 +80,9 @@ def executed(cpu: str, body: str, iterations: int, folder: Path) -> tuple[cycles
     target.export(lowered("dense per tensor"), artifact)    # for its startup code and linker script
     (artifact / "main.c").write_text(MAIN.format(body=body, iterations=iterations))
     image = firmware.build_image(target.profile, ["-O2"], artifact, folder / "image", ("-DDABUILD_COUNT",))
-    execution, = firmware.trace_executions(target.profile, image.elf, folder / "image", 60)
-    return execution, cycles.estimate(execution, cycles.disassemble(image.elf)[0], cycles.TIMINGS[cpu])
+    disassembly = cycles.disassemble(image.elf)
+    execution, = firmware.trace_executions(target.profile, image.elf, folder / "image", 60, disassembly)
+    return execution, cycles.estimate(execution, disassembly[0], cycles.TIMINGS[cpu])
 
 
 def added(cpu: str, body: str, folder: Path) -> tuple[dict[str, int], int, int, int]:

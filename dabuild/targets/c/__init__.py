@@ -408,10 +408,10 @@ class CTarget(Target):
             image = self._build(artifact_dir, work_dir, ("-DDABUILD_COUNT",))
             dtype = manifest.get("input_dtype", "int8")
             np.ascontiguousarray(inputs[:1], dtype=dtype).tofile(work_dir / "inputs.bin")
-            executions = firmware.trace_executions(self.profile, image, work_dir, self.options.timeout)
+            disassembly = cycles.disassemble(image)
+            executions = firmware.trace_executions(self.profile, image, work_dir, self.options.timeout, disassembly)
             timing = cycles.TIMINGS.get(self.profile.name)
-            disassembly = cycles.disassemble(image)[0] if timing is not None else {}
-            estimates = [cycles.estimate(execution, disassembly, timing) if timing is not None else None
+            estimates = [cycles.estimate(execution, disassembly[0], timing) if timing is not None else None
                          for execution in executions]
             inference = 1
             if streaming:   # a mark pair per hop: the last hop of the first window is past the warm-up

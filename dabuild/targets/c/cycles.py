@@ -60,7 +60,10 @@ class Instruction:
     operands: str
 
 
-def disassemble(image: Path) -> tuple[dict[int, Instruction], dict[str, int]]:
+Disassembly = tuple[dict[int, Instruction], dict[str, int]]   # instructions by address, function addresses
+
+
+def disassemble(image: Path) -> Disassembly:
     """Every instruction of the image's code by address, and its function symbols' addresses.
 
     Disassembled as Armv8.1-M mainline, a superset of every Cortex-M's Thumb: without it objdump reads an

@@ -180,10 +180,12 @@ def _executions_between_marks(log: IO[bytes], mark: int, origin: int) -> list[Ex
     return done
 
 
-def trace_executions(profile: Profile, image: Path, work_dir: Path, timeout: float) -> list[Execution]:
-    """What each model_forward call of a counting image executed (per address), one entry per sample."""
+def trace_executions(profile: Profile, image: Path, work_dir: Path, timeout: float,
+                     disassembly: cycles.Disassembly) -> list[Execution]:
+    """What each model_forward call of a counting image executed (per address), one entry per sample;
+    `disassembly` is the image's (cycles.disassemble), which the caller may also price the executions with."""
     require(QEMU, QEMU_PACKAGE)
-    instructions, symbols = cycles.disassemble(image)
+    instructions, symbols = disassembly
     if MARK not in symbols:
         raise BuildError(f"{image} has no {MARK} function: it is not a counting build (-DDABUILD_COUNT)")
     line = [*qemu_line(profile, str(image)), "-singlestep", "-d", "exec,nochain", "-D", "/dev/stdout"]
@@ -201,7 +203,8 @@ def trace_executions(profile: Profile, image: Path, work_dir: Path, timeout: flo
 
 def count_instructions(profile: Profile, image: Path, work_dir: Path, timeout: float) -> list[int]:
     """Instructions each model_forward call of a counting image retired, one entry per sample."""
-    return [execution.instructions for execution in trace_executions(profile, image, work_dir, timeout)]
+    executions = trace_executions(profile, image, work_dir, timeout, cycles.disassemble(image))
+    return [execution.instructions for execution in executions]
 
 
 _INPUT_SECTION = re.compile(r"^ (\.\S+)\s+0x[0-9a-f]+\s+0x([0-9a-f]+)\s+(\S+)$", re.MULTILINE)

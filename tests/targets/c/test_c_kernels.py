@@ -283,29 +283,38 @@ def requantize_cases() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return np.array(acc, np.int64), np.array(multiplier, np.int64), np.array(shift, np.int64)
 
 
-def test_c_requantize_matches_the_reference_rounding(tmp_path: Path) -> None:
-    """dabuild_requantize (branch-free, through uint64) rounds ties away from zero exactly as the reference."""
-    acc, multiplier, shift = requantize_cases()
-    (tmp_path / COMMON_HEADER).write_text(render(lowered("relu")).files[COMMON_HEADER])
-    rows = ",\n".join(f"{{{a}LL, {m}, {s}}}" for a, m, s in zip(acc, multiplier, shift))
-    (tmp_path / "check.c").write_text(f"""#include <stdio.h>
+def c_requantized(function: str, acc_type: str, rounding: str, cases: tuple[np.ndarray, np.ndarray, np.ndarray],
+                  folder: Path) -> np.ndarray:
+    """`function` of the common header rendered for `rounding` (dabuild_requantize or dabuild_requantize32, its
+    sum of C type `acc_type`) on every (acc, multiplier, shift) of `cases`, compiled with cc and run here."""
+    header = render(dataclasses.replace(lowered("relu"), rounding=rounding)).files[COMMON_HEADER]
+    (folder / COMMON_HEADER).write_text(header)
+    rows = ",\n".join(f"{{{a}LL, {m}, {s}}}" for a, m, s in zip(*cases))
+    (folder / "check.c").write_text(f"""#include <stdio.h>
 #include "{COMMON_HEADER}"
-static const struct {{ int64_t acc; int32_t multiplier; int32_t shift; }} cases[] = {{
+static const struct {{ long long acc; int32_t multiplier; int32_t shift; }} cases[] = {{
 {rows}
 }};
 int main(void)
 {{
     size_t i;
     for (i = 0; i < sizeof cases / sizeof cases[0]; ++i) {{
-        printf("%lld\\n", (long long)dabuild_requantize(cases[i].acc, cases[i].multiplier, cases[i].shift));
+        printf("%lld\\n", (long long){function}(({acc_type})cases[i].acc, cases[i].multiplier, cases[i].shift));
     }}
     return 0;
 }}
 """)
-    subprocess.run(["cc", "-std=c99", *STRICT, "-Wno-long-long", "-o", str(tmp_path / "check"),
-                    str(tmp_path / "check.c")], check=True)
-    printed = subprocess.run([str(tmp_path / "check")], capture_output=True, text=True, check=True).stdout
-    assert np.array_equal(np.array(printed.split(), np.int64), requantize(acc, multiplier, shift))
+    subprocess.run(["cc", "-std=c99", *STRICT, "-Wno-long-long", "-o", str(folder / "check"), str(folder / "check.c")],
+                   check=True)
+    printed = subprocess.run([str(folder / "check")], capture_output=True, text=True, check=True).stdout
+    return np.array(printed.split(), np.int64)
+
+
+def test_c_requantize_matches_the_reference_rounding(tmp_path: Path) -> None:
+    """dabuild_requantize (branch-free, through uint64) rounds ties away from zero exactly as the reference."""
+    cases = requantize_cases()
+    assert np.array_equal(c_requantized("dabuild_requantize", "int64_t", "dabuild", cases, tmp_path),
+                          requantize(*cases))
 
 
 @pytest.mark.parametrize("rounding", ROUNDINGS)
@@ -314,28 +323,10 @@ def test_c_requantize32_matches_the_reference_in_every_rounding(rounding: str, t
     random values and ties of both signs equals the reference's requantize in each rounding."""
     acc, multiplier, shift = requantize_cases()
     taken = (shift >= 32) & (np.abs(acc) <= 2**31 - 1)
-    acc, multiplier, shift = acc[taken], multiplier[taken], shift[taken]
-    header = render(dataclasses.replace(lowered("relu"), rounding=rounding)).files[COMMON_HEADER]
-    (tmp_path / COMMON_HEADER).write_text(header)
-    rows = ",\n".join(f"{{{a}, {m}, {s}}}" for a, m, s in zip(acc, multiplier, shift))
-    (tmp_path / "check.c").write_text(f"""#include <stdio.h>
-#include "{COMMON_HEADER}"
-static const struct {{ int32_t acc; int32_t multiplier; int32_t shift; }} cases[] = {{
-{rows}
-}};
-int main(void)
-{{
-    size_t i;
-    for (i = 0; i < sizeof cases / sizeof cases[0]; ++i) {{
-        printf("%ld\\n", (long)dabuild_requantize32(cases[i].acc, cases[i].multiplier, cases[i].shift));
-    }}
-    return 0;
-}}
-""")
-    subprocess.run(["cc", "-std=c99", *STRICT, "-o", str(tmp_path / "check"), str(tmp_path / "check.c")], check=True)
-    printed = subprocess.run([str(tmp_path / "check")], capture_output=True, text=True, check=True).stdout
-    assert len(acc) > 900
-    assert np.array_equal(np.array(printed.split(), np.int64), requantize(acc, multiplier, shift, rounding))
+    cases = (acc[taken], multiplier[taken], shift[taken])
+    assert len(cases[0]) > 900
+    assert np.array_equal(c_requantized("dabuild_requantize32", "int32_t", rounding, cases, tmp_path),
+                          requantize(*cases, rounding))
 
 
 def small_cnn(seed: int = 5, depthwise_pads: tuple[int, ...] = (1, 1, 1, 1),
