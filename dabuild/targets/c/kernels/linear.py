@@ -303,7 +303,45 @@ def _pointwise(window: dict[str, int]) -> bool:
 
 def _band_bytes(step: Step) -> int:
     geometry = _conv_window(step)
+    if _widened(step):
+        if _single_pixels(geometry):
+            return 2 * WIDENED_PIXELS * geometry["channels"]
+        return 2 * geometry["kernel_height"] * geometry["padded_width"] * geometry["channels"]
     return geometry["kernel_height"] * geometry["padded_width"] * geometry["channels"] if geometry["padded"] else 0
+
+
+WIDENED_PIXELS = 3   # conv_rows_dsp.j2's block: 2 channels x 3 pixels (6 sums, 3 pixel pairs, a weight word and
+# its two pairs, w, x and the count fill the 14 registers), the fewest cycles per MAC that fit them
+
+
+def _widened(step: Step) -> bool:
+    """Whether conv_rows takes the DSP path of conv_rows_dsp.j2 (int16-widened input, channel-paired weights):
+    a DSP core not built for size, int8 weights and channels a multiple of 4 (so every window's kernel rows
+    start on a word of the input and widen alike)."""
+    layer: QConv = step.layer  # type: ignore[assignment]
+    channels = step.inputs[0].shape[0]
+    return (step.profile.isa == DSP and not step.profile.for_size and channels % 4 == 0
+            and not _fits_nibbles(layer.weight))
+
+
+def _single_pixels(window: dict[str, int]) -> bool:
+    """A 1x1 kernel without padding: each window is one pixel, widened with its block (any stride)."""
+    return window["kernel_height"] == window["kernel_width"] == 1 and not window["padded"]
+
+
+def _pixel_blocks(width: int, block: int) -> list[tuple[int, int, int]]:
+    """(pixels, first, end) of the runs of blocks covering an output row: whole blocks, then one of the rest."""
+    whole = width - width % block
+    return [run for run in ((block, 0, whole), (width % block, whole, width)) if run[0] and run[2] > run[1]]
+
+
+def channel_paired(weight: np.ndarray) -> np.ndarray:
+    """[out][depth] int8 (out even, depth a multiple of 4) stored for conv_rows_dsp.j2: depth in the order the
+    input widens ((x0, x2, x1, x3) per 4: `interleave`), then per pair of channels (c0, c1) and pair of depth
+    (a, b) the word [c0 a, c1 a, c0 b, c1 b]: SXTB16 gives channel c0's pair, SXTB16 ROR 8 channel c1's."""
+    outputs, depth = weight.shape
+    ordered = interleave(weight)
+    return np.ascontiguousarray(ordered.reshape(outputs // 2, 2, depth // 2, 2).transpose(0, 2, 3, 1)).reshape(-1)
 
 
 @kernel("conv", "conv_rows", config="weighted", inputs=CHANNELS_LAST, outputs=CHANNELS_LAST, granularities=BOTH,
@@ -313,6 +351,8 @@ def conv_rows(step: Step) -> dict[str, Any]:
     pads, of the band: the kernel-height rows of the padded input one output row reads, copied per output row),
     so its scratch is that band or nothing."""
     layer: QConv = step.layer  # type: ignore[assignment]
+    if _widened(step):
+        return _conv_rows_dsp(step)
     geometry = _rows_geometry(step)
     rows, weight = _gemm_weight(step, geometry, np.int8)
     row_bytes = geometry["kernel_width"] * geometry["channels"]
@@ -328,8 +368,29 @@ def conv_rows(step: Step) -> dict[str, Any]:
     requantization = _requantization(step, layer, 0 * weight_sums if centred else weight_sums, centred)
     vector_output = _vector_output(step, geometry, requantization)
     return {**geometry, "input_zero_point": step.inputs[0].quant.zero_point, "isa": step.profile.isa,
-            "weight": weight, "nibbles": nibbles, "centred": centred, "weight_row": weight_row,
+            "widened": False, "weight": weight, "nibbles": nibbles, "centred": centred, "weight_row": weight_row,
             "weight_depth": geometry["kernel_height"] * weight_row, "vector_output": vector_output, **requantization}
+
+
+def _conv_rows_dsp(step: Step) -> dict[str, Any]:
+    """conv_rows' DSP path (conv_rows_dsp.j2): the raw input widened, the zero point folded into the bias."""
+    layer: QConv = step.layer  # type: ignore[assignment]
+    window = _conv_window(step)
+    single = _single_pixels(window)
+    if _pointwise(window) and not step.banded:   # one long row: blocks run across what were row ends
+        pixels = window["out_height"] * window["out_width"]
+        window = {**window, "height": 1, "width": pixels, "out_height": 1, "out_width": pixels, "padded_width": pixels}
+    geometry = _gemm_shape(step, 2, WIDENED_PIXELS, WIDENED_PIXELS, 1, window)
+    rows, weight = _gemm_weight(step, geometry, np.int8)
+    requantization = _requantization(step, layer, rows.reshape(-1, geometry["window_depth"]).astype(np.int64).sum(1))
+    bias = np.zeros(geometry["block_outputs"], np.int64)   # an odd last channel's pair starts at 0 too
+    bias[:len(requantization["bias"])] = requantization["bias"]
+    requantization["bias"] = bias
+    return {**geometry, "input_zero_point": step.inputs[0].quant.zero_point, "weight": channel_paired(weight[0]),
+            "widened": True,
+            "single_pixels": single, "blocks": _pixel_blocks(geometry["out_width"], WIDENED_PIXELS),
+            # the sums start at the bias where they provably stay in int32 and the output takes the int32 path
+            "fold_bias": requantization["narrow_sum"] and requantization["high_shift"], **requantization}
 
 
 def _vector_output(step: Step, geometry: dict[str, int], requantization: dict[str, Any]) -> bool:
