@@ -20,8 +20,9 @@ vector used by several sums and no horizontal sum until the end.
 
 On a Cortex-M profile the general conv is `conv_mcu`: the same tiled GEMM
 with int8 weights in flash and a register block sized for the core (2 x 2
-sums on the DSP cores and M0/M3, whose inner loop is SMLAD on int16 columns
-and SXTB16-widened weights; 2 channels x 3 or 2 pixels of 16-lane int8 vector
+sums on M0/M3; 2 channels x 3 pixels on the DSP cores, whose inner loop is
+SMLAD on int16 columns and weights stored in channel pairs, each word
+widened by SXTB16 into both channels' pairs; 2 channels x 3 or 2 pixels of 16-lane int8 vector
 MACs on Helium, whose columns stay int8 and whose input zero point is folded
 into the bias, the padding taps then holding the zero point). Its scratch is
 one block of pixels' windows, nothing more.
@@ -232,7 +233,9 @@ def _mcu_geometry(step: Step) -> dict[str, int]:
     # Helium: 2 channels x 3 or 2 pixels, the block that wastes fewest pixel slots on the last partial tile
     # (9 pixels: 3 x 3), larger first on a tie. 4 pixels would need 8 accumulators and 6 row pointers
     # beside the loop counter, more than the 13 general registers, and gcc spills one inside the loop.
-    pixel_block = min((3, 2), key=lambda block: (_round_up(pixels, block), -block)) if step.profile.isa == MVE else 2
+    # DSP: 2 channels x 3 pixels (conv_dsp.loop.j2, the block of conv_rows_dsp.j2); M0/M3: 2 x 2.
+    pixel_block = {MVE: min((3, 2), key=lambda block: (_round_up(pixels, block), -block)),
+                   DSP: WIDENED_PIXELS}.get(step.profile.isa, 2)
     return _gemm_shape(step, 2, pixel_block, pixel_block, step.profile.depth_multiple)
 
 
@@ -264,9 +267,14 @@ def _rows_apply(layer: QConv, qgraph: QGraph, profile: Profile) -> str | None:
         return why
     if layer.groups != 1 or any(d != 1 for d in layer.dilations):
         return "grouped or dilated (a window row is not contiguous in the input)"
-    row_bytes = int(layer.weight.shape[-1]) * qgraph.tensors[layer.inputs[0]].shape[0]
-    if row_bytes % _row_multiple(profile) and not _fits_nibbles(layer.weight):   # 4-bit: packed, any row
+    channels = qgraph.tensors[layer.inputs[0]].shape[0]
+    row_bytes = int(layer.weight.shape[-1]) * channels
+    if _fits_nibbles(layer.weight):   # 4-bit: packed, any row
+        return None
+    if row_bytes % _row_multiple(profile):
         return f"a window row of {row_bytes} bytes is no multiple of {_row_multiple(profile)}"
+    if profile.isa == DSP and not profile.for_size and channels % 4:
+        return f"{channels} channels, no multiple of 4 (the im2col GEMM widens such windows to int16 once per pixel)"
     return None
 
 
@@ -336,12 +344,12 @@ def _pixel_blocks(width: int, block: int) -> list[tuple[int, int, int]]:
 
 
 def channel_paired(weight: np.ndarray) -> np.ndarray:
-    """[out][depth] int8 (out even, depth a multiple of 4) stored for conv_rows_dsp.j2: depth in the order the
-    input widens ((x0, x2, x1, x3) per 4: `interleave`), then per pair of channels (c0, c1) and pair of depth
-    (a, b) the word [c0 a, c1 a, c0 b, c1 b]: SXTB16 gives channel c0's pair, SXTB16 ROR 8 channel c1's."""
-    outputs, depth = weight.shape
-    ordered = interleave(weight)
-    return np.ascontiguousarray(ordered.reshape(outputs // 2, 2, depth // 2, 2).transpose(0, 2, 3, 1)).reshape(-1)
+    """[..., out][depth] int8 (out and depth even) as the DSP GEMM loops read them (conv_rows_dsp.j2,
+    conv_dsp.loop.j2): per pair of channels (c0, c1) and pair of depth (a, b) the word [c0 a, c1 a, c0 b, c1 b],
+    so SXTB16 gives channel c0's pair and SXTB16 ROR 8 channel c1's; a channel pair's words follow one another."""
+    *rest, outputs, depth = weight.shape
+    pairs = weight.reshape(*rest, outputs // 2, 2, depth // 2, 2)
+    return np.ascontiguousarray(np.moveaxis(pairs, -3, -1)).reshape(*rest, outputs, depth)
 
 
 @kernel("conv", "conv_rows", config="weighted", inputs=CHANNELS_LAST, outputs=CHANNELS_LAST, granularities=BOTH,
@@ -386,7 +394,8 @@ def _conv_rows_dsp(step: Step) -> dict[str, Any]:
     bias = np.zeros(geometry["block_outputs"], np.int64)   # an odd last channel's pair starts at 0 too
     bias[:len(requantization["bias"])] = requantization["bias"]
     requantization["bias"] = bias
-    return {**geometry, "input_zero_point": step.inputs[0].quant.zero_point, "weight": channel_paired(weight[0]),
+    # the depth in the order the input widens ((x0, x2, x1, x3) per 4: `interleave`), then in channel pairs
+    return {**geometry, "input_zero_point": step.inputs[0].quant.zero_point, "weight": channel_paired(interleave(weight)),
             "widened": True,
             "single_pixels": single, "blocks": _pixel_blocks(geometry["out_width"], WIDENED_PIXELS),
             # the sums start at the bias where they provably stay in int32 and the output takes the int32 path
@@ -409,8 +418,8 @@ def conv_mcu(step: Step) -> dict[str, Any]:
     geometry = _mcu_geometry(step)
     groups, depth = layer.groups, geometry["window_depth"]
     rows, weight = _gemm_weight(step, geometry, np.int8)
-    if step.profile.interleaved:
-        weight = interleave(weight)
+    if step.profile.isa == DSP:
+        weight = channel_paired(weight)
     centred = step.profile.isa != MVE  # int16 columns x - zp; else int8 columns x with zp folded into the bias
     weight_sums = np.zeros(geometry["out_channels"], np.int64) if centred else rows.reshape(-1, depth).astype(np.int64).sum(1)
     zero_point = step.inputs[0].quant.zero_point
