@@ -478,6 +478,17 @@ def test_pools_of_a_conv_output_match_numpy_bit_for_bit(monkeypatch: pytest.Monk
     assert np.array_equal(np.signbit(compiled), np.signbit(reference))
 
 
+@pytest.mark.parametrize("op, attrs", [POOLS[1], POOLS[4]])
+def test_large_pools_split_among_layer_threads_give_the_same_bits(monkeypatch: pytest.MonkeyPatch, op: str,
+                                                                  attrs: dict) -> None:
+    """A pool large enough to share its rows among layer threads gives one thread's bits."""
+    monkeypatch.delenv(native.SWITCH, raising=False)
+    x = np.random.default_rng(9).standard_normal((2, 80, 90, 64)).astype(np.float32).transpose(0, 3, 1, 2)
+    one = OPS[op].run([x], attrs)[0]
+    with native.layer_threads(4):
+        np.testing.assert_array_equal(OPS[op].run([x], attrs)[0], one)
+
+
 def channels_last_memory(y: np.ndarray) -> bool:
     return y.transpose(0, 2, 3, 1).flags.c_contiguous
 

@@ -187,13 +187,16 @@ class NativeConv:
              out: list[int], divisors: np.ndarray | None = None) -> np.ndarray:
         """pool.c over a C-contiguous float32 (N, H, W, C) x: the (N, OH, OW, C) maxima (taps outside the input
         skipped), or with `divisors` (float32 (OH, OW), each output's count) the averages (taps outside the
-        input adding +0, as numpy's zero padding does); pads are the (top, left) ones, `out` is (OH, OW)."""
+        input adding +0, as numpy's zero padding does); pads are the (top, left) ones, `out` is (OH, OW). A large
+        pool (a tap costs about what a depthwise multiply-add does) splits its rows among the layer threads."""
         batch, height, width, channels = x.shape
         y = aligned_empty((batch, *out, channels), x.dtype)
         counts = None if divisors is None else np.ascontiguousarray(divisors, np.float32)
         call = PoolCall(x.ctypes.data, height, width, channels, y.ctypes.data, *out, *kernel, *strides, *pads,
                         *dilations, None if counts is None else counts.ctypes.data)
-        self._pools["max" if counts is None else "average"](ctypes.byref(call), 0, batch * out[0])
+        work = y.size * kernel[0] * kernel[1]
+        threads = layer_thread_count() if work * DEPTHWISE_COST >= PARALLEL_MACS else 1
+        self.rows(self._pools["max" if counts is None else "average"], ctypes.byref(call), batch * out[0], threads)
         return y
 
 
