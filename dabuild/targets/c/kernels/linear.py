@@ -337,6 +337,12 @@ def _single_pixels(window: dict[str, int]) -> bool:
     return window["kernel_height"] == window["kernel_width"] == 1 and not window["padded"]
 
 
+def _pair_unroll(pairs: int) -> int:
+    """Pairs of int16 inputs per trip of the DSP GEMM loops: the most, up to 8, that divide a row's `pairs`, so
+    no remainder code (VWW's stem, 14 pairs: 2 trips of 7, where trips of 2 cost 7 loop ends)."""
+    return max(unroll for unroll in range(1, 9) if pairs % unroll == 0)
+
+
 def _pixel_blocks(width: int, block: int) -> list[tuple[int, int, int]]:
     """(pixels, first, end) of the runs of blocks covering an output row: whole blocks, then one of the rest."""
     whole = width - width % block
@@ -396,7 +402,7 @@ def _conv_rows_dsp(step: Step) -> dict[str, Any]:
     requantization["bias"] = bias
     # the depth in the order the input widens ((x0, x2, x1, x3) per 4: `interleave`), then in channel pairs
     return {**geometry, "input_zero_point": step.inputs[0].quant.zero_point, "weight": channel_paired(interleave(weight)),
-            "widened": True,
+            "widened": True, "pair_unroll": _pair_unroll(geometry["kernel_width"] * geometry["channels"] // 2),
             "single_pixels": single, "blocks": _pixel_blocks(geometry["out_width"], WIDENED_PIXELS),
             # the sums start at the bias where they provably stay in int32 and the output takes the int32 path
             "fold_bias": requantization["narrow_sum"] and requantization["high_shift"], **requantization}
@@ -428,7 +434,8 @@ def conv_mcu(step: Step) -> dict[str, Any]:
             "centred": centred, "column_type": "int16_t" if centred else "int8_t",
             "pad_value": 0 if centred else zero_point,
             "contiguous_rows": groups == 1 and geometry["dilation_width"] == 1,
-            "weight": weight, "vector_output": _vector_output(step, geometry, requantization), **requantization}
+            "weight": weight, "vector_output": _vector_output(step, geometry, requantization),
+            "pair_unroll": _pair_unroll(geometry["depth"] // 2), **requantization}
 
 
 def _transposed_taps(size: int, out: int, kernel: int, stride: int, pad: int, dilation: int) -> dict[str, np.ndarray]:
