@@ -187,17 +187,25 @@ class NativeConv:
         """pool.c over a C-contiguous float32 (N, H, W, C) x: the (N, OH, OW, C) maxima (taps outside the input
         skipped), or with `divisors` (float32 (OH, OW), each output's count) the averages (taps outside the
         input adding +0, as numpy's zero padding does); pads are the (top, left) ones, `out` is (OH, OW)."""
-        batch, height, width, channels = x.shape
-        y = aligned_empty((batch, *out, channels), x.dtype)
-        counts = None if divisors is None else np.ascontiguousarray(divisors, np.float32)
-        call = PoolCall(x.ctypes.data, height, width, channels, y.ctypes.data, *out, *kernel, *strides, *pads,
-                        *dilations, None if counts is None else counts.ctypes.data)
-        self._pools["max" if counts is None else "average"](ctypes.byref(call), 0, batch * out[0])
+        call, y, counts = pool_call(x, kernel, strides, pads, dilations, out, divisors)
+        self._pools["max" if counts is None else "average"](ctypes.byref(call), 0, x.shape[0] * out[0])
         return y
 
     def run(self, function: Any, call: ctypes.Structure, rows: int, parallel: bool) -> None:
         """function(call, 0, rows), its rows shared among this thread's layer threads if `parallel`."""
         self.rows(function, ctypes.byref(call), rows, layer_thread_count() if parallel else 1)
+
+
+def pool_call(x: np.ndarray, kernel: list[int], strides: list[int], pads: list[int], dilations: list[int],
+              out: list[int], divisors: np.ndarray | None) -> tuple[PoolCall, np.ndarray, np.ndarray | None]:
+    """pool.c's call for `NativeConv.pool` (same arguments), its empty (N, OH, OW, C) output and the float32
+    divisors it points to (None for a max pool); also what tests/ir/arm64_kernels.py runs on arm64."""
+    batch, height, width, channels = x.shape
+    y = aligned_empty((batch, *out, channels), x.dtype)
+    counts = None if divisors is None else np.ascontiguousarray(divisors, np.float32)
+    call = PoolCall(x.ctypes.data, height, width, channels, y.ctypes.data, *out, *kernel, *strides, *pads,
+                    *dilations, None if counts is None else counts.ctypes.data)
+    return call, y, counts
 
 
 class ConvPlan:
