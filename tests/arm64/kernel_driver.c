@@ -4,7 +4,8 @@
  *
  *   kernel_driver info       prints the vector path, its vector bytes, conv block vectors, island width and
  *                            qconv lanes, as native.py reads them from a loaded library
- *   kernel_driver call       reads a request on stdin, calls one function, writes the response on stdout
+ *   kernel_driver call [N]   reads a request on stdin, calls one function (N times, 1 by default: bench/arm64.py
+ *                            counts the instructions of N calls and of 1), writes the response on stdout
  *
  * Request (little-endian int64 words): the buffer count, then each buffer's byte size and bytes (padded to
  * whole words); the relocation count, then each as (buffer, byte offset, target buffer, target byte offset):
@@ -102,8 +103,9 @@ int main(int argc, char **argv)
                kernel_island_width(), qconv_lanes());
         return 0;
     }
-    if (argc != 2 || strcmp(argv[1], "call")) {
-        fprintf(stderr, "usage: kernel_driver info | call < request\n");
+    long times = argc == 3 ? strtol(argv[2], NULL, 10) : 1;
+    if (argc < 2 || argc > 3 || strcmp(argv[1], "call") || times < 1) {
+        fprintf(stderr, "usage: kernel_driver info | call [times] < request\n");
         return 2;
     }
     int64_t count = word();
@@ -140,7 +142,9 @@ int main(int argc, char **argv)
         else
             args[i].i = value;  /* a double's bits land in the union's double */
     }
-    int64_t result = call(name, args, arguments);
+    int64_t result = 0;
+    for (long time = 0; time < times; time++)
+        result = call(name, args, arguments);
     fwrite(&result, sizeof result, 1, stdout);
     for (int64_t b = 0; b < count; b++)
         fwrite(buffers[b], 1, (size_t)sizes[b], stdout);

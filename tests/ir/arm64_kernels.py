@@ -128,6 +128,12 @@ class Arm64Kernels:
         self.calls += 1
         response = subprocess.run([*self.emulator, str(self.binary), "call"], input=request, capture_output=True,
                                   check=True, timeout=300).stdout
+        return self.unpack(function, response, arrays)
+
+    @staticmethod
+    def unpack(function: str, response: bytes, arrays: list[np.ndarray]) -> int:
+        """The result of a call of `function` from kernel_driver.c's response, its arrays' bytes copied back into
+        `arrays` (those of `request`)."""
         (result,), at = struct.unpack_from("<q", response), 8
         for array in arrays:
             after = np.frombuffer(response, np.uint8, array.nbytes, at)
