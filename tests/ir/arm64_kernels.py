@@ -24,8 +24,10 @@ import numpy as np
 import pytest
 
 from dabuild.ir.kernels import native
+from dabuild.ir.kernels.integer import NativeInteger
 from dabuild.ir.kernels.island import prepare_island_conv
-from dabuild.ir.kernels.native import NativeHistogram, TensorView, pool_call
+from dabuild.ir.kernels.native import NativeHistogram, TensorView, prepare_pool, requantize_arguments
+from dabuild.ir.kernels.threads import RowsCall
 
 CROSS, EMULATOR = "aarch64-linux-gnu-gcc", "qemu-aarch64"
 DRIVER = Path(__file__).resolve().parents[1] / "arm64" / "kernel_driver.c"
@@ -130,6 +132,11 @@ class Arm64Kernels:
                                   check=True, timeout=300).stdout
         return self.unpack(function, response, arrays)
 
+    def run(self, prepared: RowsCall) -> np.ndarray:
+        """A prepared call (dabuild.ir.kernels' `prepare_*`) over all its rows; its result."""
+        self.call(prepared.kernel, prepared.call, 0, prepared.rows, memory=prepared.arrays)
+        return prepared.result
+
     @staticmethod
     def unpack(function: str, response: bytes, arrays: list[np.ndarray]) -> int:
         """The result of a call of `function` from kernel_driver.c's response, its arrays' bytes copied back into
@@ -197,6 +204,18 @@ class Arm64Histogram(NativeHistogram):
         self.kernels.call("rebin_channels", counts, vectors[0], len(vectors[0]), *vectors[1:])
 
 
+class Arm64Integer(NativeInteger):
+    """qconv.c's and quantize.c's kernels run on arm64 (NativeInteger's interface; the int16-pairs conv: the
+    uint8 x int8 one needs AVX-512 VNNI)."""
+
+    def __init__(self, kernels: Arm64Kernels):  # no host library: every call goes to `kernels`
+        self.kernels = kernels
+        self.lanes, self.quads = kernels.layout.qconv_lanes, False
+
+    def run(self, prepared: RowsCall, threads: int) -> np.ndarray:
+        return self.kernels.run(prepared)
+
+
 class Arm64Island:
     """island_conv.c's kernels run on arm64 (NativeIsland's `conv`)."""
 
@@ -205,32 +224,35 @@ class Arm64Island:
 
     def conv(self, x: np.ndarray, weight: np.ndarray, groups: int, strides: list[int], pads: list[int],
              dilations: list[int], out: list[int], threads: int = 1) -> np.ndarray:
-        run = prepare_island_conv(x, weight, groups, strides, pads, dilations, out, self.kernels.layout.island_width)
-        self.kernels.call("island_grouped_nhwc" if run.grouped else "island_conv_nhwc", run.call, 0, run.rows,
-                          memory=run.arrays)
-        return run.y.transpose(0, 3, 1, 2)
+        return self.kernels.run(prepare_island_conv(x, weight, groups, strides, pads, dilations, out,
+                                                    self.kernels.layout.island_width))
 
 
 class Arm64Native:
-    """What dabuild's float paths ask of `native_conv()` (pools, islands, histograms), run on arm64."""
+    """What dabuild's paths ask of `native_conv()` besides the float conv (pools, float islands, histograms, the
+    integer reference's conv, add, quantization and requantization), run on arm64."""
 
     def __init__(self, kernels: Arm64Kernels):
         self.kernels = kernels
-        self.island = Arm64Island(kernels)
         self.histogram = Arm64Histogram(kernels)
+        self.integer = Arm64Integer(kernels)
+        self.island = Arm64Island(kernels)
 
     def pool(self, x: np.ndarray, kernel: list[int], strides: list[int], pads: list[int], dilations: list[int],
              out: list[int], divisors: np.ndarray | None = None) -> np.ndarray:
-        call, y, counts = pool_call(x, kernel, strides, pads, dilations, out, divisors)
-        self.kernels.call("max_pool_nhwc" if counts is None else "avg_pool_nhwc", call, 0, x.shape[0] * out[0],
-                          memory=[x, y, *(() if counts is None else (counts,))])
-        return y
+        return self.kernels.run(prepare_pool(x, kernel, strides, pads, dilations, out, divisors))
+
+    def requantize(self, accumulator: np.ndarray, axis: int, bias: np.ndarray, multiplier: np.ndarray,
+                   shift: np.ndarray, zero_point: int, low: int, high: int) -> np.ndarray | None:
+        arguments, result = requantize_arguments(accumulator, axis, bias, multiplier, shift, zero_point, low, high)
+        return None if self.kernels.call("requantize_channels", *arguments) else result
 
     def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        """Makes the interpreter's pools, the float islands and calibration's histograms run on arm64 (numpy
-        where DABUILD_NATIVE_KERNELS=0, the reference the tests compare with)."""
+        """Makes the interpreter's pools, the float islands, calibration's histograms and the integer reference's
+        kernels run on arm64 (numpy where DABUILD_NATIVE_KERNELS=0, the reference the tests compare with)."""
         from dabuild.ir.ops import pool
-        from dabuild.qir.layers import island_order
+        from dabuild.qir import qgraph
+        from dabuild.qir.layers import elementwise, island_order, linear
         from dabuild.quant import calibrate, histogram
 
         def emulated() -> Arm64Native | None:
@@ -239,7 +261,7 @@ class Arm64Native:
         def emulated_histogram() -> Arm64Histogram | None:
             return None if emulated() is None else self.histogram
 
-        for module in (pool, island_order):
+        for module in (pool, island_order, linear, elementwise, qgraph):
             monkeypatch.setattr(module, "native_conv", emulated)
         for module in (calibrate, histogram):
             monkeypatch.setattr(module, "native_histogram", emulated_histogram)

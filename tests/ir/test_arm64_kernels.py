@@ -21,6 +21,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 import test_calibration as calibration_tests
+import test_integer_kernels as integer_tests
 import test_island_kernel as island_tests
 import test_native_kernels as conv_tests
 from arm64_kernels import MISSING, SKIP_REASON, Arm64Kernels, Arm64Native, build_driver
@@ -28,6 +29,7 @@ from arm64_kernels import MISSING, SKIP_REASON, Arm64Kernels, Arm64Native, build
 from dabuild.ir.kernels import native
 from dabuild.ir.kernels.native import pack_weight
 from dabuild.ir.ops import OPS
+from dabuild.qir.layers.elementwise import QAdd, QClamp, QRelu, QSub
 
 pytestmark = pytest.mark.skipif(bool(MISSING), reason=SKIP_REASON)
 
@@ -149,6 +151,45 @@ def test_neon_bins_leave_float32_only_where_it_would_be_inexact(on_arm64: Arm64K
 @pytest.mark.parametrize("channels", [3, 200])
 def test_neon_histograms_reject_non_finite_values_naming_the_tensor(on_arm64: Arm64Kernels, channels: int) -> None:
     calibration_tests.test_native_histograms_reject_non_finite_values_naming_the_tensor(16, channels)
+
+
+@pytest.mark.parametrize("case", integer_tests.CONVS)
+def test_neon_integer_convs_equal_the_numpy_reference(on_arm64: Arm64Kernels, case: tuple) -> None:
+    integer_tests.test_compiled_conv_equals_the_numpy_reference(case, "pairs")
+
+
+@pytest.mark.parametrize("x_type, y_type, rows", [("int8", "int8", (5,)), ("uint8", "int16", (3, 4))])
+def test_neon_integer_dense_equals_the_numpy_reference(on_arm64: Arm64Kernels, x_type: str, y_type: str,
+                                                       rows: tuple[int, ...]) -> None:
+    integer_tests.test_compiled_dense_equals_the_numpy_reference(x_type, y_type, rows, "pairs")
+
+
+def test_neon_integer_ties_are_rounded_away_from_zero(on_arm64: Arm64Kernels) -> None:
+    integer_tests.test_ties_are_hit_and_rounded_away_from_zero()
+
+
+def test_neon_requantization_of_wide_sums_equals_numpy(on_arm64: Arm64Kernels) -> None:
+    """Sums past int32 leave qconv.c for the float64 conv; requantize.c finishes them on arm64."""
+    integer_tests.test_an_accumulator_past_int32_falls_back_to_numpy()
+
+
+@pytest.mark.parametrize("layer_class", [QAdd, QSub])
+@pytest.mark.parametrize("types", [("int8", "int8", "int8"), ("uint8", "int8", "uint8")])
+def test_neon_adds_equal_the_numpy_reference(on_arm64: Arm64Kernels, layer_class: type[QAdd],
+                                             types: tuple[str, str, str]) -> None:
+    integer_tests.test_compiled_add_of_feature_maps_equals_the_numpy_reference(layer_class, types)
+
+
+@pytest.mark.parametrize("clamp_class, bounds", [(QRelu, (2, 127)), (QClamp, (-20, 60))])
+def test_neon_add_and_clamp_in_one_lookup(on_arm64: Arm64Kernels, monkeypatch: pytest.MonkeyPatch,
+                                          clamp_class: type[QClamp], bounds: tuple[int, int]) -> None:
+    integer_tests.test_an_add_applies_the_clamp_after_it_in_one_lookup(clamp_class, bounds, monkeypatch)
+
+
+@pytest.mark.parametrize("dtype, zero_point", [("int8", -3), ("uint8", 128), ("int16", 5), ("uint16", 7), ("int4", 1)])
+def test_neon_quantization_equals_the_numpy_one(on_arm64: Arm64Kernels, monkeypatch: pytest.MonkeyPatch, dtype: str,
+                                                zero_point: int) -> None:
+    integer_tests.test_compiled_quantization_equals_the_numpy_one(dtype, zero_point, monkeypatch)
 
 
 def test_a_call_of_a_function_the_driver_lacks_is_refused(kernels: Arm64Kernels) -> None:

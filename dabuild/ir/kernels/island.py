@@ -10,11 +10,10 @@ float32 terms in the same order as the numpy loops, so the two agree bit for bit
 from __future__ import annotations
 
 import ctypes
-from dataclasses import dataclass
 
 import numpy as np
 
-from dabuild.ir.kernels.threads import RowSplitter
+from dabuild.ir.kernels.threads import RowsCall, RowSplitter
 
 PARALLEL_MACS = 2_000_000  # a conv with fewer multiply-adds runs on one thread
 
@@ -46,33 +45,15 @@ class NativeIsland:
              dilations: list[int], out: list[int], threads: int = 1) -> np.ndarray:
         """The sums (no bias) of a float32 conv of x (N, C, H, W) with weight (O, C / groups, KH, KW), as an
         (N, O, OH, OW) view of channels-last memory; pads are the (top, left) ones, `out` is (OH, OW)."""
-        run = prepare_island_conv(x, weight, groups, strides, pads, dilations, out, self.width)
-        kernel = self._grouped if run.grouped else self._dense
-        self._rows(kernel, ctypes.byref(run.call), run.rows, threads if run.macs >= PARALLEL_MACS else 1)
-        return run.y.transpose(0, 3, 1, 2)
-
-
-@dataclass(frozen=True)
-class IslandRun:
-    """One island conv prepared for island_conv.c: its call, the arrays the call points into (y last, the
-    (N, OH, OW, O) output), whether it is the grouped kernel's, its output rows and multiply-adds."""
-
-    call: IslandConvCall
-    arrays: tuple[np.ndarray, ...]
-    grouped: bool
-    rows: int
-    macs: int
-
-    @property
-    def y(self) -> np.ndarray:
-        return self.arrays[-1]
+        prepared = prepare_island_conv(x, weight, groups, strides, pads, dilations, out, self.width)
+        return self._rows.run(self._grouped if groups > 1 else self._dense, prepared, threads)
 
 
 def prepare_island_conv(x: np.ndarray, weight: np.ndarray, groups: int, strides: list[int], pads: list[int],
-                        dilations: list[int], out: list[int], width: int) -> IslandRun:
-    """x and the weight in island_conv.c's layouts for a library of island width `width` (its
-    `kernel_island_width()`), an empty output and the call (see `NativeIsland.conv` for the arguments); also
-    what tests/ir/arm64_kernels.py runs on arm64."""
+                        dilations: list[int], out: list[int], width: int) -> RowsCall:
+    """`NativeIsland.conv`'s call for a library of island width `width` (its `kernel_island_width()`): x and the
+    weight in island_conv.c's layouts and an empty (N, OH, OW, O) output, whose (N, O, OH, OW) view is the
+    result."""
     batch, channels, height, in_width = x.shape
     out_channels, group_channels, kernel_h, kernel_w = weight.shape
     inputs = np.ascontiguousarray(x.transpose(0, 2, 3, 1), np.float32)
@@ -93,4 +74,6 @@ def prepare_island_conv(x: np.ndarray, weight: np.ndarray, groups: int, strides:
                           y.ctypes.data, out[0], out[1], strides[0], strides[1], pads[0], pads[1],
                           dilations[0], dilations[1])
     arrays = (inputs, packed, y) if first is None else (inputs, packed, first, y)
-    return IslandRun(call, arrays, groups > 1, batch * out[0], y.size * kernel_h * kernel_w * group_channels)
+    macs = y.size * kernel_h * kernel_w * group_channels
+    return RowsCall("island_grouped_nhwc" if groups > 1 else "island_conv_nhwc", call, arrays, batch * out[0],
+                    y.transpose(0, 3, 1, 2), macs >= PARALLEL_MACS)
