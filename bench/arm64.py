@@ -122,7 +122,7 @@ def dabuild_conv(kernels: Arm64Kernels, plugin: Path, layer: Layer, x: np.ndarra
         inputs.ctypes.data, layer.size, layer.size, layer.channels, taps.ctypes.data,
         layer.kernel, layer.kernel, layer.out_channels, padded, padded_bias.ctypes.data, None, y.ctypes.data,
         layer.out, layer.out, layer.stride, layer.stride, layer.pad, layer.pad, 1, 1, 0, 0.0, 0.0,
-        zeros.ctypes.data, 1)
+        zeros.ctypes.data, 1, layer.out, 1)
     function = "depthwise2d_nhwc_f32" if depthwise else "conv2d_nhwc_f32"
     request, arrays = kernels.request(function, [call, 0, layer.out], [inputs, taps, padded_bias, y, zeros])
     command = [*emulator(plugin), str(kernels.binary), "call", "times"]

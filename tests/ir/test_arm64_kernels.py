@@ -86,7 +86,7 @@ def test_neon_conv_matches_numpy(kernels: Arm64Kernels, monkeypatch: pytest.Monk
     call = native.ELEMENTS[np.dtype(np.float32)][1](
         inputs.ctypes.data, *size, channels // conv_groups, taps.ctypes.data, *kernel, group_out, padded,
         padded_bias.ctypes.data, None, y.ctypes.data, *out, *strides, pads[0], pads[1], *dilations,
-        native.RELU if activation == "relu" else 0, 0.0, 0.0, zeros.ctypes.data, conv_groups)
+        native.RELU if activation == "relu" else 0, 0.0, 0.0, zeros.ctypes.data, conv_groups, batch * out[0], 1)
     kernels.call("depthwise2d_nhwc_f32" if depthwise else "conv2d_nhwc_f32", call, 0, batch * out[0],
                  memory=[inputs, taps, padded_bias, y, zeros])
     conv_tests.assert_close(np.ascontiguousarray(y.transpose(0, 3, 1, 2)), reference)
