@@ -1,4 +1,4 @@
-"""dabuild's native float conv on arm64 against onnxruntime's aarch64 build: instructions per layer under qemu.
+"""dabuild's native kernels on arm64 against onnxruntime's aarch64 build: instructions per layer under qemu.
 
 Neither runs natively here: both are aarch64 code run by qemu-aarch64 (user mode, `-cpu neoverse-n1`: an
 Arm Neoverse N1, AWS Graviton2's core, NEON with 128-bit vectors and no SVE), and a TCG plugin the bench
@@ -7,15 +7,18 @@ machine's load; they are not cycles (an emulator models no pipeline), but both s
 
 - dabuild: the library's units as native.py builds them, cross-compiled with gcc-aarch64-linux-gnu (the NEON
   path, -O3 for generic armv8-a: a native build adds -march=native), called through
-  tests/arm64/kernel_driver.c (static) with the weight packed as the interpreter packs it; channels-last.
+  tests/arm64/kernel_driver.c (static) with the call dabuild prepares on the host; channels-last.
 - onnxruntime: the user's libonnxruntime.so for arm64 Linux (the path is the one argument; e.g. npm's
   onnxruntime-node 1.20.1 ships bin/napi-v3/linux/arm64/libonnxruntime.so.1.20.1), loaded by
-  bench/arm64/ort_driver.c with one thread, running a one-Conv ONNX model (NCHW, every graph optimisation).
+  bench/arm64/ort_driver.c with one thread, running a one-node ONNX model (NCHW, every graph optimisation).
 
 Each side runs its layer once and three times in one process; (three - once) / 2 is one layer's
 instructions, without the process start, reading the inputs, loading or preparing the session. Both get the
-same input, weights and bias, and their outputs are compared. Layers: ResNet-50's 3x3 and 1x1 convs at
-56x56 and MobileNetV2's 3x3 depthwise conv at 56x56.
+same input and weights, and their outputs are compared. Kernels: conv.c on ResNet-50's 3x3 and 1x1 convs
+and MobileNetV2's depthwise conv at 56x56; pool.c on ResNet-50's max pool and an average pool; island_conv.c
+(the integer reference's float island conv, in the C target's summation order, no fused multiply-adds)
+against onnxruntime's Conv; histogram.c's calibration counts, which have no onnxruntime peer (its
+calibration counts in numpy): dabuild's count alone, per value.
 
 Usage: python bench/arm64.py /path/to/libonnxruntime.so
 """
@@ -29,46 +32,122 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "ir"))
-from arm64_kernels import CROSS, EMULATOR, MISSING, Arm64Kernels, build_driver
+from arm64_kernels import CROSS, EMULATOR, MISSING, Arm64Kernels, Layout, build_driver, prepare_float_conv
 
-from dabuild.ir.kernels import native
-from dabuild.ir.kernels.native import pack_weight
+from dabuild.ir.kernels.island import prepare_island_conv
+from dabuild.ir.kernels.native import TensorView, prepare_pool
+from dabuild.ir.ops import OPS
 
 HERE = Path(__file__).resolve().parent / "arm64"
 CPU = "neoverse-n1"
 SYSROOT = "/usr/aarch64-linux-gnu"  # Debian's arm64 libraries for the dynamically linked onnxruntime driver
 HOST_COMPILER = "cc"
+BINS = 2048  # histogram.c's bins per channel
 
 
-@dataclass(frozen=True)
-class Layer:
-    """One conv: its name, channels, output channels, input size, kernel, stride, pad and groups."""
+@dataclass
+class Case:
+    """One kernel on one layer: dabuild's call (function, arguments, the arrays they point into, the result they
+    fill), the input both sides get, onnxruntime's one-node model (None: no peer), how the work is counted."""
 
     name: str
-    channels: int
-    out_channels: int
-    size: int
-    kernel: int
-    stride: int
-    pad: int
-    groups: int = 1
-
-    @property
-    def out(self) -> int:
-        return (self.size + 2 * self.pad - self.kernel) // self.stride + 1
-
-    @property
-    def macs(self) -> int:
-        return self.out ** 2 * self.out_channels * self.kernel ** 2 * self.channels // self.groups
+    work: str
+    function: str
+    args: list[object]
+    memory: list[np.ndarray]
+    result: np.ndarray
+    x: np.ndarray
+    model: Any | None
+    exact: bool = False  # outputs must agree bit for bit (else within float summation order)
 
 
-LAYERS = [Layer("ResNet-50 3x3 conv 64->64 at 56x56", 64, 64, 56, 3, 1, 1),
-          Layer("ResNet-50 1x1 conv 64->256 at 56x56", 64, 256, 56, 1, 1, 0),
-          Layer("MobileNetV2 3x3 depthwise conv 144 at 56x56", 144, 144, 56, 3, 1, 1, groups=144)]
+def model(op: str, x: np.ndarray, y_shape: tuple[int, ...], initializers: dict[str, np.ndarray], **attributes: Any) -> Any:
+    """A one-node ONNX model of `op` from input "x" (and the initializers, in order) to output "y"."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    node = helper.make_node(op, ["x", *initializers], ["y"], **attributes)
+    graph = helper.make_graph([node], op, [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(y_shape))],
+                              [numpy_helper.from_array(value, name) for name, value in initializers.items()])
+    made = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    made.ir_version = 8
+    return made
+
+
+def conv_case(layout: Layout, rng: np.random.Generator, name: str, channels: int, out_channels: int, size: int,
+              kernel: int, stride: int, pad: int, groups: int = 1, island: bool = False) -> Case:
+    x = rng.standard_normal((1, channels, size, size)).astype(np.float32)
+    weight = (rng.standard_normal((out_channels, channels // groups, kernel, kernel))
+              / np.sqrt(channels // groups * kernel ** 2)).astype(np.float32)
+    bias = rng.standard_normal(out_channels).astype(np.float32)
+    strides, pads = [stride, stride], [pad] * 4
+    if island:  # sums only: the island's bias and activation follow in numpy
+        prepared = prepare_island_conv(x, weight, groups, strides, pads[:2], [1, 1], [(size + 2 * pad - kernel)
+                                                                                      // stride + 1] * 2,
+                                       layout.island_width)
+        initializers = {"w": weight}
+    else:
+        prepared = prepare_float_conv(layout, x, weight, bias, strides, pads, [1, 1], groups, relu=False)
+        initializers = {"w": weight, "b": bias}
+    y = prepared.result
+    macs = y.size * kernel ** 2 * channels // groups
+    return Case(name, f"{macs / 1e6:.1f}M multiply-adds", prepared.kernel, [prepared.call, 0, prepared.rows],
+                list(prepared.arrays), y, x, model("Conv", x, y.shape, initializers, kernel_shape=[kernel] * 2,
+                                                   strides=strides, pads=pads, group=groups))
+
+
+def pool_case(rng: np.random.Generator, name: str, op: str, channels: int, size: int, **attrs: Any) -> Case:
+    x = rng.standard_normal((1, channels, size, size)).astype(np.float32)
+    pool = OPS[op]
+    resolved = pool.resolve(attrs)
+    kernel, strides, pads, dilations = pool.geometry(resolved)
+    y_shape = pool.run([x], attrs)[0].shape
+    divisors = pool.divisors(x.shape, resolved) if op == "avg_pool" else None
+    channels_last = np.ascontiguousarray(x.transpose(0, 2, 3, 1))
+    prepared = prepare_pool(channels_last, kernel, strides, pads[:2], dilations, list(y_shape[2:]), divisors)
+    onnx_op = {"max_pool": "MaxPool", "avg_pool": "AveragePool"}[op]
+    extra = {"count_include_pad": 0} if op == "avg_pool" else {}
+    return Case(name, f"{prepared.result.size * kernel[0] * kernel[1] / 1e6:.1f}M taps", prepared.kernel,
+                [prepared.call, 0, prepared.rows], list(prepared.arrays), prepared.result.transpose(0, 3, 1, 2), x,
+                model(onnx_op, x, y_shape, {}, kernel_shape=kernel, strides=strides, pads=pads, **extra),
+                exact=op == "max_pool")  # an average's sum and division follow numpy's order, not onnxruntime's
+
+
+def histogram_case(rng: np.random.Generator, name: str, channels: int, size: int) -> Case:
+    """histogram.c's counts of a ReLU output (channels last, as a conv leaves it) on grids set as calibration
+    sets them (power-of-two widths whose windows hold the values)."""
+    x = np.maximum(rng.standard_normal((1, size, size, channels)), 0).astype(np.float32)
+    peaks = np.maximum(x.max(axis=(0, 1, 2)).astype(np.float64), 1e-3)
+    width = 2.0 ** np.ceil(np.log2(peaks / (BINS // 2)))
+    reciprocal = 1.0 / width  # float64, as histogram.c reads them
+    offset = np.floor(x.min(axis=(0, 1, 2)) * reciprocal).astype(np.int64)
+    whole_width = float(width.max() * 2)
+    counts = np.zeros((channels, BINS), np.int32)
+    whole = np.zeros(BINS, np.int64)
+    view = TensorView(x.ctypes.data, size * size, channels, 1, channels, 1)
+    return Case(name, f"{x.size / 1e6:.2f}M values", "channel_counts",
+                [view, reciprocal, offset, counts, 1.0 / whole_width, 0, whole, 0, channels], [x], counts, x, None,
+                exact=True)
+
+
+def cases(layout: Layout) -> list[Case]:
+    rng = np.random.default_rng(0)
+    return [conv_case(layout, rng, "conv.c: ResNet-50 3x3 conv 64->64 at 56x56", 64, 64, 56, 3, 1, 1),
+            conv_case(layout, rng, "conv.c: ResNet-50 1x1 conv 64->256 at 56x56", 64, 256, 56, 1, 1, 0),
+            conv_case(layout, rng, "conv.c: MobileNetV2 3x3 depthwise conv 144 at 56x56", 144, 144, 56, 3, 1, 1,
+                      groups=144),
+            pool_case(rng, "pool.c: ResNet-50 3x3/2 max pool 64 at 112x112", "max_pool", 64, 112, kernel=[3, 3],
+                      strides=[2, 2], pads=[1, 1, 1, 1]),
+            pool_case(rng, "pool.c: ShuffleNet v1's 3x3/2 average pool 240 at 28x28", "avg_pool", 240, 28, kernel=[3, 3],
+                      strides=[2, 2], pads=[1, 1, 1, 1]),
+            conv_case(layout, rng, "island_conv.c: 3x3 conv 64->64 at 56x56 (no FMA, fixed order)", 64, 64, 56, 3,
+                      1, 1, island=True),
+            histogram_case(rng, "histogram.c: counts of a ReLU output 64 at 56x56", 64, 56)]
 
 
 def emulator(plugin: Path) -> list[str]:
@@ -91,57 +170,36 @@ def per_run(command: list[str], times_at: int, stdin: bytes) -> tuple[int, bytes
     return (thrice - once) // 2, output, errors
 
 
-def onnx_conv(layer: Layer, weight: np.ndarray, bias: np.ndarray, path: Path) -> None:
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
-
-    node = helper.make_node("Conv", ["x", "w", "b"], ["y"], kernel_shape=[layer.kernel] * 2,
-                            strides=[layer.stride] * 2, pads=[layer.pad] * 4, group=layer.groups)
-    graph = helper.make_graph(
-        [node], "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, layer.channels, layer.size,
-                                                                                  layer.size])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, layer.out_channels, layer.out, layer.out])],
-        [numpy_helper.from_array(weight, "w"), numpy_helper.from_array(bias, "b")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    model.ir_version = 8
-    onnx.save(model, path)
-
-
-def dabuild_conv(kernels: Arm64Kernels, plugin: Path, layer: Layer, x: np.ndarray, weight: np.ndarray,
-                 bias: np.ndarray) -> tuple[int, np.ndarray]:
-    """(instructions of one run, (1, O, OH, OW) output) of conv.c's NEON kernel on the layer."""
-    depthwise = layer.groups > 1
-    layout = kernels.layout
-    taps, padded = pack_weight(weight, depthwise, layout.vector_bytes, layout.block_vectors)
-    inputs = np.ascontiguousarray(x.transpose(0, 2, 3, 1))
-    padded_bias = np.zeros(padded, np.float32)
-    padded_bias[:layer.out_channels] = bias
-    zeros = np.zeros(layer.channels, np.float32)
-    y = np.zeros((1, layer.out, layer.out, layer.out_channels), np.float32)
-    call = native.ELEMENTS[np.dtype(np.float32)][1](
-        inputs.ctypes.data, layer.size, layer.size, layer.channels, taps.ctypes.data,
-        layer.kernel, layer.kernel, layer.out_channels, padded, padded_bias.ctypes.data, None, y.ctypes.data,
-        layer.out, layer.out, layer.stride, layer.stride, layer.pad, layer.pad, 1, 1, 0, 0.0, 0.0,
-        zeros.ctypes.data, 1, layer.out, 1)
-    function = "depthwise2d_nhwc_f32" if depthwise else "conv2d_nhwc_f32"
-    request, arrays = kernels.request(function, [call, 0, layer.out], [inputs, taps, padded_bias, y, zeros])
+def dabuild_count(kernels: Arm64Kernels, plugin: Path, case: Case) -> int:
+    """Instructions of one run of the case's kernel on arm64; its result is left in `case.result`."""
+    request, arrays = kernels.request(case.function, case.args, case.memory)
     command = [*emulator(plugin), str(kernels.binary), "call", "times"]
     instructions, response, _ = per_run(command, len(command) - 1, request)
-    kernels.unpack(function, response, arrays)
-    return instructions, y.transpose(0, 3, 1, 2)
+    kernels.unpack(case.function, response, arrays)
+    return instructions
 
 
-def onnxruntime_conv(driver: Path, library: Path, plugin: Path, layer: Layer, x: np.ndarray, weight: np.ndarray,
-                     bias: np.ndarray, folder: Path) -> tuple[int, np.ndarray, str]:
-    """(instructions of one run, output, version) of onnxruntime's Conv on the layer."""
-    model = folder / "conv.onnx"
-    onnx_conv(layer, weight, bias, model)
-    count = layer.out_channels * layer.out ** 2
-    command = [*emulator(plugin), str(driver), str(library), str(model), "times", "x", "y", str(count),
-               *map(str, x.shape)]
-    instructions, output, errors = per_run(command, command.index("times"), x.tobytes())
+def onnxruntime_count(driver: Path, library: Path, plugin: Path, case: Case, folder: Path) -> tuple[int, np.ndarray,
+                                                                                                    str]:
+    """(instructions of one run, output, version) of onnxruntime's model of the case."""
+    import onnx
+
+    path = folder / "model.onnx"
+    onnx.save(case.model, path)
+    shape = [dim.dim_value for dim in case.model.graph.output[0].type.tensor_type.shape.dim]
+    command = [*emulator(plugin), str(driver), str(library), str(path), "times", "x", "y",
+               str(int(np.prod(shape))), *map(str, case.x.shape)]
+    instructions, output, errors = per_run(command, command.index("times"), case.x.tobytes())
     version = next(line for line in errors.splitlines() if line.startswith("onnxruntime "))
-    return instructions, np.frombuffer(output, np.float32).reshape(1, layer.out_channels, layer.out, layer.out), version
+    return instructions, np.frombuffer(output, np.float32).reshape(shape), version
+
+
+def agreement(case: Case, reference: np.ndarray) -> str:
+    if case.exact:
+        same = np.array_equal(case.result, reference, equal_nan=True)
+        return "outputs equal bit for bit" if same else "OUTPUTS DIFFER"
+    differ = float(np.max(np.abs(case.result - reference)) / (np.max(np.abs(reference)) or 1.0))
+    return f"outputs differ by {differ:.1e} of their peak"
 
 
 def main() -> int:
@@ -164,24 +222,22 @@ def main() -> int:
                        check=True)
         subprocess.run([CROSS, "-O2", "-o", str(driver), str(HERE / "ort_driver.c"), "-ldl"], check=True)
         kernels = Arm64Kernels(build_driver(folder))
-        version = subprocess.run([EMULATOR, "--version"], capture_output=True, text=True, check=True).stdout.partition("\n")[0]
+        version = subprocess.run([EMULATOR, "--version"], capture_output=True, text=True,
+                                 check=True).stdout.partition("\n")[0]
         print(f"CPU: emulated aarch64, {version}, -cpu {CPU} (Arm Neoverse N1: NEON, 128-bit vectors); instructions "
               f"counted by a TCG plugin, 1 thread, batch 1; dabuild's {kernels.layout.path} path "
               f"({kernels.layout.vector_bytes}-byte vectors, {CROSS} -O3) against {args.onnxruntime}; ratio = "
               "dabuild's instructions / onnxruntime's (below 1: fewer)")
-        rng = np.random.default_rng(0)
-        for layer in LAYERS:
-            x = rng.standard_normal((1, layer.channels, layer.size, layer.size)).astype(np.float32)
-            weight = (rng.standard_normal((layer.out_channels, layer.channels // layer.groups, layer.kernel,
-                                           layer.kernel)) / np.sqrt(layer.channels // layer.groups * layer.kernel ** 2)
-                      ).astype(np.float32)
-            bias = rng.standard_normal(layer.out_channels).astype(np.float32)
-            ours, y = dabuild_conv(kernels, plugin, layer, x, weight, bias)
-            theirs, reference, peer = onnxruntime_conv(driver, args.onnxruntime, plugin, layer, x, weight, bias,
-                                                       folder)
-            differ = float(np.max(np.abs(y - reference)) / (np.max(np.abs(reference)) or 1.0))
-            print(f"{layer.name} ({layer.macs / 1e6:.1f}M multiply-adds): dabuild {ours:,} instructions, {peer} "
-                  f"{theirs:,}, ratio {ours / theirs:.2f}x; outputs differ by {differ:.1e} of their peak")
+        for case in cases(kernels.layout):
+            ours = dabuild_count(kernels, plugin, case)
+            if case.model is None:
+                counted_all = int(case.result.sum()) == case.x.size
+                print(f"{case.name} ({case.work}): dabuild {ours:,} instructions ({ours / case.x.size:.1f} a value), "
+                      f"{'every value counted once' if counted_all else 'COUNTS MISS VALUES'}; no onnxruntime peer")
+                continue
+            theirs, reference, peer = onnxruntime_count(driver, args.onnxruntime, plugin, case, folder)
+            print(f"{case.name} ({case.work}): dabuild {ours:,} instructions, {peer} {theirs:,}, ratio "
+                  f"{ours / theirs:.2f}x; {agreement(case, reference)}")
     return 0
 
 

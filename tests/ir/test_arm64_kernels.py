@@ -24,10 +24,9 @@ import test_calibration as calibration_tests
 import test_integer_kernels as integer_tests
 import test_island_kernel as island_tests
 import test_native_kernels as conv_tests
-from arm64_kernels import MISSING, SKIP_REASON, Arm64Kernels, Arm64Native, build_driver
+from arm64_kernels import MISSING, SKIP_REASON, Arm64Kernels, Arm64Native, build_driver, prepare_float_conv
 
 from dabuild.ir.kernels import native
-from dabuild.ir.kernels.native import pack_weight
 from dabuild.ir.ops import OPS
 from dabuild.qir.layers.elementwise import QAdd, QClamp, QRelu, QSub
 
@@ -64,7 +63,6 @@ TWO_D = [case for case in conv_tests.CASES if len(case[3]) == 2]
 def test_neon_conv_matches_numpy(kernels: Arm64Kernels, monkeypatch: pytest.MonkeyPatch, case: tuple,
                                  activation: str) -> None:
     batch, channels, out_channels, size, kernel, strides, pads, dilations, groups = case
-    depthwise = groups == channels == out_channels and groups > 1
     rng = np.random.default_rng(channels * 100 + out_channels)
     x = rng.standard_normal((batch, channels, *size)).astype(np.float32)
     weight = (rng.standard_normal((out_channels, channels // groups, *kernel))
@@ -73,23 +71,9 @@ def test_neon_conv_matches_numpy(kernels: Arm64Kernels, monkeypatch: pytest.Monk
     monkeypatch.setenv(native.SWITCH, "0")
     attrs = {"strides": strides, "pads": pads, "dilations": dilations, "groups": groups, "activation": activation}
     reference = OPS["conv"].run([x, weight, bias], attrs)[0]
-    conv_groups = 1 if depthwise else groups  # conv.c's groups: a depthwise conv is one of its own kind
-    taps, padded = pack_weight(weight, depthwise, kernels.layout.vector_bytes, kernels.layout.block_vectors,
-                               conv_groups)
-    out = reference.shape[2:]
-    group_out = out_channels // conv_groups
-    padding = np.zeros((conv_groups, padded - group_out), np.float32)
-    inputs = np.ascontiguousarray(x.transpose(0, 2, 3, 1))
-    padded_bias = np.concatenate([bias.reshape(conv_groups, group_out), padding], 1)
-    zeros = np.zeros(channels, np.float32)
-    y = np.zeros((batch, *out, out_channels), np.float32)
-    call = native.ELEMENTS[np.dtype(np.float32)][1](
-        inputs.ctypes.data, *size, channels // conv_groups, taps.ctypes.data, *kernel, group_out, padded,
-        padded_bias.ctypes.data, None, y.ctypes.data, *out, *strides, pads[0], pads[1], *dilations,
-        native.RELU if activation == "relu" else 0, 0.0, 0.0, zeros.ctypes.data, conv_groups, batch * out[0], 1)
-    kernels.call("depthwise2d_nhwc_f32" if depthwise else "conv2d_nhwc_f32", call, 0, batch * out[0],
-                 memory=[inputs, taps, padded_bias, y, zeros])
-    conv_tests.assert_close(np.ascontiguousarray(y.transpose(0, 3, 1, 2)), reference)
+    compiled = kernels.run(prepare_float_conv(kernels.layout, x, weight, bias, strides, pads, dilations, groups,
+                                              activation == "relu"))
+    conv_tests.assert_close(np.ascontiguousarray(compiled), reference)
 
 
 @pytest.mark.parametrize("op, attrs", conv_tests.POOLS)
