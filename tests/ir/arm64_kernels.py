@@ -170,8 +170,9 @@ class Arm64Kernels:
 
 def prepare_float_conv(layout: Layout, x: np.ndarray, weight: np.ndarray, bias: np.ndarray, strides: list[int],
                        pads: list[int], dilations: list[int], groups: int, relu: bool) -> RowsCall:
-    """conv.c's float32 call on arm64 for a 2-D conv of x (N, C, H, W) with weight (O, C / groups, KH, KW) and bias,
-    as NativeConv.plan makes it on the host (a depthwise conv is conv.c's own kind); the (N, O, OH, OW) result."""
+    """conv.c's call on arm64 for a 2-D conv of x (N, C, H, W) with weight (O, C / groups, KH, KW) and bias, all
+    float32 or all float64, as NativeConv.plan makes it on the host (a depthwise conv is conv.c's own kind); the
+    (N, O, OH, OW) result."""
     batch, channels, height, width = x.shape
     out_channels, _, kernel_h, kernel_w = weight.shape
     depthwise = groups == channels == out_channels and groups > 1
@@ -180,16 +181,18 @@ def prepare_float_conv(layout: Layout, x: np.ndarray, weight: np.ndarray, bias: 
     out = [(size + pads[axis] + pads[axis + 2] - dilations[axis] * (kernel - 1) - 1) // strides[axis] + 1
            for axis, (size, kernel) in enumerate(((height, kernel_h), (width, kernel_w)))]
     group_out = out_channels // conv_groups
-    inputs = np.ascontiguousarray(x.transpose(0, 2, 3, 1), np.float32)
-    padded_bias = np.concatenate([bias.reshape(conv_groups, group_out).astype(np.float32),
-                                  np.zeros((conv_groups, padded - group_out), np.float32)], 1)
-    zeros = np.zeros(channels, np.float32)
-    y = np.zeros((batch, *out, out_channels), np.float32)
-    call = native.ELEMENTS[np.dtype(np.float32)][1](
+    dtype = x.dtype
+    suffix, conv_call = native.ELEMENTS[dtype]
+    inputs = np.ascontiguousarray(x.transpose(0, 2, 3, 1))
+    padded_bias = np.concatenate([bias.reshape(conv_groups, group_out), np.zeros((conv_groups, padded - group_out),
+                                                                                 dtype)], 1)
+    zeros = np.zeros(channels, dtype)
+    y = np.zeros((batch, *out, out_channels), dtype)
+    call = conv_call(
         inputs.ctypes.data, height, width, channels // conv_groups, taps.ctypes.data, kernel_h, kernel_w, group_out,
         padded, padded_bias.ctypes.data, None, y.ctypes.data, *out, *strides, pads[0], pads[1], *dilations,
         native.RELU if relu else 0, 0.0, 0.0, zeros.ctypes.data, conv_groups, batch * out[0], 1)
-    return RowsCall("depthwise2d_nhwc_f32" if depthwise else "conv2d_nhwc_f32", call,
+    return RowsCall(f"{'depthwise2d' if depthwise else 'conv2d'}_nhwc_{suffix}", call,
                     (inputs, taps, padded_bias, y, zeros), batch * out[0], y.transpose(0, 3, 1, 2))
 
 

@@ -3,14 +3,19 @@ gcc-aarch64-linux-gnu and called under qemu-aarch64 (Debian's qemu-user) through
 
 An x86 machine cannot run the NEON paths natively; these run the host tests' own cases on them:
 - conv.c: every 2-D case of tests/ir/test_native_kernels.py (ungrouped, grouped and depthwise, partial
-  vectors, pads, strides, dilations), within float tolerance of numpy;
+  vectors, pads, strides, dilations), within float tolerance of numpy; the smaller ones in float64 on
+  integers (the integer reference's sums), exactly;
 - pool.c: its pool cases, numpy's floats bit for bit (NaN winning, signed zeros);
 - island_conv.c: tests/ir/test_island_kernel.py's convs, infinities and dense layers, bit for bit with the
   numpy loops' order;
 - histogram.c: tests/quant/test_calibration.py's native histogram cases (layouts, derived whole-tensor counts,
-  float32 bins only where exact, rebinning, NaN and infinities), numpy's counts exactly.
-The pools, islands and histograms run through dabuild's own code (the interpreter's pool op, island_order,
-calibration) with their kernels swapped for the arm64 build. Instruction counts: bench/arm64.py.
+  float32 bins only where exact, rebinning, NaN and infinities), numpy's counts exactly;
+- qconv.c (int16 pairs), the 8-bit add's lookup, quantize.c and requantize.c: tests/ir/test_integer_kernels.py's
+  cases, bit for bit.
+All but conv.c run through dabuild's own code (the interpreter's pool op, island_order, calibration, the
+integer reference's layers) with their kernels swapped for the arm64 build (Arm64Native), and each such test
+must have reached qemu. Not run on arm64: threads.c's split among threads (one call per qemu process) and
+the uint8 x int8 conv (AVX-512 VNNI only). Instruction counts: bench/arm64.py.
 """
 
 from __future__ import annotations
@@ -74,6 +79,24 @@ def test_neon_conv_matches_numpy(kernels: Arm64Kernels, monkeypatch: pytest.Monk
     compiled = kernels.run(prepare_float_conv(kernels.layout, x, weight, bias, strides, pads, dilations, groups,
                                               activation == "relu"))
     conv_tests.assert_close(np.ascontiguousarray(compiled), reference)
+
+
+@pytest.mark.parametrize("case", [case for case in TWO_D if case[0] * case[1] * case[2] * np.prod(case[3]) < 2e5])
+def test_neon_float64_conv_of_integers_is_exact(kernels: Arm64Kernels, monkeypatch: pytest.MonkeyPatch,
+                                                case: tuple) -> None:
+    """The integer reference's sums (conv.c's float64 variant): integer-valued operands give numpy's result."""
+    batch, channels, out_channels, size, kernel, strides, pads, dilations, groups = case
+    rng = np.random.default_rng(4)
+    x = rng.integers(-255, 256, (batch, channels, *size)).astype(np.float64)
+    weight = rng.integers(-127, 128, (out_channels, channels // groups, *kernel)).astype(np.float64)
+    bias = rng.integers(-9999, 9999, out_channels).astype(np.float64)
+    monkeypatch.setenv(native.SWITCH, "0")
+    attrs = {"strides": strides, "pads": pads, "dilations": dilations, "groups": groups}
+    reference = OPS["conv"].run([x, weight, bias], attrs)[0]
+    compiled = kernels.run(prepare_float_conv(kernels.layout, x, weight, bias, strides, pads, dilations, groups,
+                                              relu=False))
+    assert compiled.dtype == np.float64
+    np.testing.assert_array_equal(compiled, reference)
 
 
 @pytest.mark.parametrize("op, attrs", conv_tests.POOLS)
