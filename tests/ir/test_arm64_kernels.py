@@ -39,10 +39,12 @@ pytestmark = pytest.mark.skipif(bool(MISSING), reason=SKIP_REASON)
 
 
 @pytest.fixture(scope="module")
-def kernels(pytestconfig: pytest.Config) -> Arm64Kernels:
-    """The arm64 build, kept in pytest's cache folder between runs (compiling it takes a minute)."""
-    assert pytestconfig.cache is not None
-    return Arm64Kernels(build_driver(pytestconfig.cache.mkdir("arm64-kernels")))
+def kernels(pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathFactory) -> Arm64Kernels:
+    """The arm64 build, kept in pytest's cache folder between runs (compiling it takes a minute), or in a
+    temporary one where the cache is switched off (-p no:cacheprovider)."""
+    cache = pytestconfig.cache
+    folder = cache.mkdir("arm64-kernels") if cache is not None else tmp_path_factory.mktemp("arm64-kernels")
+    return Arm64Kernels(build_driver(folder))
 
 
 @pytest.fixture
