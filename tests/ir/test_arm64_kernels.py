@@ -42,7 +42,7 @@ pytestmark = pytest.mark.skipif(bool(MISSING), reason=SKIP_REASON)
 def kernels(pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathFactory) -> Arm64Kernels:
     """The arm64 build, kept in pytest's cache folder between runs (compiling it takes a minute), or in a
     temporary one where the cache is switched off (-p no:cacheprovider)."""
-    cache = pytestconfig.cache
+    cache = getattr(pytestconfig, "cache", None)  # absent with -p no:cacheprovider
     folder = cache.mkdir("arm64-kernels") if cache is not None else tmp_path_factory.mktemp("arm64-kernels")
     return Arm64Kernels(build_driver(folder))
 
