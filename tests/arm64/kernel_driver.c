@@ -5,7 +5,8 @@
  *   kernel_driver info       prints the vector path, its vector bytes, conv block vectors, island width and
  *                            qconv lanes, as native.py reads them from a loaded library
  *   kernel_driver call [N]   reads a request on stdin, calls one function (N times, 1 by default: bench/arm64.py
- *                            counts the instructions of N calls and of 1), writes the response on stdout
+ *                            counts the instructions of N calls and of 1), writes the response on stdout; a
+ *                            function "parallel_rows:KERNEL" shares KERNEL's rows among threads (threads.c)
  *
  * Request (little-endian int64 words): the buffer count, then each buffer's byte size and bytes (padded to
  * whole words); the relocation count, then each as (buffer, byte offset, target buffer, target byte offset):
@@ -48,11 +49,29 @@ int kernel_conv_block_vectors(void);
 int kernel_island_width(void);
 ptrdiff_t qconv_lanes(void);
 
+void parallel_rows(RowsFunction function, const void *call, ptrdiff_t rows, ptrdiff_t chunk, int threads);
+
+static RowsFunction rows_function(const char *name)
+{
+#define FIND(function) \
+    if (!strcmp(name, #function)) return function;
+    ROWS_FUNCTIONS(FIND)
+    return NULL;
+}
+
+/* NAME(args), or for "parallel_rows:NAME" threads.c's parallel_rows(NAME, call, rows, chunk, threads). */
 static int64_t call(const char *name, const Arg *a, int64_t count)
 {
-#define ROWS(function) \
-    if (!strcmp(name, #function) && count == 3) { function(a[0].p, a[1].i, a[2].i); return 0; }
-    ROWS_FUNCTIONS(ROWS)
+    RowsFunction rows = rows_function(name);
+    if (rows && count == 3) {
+        rows(a[0].p, a[1].i, a[2].i);
+        return 0;
+    }
+    rows = strncmp(name, "parallel_rows:", 14) ? NULL : rows_function(name + 14);
+    if (rows && count == 4) {
+        parallel_rows(rows, a[0].p, a[1].i, a[2].i, (int)a[3].i);
+        return 0;
+    }
     if (!strcmp(name, "channel_extremes") && count == 5)
         return channel_extremes(a[0].p, a[1].p, a[2].p, a[3].i, a[4].i);
     if (!strcmp(name, "channel_counts") && count == 9) {

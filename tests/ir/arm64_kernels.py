@@ -26,8 +26,15 @@ import pytest
 from dabuild.ir.kernels import native
 from dabuild.ir.kernels.integer import NativeInteger
 from dabuild.ir.kernels.island import prepare_island_conv
-from dabuild.ir.kernels.native import NativeHistogram, TensorView, pack_weight, prepare_pool, requantize_arguments
-from dabuild.ir.kernels.threads import RowsCall
+from dabuild.ir.kernels.native import (
+    NativeHistogram,
+    TensorView,
+    layer_thread_count,
+    pack_weight,
+    prepare_pool,
+    requantize_arguments,
+)
+from dabuild.ir.kernels.threads import CHUNKS_PER_THREAD, RowsCall
 
 CROSS, EMULATOR = "aarch64-linux-gnu-gcc", "qemu-aarch64"
 DRIVER = Path(__file__).resolve().parents[1] / "arm64" / "kernel_driver.c"
@@ -80,7 +87,7 @@ class Arm64Kernels:
 
     def __init__(self, binary: Path, emulator: Sequence[str] = (EMULATOR,)):
         self.binary, self.emulator = binary, list(emulator)
-        self.calls = 0  # calls run so far
+        self.calls: list[str] = []  # the functions called so far, in order
         path, *numbers = subprocess.run([*self.emulator, str(binary), "info"], capture_output=True, text=True,
                                         check=True, timeout=60).stdout.split()
         self.layout = Layout(path, *map(int, numbers))
@@ -127,14 +134,21 @@ class Arm64Kernels:
         """function(*args) run on arm64 (see `request`); the arrays (arguments and `memory`) take the values the
         call left in them (a read-only one must keep its values); returns the function's result (0 for a void one)."""
         request, arrays = self.request(function, args, memory)
-        self.calls += 1
+        self.calls.append(function)
         response = subprocess.run([*self.emulator, str(self.binary), "call"], input=request, capture_output=True,
                                   check=True, timeout=300).stdout
         return self.unpack(function, response, arrays)
 
-    def run(self, prepared: RowsCall) -> np.ndarray:
-        """A prepared call (dabuild.ir.kernels' `prepare_*`) over all its rows; its result."""
-        self.call(prepared.kernel, prepared.call, 0, prepared.rows, memory=prepared.arrays)
+    def run(self, prepared: RowsCall, threads: int = 1) -> np.ndarray:
+        """A prepared call (dabuild.ir.kernels' `prepare_*`) over all its rows, shared among `threads` by threads.c
+        as RowSplitter shares them where the call has the work; its result."""
+        parts = min(threads if prepared.parallel else 1, prepared.rows)
+        if parts <= 1:
+            self.call(prepared.kernel, prepared.call, 0, prepared.rows, memory=prepared.arrays)
+        else:
+            chunk = max(1, prepared.rows // (parts * CHUNKS_PER_THREAD))
+            self.call(f"parallel_rows:{prepared.kernel}", prepared.call, prepared.rows, chunk, parts,
+                      memory=prepared.arrays)
         return prepared.result
 
     @staticmethod
@@ -241,7 +255,7 @@ class Arm64Integer(NativeInteger):
         self.lanes, self.quads = kernels.layout.qconv_lanes, False
 
     def run(self, prepared: RowsCall, threads: int) -> np.ndarray:
-        return self.kernels.run(prepared)
+        return self.kernels.run(prepared, threads)
 
 
 class Arm64Island:
@@ -253,7 +267,7 @@ class Arm64Island:
     def conv(self, x: np.ndarray, weight: np.ndarray, groups: int, strides: list[int], pads: list[int],
              dilations: list[int], out: list[int], threads: int = 1) -> np.ndarray:
         return self.kernels.run(prepare_island_conv(x, weight, groups, strides, pads, dilations, out,
-                                                    self.kernels.layout.island_width))
+                                                    self.kernels.layout.island_width), threads)
 
 
 class Arm64Native:
@@ -268,7 +282,8 @@ class Arm64Native:
 
     def pool(self, x: np.ndarray, kernel: list[int], strides: list[int], pads: list[int], dilations: list[int],
              out: list[int], divisors: np.ndarray | None = None) -> np.ndarray:
-        return self.kernels.run(prepare_pool(x, kernel, strides, pads, dilations, out, divisors))
+        return self.kernels.run(prepare_pool(x, kernel, strides, pads, dilations, out, divisors),
+                                layer_thread_count())
 
     def requantize(self, accumulator: np.ndarray, axis: int, bias: np.ndarray, multiplier: np.ndarray,
                    shift: np.ndarray, zero_point: int, low: int, high: int) -> np.ndarray | None:

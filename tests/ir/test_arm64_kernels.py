@@ -14,8 +14,8 @@ An x86 machine cannot run the NEON paths natively; these run the host tests' own
   cases, bit for bit.
 All but conv.c run through dabuild's own code (the interpreter's pool op, island_order, calibration, the
 integer reference's layers) with their kernels swapped for the arm64 build (Arm64Native), and each such test
-must have reached qemu. Not run on arm64: threads.c's split among threads (one call per qemu process) and
-the uint8 x int8 conv (AVX-512 VNNI only). Instruction counts: bench/arm64.py.
+must have reached qemu; threads.c shares an island conv's and an integer conv's rows among threads there.
+Not run on arm64: the uint8 x int8 conv (AVX-512 VNNI only). Instruction counts: bench/arm64.py.
 """
 
 from __future__ import annotations
@@ -52,9 +52,9 @@ def on_arm64(kernels: Arm64Kernels, monkeypatch: pytest.MonkeyPatch) -> Iterator
     """dabuild's pools, float islands and histograms running on the arm64 build for the test, which must have
     called it (else the host's kernels or numpy answered)."""
     Arm64Native(kernels).install(monkeypatch)
-    before = kernels.calls
+    before = len(kernels.calls)
     yield kernels
-    assert kernels.calls > before, "the test never called the arm64 kernels"
+    assert len(kernels.calls) > before, "the test never called the arm64 kernels"
 
 
 def test_arm64_builds_the_neon_path(kernels: Arm64Kernels) -> None:
@@ -111,6 +111,12 @@ def test_neon_pools_match_numpy_bit_for_bit(on_arm64: Arm64Kernels, monkeypatch:
 def test_neon_island_convs_match_the_numpy_order(on_arm64: Arm64Kernels, monkeypatch: pytest.MonkeyPatch,
                                                  case: tuple) -> None:
     island_tests.test_conv_matches_the_numpy_order(monkeypatch, case, 1)
+
+
+def test_neon_island_conv_split_among_threads_matches(on_arm64: Arm64Kernels, monkeypatch: pytest.MonkeyPatch) -> None:
+    """threads.c on arm64: the largest island conv's rows shared among 2 threads, the same bits."""
+    island_tests.test_conv_matches_the_numpy_order(monkeypatch, island_tests.CONVS[0], 2)
+    assert "parallel_rows:island_conv_nhwc" in on_arm64.calls
 
 
 def test_neon_island_infinities_and_zeros(on_arm64: Arm64Kernels, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -175,6 +181,11 @@ def test_neon_integer_dense_equals_the_numpy_reference(on_arm64: Arm64Kernels, x
 
 def test_neon_integer_ties_are_rounded_away_from_zero(on_arm64: Arm64Kernels) -> None:
     integer_tests.test_ties_are_hit_and_rounded_away_from_zero()
+
+
+def test_neon_integer_conv_split_among_threads_gives_the_same_bits(on_arm64: Arm64Kernels) -> None:
+    integer_tests.test_a_split_among_threads_gives_the_same_bits()
+    assert "parallel_rows:qconv2d_nhwc" in on_arm64.calls
 
 
 def test_neon_requantization_of_wide_sums_equals_numpy(on_arm64: Arm64Kernels) -> None:
