@@ -17,7 +17,8 @@ instructions, without the process start, reading the inputs, loading or preparin
 same input and weights, and their outputs are compared. Kernels: conv.c on ResNet-50's 3x3 and 1x1 convs
 and MobileNetV2's depthwise conv at 56x56; pool.c on ResNet-50's max pool and an average pool; island_conv.c
 (the integer reference's float island conv, in the C target's summation order, no fused multiply-adds)
-against onnxruntime's Conv; histogram.c's calibration counts, which have no onnxruntime peer (its
+against onnxruntime's Conv; qconv.c (the integer reference's int8 conv, which scores every tuning trial)
+against onnxruntime's QLinearConv; histogram.c's calibration counts, which have no onnxruntime peer (its
 calibration counts in numpy): dabuild's count alone, per value.
 
 Usage: python bench/arm64.py /path/to/libonnxruntime.so
@@ -37,11 +38,13 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "ir"))
-from arm64_kernels import CROSS, EMULATOR, MISSING, Arm64Kernels, Layout, build_driver, prepare_float_conv
+from arm64_kernels import CROSS, EMULATOR, MISSING, Arm64Integer, Arm64Kernels, Layout, build_driver, prepare_float_conv
 
+from dabuild.ir.kernels.integer import Requantization, prepare_conv
 from dabuild.ir.kernels.island import prepare_island_conv
 from dabuild.ir.kernels.native import TensorView, prepare_pool
 from dabuild.ir.ops import OPS
+from dabuild.qir.fixed_point import quantize_multiplier
 
 HERE = Path(__file__).resolve().parent / "arm64"
 CPU = "neoverse-n1"
@@ -64,6 +67,7 @@ class Case:
     x: np.ndarray
     model: Any | None
     exact: bool = False  # outputs must agree bit for bit (else within float summation order)
+    step: float | None = None  # an integer output's scale: outputs compared in steps of it
 
 
 def model(op: str, x: np.ndarray, y_shape: tuple[int, ...], initializers: dict[str, np.ndarray], **attributes: Any) -> Any:
@@ -118,6 +122,44 @@ def pool_case(rng: np.random.Generator, name: str, op: str, channels: int, size:
                 exact=op == "max_pool")  # an average's sum and division follow numpy's order, not onnxruntime's
 
 
+def integer_conv_case(kernels: Arm64Kernels, rng: np.random.Generator, name: str, channels: int,
+                      out_channels: int, size: int, kernel: int) -> Case:
+    """qconv.c (the integer reference's 8-bit conv: int16 pairs, int32 sums, fixed-point requantization) against
+    onnxruntime's QLinearConv, whose model takes and gives floats: QuantizeLinear, QLinearConv, DequantizeLinear
+    (the two conversions are 0.4M elements of its count)."""
+    x_scale, w_scale = 0.05, 0.01
+    q = rng.integers(-128, 128, (1, channels, size, size)).astype(np.int8)
+    x = (q.astype(np.float32) * np.float32(x_scale)).astype(np.float32)  # quantizes back to q exactly
+    weight = rng.integers(-127, 128, (out_channels, channels, kernel, kernel)).astype(np.int8)
+    bias = rng.integers(-20000, 20000, out_channels).astype(np.int32)
+    y_scale = x_scale * w_scale * np.sqrt(channels * kernel ** 2) * 75 ** 2 / 40  # about 40 steps a typical sum
+    multiplier, shift = quantize_multiplier(x_scale * w_scale / y_scale, name)
+    packed = Arm64Integer(kernels).pack(weight, 2)  # the int16 pairs layout of the arm64 build's lanes
+    wide = [np.ascontiguousarray(np.broadcast_to(v.astype(np.int64), out_channels)) for v in (bias, multiplier, shift)]
+    pad = kernel // 2
+    prepared = prepare_conv(np.ascontiguousarray(q.transpose(0, 2, 3, 1)), 0, packed,
+                            Requantization(*wide, 0, -128, 127), [1, 1], [pad, pad], [1, 1], [size, size],
+                            np.dtype(np.int8))
+    from onnx import TensorProto, helper, numpy_helper
+
+    scalars = {"x_scale": np.float32(x_scale), "zp": np.int8(0), "w_scale": np.float32(w_scale),
+               "y_scale": np.float32(y_scale)}
+    nodes = [helper.make_node("QuantizeLinear", ["x", "x_scale", "zp"], ["xq"]),
+             helper.make_node("QLinearConv", ["xq", "x_scale", "zp", "w", "w_scale", "zp", "y_scale", "zp", "b"],
+                              ["yq"], kernel_shape=[kernel] * 2, pads=[pad] * 4),
+             helper.make_node("DequantizeLinear", ["yq", "y_scale", "zp"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "qconv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, out_channels, size, size])],
+        [*(numpy_helper.from_array(np.array(value), key) for key, value in scalars.items()),
+         numpy_helper.from_array(weight, "w"), numpy_helper.from_array(bias, "b")])
+    made = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    made.ir_version = 8
+    macs = size * size * out_channels * kernel ** 2 * channels
+    return Case(name, f"{macs / 1e6:.1f}M multiply-adds", prepared.kernel, [prepared.call, 0, prepared.rows],
+                list(prepared.arrays), prepared.result.transpose(0, 3, 1, 2), x, made, step=float(y_scale))
+
+
 def histogram_case(rng: np.random.Generator, name: str, channels: int, size: int) -> Case:
     """histogram.c's counts of a ReLU output (channels last, as a conv leaves it) on grids set as calibration
     sets them (power-of-two widths whose windows hold the values)."""
@@ -135,8 +177,8 @@ def histogram_case(rng: np.random.Generator, name: str, channels: int, size: int
                 exact=True)
 
 
-def cases(layout: Layout) -> list[Case]:
-    rng = np.random.default_rng(0)
+def cases(kernels: Arm64Kernels) -> list[Case]:
+    rng, layout = np.random.default_rng(0), kernels.layout
     return [conv_case(layout, rng, "conv.c: ResNet-50 3x3 conv 64->64 at 56x56", 64, 64, 56, 3, 1, 1),
             conv_case(layout, rng, "conv.c: ResNet-50 1x1 conv 64->256 at 56x56", 64, 256, 56, 1, 1, 0),
             conv_case(layout, rng, "conv.c: MobileNetV2 3x3 depthwise conv 144 at 56x56", 144, 144, 56, 3, 1, 1,
@@ -147,6 +189,7 @@ def cases(layout: Layout) -> list[Case]:
                       strides=[2, 2], pads=[1, 1, 1, 1]),
             conv_case(layout, rng, "island_conv.c: 3x3 conv 64->64 at 56x56 (no FMA, fixed order)", 64, 64, 56, 3,
                       1, 1, island=True),
+            integer_conv_case(kernels, rng, "qconv.c: int8 ResNet-50 3x3 conv 64->64 at 56x56", 64, 64, 56, 3),
             histogram_case(rng, "histogram.c: counts of a ReLU output 64 at 56x56", 64, 56)]
 
 
@@ -195,6 +238,9 @@ def onnxruntime_count(driver: Path, library: Path, plugin: Path, case: Case, fol
 
 
 def agreement(case: Case, reference: np.ndarray) -> str:
+    if case.step is not None:
+        steps = int(np.max(np.abs(case.result.astype(np.int64) - np.rint(reference / case.step).astype(np.int64))))
+        return f"outputs differ by at most {steps} step{'s' if steps != 1 else ''} (rounding: fixed point vs float)"
     if case.exact:
         same = np.array_equal(case.result, reference, equal_nan=True)
         return "outputs equal bit for bit" if same else "OUTPUTS DIFFER"
@@ -228,7 +274,7 @@ def main() -> int:
               f"counted by a TCG plugin, 1 thread, batch 1; dabuild's {kernels.layout.path} path "
               f"({kernels.layout.vector_bytes}-byte vectors, {CROSS} -O3) against {args.onnxruntime}; ratio = "
               "dabuild's instructions / onnxruntime's (below 1: fewer)")
-        for case in cases(kernels.layout):
+        for case in cases(kernels):
             ours = dabuild_count(kernels, plugin, case)
             if case.model is None:
                 counted_all = int(case.result.sum()) == case.x.size
