@@ -51,7 +51,7 @@ from dabuild.ir.kernels.compiling import CompileError, Sources, available_cores,
 from dabuild.ir.kernels.forking import forget_pool_after_fork
 from dabuild.ir.kernels.integer import NativeInteger
 from dabuild.ir.kernels.island import NativeIsland
-from dabuild.ir.kernels.threads import RowSplitter
+from dabuild.ir.kernels.threads import CHUNKS_PER_THREAD, RowSplitter
 from dabuild.notices import warn
 
 COMPILER = "cc"
@@ -77,7 +77,7 @@ def _conv_call(element: type[ctypes._SimpleCData]) -> type[ctypes.Structure]:
         ("out_h", size), ("out_w", size), ("stride_h", size), ("stride_w", size), ("pad_top", size), ("pad_left", size),
         ("dilation_h", size), ("dilation_w", size),
         ("activation", ctypes.c_int), ("low", element), ("high", element), ("zeros", ctypes.c_void_p),
-        ("groups", size),
+        ("groups", size), ("rows", size), ("parts", size),
     ]
     return type(f"ConvCall_{element.__name__}", (ctypes.Structure,), {"_fields_": fields})
 
@@ -175,29 +175,29 @@ class NativeConv:
             weight.taps.ctypes.data, kernel_h, kernel_w, group_out, weight.padded,
             None if bias is None else bias.ctypes.data, None, None,
             out[0], out[1], strides[0], strides[1], pads[0], pads[1], dilations[0], dilations[1],
-            *activation, zeros.ctypes.data, groups,
+            *activation, zeros.ctypes.data, groups, batch * out[0], 1,
         )
         macs = batch * out[0] * out[1] * out_channels * kernel_h * kernel_w * group_channels
         work = macs * (DEPTHWISE_COST if weight.depthwise else 1)
+        step = self.vector_bytes // dtype.itemsize * (1 if weight.depthwise else self.block_vectors)
         return ConvPlan(self, self._kernels[dtype, weight.depthwise], call, (batch, *out, out_channels), dtype,
-                        work >= PARALLEL_MACS, (weight, bias, zeros))
+                        work >= PARALLEL_MACS, -(-weight.padded // step), (weight, bias, zeros))
 
     def pool(self, x: np.ndarray, kernel: list[int], strides: list[int], pads: list[int], dilations: list[int],
              out: list[int], divisors: np.ndarray | None = None) -> np.ndarray:
         """pool.c over a C-contiguous float32 (N, H, W, C) x: the (N, OH, OW, C) maxima (taps outside the input
         skipped), or with `divisors` (float32 (OH, OW), each output's count) the averages (taps outside the
-        input adding +0, as numpy's zero padding does); pads are the (top, left) ones, `out` is (OH, OW)."""
+        input adding +0, as numpy's zero padding does); pads are the (top, left) ones, `out` is (OH, OW). A large
+        pool (a tap costs about what a depthwise multiply-add does) splits its rows among the layer threads."""
         batch, height, width, channels = x.shape
         y = aligned_empty((batch, *out, channels), x.dtype)
         counts = None if divisors is None else np.ascontiguousarray(divisors, np.float32)
         call = PoolCall(x.ctypes.data, height, width, channels, y.ctypes.data, *out, *kernel, *strides, *pads,
                         *dilations, None if counts is None else counts.ctypes.data)
-        self._pools["max" if counts is None else "average"](ctypes.byref(call), 0, batch * out[0])
+        work = y.size * kernel[0] * kernel[1]
+        threads = layer_thread_count() if work * DEPTHWISE_COST >= PARALLEL_MACS else 1
+        self.rows(self._pools["max" if counts is None else "average"], ctypes.byref(call), batch * out[0], threads)
         return y
-
-    def run(self, function: Any, call: ctypes.Structure, rows: int, parallel: bool) -> None:
-        """function(call, 0, rows), its rows shared among this thread's layer threads if `parallel`."""
-        self.rows(function, ctypes.byref(call), rows, layer_thread_count() if parallel else 1)
 
 
 class ConvPlan:
@@ -206,9 +206,10 @@ class ConvPlan:
     A copy per call, so threads may run one plan on different slices at once."""
 
     def __init__(self, native: NativeConv, function: Any, call: ctypes.Structure, shape: tuple[int, ...],
-                 dtype: np.dtype, parallel: bool, keep: tuple[Any, ...]):
+                 dtype: np.dtype, parallel: bool, channel_steps: int, keep: tuple[Any, ...]):
         self.native, self.function, self.call = native, function, call
         self.shape, self.dtype, self.parallel = shape, dtype, parallel
+        self.channel_steps = channel_steps  # the weight blocks (or depthwise vectors) conv.c may split channels at
         self._keep = keep  # the arrays the call points into
 
     def __call__(self, x: np.ndarray, residual: np.ndarray | None) -> np.ndarray:
@@ -217,8 +218,20 @@ class ConvPlan:
         call.x, call.y = x.ctypes.data, y.ctypes.data
         if residual is not None:
             call.residual = residual.ctypes.data
-        self.native.run(self.function, call, self.shape[0] * self.shape[1], self.parallel)
+        threads = layer_thread_count() if self.parallel else 1
+        call.parts = self.parts(threads)
+        self.native.rows(self.function, ctypes.byref(call), call.rows * call.parts, threads)
         return y
+
+    def parts(self, threads: int) -> int:
+        """How many channel parts each output row is split into for `threads` threads: 1 while the rows alone
+        give every thread CHUNKS_PER_THREAD chunks to take; else enough parts for that (at most one per weight
+        block), so that a late stage's few rows (7 at batch 1 in ResNet-50) still keep 16 threads busy."""
+        wanted = threads * CHUNKS_PER_THREAD
+        rows = self.shape[0] * self.shape[1]
+        if threads <= 1 or rows >= wanted:
+            return 1
+        return max(1, min(self.channel_steps, -(-wanted // rows)))
 
 
 def pack_weight(weight: np.ndarray, depthwise: bool, vector_bytes: int, block_vectors: int,
