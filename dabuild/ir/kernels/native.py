@@ -400,6 +400,10 @@ class NativeHistogram:
         for other_low, other_high in zip(lows[1:], highs[1:]):
             np.minimum(low, other_low, out=low)
             np.maximum(high, other_high, out=high)
+        # which of -0 and +0 a tie keeps depends on the order values were seen, so on the split: zero extremes
+        # are +0 (x + 0.0 is +0 for either zero), so the stats' bytes do not depend on this machine's cores
+        low += 0.0
+        high += 0.0
         return low, high, sum(bad)
 
     def count(self, view: TensorView, reciprocal: np.ndarray, offset: np.ndarray, counts: np.ndarray,
