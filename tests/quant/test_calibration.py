@@ -442,3 +442,70 @@ def test_batches_past_the_memory_budget_run_in_parts_with_the_same_statistics(mo
     with pytest.raises(BuildError, match=r"calibrate: the model needs about .* histograms .* more than the memory "
                                          r"budget"):
         calibrate(graph, batch, Progress.silent())
+
+
+def conv_zoo() -> Graph:
+    """Convs whose outputs calibration takes the extremes of from the conv kernel: a stem with a partial last
+    vector, grouped, depthwise with relu6, a residual add fused only outside calibration, a 1-D conv."""
+    rng = np.random.default_rng(21)
+    constants = {"w1": rng.standard_normal((12, 3, 3, 3)).astype(np.float32),
+                 "w2": rng.standard_normal((12, 4, 1, 1)).astype(np.float32),
+                 "w3": rng.standard_normal((12, 1, 3, 3)).astype(np.float32), "b3": rng.standard_normal(12).astype(np.float32),
+                 "w4": rng.standard_normal((20, 12, 3)).astype(np.float32)}
+    nodes = [Node("stem", "conv", ["x", "w1"], ["h1"], {"pads": [1] * 4, "strides": [2, 2], "activation": "relu"}),
+             Node("grouped", "conv", ["h1", "w2"], ["h2"], {"groups": 3}),
+             Node("depthwise", "conv", ["h2", "w3", "b3"], ["h3"], {"pads": [1] * 4, "groups": 12,
+                                                                     "activation": "relu6"}),
+             Node("sum", "add", ["h3", "h1"], ["h4"], {}),
+             Node("rows", "reshape", ["h4"], ["h5"], {"shape": [0, 12, -1]}),
+             Node("line", "conv", ["h5", "w4"], ["y"], {"pads": [1, 1]})]
+    return Graph([TensorSpec("x", (None, 3, 13, 11))], ["y"], nodes, constants)
+
+
+def test_extremes_the_conv_kernel_notes_give_the_statistics_of_a_separate_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    from dabuild.ir.kernels import native
+    from dabuild.ir.ops import linear
+
+    monkeypatch.delenv(native.SWITCH, raising=False)
+    if native.native_conv() is None:
+        pytest.skip("no native kernels here")
+    graph = conv_zoo()
+    batches = [{"x": np.random.default_rng(seed).standard_normal((3, 3, 13, 11)).astype(np.float32)}
+               for seed in range(2)]
+    noted: list[bool] = []
+    take = native.ExtremesBoard.take
+    monkeypatch.setattr(native.ExtremesBoard, "take", _counting_take(take, noted))
+    from_kernel = calibrate(graph, batches, Progress.silent())
+    assert noted.count(True) == 2 * 4  # every conv output of both batches came with its extremes
+    monkeypatch.setattr(linear, "extremes_board", lambda: None)  # no conv notes: the extremes pass runs
+    separate = calibrate(graph, batches, Progress.silent())
+    assert from_kernel == separate
+    for name, stats in from_kernel.tensors.items():  # bit for bit, the sign of a zero extreme too
+        for part in ("whole", "channels"):
+            for key in ("low", "high"):
+                assert getattr(getattr(stats, part), key).tobytes() == \
+                    getattr(getattr(separate.tensors[name], part), key).tobytes()
+    assert from_kernel.ranges == separate.ranges
+
+
+def _counting_take(take, noted: list[bool]):  # type: ignore[no-untyped-def]
+    def counted(board: object, array: np.ndarray) -> object:
+        extremes = take(board, array)
+        noted.append(extremes is not None)
+        return extremes
+    return counted
+
+
+def test_a_conv_that_overflows_is_named_with_the_count_a_separate_pass_finds(monkeypatch: pytest.MonkeyPatch) -> None:
+    from dabuild.ir.ops import linear
+
+    graph = conv_zoo()
+    graph.constants["w2"][:4] = 3e38  # the grouped conv's first group overflows float32
+    batch = [{"x": np.random.default_rng(3).standard_normal((2, 3, 13, 11)).astype(np.float32)}]
+    messages = []
+    for board in (linear.extremes_board, lambda: None):
+        monkeypatch.setattr(linear, "extremes_board", board)
+        with pytest.raises(BuildError, match=r"tensor 'h2' \(output of node 'grouped', op conv\) holds \d+ NaN") as error:
+            calibrate(graph, batch, Progress.silent())
+        messages.append(str(error.value))
+    assert messages[0] == messages[1]

@@ -56,6 +56,7 @@ enum { NO_ACTIVATION, RELU, CLAMP };
 typedef ELEM NAME(vec) __attribute__((vector_size(VLEN * sizeof(ELEM))));
 typedef MASK NAME(lanes_mask) __attribute__((vector_size(VLEN * sizeof(MASK))));
 typedef ELEM NAME(vec_unaligned) __attribute__((vector_size(VLEN * sizeof(ELEM)), aligned(sizeof(ELEM))));
+typedef MASK NAME(mask_unaligned) __attribute__((vector_size(VLEN * sizeof(MASK)), aligned(sizeof(MASK))));
 
 typedef struct {
     const ELEM *x;
@@ -72,6 +73,10 @@ typedef struct {
     const ELEM *zeros;     /* channels zeros: what a tap in the padding reads */
     ptrdiff_t groups;      /* 1, or a grouped conv's groups (channels, out_channels and padded_channels are then
                             * per group); 1 for a depthwise conv */
+    ELEM *row_low, *row_high;  /* NULL, or per output row (N * OH of them) each channel's extremes in y (rows of
+                                * groups * out_channels), which `finish` lowers and raises as it stores y */
+    MASK *row_bad;         /* with row_low: per output row, VLEN lanes counting the values that are not finite */
+    ptrdiff_t row_pixels;  /* with row_low: output pixels per row (OW) */
 } NAME(Conv);
 
 /* max(x, 0) lane by lane, keeping NaN as numpy.maximum does. */
@@ -117,6 +122,33 @@ static inline void NAME(store_partial)(ELEM *p, NAME(vec) v, ptrdiff_t count)
 #endif
 }
 
+/* The row of `pixel` notes lanes [0, count) of `sum`, its channels first, first + 1, ...: each channel's extremes
+ * lowered and raised by `value < low ? value : low` (the first of equal extremes stays, as a scan of the values
+ * in pixel order keeps it, and a NaN never enters) and its values that are not finite counted (x - x is 0 for
+ * finite x alone). A row's pixels are finished in order, each by one thread, so the rows merged in order
+ * (`merge_row_extremes`) give what one scan of y in pixel order gives. */
+static inline __attribute__((always_inline)) void NAME(note_extremes)(const NAME(Conv) *c, ptrdiff_t pixel, ptrdiff_t first,
+                                                                    NAME(vec) sum, ptrdiff_t count)
+{
+    ptrdiff_t row = pixel / c->row_pixels;
+    ELEM *low = c->row_low + row * Y_PIXEL(c) + first, *high = c->row_high + row * Y_PIXEL(c) + first;
+    MASK *bad = c->row_bad + row * VLEN;
+    if (count >= VLEN) {
+        NAME(vec) lows = *(NAME(vec_unaligned) *)low, highs = *(NAME(vec_unaligned) *)high;
+        NAME(lanes_mask) below = sum < lows, above = sum > highs;
+        *(NAME(vec_unaligned) *)low = (NAME(vec))(((NAME(lanes_mask))sum & below) | ((NAME(lanes_mask))lows & ~below));
+        *(NAME(vec_unaligned) *)high = (NAME(vec))(((NAME(lanes_mask))sum & above) | ((NAME(lanes_mask))highs & ~above));
+        *(NAME(mask_unaligned) *)bad -= (sum - sum) != 0;  /* a true comparison is -1 */
+        return;
+    }
+    for (ptrdiff_t lane = 0; lane < count; lane++) {
+        ELEM value = sum[lane];
+        low[lane] = value < low[lane] ? value : low[lane];
+        high[lane] = value > high[lane] ? value : high[lane];
+        bad[lane] += !(value - value == 0);
+    }
+}
+
 /* y[pixel, first:first + VLEN] = activation(sum + bias + residual), the channels past out_channels left out.
  * The lanes past out_channels of a partial last vector are computed on zeros and never stored. */
 static inline __attribute__((always_inline)) void NAME(finish)(const NAME(Conv) *c, ptrdiff_t pixel, ptrdiff_t first, NAME(vec) sum)
@@ -136,6 +168,8 @@ static inline __attribute__((always_inline)) void NAME(finish)(const NAME(Conv) 
         *(NAME(vec_unaligned) *)y = sum;
     else
         NAME(store_partial)(y, sum, count);
+    if (c->row_low)
+        NAME(note_extremes)(c, pixel, first, sum, count);
 }
 
 /* acc += the products of `count` consecutive inputs of each pixel p, against the weight rows from w on (`ld`
@@ -305,6 +339,8 @@ void NAME(conv2d_nhwc)(const NAME(Conv) *c, ptrdiff_t row0, ptrdiff_t row1)
             group.bias = c->bias ? c->bias + g * c->padded_channels : NULL;
             group.residual = c->residual ? c->residual + g * c->out_channels : NULL;
             group.y = c->y + g * c->out_channels;
+            group.row_low = c->row_low ? c->row_low + g * c->out_channels : NULL;
+            group.row_high = c->row_high ? c->row_high + g * c->out_channels : NULL;
             for (ptrdiff_t o = 0; o < c->padded_channels; o += BLOCK_VECS * VLEN) {
                 switch ((c->padded_channels - o) / VLEN) {  /* a narrower last block: more pixels per block */
                 case 1: NAME(weight_block)(&group, ks, offsets, count, partial, start, end, o, 8, 1); break;
@@ -416,4 +452,22 @@ void NAME(depthwise2d_nhwc)(const NAME(Conv) *c, ptrdiff_t row0, ptrdiff_t row1)
                 NAME(depthwise_pixels)(c, n, oh, ow, o, 1, 1, 0, 1);
         }
     }
+}
+
+/* low[k] and high[k], for each of y's channels, lowered and raised by the rows' extremes (see `note_extremes`) in
+ * row order: what one scan of y's values in pixel order gives. Returns how many values the rows counted as not
+ * finite. */
+ptrdiff_t NAME(merge_row_extremes)(const NAME(Conv) *c, ptrdiff_t rows, ELEM *low, ELEM *high)
+{
+    ptrdiff_t channels = Y_PIXEL(c), bad = 0;
+    for (ptrdiff_t r = 0; r < rows; r++) {
+        const ELEM *lows = c->row_low + r * channels, *highs = c->row_high + r * channels;
+        for (ptrdiff_t k = 0; k < channels; k++) {
+            low[k] = lows[k] < low[k] ? lows[k] : low[k];
+            high[k] = highs[k] > high[k] ? highs[k] : high[k];
+        }
+        for (int lane = 0; lane < VLEN; lane++)
+            bad += c->row_bad[r * VLEN + lane];
+    }
+    return bad;
 }

@@ -78,7 +78,8 @@ def _conv_call(element: type[ctypes._SimpleCData]) -> type[ctypes.Structure]:
         ("out_h", size), ("out_w", size), ("stride_h", size), ("stride_w", size), ("pad_top", size), ("pad_left", size),
         ("dilation_h", size), ("dilation_w", size),
         ("activation", ctypes.c_int), ("low", element), ("high", element), ("zeros", ctypes.c_void_p),
-        ("groups", size),
+        ("groups", size), ("row_low", ctypes.c_void_p), ("row_high", ctypes.c_void_p), ("row_bad", ctypes.c_void_p),
+        ("row_pixels", size),
     ]
     return type(f"ConvCall_{element.__name__}", (ctypes.Structure,), {"_fields_": fields})
 
@@ -118,7 +119,11 @@ class NativeConv:
         self.vector_bytes = library.kernel_vector_bytes()  # conv.c's vectors: weight and bias padded to whole ones
         self.block_vectors = library.kernel_conv_block_vectors()  # vectors of output channels per packed block
         self._kernels: dict[tuple[np.dtype, bool], Any] = {}  # (dtype, depthwise) -> conv.c function
+        self._merges: dict[np.dtype, Any] = {}  # dtype -> conv.c's merge_row_extremes
         for dtype, (suffix, call) in ELEMENTS.items():
+            merge = self._merges[dtype] = getattr(library, f"merge_row_extremes_{suffix}")
+            merge.argtypes = [ctypes.POINTER(call), ctypes.c_ssize_t, ctypes.c_void_p, ctypes.c_void_p]
+            merge.restype = ctypes.c_ssize_t
             for depthwise, name in ((False, "conv2d_nhwc"), (True, "depthwise2d_nhwc")):
                 kernel = getattr(library, f"{name}_{suffix}")
                 kernel.argtypes = [ctypes.POINTER(call), ctypes.c_ssize_t, ctypes.c_ssize_t]
@@ -182,7 +187,7 @@ class NativeConv:
         macs = batch * out[0] * out[1] * out_channels * kernel_h * kernel_w * group_channels
         work = macs * (DEPTHWISE_COST if weight.depthwise else 1)
         return ConvPlan(self, self._kernels[dtype, weight.depthwise], call, (batch, *out, out_channels), dtype,
-                        work >= PARALLEL_MACS, (weight, bias, zeros))
+                        work >= PARALLEL_MACS, (weight, bias, zeros), self._merges[dtype])
 
     def pool(self, x: np.ndarray, kernel: list[int], strides: list[int], pads: list[int], dilations: list[int],
              out: list[int], divisors: np.ndarray | None = None) -> np.ndarray:
@@ -204,14 +209,31 @@ class ConvPlan:
     A copy per call, so threads may run one plan on different slices at once."""
 
     def __init__(self, native: NativeConv, function: Any, call: ctypes.Structure, shape: tuple[int, ...],
-                 dtype: np.dtype, parallel: bool, keep: tuple[Any, ...]):
-        self.native, self.function, self.call = native, function, call
+                 dtype: np.dtype, parallel: bool, keep: tuple[Any, ...], merge: Any):
+        self.native, self.function, self.call, self._merge = native, function, call, merge
         self.shape, self.dtype, self.parallel = shape, dtype, parallel
         self._keep = keep  # the arrays the call points into
         self._call_type, self._rows = type(call), shape[0] * shape[1]
         self._size, self._lanes = math.prod(shape), ALIGNMENT // dtype.itemsize
 
     def __call__(self, x: np.ndarray, residual: np.ndarray | None) -> np.ndarray:
+        return self._run(x, residual, None)[0]
+
+    def with_extremes(self, x: np.ndarray, residual: np.ndarray | None) -> tuple[np.ndarray, Extremes]:
+        """The output, and each channel's minima and maxima over it with the count of values that are not finite,
+        noted by the kernel as it stored the output (conv.c's `note_extremes`): what NativeHistogram.extremes
+        gives of it, without a second pass over its memory."""
+        lanes = self.native.vector_bytes // self.dtype.itemsize
+        noted = (np.full((self._rows, self.shape[-1]), np.inf, self.dtype),
+                 np.full((self._rows, self.shape[-1]), -np.inf, self.dtype),
+                 np.zeros((self._rows, lanes), np.int32 if self.dtype.itemsize == 4 else np.int64))
+        y, call = self._run(x, residual, noted)
+        low, high = np.full(self.shape[-1], np.inf, self.dtype), np.full(self.shape[-1], -np.inf, self.dtype)
+        bad = self._merge(ctypes.byref(call), self._rows, address(low), address(high))
+        return y, (low, high, int(bad))
+
+    def _run(self, x: np.ndarray, residual: np.ndarray | None,
+             noted: tuple[np.ndarray, ...] | None) -> tuple[np.ndarray, ctypes.Structure]:
         buffer = np.empty(self._size + self._lanes, self.dtype)  # the output, aligned as aligned_empty does
         start = address(buffer)
         skip = -start % ALIGNMENT // self.dtype.itemsize
@@ -219,11 +241,14 @@ class ConvPlan:
         call.x, call.y = address(x), start + skip * self.dtype.itemsize
         if residual is not None:
             call.residual = address(residual)
+        if noted is not None:
+            call.row_low, call.row_high, call.row_bad = (address(array) for array in noted)
+            call.row_pixels = self.shape[2]
         if self.parallel:
             self.native.rows(self.function, ctypes.byref(call), self._rows, layer_thread_count())
         else:
             self.function(ctypes.byref(call), 0, self._rows)
-        return buffer[skip:skip + self._size].reshape(self.shape)
+        return buffer[skip:skip + self._size].reshape(self.shape), call
 
 
 def pack_weight(weight: np.ndarray, depthwise: bool, vector_bytes: int, block_vectors: int,
@@ -277,6 +302,45 @@ def address(array: np.ndarray) -> int:
 
 
 _LAYER_THREADS = threading.local()
+Extremes = tuple[np.ndarray, np.ndarray, int]  # per-channel minima and maxima, and how many values are not finite
+
+
+class ExtremesBoard:
+    """The per-channel extremes native convs noted of their outputs (see `noting_extremes`), by output array."""
+
+    def __init__(self) -> None:
+        self._noted: dict[int, tuple[np.ndarray, Extremes]] = {}
+
+    def note(self, array: np.ndarray, extremes: Extremes) -> None:
+        self._noted[id(array)] = (array, extremes)
+
+    def take(self, array: np.ndarray) -> Extremes | None:
+        """The extremes noted of this very array (not of another that reuses its id), or None; forgotten after."""
+        entry = self._noted.pop(id(array), None)
+        return entry[1] if entry is not None and entry[0] is array else None
+
+    def clear(self) -> None:
+        self._noted.clear()
+
+
+_NOTING = threading.local()
+
+
+@contextlib.contextmanager
+def noting_extremes() -> Iterator[ExtremesBoard]:
+    """Within the block, this thread's native float32 convs also note each output's per-channel extremes as they
+    store it, on the board yielded: calibration reads them there instead of passing over the output again."""
+    before = getattr(_NOTING, "board", None)
+    board = _NOTING.board = ExtremesBoard()
+    try:
+        yield board
+    finally:
+        _NOTING.board = before
+
+
+def extremes_board() -> ExtremesBoard | None:
+    """The board this thread's native convs note their outputs' extremes on, or None (see `noting_extremes`)."""
+    return getattr(_NOTING, "board", None)
 
 
 @contextlib.contextmanager
