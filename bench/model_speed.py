@@ -14,8 +14,9 @@ the fastest wall time mostly says whether a whole run fitted between two
 preemptions: onnxruntime's 3-4 ms runs sometimes do, 5-6 ms ones almost never,
 so a 1-thread wall ratio of 0.1 can sit next to a cpu ratio of 0.65; compare
 the cpu lines then, and run 2 threads against 1 in one process to judge the
-threading. With --profile, also the interpreter's CPU
-time per op kind (and the five slowest steps with their shapes) at 1 thread.
+threading. With --profile, also the interpreter's time per op kind (and the
+five slowest steps with their shapes) at each thread count: CPU time at 1
+thread, wall time at more (the workers' time is the caller's wait).
 
 Also times the onnx package's published backend-data models (onnx/backend/test/data/light: SqueezeNet 1.0,
 ResNet-50, ShuffleNet v1, ... with the random weights the package ships), traced from the package's files as
@@ -33,6 +34,7 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
@@ -59,8 +61,11 @@ def session(path: Path, threads: int) -> ort.InferenceSession:
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
-def profile(graph: Graph, interpreter: Interpreter, feeds: dict[str, np.ndarray], rounds: int = 3) -> None:
-    """Per op kind: the fastest of `rounds` runs' seconds in each step, summed; the slowest steps named."""
+def profile(graph: Graph, interpreter: Interpreter, feeds: dict[str, np.ndarray], clock: Callable[[], float],
+            rounds: int = 3) -> None:
+    """Per op kind: the fastest of `rounds` runs' seconds in each step by `clock`, summed; the slowest steps
+    named. At 1 thread the thread's CPU time (load elsewhere does not count); with layer threads the wall
+    time, since the workers' time is the caller's wait."""
     best: dict[int, float] = {}
     ops = {node.outputs[0]: node.op for node in graph.nodes}
     kernels = [step.kernel for step in interpreter.steps]
@@ -68,9 +73,9 @@ def profile(graph: Graph, interpreter: Interpreter, feeds: dict[str, np.ndarray]
         for index, (step, kernel) in enumerate(zip(interpreter.steps, kernels)):
 
             def timed(inputs: list[np.ndarray], out: np.ndarray | None, kernel=kernel, index=index) -> list:
-                start = time.thread_time()
+                start = clock()
                 result = kernel(inputs, out)
-                elapsed = time.thread_time() - start
+                elapsed = clock() - start
                 best[index] = min(best.get(index, elapsed), elapsed)
                 return result
 
@@ -115,9 +120,9 @@ def compare(name: str, path: Path, graph: Graph, threads_list: list[int], second
                 theirs = min(theirs, fastest(partial(theirs_session.run, None, feeds), seconds / 2, clock))
             print(f"{name:<14} threads={threads} {label:<4}  dabuild {ours * 1e3:8.1f} ms  onnxruntime "
                   f"{theirs * 1e3:8.1f} ms  speed ratio {theirs / ours:5.2f}  (max rel diff {error:.1e})", flush=True)
-        if show and threads == 1:
-            with threadpool_limits(limits=1):
-                profile(graph, interpreter, feeds)
+        if show:
+            with threadpool_limits(limits=threads):
+                profile(graph, interpreter, feeds, time.thread_time if threads == 1 else time.perf_counter)
 
 
 MODELS = ("resnet", "mobilenet_v2", "squeezenet", "shufflenet", "vgg")  # ResNet-50, MobileNetV2, SqueezeNet 1.1,
@@ -152,7 +157,7 @@ def main() -> None:
                         choices=[*MODELS, *published_models()])
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--seconds", type=float, default=4.0, help="timed seconds per measurement")
-    parser.add_argument("--profile", action="store_true", help="time per op kind at 1 thread")
+    parser.add_argument("--profile", action="store_true", help="time per op kind at each thread count (CPU time at 1, wall time at more)")
     args = parser.parse_args()
     print(f"cpu: {cpu_name()}")
     print(f"convs: {native_backend()}  (target: dabuild speed >= 0.6x onnxruntime's)")

@@ -183,7 +183,7 @@ def _plan(graph: Graph, fusions: dict[int, Fusion], fuse_movement: bool = False)
         else:
             continue
         in_place.append(op.in_place)
-        kinds.append(node.op)
+        kinds.append(node.op if op.samplewise(node.attrs) else "")  # "": never fused as a move
     if fuse_movement:
         steps, in_place = _fuse_movement(graph, steps, in_place, kinds)
     last = {name: index for index, step in enumerate(steps) for name in step.inputs}
@@ -197,8 +197,8 @@ def _plan(graph: Graph, fusions: dict[int, Fusion], fuse_movement: bool = False)
 
 def _fuse_movement(graph: Graph, steps: list[Step], in_place: list[tuple[int, ...]],
                    kinds: list[str]) -> tuple[list[Step], list[tuple[int, ...]]]:
-    """Each run of two or more consecutive data-movement steps (dabuild.ir.movement.MOVES) as one step of a
-    FusedMovement: its inputs are what the run reads from before it, its outputs what later steps or the graph's
+    """Each run of two or more consecutive samplewise data-movement steps (dabuild.ir.movement.MOVES) as one
+    step of a FusedMovement: its inputs are what the run reads from before it, its outputs what later steps or the graph's
     outputs read. Consecutive in the plan's order, so everything it reads exists when it runs."""
     fused: list[Step] = []
     places: list[tuple[int, ...]] = []

@@ -39,19 +39,35 @@ def sample_bytes(graph: Graph) -> int:
     return WORKING_SET_FACTOR * busiest
 
 
-def samples_that_fit(graph: Graph, stage: str, wanted: int, held: int = 0, holds: str = "") -> int:
+def samples_that_fit(graph: Graph, stage: str, wanted: int, held: int = 0, holds: str = "",
+                     budget: int | None = None) -> int:
     """The batch size to run `graph` with: `wanted`, or fewer if their activations would pass the budget
-    after the weights and `held` bytes the stage keeps whatever the batch (`holds` says what they are)."""
-    budget = memory_budget()
-    weights = sum(array.nbytes for array in graph.constants.values())
+    after the weights and `held` bytes the stage keeps whatever the batch (`holds` says what they are).
+    `budget` is this run's share of the memory budget (None: the whole, `memory_budget()`)."""
+    whole = memory_budget()
+    budget = whole if budget is None else budget
+    weights = _weight_bytes(graph)
     per_sample = max(1, sample_bytes(graph))
     room = budget - 2 * weights - held  # the weights, the native conv's packed copy of them, what the stage keeps
     if room < per_sample:
         kept = f", {holds} {_gb(held)}" if held else ""
+        share = f"its share ({_gb(budget)}) of " if budget < whole else ""
         raise BuildError(f"{stage}: the model needs about {_gb(2 * weights + held + per_sample)} (weights "
-                         f"{_gb(2 * weights)}{kept}, one sample's activations {_gb(per_sample)}), more than the "
-                         f"memory budget of {_gb(budget)}; raise {BUDGET} or use a machine with more memory")
+                         f"{_gb(2 * weights)}{kept}, one sample's activations {_gb(per_sample)}), more than "
+                         f"{share}the memory budget of {_gb(whole)}; raise {BUDGET}, lower -j or use a machine "
+                         f"with more memory")
     return max(1, min(wanted, room // per_sample))
+
+
+def workers_that_fit(graph: Graph, wanted: int, budget: int, held: int = 0) -> int:
+    """How many of `wanted` worker processes running `graph` fit `budget` together (at least 1): each may hold
+    the weights twice, `held` bytes and one sample's activations (see `samples_that_fit`)."""
+    need = 2 * _weight_bytes(graph) + held + max(1, sample_bytes(graph))
+    return max(1, min(wanted, budget // need))
+
+
+def _weight_bytes(graph: Graph) -> int:
+    return sum(array.nbytes for array in graph.constants.values())
 
 
 def release_free_memory() -> None:

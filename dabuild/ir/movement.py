@@ -7,7 +7,8 @@ that is not contiguous), tens of microseconds of Python per step at batch 1. The
 where every value of a run's outputs comes from is fixed by the inputs' shapes: running the same steps once
 on arrays that number the inputs' elements says it. Where each output pixel (n, h, w) takes its channels from
 the same pixel of the inputs, the run becomes one gather per output (gather.c) into channels-last memory that
-the next conv reads as it is. Otherwise (a reshape that moves values between pixels, a dtype other than
+the next conv reads as it is. Only runs of samplewise nodes fuse, so the numbering runs on one sample (a
+batch of 64 would take hundreds of MB of int64 indices) and holds for every sample. Otherwise (a reshape that moves values between pixels, a dtype other than
 float32, no native kernels) the steps run one by one, as unfused. Either way every value is a copy, bit for bit.
 """
 
@@ -58,15 +59,18 @@ class FusedMovement:
         if (native is None or not self.outputs
                 or any(array.dtype != np.float32 or array.ndim != 4 or array.size == 0 for array in arrays)):
             return None
-        sizes = np.array([array.size for array in arrays])
+        samples = {len(array) for array in arrays}
+        if len(samples) != 1:
+            return None
+        shapes = np.array([(1, *array.shape[1:]) for array in arrays])  # one sample: each sample moves alike
+        sizes = shapes.prod(axis=1)
         ends = np.cumsum(sizes)
         starts = ends - sizes
-        numbered = self.one_by_one([np.arange(start, end).reshape(array.shape)
-                                    for start, end, array in zip(starts, ends, arrays)])
-        shapes = np.array([array.shape for array in arrays])
+        numbered = self.one_by_one([np.arange(start, end).reshape(shape)
+                                    for start, end, shape in zip(starts, ends, shapes)])
         gathers = []
         for result in numbered:
-            if result.ndim != 4 or result.size == 0:
+            if result.ndim != 4 or result.size == 0 or len(result) != 1:
                 return None
             batch, _, height, width = result.shape
             sources = np.searchsorted(ends, result, side="right")
@@ -83,7 +87,7 @@ class FusedMovement:
             if (sources != first_sources[None, :, None, None]).any() or \
                     (channels != first_channels[None, :, None, None]).any():
                 return None
-            gathers.append((channel_runs(first_sources, first_channels), result.shape))
+            gathers.append((channel_runs(first_sources, first_channels), (len(arrays[0]), *result.shape[1:])))
         steps = [_pixel_step(array) for array in arrays]
         prepared = [native.gather.prepare(runs, [step or array.shape[1] for step, array in zip(steps, arrays)],
                                           shape[1]) for runs, shape in gathers]

@@ -107,11 +107,13 @@ def _build_locked(recipe: Recipe, options: BuildOptions, progress: Progress, sta
         workspace.clear_leftovers()
         _drop_unreadable_doit_db(workspace, progress)
         store = open_store(recipe.path.parent, options.push) if options.use_cache else None
+        tunes = sum(stage.kind == "tune" for stage in stages)  # with -j, as many may run at once
         session = Session(
             workspace,
             store,
             stage_functions(options.jobs, store.trials_root if store and store.readable else None, options.cluster,
-                            store.remote if store else None, store.trials_key if store else None),
+                            store.remote if store else None, store.trials_key if store else None,
+                            max(1, min(options.jobs, tunes))),
             progress,
             stage_cluster(options.cluster, store, progress),
         )

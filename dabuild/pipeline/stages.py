@@ -24,14 +24,15 @@ if TYPE_CHECKING:  # types only: execute runs these adapters, plan keys them by 
 
 def stage_functions(jobs: int = 1, trials_root: Path | None = None, cluster: str | None = None,
                     shared_trials: SharedTrials | None = None,
-                    trials_key: TeamKey | None = None) -> dict[str, StageFunction]:
+                    trials_key: TeamKey | None = None, memory_shares: int = 1) -> dict[str, StageFunction]:
     """The function run for each stage kind.
 
     `jobs` processes score tuning trials, or the workers of the Dask cluster at
     `cluster` (a scheduler address); `trials_root` is the run cache's trial
     store (None with --no-cache: tuning then remembers nothing between runs), its
     records signed with `trials_key` where others may write the run cache.
-    `shared_trials` is the team's remote, which shares scored trials between machines.
+    `shared_trials` is the team's remote, which shares scored trials between machines. `memory_shares` tune
+    stages may run at once (threads of this process), each within that share of the memory budget.
     None of them changes what a stage writes.
     """
 
@@ -45,7 +46,7 @@ def stage_functions(jobs: int = 1, trials_root: Path | None = None, cluster: str
                    shared_trials=shared_trials, trials_key=trials_key,
                    keep_dir=run.build_dir / "debug" / run.stage.dirname,
                    journal=run.build_dir / "history" / f"{run.stage.dirname}.jsonl", constraints=constraints,
-                   stored_bytes=stored_by.stored_bytes if stored_by else None)
+                   stored_bytes=stored_by.stored_bytes if stored_by else None, memory_shares=memory_shares)
 
     return {"trace": trace, "calibrate": calibrate, "tune": tune, "export": export, "check": check}
 

@@ -47,6 +47,7 @@ class EvalSetup:
     metric_file: Path | None = None  # a file metric's .py as the tune stage declares it (else the path the metric writes)
     threads: int = 0  # threads a large layer of the integer reference splits among (0: every core)
     integer_writers: frozenset[str] = frozenset()  # dense/convs whose output an island dequantizes (space.py)
+    budget: int | None = None  # bytes this evaluator's batches may use (None: the whole memory budget)
 
 
 @dataclass(frozen=True)
@@ -73,10 +74,15 @@ class Evaluator:
         self.threads = setup.threads or available_cores()
         self.interpreter = Interpreter(self.graph, threads=self.threads)  # prepared once for every batch
         self.weight_cache = WeightCache()  # each node's integer (and packed) weights, while its choice stays
-        self.batch_size = samples_that_fit(self.graph, "tune", setup.batch_size, setup.x.nbytes, "evaluation data")
+        self.batch_size = self.samples_within(setup.budget)
         self.float_outputs = np.concatenate([self.interpreter.run({self.input: x})[self.graph.outputs[0]]
                                              for x in self._batches()])
         self.baseline = self.metric(self.float_outputs, setup.labels)
+
+    def samples_within(self, budget: int | None) -> int:
+        """The batch size that keeps this evaluator within `budget` bytes (None: the whole memory budget)."""
+        return samples_that_fit(self.graph, "tune", self.setup.batch_size, self.setup.x.nbytes, "evaluation data",
+                                budget)
 
     def _batches(self, size: int | None = None) -> list[np.ndarray]:
         size = size or self.batch_size

@@ -22,19 +22,21 @@ from multiprocessing import get_all_start_methods, get_context
 from typing import Any
 
 from dabuild.ir.kernels.compiling import available_cores
+from dabuild.limits import memory_budget
 from dabuild.quant.config import QuantConfig
 from dabuild.tune.evaluate import EvalSetup, Evaluator, Score
 
 _worker: Evaluator | None = None
 
 
-def _start_worker(source: Evaluator | EvalSetup, threads: int) -> None:
+def _start_worker(source: Evaluator | EvalSetup, threads: int, budget: int | None) -> None:
     """The worker's Evaluator: the parent's own when forked, else built from its setup; its layers split
-    among `threads` (its share of the cores)."""
+    among `threads` (its share of the cores), its batches within `budget` (its share of the memory)."""
     global _worker  # noqa: PLW0603 - the pool initializer sets the per-process evaluator
     if isinstance(source, EvalSetup):
-        source = Evaluator(replace(source, threads=threads))
+        source = Evaluator(replace(source, threads=threads, budget=budget))
     source.threads = threads
+    source.batch_size = source.samples_within(budget)
     _worker = source
 
 
@@ -85,12 +87,14 @@ class Scorer:
         if _stopping.is_set():  # interrupted: no new workers (the build is ending, see cli._interrupted)
             raise KeyboardInterrupt
         if self._pool is None:
-            # each worker's layers split among its share of the cores, so N workers do not oversubscribe them
+            # each worker's layers split among its share of the cores and its batches within its share of the
+            # evaluator's memory, so N workers neither oversubscribe the cores nor pass the budget together
             threads = max(1, available_cores() // self.jobs)
+            budget = (self.evaluator.setup.budget or memory_budget()) // self.jobs
             forked = "fork" in get_all_start_methods()
             source = self.evaluator if forked else self.evaluator.setup
             self._pool = ProcessPoolExecutor(self.jobs, mp_context=get_context("fork" if forked else "spawn"),
-                                             initializer=_start_worker, initargs=(source, threads))
+                                             initializer=_start_worker, initargs=(source, threads, budget))
         with _interrupts_blocked():  # workers start (on submit) deaf to Ctrl-C: the parent alone handles it
             futures = [self._pool.submit(_score_in_worker, config.to_dict(), floor) for config in configs]
         return [future.result() for future in futures]

@@ -52,6 +52,7 @@ def tune_stage(
     cluster: str | None = None,
     shared_trials: SharedTrials | None = None,
     trials_key: TeamKey | None = None,
+    memory_shares: int = 1,
 ) -> None:
     """Tune into `out_dir` from the stage's keyed inputs alone: `config` is the tune `Stage.config` (tuning,
     capability, metric, evaluation data settings), `files` its declared files (`evaluation`, and `metric` for a
@@ -62,10 +63,14 @@ def tune_stage(
     of the targets built from this tuning: each says why a quantized graph's artifact would not fit (None:
     it fits), and a config that does not fit is never chosen. `stored_bytes` is the
     target's measure of its artifact (`Target.stored_bytes`), which objective `size` minimises (None: weight bits).
+    `memory_shares` is how many stages may run at once, each within its share of the memory budget; the
+    `jobs` trial workers split the stage's share, and fewer start where fewer fit.
     """
     from dabuild.capability import CapabilitySpec
     from dabuild.data import DataFile, load_inputs, required_labels
     from dabuild.ir.graph import Graph
+    from dabuild.ir.memory import workers_that_fit
+    from dabuild.limits import memory_budget
     from dabuild.plugins import STRATEGIES, load
     from dabuild.quant.calibrate import STATS_FILE
     from dabuild.quant.given_params import carries_quantization
@@ -87,8 +92,10 @@ def tune_stage(
                               graph.stored_inputs()).values()))
     labels = required_labels(spec)
     writers = integer_writers(graph, capability)
+    share = memory_budget() // max(1, memory_shares)
     evaluator = Evaluator(EvalSetup(graph_dir, stats_dir, x, labels, config["metric"], spec.batch_size,
-                                    tuning.bias_correction, files.get("metric"), integer_writers=writers))
+                                    tuning.bias_correction, files.get("metric"), integer_writers=writers,
+                                    budget=share))
     space = build_space(graph, capability, tuning.space.model_dump(mode="json", exclude_none=True))
     store = TrialStore(trials_root, context_hash(graph, stats_dir / STATS_FILE, x, labels,
                                                  evaluator.metric.identity(), tuning.bias_correction, writers),
@@ -96,6 +103,10 @@ def tune_stage(
     strategy_name = tuning.strategy or ("given" if carries_quantization(graph) else "basic")
     strategy = load(STRATEGIES, strategy_name)()
     where = f"tune:{capability.name}"
+    workers = jobs if cluster is not None else workers_that_fit(graph, jobs, share, x.nbytes)
+    if workers < jobs:
+        progress.info(f"{where}: {workers} of {jobs} trial workers fit its share of the memory budget "
+                      f"({share / 1e9:.2f} GB)")
     stored_bytes = stored_bytes and _naming(where, stored_bytes)
     constraints = [_naming(where, constraint) for constraint in constraints]
     objective = make_objective(tuning.objective, space, capability, evaluator.quantize, stored_bytes)
@@ -104,7 +115,7 @@ def tune_stage(
                    f"objective {objective.name} ({objective.unit})")
     if journal is not None:
         journal.parent.mkdir(parents=True, exist_ok=True)
-    with open(journal or os.devnull, "a") as history, Scorer(evaluator, jobs, cluster) as scorer:
+    with open(journal or os.devnull, "a") as history, Scorer(evaluator, workers, cluster) as scorer:
         def fits(config: QuantConfig) -> str | None:
             qgraph = evaluator.quantize(config)
             return next((why for why in (constraint(qgraph) for constraint in constraints) if why), None)

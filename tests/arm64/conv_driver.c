@@ -50,6 +50,8 @@ int main(int argc, char **argv)
     c.dilation_h = g[14]; c.dilation_w = g[15]; c.activation = (int)g[16];
     int depthwise = (int)g[17], has_bias = (int)g[18];
     c.groups = g[19];
+    c.rows = batch * c.out_h;
+    c.parts = 1;
     size_t taps = (size_t)(c.kernel_h * c.kernel_w) * (depthwise ? 1 : (size_t)c.channels) * c.padded_channels
                   * (size_t)c.groups;
     c.x = load(argv[22], (size_t)(batch * c.height * c.width * c.channels * c.groups));

@@ -91,4 +91,9 @@ def test_a_model_past_the_budget_names_the_stage_and_what_it_holds(monkeypatch: 
     with pytest.raises(BuildError, match=r"calibrate: the model needs about 0\.01 GB .*histograms 0\.01 GB.*"
                                          r"memory budget of 0\.01 GB"):
         samples_that_fit(graph, "calibrate", 64, held=10 << 20, holds="histograms")
+    # a stage's share of the budget (-j N, see tune_stage): fewer samples at once, and its own message
+    assert samples_that_fit(graph, "tune", 64, budget=(10 << 20) // 64) < samples_that_fit(graph, "tune", 64)
+    with pytest.raises(BuildError, match=r"tune: .*more than its share \(0\.00 GB\) of the memory budget of "
+                                         r"0\.01 GB; raise DABUILD_MEMORY, lower -j"):
+        samples_that_fit(graph, "tune", 64, budget=100)
     release_free_memory()  # harmless wherever it runs

@@ -129,6 +129,39 @@ def test_layer_threads_give_the_same_bits(monkeypatch: pytest.MonkeyPatch, vecto
     np.testing.assert_array_equal(one, two)
 
 
+@pytest.mark.parametrize("case", ["conv", "grouped", "depthwise"])
+def test_few_rows_split_by_channel_give_the_same_bits(monkeypatch: pytest.MonkeyPatch, vector_path: int,
+                                                       case: str) -> None:
+    """A layer with fewer output rows than its threads' chunks splits each row's output channels into parts too
+    (conv.c's `units`); every output is still computed as on one thread, bit for bit, and the parts cover every
+    channel once (a partial last vector and a narrower last weight block included)."""
+    monkeypatch.delenv(native.SWITCH, raising=False)
+    rng = np.random.default_rng(11)
+    shapes = {"conv": ((1, 150, 3, 9), (203, 150, 3, 3), 1), "grouped": ((1, 96, 2, 11), (150, 32, 3, 3), 3),
+              "depthwise": ((2, 1000, 2, 30), (1000, 1, 3, 3), 1000)}
+    x_shape, w_shape, groups = shapes[case]
+    x = rng.standard_normal(x_shape).astype(np.float32)
+    weight = rng.standard_normal(w_shape).astype(np.float32)
+    bias = rng.standard_normal(w_shape[0]).astype(np.float32)
+    kernel = OPS["conv"].prepare({"pads": [1] * 4, "groups": groups, "activation": "relu"})
+    one = kernel([x, weight, bias], None)[0]
+    for threads in (3, 8, 16):
+        with native.layer_threads(threads):
+            np.testing.assert_array_equal(kernel([x, weight, bias], None)[0], one)
+
+
+def test_channel_parts_only_where_rows_are_too_few() -> None:
+    """Rows alone when they give each thread its chunks; else enough channel parts for that, at most one per
+    weight block."""
+    plan = native.ConvPlan.__new__(native.ConvPlan)
+    plan.shape, plan.channel_steps = (1, 7, 7, 2048), 32
+    assert [plan.parts(threads) for threads in (1, 2, 16)] == [1, 2, 10]
+    plan.shape = (1, 112, 112, 64)
+    assert plan.parts(16) == 1
+    plan.shape, plan.channel_steps = (1, 1, 1, 10), 1
+    assert plan.parts(16) == 1
+
+
 def test_layer_threads_give_the_same_bits_while_another_process_hogs_a_core(monkeypatch: pytest.MonkeyPatch) -> None:
     """On a busy machine the worker wakes late, on the caller's core (and gives way) or not at all, and the caller
     takes the rows it leaves: whoever computes them, a small net at batch 1 on 2 threads gives 1 thread's bits,
@@ -443,6 +476,17 @@ def test_pools_of_a_conv_output_match_numpy_bit_for_bit(monkeypatch: pytest.Monk
     assert compiled.shape == reference.shape
     np.testing.assert_array_equal(compiled, reference)
     assert np.array_equal(np.signbit(compiled), np.signbit(reference))
+
+
+@pytest.mark.parametrize("op, attrs", [POOLS[1], POOLS[4]])
+def test_large_pools_split_among_layer_threads_give_the_same_bits(monkeypatch: pytest.MonkeyPatch, op: str,
+                                                                  attrs: dict) -> None:
+    """A pool large enough to share its rows among layer threads gives one thread's bits."""
+    monkeypatch.delenv(native.SWITCH, raising=False)
+    x = np.random.default_rng(9).standard_normal((2, 80, 90, 64)).astype(np.float32).transpose(0, 3, 1, 2)
+    one = OPS[op].run([x], attrs)[0]
+    with native.layer_threads(4):
+        np.testing.assert_array_equal(OPS[op].run([x], attrs)[0], one)
 
 
 def channels_last_memory(y: np.ndarray) -> bool:

@@ -371,3 +371,37 @@ def test_a_hopeless_trial_stops_early_with_a_bound_that_already_misses(digits_st
     early = evaluator.score(config, floor=full.metric + 0.01)
     assert early.stopped and full.metric <= early.metric < full.metric + 0.01
     assert not evaluator.score(config, floor=0.0).stopped
+
+
+def _worker_batch_size(_: object) -> int:
+    from dabuild.tune import scorer
+
+    assert scorer._worker is not None
+    return scorer._worker.batch_size
+
+
+def test_trial_workers_split_the_evaluators_memory(digits_stages: tuple[Path, Path]) -> None:
+    """-j N: each of the N trial workers sizes its batches to its share of the evaluator's memory, so together
+    they stay within it; where fewer fit, the stage starts fewer (workers_that_fit)."""
+    from dabuild.data import load_inputs, load_labels
+    from dabuild.ir.memory import sample_bytes, workers_that_fit
+    from dabuild.tune.evaluate import EvalSetup, Evaluator
+    from dabuild.tune.scorer import Scorer
+
+    spec = digits_recipe().data.evaluation
+    x = load_inputs(spec, ["x"])["x"]
+    graph = Graph.load(digits_stages[0])
+    weights = sum(array.nbytes for array in graph.constants.values())
+    budget = 2 * weights + x.nbytes + 200 * sample_bytes(graph)  # room for 200 samples in one process
+    evaluator = Evaluator(EvalSetup(digits_stages[0], digits_stages[1], x, load_labels(spec), "accuracy", 512,
+                                    budget=budget))
+    assert evaluator.batch_size == 200
+    with Scorer(evaluator, 2) as scorer:
+        config = default_config(evaluator.graph, C)
+        assert [s.metric for s in scorer.score([config, config])] == [evaluator.score(config).metric] * 2
+        assert scorer._pool is not None
+        sizes = set(scorer._pool.map(_worker_batch_size, range(4)))
+    assert sizes == {evaluator.samples_within(budget // 2)} and max(sizes) < 200
+    need = 2 * weights + x.nbytes + sample_bytes(graph)  # one worker: the weights twice, the data, a sample
+    assert [workers_that_fit(graph, 8, k * need - 1, x.nbytes) for k in (1, 2, 3, 9)] == [1, 1, 2, 8]
+    assert [workers_that_fit(graph, 8, k * need, x.nbytes) for k in (1, 3)] == [1, 3]

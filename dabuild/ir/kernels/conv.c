@@ -73,9 +73,11 @@ typedef struct {
     const ELEM *zeros;     /* channels zeros: what a tap in the padding reads */
     ptrdiff_t groups;      /* 1, or a grouped conv's groups (channels, out_channels and padded_channels are then
                             * per group); 1 for a depthwise conv */
+    ptrdiff_t rows;        /* N * OH: the output rows */
+    ptrdiff_t parts;       /* the output channels' parts a row is split into (see `units`) */
     ELEM *row_low, *row_high;  /* NULL, or per output row (N * OH of them) each channel's extremes in y (rows of
                                 * groups * out_channels), which `finish` lowers and raises as it stores y */
-    MASK *row_bad;         /* with row_low: per output row, VLEN lanes counting the values that are not finite */
+    MASK *row_bad;         /* with row_low: per output row, per channel, the values that are not finite */
     ptrdiff_t row_pixels;  /* with row_low: output pixels per row (OW) */
 } NAME(Conv);
 
@@ -125,14 +127,15 @@ static inline void NAME(store_partial)(ELEM *p, NAME(vec) v, ptrdiff_t count)
 /* The row of `pixel` notes lanes [0, count) of `sum`, its channels first, first + 1, ...: each channel's extremes
  * lowered and raised by `value < low ? value : low` (the first of equal extremes stays, as a scan of the values
  * in pixel order keeps it, and a NaN never enters) and its values that are not finite counted (x - x is 0 for
- * finite x alone). A row's pixels are finished in order, each by one thread, so the rows merged in order
- * (`merge_row_extremes`) give what one scan of y in pixel order gives. */
+ * finite x alone). A row's pixels are finished in order, each channel of a row by one thread (threads share
+ * rows, or a row's channel parts: see `units`), so the rows merged in order (`merge_row_extremes`) give what
+ * one scan of y in pixel order gives. */
 static inline __attribute__((always_inline)) void NAME(note_extremes)(const NAME(Conv) *c, ptrdiff_t pixel, ptrdiff_t first,
                                                                     NAME(vec) sum, ptrdiff_t count)
 {
     ptrdiff_t row = pixel / c->row_pixels;
     ELEM *low = c->row_low + row * Y_PIXEL(c) + first, *high = c->row_high + row * Y_PIXEL(c) + first;
-    MASK *bad = c->row_bad + row * VLEN;
+    MASK *bad = c->row_bad + row * Y_PIXEL(c) + first;
     if (count >= VLEN) {
         NAME(vec) lows = *(NAME(vec_unaligned) *)low, highs = *(NAME(vec_unaligned) *)high;
         NAME(lanes_mask) below = sum < lows, above = sum > highs;
@@ -318,9 +321,9 @@ NAME(weight_block)(const NAME(Conv) *c, const NAME(KBlock) *ks, const ptrdiff_t 
         NAME(rows_of_kblock)(c, &ks[b], slab + offsets[b] * ld, ld, partial, row0, row1, o, PIXELS, VECS);
 }
 
-/* Output rows [row0, row1) of the flattened (N * OH) rows: chunks of rows, each through every group's weight
- * blocks. */
-void NAME(conv2d_nhwc)(const NAME(Conv) *c, ptrdiff_t row0, ptrdiff_t row1)
+/* Output rows [row0, row1) of the flattened (N * OH) rows, channels [o0, o1) of each group (o0, o1 on weight
+ * block boundaries): chunks of rows, each through every group's weight blocks. */
+static void NAME(conv_rows)(const NAME(Conv) *c, ptrdiff_t row0, ptrdiff_t row1, ptrdiff_t o0, ptrdiff_t o1)
 {
     ptrdiff_t depth = c->kernel_h * c->kernel_w * c->channels;
     ptrdiff_t count = NAME(kblocks)(c, NULL, NULL);
@@ -341,7 +344,8 @@ void NAME(conv2d_nhwc)(const NAME(Conv) *c, ptrdiff_t row0, ptrdiff_t row1)
             group.y = c->y + g * c->out_channels;
             group.row_low = c->row_low ? c->row_low + g * c->out_channels : NULL;
             group.row_high = c->row_high ? c->row_high + g * c->out_channels : NULL;
-            for (ptrdiff_t o = 0; o < c->padded_channels; o += BLOCK_VECS * VLEN) {
+            group.row_bad = c->row_bad ? c->row_bad + g * c->out_channels : NULL;
+            for (ptrdiff_t o = o0; o < o1; o += BLOCK_VECS * VLEN) {
                 switch ((c->padded_channels - o) / VLEN) {  /* a narrower last block: more pixels per block */
                 case 1: NAME(weight_block)(&group, ks, offsets, count, partial, start, end, o, 8, 1); break;
 #if BLOCK_VECS > 2
@@ -425,9 +429,9 @@ NAME(depthwise_inside)(const NAME(Conv) *c, ptrdiff_t n, ptrdiff_t oh, ptrdiff_t
 
 /* Depthwise: one input channel per output channel (O == C, weight (KH, KW, OP)), so x's channels line up with
  * the output's and each tap is one elementwise multiply-add of a vector of channels. Rows [row0, row1) of the
- * flattened (N * OH) rows. Along each row, the pixels whose taps all lie inside the width run in blocks
+ * flattened (N * OH) rows, channels [o0, o1) (o0 a whole number of vectors). Along each row, the pixels whose taps all lie inside the width run in blocks
  * without bounds checks (independent sums keep the FMA units busy); the edges run one by one, checked. */
-void NAME(depthwise2d_nhwc)(const NAME(Conv) *c, ptrdiff_t row0, ptrdiff_t row1)
+static void NAME(depthwise_rows)(const NAME(Conv) *c, ptrdiff_t row0, ptrdiff_t row1, ptrdiff_t o0, ptrdiff_t o1)
 {
     /* inside: ow * stride_w - pad_left >= 0 and ow * stride_w - pad_left + (kernel_w - 1) * dilation_w < width */
     ptrdiff_t reach = (c->kernel_w - 1) * c->dilation_w;
@@ -438,7 +442,7 @@ void NAME(depthwise2d_nhwc)(const NAME(Conv) *c, ptrdiff_t row0, ptrdiff_t row1)
     int three = c->kernel_w == 3 && c->dilation_w == 1 && (c->stride_w == 1 || c->stride_w == 2);
     for (ptrdiff_t row = row0; row < row1; row++) {
         ptrdiff_t n = row / c->out_h, oh = row % c->out_h;
-        for (ptrdiff_t o = 0; o < c->out_channels; o += VLEN) {
+        for (ptrdiff_t o = o0; o < o1; o += VLEN) {
             ptrdiff_t ow = 0;
             for (; ow < first; ow++)
                 NAME(depthwise_pixels)(c, n, oh, ow, o, 1, 1, 0, 1);
@@ -454,6 +458,36 @@ void NAME(depthwise2d_nhwc)(const NAME(Conv) *c, ptrdiff_t row0, ptrdiff_t row1)
     }
 }
 
+/* The work units threads share: `rows` x `parts` (part-major: unit u is row u % rows of channel part
+ * u / rows). A layer of few output rows (a 7x7 map at batch 1) has too few rows to keep many threads busy, so
+ * its output channels are split too, on `step` boundaries (a weight block, or a vector for a depthwise conv):
+ * part p holds steps [p S / parts, (p + 1) S / parts) of the S steps. Every output is computed by the same
+ * code in the same order whichever part holds it. */
+static void NAME(units)(const NAME(Conv) *c, ptrdiff_t unit0, ptrdiff_t unit1, ptrdiff_t channels, ptrdiff_t step,
+                        void (*rows)(const NAME(Conv) *, ptrdiff_t, ptrdiff_t, ptrdiff_t, ptrdiff_t))
+{
+    ptrdiff_t steps = (channels + step - 1) / step;
+    while (unit0 < unit1) {
+        ptrdiff_t part = unit0 / c->rows, row0 = unit0 % c->rows;
+        ptrdiff_t row1 = unit1 - part * c->rows < c->rows ? unit1 - part * c->rows : c->rows;
+        ptrdiff_t o0 = steps * part / c->parts * step, o1 = steps * (part + 1) / c->parts * step;
+        rows(c, row0, row1, o0, o1 < channels ? o1 : channels);
+        unit0 += row1 - row0;
+    }
+}
+
+/* Units [unit0, unit1) of a conv (see `units`). */
+void NAME(conv2d_nhwc)(const NAME(Conv) *c, ptrdiff_t unit0, ptrdiff_t unit1)
+{
+    NAME(units)(c, unit0, unit1, c->padded_channels, BLOCK_VECS * VLEN, NAME(conv_rows));
+}
+
+/* Units [unit0, unit1) of a depthwise conv (see `units`). */
+void NAME(depthwise2d_nhwc)(const NAME(Conv) *c, ptrdiff_t unit0, ptrdiff_t unit1)
+{
+    NAME(units)(c, unit0, unit1, c->out_channels, VLEN, NAME(depthwise_rows));
+}
+
 /* low[k] and high[k], for each of y's channels, lowered and raised by the rows' extremes (see `note_extremes`) in
  * row order: what one scan of y's values in pixel order gives. Returns how many values the rows counted as not
  * finite. */
@@ -466,8 +500,8 @@ ptrdiff_t NAME(merge_row_extremes)(const NAME(Conv) *c, ptrdiff_t rows, ELEM *lo
             low[k] = lows[k] < low[k] ? lows[k] : low[k];
             high[k] = highs[k] > high[k] ? highs[k] : high[k];
         }
-        for (int lane = 0; lane < VLEN; lane++)
-            bad += c->row_bad[r * VLEN + lane];
+        for (ptrdiff_t k = 0; k < channels; k++)
+            bad += c->row_bad[r * channels + k];
     }
     return bad;
 }

@@ -52,7 +52,7 @@ from dabuild.ir.kernels.forking import forget_pool_after_fork
 from dabuild.ir.kernels.gather import NativeGather
 from dabuild.ir.kernels.integer import NativeInteger
 from dabuild.ir.kernels.island import NativeIsland
-from dabuild.ir.kernels.threads import RowSplitter
+from dabuild.ir.kernels.threads import CHUNKS_PER_THREAD, RowSplitter
 from dabuild.notices import warn
 
 COMPILER = "cc"
@@ -78,8 +78,8 @@ def _conv_call(element: type[ctypes._SimpleCData]) -> type[ctypes.Structure]:
         ("out_h", size), ("out_w", size), ("stride_h", size), ("stride_w", size), ("pad_top", size), ("pad_left", size),
         ("dilation_h", size), ("dilation_w", size),
         ("activation", ctypes.c_int), ("low", element), ("high", element), ("zeros", ctypes.c_void_p),
-        ("groups", size), ("row_low", ctypes.c_void_p), ("row_high", ctypes.c_void_p), ("row_bad", ctypes.c_void_p),
-        ("row_pixels", size),
+        ("groups", size), ("rows", size), ("parts", size),
+        ("row_low", ctypes.c_void_p), ("row_high", ctypes.c_void_p), ("row_bad", ctypes.c_void_p), ("row_pixels", size),
     ]
     return type(f"ConvCall_{element.__name__}", (ctypes.Structure,), {"_fields_": fields})
 
@@ -182,24 +182,28 @@ class NativeConv:
             weight.taps.ctypes.data, kernel_h, kernel_w, group_out, weight.padded,
             None if bias is None else bias.ctypes.data, None, None,
             out[0], out[1], strides[0], strides[1], pads[0], pads[1], dilations[0], dilations[1],
-            *activation, zeros.ctypes.data, groups,
+            *activation, zeros.ctypes.data, groups, batch * out[0], 1,
         )
         macs = batch * out[0] * out[1] * out_channels * kernel_h * kernel_w * group_channels
         work = macs * (DEPTHWISE_COST if weight.depthwise else 1)
+        step = self.vector_bytes // dtype.itemsize * (1 if weight.depthwise else self.block_vectors)
         return ConvPlan(self, self._kernels[dtype, weight.depthwise], call, (batch, *out, out_channels), dtype,
-                        work >= PARALLEL_MACS, (weight, bias, zeros), self._merges[dtype])
+                        work >= PARALLEL_MACS, -(-weight.padded // step), (weight, bias, zeros), self._merges[dtype])
 
     def pool(self, x: np.ndarray, kernel: list[int], strides: list[int], pads: list[int], dilations: list[int],
              out: list[int], divisors: np.ndarray | None = None) -> np.ndarray:
         """pool.c over a C-contiguous float32 (N, H, W, C) x: the (N, OH, OW, C) maxima (taps outside the input
         skipped), or with `divisors` (float32 (OH, OW), each output's count) the averages (taps outside the
-        input adding +0, as numpy's zero padding does); pads are the (top, left) ones, `out` is (OH, OW)."""
+        input adding +0, as numpy's zero padding does); pads are the (top, left) ones, `out` is (OH, OW). A large
+        pool (a tap costs about what a depthwise multiply-add does) splits its rows among the layer threads."""
         batch, height, width, channels = x.shape
         y = aligned_empty((batch, *out, channels), x.dtype)
         counts = None if divisors is None else np.ascontiguousarray(divisors, np.float32)
         call = PoolCall(address(x), height, width, channels, address(y), *out, *kernel, *strides, *pads,
                         *dilations, None if counts is None else counts.ctypes.data)
-        self._pools["max" if counts is None else "average"](ctypes.byref(call), 0, batch * out[0])
+        work = y.size * kernel[0] * kernel[1]
+        threads = layer_thread_count() if work * DEPTHWISE_COST >= PARALLEL_MACS else 1
+        self.rows(self._pools["max" if counts is None else "average"], ctypes.byref(call), batch * out[0], threads)
         return y
 
 
@@ -209,9 +213,10 @@ class ConvPlan:
     A copy per call, so threads may run one plan on different slices at once."""
 
     def __init__(self, native: NativeConv, function: Any, call: ctypes.Structure, shape: tuple[int, ...],
-                 dtype: np.dtype, parallel: bool, keep: tuple[Any, ...], merge: Any):
+                 dtype: np.dtype, parallel: bool, channel_steps: int, keep: tuple[Any, ...], merge: Any):
         self.native, self.function, self.call, self._merge = native, function, call, merge
         self.shape, self.dtype, self.parallel = shape, dtype, parallel
+        self.channel_steps = channel_steps  # the weight blocks (or depthwise vectors) conv.c may split channels at
         self._keep = keep  # the arrays the call points into
         self._call_type, self._rows = type(call), shape[0] * shape[1]
         self._size, self._lanes = math.prod(shape), ALIGNMENT // dtype.itemsize
@@ -223,10 +228,9 @@ class ConvPlan:
         """The output, and each channel's minima and maxima over it with the count of values that are not finite,
         noted by the kernel as it stored the output (conv.c's `note_extremes`): what NativeHistogram.extremes
         gives of it, without a second pass over its memory."""
-        lanes = self.native.vector_bytes // self.dtype.itemsize
-        noted = (np.full((self._rows, self.shape[-1]), np.inf, self.dtype),
-                 np.full((self._rows, self.shape[-1]), -np.inf, self.dtype),
-                 np.zeros((self._rows, lanes), np.int32 if self.dtype.itemsize == 4 else np.int64))
+        rows = (self._rows, self.shape[-1])
+        noted = (np.full(rows, np.inf, self.dtype), np.full(rows, -np.inf, self.dtype),
+                 np.zeros(rows, np.int32 if self.dtype.itemsize == 4 else np.int64))  # conv.c's MASK
         y, call = self._run(x, residual, noted)
         low, high = np.full(self.shape[-1], np.inf, self.dtype), np.full(self.shape[-1], -np.inf, self.dtype)
         bad = self._merge(ctypes.byref(call), self._rows, address(low), address(high))
@@ -245,10 +249,22 @@ class ConvPlan:
             call.row_low, call.row_high, call.row_bad = (address(array) for array in noted)
             call.row_pixels = self.shape[2]
         if self.parallel:
-            self.native.rows(self.function, ctypes.byref(call), self._rows, layer_thread_count())
-        else:
+            threads = layer_thread_count()
+            call.parts = self.parts(threads)
+            self.native.rows(self.function, ctypes.byref(call), self._rows * call.parts, threads)
+        else:  # one part (the prepared call's)
             self.function(ctypes.byref(call), 0, self._rows)
         return buffer[skip:skip + self._size].reshape(self.shape), call
+
+    def parts(self, threads: int) -> int:
+        """How many channel parts each output row is split into for `threads` threads: 1 while the rows alone
+        give every thread CHUNKS_PER_THREAD chunks to take; else enough parts for that (at most one per weight
+        block), so that a late stage's few rows (7 at batch 1 in ResNet-50) still keep 16 threads busy."""
+        wanted = threads * CHUNKS_PER_THREAD
+        rows = self.shape[0] * self.shape[1]
+        if threads <= 1 or rows >= wanted:
+            return 1
+        return max(1, min(self.channel_steps, -(-wanted // rows)))
 
 
 def pack_weight(weight: np.ndarray, depthwise: bool, vector_bytes: int, block_vectors: int,
