@@ -509,3 +509,26 @@ def test_a_conv_that_overflows_is_named_with_the_count_a_separate_pass_finds(mon
             calibrate(graph, batch, Progress.silent())
         messages.append(str(error.value))
     assert messages[0] == messages[1]
+
+
+def test_extremes_noted_by_threads_sharing_a_rows_channels_equal_a_separate_pass(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A conv of few rows at batch 1 splits each row's channels among the layer threads: each channel of a row
+    is still noted by one thread."""
+    from dabuild.ir.kernels import native
+    from dabuild.ir.ops import OPS
+
+    monkeypatch.delenv(native.SWITCH, raising=False)
+    conv = native.native_conv()
+    if conv is None:
+        pytest.skip("no native kernels here")
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((1, 256, 4, 4)).astype(np.float32)
+    weight = rng.standard_normal((256, 256, 3, 3)).astype(np.float32)
+    kernel = OPS["conv"].prepare({"pads": [1] * 4})
+    with native.layer_threads(2), native.noting_extremes() as board:
+        (y,) = kernel([x, weight], None)
+        noted = board.take(y)
+    assert noted is not None
+    low, high, bad = conv.histogram.extremes(conv.histogram.view(y, 1)[0])
+    assert noted[0].tobytes() == low.tobytes() and noted[1].tobytes() == high.tobytes() and noted[2] == bad == 0
