@@ -271,9 +271,9 @@ def main() -> None:
               f"= {trial / qdq:.2f}   goal <= {GOALS['trial']}")
         budget, baseline = float(os.environ[BUDGET]) / 1e9, baseline_bytes() / 1e9
         allowed = budget + memory.processes * baseline
-        print(f"peak RSS of the build's processes together {memory.peak / 1e9:.2f} GB ({memory.processes} processes "
-              f"then; the largest alone {largest:.2f} GB)   goal <= budget {budget:.2f} GB + {memory.processes} x "
-              f"baseline {baseline:.2f} GB = {allowed:.2f} GB")
+        print(f"peak RSS of the build's processes together {memory.peak / 1e9:.2f} GB (processes alive then: "
+              f"{memory.processes}; the largest alone {largest:.2f} GB)   goal <= budget {budget:.2f} GB + "
+              f"{memory.processes} x baseline {baseline:.2f} GB = {allowed:.2f} GB")
         export = build_dir / "export-mcu"
         source = sum(path.stat().st_size for path in export.iterdir() if path.suffix in (".c", ".h"))
         weights = weight_bytes(build_dir)

@@ -88,6 +88,16 @@ def test_depthwise_dsp_loop_is_exact_in_the_tflm_roundings(rounding: str, tmp_pa
     assert np.array_equal(actual, np.asarray(run_integer(qgraph, x_q)))
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["depthwise 6 channels asymmetric pads", "depthwise 12 channels dilated columns stride 2",
+                                  "dense per channel relu6", "add of feature maps then relu"])
+def test_a_dsp_artifact_built_without_the_dsp_extension_is_exact(case: str, tmp_path: Path) -> None:
+    """An M4 artifact's weights are laid out for its SMLAD loops (the depthwise weights widened and paired); a
+    compiler that does not define __ARM_FEATURE_DSP builds the portable loops, which read the same layout."""
+    actual, expected, _, _ = run_in_qemu(lowered(case), tmp_path, "cortex-m4", cflags=[*STRICT, "-U__ARM_FEATURE_DSP"])
+    assert np.array_equal(actual, expected), f"{np.sum(actual != expected)} of {expected.size} outputs differ"
+
+
 def test_helium_requantize_rounds_every_tie_as_the_reference(tmp_path: Path) -> None:
     """dabuild_requantize32_mve (VMULH of |acc|, a rounding shift, the sign put back), four lanes at a time on
     the M55 in qemu, against the reference on requantize_cases' extremes, random values and exact ties of both

@@ -332,6 +332,39 @@ def test_native_histograms_split_among_more_threads_count_the_same(monkeypatch: 
     assert compiled == stats()
 
 
+@pytest.mark.parametrize("channels", [96, 20])
+def test_channels_last_histograms_split_by_rows_count_the_same(monkeypatch: pytest.MonkeyPatch,
+                                                               channels: int) -> None:
+    """Channels-last memory on 16 cores: channel parts no narrower than a cache line, the rows in slices each
+    with its own sub-histogram and extremes, merged after: numpy's counts and extremes exactly."""
+    from dabuild.ir.kernels import native
+
+    rng = np.random.default_rng(14)
+    memory = (rng.standard_normal((8, 48, 60, channels)) * rng.uniform(0.1, 10, channels)).astype(np.float32)
+    values = memory.transpose(0, 3, 1, 2)  # (N, C, H, W) over channels-last memory, as a conv leaves it
+
+    def stats() -> Stats:
+        result = Stats()
+        result.observe("t", values, axis=1)
+        result.observe("t", values[:2] * 3, axis=1)
+        return result
+
+    monkeypatch.delenv(native.SWITCH, raising=False)
+    monkeypatch.setattr(native, "available_cores", lambda: 16)
+    monkeypatch.setattr(native, "SLICE_ROWS", 64)
+    histogram = native.native_histogram()
+    assert histogram is not None
+    parts = histogram._parts(histogram.view(values, 1)[0])
+    assert len({part[3] for part in parts}) > 1 and all(end - first >= 16 or channels < 16 for _, first, end, _ in parts)
+    compiled = stats()
+    with_nan = memory.copy()
+    with_nan[1, 2, 3, 4] = with_nan[7, 40, 1, 5] = np.nan  # in two slices: each part's count of them is summed
+    with pytest.raises(BuildError, match="holds 2 NaN or infinite values"):
+        Stats().observe("t", with_nan.transpose(0, 3, 1, 2), axis=1)
+    monkeypatch.setenv(native.SWITCH, "0")
+    assert compiled == stats()
+
+
 def test_int32_channel_counts_widen_before_they_could_overflow(monkeypatch: pytest.MonkeyPatch) -> None:
     """Per-channel rows count in int32 until a channel could pass the limit, then in int64: the same counts."""
     from dabuild.quant import histogram

@@ -383,11 +383,13 @@ class TensorView(ctypes.Structure):
 
 
 PARALLEL_VALUES = 1 << 18  # a tensor with fewer values is counted on one thread
+LINE_CHANNELS = 16  # float32 channels in a 64-byte cache line: the narrowest part of channels-last memory
+SLICE_ROWS = 8 * 2048  # pixels of a slice of channels-last rows at least: 8 x the bins of a channel's row
 
 
 class NativeHistogram:
-    """histogram.c: per-channel extremes and bin counts of a float32 tensor, split by channel among as many
-    threads as this process has cores (each its own sub-histogram of the whole tensor, merged after)."""
+    """histogram.c: per-channel extremes and bin counts of a float32 tensor, split among as many threads as
+    this process has cores (see `_parts`; each part its own sub-histogram of the whole tensor, merged after)."""
 
     def __init__(self, library: ctypes.CDLL):
         self._extremes, self._counts = library.channel_extremes, library.channel_counts
@@ -421,49 +423,79 @@ class NativeHistogram:
         return TensorView(values.ctypes.data, values.size // max(channels * inner, 1), channels, inner,
                           channels * inner, inner), values
 
-    def _split(self, view: TensorView, function: Callable[[int, int, int], None]) -> int:
-        """function(part, first channel, end channel) over the channels, split among up to this process's cores
-        for a big tensor (each part its own channels, so counting needs no lock); returns the number of parts."""
-        big = view.outer * view.channels * view.inner >= PARALLEL_VALUES
-        parts = max(1, min(available_cores(), view.channels)) if big else 1
-        bounds = [view.channels * part // parts for part in range(parts + 1)]
-        if parts == 1:
-            function(0, 0, view.channels)
-            return 1
-        if self._pool is None or self._pool_size < parts - 1:
-            self._pool, self._pool_size = ThreadPoolExecutor(parts - 1, thread_name_prefix="dabuild-histogram"), parts - 1
-        others = [self._pool.submit(function, part, bounds[part], bounds[part + 1]) for part in range(1, parts)]
-        function(0, 0, bounds[1])
+    def _parts(self, view: TensorView) -> list[tuple[TensorView, int, int, int]]:
+        """A big tensor's work for up to this process's cores: (view, first channel, end channel, slice) each.
+        Channels-first memory splits by channel (a channel's values are contiguous). Channels-last memory
+        splits by channel only down to a cache line's worth (LINE_CHANNELS: narrower parts would each read
+        every line of the tensor), then its rows into slices of at least SLICE_ROWS pixels (so that merging a
+        slice's sub-histogram, BINS counts a channel, costs at most an eighth of counting it)."""
+        cores = available_cores()
+        if cores == 1 or view.outer * view.channels * view.inner < PARALLEL_VALUES:
+            return [(view, 0, view.channels, 0)]
+        if view.inner > 1:
+            groups, slices = max(1, min(cores, view.channels)), 1
+        else:
+            groups = max(1, min(cores, view.channels // LINE_CHANNELS))
+            slices = max(1, min(cores // groups, view.outer // SLICE_ROWS))
+        parts = []
+        for index in range(slices):
+            first_row, end_row = view.outer * index // slices, view.outer * (index + 1) // slices
+            rows = view if slices == 1 else TensorView(view.x + first_row * view.outer_stride * 4, end_row - first_row,
+                                                       view.channels, view.inner, view.outer_stride,
+                                                       view.channel_stride)
+            parts += [(rows, view.channels * group // groups, view.channels * (group + 1) // groups, index)
+                      for group in range(groups)]
+        return parts
+
+    def _run(self, count: int, function: Callable[[int], None]) -> None:
+        """function(0 .. count - 1): the first on this thread, the others on the pool's threads."""
+        if count > 1 and (self._pool is None or self._pool_size < count - 1):
+            self._pool, self._pool_size = ThreadPoolExecutor(count - 1, thread_name_prefix="dabuild-histogram"), count - 1
+        others = [self._pool.submit(function, index) for index in range(1, count)] if self._pool and count > 1 else []
+        function(0)
         for other in others:
             other.result()
-        return parts
 
     def extremes(self, view: TensorView) -> tuple[np.ndarray, np.ndarray, int]:
         """Each channel's (min, max) as float32 arrays, and how many values are NaN or infinite."""
-        low = np.full(view.channels, np.inf, np.float32)
-        high = np.full(view.channels, -np.inf, np.float32)
-        bad = [0] * max(1, available_cores())
+        parts = self._parts(view)
+        slices = parts[-1][3] + 1
+        lows = [np.full(view.channels, np.inf, np.float32) for _ in range(slices)]  # one per slice, merged
+        highs = [np.full(view.channels, -np.inf, np.float32) for _ in range(slices)]
+        bad = [0] * len(parts)
 
-        def part(index: int, first: int, end: int) -> None:
-            bad[index] = self._extremes(ctypes.byref(view), low.ctypes.data, high.ctypes.data, first, end)
+        def part(index: int) -> None:
+            rows, first, end, piece = parts[index]
+            bad[index] = self._extremes(ctypes.byref(rows), lows[piece].ctypes.data, highs[piece].ctypes.data,
+                                        first, end)
 
-        self._split(view, part)
+        self._run(len(parts), part)
+        low, high = lows[0], highs[0]
+        for other_low, other_high in zip(lows[1:], highs[1:]):
+            np.minimum(low, other_low, out=low)
+            np.maximum(high, other_high, out=high)
         return low, high, sum(bad)
 
     def count(self, view: TensorView, reciprocal: np.ndarray, offset: np.ndarray, counts: np.ndarray,
               whole_reciprocal: float, whole_offset: int, whole: np.ndarray) -> None:
         """counts (channels, BINS), int32, and whole (BINS,), int64, += the tensor's bin counts (both C-contiguous;
         the caller keeps every count of `counts` below 2^31)."""
-        wholes = [whole, *(np.zeros_like(whole) for _ in range(1, available_cores()))]  # one per part, merged
+        parts = self._parts(view)
+        slices = parts[-1][3] + 1
+        # each slice past the first counts into its own rows, and each part into its own whole row: merged after
+        sub = [counts, *(np.zeros_like(counts) for _ in range(1, slices))]
+        wholes = [whole, *(np.zeros_like(whole) for _ in range(1, len(parts)))]
 
-        def part(index: int, first: int, end: int) -> None:
-            self._counts(ctypes.byref(view), reciprocal.ctypes.data, offset.ctypes.data, counts.ctypes.data,
+        def part(index: int) -> None:
+            rows, first, end, piece = parts[index]
+            self._counts(ctypes.byref(rows), reciprocal.ctypes.data, offset.ctypes.data, sub[piece].ctypes.data,
                          whole_reciprocal, whole_offset, wholes[index].ctypes.data, first, end)
 
-        parts = self._split(view, part)
-        for index in range(1, parts):
-            whole += wholes[index]
-
+        self._run(len(parts), part)
+        for other in sub[1:]:
+            counts += other
+        for other in wholes[1:]:
+            whole += other
 
     def rebin(self, counts: np.ndarray, channels: np.ndarray, old_offset: np.ndarray, doublings: np.ndarray,
               new_offset: np.ndarray) -> None:

@@ -28,7 +28,8 @@ one block of pixels' windows, nothing more.
 
 Weights are laid out at export time so the inner loops are contiguous: dense
 [out][in]; depthwise [kh][kw][out], a vector multiply-add across the
-channels of one pixel.
+channels of one pixel (on a DSP core int16, each block of four channels
+stored (w0, w2, w1, w3): the pairs SMLABB/SMLATT take, widened once).
 """
 
 from __future__ import annotations
@@ -203,10 +204,24 @@ def conv_depthwise(step: Step) -> dict[str, Any]:
     layer: QConv = step.layer  # type: ignore[assignment]
     weight = _planar_weight(layer)  # (O, kh, kw, 1)
     geometry = _conv_window(step)
+    multiplier = geometry["out_channels"] // geometry["channels"]
+    taps = np.ascontiguousarray(weight[..., 0].transpose(1, 2, 0))  # [kh][kw][out]
+    widened = step.profile.isa == DSP and multiplier == 1 and not step.profile.for_size
     return {**geometry, "input_zero_point": step.inputs[0].quant.zero_point, "band_rows": _band_rows(geometry),
-            "depth_multiplier": geometry["out_channels"] // geometry["channels"],
-            "weight": np.ascontiguousarray(weight[..., 0].transpose(1, 2, 0)),  # [kh][kw][out]
+            "depth_multiplier": multiplier, "widened": widened,
+            "weight": _widened_taps(taps) if widened else taps,
             **_requantization(step, layer, weight.astype(np.int64).sum(axis=(1, 2, 3)))}
+
+
+def _widened_taps(taps: np.ndarray) -> np.ndarray:
+    """Depthwise weights [kh][kw][out] as the DSP loop reads them: int16, each whole block of four channels
+    stored (w0, w2, w1, w3), so its two words are the pairs SMLABB/SMLATT take against SXTB16 and SXTB16 ROR #8
+    of the inputs' word without widening a weight in the loop (twice the flash of int8: a few kilobytes for
+    depthwise layers); the last channels past the blocks in order."""
+    blocks = taps.shape[-1] // 4 * 4
+    widened = taps.astype(np.int16)
+    widened[..., :blocks] = interleave(widened[..., :blocks])
+    return widened
 
 
 @kernel("conv", "conv", config="weighted", inputs=CHANNELS_LAST, outputs=CHANNELS_LAST, granularities=BOTH, when=_planar,
