@@ -21,7 +21,7 @@ from dabuild.errors import BuildError
 from dabuild.ir.graph import Graph, Node
 from dabuild.ir.interpreter import Interpreter
 from dabuild.ir.kernels.compiling import available_cores
-from dabuild.ir.kernels.native import Extremes, native_histogram, noting_extremes
+from dabuild.ir.kernels.native import native_histogram
 from dabuild.ir.memory import samples_that_fit
 from dabuild.ir.npz import read_npz, write_npz
 from dabuild.progress import Progress
@@ -55,7 +55,7 @@ class TensorStats:
         axis %= values.ndim
         return cls(axis, Histogram.empty(1), Histogram.empty(values.shape[axis], narrow=True))
 
-    def observe(self, values: np.ndarray, extremes: Extremes | None = None) -> int:
+    def observe(self, values: np.ndarray) -> int:
         """Count one batch of values; the number of NaN or infinite values instead, counting nothing, if any.
 
         A float32 tensor is counted by the native kernel (dabuild.ir.kernels.histogram.c) where one is built,
@@ -66,10 +66,6 @@ class TensorStats:
 
         The per-channel rows are int32 (the whole-tensor row, int64, says how many values each channel has
         counted) until a channel could pass 2^31 - 1 values; then they widen to int64 and count in numpy.
-
-        `extremes`: each channel's (along axis 1) minima, maxima and count of values that are not finite, as the
-        native conv that made `values` noted them while storing it (`noting_extremes`): the same figures the
-        extremes pass would find, so that pass is skipped.
         """
         channels = self.channels.channels
         self.channels.make_room(int(self.whole.counts.sum()) // channels, values.size // channels)
@@ -83,8 +79,7 @@ class TensorStats:
             self.channels.add(by_channel.reshape(self.channels.channels, -1))
             return 0
         view, _memory = native.view(values, self.axis)
-        noted = extremes is not None and self.axis == 1 and len(extremes[0]) == channels
-        lows, highs, bad = extremes if noted and extremes is not None else native.extremes(view)
+        lows, highs, bad = native.extremes(view)
         if bad:
             return bad
         self.channels.extend(lows, highs)
@@ -131,16 +126,14 @@ class Stats:
     tensors: dict[str, TensorStats] = field(default_factory=dict)
     _derived: dict[tuple, Any] = field(default_factory=dict, compare=False, repr=False)
 
-    def observe(self, name: str, values: np.ndarray, axis: int | None = None, where: str | None = None,
-                extremes: Extremes | None = None) -> None:
-        """Add one batch of tensor `name`; `axis` is its channel axis (fixed by the first batch); `extremes` what
-        the native conv that made `values` noted of them (see `TensorStats.observe`)."""
+    def observe(self, name: str, values: np.ndarray, axis: int | None = None, where: str | None = None) -> None:
+        """Add one batch of tensor `name`; `axis` is its channel axis (fixed by the first batch)."""
         values = np.asarray(values)
         if values.size == 0:
             return
         if name not in self.tensors:
             self.tensors[name] = TensorStats.start(values, axis)
-        bad = self.tensors[name].observe(values, extremes)
+        bad = self.tensors[name].observe(values)
         if bad:
             raise BuildError(f"calibration: {where or f'tensor {name!r}'} holds {bad} NaN or infinite values")
         whole = self.tensors[name].whole
@@ -336,16 +329,15 @@ def calibrate(graph: Graph, batches: Iterable[dict[str, np.ndarray]], progress: 
     def observe(name: str, values: np.ndarray) -> None:
         shapes[name] = values.shape
         if name not in integer:
-            stats.observe(name, values, axes(name, shapes), where[name], board.take(values))
+            stats.observe(name, values, axes(name, shapes), where[name])
 
     fit: int | None = None
-    with progress.track("calibrate", samples) as advance, noting_extremes() as board:
+    with progress.track("calibrate", samples) as advance:
         for batch in batches:
             count = len(next(iter(batch.values())))
             fit = fit or samples_that_fit(graph, "calibrate", count, histogram_bytes(graph), "histograms")
             for start in range(0, count, fit):  # the statistics do not depend on how batches are cut
                 interpreter.run({name: array[start:start + fit] for name, array in batch.items()}, visit=observe)
-                board.clear()  # what no visit took (a dense layer's conv, reshaped after)
             advance(count)
     if not stats.ranges:
         raise BuildError("calibration: no calibration samples were given")

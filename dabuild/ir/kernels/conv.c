@@ -56,7 +56,6 @@ enum { NO_ACTIVATION, RELU, CLAMP };
 typedef ELEM NAME(vec) __attribute__((vector_size(VLEN * sizeof(ELEM))));
 typedef MASK NAME(lanes_mask) __attribute__((vector_size(VLEN * sizeof(MASK))));
 typedef ELEM NAME(vec_unaligned) __attribute__((vector_size(VLEN * sizeof(ELEM)), aligned(sizeof(ELEM))));
-typedef MASK NAME(mask_unaligned) __attribute__((vector_size(VLEN * sizeof(MASK)), aligned(sizeof(MASK))));
 
 typedef struct {
     const ELEM *x;
@@ -75,10 +74,6 @@ typedef struct {
                             * per group); 1 for a depthwise conv */
     ptrdiff_t rows;        /* N * OH: the output rows */
     ptrdiff_t parts;       /* the output channels' parts a row is split into (see `units`) */
-    ELEM *row_low, *row_high;  /* NULL, or per output row (N * OH of them) each channel's extremes in y (rows of
-                                * groups * out_channels), lowered and raised as each register block is stored */
-    MASK *row_bad;         /* with row_low: per output row, per channel, the values that are not finite */
-    ptrdiff_t row_pixels;  /* with row_low: output pixels per row (OW) */
 } NAME(Conv);
 
 /* max(x, 0) lane by lane, keeping NaN as numpy.maximum does. */
@@ -124,34 +119,6 @@ static inline void NAME(store_partial)(ELEM *p, NAME(vec) v, ptrdiff_t count)
 #endif
 }
 
-/* The row of `pixel` notes lanes [0, count) of `sum`, its channels first, first + 1, ...: each channel's extremes
- * lowered and raised by `value < low ? value : low` (the first of equal extremes stays, as a scan of the values
- * in pixel order keeps it, and a NaN never enters) and its values that are not finite counted (x - x is 0 for
- * finite x alone). A row's pixels are finished in order, each channel of a row by one thread (threads share
- * rows, or a row's channel parts: see `units`), so the rows merged in order (`merge_row_extremes`) give what
- * one scan of y in pixel order gives. */
-static inline __attribute__((always_inline)) void NAME(note_extremes)(const NAME(Conv) *c, ptrdiff_t pixel, ptrdiff_t first,
-                                                                    NAME(vec) sum, ptrdiff_t count)
-{
-    ptrdiff_t row = pixel / c->row_pixels;
-    ELEM *low = c->row_low + row * Y_PIXEL(c) + first, *high = c->row_high + row * Y_PIXEL(c) + first;
-    MASK *bad = c->row_bad + row * Y_PIXEL(c) + first;
-    if (count >= VLEN) {
-        NAME(vec) lows = *(NAME(vec_unaligned) *)low, highs = *(NAME(vec_unaligned) *)high;
-        NAME(lanes_mask) below = sum < lows, above = sum > highs;
-        *(NAME(vec_unaligned) *)low = (NAME(vec))(((NAME(lanes_mask))sum & below) | ((NAME(lanes_mask))lows & ~below));
-        *(NAME(vec_unaligned) *)high = (NAME(vec))(((NAME(lanes_mask))sum & above) | ((NAME(lanes_mask))highs & ~above));
-        *(NAME(mask_unaligned) *)bad -= (sum - sum) != 0;  /* a true comparison is -1 */
-        return;
-    }
-    for (ptrdiff_t lane = 0; lane < count; lane++) {
-        ELEM value = sum[lane];
-        low[lane] = value < low[lane] ? value : low[lane];
-        high[lane] = value > high[lane] ? value : high[lane];
-        bad[lane] += !(value - value == 0);
-    }
-}
-
 /* y[pixel, first:first + VLEN] = activation(sum + bias + residual), the channels past out_channels left out.
  * The lanes past out_channels of a partial last vector are computed on zeros and never stored. */
 static inline __attribute__((always_inline)) void NAME(finish)(const NAME(Conv) *c, ptrdiff_t pixel, ptrdiff_t first, NAME(vec) sum)
@@ -171,21 +138,6 @@ static inline __attribute__((always_inline)) void NAME(finish)(const NAME(Conv) 
         *(NAME(vec_unaligned) *)y = sum;
     else
         NAME(store_partial)(y, sum, count);
-}
-
-/* The extremes of the block of `pixels` output pixels from `pixel` on, channels o .. o + vecs * VLEN - 1, just
- * stored (and still in L1), noted pixel by pixel in order (see `note_extremes`). Out of line and after the
- * stores: in `finish` itself it made the register block's code slower (1x1 convs 1.5x). */
-static __attribute__((noinline)) void NAME(note_block)(const NAME(Conv) *c, ptrdiff_t pixel, int pixels, ptrdiff_t o,
-                                                       int vecs)
-{
-    for (int p = 0; p < pixels; p++)
-        for (int v = 0; v < vecs && o + v * VLEN < c->out_channels; v++) {
-            ptrdiff_t first = o + v * VLEN, count = c->out_channels - first;
-            const ELEM *y = c->y + (pixel + p) * Y_PIXEL(c) + first;
-            NAME(vec) stored = count >= VLEN ? *(const NAME(vec_unaligned) *)y : NAME(load_partial)(y, count);
-            NAME(note_extremes)(c, pixel + p, first, stored, count);
-        }
 }
 
 /* acc += the products of `count` consecutive inputs of each pixel p, against the weight rows from w on (`ld`
@@ -264,8 +216,6 @@ NAME(block)(const NAME(Conv) *c, const NAME(KBlock) *k, const ELEM *w, ptrdiff_t
     for (int p = 0; p < PIXELS; p++)
         for (int v = 0; v < VECS && o + v * VLEN < c->out_channels; v++)
             NAME(finish)(c, (n * c->out_h + oh) * c->out_w + ow + p, o + v * VLEN, acc[p][v]);
-    if (c->row_low)
-        NAME(note_block)(c, (n * c->out_h + oh) * c->out_w + ow, PIXELS, o, VECS);
 }
 
 /* Output rows [row0, row1) of the flattened (N * OH) rows, channels o .. o + VECS * VLEN - 1, over one K-block:
@@ -357,9 +307,6 @@ static void NAME(conv_rows)(const NAME(Conv) *c, ptrdiff_t row0, ptrdiff_t row1,
             group.bias = c->bias ? c->bias + g * c->padded_channels : NULL;
             group.residual = c->residual ? c->residual + g * c->out_channels : NULL;
             group.y = c->y + g * c->out_channels;
-            group.row_low = c->row_low ? c->row_low + g * c->out_channels : NULL;
-            group.row_high = c->row_high ? c->row_high + g * c->out_channels : NULL;
-            group.row_bad = c->row_bad ? c->row_bad + g * c->out_channels : NULL;
             for (ptrdiff_t o = o0; o < o1; o += BLOCK_VECS * VLEN) {
                 switch ((c->padded_channels - o) / VLEN) {  /* a narrower last block: more pixels per block */
                 case 1: NAME(weight_block)(&group, ks, offsets, count, partial, start, end, o, 8, 1); break;
@@ -424,8 +371,6 @@ NAME(depthwise_pixels)(const NAME(Conv) *c, ptrdiff_t n, ptrdiff_t oh, ptrdiff_t
     }
     UNROLL for (int p = 0; p < PIXELS; p++)
         NAME(finish)(c, (n * c->out_h + oh) * c->out_w + ow + p, o, acc[p]);
-    if (c->row_low)
-        NAME(note_block)(c, (n * c->out_h + oh) * c->out_w + ow, PIXELS, o, 1);
 }
 
 /* The pixels [ow, end) of one row and channel vector whose taps lie inside the width: blocks of DEPTHWISE_PIXELS,
@@ -503,22 +448,4 @@ void NAME(conv2d_nhwc)(const NAME(Conv) *c, ptrdiff_t unit0, ptrdiff_t unit1)
 void NAME(depthwise2d_nhwc)(const NAME(Conv) *c, ptrdiff_t unit0, ptrdiff_t unit1)
 {
     NAME(units)(c, unit0, unit1, c->out_channels, VLEN, NAME(depthwise_rows));
-}
-
-/* low[k] and high[k], for each of y's channels, lowered and raised by the rows' extremes (see `note_extremes`) in
- * row order: what one scan of y's values in pixel order gives. Returns how many values the rows counted as not
- * finite. */
-ptrdiff_t NAME(merge_row_extremes)(const NAME(Conv) *c, ptrdiff_t rows, ELEM *low, ELEM *high)
-{
-    ptrdiff_t channels = Y_PIXEL(c), bad = 0;
-    for (ptrdiff_t r = 0; r < rows; r++) {
-        const ELEM *lows = c->row_low + r * channels, *highs = c->row_high + r * channels;
-        for (ptrdiff_t k = 0; k < channels; k++) {
-            low[k] = lows[k] < low[k] ? lows[k] : low[k];
-            high[k] = highs[k] > high[k] ? highs[k] : high[k];
-        }
-        for (ptrdiff_t k = 0; k < channels; k++)
-            bad += c->row_bad[r * channels + k];
-    }
-    return bad;
 }

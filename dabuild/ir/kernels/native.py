@@ -79,7 +79,6 @@ def _conv_call(element: type[ctypes._SimpleCData]) -> type[ctypes.Structure]:
         ("dilation_h", size), ("dilation_w", size),
         ("activation", ctypes.c_int), ("low", element), ("high", element), ("zeros", ctypes.c_void_p),
         ("groups", size), ("rows", size), ("parts", size),
-        ("row_low", ctypes.c_void_p), ("row_high", ctypes.c_void_p), ("row_bad", ctypes.c_void_p), ("row_pixels", size),
     ]
     return type(f"ConvCall_{element.__name__}", (ctypes.Structure,), {"_fields_": fields})
 
@@ -119,11 +118,7 @@ class NativeConv:
         self.vector_bytes = library.kernel_vector_bytes()  # conv.c's vectors: weight and bias padded to whole ones
         self.block_vectors = library.kernel_conv_block_vectors()  # vectors of output channels per packed block
         self._kernels: dict[tuple[np.dtype, bool], Any] = {}  # (dtype, depthwise) -> conv.c function
-        self._merges: dict[np.dtype, Any] = {}  # dtype -> conv.c's merge_row_extremes
         for dtype, (suffix, call) in ELEMENTS.items():
-            merge = self._merges[dtype] = getattr(library, f"merge_row_extremes_{suffix}")
-            merge.argtypes = [ctypes.POINTER(call), ctypes.c_ssize_t, ctypes.c_void_p, ctypes.c_void_p]
-            merge.restype = ctypes.c_ssize_t
             for depthwise, name in ((False, "conv2d_nhwc"), (True, "depthwise2d_nhwc")):
                 kernel = getattr(library, f"{name}_{suffix}")
                 kernel.argtypes = [ctypes.POINTER(call), ctypes.c_ssize_t, ctypes.c_ssize_t]
@@ -188,7 +183,7 @@ class NativeConv:
         work = macs * (DEPTHWISE_COST if weight.depthwise else 1)
         step = self.vector_bytes // dtype.itemsize * (1 if weight.depthwise else self.block_vectors)
         return ConvPlan(self, self._kernels[dtype, weight.depthwise], call, (batch, *out, out_channels), dtype,
-                        work >= PARALLEL_MACS, -(-weight.padded // step), (weight, bias, zeros), self._merges[dtype])
+                        work >= PARALLEL_MACS, -(-weight.padded // step), (weight, bias, zeros))
 
     def pool(self, x: np.ndarray, kernel: list[int], strides: list[int], pads: list[int], dilations: list[int],
              out: list[int], divisors: np.ndarray | None = None) -> np.ndarray:
@@ -213,8 +208,8 @@ class ConvPlan:
     A copy per call, so threads may run one plan on different slices at once."""
 
     def __init__(self, native: NativeConv, function: Any, call: ctypes.Structure, shape: tuple[int, ...],
-                 dtype: np.dtype, parallel: bool, channel_steps: int, keep: tuple[Any, ...], merge: Any):
-        self.native, self.function, self.call, self._merge = native, function, call, merge
+                 dtype: np.dtype, parallel: bool, channel_steps: int, keep: tuple[Any, ...]):
+        self.native, self.function, self.call = native, function, call
         self.shape, self.dtype, self.parallel = shape, dtype, parallel
         self.channel_steps = channel_steps  # the weight blocks (or depthwise vectors) conv.c may split channels at
         self._keep = keep  # the arrays the call points into
@@ -222,22 +217,6 @@ class ConvPlan:
         self._size, self._lanes = math.prod(shape), ALIGNMENT // dtype.itemsize
 
     def __call__(self, x: np.ndarray, residual: np.ndarray | None) -> np.ndarray:
-        return self._run(x, residual, None)[0]
-
-    def with_extremes(self, x: np.ndarray, residual: np.ndarray | None) -> tuple[np.ndarray, Extremes]:
-        """The output, and each channel's minima and maxima over it with the count of values that are not finite,
-        noted by the kernel as it stored the output (conv.c's `note_extremes`): what NativeHistogram.extremes
-        gives of it, without a second pass over its memory."""
-        rows = (self._rows, self.shape[-1])
-        noted = (np.full(rows, np.inf, self.dtype), np.full(rows, -np.inf, self.dtype),
-                 np.zeros(rows, np.int32 if self.dtype.itemsize == 4 else np.int64))  # conv.c's MASK
-        y, call = self._run(x, residual, noted)
-        low, high = np.full(self.shape[-1], np.inf, self.dtype), np.full(self.shape[-1], -np.inf, self.dtype)
-        bad = self._merge(ctypes.byref(call), self._rows, address(low), address(high))
-        return y, (low, high, int(bad))
-
-    def _run(self, x: np.ndarray, residual: np.ndarray | None,
-             noted: tuple[np.ndarray, ...] | None) -> tuple[np.ndarray, ctypes.Structure]:
         buffer = np.empty(self._size + self._lanes, self.dtype)  # the output, aligned as aligned_empty does
         start = address(buffer)
         skip = -start % ALIGNMENT // self.dtype.itemsize
@@ -245,16 +224,13 @@ class ConvPlan:
         call.x, call.y = address(x), start + skip * self.dtype.itemsize
         if residual is not None:
             call.residual = address(residual)
-        if noted is not None:
-            call.row_low, call.row_high, call.row_bad = (address(array) for array in noted)
-            call.row_pixels = self.shape[2]
         if self.parallel:
             threads = layer_thread_count()
             call.parts = self.parts(threads)
             self.native.rows(self.function, ctypes.byref(call), self._rows * call.parts, threads)
         else:  # one part (the prepared call's)
             self.function(ctypes.byref(call), 0, self._rows)
-        return buffer[skip:skip + self._size].reshape(self.shape), call
+        return buffer[skip:skip + self._size].reshape(self.shape)
 
     def parts(self, threads: int) -> int:
         """How many channel parts each output row is split into for `threads` threads: 1 while the rows alone
@@ -318,45 +294,6 @@ def address(array: np.ndarray) -> int:
 
 
 _LAYER_THREADS = threading.local()
-Extremes = tuple[np.ndarray, np.ndarray, int]  # per-channel minima and maxima, and how many values are not finite
-
-
-class ExtremesBoard:
-    """The per-channel extremes native convs noted of their outputs (see `noting_extremes`), by output array."""
-
-    def __init__(self) -> None:
-        self._noted: dict[int, tuple[np.ndarray, Extremes]] = {}
-
-    def note(self, array: np.ndarray, extremes: Extremes) -> None:
-        self._noted[id(array)] = (array, extremes)
-
-    def take(self, array: np.ndarray) -> Extremes | None:
-        """The extremes noted of this very array (not of another that reuses its id), or None; forgotten after."""
-        entry = self._noted.pop(id(array), None)
-        return entry[1] if entry is not None and entry[0] is array else None
-
-    def clear(self) -> None:
-        self._noted.clear()
-
-
-_NOTING = threading.local()
-
-
-@contextlib.contextmanager
-def noting_extremes() -> Iterator[ExtremesBoard]:
-    """Within the block, this thread's native float32 convs also note each output's per-channel extremes as they
-    store it, on the board yielded: calibration reads them there instead of passing over the output again."""
-    before = getattr(_NOTING, "board", None)
-    board = _NOTING.board = ExtremesBoard()
-    try:
-        yield board
-    finally:
-        _NOTING.board = before
-
-
-def extremes_board() -> ExtremesBoard | None:
-    """The board this thread's native convs note their outputs' extremes on, or None (see `noting_extremes`)."""
-    return getattr(_NOTING, "board", None)
 
 
 @contextlib.contextmanager
