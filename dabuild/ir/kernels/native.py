@@ -52,7 +52,7 @@ from dabuild.ir.kernels.forking import forget_pool_after_fork
 from dabuild.ir.kernels.gather import NativeGather
 from dabuild.ir.kernels.integer import NativeInteger
 from dabuild.ir.kernels.island import NativeIsland
-from dabuild.ir.kernels.threads import CHUNKS_PER_THREAD, RowSplitter
+from dabuild.ir.kernels.threads import CHUNKS_PER_THREAD, RowsCall, RowSplitter
 from dabuild.notices import warn
 
 COMPILER = "cc"
@@ -124,7 +124,7 @@ class NativeConv:
                 kernel.argtypes = [ctypes.POINTER(call), ctypes.c_ssize_t, ctypes.c_ssize_t]
                 kernel.restype = None
                 self._kernels[dtype, depthwise] = kernel
-        self._pools = {"max": library.max_pool_nhwc, "average": library.avg_pool_nhwc}
+        self._pools = {name: getattr(library, name) for name in ("max_pool_nhwc", "avg_pool_nhwc")}
         for pool in self._pools.values():
             pool.argtypes = [ctypes.POINTER(PoolCall), ctypes.c_ssize_t, ctypes.c_ssize_t]
             pool.restype = None
@@ -191,15 +191,22 @@ class NativeConv:
         skipped), or with `divisors` (float32 (OH, OW), each output's count) the averages (taps outside the
         input adding +0, as numpy's zero padding does); pads are the (top, left) ones, `out` is (OH, OW). A large
         pool (a tap costs about what a depthwise multiply-add does) splits its rows among the layer threads."""
-        batch, height, width, channels = x.shape
-        y = aligned_empty((batch, *out, channels), x.dtype)
-        counts = None if divisors is None else np.ascontiguousarray(divisors, np.float32)
-        call = PoolCall(address(x), height, width, channels, address(y), *out, *kernel, *strides, *pads,
-                        *dilations, None if counts is None else counts.ctypes.data)
-        work = y.size * kernel[0] * kernel[1]
-        threads = layer_thread_count() if work * DEPTHWISE_COST >= PARALLEL_MACS else 1
-        self.rows(self._pools["max" if counts is None else "average"], ctypes.byref(call), batch * out[0], threads)
-        return y
+        prepared = prepare_pool(x, kernel, strides, pads, dilations, out, divisors)
+        return self.rows.run(self._pools[prepared.kernel], prepared, layer_thread_count())
+
+
+def prepare_pool(x: np.ndarray, kernel: list[int], strides: list[int], pads: list[int], dilations: list[int],
+                 out: list[int], divisors: np.ndarray | None) -> RowsCall:
+    """`NativeConv.pool`'s call (same arguments)."""
+    batch, height, width, channels = x.shape
+    y = aligned_empty((batch, *out, channels), x.dtype)
+    counts = None if divisors is None else np.ascontiguousarray(divisors, np.float32)
+    call = PoolCall(address(x), height, width, channels, address(y), *out, *kernel, *strides, *pads,
+                    *dilations, None if counts is None else counts.ctypes.data)
+    work = y.size * kernel[0] * kernel[1]
+    return RowsCall("max_pool_nhwc" if counts is None else "avg_pool_nhwc", call,
+                    (x, y) if counts is None else (x, y, counts), batch * out[0], y,
+                    work * DEPTHWISE_COST >= PARALLEL_MACS)
 
 
 class ConvPlan:
@@ -458,22 +465,28 @@ class NativeRequantize:
         """clamp(round((acc + bias) * multiplier / 2**shift) + zero_point) as int32 of the accumulator's shape,
         bias, multiplier and shift along `axis` (multiplier and shift of length 1 or per channel); None where
         the product could leave int64."""
-        axis %= accumulator.ndim
-        moved = np.moveaxis(accumulator, axis, -1)
-        if moved.flags.c_contiguous:  # channels innermost in memory, as the native conv leaves them
-            outer, channels, inner, logical = moved.size // moved.shape[-1], moved.shape[-1], 1, moved
-        else:
-            logical = np.ascontiguousarray(accumulator)
-            channels = accumulator.shape[axis]
-            inner = math.prod(accumulator.shape[axis + 1:])
-            outer = accumulator.size // max(channels * inner, 1)
-        y = np.empty(logical.shape, np.int32)
-        vectors = [np.ascontiguousarray(vector, np.int64) for vector in (bias, multiplier, shift)]
-        failed = self._function(logical.ctypes.data, outer, channels, inner, *(v.ctypes.data for v in vectors),
-                                len(vectors[1]) > 1, zero_point, low, high, y.ctypes.data)
-        if failed:
-            return None
-        return np.moveaxis(y, -1, axis) if logical is moved else y
+        arguments, result = requantize_arguments(accumulator, axis, bias, multiplier, shift, zero_point, low, high)
+        failed = self._function(*(a.ctypes.data if isinstance(a, np.ndarray) else a for a in arguments))
+        return None if failed else result
+
+
+def requantize_arguments(accumulator: np.ndarray, axis: int, bias: np.ndarray, multiplier: np.ndarray,
+                         shift: np.ndarray, zero_point: int, low: int, high: int) -> tuple[list[Any], np.ndarray]:
+    """requantize_channels' arguments for `NativeRequantize` (same arguments), arrays for its pointers, and the
+    result they make (a view of the output)."""
+    axis %= accumulator.ndim
+    moved = np.moveaxis(accumulator, axis, -1)
+    if moved.flags.c_contiguous:  # channels innermost in memory, as the native conv leaves them
+        outer, channels, inner, logical = moved.size // moved.shape[-1], moved.shape[-1], 1, moved
+    else:
+        logical = np.ascontiguousarray(accumulator)
+        channels = accumulator.shape[axis]
+        inner = math.prod(accumulator.shape[axis + 1:])
+        outer = accumulator.size // max(channels * inner, 1)
+    y = np.empty(logical.shape, np.int32)
+    vectors = [np.ascontiguousarray(vector, np.int64) for vector in (bias, multiplier, shift)]
+    arguments = [logical, outer, channels, inner, *vectors, int(len(vectors[1]) > 1), zero_point, low, high, y]
+    return arguments, np.moveaxis(y, -1, axis) if logical is moved else y
 
 
 def native_histogram() -> NativeHistogram | None:
