@@ -49,6 +49,7 @@ import numpy as np
 
 from dabuild.ir.kernels.compiling import CompileError, Sources, available_cores, build
 from dabuild.ir.kernels.forking import forget_pool_after_fork
+from dabuild.ir.kernels.gather import NativeGather
 from dabuild.ir.kernels.integer import NativeInteger
 from dabuild.ir.kernels.island import NativeIsland
 from dabuild.ir.kernels.threads import CHUNKS_PER_THREAD, RowsCall, RowSplitter
@@ -57,7 +58,7 @@ from dabuild.notices import warn
 COMPILER = "cc"
 VARIANTS = (("float", "int", "f32"), ("double", "long long", "f64"))  # conv.c's element types, its mask types, names
 UNITS = ("histogram.c", "requantize.c", "qconv.c", "threads.c", "pool.c", "island_conv.c", "quantize.c",
-         "vector_path.c")  # with conv.c's variants, one translation unit each
+         "gather.c", "vector_path.c")  # with conv.c's variants, one translation unit each
 HEADERS = ("vectors.h", "conv.c")  # included by the units
 TARGET_FLAGS = (("-O3", "-march=native"), ("-O3",))  # the CPU's own instructions, else the compiler's default target
 FLAGS = ("-pthread",)
@@ -128,10 +129,11 @@ class NativeConv:
             pool.argtypes = [ctypes.POINTER(PoolCall), ctypes.c_ssize_t, ctypes.c_ssize_t]
             pool.restype = None
         self.rows = RowSplitter(library)  # threads.c; the same library holds histogram.c, requantize.c, qconv.c,
-        self.histogram = NativeHistogram(library)  # island_conv.c and quantize.c
+        self.histogram = NativeHistogram(library)  # island_conv.c, quantize.c and gather.c
         self.requantize = NativeRequantize(library)
         self.integer = NativeInteger(library, self.rows)
         self.island = NativeIsland(library, self.rows, library.kernel_island_width())
+        self.gather = NativeGather(library)
 
     @staticmethod
     def takes(dtype: np.dtype) -> bool:
@@ -199,7 +201,7 @@ def prepare_pool(x: np.ndarray, kernel: list[int], strides: list[int], pads: lis
     batch, height, width, channels = x.shape
     y = aligned_empty((batch, *out, channels), x.dtype)
     counts = None if divisors is None else np.ascontiguousarray(divisors, np.float32)
-    call = PoolCall(x.ctypes.data, height, width, channels, y.ctypes.data, *out, *kernel, *strides, *pads,
+    call = PoolCall(address(x), height, width, channels, address(y), *out, *kernel, *strides, *pads,
                     *dilations, None if counts is None else counts.ctypes.data)
     work = y.size * kernel[0] * kernel[1]
     return RowsCall("max_pool_nhwc" if counts is None else "avg_pool_nhwc", call,
@@ -218,17 +220,24 @@ class ConvPlan:
         self.shape, self.dtype, self.parallel = shape, dtype, parallel
         self.channel_steps = channel_steps  # the weight blocks (or depthwise vectors) conv.c may split channels at
         self._keep = keep  # the arrays the call points into
+        self._call_type, self._rows = type(call), shape[0] * shape[1]
+        self._size, self._lanes = math.prod(shape), ALIGNMENT // dtype.itemsize
 
     def __call__(self, x: np.ndarray, residual: np.ndarray | None) -> np.ndarray:
-        y = aligned_empty(self.shape, self.dtype)
-        call = type(self.call).from_buffer_copy(self.call)
-        call.x, call.y = x.ctypes.data, y.ctypes.data
+        buffer = np.empty(self._size + self._lanes, self.dtype)  # the output, aligned as aligned_empty does
+        start = address(buffer)
+        skip = -start % ALIGNMENT // self.dtype.itemsize
+        call = self._call_type.from_buffer_copy(self.call)
+        call.x, call.y = address(x), start + skip * self.dtype.itemsize
         if residual is not None:
-            call.residual = residual.ctypes.data
-        threads = layer_thread_count() if self.parallel else 1
-        call.parts = self.parts(threads)
-        self.native.rows(self.function, ctypes.byref(call), call.rows * call.parts, threads)
-        return y
+            call.residual = address(residual)
+        if self.parallel:
+            threads = layer_thread_count()
+            call.parts = self.parts(threads)
+            self.native.rows(self.function, ctypes.byref(call), self._rows * call.parts, threads)
+        else:  # one part (the prepared call's)
+            self.function(ctypes.byref(call), 0, self._rows)
+        return buffer[skip:skip + self._size].reshape(self.shape)
 
     def parts(self, threads: int) -> int:
         """How many channel parts each output row is split into for `threads` threads: 1 while the rows alone
@@ -278,8 +287,17 @@ def aligned_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     costs two, which made the weight loads of a conv on unaligned packed weights about 1.6x slower."""
     size = math.prod(shape) * np.dtype(dtype).itemsize
     buffer = np.empty(size + ALIGNMENT, np.uint8)
-    start = -buffer.ctypes.data % ALIGNMENT
+    start = -address(buffer) % ALIGNMENT
     return buffer[start:start + size].view(dtype).reshape(shape)
+
+
+def address(array: np.ndarray) -> int:
+    """Where a C-contiguous array's memory starts. numpy's `.ctypes.data` builds a helper object (1.6 us, a few
+    times per layer call); a writable array's buffer gives it in a third of that."""
+    try:
+        return ctypes.addressof(ctypes.c_char.from_buffer(array))  # type: ignore[arg-type]
+    except (TypeError, ValueError, BufferError):  # read-only or empty
+        return int(array.ctypes.data)
 
 
 _LAYER_THREADS = threading.local()
@@ -481,10 +499,15 @@ def native_histogram() -> NativeHistogram | None:
     return None if conv is None else conv.histogram
 
 
+def native_switched_on() -> bool:
+    """Whether DABUILD_NATIVE_KERNELS leaves the native kernels on: the one check a prepared call repeats."""
+    return os.environ.get(SWITCH, "1") != "0"
+
+
 def native_conv() -> NativeConv | None:
     """The native conv, or None when DABUILD_NATIVE_KERNELS=0 or no C compiler can build it. Waits for a
     compile that `compile_in_background` started rather than starting a second one."""
-    if os.environ.get(SWITCH, "1") == "0":
+    if not native_switched_on():
         return None
     forced = os.environ.get(VECTOR_SWITCH) or None
     if forced is not None and (not forced.isdigit() or int(forced) not in WIDTHS):
