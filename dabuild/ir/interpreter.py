@@ -20,6 +20,7 @@ from dabuild.errors import UsageError
 from dabuild.ir.graph import Graph, TensorSpec
 from dabuild.ir.kernels.forking import forget_pool_after_fork
 from dabuild.ir.kernels.native import layer_threads
+from dabuild.ir.movement import MOVES, FusedMovement
 from dabuild.ir.ops import OPS, Activation
 from dabuild.ir.ops.base import Kernel
 from dabuild.ir.ops.linear import Conv
@@ -97,7 +98,7 @@ class Interpreter:
     def __init__(self, graph: Graph, threads: int = 1):
         self.graph = graph
         self.threads = threads
-        self.steps = _plan(graph, _fusions(graph))
+        self.steps = _plan(graph, _fusions(graph), fuse_movement=True)
         self.separate_steps = _plan(graph, {})
         self.splits = threads > 1 and _splittable(graph)
         self._pool: ThreadPoolExecutor | None = None
@@ -163,11 +164,13 @@ class Interpreter:
         return {name: values[name] for name in graph.outputs}
 
 
-def _plan(graph: Graph, fusions: dict[int, Fusion]) -> list[Step]:
-    """The steps: one per node, except that a fused conv's step also does its add and activation."""
+def _plan(graph: Graph, fusions: dict[int, Fusion], fuse_movement: bool = False) -> list[Step]:
+    """The steps: one per node, except that a fused conv's step also does its add and activation, and with
+    `fuse_movement` a run of data-movement nodes is one step (see `_fuse_movement`)."""
     absorbed = {index for fusion in fusions.values() for index in fusion.absorbed}
     steps: list[Step] = []
     in_place: list[tuple[int, ...]] = []
+    kinds: list[str] = []
     for index, node in enumerate(graph.nodes):
         op = OPS[node.op]
         if index in fusions:
@@ -180,6 +183,9 @@ def _plan(graph: Graph, fusions: dict[int, Fusion]) -> list[Step]:
         else:
             continue
         in_place.append(op.in_place)
+        kinds.append(node.op if op.samplewise(node.attrs) else "")  # "": never fused as a move
+    if fuse_movement:
+        steps, in_place = _fuse_movement(graph, steps, in_place, kinds)
     last = {name: index for index, step in enumerate(steps) for name in step.inputs}
     keep = set(graph.outputs) | set(graph.constants) | {spec.name for spec in graph.inputs}
     for index, (step, positions) in enumerate(zip(steps, in_place)):
@@ -187,6 +193,35 @@ def _plan(graph: Graph, fusions: dict[int, Fusion]) -> list[Step]:
         step.overwritable = [position for position in positions
                              if step.inputs[position] in step.finished and step.inputs.count(step.inputs[position]) == 1]
     return steps
+
+
+def _fuse_movement(graph: Graph, steps: list[Step], in_place: list[tuple[int, ...]],
+                   kinds: list[str]) -> tuple[list[Step], list[tuple[int, ...]]]:
+    """Each run of two or more consecutive samplewise data-movement steps (dabuild.ir.movement.MOVES) as one
+    step of a FusedMovement: its inputs are what the run reads from before it, its outputs what later steps or the graph's
+    outputs read. Consecutive in the plan's order, so everything it reads exists when it runs."""
+    fused: list[Step] = []
+    places: list[tuple[int, ...]] = []
+    start = 0
+    while start < len(steps):
+        end = start
+        while end < len(steps) and kinds[end] in MOVES:
+            end += 1
+        if end - start < 2:
+            fused.append(steps[start])
+            places.append(in_place[start])
+            start += 1
+            continue
+        run = steps[start:end]
+        made = {name for step in run for name in step.outputs}
+        inputs = list(dict.fromkeys(name for step in run for name in step.inputs if name not in made))
+        read_later = {name for step in steps[end:] for name in step.inputs} | set(graph.outputs)
+        outputs = [name for step in run for name in step.outputs if name in read_later]
+        kernel = FusedMovement([(step.kernel, step.inputs, step.outputs) for step in run], inputs, outputs)
+        fused.append(Step(kernel, inputs, outputs))
+        places.append(())
+        start = end
+    return fused, places
 
 
 @dataclass

@@ -357,6 +357,15 @@ def test_channels_last_histograms_split_by_rows_count_the_same(monkeypatch: pyte
     parts = histogram._parts(histogram.view(values, 1)[0])
     assert len({part[3] for part in parts}) > 1 and all(end - first >= 16 or channels < 16 for _, first, end, _ in parts)
     compiled = stats()
+    signed = memory.copy()
+    signed[..., 3] = np.where(np.arange(8)[:, None, None] % 2, 0.0, -0.0)  # zeros of both signs, in both slices
+    extremes = [histogram.extremes(histogram.view(signed.transpose(0, 3, 1, 2), 1)[0]) for _ in range(2)]
+    monkeypatch.setattr(native, "available_cores", lambda: 1)
+    whole = histogram.extremes(histogram.view(signed.transpose(0, 3, 1, 2), 1)[0])
+    for low, high, _ in extremes:  # whatever the split: +0 where an extreme is zero
+        assert low.tobytes() == whole[0].tobytes() and high.tobytes() == whole[1].tobytes()
+        assert not np.signbit(low[3]) and not np.signbit(high[3])
+    monkeypatch.setattr(native, "available_cores", lambda: 16)
     with_nan = memory.copy()
     with_nan[1, 2, 3, 4] = with_nan[7, 40, 1, 5] = np.nan  # in two slices: each part's count of them is summed
     with pytest.raises(BuildError, match="holds 2 NaN or infinite values"):

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dabuild.ir.kernels.threads import RowSplitter
+from dabuild.ir.kernels.threads import RowsCall, RowSplitter
 
 BLOCK_VECTORS = 4  # vectors of output channels per packed weight block (qconv.c's QBLOCK_VECS)
 PARALLEL_MACS = 2_000_000  # a conv with fewer multiply-adds runs on one thread
@@ -78,20 +78,15 @@ class NativeInteger:
 
     def __init__(self, library: ctypes.CDLL, rows: RowSplitter):
         self._rows = rows
-        self._conv = library.qconv2d_nhwc
-        self._conv.argtypes = [ctypes.POINTER(QConvCall), ctypes.c_ssize_t, ctypes.c_ssize_t]
-        self._conv.restype = None
-        self._conv_u8 = library.qconv2d_u8_nhwc
-        self._conv_u8.argtypes = self._conv.argtypes
-        self._conv_u8.restype = None
+        self._kernels = {name: getattr(library, name)
+                         for name in ("qconv2d_nhwc", "qconv2d_u8_nhwc", "qadd_lookup", "quantize_f32")}
+        calls = {"qconv2d_nhwc": QConvCall, "qconv2d_u8_nhwc": QConvCall, "qadd_lookup": QAddCall,
+                 "quantize_f32": QuantizeCall}
+        for name, kernel in self._kernels.items():
+            kernel.argtypes = [ctypes.POINTER(calls[name]), ctypes.c_ssize_t, ctypes.c_ssize_t]
+            kernel.restype = None
         library.qconv_u8_available.restype = ctypes.c_int
         self.quads = bool(library.qconv_u8_available())  # the uint8 x int8 kernel (VNNI) was compiled
-        self._add = library.qadd_lookup
-        self._add.argtypes = [ctypes.POINTER(QAddCall), ctypes.c_ssize_t, ctypes.c_ssize_t]
-        self._add.restype = None
-        self._quantize = library.quantize_f32
-        self._quantize.argtypes = [ctypes.POINTER(QuantizeCall), ctypes.c_ssize_t, ctypes.c_ssize_t]
-        self._quantize.restype = None
         library.qconv_lanes.restype = ctypes.c_ssize_t
         self.lanes = int(library.qconv_lanes())
 
@@ -114,68 +109,85 @@ class NativeInteger:
              strides: list[int], pads: list[int], dilations: list[int], out: list[int], storage: np.dtype,
              threads: int = 1) -> np.ndarray:
         """The (N, OH, OW, O) outputs in `storage` (1, 2 or 4 bytes) of x (N, H, W, C), 8-bit integers with
-        the given zero point; pads are the (top, left) ones, `out` is (OH, OW).
-
-        A weight packed in quads runs the uint8 x int8 kernel: x as u = q + 128 (int8) or q (uint8), the
-        padding as p = zero point (+ 128), and p * sum w taken off the bias (see qconv.c); the caller has
-        checked that 255 sum |w| + |that bias| stays in int32."""
-        batch, height, width, channels = x.shape
-        out_channels, _, kernel_h, kernel_w = weight.shape
-        r = requantization
-        bias = r.bias
-        if weight.group == 4:
-            pad = zero_point + (128 if x.dtype == np.int8 else 0)
-            inputs = np.empty((batch, height, width, weight.channels), np.uint8)
-            if x.dtype == np.int8:
-                np.bitwise_xor(x.view(np.uint8), np.uint8(0x80), out=inputs[..., :channels])  # q + 128
-            else:
-                inputs[..., :channels] = x
-            inputs[..., channels:] = pad
-            zeros = np.full(weight.channels, pad, np.uint8)
-            bias = np.ascontiguousarray(r.bias - pad * weight.sums)
-            kernel = self._conv_u8
-        else:
-            inputs = np.empty((batch, height, width, weight.channels), np.int16)
-            np.subtract(x, np.int16(zero_point), out=inputs[..., :channels], dtype=np.int16)
-            inputs[..., channels:] = 0  # the channel that makes an odd count even
-            zeros = np.zeros(weight.channels, np.int16)
-            kernel = self._conv
-        y = np.empty((batch, *out, out_channels), storage)
-        call = QConvCall(inputs.ctypes.data, height, width, weight.channels, weight.taps.ctypes.data,
-                         kernel_h, kernel_w, out_channels, weight.padded, bias.ctypes.data,
-                         r.multiplier.ctypes.data, r.shift.ctypes.data, r.zero_point, r.low, r.high,
-                         y.ctypes.data, y.itemsize, out[0], out[1], strides[0], strides[1], pads[0], pads[1],
-                         dilations[0], dilations[1], zeros.ctypes.data)
-        rows = batch * out[0]
-        macs = y.size * kernel_h * kernel_w * channels
-        self._rows(kernel, ctypes.byref(call), rows, threads if macs >= PARALLEL_MACS else 1)
-        return y
+        the given zero point; pads are the (top, left) ones, `out` is (OH, OW) (see `prepare_conv`)."""
+        return self.run(prepare_conv(x, zero_point, weight, requantization, strides, pads, dilations, out, storage),
+                        threads)
 
     def add_lookup(self, a: np.ndarray, b: np.ndarray, table: np.ndarray, threads: int = 1) -> np.ndarray:
         """table[a * 256 + b] element by element for two 1-byte arrays of one shape, in a's dtype and memory
         order (a and b in the same order: an NCHW view of channels-last memory stays one); a large array's
         elements split among `threads`."""
-        order = _memory_order(a)
-        if order is None or _memory_order(b) != order:
-            order = tuple(range(a.ndim))
-        a_flat = np.ascontiguousarray(a.transpose(order))
-        b_flat = np.ascontiguousarray(b.transpose(order))
-        y = np.empty_like(a_flat)
-        call = QAddCall(a_flat.ctypes.data, b_flat.ctypes.data, table.ctypes.data, y.ctypes.data)
-        self._rows(self._add, ctypes.byref(call), y.size, threads if y.size >= PARALLEL_LOOKUPS else 1)
-        return y.transpose(np.argsort(order))
+        return self.run(prepare_add(a, b, table), threads)
 
     def quantize(self, x: np.ndarray, scale: float, zero_point: int, qmin: int, qmax: int, storage: np.dtype,
                  threads: int = 1) -> np.ndarray:
         """float32 x as QuantParams.quantize makes it integers of `storage` (1 or 2 bytes; see quantize.c), in
         x's memory order; a large array's elements split among `threads`."""
-        order = _memory_order(x) or tuple(range(x.ndim))
-        flat = np.ascontiguousarray(x.transpose(order))
-        y = np.empty(flat.shape, storage)
-        call = QuantizeCall(flat.ctypes.data, np.float32(scale), np.float32(qmax - qmin), np.float32(zero_point),
-                            np.float32(qmin), np.float32(qmax), y.itemsize, y.ctypes.data)
-        self._rows(self._quantize, ctypes.byref(call), y.size, threads if y.size >= PARALLEL_LOOKUPS else 1)
-        return y.transpose(np.argsort(order))
+        return self.run(prepare_quantize(x, scale, zero_point, qmin, qmax, storage), threads)
+
+    def run(self, prepared: RowsCall, threads: int) -> np.ndarray:
+        return self._rows.run(self._kernels[prepared.kernel], prepared, threads)
+
+
+def prepare_conv(x: np.ndarray, zero_point: int, weight: PackedQWeight, requantization: Requantization,
+                 strides: list[int], pads: list[int], dilations: list[int], out: list[int],
+                 storage: np.dtype) -> RowsCall:
+    """`NativeInteger.conv`'s call. A weight packed in quads runs the uint8 x int8 kernel: x as u = q + 128
+    (int8) or q (uint8), the padding as p = zero point (+ 128), and p * sum w taken off the bias (see qconv.c);
+    the caller has checked that 255 sum |w| + |that bias| stays in int32."""
+    batch, height, width, channels = x.shape
+    out_channels, _, kernel_h, kernel_w = weight.shape
+    r = requantization
+    bias = r.bias
+    if weight.group == 4:
+        pad = zero_point + (128 if x.dtype == np.int8 else 0)
+        inputs = np.empty((batch, height, width, weight.channels), np.uint8)
+        if x.dtype == np.int8:
+            np.bitwise_xor(x.view(np.uint8), np.uint8(0x80), out=inputs[..., :channels])  # q + 128
+        else:
+            inputs[..., :channels] = x
+        inputs[..., channels:] = pad
+        zeros = np.full(weight.channels, pad, np.uint8)
+        bias = np.ascontiguousarray(r.bias - pad * weight.sums)
+        kernel = "qconv2d_u8_nhwc"
+    else:
+        inputs = np.empty((batch, height, width, weight.channels), np.int16)
+        np.subtract(x, np.int16(zero_point), out=inputs[..., :channels], dtype=np.int16)
+        inputs[..., channels:] = 0  # the channel that makes an odd count even
+        zeros = np.zeros(weight.channels, np.int16)
+        kernel = "qconv2d_nhwc"
+    y = np.empty((batch, *out, out_channels), storage)
+    call = QConvCall(inputs.ctypes.data, height, width, weight.channels, weight.taps.ctypes.data,
+                     kernel_h, kernel_w, out_channels, weight.padded, bias.ctypes.data,
+                     r.multiplier.ctypes.data, r.shift.ctypes.data, r.zero_point, r.low, r.high,
+                     y.ctypes.data, y.itemsize, out[0], out[1], strides[0], strides[1], pads[0], pads[1],
+                     dilations[0], dilations[1], zeros.ctypes.data)
+    arrays = (inputs, weight.taps, bias, r.multiplier, r.shift, y, zeros)
+    return RowsCall(kernel, call, arrays, batch * out[0], y, y.size * kernel_h * kernel_w * channels >= PARALLEL_MACS)
+
+
+def prepare_add(a: np.ndarray, b: np.ndarray, table: np.ndarray) -> RowsCall:
+    """`NativeInteger.add_lookup`'s call."""
+    order = _memory_order(a)
+    if order is None or _memory_order(b) != order:
+        order = tuple(range(a.ndim))
+    a_flat = np.ascontiguousarray(a.transpose(order))
+    b_flat = np.ascontiguousarray(b.transpose(order))
+    y = np.empty_like(a_flat)
+    call = QAddCall(a_flat.ctypes.data, b_flat.ctypes.data, table.ctypes.data, y.ctypes.data)
+    return RowsCall("qadd_lookup", call, (a_flat, b_flat, table, y), y.size, y.transpose(np.argsort(order)),
+                    y.size >= PARALLEL_LOOKUPS)
+
+
+def prepare_quantize(x: np.ndarray, scale: float, zero_point: int, qmin: int, qmax: int,
+                     storage: np.dtype) -> RowsCall:
+    """`NativeInteger.quantize`'s call."""
+    order = _memory_order(x) or tuple(range(x.ndim))
+    flat = np.ascontiguousarray(x.transpose(order))
+    y = np.empty(flat.shape, storage)
+    call = QuantizeCall(flat.ctypes.data, np.float32(scale), np.float32(qmax - qmin), np.float32(zero_point),
+                        np.float32(qmin), np.float32(qmax), y.itemsize, y.ctypes.data)
+    return RowsCall("quantize_f32", call, (flat, y), y.size, y.transpose(np.argsort(order)), y.size >= PARALLEL_LOOKUPS)
 
 
 def _memory_order(array: np.ndarray) -> tuple[int, ...] | None:

@@ -49,15 +49,16 @@ import numpy as np
 
 from dabuild.ir.kernels.compiling import CompileError, Sources, available_cores, build
 from dabuild.ir.kernels.forking import forget_pool_after_fork
+from dabuild.ir.kernels.gather import NativeGather
 from dabuild.ir.kernels.integer import NativeInteger
 from dabuild.ir.kernels.island import NativeIsland
-from dabuild.ir.kernels.threads import CHUNKS_PER_THREAD, RowSplitter
+from dabuild.ir.kernels.threads import CHUNKS_PER_THREAD, RowsCall, RowSplitter
 from dabuild.notices import warn
 
 COMPILER = "cc"
 VARIANTS = (("float", "int", "f32"), ("double", "long long", "f64"))  # conv.c's element types, its mask types, names
 UNITS = ("histogram.c", "requantize.c", "qconv.c", "threads.c", "pool.c", "island_conv.c", "quantize.c",
-         "vector_path.c")  # with conv.c's variants, one translation unit each
+         "gather.c", "vector_path.c")  # with conv.c's variants, one translation unit each
 HEADERS = ("vectors.h", "conv.c")  # included by the units
 TARGET_FLAGS = (("-O3", "-march=native"), ("-O3",))  # the CPU's own instructions, else the compiler's default target
 FLAGS = ("-pthread",)
@@ -123,15 +124,16 @@ class NativeConv:
                 kernel.argtypes = [ctypes.POINTER(call), ctypes.c_ssize_t, ctypes.c_ssize_t]
                 kernel.restype = None
                 self._kernels[dtype, depthwise] = kernel
-        self._pools = {"max": library.max_pool_nhwc, "average": library.avg_pool_nhwc}
+        self._pools = {name: getattr(library, name) for name in ("max_pool_nhwc", "avg_pool_nhwc")}
         for pool in self._pools.values():
             pool.argtypes = [ctypes.POINTER(PoolCall), ctypes.c_ssize_t, ctypes.c_ssize_t]
             pool.restype = None
         self.rows = RowSplitter(library)  # threads.c; the same library holds histogram.c, requantize.c, qconv.c,
-        self.histogram = NativeHistogram(library)  # island_conv.c and quantize.c
+        self.histogram = NativeHistogram(library)  # island_conv.c, quantize.c and gather.c
         self.requantize = NativeRequantize(library)
         self.integer = NativeInteger(library, self.rows)
         self.island = NativeIsland(library, self.rows, library.kernel_island_width())
+        self.gather = NativeGather(library)
 
     @staticmethod
     def takes(dtype: np.dtype) -> bool:
@@ -189,15 +191,22 @@ class NativeConv:
         skipped), or with `divisors` (float32 (OH, OW), each output's count) the averages (taps outside the
         input adding +0, as numpy's zero padding does); pads are the (top, left) ones, `out` is (OH, OW). A large
         pool (a tap costs about what a depthwise multiply-add does) splits its rows among the layer threads."""
-        batch, height, width, channels = x.shape
-        y = aligned_empty((batch, *out, channels), x.dtype)
-        counts = None if divisors is None else np.ascontiguousarray(divisors, np.float32)
-        call = PoolCall(x.ctypes.data, height, width, channels, y.ctypes.data, *out, *kernel, *strides, *pads,
-                        *dilations, None if counts is None else counts.ctypes.data)
-        work = y.size * kernel[0] * kernel[1]
-        threads = layer_thread_count() if work * DEPTHWISE_COST >= PARALLEL_MACS else 1
-        self.rows(self._pools["max" if counts is None else "average"], ctypes.byref(call), batch * out[0], threads)
-        return y
+        prepared = prepare_pool(x, kernel, strides, pads, dilations, out, divisors)
+        return self.rows.run(self._pools[prepared.kernel], prepared, layer_thread_count())
+
+
+def prepare_pool(x: np.ndarray, kernel: list[int], strides: list[int], pads: list[int], dilations: list[int],
+                 out: list[int], divisors: np.ndarray | None) -> RowsCall:
+    """`NativeConv.pool`'s call (same arguments)."""
+    batch, height, width, channels = x.shape
+    y = aligned_empty((batch, *out, channels), x.dtype)
+    counts = None if divisors is None else np.ascontiguousarray(divisors, np.float32)
+    call = PoolCall(address(x), height, width, channels, address(y), *out, *kernel, *strides, *pads,
+                    *dilations, None if counts is None else counts.ctypes.data)
+    work = y.size * kernel[0] * kernel[1]
+    return RowsCall("max_pool_nhwc" if counts is None else "avg_pool_nhwc", call,
+                    (x, y) if counts is None else (x, y, counts), batch * out[0], y,
+                    work * DEPTHWISE_COST >= PARALLEL_MACS)
 
 
 class ConvPlan:
@@ -211,17 +220,24 @@ class ConvPlan:
         self.shape, self.dtype, self.parallel = shape, dtype, parallel
         self.channel_steps = channel_steps  # the weight blocks (or depthwise vectors) conv.c may split channels at
         self._keep = keep  # the arrays the call points into
+        self._call_type, self._rows = type(call), shape[0] * shape[1]
+        self._size, self._lanes = math.prod(shape), ALIGNMENT // dtype.itemsize
 
     def __call__(self, x: np.ndarray, residual: np.ndarray | None) -> np.ndarray:
-        y = aligned_empty(self.shape, self.dtype)
-        call = type(self.call).from_buffer_copy(self.call)
-        call.x, call.y = x.ctypes.data, y.ctypes.data
+        buffer = np.empty(self._size + self._lanes, self.dtype)  # the output, aligned as aligned_empty does
+        start = address(buffer)
+        skip = -start % ALIGNMENT // self.dtype.itemsize
+        call = self._call_type.from_buffer_copy(self.call)
+        call.x, call.y = address(x), start + skip * self.dtype.itemsize
         if residual is not None:
-            call.residual = residual.ctypes.data
-        threads = layer_thread_count() if self.parallel else 1
-        call.parts = self.parts(threads)
-        self.native.rows(self.function, ctypes.byref(call), call.rows * call.parts, threads)
-        return y
+            call.residual = address(residual)
+        if self.parallel:
+            threads = layer_thread_count()
+            call.parts = self.parts(threads)
+            self.native.rows(self.function, ctypes.byref(call), self._rows * call.parts, threads)
+        else:  # one part (the prepared call's)
+            self.function(ctypes.byref(call), 0, self._rows)
+        return buffer[skip:skip + self._size].reshape(self.shape)
 
     def parts(self, threads: int) -> int:
         """How many channel parts each output row is split into for `threads` threads: 1 while the rows alone
@@ -271,8 +287,17 @@ def aligned_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     costs two, which made the weight loads of a conv on unaligned packed weights about 1.6x slower."""
     size = math.prod(shape) * np.dtype(dtype).itemsize
     buffer = np.empty(size + ALIGNMENT, np.uint8)
-    start = -buffer.ctypes.data % ALIGNMENT
+    start = -address(buffer) % ALIGNMENT
     return buffer[start:start + size].view(dtype).reshape(shape)
+
+
+def address(array: np.ndarray) -> int:
+    """Where a C-contiguous array's memory starts. numpy's `.ctypes.data` builds a helper object (1.6 us, a few
+    times per layer call); a writable array's buffer gives it in a third of that."""
+    try:
+        return ctypes.addressof(ctypes.c_char.from_buffer(array))  # type: ignore[arg-type]
+    except (TypeError, ValueError, BufferError):  # read-only or empty
+        return int(array.ctypes.data)
 
 
 _LAYER_THREADS = threading.local()
@@ -393,6 +418,10 @@ class NativeHistogram:
         for other_low, other_high in zip(lows[1:], highs[1:]):
             np.minimum(low, other_low, out=low)
             np.maximum(high, other_high, out=high)
+        # which of -0 and +0 a tie keeps depends on the order values were seen, so on the split: zero extremes
+        # are +0 (x + 0.0 is +0 for either zero), so the stats' bytes do not depend on this machine's cores
+        low += 0.0
+        high += 0.0
         return low, high, sum(bad)
 
     def count(self, view: TensorView, reciprocal: np.ndarray, offset: np.ndarray, counts: np.ndarray,
@@ -440,22 +469,28 @@ class NativeRequantize:
         """clamp(round((acc + bias) * multiplier / 2**shift) + zero_point) as int32 of the accumulator's shape,
         bias, multiplier and shift along `axis` (multiplier and shift of length 1 or per channel); None where
         the product could leave int64."""
-        axis %= accumulator.ndim
-        moved = np.moveaxis(accumulator, axis, -1)
-        if moved.flags.c_contiguous:  # channels innermost in memory, as the native conv leaves them
-            outer, channels, inner, logical = moved.size // moved.shape[-1], moved.shape[-1], 1, moved
-        else:
-            logical = np.ascontiguousarray(accumulator)
-            channels = accumulator.shape[axis]
-            inner = math.prod(accumulator.shape[axis + 1:])
-            outer = accumulator.size // max(channels * inner, 1)
-        y = np.empty(logical.shape, np.int32)
-        vectors = [np.ascontiguousarray(vector, np.int64) for vector in (bias, multiplier, shift)]
-        failed = self._function(logical.ctypes.data, outer, channels, inner, *(v.ctypes.data for v in vectors),
-                                len(vectors[1]) > 1, zero_point, low, high, y.ctypes.data)
-        if failed:
-            return None
-        return np.moveaxis(y, -1, axis) if logical is moved else y
+        arguments, result = requantize_arguments(accumulator, axis, bias, multiplier, shift, zero_point, low, high)
+        failed = self._function(*(a.ctypes.data if isinstance(a, np.ndarray) else a for a in arguments))
+        return None if failed else result
+
+
+def requantize_arguments(accumulator: np.ndarray, axis: int, bias: np.ndarray, multiplier: np.ndarray,
+                         shift: np.ndarray, zero_point: int, low: int, high: int) -> tuple[list[Any], np.ndarray]:
+    """requantize_channels' arguments for `NativeRequantize` (same arguments), arrays for its pointers, and the
+    result they make (a view of the output)."""
+    axis %= accumulator.ndim
+    moved = np.moveaxis(accumulator, axis, -1)
+    if moved.flags.c_contiguous:  # channels innermost in memory, as the native conv leaves them
+        outer, channels, inner, logical = moved.size // moved.shape[-1], moved.shape[-1], 1, moved
+    else:
+        logical = np.ascontiguousarray(accumulator)
+        channels = accumulator.shape[axis]
+        inner = math.prod(accumulator.shape[axis + 1:])
+        outer = accumulator.size // max(channels * inner, 1)
+    y = np.empty(logical.shape, np.int32)
+    vectors = [np.ascontiguousarray(vector, np.int64) for vector in (bias, multiplier, shift)]
+    arguments = [logical, outer, channels, inner, *vectors, int(len(vectors[1]) > 1), zero_point, low, high, y]
+    return arguments, np.moveaxis(y, -1, axis) if logical is moved else y
 
 
 def native_histogram() -> NativeHistogram | None:
@@ -464,10 +499,15 @@ def native_histogram() -> NativeHistogram | None:
     return None if conv is None else conv.histogram
 
 
+def native_switched_on() -> bool:
+    """Whether DABUILD_NATIVE_KERNELS leaves the native kernels on: the one check a prepared call repeats."""
+    return os.environ.get(SWITCH, "1") != "0"
+
+
 def native_conv() -> NativeConv | None:
     """The native conv, or None when DABUILD_NATIVE_KERNELS=0 or no C compiler can build it. Waits for a
     compile that `compile_in_background` started rather than starting a second one."""
-    if os.environ.get(SWITCH, "1") == "0":
+    if not native_switched_on():
         return None
     forced = os.environ.get(VECTOR_SWITCH) or None
     if forced is not None and (not forced.isdigit() or int(forced) not in WIDTHS):

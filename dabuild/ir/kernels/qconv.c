@@ -10,8 +10,8 @@
  * narrower, columns past O zero); block b is (KH, KW, C2 / 2, width_b, 2): for one tap and one pair of input
  * channels, the pairs (w[c], w[c + 1]) of width_b output channels, contiguous. A multiply-add of pairs
  * (vpmaddwd, or VNNI's vpdpwssd) against a broadcast pair of inputs adds x[c] w[c] + x[c+1] w[c+1] to each
- * output channel's int32. A register block is QPIXELS neighbouring output pixels times up to QBLOCK_VECS
- * vectors of channels.
+ * output channel's int32 (NEON: a widening multiply and a pairwise add). A register block is QPIXELS
+ * neighbouring output pixels times up to QBLOCK_VECS vectors of channels.
  *
  * With AVX-512 VNNI a second kernel, qconv2d_u8_nhwc, multiplies uint8 inputs by int8 weights four at a time
  * (vpdpbusd): the same code over quads of input channels (see its comment).
@@ -28,6 +28,8 @@
 #include <string.h>
 #if defined(__AVX512BW__) || defined(__AVX2__)
 #include <immintrin.h>
+#elif defined(__aarch64__)
+#include <arm_neon.h>
 #endif
 
 /* The 4 input bytes of one multiply-add step, as one int32 to broadcast. */
@@ -58,6 +60,20 @@ typedef __m256i qvec;
 #define QBROADCAST(p) _mm256_set1_epi32(qgroup(p))
 #define QMADD(acc, x, w) _mm256_add_epi32((acc), _mm256_madd_epi16((x), (w)))
 #define QSTORE(p, v) _mm256_storeu_si256((__m256i *)(p), (v))
+#elif defined(__aarch64__)
+/* NEON: the products of 8 int16 lanes widened (vmull), adjacent pairs added (vpaddq): vpmaddwd's sums. */
+#define QLANES 4
+typedef int32x4_t qvec;
+static inline qvec qmadd(qvec acc, qvec x, qvec w)
+{
+    int16x8_t xs = vreinterpretq_s16_s32(x), ws = vreinterpretq_s16_s32(w);
+    return vaddq_s32(acc, vpaddq_s32(vmull_s16(vget_low_s16(xs), vget_low_s16(ws)), vmull_high_s16(xs, ws)));
+}
+#define QZERO() vdupq_n_s32(0)
+#define QLOAD(p) vld1q_s32((const int32_t *)(const void *)(p))
+#define QBROADCAST(p) vdupq_n_s32(qgroup(p))
+#define QMADD(acc, x, w) qmadd((acc), (x), (w))
+#define QSTORE(p, v) vst1q_s32((int32_t *)(p), (v))
 #else
 #define QLANES 8
 typedef struct { int32_t lane[QLANES]; } qvec;

@@ -9,9 +9,27 @@ takes fewer), and it runs them on the calling thread alone when one thread is as
 from __future__ import annotations
 
 import ctypes
+from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 CHUNKS_PER_THREAD = 4  # a parallel layer's rows are handed out in about this many chunks per thread
+
+
+@dataclass(frozen=True)
+class RowsCall:
+    """One call of a kernel `f(call, first row, end row)`, prepared: the kernel's name in the library, its call
+    structure, the arrays the call points into, its rows (elements, for elementwise kernels), whether it has
+    the work for threads to share them, and its result (a view of the output the call fills). Preparing apart
+    from running lets tests/ir/arm64_kernels.py run the same call on arm64."""
+
+    kernel: str
+    call: ctypes.Structure
+    arrays: tuple[np.ndarray, ...]
+    rows: int
+    result: np.ndarray
+    parallel: bool = False
 
 
 class RowSplitter:
@@ -31,3 +49,8 @@ class RowSplitter:
             return
         chunk = max(1, rows // (parts * CHUNKS_PER_THREAD))
         self._parallel(ctypes.cast(function, ctypes.c_void_p), call, rows, chunk, parts)
+
+    def run(self, function: Any, prepared: RowsCall, threads: int) -> np.ndarray:
+        """A prepared call of `function` (its kernel), shared among `threads` if it has the work; its result."""
+        self(function, ctypes.byref(prepared.call), prepared.rows, threads if prepared.parallel else 1)
+        return prepared.result

@@ -41,6 +41,7 @@ from dabuild.ir.kernels.native import (
     NativeActivation,
     PackedWeight,
     native_conv,
+    native_switched_on,
 )
 from dabuild.ir.ops.activation import check_activation, fused_activation
 from dabuild.ir.ops.base import (
@@ -316,8 +317,10 @@ def _rows(a: np.ndarray) -> np.ndarray:
     of the transposed view walks 3-element rows and took 0.24 ms for one 224x224 image, a fifth of the
     stem conv after it; by channel, 0.06 ms."""
     four = a if a.ndim == 4 else a[:, :, None]
-    last = channels_last(four)
-    if last.flags.c_contiguous or four.shape[1] > FEW_CHANNELS:
+    last = four.transpose(0, 2, 3, 1)
+    if last.flags.c_contiguous:
+        return last
+    if four.shape[1] > FEW_CHANNELS:
         return np.ascontiguousarray(last)
     rows = np.empty(last.shape, a.dtype)
     for channel in range(four.shape[1]):
@@ -335,12 +338,15 @@ class PlannedConv:
     sizes: list[int]
     activation: Callable[[np.ndarray], np.ndarray] | None
 
+    def __post_init__(self) -> None:
+        self.shape = (self.plan.shape[0], *self.sizes, self.plan.shape[-1])  # (N, *out, O) channels last
+        self.axes = (0, len(self.shape) - 1, *range(1, 1 + len(self.sizes)))  # to (N, O, *out)
+
     def __call__(self, x: np.ndarray, residual: np.ndarray | None) -> np.ndarray:
-        y = self.plan(_rows(x), None if residual is None else _rows(residual))
-        y = y.reshape(len(y), *self.sizes, y.shape[-1])
+        y = self.plan(_rows(x), None if residual is None else _rows(residual)).reshape(self.shape)
         if self.activation is not None:
             self.activation(y)
-        return y.transpose(0, -1, *range(1, 1 + len(self.sizes)))
+        return y.transpose(self.axes)
 
 
 class NativeCache:
@@ -365,10 +371,11 @@ class NativeCache:
     def planned(self, x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None,
                 residual: np.ndarray | None) -> PlannedConv | None:
         """The prepared call if it fits these arrays (the same weight and bias, x's shape and dtype, a residual
-        of the output's shape and dtype where the plan adds one) and the native kernels are still on."""
+        of the output's shape and dtype where the plan adds one) and the native kernels are still on. A prepared
+        call keeps the vector path it was prepared with: `native_conv`, which also reads that, cost 3 us a layer."""
         last = self.last
         if (last is None or last[1] is not weight or last[2] is not bias or last[0] != self._key(x, residual)
-                or native_conv() is None):
+                or not native_switched_on()):
             return None
         return last[3]
 
