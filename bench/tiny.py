@@ -28,8 +28,12 @@ target's (dabuild's rounding, float64 scales: the row's own build) and from the 
 QGraph with rounding tflm (what the c target computes with `rounding: tflm`; goal 0). A model the tflite target
 cannot write shows what it refused.
 
+With --functions, after the table, where each inference went: per model and CPU, the functions of the image
+(a layer's forward function is named after the layer) that took at least 1 % of its estimated cycles (of its
+instructions on a core without a timing model), with their instructions and estimated cycles.
+
 Usage: python bench/tiny.py [--models kws vww ic ad wakeword] [--cpus cortex-m4 cortex-m7 cortex-m33 cortex-m55]
-                            [--cflags=-O2] [--tflm DIR]
+                            [--cflags=-O2] [--tflm DIR] [--functions]
 """
 
 from __future__ import annotations
@@ -68,6 +72,27 @@ GOAL = 0.8
 ARENA_GOAL = 1.1
 PATCH_GOAL = 0.6
 CHECKED_SAMPLES = 4
+FUNCTION_SHARE = 0.01   # --functions lists the functions of at least this share of an inference
+
+
+def function_rows(name: str, cpu: str, functions: dict[str, dict[str, int]]) -> list[list[str]]:
+    """The functions of one inference that took at least FUNCTION_SHARE of its estimated cycles (of its
+    instructions where the core has no estimate), most first, then the others as one line."""
+    estimated = all("estimated_cycles" in share for share in functions.values())
+    key = "estimated_cycles" if estimated else "instructions"
+    total = sum(share[key] for share in functions.values())
+
+    def row(function: str, instructions: int, measure: int, cycles: int) -> list[str]:
+        return [name, cpu, function, f"{instructions:,}", f"{cycles:,}" if estimated else "-", f"{measure / total:.1%}"]
+
+    major = {function: share for function, share in functions.items() if share[key] >= FUNCTION_SHARE * total}
+    minor = [share for function, share in functions.items() if function not in major]
+    rows = [row(function, share["instructions"], share[key], share.get("estimated_cycles", 0))
+            for function, share in major.items()]
+    if minor:
+        rows.append(row(f"({len(minor)} others)", sum(share["instructions"] for share in minor),
+                        sum(share[key] for share in minor), sum(share.get("estimated_cycles", 0) for share in minor)))
+    return rows
 
 
 def _patched(arena: dict) -> str:
@@ -113,12 +138,14 @@ def main() -> None:
     parser.add_argument("--cflags", default="-O2")
     parser.add_argument("--tflm", type=Path, metavar="DIR", default=None,
                         help="the peer checkouts' folder: measure TFLM+CMSIS-NN in this run (bench/tflm_peer.py)")
+    parser.add_argument("--functions", action="store_true",
+                        help="also list, per model and CPU, the functions that took 1 %% or more of an inference")
     args = parser.parse_args()
     try:
         checkouts = Checkouts(args.tflm) if args.tflm else None
     except PeerMissing as missing:
         parser.error(str(missing))
-    rows = []
+    rows, functions = [], []
     for name in args.models:
         qgraph, data = quantized(name)
         samples = qgraph.input_params.quantize(data[:CHECKED_SAMPLES])
@@ -147,6 +174,7 @@ def main() -> None:
                          f"{arena['peak_bytes'] / max(arena['activation_lower_bound_bytes'], 1):.2f}x",
                          f"{peer_arena:,}" if peer_arena else "-", _patched(arena),
                          *([differ] if checkouts else [])])
+            functions += function_rows(name, cpu, figures["functions"])
             print(f"measured {name} on {cpu}", file=sys.stderr, flush=True)
         files.cleanup()
     source = "measured here" if checkouts else "peers.md"
@@ -163,6 +191,9 @@ def main() -> None:
           f"in qemu; {peers}; estimated cycles from "
           "dabuild.targets.c.cycles' timing model (M4 and M55 only; no flash wait states)\n")
     print_table(header, rows)
+    if args.functions:
+        print("\nWhere each inference went (estimated cycles; instructions only where the core has no estimate):\n")
+        print_table(["model", "cpu", "function", "instructions", "estimated cycles", "share"], functions)
 
 
 if __name__ == "__main__":

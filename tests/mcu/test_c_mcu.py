@@ -26,7 +26,7 @@ from dabuild.qir.reference import run_integer
 from dabuild.quant.defaults import default_config
 from dabuild.targets.c import CTarget, firmware
 from dabuild.targets.c.codegen import COMMON_HEADER, stored_bytes
-from dabuild.targets.c.kernels.linear import interleave
+from dabuild.targets.c.kernels.linear import channel_paired, interleave
 from dabuild.targets.c.profiles import PROFILES
 
 pytestmark = pytest.mark.skipif(shutil.which("arm-none-eabi-gcc") is None or shutil.which("qemu-system-arm") is None,
@@ -64,12 +64,16 @@ def run_in_qemu(qgraph, folder: Path, cpu: str, cflags: list[str] = STRICT,
 @pytest.mark.parametrize("cpu", VARIANTS)
 @pytest.mark.parametrize("case", ISA_PATHS)
 def test_kernel_variant_equals_the_integer_reference_in_qemu(case: str, cpu: str, tmp_path: Path) -> None:
-    actual, expected, manifest, _ = run_in_qemu(lowered(case), tmp_path, cpu)
+    qgraph = lowered(case)
+    actual, expected, manifest, _ = run_in_qemu(qgraph, tmp_path, cpu)
     assert np.array_equal(actual, expected), f"{np.sum(actual != expected)} of {expected.size} outputs differ"
     assert manifest["cpu"] == cpu and manifest["firmware"]["flash_bytes"] > 0
     if case.startswith("conv ") or case == "conv1d":
-        # im2col only where a window row is not contiguous or not a whole number of the core's words or vectors
-        im2col = "groups" in case or "dilation" in case or (cpu == "cortex-m55" and case in ROWS_NOT_VECTORS)
+        # im2col only where a window row is not contiguous or not a whole number of the core's words or vectors,
+        # and on a DSP core where the channels are no multiple of 4 (the im2col widens each window once)
+        channels = qgraph.tensors[qgraph.input].shape[0]
+        im2col = ("groups" in case or "dilation" in case or (cpu == "cortex-m55" and case in ROWS_NOT_VECTORS)
+                  or (cpu == "cortex-m4" and channels % 4 != 0))
         assert manifest["kernels"]["c"] == ("conv_mcu" if im2col else "conv_rows")
 
 
@@ -199,6 +203,17 @@ def test_interleave_is_its_own_inverse_and_pairs_for_sxtb16() -> None:
     rows = np.arange(8).reshape(1, 8)
     assert interleave(rows).tolist() == [[0, 2, 1, 3, 4, 6, 5, 7]]
     assert np.array_equal(interleave(interleave(rows)), rows)
+
+
+def test_channel_paired_weights_give_each_channel_its_pair_of_the_widened_input() -> None:
+    """SXTB16 of a stored word is its bytes 0 and 2, ROR 8 its bytes 1 and 3; the input widens to (x0, x2, x1,
+    x3) per 4: the SMLADs of conv_rows_dsp.j2 then sum each channel's exact dot product."""
+    rng = np.random.default_rng(5)
+    weight, x = rng.integers(-128, 128, (4, 12)), rng.integers(-128, 128, 12)
+    words = channel_paired(interleave(weight.astype(np.int8))).astype(np.int64).reshape(2, 6, 4)   # channel, depth pairs
+    widened = interleave(x[None])[0].reshape(6, 2)
+    sums = [[int(sum(widened[j] @ words[m, j, [c, c + 2]] for j in range(6))) for c in (0, 1)] for m in range(2)]
+    assert np.array_equal(np.array(sums).reshape(-1), weight @ x)
 
 
 def test_sizes_and_options_are_validated() -> None:

@@ -134,6 +134,18 @@ def test_the_counting_image_reports_classes_that_sum_to_its_instructions(tmp_pat
     assert figures["estimated_cycles_per_inference"] > figures["instructions_per_inference"]
 
 
+def test_an_inference_splits_by_function_into_shares_that_sum_to_it(tmp_path: Path) -> None:
+    figures = measured("cortex-m4", "conv 3x3 pad 1", tmp_path)
+    functions = figures["functions"]
+    assert sum(share["instructions"] for share in functions.values()) == figures["instructions_per_inference"]
+    assert sum(share["estimated_cycles"] for share in functions.values()) == figures["estimated_cycles_per_inference"]
+    cycles = [share["estimated_cycles"] for share in functions.values()]
+    assert cycles == sorted(cycles, reverse=True)
+    assert next(iter(functions)).startswith("l_c")   # the conv layer's own function takes the most
+
+
 def test_a_core_without_a_timing_table_gets_no_estimate(tmp_path: Path) -> None:
     figures = measured("cortex-m33", "dense per tensor", tmp_path)
     assert figures["instructions_per_inference"] > 0 and "estimated_cycles_per_inference" not in figures
+    assert sum(share["instructions"] for share in figures["functions"].values()) == figures["instructions_per_inference"]
+    assert not any("estimated_cycles" in share for share in figures["functions"].values())

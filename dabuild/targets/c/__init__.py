@@ -108,6 +108,21 @@ def _parsed_manifest(path: Path, mtime_ns: int, size: int) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
+def _function_shares(executions: list[cycles.Execution], disassembly: cycles.Disassembly,
+                     timing: cycles.Timing | None) -> dict[str, dict[str, int]]:
+    """Per function of the image (a layer's forward function, model_forward, a library call), the instructions
+    and estimated cycles `executions` (one inference) spent in it, most first."""
+    totals: dict[str, dict[str, int]] = {}
+    for execution in executions:
+        for name, share in cycles.by_function(execution, disassembly, timing).items():
+            entry = totals.setdefault(name, {"instructions": 0})
+            entry["instructions"] += share.instructions
+            if share.cycles is not None:
+                entry["estimated_cycles"] = entry.get("estimated_cycles", 0) + share.cycles
+    return dict(sorted(totals.items(), key=lambda item: (-item[1].get("estimated_cycles", 0),
+                                                         -item[1]["instructions"], item[0])))
+
+
 def _tool_version(path: str) -> str:
     """The first line `path --version` prints: a compiler's or emulator's identity for cache keys."""
     result = subprocess.run([path, "--version"], check=False, capture_output=True, text=True)
@@ -426,6 +441,7 @@ class CTarget(Target):
                 measured["estimated_cycles_per_inference"] = sum(estimate.cycles for estimate in window)
                 measured["instruction_classes"] = {kind: sum(estimate.classes.get(kind, 0) for estimate in window)
                                                    for kind in sorted({kind for e in window for kind in e.classes})}
+            measured["functions"] = _function_shares(executions[:inference], disassembly, timing)
         report: dict[str, Any] = {"firmware": measured} if measured else {}
         arena = manifest.get("arena", {})
         if arena.get("patch"):

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -210,39 +211,76 @@ def estimate(execution: Execution, instructions: dict[int, Instruction], timing:
     disassembly does not hold (the log and the image disagree)."""
     cycles, taken_total = 0, 0
     classes: dict[str, int] = {}
+    for _, count, kind, taken, price in _priced(execution, instructions, timing):
+        classes[kind] = classes.get(kind, 0) + count
+        taken_total += taken
+        cycles += price
+    return Estimate(cycles, classes, taken_total)
+
+
+@dataclass(frozen=True)
+class Share:
+    """What one function of the image took of an execution: instructions, and estimated cycles (None on a core
+    without a timing model)."""
+
+    instructions: int
+    cycles: int | None
+
+
+def by_function(execution: Execution, disassembly: Disassembly, timing: Timing | None) -> dict[str, Share]:
+    """`execution` split by the function symbol each executed address lies in (the nearest at or below it),
+    most cycles (or instructions) first: where an inference's time goes, layer by layer, since every layer's
+    forward function is its own symbol (DABUILD_OUT_OF_LINE) and the helpers it inlines count as its own."""
+    instructions, symbols = disassembly
+    starts = sorted((address, name) for name, address in symbols.items())
+    addresses = np.array([address for address, _ in starts], np.int64)
+    prices = ({instruction.address: price for instruction, _, _, _, price in _priced(execution, instructions, timing)}
+              if timing is not None else {})
+    counts: dict[str, list[int]] = {}
+    for address, count in execution.addresses():
+        index = int(np.searchsorted(addresses, address, side="right")) - 1
+        totals = counts.setdefault(starts[index][1] if index >= 0 else "?", [0, 0])
+        totals[0] += count
+        totals[1] += prices.get(address, 0)
+    order = sorted(counts.items(), key=lambda item: (-item[1][1], -item[1][0], item[0]))
+    return {name: Share(total[0], total[1] if timing is not None else None) for name, total in order}
+
+
+def _priced(execution: Execution, instructions: dict[int, Instruction],
+            timing: Timing) -> Iterator[tuple[Instruction, int, str, int, int]]:
+    """Per instruction executed: it, its executions, its class, how often it branched away, and its cycles."""
     memory = {LOAD_STORE}
     for address, count in execution.addresses():
         instruction = instructions.get(address)
         if instruction is None:
             raise BuildError(f"qemu executed address {address:#x}, which the image's disassembly does not hold")
         kind = classify(instruction)
-        classes[kind] = classes.get(kind, 0) + count
         straight_on = execution.at(execution.after_narrow if instruction.size == 2 else execution.after_wide,
                                    address + instruction.size)
+        taken, cycles = 0, 0
         if kind in (BRANCH, LOOP_END):
             taken = count - straight_on
-            taken_total += taken
             if kind == LOOP_END:
-                cycles += count * timing.loop_end
+                cycles = count * timing.loop_end
             else:
-                cycles += count + taken * timing.branch_refill + (count if instruction.mnemonic in ("tbb", "tbh") else 0)
+                cycles = count + taken * timing.branch_refill + (count if instruction.mnemonic in ("tbb", "tbh") else 0)
         elif kind == LOAD_STORE:
             double = instruction.mnemonic.startswith(("ldrd", "strd"))
             after = _arrivals_from(execution, instructions, address, memory) if not double else 0
-            cycles += count * (3 if double else timing.load_store) - after * (timing.load_store
-                                                                               - timing.load_store_pipelined)
+            cycles = count * (3 if double else timing.load_store) - after * (timing.load_store
+                                                                              - timing.load_store_pipelined)
         elif kind == MULTIPLE:
             registers = _registers(instruction.operands)
             refill = timing.branch_refill if "pc" in registers else 0
-            cycles += count * (1 + len(registers) + refill)
+            cycles = count * (1 + len(registers) + refill)
         elif kind in (VECTOR, VECTOR_MEMORY):
             other = {VECTOR_MEMORY} if kind == VECTOR else {VECTOR}
             overlapped = _arrivals_from(execution, instructions, address, other)
-            cycles += count * timing.vector - overlapped * (timing.vector - timing.vector_overlapped)
+            cycles = count * timing.vector - overlapped * (timing.vector - timing.vector_overlapped)
         else:
-            cycles += count * {MULTIPLY_ACCUMULATE: timing.multiply_accumulate, DIVIDE: timing.divide,
-                               FLOAT_LONG: timing.float_long}.get(kind, 1)
-    return Estimate(cycles, classes, taken_total)
+            cycles = count * {MULTIPLY_ACCUMULATE: timing.multiply_accumulate, DIVIDE: timing.divide,
+                              FLOAT_LONG: timing.float_long}.get(kind, 1)
+        yield instruction, count, kind, taken, cycles
 
 
 def _arrivals_from(execution: Execution, instructions: dict[int, Instruction], address: int,

@@ -267,13 +267,13 @@ def test_an_nhwc_input_reaches_the_conv_as_it_comes(tmp_path: Path) -> None:
 
 
 def requantize_cases() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(acc, multiplier, shift) at every shift 1..62: extremes, zero, random values, and exact ties
+    """(acc, multiplier, shift) at every shift 1..62: extremes, zero (a multiplier of 0 too), random values, and exact ties
     (acc * multiplier an odd multiple of 2^(shift - 1)) of both signs."""
     rng = np.random.default_rng(24)
     cases: list[tuple[int, int, int]] = []
     for shift in range(1, 63):
         cases += [(acc, multiplier, shift) for acc, multiplier in
-                  [(0, 2**31 - 1), (2**31 - 1, 2**31 - 1), (-(2**31 - 1), 2**31 - 1), (1, 1), (-1, 1)]]
+                  [(0, 2**31 - 1), (2**31 - 1, 2**31 - 1), (-(2**31 - 1), 2**31 - 1), (1, 1), (-1, 1), (-7, 0)]]
         cases += [(int(rng.integers(-(2**31) + 1, 2**31)), int(rng.integers(1, 2**31)), shift) for _ in range(20)]
         low = min(shift - 1, 30)  # a tie: (2j + 1) * 2^(shift - 1) as multiplier 2^low times acc (2j + 1) * 2^rest
         rest = shift - 1 - low

@@ -20,8 +20,9 @@ vector used by several sums and no horizontal sum until the end.
 
 On a Cortex-M profile the general conv is `conv_mcu`: the same tiled GEMM
 with int8 weights in flash and a register block sized for the core (2 x 2
-sums on the DSP cores and M0/M3, whose inner loop is SMLAD on int16 columns
-and SXTB16-widened weights; 2 channels x 3 or 2 pixels of 16-lane int8 vector
+sums on M0/M3; 2 channels x 3 pixels on the DSP cores, whose inner loop is
+SMLAD on int16 columns and weights stored in channel pairs, each word
+widened by SXTB16 into both channels' pairs; 2 channels x 3 or 2 pixels of 16-lane int8 vector
 MACs on Helium, whose columns stay int8 and whose input zero point is folded
 into the bias, the padding taps then holding the zero point). Its scratch is
 one block of pixels' windows, nothing more.
@@ -247,7 +248,9 @@ def _mcu_geometry(step: Step) -> dict[str, int]:
     # Helium: 2 channels x 3 or 2 pixels, the block that wastes fewest pixel slots on the last partial tile
     # (9 pixels: 3 x 3), larger first on a tie. 4 pixels would need 8 accumulators and 6 row pointers
     # beside the loop counter, more than the 13 general registers, and gcc spills one inside the loop.
-    pixel_block = min((3, 2), key=lambda block: (_round_up(pixels, block), -block)) if step.profile.isa == MVE else 2
+    # DSP: 2 channels x 3 pixels (conv_dsp.loop.j2, the block of conv_rows_dsp.j2); M0/M3: 2 x 2.
+    pixel_block = {MVE: min((3, 2), key=lambda block: (_round_up(pixels, block), -block)),
+                   DSP: WIDENED_PIXELS}.get(step.profile.isa, 2)
     return _gemm_shape(step, 2, pixel_block, pixel_block, step.profile.depth_multiple)
 
 
@@ -279,9 +282,14 @@ def _rows_apply(layer: QConv, qgraph: QGraph, profile: Profile) -> str | None:
         return why
     if layer.groups != 1 or any(d != 1 for d in layer.dilations):
         return "grouped or dilated (a window row is not contiguous in the input)"
-    row_bytes = int(layer.weight.shape[-1]) * qgraph.tensors[layer.inputs[0]].shape[0]
-    if row_bytes % _row_multiple(profile) and not _fits_nibbles(layer.weight):   # 4-bit: packed, any row
+    channels = qgraph.tensors[layer.inputs[0]].shape[0]
+    row_bytes = int(layer.weight.shape[-1]) * channels
+    if _fits_nibbles(layer.weight):   # 4-bit: packed, any row
+        return None
+    if row_bytes % _row_multiple(profile):
         return f"a window row of {row_bytes} bytes is no multiple of {_row_multiple(profile)}"
+    if profile.isa == DSP and not profile.for_size and channels % 4:
+        return f"{channels} channels, no multiple of 4 (the im2col GEMM widens such windows to int16 once per pixel)"
     return None
 
 
@@ -318,7 +326,51 @@ def _pointwise(window: dict[str, int]) -> bool:
 
 def _band_bytes(step: Step) -> int:
     geometry = _conv_window(step)
+    if _widened(step):
+        if _single_pixels(geometry):
+            return 2 * WIDENED_PIXELS * geometry["channels"]
+        return 2 * geometry["kernel_height"] * geometry["padded_width"] * geometry["channels"]
     return geometry["kernel_height"] * geometry["padded_width"] * geometry["channels"] if geometry["padded"] else 0
+
+
+WIDENED_PIXELS = 3   # conv_rows_dsp.j2's block: 2 channels x 3 pixels (6 sums, 3 pixel pairs, a weight word and
+# its two pairs, w, x and the count fill the 14 registers), the fewest cycles per MAC that fit them
+
+
+def _widened(step: Step) -> bool:
+    """Whether conv_rows takes the DSP path of conv_rows_dsp.j2 (int16-widened input, channel-paired weights):
+    a DSP core not built for size, int8 weights and channels a multiple of 4 (so every window's kernel rows
+    start on a word of the input and widen alike)."""
+    layer: QConv = step.layer  # type: ignore[assignment]
+    channels = step.inputs[0].shape[0]
+    return (step.profile.isa == DSP and not step.profile.for_size and channels % 4 == 0
+            and not _fits_nibbles(layer.weight))
+
+
+def _single_pixels(window: dict[str, int]) -> bool:
+    """A 1x1 kernel without padding: each window is one pixel, widened with its block (any stride)."""
+    return window["kernel_height"] == window["kernel_width"] == 1 and not window["padded"]
+
+
+def _pair_unroll(pairs: int) -> int:
+    """Pairs of int16 inputs per trip of the DSP GEMM loops: the most, up to 8, that divide a row's `pairs`, so
+    no remainder code (VWW's stem, 14 pairs: 2 trips of 7, where trips of 2 cost 7 loop ends)."""
+    return max(unroll for unroll in range(1, 9) if pairs % unroll == 0)
+
+
+def _pixel_blocks(width: int, block: int) -> list[tuple[int, int, int]]:
+    """(pixels, first, end) of the runs of blocks covering an output row: whole blocks, then one of the rest."""
+    whole = width - width % block
+    return [run for run in ((block, 0, whole), (width % block, whole, width)) if run[0] and run[2] > run[1]]
+
+
+def channel_paired(weight: np.ndarray) -> np.ndarray:
+    """[..., out][depth] int8 (out and depth even) as the DSP GEMM loops read them (conv_rows_dsp.j2,
+    conv_dsp.loop.j2): per pair of channels (c0, c1) and pair of depth (a, b) the word [c0 a, c1 a, c0 b, c1 b],
+    so SXTB16 gives channel c0's pair and SXTB16 ROR 8 channel c1's; a channel pair's words follow one another."""
+    *rest, outputs, depth = weight.shape
+    pairs = weight.reshape(*rest, outputs // 2, 2, depth // 2, 2)
+    return np.ascontiguousarray(np.moveaxis(pairs, -3, -1)).reshape(*rest, outputs, depth)
 
 
 @kernel("conv", "conv_rows", config="weighted", inputs=CHANNELS_LAST, outputs=CHANNELS_LAST, granularities=BOTH,
@@ -328,6 +380,8 @@ def conv_rows(step: Step) -> dict[str, Any]:
     pads, of the band: the kernel-height rows of the padded input one output row reads, copied per output row),
     so its scratch is that band or nothing."""
     layer: QConv = step.layer  # type: ignore[assignment]
+    if _widened(step):
+        return _conv_rows_dsp(step)
     geometry = _rows_geometry(step)
     rows, weight = _gemm_weight(step, geometry, np.int8)
     row_bytes = geometry["kernel_width"] * geometry["channels"]
@@ -343,8 +397,30 @@ def conv_rows(step: Step) -> dict[str, Any]:
     requantization = _requantization(step, layer, 0 * weight_sums if centred else weight_sums, centred)
     vector_output = _vector_output(step, geometry, requantization)
     return {**geometry, "input_zero_point": step.inputs[0].quant.zero_point, "isa": step.profile.isa,
-            "weight": weight, "nibbles": nibbles, "centred": centred, "weight_row": weight_row,
+            "widened": False, "weight": weight, "nibbles": nibbles, "centred": centred, "weight_row": weight_row,
             "weight_depth": geometry["kernel_height"] * weight_row, "vector_output": vector_output, **requantization}
+
+
+def _conv_rows_dsp(step: Step) -> dict[str, Any]:
+    """conv_rows' DSP path (conv_rows_dsp.j2): the raw input widened, the zero point folded into the bias."""
+    layer: QConv = step.layer  # type: ignore[assignment]
+    window = _conv_window(step)
+    single = _single_pixels(window)
+    if _pointwise(window) and not step.banded:   # one long row: blocks run across what were row ends
+        pixels = window["out_height"] * window["out_width"]
+        window = {**window, "height": 1, "width": pixels, "out_height": 1, "out_width": pixels, "padded_width": pixels}
+    geometry = _gemm_shape(step, 2, WIDENED_PIXELS, WIDENED_PIXELS, 1, window)
+    rows, weight = _gemm_weight(step, geometry, np.int8)
+    requantization = _requantization(step, layer, rows.reshape(-1, geometry["window_depth"]).astype(np.int64).sum(1))
+    bias = np.zeros(geometry["block_outputs"], np.int64)   # an odd last channel's pair starts at 0 too
+    bias[:len(requantization["bias"])] = requantization["bias"]
+    requantization["bias"] = bias
+    # the depth in the order the input widens ((x0, x2, x1, x3) per 4: `interleave`), then in channel pairs
+    return {**geometry, "input_zero_point": step.inputs[0].quant.zero_point, "weight": channel_paired(interleave(weight)),
+            "widened": True, "pair_unroll": _pair_unroll(geometry["kernel_width"] * geometry["channels"] // 2),
+            "single_pixels": single, "blocks": _pixel_blocks(geometry["out_width"], WIDENED_PIXELS),
+            # the sums start at the bias where they provably stay in int32 and the output takes the int32 path
+            "fold_bias": requantization["narrow_sum"] and requantization["high_shift"], **requantization}
 
 
 def _vector_output(step: Step, geometry: dict[str, int], requantization: dict[str, Any]) -> bool:
@@ -363,8 +439,8 @@ def conv_mcu(step: Step) -> dict[str, Any]:
     geometry = _mcu_geometry(step)
     groups, depth = layer.groups, geometry["window_depth"]
     rows, weight = _gemm_weight(step, geometry, np.int8)
-    if step.profile.interleaved:
-        weight = interleave(weight)
+    if step.profile.isa == DSP:
+        weight = channel_paired(weight)
     centred = step.profile.isa != MVE  # int16 columns x - zp; else int8 columns x with zp folded into the bias
     weight_sums = np.zeros(geometry["out_channels"], np.int64) if centred else rows.reshape(-1, depth).astype(np.int64).sum(1)
     zero_point = step.inputs[0].quant.zero_point
@@ -373,7 +449,8 @@ def conv_mcu(step: Step) -> dict[str, Any]:
             "centred": centred, "column_type": "int16_t" if centred else "int8_t",
             "pad_value": 0 if centred else zero_point,
             "contiguous_rows": groups == 1 and geometry["dilation_width"] == 1,
-            "weight": weight, "vector_output": _vector_output(step, geometry, requantization), **requantization}
+            "weight": weight, "vector_output": _vector_output(step, geometry, requantization),
+            "pair_unroll": _pair_unroll(geometry["depth"] // 2), **requantization}
 
 
 def _transposed_taps(size: int, out: int, kernel: int, stride: int, pad: int, dilation: int) -> dict[str, np.ndarray]:
