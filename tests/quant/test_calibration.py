@@ -319,17 +319,20 @@ def test_native_histograms_split_among_more_threads_count_the_same(monkeypatch: 
     rng = np.random.default_rng(13)
     values = (rng.standard_normal((4, 96, 32, 32)) * rng.uniform(0.1, 10, (1, 96, 1, 1))).astype(np.float32)
 
-    def stats() -> Stats:
-        result = Stats()
-        result.observe("t", values, axis=1)
-        result.observe("t", values[:2] * 3, axis=1)
-        return result
-
     monkeypatch.delenv(native.SWITCH, raising=False)
     monkeypatch.setattr(native, "available_cores", lambda: 5)
-    compiled = stats()
+    compiled = observed_twice(values)
     monkeypatch.setenv(native.SWITCH, "0")
-    assert compiled == stats()
+    assert compiled == observed_twice(values)
+
+
+def observed_twice(values: np.ndarray) -> Stats:
+    """Stats of `values` (channels on axis 1) and of its first two samples times 3: a second batch that widens
+    every channel's window."""
+    result = Stats()
+    result.observe("t", values, axis=1)
+    result.observe("t", values[:2] * 3, axis=1)
+    return result
 
 
 @pytest.mark.parametrize("channels", [96, 20])
@@ -343,12 +346,6 @@ def test_channels_last_histograms_split_by_rows_count_the_same(monkeypatch: pyte
     memory = (rng.standard_normal((8, 48, 60, channels)) * rng.uniform(0.1, 10, channels)).astype(np.float32)
     values = memory.transpose(0, 3, 1, 2)  # (N, C, H, W) over channels-last memory, as a conv leaves it
 
-    def stats() -> Stats:
-        result = Stats()
-        result.observe("t", values, axis=1)
-        result.observe("t", values[:2] * 3, axis=1)
-        return result
-
     monkeypatch.delenv(native.SWITCH, raising=False)
     monkeypatch.setattr(native, "available_cores", lambda: 16)
     monkeypatch.setattr(native, "SLICE_ROWS", 64)
@@ -356,7 +353,7 @@ def test_channels_last_histograms_split_by_rows_count_the_same(monkeypatch: pyte
     assert histogram is not None
     parts = histogram._parts(histogram.view(values, 1)[0])
     assert len({part[3] for part in parts}) > 1 and all(end - first >= 16 or channels < 16 for _, first, end, _ in parts)
-    compiled = stats()
+    compiled = observed_twice(values)
     signed = memory.copy()
     signed[..., 3] = np.where(np.arange(8)[:, None, None] % 2, 0.0, -0.0)  # zeros of both signs, in both slices
     extremes = [histogram.extremes(histogram.view(signed.transpose(0, 3, 1, 2), 1)[0]) for _ in range(2)]
@@ -371,7 +368,7 @@ def test_channels_last_histograms_split_by_rows_count_the_same(monkeypatch: pyte
     with pytest.raises(BuildError, match="holds 2 NaN or infinite values"):
         Stats().observe("t", with_nan.transpose(0, 3, 1, 2), axis=1)
     monkeypatch.setenv(native.SWITCH, "0")
-    assert compiled == stats()
+    assert compiled == observed_twice(values)
 
 
 def test_int32_channel_counts_widen_before_they_could_overflow(monkeypatch: pytest.MonkeyPatch) -> None:
