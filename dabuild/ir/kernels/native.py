@@ -221,14 +221,12 @@ class ConvPlan:
         self.channel_steps = channel_steps  # the weight blocks (or depthwise vectors) conv.c may split channels at
         self._keep = keep  # the arrays the call points into
         self._call_type, self._rows = type(call), shape[0] * shape[1]
-        self._size, self._lanes = math.prod(shape), ALIGNMENT // dtype.itemsize
+        self._size = math.prod(shape)
 
     def __call__(self, x: np.ndarray, residual: np.ndarray | None) -> np.ndarray:
-        buffer = np.empty(self._size + self._lanes, self.dtype)  # the output, aligned as aligned_empty does
-        start = address(buffer)
-        skip = -start % ALIGNMENT // self.dtype.itemsize
+        y, y_address = aligned_elements(self._size, self.dtype)
         call = self._call_type.from_buffer_copy(self.call)
-        call.x, call.y = address(x), start + skip * self.dtype.itemsize
+        call.x, call.y = address(x), y_address
         if residual is not None:
             call.residual = address(residual)
         if self.parallel:
@@ -237,7 +235,7 @@ class ConvPlan:
             self.native.rows(self.function, ctypes.byref(call), self._rows * call.parts, threads)
         else:  # one part (the prepared call's)
             self.function(ctypes.byref(call), 0, self._rows)
-        return buffer[skip:skip + self._size].reshape(self.shape)
+        return y.reshape(self.shape)
 
     def parts(self, threads: int) -> int:
         """How many channel parts each output row is split into for `threads` threads: 1 while the rows alone
@@ -285,10 +283,16 @@ class PackedWeight:
 def aligned_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     """np.empty whose memory starts on an ALIGNMENT boundary: a vector load that straddles two cache lines
     costs two, which made the weight loads of a conv on unaligned packed weights about 1.6x slower."""
-    size = math.prod(shape) * np.dtype(dtype).itemsize
-    buffer = np.empty(size + ALIGNMENT, np.uint8)
-    start = -address(buffer) % ALIGNMENT
-    return buffer[start:start + size].view(dtype).reshape(shape)
+    return aligned_elements(math.prod(shape), np.dtype(dtype))[0].reshape(shape)
+
+
+def aligned_elements(count: int, dtype: np.dtype) -> tuple[np.ndarray, int]:
+    """`count` elements of `dtype` (1-D) whose memory starts on an ALIGNMENT boundary, and that address (a
+    prepared conv's output: taken once, not through `.ctypes`)."""
+    buffer = np.empty(count + ALIGNMENT // dtype.itemsize, dtype)
+    start = address(buffer)
+    skip = -start % ALIGNMENT // dtype.itemsize
+    return buffer[skip:skip + count], start + skip * dtype.itemsize
 
 
 def address(array: np.ndarray) -> int:
@@ -393,9 +397,12 @@ class NativeHistogram:
 
     def _run(self, count: int, function: Callable[[int], None]) -> None:
         """function(0 .. count - 1): the first on this thread, the others on the pool's threads."""
-        if count > 1 and (self._pool is None or self._pool_size < count - 1):
+        if count == 1:
+            function(0)
+            return
+        if self._pool is None or self._pool_size < count - 1:
             self._pool, self._pool_size = ThreadPoolExecutor(count - 1, thread_name_prefix="dabuild-histogram"), count - 1
-        others = [self._pool.submit(function, index) for index in range(1, count)] if self._pool and count > 1 else []
+        others = [self._pool.submit(function, index) for index in range(1, count)]
         function(0)
         for other in others:
             other.result()
