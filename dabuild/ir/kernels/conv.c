@@ -421,12 +421,11 @@ static void NAME(conv_rows)(const NAME(Conv) *c, ptrdiff_t row0, ptrdiff_t row1,
 
 /* Depthwise output pixels (n, oh, ow .. ow + PIXELS - 1), channels o .. o + VLEN - 1, for pixels whose taps
  * are all inside the input along the width (CHECKED: any pixel, one at a time, each tap bounds-checked). The
- * taps are summed from zero in (kh, kw) order, a tap outside the input skipped, whichever path runs. With
- * THREE (a 3-wide kernel, undilated, stride STRIDE), each input vector of a kernel row is loaded once and used
- * by every pixel and tap that reads it. */
+ * taps are summed from zero in (kh, kw) order, a tap outside the input skipped, whichever path runs (this one
+ * or depthwise_three). */
 static inline __attribute__((always_inline)) void
 NAME(depthwise_pixels)(const NAME(Conv) *c, ptrdiff_t n, ptrdiff_t oh, ptrdiff_t ow, ptrdiff_t o, const int PIXELS,
-                       const int CHECKED, const int THREE, const int STRIDE)
+                       const int CHECKED)
 {
     NAME(vec) acc[DEPTHWISE_PIXELS];
     UNROLL for (int p = 0; p < PIXELS; p++)
@@ -439,17 +438,6 @@ NAME(depthwise_pixels)(const NAME(Conv) *c, ptrdiff_t n, ptrdiff_t oh, ptrdiff_t
             continue;
         const ELEM *row = c->x + (n * c->height + ih) * c->width * c->channels + o;
         const ELEM *w = c->weight + kh * c->kernel_w * c->padded_channels + o;
-        if (THREE) {  /* full vectors only */
-            NAME(vec) inputs[(DEPTHWISE_PIXELS - 1) * 2 + 3], weights[3];
-            UNROLL for (int i = 0; i < (PIXELS - 1) * STRIDE + 3; i++)
-                inputs[i] = *(const NAME(vec_unaligned) *)(row + (left + i) * c->channels);
-            UNROLL for (int kw = 0; kw < 3; kw++)
-                weights[kw] = *(const NAME(vec_unaligned) *)(w + kw * c->padded_channels);
-            UNROLL for (int kw = 0; kw < 3; kw++)
-                UNROLL for (int p = 0; p < PIXELS; p++)
-                    acc[p] += inputs[p * STRIDE + kw] * weights[kw];
-            continue;
-        }
         for (ptrdiff_t kw = 0; kw < c->kernel_w; kw++, w += c->padded_channels) {
             ptrdiff_t iw = left + kw * c->dilation_w;
             if (CHECKED && (iw < 0 || iw >= c->width))
@@ -468,20 +456,108 @@ NAME(depthwise_pixels)(const NAME(Conv) *c, ptrdiff_t n, ptrdiff_t oh, ptrdiff_t
         NAME(finish)(c, (n * c->out_h + oh) * c->out_w + ow + p, o, acc[p]);
 }
 
-/* The pixels [ow, end) of one row and channel vector whose taps lie inside the width: blocks of DEPTHWISE_PIXELS,
- * 4, then single pixels. */
+/* A 3x3 kernel (undilated along the width, stride STRIDE) over the pixels whose taps lie inside the width
+ * (CHECKED: one pixel anywhere, its taps outside the width skipped), channels [o0, o1): the three input rows
+ * found once for all channel vectors, and each input vector of a row loaded once and used by every pixel and
+ * tap that reads it; a partial last vector by depthwise_pixels. */
 static inline __attribute__((always_inline)) void
-NAME(depthwise_inside)(const NAME(Conv) *c, ptrdiff_t n, ptrdiff_t oh, ptrdiff_t ow, ptrdiff_t end, ptrdiff_t o,
-                       const int THREE, const int STRIDE)
+NAME(depthwise_three)(const NAME(Conv) *c, ptrdiff_t n, ptrdiff_t oh, ptrdiff_t ow, ptrdiff_t o0, ptrdiff_t o1,
+                      const int PIXELS, const int CHECKED, const int STRIDE)
+{
+    const ELEM *rows[3];  /* each kernel row's input (its pixel 0), or NULL outside the input */
+    ptrdiff_t left = ow * c->stride_w - c->pad_left, channels = c->channels, padded = c->padded_channels;
+    UNROLL for (int kh = 0; kh < 3; kh++) {
+        ptrdiff_t ih = oh * c->stride_h - c->pad_top + kh * c->dilation_h;
+        rows[kh] = ih >= 0 && ih < c->height ? c->x + (n * c->height + ih) * c->width * channels : NULL;
+    }
+    ptrdiff_t full = o0 + (c->out_channels - o0) / VLEN * VLEN;  /* the end of the whole vectors */
+    full = full < o1 ? full : o1;
+    ptrdiff_t o = o0;
+    for (; o < full; o += VLEN) {
+        NAME(vec) acc[DEPTHWISE_PIXELS];
+        UNROLL for (int p = 0; p < PIXELS; p++)
+            acc[p] = (NAME(vec)){0};
+        UNROLL for (int kh = 0; kh < 3; kh++) {
+            if (!rows[kh])
+                continue;
+            NAME(vec) weights[3];
+            UNROLL for (int kw = 0; kw < 3; kw++)
+                weights[kw] = *(const NAME(vec_unaligned) *)(c->weight + (kh * 3 + kw) * padded + o);
+            /* each input vector in turn, into every (pixel, tap) that reads it: a pixel's taps still in kw order */
+            const ELEM *x = rows[kh] + (CHECKED ? 0 : left * channels) + o;
+            UNROLL for (int i = 0; i < (PIXELS - 1) * STRIDE + 3; i++, x += CHECKED ? 0 : channels) {
+                if (CHECKED && (left + i < 0 || left + i >= c->width))
+                    continue;
+                NAME(vec) input = *(const NAME(vec_unaligned) *)(CHECKED ? x + (left + i) * channels : x);
+                UNROLL for (int kw = 0; kw < 3; kw++)
+                    if (i - kw >= 0 && (i - kw) % STRIDE == 0 && (i - kw) / STRIDE < PIXELS)
+                        acc[(i - kw) / STRIDE] += input * weights[kw];
+            }
+        }
+        UNROLL for (int p = 0; p < PIXELS; p++)
+            NAME(finish)(c, (n * c->out_h + oh) * c->out_w + ow + p, o, acc[p]);
+    }
+    for (; o < o1; o += VLEN)
+        NAME(depthwise_pixels)(c, n, oh, ow, o, PIXELS, CHECKED);
+}
+
+/* The channel vectors [o0, o1) of a block of pixels: a function of its own for each shape, called once per
+ * block, so that the compiler keeps its addresses in registers (inlined into depthwise_rows' loops, they were
+ * reloaded from the stack around every kernel row's 12 multiply-adds). */
+static inline __attribute__((always_inline)) void
+NAME(depthwise_span)(const NAME(Conv) *c, ptrdiff_t n, ptrdiff_t oh, ptrdiff_t ow, ptrdiff_t o0, ptrdiff_t o1,
+                     const int PIXELS, const int CHECKED, const int THREE, const int STRIDE)
+{
+    if (THREE)
+        NAME(depthwise_three)(c, n, oh, ow, o0, o1, PIXELS, CHECKED, STRIDE);
+    else
+        for (ptrdiff_t o = o0; o < o1; o += VLEN)
+            NAME(depthwise_pixels)(c, n, oh, ow, o, PIXELS, CHECKED);
+}
+
+#define DEPTHWISE_SHAPE(P, CHECKED, THREE, STRIDE) \
+    static __attribute__((noinline)) void NAME(depthwise_##P##_##CHECKED##_##THREE##_##STRIDE)( \
+            const NAME(Conv) *c, ptrdiff_t n, ptrdiff_t oh, ptrdiff_t ow, ptrdiff_t o0, ptrdiff_t o1) \
+    { NAME(depthwise_span)(c, n, oh, ow, o0, o1, P, CHECKED, THREE, STRIDE); }
+#define DEPTHWISE_SHAPES(P) DEPTHWISE_SHAPE(P, 0, 0, 1) DEPTHWISE_SHAPE(P, 0, 1, 1) DEPTHWISE_SHAPE(P, 0, 1, 2)
+DEPTHWISE_SHAPES(DEPTHWISE_PIXELS)
+#if DEPTHWISE_PIXELS > 4
+DEPTHWISE_SHAPES(4)
+#endif
+DEPTHWISE_SHAPES(1)
+DEPTHWISE_SHAPE(1, 1, 0, 1) DEPTHWISE_SHAPE(1, 1, 1, 1)
+
+/* The function of depthwise_span's shape (constants: every other branch folds away). */
+static inline __attribute__((always_inline)) void
+NAME(depthwise_shaped)(const NAME(Conv) *c, ptrdiff_t n, ptrdiff_t oh, ptrdiff_t ow, ptrdiff_t o0, ptrdiff_t o1,
+                       const int PIXELS, const int CHECKED, const int THREE, const int STRIDE)
+{
+#define CALL_DEPTHWISE(P, CHECKED_, THREE_, STRIDE_) \
+    if (PIXELS == P && CHECKED == CHECKED_ && THREE == THREE_ && STRIDE == STRIDE_) \
+        return NAME(depthwise_##P##_##CHECKED_##_##THREE_##_##STRIDE_)(c, n, oh, ow, o0, o1);
+#define CALL_DEPTHWISES(P) CALL_DEPTHWISE(P, 0, 0, 1) CALL_DEPTHWISE(P, 0, 1, 1) CALL_DEPTHWISE(P, 0, 1, 2)
+    CALL_DEPTHWISES(DEPTHWISE_PIXELS)
+#if DEPTHWISE_PIXELS > 4
+    CALL_DEPTHWISES(4)
+#endif
+    CALL_DEPTHWISES(1)
+    CALL_DEPTHWISE(1, 1, 0, 1) CALL_DEPTHWISE(1, 1, 1, 1)
+}
+
+/* The pixels [ow, end) of one row whose taps lie inside the width, channels [o0, o1): blocks of
+ * DEPTHWISE_PIXELS, 4, then single pixels. */
+static inline __attribute__((always_inline)) void
+NAME(depthwise_inside)(const NAME(Conv) *c, ptrdiff_t n, ptrdiff_t oh, ptrdiff_t ow, ptrdiff_t end, ptrdiff_t o0,
+                       ptrdiff_t o1, const int THREE, const int STRIDE)
 {
     for (; ow + DEPTHWISE_PIXELS <= end; ow += DEPTHWISE_PIXELS)
-        NAME(depthwise_pixels)(c, n, oh, ow, o, DEPTHWISE_PIXELS, 0, THREE, STRIDE);
+        NAME(depthwise_shaped)(c, n, oh, ow, o0, o1, DEPTHWISE_PIXELS, 0, THREE, STRIDE);
 #if DEPTHWISE_PIXELS > 4
     for (; ow + 4 <= end; ow += 4)
-        NAME(depthwise_pixels)(c, n, oh, ow, o, 4, 0, THREE, STRIDE);
+        NAME(depthwise_shaped)(c, n, oh, ow, o0, o1, 4, 0, THREE, STRIDE);
 #endif
     for (; ow < end; ow++)
-        NAME(depthwise_pixels)(c, n, oh, ow, o, 1, 0, THREE, STRIDE);
+        NAME(depthwise_shaped)(c, n, oh, ow, o0, o1, 1, 0, THREE, STRIDE);
 }
 
 /* Depthwise: one input channel per output channel (O == C, weight (KH, KW, OP)), so x's channels line up with
@@ -496,22 +572,25 @@ static void NAME(depthwise_rows)(const NAME(Conv) *c, ptrdiff_t row0, ptrdiff_t 
     ptrdiff_t end = c->width - reach + c->pad_left > 0 ? (c->width - reach + c->pad_left - 1) / c->stride_w + 1 : 0;
     end = end < c->out_w ? end : c->out_w;
     first = first < end ? first : end;
-    int three = c->kernel_w == 3 && c->dilation_w == 1 && (c->stride_w == 1 || c->stride_w == 2);
+    int three = c->kernel_h == 3 && c->kernel_w == 3 && c->dilation_w == 1 && (c->stride_w == 1 || c->stride_w == 2);
     for (ptrdiff_t row = row0; row < row1; row++) {
-        ptrdiff_t n = row / c->out_h, oh = row % c->out_h;
-        for (ptrdiff_t o = o0; o < o1; o += VLEN) {
-            ptrdiff_t ow = 0;
-            for (; ow < first; ow++)
-                NAME(depthwise_pixels)(c, n, oh, ow, o, 1, 1, 0, 1);
-            if (three && c->out_channels - o >= VLEN && c->stride_w == 1)
-                NAME(depthwise_inside)(c, n, oh, ow, end, o, 1, 1);
-            else if (three && c->out_channels - o >= VLEN)
-                NAME(depthwise_inside)(c, n, oh, ow, end, o, 1, 2);
+        ptrdiff_t n = row / c->out_h, oh = row % c->out_h, ow = 0;
+        for (; ow < first; ow++)  /* the edges: one pixel at a time (a stride of no matter), taps outside skipped */
+            if (three)
+                NAME(depthwise_shaped)(c, n, oh, ow, o0, o1, 1, 1, 1, 1);
             else
-                NAME(depthwise_inside)(c, n, oh, ow, end, o, 0, 1);
-            for (ow = end; ow < c->out_w; ow++)
-                NAME(depthwise_pixels)(c, n, oh, ow, o, 1, 1, 0, 1);
-        }
+                NAME(depthwise_shaped)(c, n, oh, ow, o0, o1, 1, 1, 0, 1);
+        if (three && c->stride_w == 1)
+            NAME(depthwise_inside)(c, n, oh, ow, end, o0, o1, 1, 1);
+        else if (three)
+            NAME(depthwise_inside)(c, n, oh, ow, end, o0, o1, 1, 2);
+        else
+            NAME(depthwise_inside)(c, n, oh, ow, end, o0, o1, 0, 1);
+        for (ow = end; ow < c->out_w; ow++)
+            if (three)
+                NAME(depthwise_shaped)(c, n, oh, ow, o0, o1, 1, 1, 1, 1);
+            else
+                NAME(depthwise_shaped)(c, n, oh, ow, o0, o1, 1, 1, 0, 1);
     }
 }
 
