@@ -140,26 +140,24 @@ static inline __attribute__((always_inline)) void NAME(finish)(const NAME(Conv) 
         NAME(store_partial)(y, sum, count);
 }
 
-/* `finish` for a register block: the pixels pixel .. pixel + PIXELS - 1, channels o .. o + VECS * VLEN - 1.
- * Where the block's vectors are all whole output channels, the bias vectors, the output and residual
- * addresses and the epilogue's choices are taken once for the block: finished vector by vector, they cost
- * about 140 cycles a 6 x 2 block, as much as 23 of its multiply-add steps (a 1x1 conv of 34 input channels
- * spent 40 % of its time there). Each value still gets + bias, + residual, then the activation. */
+/* `finish` for a register block: the pixels pixel .. pixel + PIXELS - 1, channels o .. o + VECS * VLEN - 1,
+ * with the bias vectors, the output and residual addresses and the epilogue's choices taken once for the
+ * block: finished vector by vector, they cost about 140 cycles a 6 x 2 block, as much as 23 of its
+ * multiply-add steps (a 1x1 conv of 34 input channels spent 40 % of its time there). Each value still gets
+ * + bias, + residual, then the activation. Without WHOLE a vector may hold channels past out_channels (a
+ * partial one, or only padding): those lanes are computed on zeros and never loaded or stored. */
 static inline __attribute__((always_inline)) void
-NAME(finish_block)(const NAME(Conv) *c, ptrdiff_t pixel, ptrdiff_t o, NAME(vec) acc[MAX_PIXELS][MAX_VECS],
-                   const int PIXELS, const int VECS)
+NAME(finish_vectors)(const NAME(Conv) *c, ptrdiff_t pixel, ptrdiff_t o, NAME(vec) acc[MAX_PIXELS][MAX_VECS],
+                     const int PIXELS, const int VECS, const int WHOLE)
 {
-    if (o + VECS * VLEN > c->out_channels) {  /* a partial or padded last vector: one by one */
-        UNROLL for (int p = 0; p < PIXELS; p++)
-            UNROLL for (int v = 0; v < VECS; v++)
-                if (o + v * VLEN < c->out_channels)
-                    NAME(finish)(c, pixel + p, o + v * VLEN, acc[p][v]);
-        return;
+    ptrdiff_t step = Y_PIXEL(c), counts[MAX_VECS];  /* each vector's channels below out_channels */
+    UNROLL for (int v = 0; v < VECS; v++) {
+        ptrdiff_t count = c->out_channels - (o + v * VLEN);
+        counts[v] = WHOLE || count >= VLEN ? VLEN : count > 0 ? count : 0;
     }
-    ptrdiff_t step = Y_PIXEL(c);
     if (c->bias) {
         UNROLL for (int v = 0; v < VECS; v++) {
-            NAME(vec) bias = *(const NAME(vec_unaligned) *)(c->bias + o + v * VLEN);
+            NAME(vec) bias = *(const NAME(vec_unaligned) *)(c->bias + o + v * VLEN);  /* padded: whole vectors */
             UNROLL for (int p = 0; p < PIXELS; p++)
                 acc[p][v] += bias;
         }
@@ -167,8 +165,13 @@ NAME(finish_block)(const NAME(Conv) *c, ptrdiff_t pixel, ptrdiff_t o, NAME(vec) 
     if (c->residual) {
         const ELEM *residual = c->residual + pixel * step + o;
         UNROLL for (int p = 0; p < PIXELS; p++)
-            UNROLL for (int v = 0; v < VECS; v++)
-                acc[p][v] += *(const NAME(vec_unaligned) *)(residual + p * step + v * VLEN);
+            UNROLL for (int v = 0; v < VECS; v++) {
+                const ELEM *at = residual + p * step + v * VLEN;
+                if (WHOLE || counts[v] == VLEN)
+                    acc[p][v] += *(const NAME(vec_unaligned) *)at;
+                else if (counts[v] > 0)
+                    acc[p][v] += NAME(load_partial)(at, counts[v]);
+            }
     }
     if (c->activation == RELU) {
         UNROLL for (int p = 0; p < PIXELS; p++)
@@ -181,8 +184,23 @@ NAME(finish_block)(const NAME(Conv) *c, ptrdiff_t pixel, ptrdiff_t o, NAME(vec) 
     }
     ELEM *y = c->y + pixel * step + o;
     UNROLL for (int p = 0; p < PIXELS; p++)
-        UNROLL for (int v = 0; v < VECS; v++)
-            *(NAME(vec_unaligned) *)(y + p * step + v * VLEN) = acc[p][v];
+        UNROLL for (int v = 0; v < VECS; v++) {
+            ELEM *at = y + p * step + v * VLEN;
+            if (WHOLE || counts[v] == VLEN)
+                *(NAME(vec_unaligned) *)at = acc[p][v];
+            else if (counts[v] > 0)
+                NAME(store_partial)(at, acc[p][v], counts[v]);
+        }
+}
+
+static inline __attribute__((always_inline)) void
+NAME(finish_block)(const NAME(Conv) *c, ptrdiff_t pixel, ptrdiff_t o, NAME(vec) acc[MAX_PIXELS][MAX_VECS],
+                   const int PIXELS, const int VECS)
+{
+    if (o + VECS * VLEN <= c->out_channels)
+        NAME(finish_vectors)(c, pixel, o, acc, PIXELS, VECS, 1);
+    else
+        NAME(finish_vectors)(c, pixel, o, acc, PIXELS, VECS, 0);
 }
 
 /* acc += the products of `count` consecutive inputs of each pixel p, against the weight rows from w on (`ld`
