@@ -210,6 +210,10 @@ def _build(args: argparse.Namespace, progress: Progress) -> int:
 
     start = time.monotonic()
     cluster = dask_address(args.executor or os.environ.get(EXECUTOR_ENV))  # a bad address: exit 2 at once
+    if cluster is not None:
+        from dabuild.cluster import workerless_seconds
+
+        workerless_seconds()  # a bad DABUILD_WORKERLESS_SECONDS: exit 2 at once, too
     targets = tuple(args.target) if args.target else None
     if _nothing_to_do(args, targets, start):
         return 0

@@ -5,7 +5,7 @@ scheduler that does not answer (within CONNECT_SECONDS), a task whose worker
 died more often than the scheduler's `distributed.scheduler.allowed-failures`
 allows (Dask itself reruns a task whose worker died, elsewhere; dabuild sets no
 `retries`, which would rerun a task that raised, and a task's own error is
-deterministic), a cluster left without workers for WORKERLESS_SECONDS, and a
+deterministic), a cluster left without workers for DABUILD_WORKERLESS_SECONDS (default 30), and a
 lost scheduler. Whoever waits writes nothing of the task's results until they
 have all come back, so each of these errors leaves nothing half-written.
 """
@@ -13,16 +13,19 @@ have all come back, so each of these errors leaves nothing half-written.
 from __future__ import annotations
 
 import logging
+import math
+import os
 import threading
 import time
 from typing import Any
 
 from distributed import Client, Future, KilledWorker
 
-from dabuild.errors import BuildError
+from dabuild.errors import BuildError, UsageError
 
 CONNECT_SECONDS = 10
-WORKERLESS_SECONDS = 30  # a cluster without workers this long is an error, not a wait (a nanny restarts one sooner)
+WORKERLESS = "DABUILD_WORKERLESS_SECONDS"
+DEFAULT_WORKERLESS_SECONDS = 30.0  # a cluster without workers this long is an error, not a wait (a nanny restarts one sooner)
 # Dask logs a lost connection as errors with tracebacks; dabuild says it as one line of its own
 DASK_LOGGERS = ("distributed", "distributed.client")
 _silencing = threading.Lock()
@@ -47,6 +50,22 @@ def _unsilence_dask() -> None:
                 logging.getLogger(name).setLevel(level)
 
 
+def workerless_seconds() -> float:
+    """How long a cluster may have no worker while it has work before the build stops: DABUILD_WORKERLESS_SECONDS,
+    default 30 (an autoscaler that takes minutes to start a worker wants more). UsageError for anything but a
+    positive number of seconds."""
+    text = os.environ.get(WORKERLESS, "").strip()
+    if not text:
+        return DEFAULT_WORKERLESS_SECONDS
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not seconds > 0 or math.isinf(seconds):
+        raise UsageError(f"{WORKERLESS}={text!r}: expected a positive number of seconds")
+    return seconds
+
+
 class Cluster:
     """A Dask client at `address` (tcp://HOST:PORT); `task` names what runs there in messages ("a trial")."""
 
@@ -54,6 +73,7 @@ class Cluster:
         self.address = address
         self.task = task
         self.work = work  # what the client waits for, in messages: "trials to score"
+        self.workerless_seconds = workerless_seconds()
         _silence_dask()
         try:
             self.client = Client(address, timeout=CONNECT_SECONDS, set_as_default=False)
@@ -95,8 +115,8 @@ class Cluster:
                 workerless_since = None
             elif workerless_since is None:
                 workerless_since = time.monotonic()
-            elif time.monotonic() - workerless_since > WORKERLESS_SECONDS:
-                raise BuildError(f"the Dask cluster at {self.address} has had no workers for {WORKERLESS_SECONDS}s "
+            elif time.monotonic() - workerless_since > self.workerless_seconds:
+                raise BuildError(f"the Dask cluster at {self.address} has had no workers for {self.workerless_seconds:g}s "
                                  f"with {self.work}; the stage wrote nothing")
 
     def close(self) -> None:

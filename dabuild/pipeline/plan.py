@@ -187,7 +187,6 @@ def tune_stage_of(recipe: Recipe, capability: CapabilitySpec, target: TargetSpec
     target_class = stored_by.target_class if stored_by is not None else None
     evaluation = recipe.data.evaluation
     files = {"evaluation": evaluation.source, **_metric_file(recipe)}
-    plotting = ("matplotlib",)  # the report's plots exist only when it is installed
     # Targets of this capability with a budget (c's flash/RAM): tuning never chooses a config that overflows one.
     budgeted = {canonical_json({"kind": t.kind, "options": t.options}): recipe.resolved[t.name].target()
                 for t in recipe.targets if _capability_name(t) == capability.name and (t.options or {}).get("budget")}
@@ -207,7 +206,7 @@ def tune_stage_of(recipe: Recipe, capability: CapabilitySpec, target: TargetSpec
         },
         inputs={"graph": "trace", "stats": "calibrate"},
         files=files,
-        packages=("numpy", *plotting, *(("optuna",) if recipe.tuning.strategy == "bayesian" else ()),
+        packages=("numpy", *(("optuna",) if recipe.tuning.strategy == "bayesian" else ()),
                   *_cost_model_packages(recipe, capability), *(target_class.packages if target_class else ())),
         tools=lambda: {**_interpreter_tools(), **_budget_tools(budget_targets)},
         programs=lambda: [*_interpreter_programs(), *_budget_programs(budget_targets)],

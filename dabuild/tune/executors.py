@@ -11,7 +11,7 @@ mid-trial makes the scheduler run that trial again elsewhere, with the same
 result: Dask reschedules a task whose worker died up to the scheduler's
 `distributed.scheduler.allowed-failures` times (3 by default; at least 1 gives
 the retry dabuild relies on), then the build stops with one error naming the
-cluster. A cluster left without workers for 30 s, or a lost scheduler, is one
+cluster. A cluster left without workers for 30 s (DABUILD_WORKERLESS_SECONDS), or a lost scheduler, is one
 error too; the stage then writes nothing. Workers read the graph and statistics
 from the build folder's paths, so they share the client's filesystem
 (localhost, or a shared mount).

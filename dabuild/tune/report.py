@@ -1,9 +1,11 @@
-"""The tuning report: what was chosen and why, as Markdown and HTML, with plots when matplotlib is installed.
+"""The tuning report: what was chosen and why, as Markdown and HTML, and report.json for the build's page.
 
 Both documents render one list of sections (a title, lines of text, a table),
-so they always say the same thing. Plots: the metric of every trial against
-the goal, and each node's sensitivity (its output MSE under the default
-config), the two pictures that explain a tuning run.
+so they always say the same thing. The pictures (every trial's metric against
+its cost, each node's sensitivity as a bar) are drawn once, for every backend
+together, by the build-level page `dabuild report` writes from report.json
+(dabuild/build_report.py, inline SVG): a stage draws nothing, so a tune stage
+spends no time rendering plots and needs no plotting package.
 """
 
 from __future__ import annotations
@@ -20,7 +22,6 @@ from dabuild.tune.trials import Trial, describe_config
 
 REPORT_DIR = "report"
 MARKDOWN, HTML, DATA = "report.md", "report.html", "report.json"
-PLOTS = {"metric_per_trial.png": "Metric per trial", "sensitivity.png": "Per-node sensitivity"}
 
 
 @dataclass
@@ -35,7 +36,7 @@ def _percent(part: float, whole: float) -> str:
     return f"{100 * part / whole:.1f} %" if whole else "-"
 
 
-def sections(title: str, search: Search, chosen: Trial, threshold: float, plots: list[str]) -> list[Section]:
+def sections(title: str, search: Search, chosen: Trial, threshold: float) -> list[Section]:
     metric, space = search.metric.name, search.space
     fp32 = space.fp32()
     fp32_size, fp32_bops = space.size(fp32), space.bops(fp32)
@@ -65,8 +66,7 @@ def sections(title: str, search: Search, chosen: Trial, threshold: float, plots:
         [str(t.index), t.step, f"{t.metric:.4f}", f"{t.mse:.3g}", str(t.cost), "pass" if t.passed else "fail"]
         for t in search.trials
     ])
-    figures = [Section("Plots", [f"![{PLOTS[name]}]({name})" for name in plots])] if plots else []
-    return [summary, nodes, trials, *figures]
+    return [summary, nodes, trials]
 
 
 def to_markdown(parts: list[Section]) -> str:
@@ -110,36 +110,6 @@ def to_html(parts: list[Section]) -> str:
             f"<style>{style}</style></head>\n<body>\n" + "\n".join(body) + "\n</body></html>\n")
 
 
-def plot(search: Search, threshold: float, folder: Path) -> list[str]:
-    """Write the PNG plots; [] when matplotlib is not installed (an optional extra)."""
-    try:
-        import matplotlib
-    except ImportError:
-        return []
-    matplotlib.use("Agg")
-    from matplotlib import pyplot
-
-    metadata = {"Software": None}  # no version stamp: equal runs, equal bytes
-    figure, axes = pyplot.subplots(figsize=(7, 3.5))
-    axes.plot([t.index for t in search.trials], [t.metric for t in search.trials], "o-", label="trial")
-    axes.axhline(search.baseline, color="gray", linestyle=":", label="fp32")
-    axes.axhline(threshold, color="red", linestyle="--", label="goal")
-    axes.set(xlabel="trial", ylabel=search.metric.name, title="Metric per trial")
-    axes.legend()
-    figure.tight_layout()
-    figure.savefig(folder / "metric_per_trial.png", metadata=metadata)
-    pyplot.close(figure)
-    errors = search.node_errors()
-    figure, axes = pyplot.subplots(figsize=(7, 3.5))
-    axes.bar(list(errors), list(errors.values()))
-    axes.set(ylabel="output MSE (relative)", title="Per-node sensitivity under the default config")
-    axes.tick_params(axis="x", labelrotation=45)
-    figure.tight_layout()
-    figure.savefig(folder / "sensitivity.png", metadata=metadata)
-    pyplot.close(figure)
-    return list(PLOTS)
-
-
 def report_data(search: Search, chosen: Trial, threshold: float) -> dict[str, Any]:
     """The run as data for the build-level page (`dabuild report`): every trial's score, size and what it changed
     from the first (default) config, and each node's chosen precision and sensitivity. Nothing timed or
@@ -167,7 +137,7 @@ def report_data(search: Search, chosen: Trial, threshold: float) -> dict[str, An
 
 def write_report(folder: Path, title: str, search: Search, chosen: Trial, threshold: float) -> None:
     folder.mkdir(parents=True, exist_ok=True)
-    parts = sections(title, search, chosen, threshold, plot(search, threshold, folder))
+    parts = sections(title, search, chosen, threshold)
     (folder / MARKDOWN).write_text(to_markdown(parts))
     (folder / HTML).write_text(to_html(parts))
     (folder / DATA).write_text(json.dumps(report_data(search, chosen, threshold), indent=1, sort_keys=True) + "\n")

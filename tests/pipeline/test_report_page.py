@@ -15,6 +15,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from dabuild.build_report import COLORS
@@ -118,10 +119,11 @@ def test_the_report_page_renders_every_section_in_chromium(digits: Path, tmp_pat
     assert all(label["box"]["right"] <= bars_left for labels in layout["labels"] for label in labels)
 
     # What the browser painted: the last backend's chosen trial in that backend's colour, where the layout put it.
-    matplotlib_image = pytest.importorskip("matplotlib.image")
+    image = pytest.importorskip("PIL.Image")
     shot = tmp_path / "page.png"
     chromium(f"--screenshot={shot}", (folder / "report.html").as_uri(), profile=tmp_path / "profile")
-    pixels = matplotlib_image.imread(str(shot))
+    with image.open(shot) as picture:
+        pixels = np.asarray(picture.convert("RGB"), dtype=np.float64) / 255
     chosen = layout["chosen"][-1]
     x, y = round((chosen["left"] + chosen["right"]) / 2), round((chosen["top"] + chosen["bottom"]) / 2)
     last = data[list(data)[-1]]

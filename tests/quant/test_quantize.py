@@ -6,6 +6,7 @@ The helpers `mlp_graph` and `lower` are shared with the C target and check tests
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +20,7 @@ from dabuild.progress import Progress
 from dabuild.qir.qgraph import QGraph, QuantParams
 from dabuild.qir.reference import requantize, run_integer, run_quantized
 from dabuild.quant.calibrate import Stats, calibrate
-from dabuild.quant.config import QuantConfig
+from dabuild.quant.config import NodeConfig, QuantConfig
 from dabuild.quant.defaults import default_config
 from dabuild.quant.quantize import quantize, quantize_multiplier
 from dabuild.resources import data_dir
@@ -160,6 +161,9 @@ def test_config_hash_is_stable_and_follows_the_choices() -> None:
     node = config.nodes["fc1"]
     changed = QuantConfig({"fc1": dataclasses.replace(node, weight=dataclasses.replace(node.weight, granularity="per_channel"))})
     assert changed.content_hash() != config.content_hash()
+    # the hash is of the canonical JSON of to_dict(), which saved configs (and so stored hashes) are written from
+    odd = QuantConfig({'b"é': node, "a": NodeConfig(None, None), **config.nodes})
+    assert odd.canonical_json() == json.dumps(odd.to_dict(), sort_keys=True, separators=(",", ":"))
 
 
 def test_default_config_names_the_node_when_the_capability_cannot_serve_it() -> None:

@@ -142,6 +142,17 @@ def test_a_malformed_executor_is_a_usage_error(digits: Path, capsys: pytest.Capt
     assert "expected `local` or `dask://HOST:PORT`" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("seconds", ["0", "-5", "soon", "inf"])
+def test_a_bad_workerless_wait_is_a_usage_error(seconds: str, digits: Path, tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str],
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DABUILD_WORKERLESS_SECONDS", seconds)
+    assert main(["build", str(digits), "--build-dir", str(tmp_path / "b"), "--executor", "dask://127.0.0.1:1"]) == 2
+    assert capsys.readouterr().err == (f"dabuild: error: DABUILD_WORKERLESS_SECONDS={seconds!r}: expected a positive "
+                                       "number of seconds\n")
+    assert not (tmp_path / "b").exists()  # refused before anything was built
+
+
 def _trials_rescheduled(cluster: Cluster) -> int:
     """How many times the scheduler took a trial from a worker that died while it ran (Dask's "suspicious")."""
     from dask.utils import key_split
@@ -198,11 +209,12 @@ def test_a_trial_whose_workers_all_die_is_one_error(digits: Path, tmp_path: Path
     assert (tmp_path / "killed").exists() and not (tmp_path / "b" / "digits-mlp" / "tune-c").exists()
 
 
-@pytest.mark.slow  # waits out WORKERLESS_SECONDS (30 s)
+@pytest.mark.slow  # waits out DABUILD_WORKERLESS_SECONDS
 def test_a_cluster_whose_every_worker_died_is_one_error_not_a_hang(
-        digits: Path, tmp_path: Path, cache_dir: Path) -> None:
-    from dabuild.cluster import WORKERLESS_SECONDS
+        digits: Path, tmp_path: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from tests.dask_faults import KillOnFirstTrial
+
+    monkeypatch.setenv("DABUILD_WORKERLESS_SECONDS", "4")  # the default 30 s, shortened: the wait is what is tested
 
     with _cluster(tmp_path / "dask.log") as cluster:  # 3 failures allowed: the trial outlives its 2 workers
         with cluster.client() as client:
@@ -213,10 +225,10 @@ def test_a_cluster_whose_every_worker_died_is_one_error_not_a_hang(
         seconds = time.monotonic() - start
         assert all(worker.wait(timeout=10) == -9 for worker in cluster.workers)
     address = cluster.address.replace("dask://", "tcp://")
-    expected = (f"dabuild: error: the Dask cluster at {address} has had no workers for {WORKERLESS_SECONDS}s "
+    expected = (f"dabuild: error: the Dask cluster at {address} has had no workers for 4s "
                 "with trials to score; the stage wrote nothing")
     assert result.returncode == 1 and result.stderr.splitlines() == [expected], result.stderr
-    assert seconds < WORKERLESS_SECONDS + 90
+    assert 4 < seconds < 4 + 90
     assert not (tmp_path / "b" / "digits-mlp" / "tune-c").exists()
 
 
