@@ -95,13 +95,16 @@ def test_depthwise_dsp_loop_is_exact_in_the_tflm_roundings(rounding: str, cpu: s
     assert np.array_equal(actual, np.asarray(run_integer(qgraph, x_q)))
 
 
+@pytest.mark.parametrize("rounding", ["dabuild", "tflm"])
 @pytest.mark.parametrize("flags", [[], ["-U__ARM_FEATURE_DSP"]], ids=["dsp", "no-dsp"])
 @pytest.mark.parametrize("case", ["depthwise", "depthwise 8 channels wide rows stride 2 down"])
-def test_planar_depthwise_loop_is_exact(case: str, flags: list[str], tmp_path: Path) -> None:
+def test_planar_depthwise_loop_is_exact(case: str, flags: list[str], rounding: str, tmp_path: Path) -> None:
     """The M4's planar depthwise loop (depthwise_planar_dsp.j2: rows widened to int16 planes, kernel rows' taps
     paired for SMLAD), on a row unrolled with an odd last output (7 wide) and on rows past the unrolled width in
-    chunks of output rows (27 wide, stride 2 down 19 rows); and its portable twin without the DSP extension."""
-    actual, expected, _, _ = run_in_qemu(lowered(case), tmp_path, "cortex-m4", cflags=[*STRICT, *flags])
+    chunks of output rows (27 wide, stride 2 down 19 rows); its portable twin without the DSP extension; and
+    both feeding TFLM's requantization the same sums as the reference computing with that rounding."""
+    qgraph = CTarget(CTarget.Options(cpu="cortex-m4", rounding=rounding)).integer_graph(lowered(case))
+    actual, expected, _, _ = run_in_qemu(qgraph, tmp_path, "cortex-m4", cflags=[*STRICT, *flags], rounding=rounding)
     assert "__smlatb" in (tmp_path / "artifact" / "layer_c.h").read_text()
     assert np.array_equal(actual, expected), f"{np.sum(actual != expected)} of {expected.size} outputs differ"
 

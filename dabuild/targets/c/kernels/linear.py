@@ -30,7 +30,9 @@ one block of pixels' windows, nothing more.
 Weights are laid out at export time so the inner loops are contiguous: dense
 [out][in]; depthwise [kh][kw][out], a vector multiply-add across the
 channels of one pixel (on a DSP core int16, each block of four channels
-stored (w0, w2, w1, w3): the pairs SMLABB/SMLATT take, widened once).
+stored (w0, w2, w1, w3): the pairs SMLABB/SMLATT take, widened once; on the
+DSP planar path, 3 wide and stride 1, [out][kh] of (w0, w1, w1, w2): the pairs
+SMLAD takes against two neighbouring pixels of one channel).
 """
 
 from __future__ import annotations
