@@ -39,7 +39,8 @@ WEIGHTED = ["dense per tensor", "dense per channel relu6", "conv 3x3 pad 1", "co
             "conv stride 2 asymmetric pads per channel",
             "conv dilation 2 clip", "conv groups 2", "conv 1x1 no pad", "conv1d", "depthwise",
             "depthwise 6 channels asymmetric pads", "depthwise 12 channels dilated columns stride 2",
-            "depthwise multiplier 2 stride", "depthwise dilated stride past the band"]
+            "depthwise multiplier 2 stride", "depthwise dilated stride past the band",
+            "depthwise 8 channels wide rows stride 2 down"]
 # every case whose kernels have a portable, a DSP and a Helium path
 ISA_PATHS = [*WEIGHTED, "add of feature maps then relu"]
 
@@ -92,6 +93,20 @@ def test_depthwise_dsp_loop_is_exact_in_the_tflm_roundings(rounding: str, cpu: s
     x_q = np.random.default_rng(5).integers(-128, 128, (SAMPLES, *qgraph.tensors[qgraph.input].shape)).astype(np.int8)
     actual = target.run(tmp_path / "artifact", x_q, tmp_path / "work")
     assert np.array_equal(actual, np.asarray(run_integer(qgraph, x_q)))
+
+
+@pytest.mark.parametrize("rounding", ["dabuild", "tflm"])
+@pytest.mark.parametrize("flags", [[], ["-U__ARM_FEATURE_DSP"]], ids=["dsp", "no-dsp"])
+@pytest.mark.parametrize("case", ["depthwise", "depthwise 8 channels wide rows stride 2 down"])
+def test_planar_depthwise_loop_is_exact(case: str, flags: list[str], rounding: str, tmp_path: Path) -> None:
+    """The M4's planar depthwise loop (depthwise_planar_dsp.j2: rows widened to int16 planes, kernel rows' taps
+    paired for SMLAD), on a row unrolled with an odd last output (7 wide) and on rows past the unrolled width in
+    chunks of output rows (27 wide, stride 2 down 19 rows); its portable twin without the DSP extension; and
+    both feeding TFLM's requantization the same sums as the reference computing with that rounding."""
+    qgraph = CTarget(CTarget.Options(cpu="cortex-m4", rounding=rounding)).integer_graph(lowered(case))
+    actual, expected, _, _ = run_in_qemu(qgraph, tmp_path, "cortex-m4", cflags=[*STRICT, *flags], rounding=rounding)
+    assert "__smlatb" in (tmp_path / "artifact" / "layer_c.h").read_text()
+    assert np.array_equal(actual, expected), f"{np.sum(actual != expected)} of {expected.size} outputs differ"
 
 
 @pytest.mark.slow

@@ -30,7 +30,9 @@ one block of pixels' windows, nothing more.
 Weights are laid out at export time so the inner loops are contiguous: dense
 [out][in]; depthwise [kh][kw][out], a vector multiply-add across the
 channels of one pixel (on a DSP core int16, each block of four channels
-stored (w0, w2, w1, w3): the pairs SMLABB/SMLATT take, widened once).
+stored (w0, w2, w1, w3): the pairs SMLABB/SMLATT take, widened once; on the
+DSP planar path, 3 wide and stride 1, [out][kh] of (w0, w1, w1, w2): the pairs
+SMLAD takes against two neighbouring pixels of one channel).
 """
 
 from __future__ import annotations
@@ -138,9 +140,66 @@ def _band_rows(geometry: dict[str, int]) -> int:
 
 
 def _ring_bytes(step: Step) -> int:
-    """Depthwise scratch: a ring of the padded rows one output row reads (row_band.j2), none without padding."""
+    """Depthwise scratch: a ring of the padded rows one output row reads (row_band.j2), none without padding;
+    on the planar DSP path rows of four channels' padded input widened to int16 (_plane_rows)."""
     geometry = _conv_window(step)
+    if _planar_depthwise(step, geometry):
+        return _plane_bytes(geometry)
     return _band_rows(geometry) * geometry["padded_width"] * geometry["channels"] if geometry["padded"] else 0
+
+
+PLANAR_GROUP = 4   # channels the planar depthwise loop widens at a time: one word of the channels-last input
+PLANAR_ROW = 4     # the fewest outputs a row for it: per channel and row it sets up what a narrower row cannot repay
+
+
+def _plane_width(geometry: dict[str, int]) -> int:
+    """The int16 a planar depthwise row holds: the padded row to a whole word, and one word past it (a stride-2
+    step's third word reaches one pixel beyond the padded row)."""
+    return _round_up(geometry["padded_width"], 2) + 2
+
+
+PLANAR_CHUNK = 4   # output rows the planar loop computes at least per widening (each widening's first rows repeat)
+
+
+def _plane_rows(geometry: dict[str, int]) -> int:
+    """The padded input rows the planar loop widens at a time: as many as fit the ring of padded rows the other
+    loop keeps (so the arena does not grow), but those of at least PLANAR_CHUNK output rows (few channels make
+    that ring small: 1,200 bytes for VWW's 8 at 48 x 48), at most the padded input."""
+    ring = _band_rows(geometry) * geometry["padded_width"] * geometry["channels"]
+    fitting = ring // (2 * PLANAR_GROUP * _plane_width(geometry))
+    least = _band_rows(geometry) + (PLANAR_CHUNK - 1) * geometry["stride_height"]
+    return min(geometry["padded_height"], max(fitting, least))
+
+
+def _plane_bytes(geometry: dict[str, int]) -> int:
+    return 2 * PLANAR_GROUP * _plane_rows(geometry) * _plane_width(geometry)
+
+
+def _planar_depthwise(step: Step, geometry: dict[str, int]) -> bool:
+    """Whether a padded depthwise conv takes depthwise_planar_dsp.j2: a DSP core, not built for size,
+    multiplier 1, whole blocks of four channels, a kernel 3 wide of stride 1 and no column dilation, and sums that
+    start at the bias inside int32 with every shift 32 or more, on rows of PLANAR_ROW outputs or more. (Stride 2
+    widens four inputs per output, and its loop, measured on VWW's four such layers, took 1.2 to 1.8x the other
+    loop's cycles; on VWW's rows of 3 it took 1.2x.)"""
+    layer: QConv = step.layer  # type: ignore[assignment]
+    if step.profile.isa != DSP or step.profile.for_size or not geometry["padded"]:
+        return False
+    if geometry["out_channels"] != geometry["channels"] or geometry["channels"] % PLANAR_GROUP:
+        return False
+    if geometry["kernel_width"] != 3 or geometry["dilation_width"] != 1 or geometry["stride_width"] != 1:
+        return False
+    if geometry["out_width"] < PLANAR_ROW:
+        return False
+    weight = _planar_weight(layer)
+    requantization = _requantization(step, layer, weight.astype(np.int64).sum(axis=(1, 2, 3)))
+    return bool(requantization["narrow_sum"] and requantization["high_shift"])
+
+
+def _paired_taps(taps: np.ndarray) -> np.ndarray:
+    """Depthwise weights [kh][3][out] as the planar loop reads them: per channel and kernel row the int16 pairs
+    (w0, w1) and (w1, w2), [out][kh][4]."""
+    w0, w1, w2 = (taps[:, k, :].astype(np.int16) for k in range(3))
+    return np.ascontiguousarray(np.stack([w0, w1, w1, w2], axis=-1).transpose(1, 0, 2))
 
 
 # The GEMM conv's register block (int32 sums kept in locals), the pixels gathered per tile, and the
@@ -208,9 +267,11 @@ def conv_depthwise(step: Step) -> dict[str, Any]:
     multiplier = geometry["out_channels"] // geometry["channels"]
     taps = np.ascontiguousarray(weight[..., 0].transpose(1, 2, 0))  # [kh][kw][out]
     widened = step.profile.isa == DSP and multiplier == 1 and not step.profile.for_size
+    planar = _planar_depthwise(step, geometry)
     return {**geometry, "input_zero_point": step.inputs[0].quant.zero_point, "band_rows": _band_rows(geometry),
-            "depth_multiplier": multiplier, "widened": widened,
-            "weight": _widened_taps(taps) if widened else taps,
+            "depth_multiplier": multiplier, "widened": widened, "planar": planar,
+            "plane_width": _plane_width(geometry), "plane_rows": _plane_rows(geometry),
+            "weight": _paired_taps(taps) if planar else _widened_taps(taps) if widened else taps,
             **_requantization(step, layer, weight.astype(np.int64).sum(axis=(1, 2, 3)))}
 
 
