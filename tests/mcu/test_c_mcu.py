@@ -43,6 +43,9 @@ WEIGHTED = ["dense per tensor", "dense per channel relu6", "conv 3x3 pad 1", "co
             "depthwise 8 channels wide rows stride 2 down"]
 # every case whose kernels have a portable, a DSP and a Helium path
 ISA_PATHS = [*WEIGHTED, "add of feature maps then relu"]
+# a case whose 24 samples (or whose map with the firmware's buffers) pass the M0 board's 16 KiB of RAM runs on the
+# cores that hold it: its point is the DSP and Helium loops' wide rows, and the portable loop has smaller cases
+TOO_BIG_FOR_M0 = ("depthwise 8 channels wide rows stride 2 down",)
 
 # conv cases whose window rows (kernel width x channels bytes) are no whole number of 16-byte Helium vectors
 ROWS_NOT_VECTORS = ("conv 3x3 pad 1", "conv stride 2 asymmetric pads per channel", "conv1d")
@@ -62,8 +65,8 @@ def run_in_qemu(qgraph, folder: Path, cpu: str, cflags: list[str] = STRICT,
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("cpu", VARIANTS)
-@pytest.mark.parametrize("case", ISA_PATHS)
+@pytest.mark.parametrize("case, cpu", [(case, cpu) for case in ISA_PATHS for cpu in VARIANTS
+                                       if not (cpu == "cortex-m0" and case in TOO_BIG_FOR_M0)])
 def test_kernel_variant_equals_the_integer_reference_in_qemu(case: str, cpu: str, tmp_path: Path) -> None:
     qgraph = lowered(case)
     actual, expected, manifest, _ = run_in_qemu(qgraph, tmp_path, cpu)
