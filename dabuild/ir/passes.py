@@ -231,6 +231,39 @@ def fold_batch_norm(graph: Graph) -> Graph:
     return _fuse_into(graph, rewrite)
 
 
+def fold_scale(graph: Graph) -> Graph:
+    """Fold `y * c` / `c * y` into the weights and bias of the conv/dense writing y, when c is per-channel.
+
+    BN-Inception (the onnx package's inception_v2) spells each batch norm as a Mul and an Add after the
+    conv: left as nodes, they and the relu after them (which could not fuse) took 12 of its 88 ms. The
+    Add then folds into the bias (fuse_bias), the relu into the conv (fuse_activations), as a batch_norm's
+    fold does.
+    """
+    shapes = graph.tensor_shapes()
+
+    def rewrite(node: Node, reader: Node, constants: dict[str, np.ndarray]) -> Node | None:
+        found = _bias_and_axis(node, constants)
+        if found is None or reader.op != "mul":
+            return None
+        bias, axis = found
+        other = reader.inputs[1 - reader.inputs.index(node.outputs[0])]
+        if other not in constants:
+            return None
+        rank = len(shapes[node.outputs[0]].shape)
+        multiplier = _channel_vector(constants[other], rank, axis % rank, bias.shape[0])
+        if multiplier is None:
+            return None
+        weight = constants[node.inputs[1]]
+        scale = multiplier.reshape(-1, *[1] * (weight.ndim - 1)) if node.op == "conv" else multiplier
+        weight_name = _fresh(graph, constants, f"{node.name}.weight")
+        constants[weight_name] = (weight * scale).astype(np.float32)
+        bias_name = _fresh(graph, constants, f"{node.name}.bias")
+        constants[bias_name] = (bias * multiplier).astype(np.float32)
+        return replace(node, inputs=[node.inputs[0], weight_name, bias_name], outputs=list(reader.outputs))
+
+    return _fuse_into(graph, rewrite)
+
+
 def fuse_activations(graph: Graph) -> Graph:
     """Fold an activation op that alone reads a conv/dense output into that node's `activation`."""
 
@@ -251,6 +284,7 @@ PASSES: tuple[Callable[[Graph], Graph], ...] = (
     canonicalize_dense,
     fuse_bias,
     fold_batch_norm,
+    fold_scale,
     fuse_activations,
     remove_dead_code,
 )

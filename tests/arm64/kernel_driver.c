@@ -48,6 +48,7 @@ int kernel_vector_bytes(void);
 int kernel_conv_block_vectors(void);
 int kernel_island_width(void);
 ptrdiff_t qconv_lanes(void);
+ptrdiff_t qconv_block_vectors(void);
 
 void parallel_rows(RowsFunction function, const void *call, ptrdiff_t rows, ptrdiff_t chunk, int threads);
 
@@ -118,8 +119,8 @@ static void *buffer(char **buffers, int64_t count, int64_t index)
 int main(int argc, char **argv)
 {
     if (argc == 2 && !strcmp(argv[1], "info")) {
-        printf("%s %d %d %d %td\n", kernel_vector_path(), kernel_vector_bytes(), kernel_conv_block_vectors(),
-               kernel_island_width(), qconv_lanes());
+        printf("%s %d %d %d %td %td\n", kernel_vector_path(), kernel_vector_bytes(), kernel_conv_block_vectors(),
+               kernel_island_width(), qconv_lanes(), qconv_block_vectors());
         return 0;
     }
     long times = argc == 3 ? strtol(argv[2], NULL, 10) : 1;

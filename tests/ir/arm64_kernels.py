@@ -80,6 +80,7 @@ class Layout:
     block_vectors: int
     island_width: int
     qconv_lanes: int
+    qconv_block_vectors: int
 
 
 class Arm64Kernels:
@@ -253,6 +254,7 @@ class Arm64Integer(NativeInteger):
     def __init__(self, kernels: Arm64Kernels):  # no host library: every call goes to `kernels`
         self.kernels = kernels
         self.lanes, self.quads = kernels.layout.qconv_lanes, False
+        self.block_vectors = kernels.layout.qconv_block_vectors
 
     def run(self, prepared: RowsCall, threads: int) -> np.ndarray:
         return self.kernels.run(prepared, threads)

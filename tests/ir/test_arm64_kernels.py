@@ -59,8 +59,8 @@ def on_arm64(kernels: Arm64Kernels, monkeypatch: pytest.MonkeyPatch) -> Iterator
 
 def test_arm64_builds_the_neon_path(kernels: Arm64Kernels) -> None:
     layout = kernels.layout
-    assert (layout.path, layout.vector_bytes, layout.block_vectors, layout.island_width, layout.qconv_lanes) == (
-        "neon", 16, 4, 16, 4)
+    assert (layout.path, layout.vector_bytes, layout.block_vectors, layout.island_width, layout.qconv_lanes,
+            layout.qconv_block_vectors) == ("neon", 16, 4, 16, 4, 4)
 
 
 TWO_D = [case for case in conv_tests.CASES if len(case[3]) == 2]

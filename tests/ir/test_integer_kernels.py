@@ -123,6 +123,21 @@ def test_an_accumulator_past_int32_falls_back_to_numpy() -> None:
     np.testing.assert_array_equal(layer.run([x], graph, None)[0], layer.run([x], graph, {})[0])
 
 
+@pytest.mark.parametrize("y_type", ["int8", "uint8"])
+def test_outputs_far_past_the_range_clamp_as_the_reference_does(y_type: str) -> None:
+    """Factors near 2^29, 2^-1 and 2^-20 per channel: most sums land far outside the 1-byte range, past 2^31
+    steps with the first (where the AVX2 epilogue caps its rounded magnitudes), of both signs; some inside."""
+    layer, graph = conv_layer("uint8", y_type, 16, 24, (3, 3), [1, 1], [1, 1, 1, 1], [1, 1], False, True)
+    layer.shift[:] = np.array([2, 32, 51])[np.arange(24) % 3]
+    x = RNG.integers(0, 256, (2, 16, 9, 10)).astype(np.uint8)
+    compiled = layer.run([x], graph, None)[0]
+    reference = layer.run([x], graph, {})[0]
+    np.testing.assert_array_equal(compiled, reference)
+    target = graph.tensors["y"].params
+    assert np.any(reference == target.qmin) and np.any(reference == target.qmax)
+    assert np.any((reference > target.qmin) & (reference < target.qmax))
+
+
 @pytest.mark.parametrize("layer_class", [QAdd, QSub])
 @pytest.mark.parametrize("types", [("int8", "int8", "int8"), ("uint8", "int8", "uint8")])
 def test_compiled_add_of_feature_maps_equals_the_numpy_reference(layer_class: type[QAdd],

@@ -80,6 +80,8 @@ CASES = [  # batch, channels, out_channels, spatial size, kernel, strides, pads,
     (2, 12, 30, (9, 8), (3, 3), [2, 1], [1, 0, 2, 1], [1, 2], 3),  # grouped, strided, dilated, uneven pads
     (1, 640, 64, (5, 5), (3, 3), [1, 1], [1, 1, 1, 1], [1, 1], 2),  # grouped, K in blocks of channel chunks
     (3, 6, 9, (13,), (3,), [2], [1, 1], [1], 3),  # grouped 1-D
+    (3, 1100, 20, (5, 7), (1, 1), [1, 1], [0, 0, 0, 0], [1, 1], 1),  # pointwise: flat runs, K in channel chunks
+    (2, 10, 40, (3, 3), (1, 1), [1, 1], [0, 0, 0, 0], [1, 1], 1),  # pointwise: an image smaller than a block
 ]
 
 
@@ -148,6 +150,24 @@ def test_few_rows_split_by_channel_give_the_same_bits(monkeypatch: pytest.Monkey
     for threads in (3, 8, 16):
         with native.layer_threads(threads):
             np.testing.assert_array_equal(kernel([x, weight, bias], None)[0], one)
+
+
+@pytest.mark.parametrize("channels", [24, 1100])
+def test_pointwise_blocks_depend_on_the_image_alone(monkeypatch: pytest.MonkeyPatch, vector_path: int,
+                                                    channels: int) -> None:
+    """A pointwise conv's register blocks run across an image's rows (conv.c's `flat_rows_of_kblock`) but never
+    across images nor by the thread split: each image alone, the batch on one thread and on several give the
+    same bits (with 1100 channels, K-blocks too, whose partial sums a block past a thread's rows keeps)."""
+    monkeypatch.delenv(native.SWITCH, raising=False)
+    rng = np.random.default_rng(13)
+    x = rng.standard_normal((5, channels, 7, 7)).astype(np.float32)
+    weight = rng.standard_normal((120, channels, 1, 1)).astype(np.float32)
+    kernel = OPS["conv"].prepare({"activation": "relu"})
+    one = kernel([x, weight], None)[0]
+    np.testing.assert_array_equal(np.concatenate([kernel([x[i:i + 1], weight], None)[0] for i in range(5)]), one)
+    for threads in (2, 3, 8):
+        with native.layer_threads(threads):
+            np.testing.assert_array_equal(kernel([x, weight], None)[0], one)
 
 
 def test_channel_parts_only_where_rows_are_too_few() -> None:

@@ -13,6 +13,7 @@ from dabuild.ir.ops import OPS
 from dabuild.ir.passes import (
     fold_batch_norm,
     fold_constants,
+    fold_scale,
     fuse_activations,
     fuse_bias,
     optimize,
@@ -128,6 +129,30 @@ def test_bias_fuses_into_conv_when_it_is_per_channel(bias_shape: tuple[int, ...]
     result = fuse_bias(graph)
     assert ops(result) == (["conv"] if fused else ["conv", op])
     assert_same_results(graph, result, normal(2, 3, 5, 5))
+
+
+@pytest.mark.parametrize(("scale_shape", "first", "fused"),
+                         [((1, 4, 1, 1), True, True), ((4, 1, 1), False, True), ((1,), True, True),
+                          ((1, 1, 5, 5), True, False), ((1, 1, 4, 1, 1), True, False)])
+def test_per_channel_scale_folds_into_conv(scale_shape: tuple[int, ...], first: bool, fused: bool) -> None:
+    """A batch norm spelled Mul, Add (BN-Inception) becomes the conv's weights, bias and activation."""
+    b = Builder(None, 3, 5, 5)
+    y = b("conv", "x", b.const(normal(4, 3, 3, 3)), b.const(normal(4)), pads=[1, 1, 1, 1])
+    scale = b.const(normal(*scale_shape))
+    scaled = b("mul", y, scale) if first else b("mul", scale, y)
+    graph = b.done(b("relu", b("add", scaled, b.const(normal(1, 4, 1, 1)))))
+    assert ops(fold_scale(graph)) == (["conv", "add", "relu"] if fused else ["conv", "mul", "add", "relu"])
+    result = optimize(graph)
+    assert ops(result) == (["conv"] if fused else ["conv", "mul", "add", "relu"])
+    assert_same_results(graph, result, normal(2, 3, 5, 5))
+
+
+def test_dense_scale_folds_along_its_features() -> None:
+    b = Builder(None, 5)
+    graph = b.done(b("mul", b("dense", "x", b.const(normal(5, 4))), b.const(normal(4))))
+    result = fold_scale(graph)
+    assert ops(result) == ["dense"]
+    assert_same_results(graph, result, normal(3, 5))
 
 
 def test_dense_bias_must_vary_along_features_only() -> None:

@@ -140,18 +140,90 @@ static inline __attribute__((always_inline)) void NAME(finish)(const NAME(Conv) 
         NAME(store_partial)(y, sum, count);
 }
 
+/* `finish` for a register block: the pixels pixel .. pixel + PIXELS - 1, channels o .. o + VECS * VLEN - 1,
+ * with the bias vectors, the output and residual addresses and the epilogue's choices taken once for the
+ * block: finished vector by vector, they cost about 140 cycles a 6 x 2 block, as much as 23 of its
+ * multiply-add steps (a 1x1 conv of 34 input channels spent 40 % of its time there). Each value still gets
+ * + bias, + residual, then the activation. Without WHOLE a vector may hold channels past out_channels (a
+ * partial one, or only padding): those lanes are computed on zeros and never loaded or stored. */
+static inline __attribute__((always_inline)) void
+NAME(finish_vectors)(const NAME(Conv) *c, ptrdiff_t pixel, ptrdiff_t o, NAME(vec) acc[MAX_PIXELS][MAX_VECS],
+                     const int PIXELS, const int VECS, const int WHOLE)
+{
+    ptrdiff_t step = Y_PIXEL(c), counts[MAX_VECS];  /* each vector's channels below out_channels */
+    UNROLL for (int v = 0; v < VECS; v++) {
+        ptrdiff_t count = c->out_channels - (o + v * VLEN);
+        counts[v] = WHOLE || count >= VLEN ? VLEN : count > 0 ? count : 0;
+    }
+    if (c->bias) {
+        UNROLL for (int v = 0; v < VECS; v++) {
+            NAME(vec) bias = *(const NAME(vec_unaligned) *)(c->bias + o + v * VLEN);  /* padded: whole vectors */
+            UNROLL for (int p = 0; p < PIXELS; p++)
+                acc[p][v] += bias;
+        }
+    }
+    if (c->residual) {
+        const ELEM *residual = c->residual + pixel * step + o;
+        UNROLL for (int p = 0; p < PIXELS; p++)
+            UNROLL for (int v = 0; v < VECS; v++) {
+                const ELEM *at = residual + p * step + v * VLEN;
+                if (WHOLE || counts[v] == VLEN)
+                    acc[p][v] += *(const NAME(vec_unaligned) *)at;
+                else if (counts[v] > 0)
+                    acc[p][v] += NAME(load_partial)(at, counts[v]);
+            }
+    }
+    if (c->activation == RELU) {
+        UNROLL for (int p = 0; p < PIXELS; p++)
+            UNROLL for (int v = 0; v < VECS; v++)
+                acc[p][v] = NAME(relu)(acc[p][v]);
+    } else if (c->activation == CLAMP) {
+        UNROLL for (int p = 0; p < PIXELS; p++)
+            UNROLL for (int v = 0; v < VECS; v++)
+                acc[p][v] = NAME(clamp)(acc[p][v], c->low, c->high);
+    }
+    ELEM *y = c->y + pixel * step + o;
+    UNROLL for (int p = 0; p < PIXELS; p++)
+        UNROLL for (int v = 0; v < VECS; v++) {
+            ELEM *at = y + p * step + v * VLEN;
+            if (WHOLE || counts[v] == VLEN)
+                *(NAME(vec_unaligned) *)at = acc[p][v];
+            else if (counts[v] > 0)
+                NAME(store_partial)(at, acc[p][v], counts[v]);
+        }
+}
+
+static inline __attribute__((always_inline)) void
+NAME(finish_block)(const NAME(Conv) *c, ptrdiff_t pixel, ptrdiff_t o, NAME(vec) acc[MAX_PIXELS][MAX_VECS],
+                   const int PIXELS, const int VECS)
+{
+    if (o + VECS * VLEN <= c->out_channels)
+        NAME(finish_vectors)(c, pixel, o, acc, PIXELS, VECS, 1);
+    else
+        NAME(finish_vectors)(c, pixel, o, acc, PIXELS, VECS, 0);
+}
+
 /* acc += the products of `count` consecutive inputs of each pixel p, against the weight rows from w on (`ld`
  * floats apart). The inputs of pixel p are at rows[p], or with SPACED at rows[0] + p * step. */
 static inline __attribute__((always_inline)) void
 NAME(taps)(NAME(vec) acc[MAX_PIXELS][MAX_VECS], const ELEM *const *rows, const int SPACED, ptrdiff_t step, const ELEM *w,
      ptrdiff_t ld, ptrdiff_t count, const int PIXELS, const int VECS)
 {
+    /* One pointer per pixel, opaque to the compiler (the empty asm): left to itself, gcc hoisted the offsets
+     * p * step out of the enclosing loops, spilled them to the stack and reloaded one per broadcast, so the
+     * loop did 18 loads for 12 multiply-adds (load-bound at about 60 % of the FMA units' rate). */
+    const ELEM *inputs[MAX_PIXELS];
+    UNROLL for (int p = 0; p < PIXELS; p++) {
+        const ELEM *input = SPACED ? rows[0] + p * step : rows[p];
+        __asm__("" : "+r"(input));
+        inputs[p] = input;
+    }
     for (ptrdiff_t ci = 0; ci < count; ci++, w += ld) {
         NAME(vec) weights[MAX_VECS];
         UNROLL for (int v = 0; v < VECS; v++)
             weights[v] = *(const NAME(vec_unaligned) *)(w + v * VLEN);
         UNROLL for (int p = 0; p < PIXELS; p++) {
-            ELEM value = SPACED ? rows[0][p * step + ci] : rows[p][ci];
+            ELEM value = inputs[p][ci];
             UNROLL for (int v = 0; v < VECS; v++)
                 acc[p][v] += value * weights[v];
         }
@@ -167,10 +239,11 @@ typedef struct {
 
 /* The register block of output pixels (n, oh, ow .. ow + PIXELS - 1) x channels o .. o + VECS * VLEN - 1 of
  * weight block `w` (width `ld`) over one K-block: started from zero or from `partial`, left in `partial`
- * or finished into y. */
+ * or finished into y. With FLAT (a pointwise conv, see `flat_rows_of_kblock`) oh is 0 and ow counts the
+ * image's pixels across its rows: output pixel i reads input pixel i. */
 static inline __attribute__((always_inline)) void
 NAME(block)(const NAME(Conv) *c, const NAME(KBlock) *k, const ELEM *w, ptrdiff_t ld, ELEM *partial, ptrdiff_t n, ptrdiff_t oh,
-      ptrdiff_t ow, ptrdiff_t o, const int PIXELS, const int VECS)
+      ptrdiff_t ow, ptrdiff_t o, const int PIXELS, const int VECS, const int FLAT)
 {
     NAME(vec) acc[MAX_PIXELS][MAX_VECS];  /* fixed sizes: once unrolled, each element is a register */
     UNROLL for (int p = 0; p < PIXELS; p++)
@@ -179,7 +252,11 @@ NAME(block)(const NAME(Conv) *c, const NAME(KBlock) *k, const ELEM *w, ptrdiff_t
     const ELEM *rows[MAX_PIXELS];
     ptrdiff_t left = ow * c->stride_w - c->pad_left;  /* the first input column of the block's first pixel */
     ptrdiff_t pixel = X_PIXEL(c), step = c->stride_w * pixel;
-    for (ptrdiff_t kh = k->kh0; kh < k->kh1; kh++) {
+    if (FLAT) {  /* one tap: the block's inputs are consecutive pixels, their K-block's channels one run each */
+        rows[0] = c->x + (n * c->height * c->width + ow) * pixel + (k->one_tap ? k->c0 : 0);
+        NAME(taps)(acc, rows, 1, pixel, w, ld, k->one_tap ? k->c1 - k->c0 : c->channels, PIXELS, VECS);
+    }
+    for (ptrdiff_t kh = k->kh0; kh < (FLAT ? k->kh0 : k->kh1); kh++) {
         ptrdiff_t ih = oh * c->stride_h - c->pad_top + kh * c->dilation_h;
         int row_inside = ih >= 0 && ih < c->height;
         const ELEM *row = row_inside ? c->x + (n * c->height + ih) * c->width * pixel : c->zeros;
@@ -213,9 +290,59 @@ NAME(block)(const NAME(Conv) *c, const NAME(KBlock) *k, const ELEM *w, ptrdiff_t
                 *(NAME(vec) *)(partial + (p * MAX_VECS + v) * VLEN) = acc[p][v];
         return;
     }
-    for (int p = 0; p < PIXELS; p++)
-        for (int v = 0; v < VECS && o + v * VLEN < c->out_channels; v++)
-            NAME(finish)(c, (n * c->out_h + oh) * c->out_w + ow + p, o + v * VLEN, acc[p][v]);
+    NAME(finish_block)(c, (n * c->out_h + oh) * c->out_w + ow, o, acc, PIXELS, VECS);
+}
+
+/* `block` of one shape as a function of its own: inlined into the large loop nests that call it, gcc kept the
+ * block's input pointers on the stack and reloaded one per broadcast (a third more loads than the
+ * multiply-adds need); in a small function they stay in registers. A call per block costs a few cycles. */
+#define BLOCK_SHAPE(P, V, F) \
+    static __attribute__((noinline)) void NAME(block_##P##_##V##_##F)(const NAME(Conv) *c, const NAME(KBlock) *k, \
+            const ELEM *w, ptrdiff_t ld, ELEM *partial, ptrdiff_t n, ptrdiff_t oh, ptrdiff_t ow, ptrdiff_t o) \
+    { NAME(block)(c, k, w, ld, partial, n, oh, ow, o, P, V, F); }
+#if BLOCK_VECS > 2
+#define BLOCK_SHAPES(P, F) BLOCK_SHAPE(P, 1, F) BLOCK_SHAPE(P, 2, F) BLOCK_SHAPE(P, 3, F) BLOCK_SHAPE(P, 4, F)
+#define CALL_SHAPES(P, F) CALL_SHAPE(P, 1, F) CALL_SHAPE(P, 2, F) CALL_SHAPE(P, 3, F) CALL_SHAPE(P, 4, F)
+#else
+#define BLOCK_SHAPES(P, F) BLOCK_SHAPE(P, 1, F) BLOCK_SHAPE(P, 2, F)
+#define CALL_SHAPES(P, F) CALL_SHAPE(P, 1, F) CALL_SHAPE(P, 2, F)
+#endif
+BLOCK_SHAPES(8, 0) BLOCK_SHAPES(6, 0) BLOCK_SHAPES(4, 0) BLOCK_SHAPES(2, 0) BLOCK_SHAPES(1, 0)
+BLOCK_SHAPES(8, 1) BLOCK_SHAPES(6, 1) BLOCK_SHAPES(4, 1) BLOCK_SHAPES(2, 1) BLOCK_SHAPES(1, 1)
+
+/* The function of `block`'s shape (PIXELS, VECS, FLAT constants: every other branch folds away). */
+static inline __attribute__((always_inline)) void
+NAME(shaped_block)(const NAME(Conv) *c, const NAME(KBlock) *k, const ELEM *w, ptrdiff_t ld, ELEM *partial, ptrdiff_t n,
+                   ptrdiff_t oh, ptrdiff_t ow, ptrdiff_t o, const int PIXELS, const int VECS, const int FLAT)
+{
+#define CALL_SHAPE(P, V, F) \
+    if (PIXELS == P && VECS == V && FLAT == F) \
+        return NAME(block_##P##_##V##_##F)(c, k, w, ld, partial, n, oh, ow, o);
+    CALL_SHAPES(8, 0) CALL_SHAPES(6, 0) CALL_SHAPES(4, 0) CALL_SHAPES(2, 0) CALL_SHAPES(1, 0)
+    CALL_SHAPES(8, 1) CALL_SHAPES(6, 1) CALL_SHAPES(4, 1) CALL_SHAPES(2, 1) CALL_SHAPES(1, 1)
+}
+
+/* Blocks of PIXELS pixels of output row oh of image n (with FLAT, of the image's flat run, oh 0) from ow on,
+ * each starting before `starts` and ending by `stop`; then, with `rest`, the pixels left before `stop` in
+ * blocks of 4 and 2 pixels and a single one. `sums` holds the partial sums of the row's (or image's) pixels
+ * from its first on. */
+static inline __attribute__((always_inline)) void
+NAME(run_of_blocks)(const NAME(Conv) *c, const NAME(KBlock) *k, const ELEM *w, ptrdiff_t ld, ELEM *sums, ptrdiff_t n,
+                    ptrdiff_t oh, ptrdiff_t ow, ptrdiff_t starts, ptrdiff_t stop, int rest, ptrdiff_t o,
+                    const int PIXELS, const int VECS, const int FLAT)
+{
+    for (; ow < starts && ow + PIXELS <= stop; ow += PIXELS)
+        NAME(shaped_block)(c, k, w, ld, sums + ow * MAX_VECS * VLEN, n, oh, ow, o, PIXELS, VECS, FLAT);
+    if (!rest)
+        return;
+    if (PIXELS > 4 && ow + 4 <= stop) {
+        NAME(shaped_block)(c, k, w, ld, sums + ow * MAX_VECS * VLEN, n, oh, ow, o, 4, VECS, FLAT);
+        ow += 4;
+    }
+    for (; ow + 2 <= stop; ow += 2)
+        NAME(shaped_block)(c, k, w, ld, sums + ow * MAX_VECS * VLEN, n, oh, ow, o, 2, VECS, FLAT);
+    if (ow < stop)
+        NAME(shaped_block)(c, k, w, ld, sums + ow * MAX_VECS * VLEN, n, oh, ow, o, 1, VECS, FLAT);
 }
 
 /* Output rows [row0, row1) of the flattened (N * OH) rows, channels o .. o + VECS * VLEN - 1, over one K-block:
@@ -227,18 +354,34 @@ NAME(rows_of_kblock)(const NAME(Conv) *c, const NAME(KBlock) *k, const ELEM *w, 
                ptrdiff_t row1, ptrdiff_t o, const int PIXELS, const int VECS)
 {
     for (ptrdiff_t row = row0; row < row1; row++) {
-        ptrdiff_t n = row / c->out_h, oh = row % c->out_h, ow = 0;
+        ptrdiff_t n = row / c->out_h, oh = row % c->out_h;
         ELEM *sums = partial + (row - row0) * c->out_w * MAX_VECS * VLEN;
-        for (; ow + PIXELS <= c->out_w; ow += PIXELS)
-            NAME(block)(c, k, w, ld, sums + ow * MAX_VECS * VLEN, n, oh, ow, o, PIXELS, VECS);
-        if (PIXELS > 4 && ow + 4 <= c->out_w) {
-            NAME(block)(c, k, w, ld, sums + ow * MAX_VECS * VLEN, n, oh, ow, o, 4, VECS);
-            ow += 4;
-        }
-        for (; ow + 2 <= c->out_w; ow += 2)
-            NAME(block)(c, k, w, ld, sums + ow * MAX_VECS * VLEN, n, oh, ow, o, 2, VECS);
-        if (ow < c->out_w)
-            NAME(block)(c, k, w, ld, sums + ow * MAX_VECS * VLEN, n, oh, ow, o, 1, VECS);
+        NAME(run_of_blocks)(c, k, w, ld, sums, n, oh, 0, c->out_w, c->out_w, 1, o, PIXELS, VECS, 0);
+    }
+}
+
+/* A pointwise conv (1x1, stride 1, unpadded: output pixel i of an image reads input pixel i) over the rows
+ * [row0, row1): each image's pixels run as one flat sequence across its rows, in blocks of PIXELS from the
+ * image's first pixel and then the few left in blocks of 4, 2 and 1, so a 7- or 14-pixel row no longer ends in
+ * 1- or 2-pixel blocks (a few multiply-adds in flight, half the FMA units idle). A block belongs to the row
+ * that holds its first pixel (the blocks after the last whole one, together, to the row holding the first of
+ * them) and may write into the rows after it: which block, and so which code, computes an output depends on
+ * the image alone, never on how rows are split among threads or images into batches. `partial` holds the
+ * partial sums from the first pixel of row0 on, with room for a block that runs past row1. */
+static inline __attribute__((always_inline)) void
+NAME(flat_rows_of_kblock)(const NAME(Conv) *c, const NAME(KBlock) *k, const ELEM *w, ptrdiff_t ld, ELEM *partial,
+                          ptrdiff_t row0, ptrdiff_t row1, ptrdiff_t o, const int PIXELS, const int VECS)
+{
+    ptrdiff_t image = c->out_h * c->out_w, whole = image - image % PIXELS;
+    for (ptrdiff_t row = row0; row < row1;) {
+        ptrdiff_t n = row / c->out_h, last = (n + 1) * c->out_h < row1 ? (n + 1) * c->out_h : row1;
+        ptrdiff_t from = (row - n * c->out_h) * c->out_w, to = (last - n * c->out_h) * c->out_w;
+        ptrdiff_t first = (from + PIXELS - 1) / PIXELS * PIXELS;  /* the first block that starts in these rows */
+        ELEM *sums = partial + (n * image - row0 * c->out_w) * MAX_VECS * VLEN;  /* indexed by the image's pixel */
+        NAME(run_of_blocks)(c, k, w, ld, sums, n, 0, first, to, whole, 0, o, PIXELS, VECS, 1);
+        if (whole >= from && whole < to)  /* the rest starts in these rows */
+            NAME(run_of_blocks)(c, k, w, ld, sums, n, 0, whole, whole, image, 1, o, PIXELS, VECS, 1);
+        row = last;
     }
 }
 
@@ -278,13 +421,22 @@ static ptrdiff_t NAME(kblocks)(const NAME(Conv) *c, NAME(KBlock) *out, ptrdiff_t
 
 static inline __attribute__((always_inline)) void
 NAME(weight_block)(const NAME(Conv) *c, const NAME(KBlock) *ks, const ptrdiff_t *offsets, ptrdiff_t count, ELEM *partial,
-             ptrdiff_t row0, ptrdiff_t row1, ptrdiff_t o, const int PIXELS, const int VECS)
+             ptrdiff_t row0, ptrdiff_t row1, ptrdiff_t o, const int PIXELS, const int VECS, const int FLAT)
 {
     ptrdiff_t depth = c->kernel_h * c->kernel_w * c->channels, ld = VECS * VLEN;
     const ELEM *slab = c->weight + depth * o;  /* the blocks before this one are `o` channels wide in all */
     for (ptrdiff_t b = 0; b < count; b++)
-        NAME(rows_of_kblock)(c, &ks[b], slab + offsets[b] * ld, ld, partial, row0, row1, o, PIXELS, VECS);
+        if (FLAT)
+            NAME(flat_rows_of_kblock)(c, &ks[b], slab + offsets[b] * ld, ld, partial, row0, row1, o, PIXELS, VECS);
+        else
+            NAME(rows_of_kblock)(c, &ks[b], slab + offsets[b] * ld, ld, partial, row0, row1, o, PIXELS, VECS);
 }
+
+/* weight_block for the flat pixel runs of a pointwise conv or for row by row. */
+#define WEIGHT_BLOCK(PIXELS, VECS) (flat ? NAME(weight_block)(&group, ks, offsets, count, partial, start, end, o, \
+                                                              PIXELS, VECS, 1) \
+                                         : NAME(weight_block)(&group, ks, offsets, count, partial, start, end, o, \
+                                                              PIXELS, VECS, 0))
 
 /* Output rows [row0, row1) of the flattened (N * OH) rows, channels [o0, o1) of each group (o0, o1 on weight
  * block boundaries): chunks of rows, each through every group's weight blocks. */
@@ -295,7 +447,10 @@ static void NAME(conv_rows)(const NAME(Conv) *c, ptrdiff_t row0, ptrdiff_t row1,
     NAME(KBlock) *ks = malloc(count * sizeof *ks);
     ptrdiff_t *offsets = malloc(count * sizeof *offsets);
     ptrdiff_t chunk = CHUNK_PIXELS / c->out_w > 1 ? CHUNK_PIXELS / c->out_w : 1;
-    size_t bytes = (chunk * c->out_w * MAX_VECS * VLEN * sizeof(ELEM) + 63) / 64 * 64;  /* aligned_alloc's rule */
+    int flat = c->kernel_h == 1 && c->kernel_w == 1 && c->stride_h == 1 && c->stride_w == 1 && c->pad_top == 0
+               && c->pad_left == 0 && c->out_h == c->height && c->out_w == c->width;  /* a pointwise conv */
+    /* the chunk's pixels, and a flat run's last block past them; aligned_alloc's rule: whole 64 bytes */
+    size_t bytes = ((chunk * c->out_w + MAX_PIXELS) * MAX_VECS * VLEN * sizeof(ELEM) + 63) / 64 * 64;
     ELEM *partial = count > 1 ? aligned_alloc(64, bytes) : NULL;
     NAME(kblocks)(c, ks, offsets);
     for (ptrdiff_t start = row0; start < row1; start += chunk) {
@@ -309,12 +464,12 @@ static void NAME(conv_rows)(const NAME(Conv) *c, ptrdiff_t row0, ptrdiff_t row1,
             group.y = c->y + g * c->out_channels;
             for (ptrdiff_t o = o0; o < o1; o += BLOCK_VECS * VLEN) {
                 switch ((c->padded_channels - o) / VLEN) {  /* a narrower last block: more pixels per block */
-                case 1: NAME(weight_block)(&group, ks, offsets, count, partial, start, end, o, 8, 1); break;
+                case 1: WEIGHT_BLOCK(8, 1); break;
 #if BLOCK_VECS > 2
-                case 2: NAME(weight_block)(&group, ks, offsets, count, partial, start, end, o, 8, 2); break;
-                case 3: NAME(weight_block)(&group, ks, offsets, count, partial, start, end, o, 8, 3); break;
+                case 2: WEIGHT_BLOCK(8, 2); break;
+                case 3: WEIGHT_BLOCK(8, 3); break;
 #endif
-                default: NAME(weight_block)(&group, ks, offsets, count, partial, start, end, o, 6, BLOCK_VECS); break;
+                default: WEIGHT_BLOCK(6, BLOCK_VECS); break;
                 }
             }
         }
@@ -326,12 +481,11 @@ static void NAME(conv_rows)(const NAME(Conv) *c, ptrdiff_t row0, ptrdiff_t row1,
 
 /* Depthwise output pixels (n, oh, ow .. ow + PIXELS - 1), channels o .. o + VLEN - 1, for pixels whose taps
  * are all inside the input along the width (CHECKED: any pixel, one at a time, each tap bounds-checked). The
- * taps are summed from zero in (kh, kw) order, a tap outside the input skipped, whichever path runs. With
- * THREE (a 3-wide kernel, undilated, stride STRIDE), each input vector of a kernel row is loaded once and used
- * by every pixel and tap that reads it. */
+ * taps are summed from zero in (kh, kw) order, a tap outside the input skipped, whichever path runs (this one
+ * or depthwise_three). */
 static inline __attribute__((always_inline)) void
 NAME(depthwise_pixels)(const NAME(Conv) *c, ptrdiff_t n, ptrdiff_t oh, ptrdiff_t ow, ptrdiff_t o, const int PIXELS,
-                       const int CHECKED, const int THREE, const int STRIDE)
+                       const int CHECKED)
 {
     NAME(vec) acc[DEPTHWISE_PIXELS];
     UNROLL for (int p = 0; p < PIXELS; p++)
@@ -344,17 +498,6 @@ NAME(depthwise_pixels)(const NAME(Conv) *c, ptrdiff_t n, ptrdiff_t oh, ptrdiff_t
             continue;
         const ELEM *row = c->x + (n * c->height + ih) * c->width * c->channels + o;
         const ELEM *w = c->weight + kh * c->kernel_w * c->padded_channels + o;
-        if (THREE) {  /* full vectors only */
-            NAME(vec) inputs[(DEPTHWISE_PIXELS - 1) * 2 + 3], weights[3];
-            UNROLL for (int i = 0; i < (PIXELS - 1) * STRIDE + 3; i++)
-                inputs[i] = *(const NAME(vec_unaligned) *)(row + (left + i) * c->channels);
-            UNROLL for (int kw = 0; kw < 3; kw++)
-                weights[kw] = *(const NAME(vec_unaligned) *)(w + kw * c->padded_channels);
-            UNROLL for (int kw = 0; kw < 3; kw++)
-                UNROLL for (int p = 0; p < PIXELS; p++)
-                    acc[p] += inputs[p * STRIDE + kw] * weights[kw];
-            continue;
-        }
         for (ptrdiff_t kw = 0; kw < c->kernel_w; kw++, w += c->padded_channels) {
             ptrdiff_t iw = left + kw * c->dilation_w;
             if (CHECKED && (iw < 0 || iw >= c->width))
@@ -373,20 +516,108 @@ NAME(depthwise_pixels)(const NAME(Conv) *c, ptrdiff_t n, ptrdiff_t oh, ptrdiff_t
         NAME(finish)(c, (n * c->out_h + oh) * c->out_w + ow + p, o, acc[p]);
 }
 
-/* The pixels [ow, end) of one row and channel vector whose taps lie inside the width: blocks of DEPTHWISE_PIXELS,
- * 4, then single pixels. */
+/* A 3x3 kernel (undilated along the width, stride STRIDE) over the pixels whose taps lie inside the width
+ * (CHECKED: one pixel anywhere, its taps outside the width skipped), channels [o0, o1): the three input rows
+ * found once for all channel vectors, and each input vector of a row loaded once and used by every pixel and
+ * tap that reads it; a partial last vector by depthwise_pixels. */
 static inline __attribute__((always_inline)) void
-NAME(depthwise_inside)(const NAME(Conv) *c, ptrdiff_t n, ptrdiff_t oh, ptrdiff_t ow, ptrdiff_t end, ptrdiff_t o,
-                       const int THREE, const int STRIDE)
+NAME(depthwise_three)(const NAME(Conv) *c, ptrdiff_t n, ptrdiff_t oh, ptrdiff_t ow, ptrdiff_t o0, ptrdiff_t o1,
+                      const int PIXELS, const int CHECKED, const int STRIDE)
+{
+    const ELEM *rows[3];  /* each kernel row's input (its pixel 0), or NULL outside the input */
+    ptrdiff_t left = ow * c->stride_w - c->pad_left, channels = c->channels, padded = c->padded_channels;
+    UNROLL for (int kh = 0; kh < 3; kh++) {
+        ptrdiff_t ih = oh * c->stride_h - c->pad_top + kh * c->dilation_h;
+        rows[kh] = ih >= 0 && ih < c->height ? c->x + (n * c->height + ih) * c->width * channels : NULL;
+    }
+    ptrdiff_t full = o0 + (c->out_channels - o0) / VLEN * VLEN;  /* the end of the whole vectors */
+    full = full < o1 ? full : o1;
+    ptrdiff_t o = o0;
+    for (; o < full; o += VLEN) {
+        NAME(vec) acc[DEPTHWISE_PIXELS];
+        UNROLL for (int p = 0; p < PIXELS; p++)
+            acc[p] = (NAME(vec)){0};
+        UNROLL for (int kh = 0; kh < 3; kh++) {
+            if (!rows[kh])
+                continue;
+            NAME(vec) weights[3];
+            UNROLL for (int kw = 0; kw < 3; kw++)
+                weights[kw] = *(const NAME(vec_unaligned) *)(c->weight + (kh * 3 + kw) * padded + o);
+            /* each input vector in turn, into every (pixel, tap) that reads it: a pixel's taps still in kw order */
+            const ELEM *x = rows[kh] + (CHECKED ? 0 : left * channels) + o;
+            UNROLL for (int i = 0; i < (PIXELS - 1) * STRIDE + 3; i++, x += CHECKED ? 0 : channels) {
+                if (CHECKED && (left + i < 0 || left + i >= c->width))
+                    continue;
+                NAME(vec) input = *(const NAME(vec_unaligned) *)(CHECKED ? x + (left + i) * channels : x);
+                UNROLL for (int kw = 0; kw < 3; kw++)
+                    if (i - kw >= 0 && (i - kw) % STRIDE == 0 && (i - kw) / STRIDE < PIXELS)
+                        acc[(i - kw) / STRIDE] += input * weights[kw];
+            }
+        }
+        UNROLL for (int p = 0; p < PIXELS; p++)
+            NAME(finish)(c, (n * c->out_h + oh) * c->out_w + ow + p, o, acc[p]);
+    }
+    for (; o < o1; o += VLEN)
+        NAME(depthwise_pixels)(c, n, oh, ow, o, PIXELS, CHECKED);
+}
+
+/* The channel vectors [o0, o1) of a block of pixels: a function of its own for each shape, called once per
+ * block, so that the compiler keeps its addresses in registers (inlined into depthwise_rows' loops, they were
+ * reloaded from the stack around every kernel row's 12 multiply-adds). */
+static inline __attribute__((always_inline)) void
+NAME(depthwise_span)(const NAME(Conv) *c, ptrdiff_t n, ptrdiff_t oh, ptrdiff_t ow, ptrdiff_t o0, ptrdiff_t o1,
+                     const int PIXELS, const int CHECKED, const int THREE, const int STRIDE)
+{
+    if (THREE)
+        NAME(depthwise_three)(c, n, oh, ow, o0, o1, PIXELS, CHECKED, STRIDE);
+    else
+        for (ptrdiff_t o = o0; o < o1; o += VLEN)
+            NAME(depthwise_pixels)(c, n, oh, ow, o, PIXELS, CHECKED);
+}
+
+#define DEPTHWISE_SHAPE(P, CHECKED, THREE, STRIDE) \
+    static __attribute__((noinline)) void NAME(depthwise_##P##_##CHECKED##_##THREE##_##STRIDE)( \
+            const NAME(Conv) *c, ptrdiff_t n, ptrdiff_t oh, ptrdiff_t ow, ptrdiff_t o0, ptrdiff_t o1) \
+    { NAME(depthwise_span)(c, n, oh, ow, o0, o1, P, CHECKED, THREE, STRIDE); }
+#define DEPTHWISE_SHAPES(P) DEPTHWISE_SHAPE(P, 0, 0, 1) DEPTHWISE_SHAPE(P, 0, 1, 1) DEPTHWISE_SHAPE(P, 0, 1, 2)
+DEPTHWISE_SHAPES(DEPTHWISE_PIXELS)
+#if DEPTHWISE_PIXELS > 4
+DEPTHWISE_SHAPES(4)
+#endif
+DEPTHWISE_SHAPES(1)
+DEPTHWISE_SHAPE(1, 1, 0, 1) DEPTHWISE_SHAPE(1, 1, 1, 1)
+
+/* The function of depthwise_span's shape (constants: every other branch folds away). */
+static inline __attribute__((always_inline)) void
+NAME(depthwise_shaped)(const NAME(Conv) *c, ptrdiff_t n, ptrdiff_t oh, ptrdiff_t ow, ptrdiff_t o0, ptrdiff_t o1,
+                       const int PIXELS, const int CHECKED, const int THREE, const int STRIDE)
+{
+#define CALL_DEPTHWISE(P, CHECKED_, THREE_, STRIDE_) \
+    if (PIXELS == P && CHECKED == CHECKED_ && THREE == THREE_ && STRIDE == STRIDE_) \
+        return NAME(depthwise_##P##_##CHECKED_##_##THREE_##_##STRIDE_)(c, n, oh, ow, o0, o1);
+#define CALL_DEPTHWISES(P) CALL_DEPTHWISE(P, 0, 0, 1) CALL_DEPTHWISE(P, 0, 1, 1) CALL_DEPTHWISE(P, 0, 1, 2)
+    CALL_DEPTHWISES(DEPTHWISE_PIXELS)
+#if DEPTHWISE_PIXELS > 4
+    CALL_DEPTHWISES(4)
+#endif
+    CALL_DEPTHWISES(1)
+    CALL_DEPTHWISE(1, 1, 0, 1) CALL_DEPTHWISE(1, 1, 1, 1)
+}
+
+/* The pixels [ow, end) of one row whose taps lie inside the width, channels [o0, o1): blocks of
+ * DEPTHWISE_PIXELS, 4, then single pixels. */
+static inline __attribute__((always_inline)) void
+NAME(depthwise_inside)(const NAME(Conv) *c, ptrdiff_t n, ptrdiff_t oh, ptrdiff_t ow, ptrdiff_t end, ptrdiff_t o0,
+                       ptrdiff_t o1, const int THREE, const int STRIDE)
 {
     for (; ow + DEPTHWISE_PIXELS <= end; ow += DEPTHWISE_PIXELS)
-        NAME(depthwise_pixels)(c, n, oh, ow, o, DEPTHWISE_PIXELS, 0, THREE, STRIDE);
+        NAME(depthwise_shaped)(c, n, oh, ow, o0, o1, DEPTHWISE_PIXELS, 0, THREE, STRIDE);
 #if DEPTHWISE_PIXELS > 4
     for (; ow + 4 <= end; ow += 4)
-        NAME(depthwise_pixels)(c, n, oh, ow, o, 4, 0, THREE, STRIDE);
+        NAME(depthwise_shaped)(c, n, oh, ow, o0, o1, 4, 0, THREE, STRIDE);
 #endif
     for (; ow < end; ow++)
-        NAME(depthwise_pixels)(c, n, oh, ow, o, 1, 0, THREE, STRIDE);
+        NAME(depthwise_shaped)(c, n, oh, ow, o0, o1, 1, 0, THREE, STRIDE);
 }
 
 /* Depthwise: one input channel per output channel (O == C, weight (KH, KW, OP)), so x's channels line up with
@@ -401,22 +632,25 @@ static void NAME(depthwise_rows)(const NAME(Conv) *c, ptrdiff_t row0, ptrdiff_t 
     ptrdiff_t end = c->width - reach + c->pad_left > 0 ? (c->width - reach + c->pad_left - 1) / c->stride_w + 1 : 0;
     end = end < c->out_w ? end : c->out_w;
     first = first < end ? first : end;
-    int three = c->kernel_w == 3 && c->dilation_w == 1 && (c->stride_w == 1 || c->stride_w == 2);
+    int three = c->kernel_h == 3 && c->kernel_w == 3 && c->dilation_w == 1 && (c->stride_w == 1 || c->stride_w == 2);
     for (ptrdiff_t row = row0; row < row1; row++) {
-        ptrdiff_t n = row / c->out_h, oh = row % c->out_h;
-        for (ptrdiff_t o = o0; o < o1; o += VLEN) {
-            ptrdiff_t ow = 0;
-            for (; ow < first; ow++)
-                NAME(depthwise_pixels)(c, n, oh, ow, o, 1, 1, 0, 1);
-            if (three && c->out_channels - o >= VLEN && c->stride_w == 1)
-                NAME(depthwise_inside)(c, n, oh, ow, end, o, 1, 1);
-            else if (three && c->out_channels - o >= VLEN)
-                NAME(depthwise_inside)(c, n, oh, ow, end, o, 1, 2);
+        ptrdiff_t n = row / c->out_h, oh = row % c->out_h, ow = 0;
+        for (; ow < first; ow++)  /* the edges: one pixel at a time (a stride of no matter), taps outside skipped */
+            if (three)
+                NAME(depthwise_shaped)(c, n, oh, ow, o0, o1, 1, 1, 1, 1);
             else
-                NAME(depthwise_inside)(c, n, oh, ow, end, o, 0, 1);
-            for (ow = end; ow < c->out_w; ow++)
-                NAME(depthwise_pixels)(c, n, oh, ow, o, 1, 1, 0, 1);
-        }
+                NAME(depthwise_shaped)(c, n, oh, ow, o0, o1, 1, 1, 0, 1);
+        if (three && c->stride_w == 1)
+            NAME(depthwise_inside)(c, n, oh, ow, end, o0, o1, 1, 1);
+        else if (three)
+            NAME(depthwise_inside)(c, n, oh, ow, end, o0, o1, 1, 2);
+        else
+            NAME(depthwise_inside)(c, n, oh, ow, end, o0, o1, 0, 1);
+        for (ow = end; ow < c->out_w; ow++)
+            if (three)
+                NAME(depthwise_shaped)(c, n, oh, ow, o0, o1, 1, 1, 1, 1);
+            else
+                NAME(depthwise_shaped)(c, n, oh, ow, o0, o1, 1, 1, 0, 1);
     }
 }
 

@@ -16,7 +16,6 @@ import numpy as np
 
 from dabuild.ir.kernels.threads import RowsCall, RowSplitter
 
-BLOCK_VECTORS = 4  # vectors of output channels per packed weight block (qconv.c's QBLOCK_VECS)
 PARALLEL_MACS = 2_000_000  # a conv with fewer multiply-adds runs on one thread
 PARALLEL_LOOKUPS = 1_000_000  # an add looks up (a quantization converts) fewer elements on one thread
 INT32_LIMIT = 2**31 - 1
@@ -87,8 +86,9 @@ class NativeInteger:
             kernel.restype = None
         library.qconv_u8_available.restype = ctypes.c_int
         self.quads = bool(library.qconv_u8_available())  # the uint8 x int8 kernel (VNNI) was compiled
-        library.qconv_lanes.restype = ctypes.c_ssize_t
+        library.qconv_lanes.restype = library.qconv_block_vectors.restype = ctypes.c_ssize_t
         self.lanes = int(library.qconv_lanes())
+        self.block_vectors = int(library.qconv_block_vectors())  # vectors of output channels per packed block
 
     def pack(self, weight: np.ndarray, group: int = 2) -> PackedQWeight:
         """The weight in qconv.c's layout (see qconv.c) for groups of 2 (int16) or 4 (int8) input channels."""
@@ -99,7 +99,7 @@ class NativeInteger:
         taps[:, :, :channels, :out_channels] = weight.transpose(2, 3, 1, 0)
         # (tap, group, member, O) -> (tap * group, O, member): each output channel's weights of a group side by side
         rows = taps.reshape(kernel_h * kernel_w * whole // group, group, padded).transpose(0, 2, 1)
-        block = BLOCK_VECTORS * self.lanes
+        block = self.block_vectors * self.lanes
         flat = np.concatenate([np.ascontiguousarray(rows[:, first:first + block]).ravel()
                                for first in range(0, padded, block)])
         wide = weight.astype(np.int64).reshape(out_channels, -1)

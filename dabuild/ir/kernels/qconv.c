@@ -10,8 +10,11 @@
  * narrower, columns past O zero); block b is (KH, KW, C2 / 2, width_b, 2): for one tap and one pair of input
  * channels, the pairs (w[c], w[c + 1]) of width_b output channels, contiguous. A multiply-add of pairs
  * (vpmaddwd, or VNNI's vpdpwssd) against a broadcast pair of inputs adds x[c] w[c] + x[c+1] w[c+1] to each
- * output channel's int32 (NEON: a widening multiply and a pairwise add). A register block is QPIXELS
- * neighbouring output pixels times up to QBLOCK_VECS vectors of channels.
+ * output channel's int32 (NEON: a widening multiply and a pairwise add). A register block is up to QPIXELS
+ * consecutive output pixels times up to QBLOCK_VECS vectors of channels, sized to the path's registers (AVX2's
+ * 16: 6 x 2; 32 registers: 4 x 4); a row's last pixels take narrower blocks, never duplicates. Pixels are
+ * taken in tiles whose inputs stay in cache while every block of output channels reads them, and where a
+ * block's kernel row lies inside the input, its taps are one run of memory (the packed weight's too).
  *
  * With AVX-512 VNNI a second kernel, qconv2d_u8_nhwc, multiplies uint8 inputs by int8 weights four at a time
  * (vpdpbusd): the same code over quads of input channels (see its comment).
@@ -52,6 +55,9 @@ typedef __m512i qvec;
 #define QMADD(acc, x, w) _mm512_add_epi32((acc), _mm512_madd_epi16((x), (w)))
 #endif
 #define QSTORE(p, v) _mm512_storeu_si512((void *)(p), (v))
+#define QPIXELS 4
+#define QBLOCK_VECS 4
+#define QPIXEL_SIZES(X, ...) X(4, __VA_ARGS__) X(2, __VA_ARGS__) X(1, __VA_ARGS__)
 #elif defined(__AVX2__)
 #define QLANES 8
 typedef __m256i qvec;
@@ -60,6 +66,11 @@ typedef __m256i qvec;
 #define QBROADCAST(p) _mm256_set1_epi32(qgroup(p))
 #define QMADD(acc, x, w) _mm256_add_epi32((acc), _mm256_madd_epi16((x), (w)))
 #define QSTORE(p, v) _mm256_storeu_si256((__m256i *)(p), (v))
+/* 16 registers: 6 x 2 accumulators, 2 weight vectors and the broadcast input (4 x 4 had spilled, and loaded
+ * each weight vector once per pixel from memory) */
+#define QPIXELS 6
+#define QBLOCK_VECS 2
+#define QPIXEL_SIZES(X, ...) X(6, __VA_ARGS__) X(4, __VA_ARGS__) X(2, __VA_ARGS__) X(1, __VA_ARGS__)
 #elif defined(__aarch64__)
 /* NEON: the products of 8 int16 lanes widened (vmull), adjacent pairs added (vpaddq): vpmaddwd's sums. */
 #define QLANES 4
@@ -74,6 +85,9 @@ static inline qvec qmadd(qvec acc, qvec x, qvec w)
 #define QBROADCAST(p) vdupq_n_s32(qgroup(p))
 #define QMADD(acc, x, w) qmadd((acc), (x), (w))
 #define QSTORE(p, v) vst1q_s32((int32_t *)(p), (v))
+#define QPIXELS 4
+#define QBLOCK_VECS 4
+#define QPIXEL_SIZES(X, ...) X(4, __VA_ARGS__) X(2, __VA_ARGS__) X(1, __VA_ARGS__)
 #else
 #define QLANES 8
 typedef struct { int32_t lane[QLANES]; } qvec;
@@ -100,10 +114,15 @@ static inline qvec qbroadcast(const int16_t *p)
 #define QBROADCAST(p) qbroadcast((const int16_t *)(p))
 #define QMADD(acc, x, w) qmadd((acc), (x), (w))
 #define QSTORE(p, v) memcpy((p), &(v), sizeof(v))
-#endif
-
 #define QPIXELS 4
 #define QBLOCK_VECS 4
+#define QPIXEL_SIZES(X, ...) X(4, __VA_ARGS__) X(2, __VA_ARGS__) X(1, __VA_ARGS__)
+#endif
+#if QBLOCK_VECS == 4
+#define QVEC_COUNTS(X, ...) X(1, __VA_ARGS__) X(2, __VA_ARGS__) X(3, __VA_ARGS__) X(4, __VA_ARGS__)
+#else
+#define QVEC_COUNTS(X, ...) X(1, __VA_ARGS__) X(2, __VA_ARGS__)
+#endif
 #define QUNROLL _Pragma("GCC unroll 16")
 
 typedef struct {
@@ -138,6 +157,30 @@ static inline void qstore(const QConv *c, ptrdiff_t index, int64_t value)
     }
 }
 
+#if defined(__AVX2__) && !defined(__AVX512F__)
+/* Eight int64 values that fit int32 (the biases), as eight int32 lanes. */
+static inline __m256i qnarrow(const int64_t *p)
+{
+    __m256i low_words = _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6);
+    __m256i first = _mm256_permutevar8x32_epi32(_mm256_loadu_si256((const __m256i *)p), low_words);
+    __m256i second = _mm256_permutevar8x32_epi32(_mm256_loadu_si256((const __m256i *)(p + 4)), low_words);
+    return _mm256_blend_epi32(first, second, 0xF0);
+}
+
+/* Four magnitudes (int64 lanes, below 2^31) times their Q31 multipliers, plus half of 2^shift, shifted: the
+ * rounded magnitudes, capped at 2^16 (a value past it lands outside every 1-byte range as the uncapped one
+ * does, and the cap fits int32). */
+static inline __m256i qscale(__m256i magnitude, const int64_t *multiplier, const int64_t *shift)
+{
+    __m256i shifts = _mm256_loadu_si256((const __m256i *)shift), one = _mm256_set1_epi64x(1);
+    __m256i half = _mm256_sllv_epi64(one, _mm256_sub_epi64(shifts, one));
+    __m256i product = _mm256_mul_epu32(magnitude, _mm256_loadu_si256((const __m256i *)multiplier));
+    __m256i rounded = _mm256_srlv_epi64(_mm256_add_epi64(product, half), shifts);
+    __m256i cap = _mm256_set1_epi64x(1 << 16);
+    return _mm256_blendv_epi8(rounded, cap, _mm256_cmpgt_epi64(rounded, cap));
+}
+#endif
+
 /* Output pixel `pixel`'s channels first .. first + count - 1 from their int32 sums. */
 static inline void qfinish(const QConv *c, ptrdiff_t pixel, ptrdiff_t first, ptrdiff_t count, const int32_t *sums)
 {
@@ -160,6 +203,28 @@ static inline void qfinish(const QConv *c, ptrdiff_t pixel, ptrdiff_t first, ptr
             value = _mm512_min_epi64(_mm512_max_epi64(value, _mm512_set1_epi64(c->low)), _mm512_set1_epi64(c->high));
             _mm_storel_epi64((__m128i *)((int8_t *)c->y + base + l), _mm512_cvtepi64_epi8(value));
         }
+#elif defined(__AVX2__)
+    if (c->out_bytes == 1)
+        for (; l + 8 <= count; l += 8) {  /* eight channels at a time: sum + bias in int32 lanes (the layer
+                                             proves |sum + bias| < 2^31), the products in int64 ones */
+            ptrdiff_t o = first + l;
+            __m256i sum = _mm256_add_epi32(_mm256_loadu_si256((const __m256i *)(sums + l)), qnarrow(c->bias + o));
+            __m256i magnitude = _mm256_abs_epi32(sum);
+            __m256i low = qscale(_mm256_cvtepu32_epi64(_mm256_castsi256_si128(magnitude)), c->multiplier + o,
+                                 c->shift + o);
+            __m256i high = qscale(_mm256_cvtepu32_epi64(_mm256_extracti128_si256(magnitude, 1)), c->multiplier + o + 4,
+                                  c->shift + o + 4);
+            __m256i rounded = _mm256_permutevar8x32_epi32(_mm256_or_si256(low, _mm256_slli_epi64(high, 32)),
+                                                          _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7));
+            __m256i value = _mm256_add_epi32(_mm256_sign_epi32(rounded, sum), _mm256_set1_epi32((int32_t)c->zero_point));
+            value = _mm256_min_epi32(_mm256_max_epi32(value, _mm256_set1_epi32((int32_t)c->low)),
+                                     _mm256_set1_epi32((int32_t)c->high));
+            __m256i bytes = _mm256_shuffle_epi8(value, _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1,
+                                                                         -1, -1, -1, 0, 4, 8, 12, -1, -1, -1, -1, -1,
+                                                                         -1, -1, -1, -1, -1, -1, -1));
+            _mm_storel_epi64((__m128i *)((int8_t *)c->y + base + l),
+                             _mm_unpacklo_epi32(_mm256_castsi256_si128(bytes), _mm256_extracti128_si256(bytes, 1)));
+        }
 #endif
     for (; l < count; l++) {
         ptrdiff_t o = first + l;
@@ -168,76 +233,110 @@ static inline void qfinish(const QConv *c, ptrdiff_t pixel, ptrdiff_t first, ptr
     }
 }
 
-/* A register block: `pixels` (<= QPIXELS) output pixels of one output row, VECS vectors of channels. A group
- * is the 4 bytes one multiply-add step takes from each input pixel: 2 int16 inputs, or 4 uint8 ones. */
-#define QBLOCK(NAME, VECS, XBYTES, MADD)                                                                         \
-    static void NAME##_##VECS(const QConv *c, ptrdiff_t n, ptrdiff_t oh, ptrdiff_t ow0, ptrdiff_t pixels,       \
-                              const char *slab, ptrdiff_t first)                                                 \
+/* A register block: PIXELS (<= QPIXELS) output pixels from `pixel` on (in (N * OH * OW) order: a block may
+ * span output rows) times VECS vectors of channels from `first`. A group is the 4 bytes one multiply-add step
+ * takes from each input pixel: 2 int16 inputs, or 4 uint8 ones. KIND##_block is inlined into one function
+ * per (PIXELS, VECS) (KIND##_blocks), so the accumulators are registers. */
+#define QBLOCK(KIND, XBYTES, MADD)                                                                               \
+    static inline __attribute__((always_inline)) void KIND##_block(const QConv *c, ptrdiff_t pixel,            \
+                                                                   const char *slab, ptrdiff_t first,          \
+                                                                   const int PIXELS, const int VECS)           \
     {                                                                                                            \
-        qvec acc[QPIXELS][VECS];                                                                                 \
-        QUNROLL for (int p = 0; p < QPIXELS; p++) QUNROLL for (int v = 0; v < VECS; v++) acc[p][v] = QZERO();    \
-        ptrdiff_t groups = c->channels * (XBYTES) / 4, width = VECS * QLANES;                                    \
-        const char *x = (const char *)c->x;                                                                      \
+        qvec acc[QPIXELS][QBLOCK_VECS];                                                                          \
+        QUNROLL for (int p = 0; p < PIXELS; p++) QUNROLL for (int v = 0; v < VECS; v++) acc[p][v] = QZERO();    \
+        ptrdiff_t groups = c->channels * (XBYTES) / 4, width = VECS * QLANES, pixel_bytes = c->channels * (XBYTES); \
+        const char *image[QPIXELS];                                                                              \
+        ptrdiff_t top[QPIXELS], left[QPIXELS];                                                                   \
+        ptrdiff_t ow = pixel % c->out_w, oh = pixel / c->out_w % c->out_h, n = pixel / c->out_w / c->out_h;     \
+        QUNROLL for (int p = 0; p < PIXELS; p++) {                                                               \
+            image[p] = (const char *)c->x + n * c->height * c->width * pixel_bytes;                              \
+            top[p] = oh * c->stride_h - c->pad_top;                                                              \
+            left[p] = ow * c->stride_w - c->pad_left;                                                            \
+            if (++ow == c->out_w) {                                                                              \
+                ow = 0;                                                                                          \
+                if (++oh == c->out_h) {                                                                          \
+                    oh = 0;                                                                                      \
+                    n++;                                                                                         \
+                }                                                                                                \
+            }                                                                                                    \
+        }                                                                                                        \
         for (ptrdiff_t kh = 0; kh < c->kernel_h; kh++) {                                                         \
-            ptrdiff_t ih = oh * c->stride_h - c->pad_top + kh * c->dilation_h;                                   \
-            int row_inside = ih >= 0 && ih < c->height;                                                          \
-            for (ptrdiff_t kw = 0; kw < c->kernel_w; kw++) {                                                     \
+            /* where every pixel's kernel row lies inside the input (undilated), its taps' inputs are one run of \
+             * memory, as are their packed weights: one run of kernel_w * groups groups, else one per tap */     \
+            ptrdiff_t ih = top[0] + kh * c->dilation_h;                                                          \
+            int merged = c->dilation_w == 1;                                                                     \
+            QUNROLL for (int p = 0; p < PIXELS; p++) {                                                           \
+                ih = top[p] + kh * c->dilation_h;                                                                \
+                merged &= ih >= 0 && ih < c->height && left[p] >= 0 && left[p] + c->kernel_w <= c->width;       \
+            }                                                                                                    \
+            ptrdiff_t runs = merged ? 1 : c->kernel_w, run_groups = merged ? c->kernel_w * groups : groups;      \
+            for (ptrdiff_t kw = 0; kw < runs; kw++) {                                                            \
                 const char *in[QPIXELS];                                                                         \
-                QUNROLL for (int p = 0; p < QPIXELS; p++) {                                                      \
-                    ptrdiff_t ow = ow0 + (p < pixels ? p : pixels - 1);                                          \
-                    ptrdiff_t iw = ow * c->stride_w - c->pad_left + kw * c->dilation_w;                          \
-                    in[p] = row_inside && iw >= 0 && iw < c->width                                               \
-                                ? x + ((n * c->height + ih) * c->width + iw) * c->channels * (XBYTES)            \
+                QUNROLL for (int p = 0; p < PIXELS; p++) {                                                       \
+                    ih = top[p] + kh * c->dilation_h;                                                            \
+                    ptrdiff_t iw = left[p] + kw * c->dilation_w;                                                 \
+                    in[p] = ih >= 0 && ih < c->height && iw >= 0 && iw < c->width                                \
+                                ? image[p] + (ih * c->width + iw) * pixel_bytes                                  \
                                 : (const char *)c->zeros;                                                        \
                 }                                                                                                \
                 const char *w = slab + (kh * c->kernel_w + kw) * groups * width * 4;                             \
-                for (ptrdiff_t group = 0; group < groups; group++, w += width * 4) {                             \
-                    qvec weights[VECS];                                                                          \
+                for (ptrdiff_t group = 0; group < run_groups; group++, w += width * 4) {                         \
+                    qvec weights[QBLOCK_VECS];                                                                   \
                     QUNROLL for (int v = 0; v < VECS; v++) weights[v] = QLOAD(w + v * QLANES * 4);               \
-                    QUNROLL for (int p = 0; p < QPIXELS; p++) {                                                  \
+                    QUNROLL for (int p = 0; p < PIXELS; p++) {                                                   \
                         qvec inputs = QBROADCAST(in[p] + 4 * group);                                             \
                         QUNROLL for (int v = 0; v < VECS; v++) acc[p][v] = MADD(acc[p][v], inputs, weights[v]);  \
                     }                                                                                            \
                 }                                                                                                \
             }                                                                                                    \
         }                                                                                                        \
-        int32_t sums[VECS * QLANES];                                                                             \
-        for (ptrdiff_t p = 0; p < pixels; p++) {                                                                 \
+        int32_t sums[QBLOCK_VECS * QLANES];                                                                      \
+        ptrdiff_t count = c->out_channels - first < width ? c->out_channels - first : width;                     \
+        QUNROLL for (int p = 0; p < PIXELS; p++) {                                                               \
             QUNROLL for (int v = 0; v < VECS; v++) QSTORE(sums + v * QLANES, acc[p][v]);                         \
-            ptrdiff_t count = c->out_channels - first < width ? c->out_channels - first : width;                 \
-            qfinish(c, (n * c->out_h + oh) * c->out_w + ow0 + p, first, count, sums);                            \
+            qfinish(c, pixel + p, first, count, sums);                                                           \
         }                                                                                                        \
+    }                                                                                                            \
+    QPIXEL_SIZES(QBLOCKS_OF, KIND)                                                                               \
+    static void (*const KIND##_blocks[][QBLOCK_VECS])(const QConv *, ptrdiff_t, const char *, ptrdiff_t) = {     \
+        QPIXEL_SIZES(QBLOCK_ROW, KIND)};
+#define QBLOCKS_OF(PIXELS, KIND) QVEC_COUNTS(QBLOCK_OF, PIXELS, KIND)
+#define QBLOCK_OF(VECS, PIXELS, KIND)                                                                            \
+    static void KIND##_##PIXELS##x##VECS(const QConv *c, ptrdiff_t pixel, const char *slab, ptrdiff_t first)     \
+    {                                                                                                            \
+        KIND##_block(c, pixel, slab, first, PIXELS, VECS);                                                       \
     }
+#define QBLOCK_ROW(PIXELS, KIND) {QVEC_COUNTS(QBLOCK_ENTRY, PIXELS, KIND)},
+#define QBLOCK_ENTRY(VECS, PIXELS, KIND) KIND##_##PIXELS##x##VECS,
+#define QPIXEL_SIZE(PIXELS, ...) PIXELS,
+static const ptrdiff_t qpixel_sizes[] = {QPIXEL_SIZES(QPIXEL_SIZE)};  /* widest first, 1 last */
 
-/* Output rows row0 .. row1 - 1 of the (N * OH) rows (the unit the caller splits among threads), by the
- * register blocks NAME_1 .. NAME_4. */
-#define QCONV(NAME, BLOCK, XBYTES)                                                                               \
+/* Output rows row0 .. row1 - 1 of the (N * OH) rows (the unit the caller splits among threads), in tiles of
+ * pixels whose inputs stay in the core's caches while every block of output channels reads them: in each tile,
+ * for each block of output channels, its pixels in register blocks of the widest size that fits, then
+ * narrower ones. */
+#define QTILE_BYTES (128 << 10)
+#define QCONV(NAME, KIND, XBYTES)                                                                                \
     void NAME(const QConv *c, ptrdiff_t row0, ptrdiff_t row1)                                                    \
     {                                                                                                            \
         ptrdiff_t slab_bytes = c->kernel_h * c->kernel_w * c->channels * (XBYTES); /* per output channel */     \
-        for (ptrdiff_t row = row0; row < row1; row++) {                                                          \
-            ptrdiff_t n = row / c->out_h, oh = row % c->out_h;                                                   \
+        ptrdiff_t tile = QTILE_BYTES / (c->channels * (XBYTES)) / QPIXELS * QPIXELS;                             \
+        tile = tile > QPIXELS ? tile : QPIXELS;                                                                  \
+        for (ptrdiff_t start = row0 * c->out_w; start < row1 * c->out_w; start += tile) {                        \
+            ptrdiff_t end = start + tile < row1 * c->out_w ? start + tile : row1 * c->out_w;                     \
             for (ptrdiff_t first = 0; first < c->padded_channels; first += QBLOCK_VECS * QLANES) {               \
                 ptrdiff_t vecs = (c->padded_channels - first) / QLANES;                                          \
                 vecs = vecs < QBLOCK_VECS ? vecs : QBLOCK_VECS;                                                  \
                 const char *slab = (const char *)c->weight + slab_bytes * first;                                 \
-                for (ptrdiff_t ow = 0; ow < c->out_w; ow += QPIXELS) {                                           \
-                    ptrdiff_t pixels = c->out_w - ow < QPIXELS ? c->out_w - ow : QPIXELS;                        \
-                    switch (vecs) {                                                                              \
-                    case 1: BLOCK##_1(c, n, oh, ow, pixels, slab, first); break;                                 \
-                    case 2: BLOCK##_2(c, n, oh, ow, pixels, slab, first); break;                                 \
-                    case 3: BLOCK##_3(c, n, oh, ow, pixels, slab, first); break;                                 \
-                    default: BLOCK##_4(c, n, oh, ow, pixels, slab, first); break;                                \
-                    }                                                                                            \
-                }                                                                                                \
+                ptrdiff_t pixel = start;                                                                         \
+                for (size_t size = 0; size < sizeof qpixel_sizes / sizeof *qpixel_sizes; size++)                 \
+                    for (; end - pixel >= qpixel_sizes[size]; pixel += qpixel_sizes[size])                       \
+                        KIND##_blocks[size][vecs - 1](c, pixel, slab, first);                                    \
             }                                                                                                    \
         }                                                                                                        \
     }
 
-QBLOCK(qblock, 1, 2, QMADD)
-QBLOCK(qblock, 2, 2, QMADD)
-QBLOCK(qblock, 3, 2, QMADD)
-QBLOCK(qblock, 4, 2, QMADD)
+QBLOCK(qblock, 2, QMADD)
 QCONV(qconv2d_nhwc, qblock, 2)
 
 /* u8 x s8 with VNNI's vpdpbusd: four products a step, twice vpdpwssd's. x holds uint8 values u, the padding
@@ -247,10 +346,7 @@ QCONV(qconv2d_nhwc, qblock, 2)
  * int16 path's bytes. The sums of u w must stay below 2^31 (the caller checks 255 sum |w| + |bias|). */
 #if defined(__AVX512VNNI__)
 #define QMADD_U8(acc, x, w) _mm512_dpbusd_epi32((acc), (x), (w))
-QBLOCK(qblock_u8, 1, 1, QMADD_U8)
-QBLOCK(qblock_u8, 2, 1, QMADD_U8)
-QBLOCK(qblock_u8, 3, 1, QMADD_U8)
-QBLOCK(qblock_u8, 4, 1, QMADD_U8)
+QBLOCK(qblock_u8, 1, QMADD_U8)
 QCONV(qconv2d_u8_nhwc, qblock_u8, 1)
 int qconv_u8_available(void) { return 1; }
 #else
@@ -260,6 +356,9 @@ int qconv_u8_available(void) { return 0; }
 
 /* The number of int32 lanes of this build's vectors: the packed weight's unit of output channels. */
 ptrdiff_t qconv_lanes(void) { return QLANES; }
+
+/* The number of vectors of output channels in a packed weight block (the last block may have fewer). */
+ptrdiff_t qconv_block_vectors(void) { return QBLOCK_VECS; }
 
 /* One add: its two 1-byte inputs, the table and the output, all of one element count. */
 typedef struct {
