@@ -575,17 +575,22 @@ NAME(depthwise_span)(const NAME(Conv) *c, ptrdiff_t n, ptrdiff_t oh, ptrdiff_t o
             NAME(depthwise_pixels)(c, n, oh, ow, o, PIXELS, CHECKED);
 }
 
+/* Every shape (pixels, edge checks, 3-wide kernel, stride) depthwise runs, listed once: each gets a function of
+ * its own below, and depthwise_shaped calls it by the same list. */
+#if DEPTHWISE_PIXELS > 4
+#define DEPTHWISE_FOUR_PIXEL_SHAPES(X) X(4, 0, 0, 1) X(4, 0, 1, 1) X(4, 0, 1, 2)
+#else
+#define DEPTHWISE_FOUR_PIXEL_SHAPES(X)
+#endif
+#define DEPTHWISE_SHAPE_LIST(X) \
+    X(DEPTHWISE_PIXELS, 0, 0, 1) X(DEPTHWISE_PIXELS, 0, 1, 1) X(DEPTHWISE_PIXELS, 0, 1, 2) \
+    DEPTHWISE_FOUR_PIXEL_SHAPES(X) X(1, 0, 0, 1) X(1, 0, 1, 1) X(1, 0, 1, 2) X(1, 1, 0, 1) X(1, 1, 1, 1)
+
 #define DEPTHWISE_SHAPE(P, CHECKED, THREE, STRIDE) \
     static __attribute__((noinline)) void NAME(depthwise_##P##_##CHECKED##_##THREE##_##STRIDE)( \
             const NAME(Conv) *c, ptrdiff_t n, ptrdiff_t oh, ptrdiff_t ow, ptrdiff_t o0, ptrdiff_t o1) \
     { NAME(depthwise_span)(c, n, oh, ow, o0, o1, P, CHECKED, THREE, STRIDE); }
-#define DEPTHWISE_SHAPES(P) DEPTHWISE_SHAPE(P, 0, 0, 1) DEPTHWISE_SHAPE(P, 0, 1, 1) DEPTHWISE_SHAPE(P, 0, 1, 2)
-DEPTHWISE_SHAPES(DEPTHWISE_PIXELS)
-#if DEPTHWISE_PIXELS > 4
-DEPTHWISE_SHAPES(4)
-#endif
-DEPTHWISE_SHAPES(1)
-DEPTHWISE_SHAPE(1, 1, 0, 1) DEPTHWISE_SHAPE(1, 1, 1, 1)
+DEPTHWISE_SHAPE_LIST(DEPTHWISE_SHAPE)
 
 /* The function of depthwise_span's shape (constants: every other branch folds away). */
 static inline __attribute__((always_inline)) void
@@ -595,13 +600,7 @@ NAME(depthwise_shaped)(const NAME(Conv) *c, ptrdiff_t n, ptrdiff_t oh, ptrdiff_t
 #define CALL_DEPTHWISE(P, CHECKED_, THREE_, STRIDE_) \
     if (PIXELS == P && CHECKED == CHECKED_ && THREE == THREE_ && STRIDE == STRIDE_) \
         return NAME(depthwise_##P##_##CHECKED_##_##THREE_##_##STRIDE_)(c, n, oh, ow, o0, o1);
-#define CALL_DEPTHWISES(P) CALL_DEPTHWISE(P, 0, 0, 1) CALL_DEPTHWISE(P, 0, 1, 1) CALL_DEPTHWISE(P, 0, 1, 2)
-    CALL_DEPTHWISES(DEPTHWISE_PIXELS)
-#if DEPTHWISE_PIXELS > 4
-    CALL_DEPTHWISES(4)
-#endif
-    CALL_DEPTHWISES(1)
-    CALL_DEPTHWISE(1, 1, 0, 1) CALL_DEPTHWISE(1, 1, 1, 1)
+    DEPTHWISE_SHAPE_LIST(CALL_DEPTHWISE)
 }
 
 /* The pixels [ow, end) of one row whose taps lie inside the width, channels [o0, o1): blocks of
