@@ -360,7 +360,8 @@ class TuningSpec(BaseModel):
     )
     accuracy: AccuracyGoal = Field(default_factory=AccuracyGoal, description="The goal every result must meet.")
     max_trials: PositiveInt = Field(default=100, description="Most candidate configurations to evaluate.")
-    timeout: NonNegativeFloat = Field(default=0, description="Seconds before the search stops (0 = no limit).")
+    timeout: NonNegativeFloat = Field(default=0, description="Seconds before the search stops (0 = no limit); the "
+                                                                  "first trial is always scored.")
     objective: Literal["size", "bops", "estimate"] | None = Field(
         default=None,
         description="What 'cheapest' means among configs meeting the goal: size (total weight bits), bops "

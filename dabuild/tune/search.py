@@ -288,7 +288,9 @@ class Search:
         phase = f" in phase {self.step}" if self.step else ""
         if len(self.trials) >= self.budget.max_trials:
             raise StopSearch(f"max_trials ({self.budget.max_trials}) reached{phase}")
-        if self.budget.timeout and time.monotonic() - self._start > self.budget.timeout:
+        # the first trials (the default config's batch) are always scored, however long setting up took: a
+        # build with a timeout has a result, and a loaded machine does not turn it into "no trial was evaluated"
+        if self.budget.timeout and self.trials and time.monotonic() - self._start > self.budget.timeout:
             raise StopSearch(f"timeout ({self.budget.timeout:g} s) reached{phase}")
 
     # ------------------------------------------------------------ running a strategy

@@ -281,6 +281,14 @@ def test_timeout_stops_the_search_and_keeps_the_best_so_far(digits_stages: tuple
     assert metrics["quantized"] == max(t["metric"] for t in metrics["history"]) and not metrics["goal_met"]
 
 
+def test_a_timeout_shorter_than_the_setup_still_scores_the_first_trial(digits_stages: tuple[Path, Path],
+                                                                      tmp_path: Path) -> None:
+    """However long the baseline and the space took (a loaded machine), a build with a timeout has a result."""
+    recipe = digits_recipe(strategy="exhaustive", accuracy=STRICT, max_trials=1000, timeout=1e-6, allow_miss=True)
+    metrics = tune(digits_stages, tmp_path / "t", recipe, C)
+    assert metrics["trials"] >= 1 and metrics["stop_reason"].startswith("timeout (1e-06 s) reached")
+
+
 def test_cli_miss_exits_1_and_allow_miss_exits_0(digits: Path, tmp_path: Path, cache_dir: Path,
                                                  capsys: pytest.CaptureFixture) -> None:
     folder = digits
