@@ -145,7 +145,12 @@ def _ring_bytes(step: Step) -> int:
     geometry = _conv_window(step)
     if _planar_depthwise(step, geometry):
         return _plane_bytes(geometry)
-    return _band_rows(geometry) * geometry["padded_width"] * geometry["channels"] if geometry["padded"] else 0
+    return _ring_of_rows_bytes(geometry) if geometry["padded"] else 0
+
+
+def _ring_of_rows_bytes(geometry: dict[str, int]) -> int:
+    """The bytes of row_band.j2's ring: the padded int8 rows one output row reads."""
+    return _band_rows(geometry) * geometry["padded_width"] * geometry["channels"]
 
 
 PLANAR_GROUP = 4   # channels the planar depthwise loop widens at a time: one word of the channels-last input
@@ -165,8 +170,7 @@ def _plane_rows(geometry: dict[str, int]) -> int:
     """The padded input rows the planar loop widens at a time: as many as fit the ring of padded rows the other
     loop keeps (so the arena does not grow), but those of at least PLANAR_CHUNK output rows (few channels make
     that ring small: 1,200 bytes for VWW's 8 at 48 x 48), at most the padded input."""
-    ring = _band_rows(geometry) * geometry["padded_width"] * geometry["channels"]
-    fitting = ring // (2 * PLANAR_GROUP * _plane_width(geometry))
+    fitting = _ring_of_rows_bytes(geometry) // (2 * PLANAR_GROUP * _plane_width(geometry))
     least = _band_rows(geometry) + (PLANAR_CHUNK - 1) * geometry["stride_height"]
     return min(geometry["padded_height"], max(fitting, least))
 
