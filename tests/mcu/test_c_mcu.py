@@ -26,7 +26,7 @@ from dabuild.qir.reference import run_integer
 from dabuild.quant.defaults import default_config
 from dabuild.targets.c import CTarget, firmware
 from dabuild.targets.c.codegen import COMMON_HEADER, stored_bytes
-from dabuild.targets.c.kernels.linear import channel_paired, interleave
+from dabuild.targets.c.kernels.linear import channel_paired, interleave, never_ties
 from dabuild.targets.c.profiles import PROFILES
 
 pytestmark = pytest.mark.skipif(shutil.which("arm-none-eabi-gcc") is None or shutil.which("qemu-system-arm") is None,
@@ -155,6 +155,69 @@ int main(int argc, char **argv)
     firmware.run_image(profile, image.elf, tmp_path, timeout=60)
     actual = np.fromfile(tmp_path / "outputs.bin", np.int32)
     assert len(acc) > 500 and np.array_equal(actual, requantize(acc, multiplier, shift))
+
+
+def tieless_cases() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(acc, multiplier, shift, offset) that never_ties admits: per random layer (a shift of 33..54, a multiplier
+    with up to 12 trailing zero bits, a bound on |acc| of 2^8 to 2^31 - 1), the extremes of the bound, small
+    sums and random ones, with output offsets -128..128."""
+    rng = np.random.default_rng(33)
+    cases: list[tuple[int, int, int, int]] = []
+    while len(cases) < 2000:
+        shift = int(rng.integers(33, 55))
+        multiplier = int(rng.integers(2**18, 2**31)) >> int(rng.integers(0, 13)) << int(rng.integers(0, 13))
+        multiplier = min(multiplier, 2**31 - 1)
+        bound = int(rng.integers(2**8, 2**31))
+        if not never_ties(np.array([bound]), np.array([multiplier]), np.array([shift])):
+            continue
+        accs = [bound, -bound, 0, 1, -1, *rng.integers(-bound, bound + 1, 12).tolist()]
+        cases += [(acc, multiplier, shift, int(rng.integers(-128, 129))) for acc in accs]
+    acc, multiplier, shift, offset = zip(*cases)
+    return tuple(np.array(values, np.int64) for values in (acc, multiplier, shift, offset))  # type: ignore[return-value]
+
+
+def test_a_sum_that_can_tie_is_not_tieless() -> None:
+    """3 * 2^10 times 2^29 is 3 * 2^39, an odd multiple of 2^39: with shift 40 a tie, which rounding half up (the
+    tieless form) takes the other way from dabuild's half away from zero for -2^29; a bound below 2^29 cannot
+    reach it."""
+    multiplier, shift, acc = 3 * 2**10, 40, -(2**29)
+    half_up = (acc * multiplier + 2 ** (shift - 1)) >> shift
+    assert half_up != int(requantize(np.array([acc]), np.array([multiplier]), np.array([shift]))[0])
+    assert not never_ties(np.array([2**29]), np.array([multiplier]), np.array([shift]))
+    assert never_ties(np.array([2**29 - 1]), np.array([multiplier]), np.array([shift]))
+    assert not never_ties(np.array([100]), np.array([2**30]), np.array([32]))   # shift 32: no integer 2^(t-1)
+
+
+@pytest.mark.parametrize("cpu", ["cortex-m0", "cortex-m4"])
+def test_tieless_requantize_equals_the_reference_where_no_sum_ties(cpu: str, tmp_path: Path) -> None:
+    """dabuild_requantize32_tieless (the product's high word plus 2^(t-1) + offset 2^t, shifted by t = shift - 32:
+    SMMLA on the M4, C on the M0) in qemu, against the reference plus the offset on every case never_ties admits."""
+    acc, multiplier, shift, offset = tieless_cases()
+    profile = PROFILES[cpu]
+    artifact = tmp_path / "artifact"
+    CTarget(CTarget.Options(cpu=cpu)).export(lowered("relu"), artifact)
+    arrays = "\n".join(f"static const int32_t {name}[{len(values)}] = {{{', '.join(map(str, values))}}};"
+                        for name, values in (("acc", acc), ("multiplier", multiplier), ("shift", shift),
+                                             ("offset", offset)))
+    (artifact / "main.c").write_text(f"""#include <stdio.h>
+#include "{COMMON_HEADER}"
+{arrays}
+int main(int argc, char **argv)
+{{
+    static int32_t result[{len(acc)}];
+    FILE *file = fopen("outputs.bin", "wb");
+    (void)argc;
+    (void)argv;
+    for (int32_t i = 0; i < {len(acc)}; ++i) {{
+        result[i] = dabuild_requantize32_tieless(acc[i], multiplier[i], shift[i], offset[i]);
+    }}
+    return file == NULL || fwrite(result, sizeof result, 1, file) != 1 || fclose(file) != 0;
+}}
+""")
+    image = firmware.build_image(profile, STRICT, artifact, tmp_path / "image")
+    firmware.run_image(profile, image.elf, tmp_path, timeout=60)
+    actual = np.fromfile(tmp_path / "outputs.bin", np.int32)
+    assert np.array_equal(actual, requantize(acc, multiplier, shift) + offset)
 
 
 @pytest.mark.slow

@@ -64,15 +64,34 @@ def _requantization(step: Step, layer: QWeighted, weight_sums: np.ndarray, centr
     magnitudes = np.abs(layer.weight.astype(np.int64))
     per_output = magnitudes.sum(axis=0) if isinstance(layer, QDense) else magnitudes.reshape(len(magnitudes), -1).sum(1)
     largest = (255 if centred else 128) * per_output.reshape(-1) + np.abs(bias).reshape(-1)
+    output_zero_point = step.outputs[0].quant.zero_point
     return {"bias": bias, "multiplier": layer.multiplier, "shift": layer.shift,
             "narrow_sum": bool(largest.max(initial=0) <= INT32_MAX),
+            "tieless": step.rounding == "dabuild" and abs(output_zero_point) <= 128 and bool(largest.max(initial=0) <= INT32_MAX)
+            and never_ties(largest, np.asarray(layer.multiplier), np.asarray(layer.shift)),
             "high_shift": bool(np.all((np.asarray(layer.shift) >= 32) & (np.asarray(layer.shift) <= 62))),
             # Helium's four-lane requantization (dabuild_requantize32_mve) rounds once, as dabuild does, and
             # takes shifts of 33..62 only (at 32 its rounding term 2^(shift-33) is not an integer)
             "vector_requantize": step.rounding == "dabuild" and bool(np.all((np.asarray(layer.shift) >= 33)
                                                                            & (np.asarray(layer.shift) <= 62))),
-            "per_channel": len(layer.multiplier) > 1, "output_zero_point": step.outputs[0].quant.zero_point,
+            "per_channel": len(layer.multiplier) > 1, "output_zero_point": output_zero_point,
             "output_min": layer.output_min, "output_max": layer.output_max}
+
+
+def never_ties(largest: np.ndarray, multiplier: np.ndarray, shift: np.ndarray) -> bool:
+    """Whether no output's sum can tie in its requantization, so dabuild's rounding (half away from zero) is
+    rounding half up and dabuild_requantize32_tieless applies (shifts 33..54). acc * m is an odd multiple of
+    2^(s-1), a tie, only if v2(acc) + v2(m) = s - 1 (v2: the power of 2 dividing it); a nonzero |acc| <= L has
+    v2(acc) < bit_length(L), so none ties where s - v2(m) >= bit_length(L) + 1 (a multiplier of 0 never ties).
+    Per output channel, L its bound on |sum + bias| (a per-tensor multiplier takes the largest)."""
+    if not np.all((shift >= 33) & (shift <= 54)) or np.any(multiplier < 0):
+        return False
+    bounds = np.broadcast_to(largest if len(multiplier) > 1 else largest.max(initial=0), multiplier.shape)
+    for bound, m, s in zip(bounds.tolist(), multiplier.tolist(), shift.tolist(), strict=True):
+        twos = (m & -m).bit_length() - 1 if m else 0
+        if m and s - twos < int(bound).bit_length() + 1:
+            return False
+    return True
 
 
 @kernel("dense", "dense", config="weighted", inputs=CANONICAL, outputs=CANONICAL, granularities=BOTH)
@@ -552,7 +571,7 @@ def conv_transpose(step: Step) -> dict[str, Any]:
     strides, dilations = [1] * lift + layer.strides, [1] * lift + layer.dilations
     pads = [0] * lift + layer.pads[:spatial]
     axes = [_transposed_taps(sizes[a], outs[a], kernels[a], strides[a], pads[a], dilations[a]) for a in range(2)]
-    requantization = _requantization(step, layer, np.zeros(len(layer.bias), np.int64))
+    requantization = _requantization(step, layer, np.zeros(len(layer.bias), np.int64), centred=True)
     return {"channels": x[0], "height": sizes[0], "width": sizes[1], "out_channels": y[0], "out_height": outs[0],
             "out_width": outs[1], "kernel_height": kernels[0], "kernel_width": kernels[1],
             "group_in": x[0] // layer.groups, "group_out": y[0] // layer.groups, "rows": axes[0], "columns": axes[1],
