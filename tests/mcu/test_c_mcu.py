@@ -114,10 +114,12 @@ def test_planar_depthwise_loop_is_exact(case: str, flags: list[str], rounding: s
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", ["depthwise 6 channels asymmetric pads", "depthwise 12 channels dilated columns stride 2",
-                                  "dense per channel relu6", "add of feature maps then relu"])
+                                  "dense per channel relu6", "add of feature maps then relu", "conv groups 2",
+                                  "conv stride 2 asymmetric pads per channel"])
 def test_a_dsp_artifact_built_without_the_dsp_extension_is_exact(case: str, tmp_path: Path) -> None:
-    """An M4 artifact's weights are laid out for its SMLAD loops (the depthwise weights widened and paired); a
-    compiler that does not define __ARM_FEATURE_DSP builds the portable loops, which read the same layout."""
+    """An M4 artifact's weights are laid out for its SMLAD loops (the depthwise weights widened and paired, the
+    im2col conv's columns the raw input with its zero point in the bias); a compiler that does not define
+    __ARM_FEATURE_DSP builds the portable loops, which read the same layout."""
     actual, expected, _, _ = run_in_qemu(lowered(case), tmp_path, "cortex-m4", cflags=[*STRICT, "-U__ARM_FEATURE_DSP"])
     assert np.array_equal(actual, expected), f"{np.sum(actual != expected)} of {expected.size} outputs differ"
 
