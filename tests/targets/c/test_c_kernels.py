@@ -81,6 +81,9 @@ CASES: dict[str, tuple[list[Node], tuple[int, ...], dict[str, np.ndarray], str, 
     "depthwise 8 channels wide rows stride 2 down": (   # rows past the unrolled width, an odd last output, chunks
         [conv_node("c", "x", "y", groups=8, strides=[2, 1], pads=[1, 1, 1, 1], activation="relu")], (8, 19, 27),
         {"c_w": weights(8, 1, 3, 3), "c_b": weights(8)}, "per_tensor", {"conv_depthwise"}),
+    "depthwise 8 channels even rows": (   # the planar loop's widening two pixels a step, no odd last pixel
+        [conv_node("c", "x", "y", groups=8, pads=[1, 1, 1, 1], activation="relu")], (8, 6, 10),
+        {"c_w": weights(8, 1, 3, 3), "c_b": weights(8)}, "per_channel", {"conv_depthwise"}),
     "depthwise 6 channels asymmetric pads": ([conv_node("c", "x", "y", groups=6, pads=[0, 1, 1, 0])], (6, 5, 6),
                                              {"c_w": weights(6, 1, 3, 3), "c_b": weights(6)}, "per_tensor",
                                              {"conv_depthwise"}),
