@@ -203,7 +203,8 @@ def _planar_depthwise(step: Step, geometry: dict[str, int]) -> bool:
     multiplier 1, whole blocks of four channels, a kernel 3 wide of stride 1 and no column dilation, and sums that
     start at the bias inside int32 with every shift 32 or more, on rows of PLANAR_ROW outputs or more. (Stride 2
     widens four inputs per output, and its loop, measured on VWW's four such layers, took 1.2 to 1.8x the other
-    loop's cycles; on VWW's rows of 3 it took 1.2x.)"""
+    loop's cycles, still 1.0 to 1.4x with two pixels widened a step and SMMLA requantization; on VWW's rows of 3
+    it took 1.2x.)"""
     layer: QConv = step.layer  # type: ignore[assignment]
     if step.profile.isa != DSP or step.profile.for_size or not geometry["padded"]:
         return False
@@ -318,7 +319,7 @@ def conv(step: Step) -> dict[str, Any]:
     _, weight = _gemm_weight(step, geometry, np.int16)
     return {**geometry, "input_zero_point": step.inputs[0].quant.zero_point, "groups": groups,
             "channel_block": CHANNEL_BLOCK, "pixel_block": PIXEL_BLOCK, "isa": HOST, "centred": True,
-            "column_type": "int16_t", "pad_value": 0, "vector_output": False,
+            "column_type": "int16_t", "pad_value": 0, "vector_output": False, "fold_bias": False,
             # one window row is contiguous in both source and columns when no group or dilation interleaves it
             "contiguous_rows": groups == 1 and geometry["dilation_width"] == 1,
             "weight": weight, **_requantization(step, layer, np.zeros(geometry["out_channels"], np.int64), centred=True)}
@@ -541,7 +542,11 @@ def conv_mcu(step: Step) -> dict[str, Any]:
             "pad_value": 0 if centred else zero_point,
             "contiguous_rows": groups == 1 and geometry["dilation_width"] == 1,
             "weight": weight, "vector_output": _vector_output(step, geometry, requantization),
-            "pair_unroll": _pair_unroll(geometry["depth"] // 2), **requantization}
+            "pair_unroll": _pair_unroll(geometry["depth"] // 2),
+            # the sums start at the bias (one load a channel, no add an output) where they stay in int32 and
+            # requantize without ties, and every block's channels are real ones
+            "fold_bias": (step.profile.isa == DSP and requantization["tieless"] and groups == 1
+                          and geometry["block_outputs"] == geometry["out_channels"]), **requantization}
 
 
 def _transposed_taps(size: int, out: int, kernel: int, stride: int, pad: int, dilation: int) -> dict[str, np.ndarray]:
