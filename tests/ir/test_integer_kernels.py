@@ -104,6 +104,20 @@ def test_compiled_conv_equals_the_numpy_reference(case: tuple, kernel: QConvForm
     assert len(np.unique(reference)) > 3
 
 
+@pytest.mark.parametrize("x_type, pads, dilations", [("uint8", [3, 3, 3, 3], [1, 1]), ("int8", [2, 4, 1, 0], [1, 2])])
+def test_few_channels_run_width_unfolded(x_type: str, pads: list[int], dilations: list[int],
+                                         kernel: QConvForm) -> None:
+    """The RGB stem's shape (3 channels, 7x7, stride 2) runs width-unfolded in every form (`unfolds`: 7 taps
+    of 3 channels padded to whole groups once, not 7 times), with asymmetric pads and a dilation too."""
+    layer, graph = conv_layer(x_type, "int8", 3, 24, (7, 7), [2, 2], pads, dilations, False, True, kernel)
+    source = graph.tensors["x"].params
+    x = edged(RNG.integers(source.qmin, source.qmax + 1, (2, 3, 29, 31)).astype(source.storage), source.qmin,
+              source.qmax)
+    compiled = layer.run([x], graph, None)[0]
+    assert ran(layer, graph) == kernel and vars(layer)["_packs"][kernel.group].unfolded
+    np.testing.assert_array_equal(compiled, layer.run([x], graph, {})[0])
+
+
 @pytest.mark.parametrize("x_type, y_type, rows", [("int8", "int8", (5,)), ("uint8", "int16", (3, 4))])
 def test_compiled_dense_equals_the_numpy_reference(x_type: str, y_type: str, rows: tuple[int, ...],
                                                     kernel: QConvForm) -> None:

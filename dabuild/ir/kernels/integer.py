@@ -69,6 +69,7 @@ class PackedQWeight:
     padded: int  # output channels rounded up to whole vectors
     channels: int  # input channels rounded up to whole groups
     group: int
+    unfolded: bool  # the kernel row's taps packed as channels (see `unfolds`): shape keeps the conv's own
     sums: np.ndarray  # int64 (O,): each output channel's sum of weights (the byte forms' bias correction)
     magnitudes: np.ndarray  # int64 (O,): each output channel's sum of |w|, the accumulator's bound per unit of input
 
@@ -123,7 +124,12 @@ class NativeInteger:
         self.block_vectors = int(library.qconv_block_vectors())  # vectors of output channels per packed block
 
     def pack(self, weight: np.ndarray, group: int = 2) -> PackedQWeight:
-        """The weight in qconv.c's layout (see qconv.c) for groups of 2 (int16) or 4 (int8) input channels."""
+        """The weight in qconv.c's layout (see qconv.c) for groups of 2 (int16) or 4 (int8) input channels;
+        where `unfolds`, as the (O, KW * C, KH, 1) weight of the width-unfolded conv."""
+        shape = weight.shape
+        unfolded = unfolds(shape[1], shape[3], group)
+        if unfolded:  # w'[o, kw * C + c, kh, 0] = w[o, c, kh, kw]
+            weight = weight.transpose(0, 3, 1, 2).reshape(shape[0], shape[3] * shape[1], shape[2], 1)
         out_channels, channels, kernel_h, kernel_w = weight.shape
         padded = -(-out_channels // self.lanes) * self.lanes
         whole = -(-channels // group) * group
@@ -135,7 +141,7 @@ class NativeInteger:
         flat = np.concatenate([np.ascontiguousarray(rows[:, first:first + block]).ravel()
                                for first in range(0, padded, block)])
         wide = weight.astype(np.int64).reshape(out_channels, -1)
-        return PackedQWeight(flat, weight.shape, padded, whole, group, wide.sum(axis=1), np.abs(wide).sum(axis=1))
+        return PackedQWeight(flat, shape, padded, whole, group, unfolded, wide.sum(axis=1), np.abs(wide).sum(axis=1))
 
     def form_for(self, low: int, high: int, sums: np.ndarray, magnitudes: np.ndarray, bias: np.ndarray,
                  zero_point: int, storage: np.dtype) -> QConvForm | None:
@@ -174,6 +180,15 @@ class NativeInteger:
         return self._rows.run(self._kernels[prepared.kernel], prepared, threads)
 
 
+def unfolds(channels: int, kernel_w: int, group: int) -> bool:
+    """Whether a conv runs width-unfolded: each output column's kernel row of inputs copied side by side as
+    kernel_w * channels channels, the conv then (KH, 1). Where channels are few (the RGB stem's 3, 7 taps
+    wide), the channels padded to whole groups once per row instead of once per tap take fewer steps: 7 x 11
+    pairs instead of 7 x 7 x 2, 7 x 6 quads instead of 7 x 7. The copy costs kernel_w / stride_w times the
+    input, small where channels are."""
+    return kernel_w > 1 and -(-kernel_w * channels // group) < kernel_w * -(-channels // group)
+
+
 def pad_value(form: QConvForm, zero_point: int, storage: np.dtype) -> int:
     """What a padding tap (and a channel added to make whole groups) holds in `form`'s inputs: the zero point
     as the form stores inputs (0 for centred ones)."""
@@ -194,29 +209,53 @@ def prepare_conv(x: np.ndarray, zero_point: int, weight: PackedQWeight, requanti
     r = requantization
     bias = r.bias
     pad = pad_value(form, zero_point, x.dtype)
+    dtype = np.int16 if form.group == 2 else np.uint8
     if form.group == 4:
-        inputs = np.empty((batch, height, width, weight.channels), np.uint8)
-        if x.dtype == np.int8:
-            np.bitwise_xor(x.view(np.uint8), np.uint8(0x80), out=inputs[..., :channels])  # q + 128
-        else:
-            inputs[..., :channels] = x
-        inputs[..., channels:] = pad
-        zeros = np.full(weight.channels, pad, np.uint8)
         bias = np.ascontiguousarray(r.bias - pad * weight.sums)
+
+    def write(values: np.ndarray, into: np.ndarray) -> None:
+        """x as the form takes it: q - zero point (int16), or q + 128 (int8) or q (uint8)."""
+        if form.group == 2:
+            np.subtract(values, np.int16(zero_point), out=into, dtype=np.int16)
+        elif values.dtype == np.int8:
+            np.bitwise_xor(values.view(np.uint8), np.uint8(0x80), out=into)
+        else:
+            into[...] = values
+
+    # the geometry along the width qconv.c sees: the conv's own, or the unfolded one's (kernel 1, stride 1)
+    columns, geometry = (out[1], (1, 1, 0, 1)) if weight.unfolded else (width, (kernel_w, strides[1], pads[1],
+                                                                                 dilations[1]))
+    inputs = np.empty((batch, height, columns, weight.channels), dtype)
+    if weight.unfolded:
+        span = (columns - 1) * strides[1] + (kernel_w - 1) * dilations[1] + 1  # padded columns the taps read
+        padded = np.full((batch, height, span, channels), pad, dtype)
+        kept = max(0, min(width, span - pads[1]))
+        write(x[:, :, :kept], padded[:, :, pads[1]:pads[1] + kept])
+        _unfold(padded, kernel_w, strides[1], dilations[1], inputs)
+        used = kernel_w * channels
     else:
-        inputs = np.empty((batch, height, width, weight.channels), np.int16)
-        np.subtract(x, np.int16(zero_point), out=inputs[..., :channels], dtype=np.int16)
-        inputs[..., channels:] = 0  # the channel that makes an odd count even
-        zeros = np.zeros(weight.channels, np.int16)
+        write(x, inputs[..., :channels])
+        used = channels
+    inputs[..., used:] = pad  # the channels that make whole groups
+    zeros = np.full(weight.channels, pad, dtype)
     y = np.empty((batch, *out, out_channels), storage)
-    call = QConvCall(inputs.ctypes.data, height, width, weight.channels, weight.taps.ctypes.data,
-                     kernel_h, kernel_w, out_channels, weight.padded, bias.ctypes.data,
+    call = QConvCall(inputs.ctypes.data, height, columns, weight.channels, weight.taps.ctypes.data,
+                     kernel_h, geometry[0], out_channels, weight.padded, bias.ctypes.data,
                      r.multiplier.ctypes.data, r.shift.ctypes.data, r.zero_point, r.low, r.high,
-                     y.ctypes.data, y.itemsize, out[0], out[1], strides[0], strides[1], pads[0], pads[1],
-                     dilations[0], dilations[1], zeros.ctypes.data)
+                     y.ctypes.data, y.itemsize, out[0], out[1], strides[0], geometry[1], pads[0], geometry[2],
+                     dilations[0], geometry[3], zeros.ctypes.data)
     arrays = (inputs, weight.taps, bias, r.multiplier, r.shift, y, zeros)
     return RowsCall(form.kernel, call, arrays, batch * out[0], y,
                     y.size * kernel_h * kernel_w * channels >= PARALLEL_MACS)
+
+
+def _unfold(padded: np.ndarray, kernel_w: int, stride: int, dilation: int, inputs: np.ndarray) -> None:
+    """inputs[n, h, j, kw * C + c] = padded[n, h, j * stride + kw * dilation, c]: the (N, H, OW, >= KW * C)
+    inputs of a width-unfolded conv (see `unfolds`) from its (N, H, padded W, C) ones."""
+    channels, columns = padded.shape[3], inputs.shape[2]
+    for kw in range(kernel_w):
+        start = kw * dilation
+        inputs[..., kw * channels:(kw + 1) * channels] = padded[:, :, start:start + (columns - 1) * stride + 1:stride]
 
 
 def prepare_add(a: np.ndarray, b: np.ndarray, table: np.ndarray) -> RowsCall:
