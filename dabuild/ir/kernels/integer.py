@@ -251,11 +251,14 @@ def prepare_conv(x: np.ndarray, zero_point: int, weight: PackedQWeight, requanti
 
 def _unfold(padded: np.ndarray, kernel_w: int, stride: int, dilation: int, inputs: np.ndarray) -> None:
     """inputs[n, h, j, kw * C + c] = padded[n, h, j * stride + kw * dilation, c]: the (N, H, OW, >= KW * C)
-    inputs of a width-unfolded conv (see `unfolds`) from its (N, H, padded W, C) ones."""
-    channels, columns = padded.shape[3], inputs.shape[2]
-    for kw in range(kernel_w):
-        start = kw * dilation
-        inputs[..., kw * channels:(kw + 1) * channels] = padded[:, :, start:start + (columns - 1) * stride + 1:stride]
+    inputs of a width-unfolded conv (see `unfolds`) from its (N, H, padded W, C) ones, in one copy (a view of
+    `padded` with a kw axis; undilated, each output column's KW * C values are one run of it)."""
+    batch, height, _, channels = padded.shape
+    shape = (batch, height, inputs.shape[2], kernel_w, channels)
+    n, h, w, c = padded.strides
+    taps = np.lib.stride_tricks.as_strided(padded, shape, (n, h, w * stride, w * dilation, c), writeable=False)
+    n, h, w, c = inputs.strides
+    np.copyto(np.lib.stride_tricks.as_strided(inputs, shape, (n, h, w, c * channels, c)), taps)
 
 
 def prepare_add(a: np.ndarray, b: np.ndarray, table: np.ndarray) -> RowsCall:
