@@ -17,7 +17,9 @@
  * block's kernel row lies inside the input, its taps are one run of memory (the packed weight's too).
  *
  * With AVX-512 VNNI a second kernel, qconv2d_u8_nhwc, multiplies uint8 inputs by int8 weights four at a time
- * (vpdpbusd): the same code over quads of input channels (see its comment).
+ * (vpdpbusd): the same code over quads of input channels (see its comment). With AVX2, qconv2d_u8s7_nhwc does
+ * so by vpmaddubsw for weights within [-64, 64] only, where it is exact (see its comment); integer.py picks
+ * the kernel per layer from the weights' range.
  *
  * Requantization (qfinish, qrequantize_one) is fixed_point.requantize's: the magnitude of
  * sum + bias times the Q31 multiplier, plus half of 2^shift, shifted right, the sign put back (ties away from
