@@ -62,7 +62,7 @@ U8S7 = QConvForm("uint8 x int7 (vpmaddubsw)", "qconv2d_u8s7_nhwc", 4, -64, 64)
 @dataclass(frozen=True)
 class PackedQWeight:
     """An (O, C, KH, KW) int8 conv weight as qconv.c reads it: int16 pairs of input channels (`group` 2) or
-    int8 quads (`group` 4, for the uint8 x int8 kernel)."""
+    int8 quads (`group` 4, for the uint8 forms)."""
 
     taps: np.ndarray
     shape: tuple[int, ...]
