@@ -23,7 +23,8 @@
  *
  * Requantization (qfinish, qrequantize_one) is fixed_point.requantize's: the magnitude of
  * sum + bias times the Q31 multiplier, plus half of 2^shift, shifted right, the sign put back (ties away from
- * zero), then the zero point and the clamp, exactly as requantize.c does it for the float64 sums.
+ * zero), then the zero point and the clamp, exactly as requantize.c does it for the float64 sums. With AVX2,
+ * 1-byte outputs are finished eight channels at a time straight from the accumulators (qfinish_block, qfinish8).
  *
  * qadd_lookup: an 8-bit add's output for every pair of input bytes is a 256 x 256 table the caller computes
  * with the numpy reference; the kernel only looks it up.
