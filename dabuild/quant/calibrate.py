@@ -10,7 +10,7 @@ outlives its batch.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -305,11 +305,9 @@ def _describe(graph: Graph) -> dict[str, str]:
     return names
 
 
-def _runs(graph: Graph, batches: Iterable[dict[str, np.ndarray]],
-          advance: Callable[[int], None]) -> Iterator[dict[str, np.ndarray]]:
+def _runs(graph: Graph, batches: Iterable[dict[str, np.ndarray]]) -> Iterator[dict[str, np.ndarray]]:
     """The samples of `batches` cut into runs of the interpreter of one size, as many as the memory budget
-    lets one run hold (the first batch's size at most), the last run shorter; `advance` hears each batch's
-    samples once its last run is taken.
+    lets one run hold (the first batch's size at most), the last run shorter.
 
     The statistics do not depend on how samples are cut, so a batch whose size the budget does not divide
     (64 where 44 fit) is not run as 44 and 20: its rest waits for the next batch's first samples, and every
@@ -326,7 +324,6 @@ def _runs(graph: Graph, batches: Iterable[dict[str, np.ndarray]],
             run, pending = _first(pending, fit)
             held -= fit
             yield run
-        advance(count)
     if held:
         yield _first(pending, held)[0]
 
@@ -382,8 +379,9 @@ def calibrate(graph: Graph, batches: Iterable[dict[str, np.ndarray]], progress: 
             stats.observe(name, values, axes(name, shapes), where[name])
 
     with progress.track("calibrate", samples) as advance, arrays_reused_in_heap():
-        for run in _runs(graph, batches, advance):
+        for run in _runs(graph, batches):
             interpreter.run(run, visit=observe)
+            advance(_samples(run))
     if not stats.ranges:
         raise BuildError("calibration: no calibration samples were given")
     return stats
