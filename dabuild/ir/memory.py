@@ -119,7 +119,8 @@ def arrays_reused_in_heap() -> Iterator[None]:
     kernel, every layer of every batch. Run over batches of one shape, the heap instead reaches the size of
     one batch's live tensors in the first batch and reuses it: perf on calibrate (64 images) counted
     clear_page_erms at 19 % of its samples with the mmaps, 11 % without, and 107,083 page faults against
-    23,905.
+    23,905. The setting is the process's: a stage running beside it on another thread (-j with several
+    recipes) allocates from the heap too, which costs it memory held until the trim, never a wrong value.
     """
     try:
         mallopt = ctypes.CDLL(None).mallopt
