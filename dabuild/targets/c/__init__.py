@@ -54,7 +54,7 @@ from dabuild.qir.qgraph import QGraph
 from dabuild.sizes import parse_size
 from dabuild.targets.base import Target, held, refuse_float_layers, refuse_ops_without_integers
 from dabuild.targets.c import cycles, firmware
-from dabuild.targets.c.codegen import PROGRAM, WEIGHTS_FILE, render, stored_bytes, trace_file
+from dabuild.targets.c.codegen import PROGRAM, WEIGHTS_FILE, StepBytes, render, stored_bytes, trace_file
 from dabuild.targets.c.profiles import CPUS, FLOAT_ORDER, PROFILES, Profile
 from dabuild.targets.c.streaming import graph_ops
 from dabuild.targets.c.streaming import plan as plan_stream
@@ -270,8 +270,13 @@ class CTarget(Target):
     def stored_bytes(self, qgraph: QGraph) -> int:
         """The bytes this profile's artifact stores for weights and parameters, from its kernels' constants: int8
         weights on a Cortex-M (int4 ones packed two a byte), the host's int16 conv weights, narrowest-type
-        biases and requantization constants. What tuning objective `size` minimises."""
-        return stored_bytes(qgraph, self.profile)
+        biases and requantization constants. What tuning objective `size` minimises; each distinct kernel step is
+        laid out once while this target lives (`StepBytes`), as a search prices configs that share most of them."""
+        return stored_bytes(qgraph, self.profile, self._step_bytes)
+
+    @functools.cached_property
+    def _step_bytes(self) -> StepBytes:
+        return StepBytes()
 
     def export(self, qgraph: QGraph, out_dir: Path) -> None:
         refuse_float_layers(qgraph, self.capability_spec, None if self.profile.fpu else f"cpu {self.profile.name!r} has no FPU")

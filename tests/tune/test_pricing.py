@@ -1,0 +1,111 @@
+"""Objective `size` priced layer by layer equals the whole-graph measure of every config.
+
+The size objective prices each config a search passes over. A c target remembers each kernel step's bytes
+(`StepBytes`) and lowering remembers each cached weight's sums of |w|, so a config that shares most layers with
+those priced before costs little; these tests hold the cached figures to the ones measured from scratch (a
+fresh lowering without a weight cache, a fresh target, and for c the bytes `render` counts in the sources it
+writes) over configs that mix int8 and int4 weights, per-tensor and per-channel scales, int8 and int16
+activations, calibration algorithms and fp32 islands, priced one after another as a search would.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dabuild.ir.graph import Graph
+from dabuild.quant.calibrate import Stats
+from dabuild.quant.config import NodeConfig, QuantConfig
+from dabuild.quant.lowering import WeightCache
+from dabuild.quant.quantize import quantize
+from dabuild.tune.space import FP32, build_space, integer_writers
+
+CONFIGS = 12
+
+
+def mixed_configs(graph: Graph, target: object, count: int, seed: int = 0) -> list[QuantConfig]:
+    """The space's default, then `count` seeded configs: each node one of its candidates (per-tensor or
+    per-channel, any calibration, an fp32 island where the capability allows); in every other config, weights
+    int4 in a third of the nodes (packed two a byte on a Cortex-M and in ONNX's INT4) and int16 activations
+    where offered, in the rest int8 only (the QDQ model at the exporter's own opset)."""
+    capability = target.capability_spec  # type: ignore[attr-defined]
+    space = build_space(graph, capability, {})
+    rng = np.random.default_rng(seed)
+    configs = [space.default()]
+    for index in range(count):
+        nodes: dict[str, NodeConfig] = {}
+        for name, node in space.nodes.items():
+            wide = index % 2 == 0
+            offered = [c for c in node.candidates if wide or c.activation is None or c.activation.dtype == "int8"]
+            choice = offered[rng.integers(len(offered))]
+            if wide and choice.weight is not None and rng.random() < 1 / 3:
+                choice = dataclasses.replace(choice, weight=dataclasses.replace(choice.weight, dtype="int4"))
+            nodes[name] = choice
+        configs.append(QuantConfig(nodes))
+    assert any(FP32 in node.candidates for node in space.nodes.values()) == capability.fp32_fallback
+    return configs
+
+
+def targets() -> list[tuple[str, object]]:
+    from dabuild.targets.c import CTarget
+    from dabuild.targets.nnef import NnefTarget
+    from dabuild.targets.onnx import OnnxTarget
+
+    made: list[tuple[str, object]] = [(f"c:{cpu}", CTarget(CTarget.Options(cpu=cpu)))
+                                      for cpu in ("host", "cortex-m4", "cortex-m55")]
+    made += [("onnx", OnnxTarget()), ("nnef", NnefTarget())]
+    return made
+
+
+@pytest.mark.parametrize("name", [name for name, _ in targets()])
+def test_cached_pricing_equals_whole_graph_measure(cnn: tuple[Path, tuple[Path, Path]], name: str) -> None:
+    """Every config's price, from caches warmed by the configs before it, equals a fresh measure of its graph."""
+    from dabuild.targets.c import CTarget
+    from dabuild.targets.c.codegen import render
+    from dabuild.targets.onnx import OnnxTarget, qdq
+
+    _, (graph_dir, stats_dir) = cnn
+    graph, stats = Graph.load(graph_dir), Stats.load(stats_dir)
+    target = dict(targets())[name]
+    writers = integer_writers(graph, target.capability_spec)  # type: ignore[attr-defined]
+    cache = WeightCache()
+    configs = mixed_configs(graph, target, CONFIGS)
+    priced = [target.stored_bytes(quantize(graph, stats, config, False, cache, writers))  # type: ignore[attr-defined]
+              for config in configs]
+    fresh = dict(targets())[name]
+    measured = []
+    for config in configs:
+        qgraph = quantize(graph, stats, config, False, None, writers)
+        measured.append(fresh.stored_bytes(qgraph))  # type: ignore[attr-defined]
+        if isinstance(fresh, CTarget):
+            assert render(qgraph, fresh.profile).weight_bytes == measured[-1]
+        if isinstance(fresh, OnnxTarget):  # the model as export writes it
+            model = qdq.to_qdq_onnx(qgraph, fresh.options.opset, check=False, isa=fresh.isa)
+            assert qdq.initializer_bytes(model) == measured[-1]
+    assert priced == measured
+    assert len(set(priced)) > CONFIGS // 2  # the configs differ in what they store
+
+
+def test_steps_are_laid_out_once(cnn: tuple[Path, tuple[Path, Path]]) -> None:
+    """Pricing a config again, or one that changes one node, lays out only the steps that changed."""
+    from dabuild.targets.c import CTarget
+    from dabuild.targets.c.codegen import StepBytes, stored_bytes
+
+    _, (graph_dir, stats_dir) = cnn
+    graph, stats = Graph.load(graph_dir), Stats.load(stats_dir)
+    target = CTarget()
+    space = build_space(graph, target.capability_spec, {})
+    writers = integer_writers(graph, target.capability_spec)
+    steps = StepBytes()
+    default = quantize(graph, stats, space.default(), False, None, writers)
+    first = stored_bytes(default, target.profile, steps)
+    laid_out = len(steps._bytes)
+    assert stored_bytes(default, target.profile, steps) == first and len(steps._bytes) == laid_out
+    name, node = next((name, node) for name, node in space.nodes.items() if node.weight_size)
+    weight = dataclasses.replace(node.default.weight, dtype="int4")
+    changed = QuantConfig({**space.default().nodes, name: dataclasses.replace(node.default, weight=weight)})
+    stored_bytes(quantize(graph, stats, changed, False, None, writers), target.profile, steps)
+    assert 0 < len(steps._bytes) - laid_out < laid_out
