@@ -35,8 +35,14 @@ class Emitter:
 
     def __init__(self, taken: Iterable[str] = ()):
         self.nodes: list[onnx.NodeProto] = []
-        self.initializers: list[onnx.TensorProto] = []
+        self.arrays: list[tuple[str, np.ndarray]] = []  # the initializers' names and values, in order
         self._taken = set(taken)
+
+    @property
+    def initializers(self) -> list[onnx.TensorProto]:
+        """The initializers as TensorProtos, made when the model is: what they store is known from `arrays`
+        without copying every weight into a proto (the onnx target's `stored_bytes` prices configs so)."""
+        return [numpy_helper.from_array(values, name) for name, values in self.arrays]
 
     @classmethod
     def for_graph(cls, graph: Graph) -> Emitter:
@@ -49,7 +55,9 @@ class Emitter:
     def initializer(self, name: str, values: np.ndarray) -> str:
         """Add `values` as the initializer `name` (kept as given) and return the name."""
         self._taken.add(name)
-        self.initializers.append(numpy_helper.from_array(np.asarray(values), name))
+        values = np.asarray(values)
+        # a copy, as a proto made now would hold, unless nothing can write the array (the weight cache's)
+        self.arrays.append((name, values if not values.flags.writeable else values.copy()))
         return name
 
     def fresh(self, base: str) -> str:

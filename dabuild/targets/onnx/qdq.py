@@ -181,7 +181,7 @@ class QdqWriter:
         e = self.emitter
         scale = _scalar_or_vector(layer.weight_scale, np.float32)
         if integer_kernel and self.saturating and layer.weight.size and \
-                int(np.abs(layer.weight.astype(np.int32)).max()) > SAFE_WEIGHT:
+                max(-int(layer.weight.min()), int(layer.weight.max())) > SAFE_WEIGHT:  # |w| peak, no int32 copy
             self.uint8_weights.append(layer.name)
             inputs = [e.initializer(e.fresh(f"{layer.name}/weight"), (layer.weight.astype(np.int32) + 128).astype(np.uint8)),
                       e.constant(scale, np.float32, f"{layer.name}/weight_scale"),
@@ -440,17 +440,9 @@ def initializer_bytes(model: onnx.ModelProto) -> int:
     return total
 
 
-def to_qdq_onnx(qgraph: QGraph, opset: int | None = None, name: str = "dabuild",
-                check: bool = True, isa: str = "auto") -> onnx.ModelProto:
-    """The QGraph as a checked QDQ model with a dynamic batch; BuildError naming layers it cannot write.
-
-    QuantizeLinear saturates to its zero point's full type, so activations must be exactly int8 or uint8, or
-    int16 (TFLite's 16x8), which Q/DQ take from opset 21 on (the default then; a lower opset asked is refused);
-    weights of up to 8 bits are exact in int8. Weights of 4 bits
-    or fewer are INT4 initializers at opset 21 (the default opset then); at an opset asked below 21 they stay
-    in int8. Blocked weights (blocked_dense) need opset 21 (the default then; a lower one asked is refused).
-    `check=False` skips onnx's checker (for sizing a model nobody runs). `isa`: the instruction set the model
-    will run on (`auto`: this machine's); where onnxruntime's u8s8 kernels saturate, wide weights are uint8."""
+def _written(qgraph: QGraph, opset: int | None, isa: str) -> tuple[QdqWriter, str, int | None]:
+    """The QGraph's layers written (see `to_qdq_onnx`), the instruction set resolved and the opset to convert to
+    (None: the exporter's own); BuildError naming layers it cannot write."""
     blocked = [layer.name for layer in qgraph.layers if isinstance(layer, QBlockedDense)]
     if opset is None and (narrow_weights(qgraph) or blocked):
         opset = INT4_OPSET
@@ -480,6 +472,39 @@ def to_qdq_onnx(qgraph: QGraph, opset: int | None = None, name: str = "dabuild",
     for layer in qgraph.layers:
         WRITERS[layer.op](writer, layer)
         writer.finish_layer()
+    return writer, isa, opset
+
+
+def stored_bytes(qgraph: QGraph, opset: int | None = None, isa: str = "auto") -> int:
+    """`initializer_bytes` of the model `to_qdq_onnx` writes, without making it where the written opset is the
+    exporter's own (no conversion, no INT4 packing: the initializers are the arrays written, byte for byte);
+    tuning prices every config it compares, and a ResNet-50's protos took most of the export."""
+    writer, isa, opset = _written(qgraph, opset, isa)
+    if (opset or OPSET) == OPSET:
+        return sum(values.nbytes for _, values in writer.emitter.arrays)
+    return initializer_bytes(_model(qgraph, writer, isa, opset, "dabuild"))
+
+
+def to_qdq_onnx(qgraph: QGraph, opset: int | None = None, name: str = "dabuild",
+                check: bool = True, isa: str = "auto") -> onnx.ModelProto:
+    """The QGraph as a checked QDQ model with a dynamic batch; BuildError naming layers it cannot write.
+
+    QuantizeLinear saturates to its zero point's full type, so activations must be exactly int8 or uint8, or
+    int16 (TFLite's 16x8), which Q/DQ take from opset 21 on (the default then; a lower opset asked is refused);
+    weights of up to 8 bits are exact in int8. Weights of 4 bits
+    or fewer are INT4 initializers at opset 21 (the default opset then); at an opset asked below 21 they stay
+    in int8. Blocked weights (blocked_dense) need opset 21 (the default then; a lower one asked is refused).
+    `check=False` skips onnx's checker (for sizing a model nobody runs). `isa`: the instruction set the model
+    will run on (`auto`: this machine's); where onnxruntime's u8s8 kernels saturate, wide weights are uint8."""
+    writer, isa, opset = _written(qgraph, opset, isa)
+    model = _model(qgraph, writer, isa, opset, name)
+    if check:
+        onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def _model(qgraph: QGraph, writer: QdqWriter, isa: str, opset: int | None, name: str) -> onnx.ModelProto:
+    """The written model at `opset` (None: the exporter's own), its narrow weights packed where it takes INT4."""
     tensors = qgraph.tensors
     graph = helper.make_graph(
         writer.emitter.nodes, name,
@@ -504,8 +529,6 @@ def to_qdq_onnx(qgraph: QGraph, opset: int | None = None, name: str = "dabuild",
         model.ir_version = helper.find_min_ir_version_for(list(model.opset_import))
     if (opset or OPSET) >= INT4_OPSET:
         _pack_int4(model, writer.weights)
-    if check:
-        onnx.checker.check_model(model, full_check=True)
     return model
 
 
