@@ -17,9 +17,11 @@ import numpy as np
 import pytest
 
 from dabuild.ir.graph import Graph
+from dabuild.qir.qgraph import QGraph
 from dabuild.quant.calibrate import Stats
 from dabuild.quant.config import NodeConfig, QuantConfig
 from dabuild.quant.lowering import WeightCache
+from dabuild.quant.node_memo import NodeLowerings
 from dabuild.quant.quantize import quantize
 from dabuild.tune.space import FP32, build_space, integer_writers
 
@@ -27,7 +29,8 @@ CONFIGS = 12
 
 
 def mixed_configs(graph: Graph, target: object, count: int, seed: int = 0) -> list[QuantConfig]:
-    """The space's default, then `count` seeded configs: each node one of its candidates (per-tensor or
+    """The space's default, then `count` seeded configs, each followed by itself with one node at its default
+    (a search's next config, lowered mostly from the nodes lowered before): each node one of its candidates (per-tensor or
     per-channel, any calibration, an fp32 island where the capability allows); in every other config, weights
     int4 in a third of the nodes (packed two a byte on a Cortex-M and in ONNX's INT4) and int16 activations
     where offered, in the rest int8 only (the QDQ model at the exporter's own opset)."""
@@ -45,8 +48,23 @@ def mixed_configs(graph: Graph, target: object, count: int, seed: int = 0) -> li
                 choice = dataclasses.replace(choice, weight=dataclasses.replace(choice.weight, dtype="int4"))
             nodes[name] = choice
         configs.append(QuantConfig(nodes))
+        changed = list(space.nodes)[rng.integers(len(space.nodes))]  # as a search prices: one node changed
+        configs.append(space.with_node(configs[-1], changed, space.nodes[changed].default))
     assert any(FP32 in node.candidates for node in space.nodes.values()) == capability.fp32_fallback
     return configs
+
+
+def assert_same_graph(replayed: QGraph, lowered: QGraph) -> None:
+    """The graph lowered from remembered nodes is the one lowered whole: layers, tensors and constants."""
+    assert [(type(a), a.name, a.inputs, a.outputs, a.attrs()) for a in replayed.layers] == \
+        [(type(b), b.name, b.inputs, b.outputs, b.attrs()) for b in lowered.layers]
+    for a, b in zip(replayed.layers, lowered.layers):
+        assert a.arrays().keys() == b.arrays().keys()
+        assert all(np.array_equal(a.arrays()[k], b.arrays()[k]) and a.arrays()[k].dtype == b.arrays()[k].dtype
+                   for k in a.arrays())
+    assert replayed.tensors == lowered.tensors and replayed.floats == lowered.floats
+    assert replayed.constants.keys() == lowered.constants.keys()
+    assert all(np.array_equal(replayed.constants[k], lowered.constants[k]) for k in lowered.constants)
 
 
 def targets() -> list[tuple[str, object]]:
@@ -71,14 +89,16 @@ def test_cached_pricing_equals_whole_graph_measure(cnn: tuple[Path, tuple[Path, 
     graph, stats = Graph.load(graph_dir), Stats.load(stats_dir)
     target = dict(targets())[name]
     writers = integer_writers(graph, target.capability_spec)  # type: ignore[attr-defined]
-    cache = WeightCache()
+    cache, memo = WeightCache(), NodeLowerings(1 << 30)
     configs = mixed_configs(graph, target, CONFIGS)
-    priced = [target.stored_bytes(quantize(graph, stats, config, False, cache, writers))  # type: ignore[attr-defined]
-              for config in configs]
+    lowered = [quantize(graph, stats, config, False, cache, writers, memo) for config in configs]
+    priced = [target.stored_bytes(qgraph) for qgraph in lowered]  # type: ignore[attr-defined]
+    assert memo.lowered < len(configs) * len(graph.nodes) * 3 / 4  # the one-node variants replay the rest
     fresh = dict(targets())[name]
     measured = []
-    for config in configs:
+    for config, replayed in zip(configs, lowered):
         qgraph = quantize(graph, stats, config, False, None, writers)
+        assert_same_graph(replayed, qgraph)
         measured.append(fresh.stored_bytes(qgraph))  # type: ignore[attr-defined]
         if isinstance(fresh, CTarget):
             assert render(qgraph, fresh.profile).weight_bytes == measured[-1]
@@ -89,8 +109,9 @@ def test_cached_pricing_equals_whole_graph_measure(cnn: tuple[Path, tuple[Path, 
     assert len(set(priced)) > CONFIGS // 2  # the configs differ in what they store
 
 
-def test_steps_are_laid_out_once(cnn: tuple[Path, tuple[Path, Path]]) -> None:
-    """Pricing a config again, or one that changes one node, lays out only the steps that changed."""
+def test_nodes_and_steps_priced_once(cnn: tuple[Path, tuple[Path, Path]]) -> None:
+    """Pricing a config again, or one that changes one node, lowers only the nodes and lays out only the steps
+    that changed."""
     from dabuild.targets.c import CTarget
     from dabuild.targets.c.codegen import StepBytes, stored_bytes
 
@@ -99,13 +120,16 @@ def test_steps_are_laid_out_once(cnn: tuple[Path, tuple[Path, Path]]) -> None:
     target = CTarget()
     space = build_space(graph, target.capability_spec, {})
     writers = integer_writers(graph, target.capability_spec)
-    steps = StepBytes()
-    default = quantize(graph, stats, space.default(), False, None, writers)
+    steps, memo = StepBytes(), NodeLowerings(1 << 30)
+    default = quantize(graph, stats, space.default(), False, None, writers, memo)
     first = stored_bytes(default, target.profile, steps)
     laid_out = len(steps._bytes)
-    assert stored_bytes(default, target.profile, steps) == first and len(steps._bytes) == laid_out
+    again = quantize(graph, stats, space.default(), False, None, writers, memo)
+    assert stored_bytes(again, target.profile, steps) == first and len(steps._bytes) == laid_out
+    assert memo.lowered == len(graph.nodes)
     name, node = next((name, node) for name, node in space.nodes.items() if node.weight_size)
     weight = dataclasses.replace(node.default.weight, dtype="int4")
     changed = QuantConfig({**space.default().nodes, name: dataclasses.replace(node.default, weight=weight)})
-    stored_bytes(quantize(graph, stats, changed, False, None, writers), target.profile, steps)
+    stored_bytes(quantize(graph, stats, changed, False, None, writers, memo), target.profile, steps)
     assert 0 < len(steps._bytes) - laid_out < laid_out
+    assert memo.lowered == len(graph.nodes) + 1  # the node's weight changed; its output's quantization did not
