@@ -127,6 +127,8 @@ def tune_stage(
     stored = sum(t.cached for t in search.trials)
     progress.info(f"{where}: {len(search.trials)} trials ({len(search.trials) - stored} evaluated, "
                   f"{stored} from the trial store)")
+    progress.info(f"{where}: search {search.seconds:.1f} s, of which pricing {len(search.priced)} configs "
+                  f"({objective.name}) {search.pricing_seconds:.1f} s")
     if chosen is None:
         raise BuildError(f"{where}: no trial was evaluated ({search.stop_reason})")
     metric = evaluator.metric
