@@ -2,16 +2,17 @@
 
 Tuning prices hundreds of configs that differ from one another in a node or two; a layer whose content and
 surroundings are unchanged need not be priced again. The key must name exactly what decides the figure, so it
-covers every field of the layer, arrays by content: a read-only array (the weight cache's integer weights, shared
-by every config that keeps the node's weight choice) by identity, held alive by the keys so its identity is never
-reused; any other array (biases, multipliers, tables: small, and new on every lowering) by a digest of its type,
-shape and bytes.
+covers every field of the layer, arrays by a digest of their type, shape and bytes. A layer's key is made once
+while the layer lives: a priced graph's layers are shared by the configs that lower those nodes alike
+(`dabuild.quant.node_memo`), so a ResNet's weights are digested once per distinct lowering, not per config.
+Layers are not changed once lowered.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import weakref
 from collections.abc import Hashable
 from typing import Any
 
@@ -21,15 +22,13 @@ from dabuild.qir.qgraph import QLayer
 
 
 class ContentKeys:
-    """Makes content keys of layers and arrays; the read-only arrays it has keyed by identity live as long as it."""
+    """Makes content keys of layers and arrays, each layer's once while it lives."""
 
     def __init__(self) -> None:
-        self._held: dict[int, np.ndarray] = {}
+        self._layers: dict[int, tuple[weakref.ref[QLayer], Hashable]] = {}  # id -> (the layer, its key)
 
-    def array(self, values: np.ndarray) -> Hashable:
-        if not values.flags.writeable:
-            self._held.setdefault(id(values), values)
-            return ("held", id(values))
+    @staticmethod
+    def array(values: np.ndarray) -> Hashable:
         digest = hashlib.blake2b(np.ascontiguousarray(values).tobytes(), digest_size=16).hexdigest()
         return (str(values.dtype), values.shape, digest)
 
@@ -47,6 +46,12 @@ class ContentKeys:
 
     def layer(self, layer: QLayer) -> Hashable:
         """Every field of `layer` (its name and tensors' names included) and its class."""
+        made = self._layers.get(id(layer))
+        if made is not None and made[0]() is layer:
+            return made[1]
         fields = {"name": layer.name, "inputs": layer.inputs, "outputs": layer.outputs,
                   **layer.attrs(), **layer.arrays()}
-        return (type(layer).__name__, self.value(fields))
+        key = (type(layer).__name__, self.value(fields))
+        identity = id(layer)
+        self._layers[identity] = (weakref.ref(layer, lambda _: self._layers.pop(identity, None)), key)
+        return key

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from dabuild.ir.graph import Graph, TensorSpec
 from dabuild.qir.qgraph import QLayer, QTensor
 from dabuild.quant.lowering import Lowering
 
@@ -46,6 +47,13 @@ class NodeLowerings:
         self.lowered = 0  # nodes lowered (not replayed): what the memo saved is the rest
         self._entries: dict[Hashable, Lowered] = {}
         self._bytes = 0
+        self._shapes: tuple[Graph, dict[str, TensorSpec]] | None = None
+
+    def tensor_shapes(self, graph: Graph) -> dict[str, TensorSpec]:
+        """`graph.tensor_shapes()`, inferred once for the graph a run lowers (lowering only reads them)."""
+        if self._shapes is None or self._shapes[0] is not graph:
+            self._shapes = (graph, graph.tensor_shapes())
+        return self._shapes[1]
 
     def lower(self, ctx: Lowering, lowering: Callable[[Lowering], list[QLayer]]) -> list[QLayer]:
         """The layers `lowering` makes of `ctx.node`, its additions to `ctx` made as it makes them."""

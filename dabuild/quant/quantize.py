@@ -63,7 +63,10 @@ def quantize(graph: Graph, stats: Stats, config: QuantConfig, bias_correction: b
             raise BuildError(f"node {node.name!r}: op {node.op!r} has no integer lowering "
                              f"(lowered ops: {', '.join(LOWERINGS.names())}); run it in fp32 on a target that can")
 
-    ctx = Lowering(graph, stats, graph.tensor_shapes(), {}, bias_correction=bias_correction,
+    if any(node.op == "fake_quant" for node in graph.nodes):
+        memo = None
+    shapes = graph.tensor_shapes() if memo is None else memo.tensor_shapes(graph)
+    ctx = Lowering(graph, stats, shapes, {}, bias_correction=bias_correction,
                    island=island_tensors(graph, config, integer_writers), weight_cache=weight_cache)
     ctx.given.update(given_tensor_params(graph, config))
     spec = graph.inputs[0]
@@ -72,8 +75,6 @@ def quantize(graph: Graph, stats: Stats, config: QuantConfig, bias_correction: b
     params = INDICES if spec.name in graph.integer_inputs() else ctx.calibrated(spec.name, choice)
     ctx.tensors[spec.name] = QTensor(ctx.sample_shape(spec.name), params)
     qlayers: list[QLayer] = []
-    if any(node.op == "fake_quant" for node in graph.nodes):
-        memo = None
     for node in graph.nodes:
         ctx.node, ctx.config = node, config.nodes[node.name]
         lowering = lower_fp32 if ctx.config.fp32 else LOWERINGS[node.op]
