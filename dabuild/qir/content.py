@@ -55,3 +55,20 @@ class ContentKeys:
         identity = id(layer)
         self._layers[identity] = (weakref.ref(layer, lambda _: self._layers.pop(identity, None)), key)
         return key
+
+
+_EXTREMES: dict[int, tuple[weakref.ref[np.ndarray], tuple[int, int]]] = {}
+
+
+def extremes(values: np.ndarray) -> tuple[int, int]:
+    """The least and greatest of a non-empty integer array; of a read-only array that owns its data (nothing can
+    change it: the weight cache's integer weights), found once while it lives, as every priced config's export
+    asks again (a ResNet-50's weights are 25 M values)."""
+    if values.flags.writeable or values.base is not None:
+        return int(values.min()), int(values.max())
+    identity = id(values)
+    known = _EXTREMES.get(identity)
+    if known is None or known[0]() is not values:
+        known = (weakref.ref(values, lambda _: _EXTREMES.pop(identity, None)), (int(values.min()), int(values.max())))
+        _EXTREMES[identity] = known
+    return known[1]

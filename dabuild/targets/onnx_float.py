@@ -33,7 +33,9 @@ BATCH = "N"  # the name of the dynamic batch dimension
 class Emitter:
     """Collects the ONNX nodes and initializers of one export; `fresh` names never collide with `taken` ones."""
 
-    def __init__(self, taken: Iterable[str] = ()):
+    def __init__(self, taken: Iterable[str] = (), make_nodes: bool = True):
+        """`make_nodes=False`: names nodes but makes no NodeProtos (sizing a model's initializers needs none)."""
+        self.make_nodes = make_nodes
         self.nodes: list[onnx.NodeProto] = []
         self.arrays: list[tuple[str, np.ndarray]] = []  # the initializers' names and values, in order
         self._taken = set(taken)
@@ -68,8 +70,10 @@ class Emitter:
         return self.initializer(self.fresh(base), np.asarray(values, dtype))
 
     def add(self, op_type: str, inputs: list[str], outputs: list[str], name: str, **attrs: Any) -> None:
-        attrs = {key: value for key, value in attrs.items() if value is not None}
-        self.nodes.append(helper.make_node(op_type, inputs, outputs, name=self.fresh(name), **attrs))
+        name = self.fresh(name)
+        if self.make_nodes:
+            attrs = {key: value for key, value in attrs.items() if value is not None}
+            self.nodes.append(helper.make_node(op_type, inputs, outputs, name=name, **attrs))
 
 
 NodeExporter = Callable[[Emitter, Node, dict[str, Any]], None]
