@@ -17,7 +17,8 @@ config), targets c and onnx. Runs `dabuild build` in a child process and prints
   the calibrate stage uses; once against the stage's time in the build, and once
   against `calibrate` run here on the same batches, each batch's inference timed
   just before calibration takes it (on a shared machine, the build and the
-  later inference see different loads; interleaved, both see the same);
+  later inference see different loads; interleaved, both see the same), in wall seconds and in
+  CPU seconds (which another process's load inflates far less);
 - one full trial (the slowest trial of tune:c's history that scored every
   evaluation image) / onnxruntime running the onnx target's int8 QDQ model on
   the same 256 images (goal <= 2), both on the machine's cores;
@@ -175,11 +176,12 @@ def build(recipe: Path, build_dir: Path, jobs: int, must_pass: bool = True) -> t
     return elapsed, stages, output, memory
 
 
-def inference_seconds(build_dir: Path, images: np.ndarray) -> tuple[float, float]:
+def inference_seconds(build_dir: Path, images: np.ndarray) -> tuple[float, float, float, float]:
     """The Interpreter on the traced graph over `images`, batched and threaded as the calibrate stage runs it,
     and `calibrate` (the stage's work without its file I/O) on the same batches, each batch's inference timed
     just before calibration takes it: both see the same load on a shared machine. (wall seconds of inference,
-    of calibration)."""
+    of calibration; then this process's CPU seconds of each, all its threads together, which another
+    process's load inflates far less than wall time)."""
     from dabuild.ir.graph import Graph
     from dabuild.ir.interpreter import Interpreter
     from dabuild.ir.kernels.compiling import available_cores
@@ -192,19 +194,21 @@ def inference_seconds(build_dir: Path, images: np.ndarray) -> tuple[float, float
     batch = samples_that_fit(graph, "calibrate", DataSpec.model_fields["batch_size"].default, histogram_bytes(graph))
     interpreter = Interpreter(graph, threads=available_cores())
     name = graph.inputs[0].name
-    inference = 0.0
+    inference, inference_cpu = 0.0, 0.0
 
     def batches() -> Iterator[dict[str, np.ndarray]]:
-        nonlocal inference
+        nonlocal inference, inference_cpu
         for low in range(0, len(images), batch):
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.process_time()
             interpreter.run({name: images[low:low + batch]})
             inference += time.perf_counter() - start
+            inference_cpu += time.process_time() - cpu
             yield {name: images[low:low + batch]}
 
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     calibrate(graph, batches(), Progress.silent())
-    return inference, time.perf_counter() - start - inference
+    return (inference, time.perf_counter() - start - inference, inference_cpu,
+            time.process_time() - cpu - inference_cpu)
 
 
 def qdq_seconds(model: Path, images: np.ndarray) -> float:
@@ -331,11 +335,13 @@ def main() -> None:
         with np.load(work / "data.npz") as data:
             x_cal, x_eval = data["x_cal"], data["x_eval"]
         pricing_seconds(build_dir, x_eval[:8], args.priced)
-        inference, calibration = inference_seconds(build_dir, x_cal)
+        inference, calibration, inference_cpu, calibration_cpu = inference_seconds(build_dir, x_cal)
         print(f"calibrate {stages['calibrate']:.1f} s / interpreter inference of the same images {inference:.1f} s "
               f"= {stages['calibrate'] / inference:.2f} (the stage in the build, inference after it)")
         print(f"calibrate() {calibration:.1f} s / interpreter inference {inference:.1f} s, batch by batch interleaved "
               f"= {calibration / inference:.2f}   goal <= {GOALS['calibrate']}")
+        print(f"calibrate() {calibration_cpu:.1f} CPU s / interpreter inference {inference_cpu:.1f} CPU s, the same "
+              f"runs = {calibration_cpu / inference_cpu:.2f} (CPU seconds of this process, all its threads)")
         trial = full_trial_seconds(build_dir / "history" / "tune-c.jsonl")
         qdq = qdq_seconds(build_dir / "export-ort" / "model.onnx", x_eval)
         print(f"one full trial {trial:.1f} s / onnxruntime int8 QDQ on the evaluation images {qdq:.1f} s "

@@ -1,11 +1,13 @@
 """The integer reference's conv (qconv.c) against onnxruntime's QLinearConv, layer by layer.
 
-ResNet-50's conv shapes (and its 7x7 stem) at 56x56 .. 7x7, uint8 inputs and int8 weights, on one
-thread: dabuild's `NativeInteger.conv` (the kernel a tuning trial runs for every 8-bit conv) and a one-node
-QLinearConv model in onnxruntime's CPU provider, timed interleaved (dabuild, then onnxruntime, `--rounds`
-times; the fastest of each kept), by the process's CPU time, which other load on a shared machine inflates
-less than wall time. Prints multiply-adds a second and the ratio of times (dabuild / onnxruntime: below 1
-is faster), and the total over the layers. The requantization differs (dabuild's fixed point, onnxruntime's
+ResNet-50's conv shapes (and its 7x7 stem) at 56x56 .. 7x7, uint8 inputs, on one thread: dabuild's
+`NativeInteger.conv` (the kernel a tuning trial runs for every 8-bit conv) with int8 weights (within +-127,
+as dabuild quantizes them) and with 7-bit ones (within +-63, what the onnx target's tuning offers first where
+onnxruntime's u8s8 kernels can saturate), each in the form `NativeInteger.form_for` picks for them, and a
+one-node QLinearConv model (int8 weights) in onnxruntime's CPU provider, timed interleaved (`--rounds` times;
+the fastest of each kept), by the process's CPU time, which other load on a shared machine inflates less than
+wall time. Prints multiply-adds a second and the ratios of times (dabuild / onnxruntime: below 1 is faster),
+and the totals over the layers. The requantization differs (dabuild's fixed point, onnxruntime's
 float), so only the speed is compared here; tests/ir/test_integer_kernels.py proves qconv.c's bits.
 
 Usage: python bench/qconv_speed.py [--batch 4] [--rounds 5]
@@ -58,24 +60,36 @@ def onnxruntime_conv(weight: np.ndarray, kernel: int, stride: int, shape: tuple[
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
+WEIGHT_LIMITS = {8: 127, 7: 63}  # bits of the weights: their largest magnitude
+
+
 def time_layer(integer: NativeInteger, layer: tuple[int, ...], batch: int, rounds: int,
-               rng: np.random.Generator) -> tuple[list[float], int]:
-    """The fastest CPU seconds of dabuild's and of onnxruntime's conv of one layer, and its multiply-adds."""
+               rng: np.random.Generator) -> tuple[list[float], list[str], int]:
+    """The fastest CPU seconds of dabuild's conv of one layer with each of WEIGHT_LIMITS and of onnxruntime's
+    (the last), the forms dabuild ran, and the layer's multiply-adds."""
     channels, out_channels, kernel, stride, size = layer
     pad, out = kernel // 2, (size + 2 * (kernel // 2) - kernel) // stride + 1
     x = rng.integers(0, 256, (batch, size, size, channels), dtype=np.uint8)
-    weight = rng.integers(-127, 128, (out_channels, channels, kernel, kernel), dtype=np.int8)
     requantization = Requantization(np.zeros(out_channels, np.int64), np.full(out_channels, 2**30, np.int64),
                                     np.full(out_channels, 40, np.int64), 0, 0, 255)
-    dabuild = partial(integer.conv, x, 3, integer.pack(weight, 4 if integer.quads else 2), requantization,
-                      [stride, stride], [pad, pad], [1, 1], [out, out], np.dtype(np.uint8), 1)
+    runs, forms = [], []
+    for limit in WEIGHT_LIMITS.values():
+        weight = rng.integers(-limit, limit + 1, (out_channels, channels, kernel, kernel), dtype=np.int8)
+        packed = integer.pack(weight, 2)  # its sums and magnitudes, for the form's choice
+        form = integer.form_for(-limit, limit, packed.sums, packed.magnitudes, requantization.bias, 3,
+                                np.dtype(np.uint8))
+        assert form is not None, "sums of 8-bit values with no bias stay in int32"
+        forms.append(form.name)
+        runs.append(partial(integer.conv, form, x, 3, integer.pack(weight, form.group), requantization,
+                            [stride, stride], [pad, pad], [1, 1], [out, out], np.dtype(np.uint8), 1))
     planar = np.ascontiguousarray(x.transpose(0, 3, 1, 2))
-    onnxruntime = partial(onnxruntime_conv(weight, kernel, stride, planar.shape).run, None, {"x": planar})
-    dabuild(), onnxruntime()  # warm: first touch, session setup
-    best = [float("inf"), float("inf")]
+    runs.append(partial(onnxruntime_conv(weight, kernel, stride, planar.shape).run, None, {"x": planar}))
+    for run in runs:
+        run()  # warm: first touch, session setup
+    best = [float("inf")] * len(runs)
     for _ in range(rounds):
-        best = [min(best[0], cpu_seconds(dabuild)), min(best[1], cpu_seconds(onnxruntime))]
-    return best, batch * out * out * out_channels * channels * kernel * kernel
+        best = [min(seconds, cpu_seconds(run)) for seconds, run in zip(best, runs)]
+    return best, forms, batch * out * out * out_channels * channels * kernel * kernel
 
 
 def main() -> None:
@@ -88,20 +102,22 @@ def main() -> None:
         raise SystemExit("no native kernels (no C compiler?): nothing to time")
     integer = native.integer
     print(f"cpu: {cpu_name()}; qconv.c: {native.path} path, {integer.lanes} int32 lanes, blocks of "
-          f"{integer.block_vectors} vectors, {'uint8 x int8 quads (VNNI)' if integer.quads else 'int16 pairs'}; "
+          f"{integer.block_vectors} vectors, forms {', '.join(form.name for form in integer.forms)}; "
           f"onnxruntime {ort.__version__}; 1 thread, batch {args.batch}, CPU time, fastest of {args.rounds}")
     rng = np.random.default_rng(0)
-    totals = [0.0, 0.0]
+    totals = [0.0] * (len(WEIGHT_LIMITS) + 1)
     for layer in LAYERS:
-        seconds, macs = time_layer(integer, layer, args.batch, args.rounds, rng)
-        totals = [totals[0] + seconds[0], totals[1] + seconds[1]]
+        seconds, forms, macs = time_layer(integer, layer, args.batch, args.rounds, rng)
+        totals = [total + value for total, value in zip(totals, seconds)]
         channels, out_channels, kernel, stride, size = layer
-        print(f"  {channels:>4} -> {out_channels:<4} {kernel}x{kernel}/{stride} at {size:>3}: dabuild "
-              f"{seconds[0] * 1e3:7.2f} ms ({macs / seconds[0] / 1e9:5.1f} G multiply-adds/s), onnxruntime "
-              f"{seconds[1] * 1e3:7.2f} ms ({macs / seconds[1] / 1e9:5.1f} G/s), ratio {seconds[0] / seconds[1]:.2f}",
+        dabuild = ", ".join(f"int{bits} {value * 1e3:6.2f} ms ({macs / value / 1e9:5.1f} G/s, ratio "
+                            f"{value / seconds[-1]:.2f})" for bits, value in zip(WEIGHT_LIMITS, seconds))
+        print(f"  {channels:>4} -> {out_channels:<4} {kernel}x{kernel}/{stride} at {size:>3}: onnxruntime "
+              f"{seconds[-1] * 1e3:6.2f} ms ({macs / seconds[-1] / 1e9:5.1f} G multiply-adds/s); dabuild {dabuild}",
               flush=True)
-    print(f"all layers: dabuild {totals[0] * 1e3:.1f} ms, onnxruntime {totals[1] * 1e3:.1f} ms, "
-          f"ratio {totals[0] / totals[1]:.2f}")
+    print("forms: " + ", ".join(f"int{bits} weights {form}" for bits, form in zip(WEIGHT_LIMITS, forms)))
+    print(f"all layers: onnxruntime {totals[-1] * 1e3:.1f} ms; dabuild " + ", ".join(
+        f"int{bits} weights {total * 1e3:.1f} ms, ratio {total / totals[-1]:.2f}" for bits, total in zip(WEIGHT_LIMITS, totals)))
 
 
 if __name__ == "__main__":

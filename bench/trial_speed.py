@@ -2,11 +2,12 @@
 
 Reads a build that bench/big_model.py left (`--work DIR`: DIR/build/resnet holds the trace, the calibration
 statistics and the onnx target's QDQ model) and scores, with the tune stage's Evaluator, the configs whose
-cost differs: the default (all int8), an op-type-wise move (every conv's weights per channel) and op-wise
+cost differs: the default (all int8), op-type-wise moves (every conv's weights per channel; every conv's weights
+7-bit, as the onnx target's tuning offers them first where onnxruntime's u8s8 kernels saturate) and op-wise
 fp32 fallbacks of a conv (a float island: the slowest trials of a basic run) and of the dense layer. Each
 trial runs twice and the second run is timed (the first fills the weight cache the way a tuning run's
 earlier trials do). Prints each trial's seconds, onnxruntime's over the same images, and their ratio
-(the big_model goal: <= 2), then where the default trial's CPU time goes by layer type.
+(the big_model goal: <= 2), then where the default and the int7 trials' CPU time goes by layer type.
 
 Usage: python bench/trial_speed.py DIR [--evaluation 64]
 """
@@ -41,10 +42,12 @@ def configs(evaluator: Evaluator) -> dict[str, QuantConfig]:
     base = space.default()
     convs = [node.name for node in evaluator.graph.nodes if node.op == "conv"]
     dense = next(node.name for node in evaluator.graph.nodes if node.op == "dense")
-    per_channel = QuantConfig({name: dataclasses.replace(node, weight=dataclasses.replace(
-        node.weight, granularity="per_channel")) if name in convs and node.weight else node
-        for name, node in base.nodes.items()})
-    return {"default (int8)": base, "convs per channel": per_channel,
+    def convs_with(**choice: str) -> QuantConfig:
+        return QuantConfig({name: dataclasses.replace(node, weight=dataclasses.replace(node.weight, **choice))
+                            if name in convs and node.weight else node for name, node in base.nodes.items()})
+
+    return {"default (int8)": base, "convs per channel": convs_with(granularity="per_channel"),
+            "convs' weights int7": convs_with(dtype="int7"),
             f"fp32 {convs[0]}": space.with_node(base, convs[0], FP32),
             f"fp32 {convs[len(convs) // 2]}": space.with_node(base, convs[len(convs) // 2], FP32),
             f"fp32 {dense}": space.with_node(base, dense, FP32)}
@@ -97,13 +100,13 @@ def main() -> None:
         qdq = qdq_seconds(build / "export-ort" / "model.onnx", images)
         print(f"  {name:<44} trial {trial:6.2f} s / onnxruntime int8 QDQ {qdq:6.2f} s = {trial / qdq:5.2f}",
               flush=True)
-    seconds = layer_seconds(evaluator, configs(evaluator)["default (int8)"])
-    total = sum(seconds.values())
-    images = min(evaluator.batch_size, len(evaluator.setup.x))
-    print(f"default trial by layer type (CPU time, {images} images):")
-    for op, value in sorted(seconds.items(), key=lambda item: -item[1]):
-        print(f"  {op:<10} {1000 * value / images:7.2f} ms per image  {100 * value / total:5.1f} %")
-
+    for name in ("default (int8)", "convs' weights int7"):
+        seconds = layer_seconds(evaluator, configs(evaluator)[name])
+        total = sum(seconds.values())
+        images = min(evaluator.batch_size, len(evaluator.setup.x))
+        print(f"{name} trial by layer type (CPU time, {images} images):")
+        for op, value in sorted(seconds.items(), key=lambda item: -item[1]):
+            print(f"  {op:<10} {1000 * value / images:7.2f} ms per image  {100 * value / total:5.1f} %")
 
 if __name__ == "__main__":
     sys.exit(main())

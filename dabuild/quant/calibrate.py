@@ -10,7 +10,7 @@ outlives its batch.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -22,7 +22,7 @@ from dabuild.ir.graph import Graph, Node
 from dabuild.ir.interpreter import Interpreter
 from dabuild.ir.kernels.compiling import available_cores
 from dabuild.ir.kernels.native import native_histogram
-from dabuild.ir.memory import samples_that_fit
+from dabuild.ir.memory import arrays_reused_in_heap, samples_that_fit
 from dabuild.ir.npz import read_npz, write_npz
 from dabuild.progress import Progress
 from dabuild.qir.activations import is_table_activation, pre_activation
@@ -305,6 +305,52 @@ def _describe(graph: Graph) -> dict[str, str]:
     return names
 
 
+def _runs(graph: Graph, batches: Iterable[dict[str, np.ndarray]]) -> Iterator[dict[str, np.ndarray]]:
+    """The samples of `batches` cut into runs of the interpreter of one size, as many as the memory budget
+    lets one run hold (the first batch's size at most), the last run shorter.
+
+    The statistics do not depend on how samples are cut, so a batch whose size the budget does not divide
+    (64 where 44 fit) is not run as 44 and 20: its rest waits for the next batch's first samples, and every
+    run but the last has the size whose tensors the heap already holds (`arrays_reused_in_heap`)."""
+    fit: int | None = None
+    pending: list[dict[str, np.ndarray]] = []  # samples not yet run, fewer than `fit` between batches
+    held = 0
+    for batch in batches:
+        count = _samples(batch)
+        fit = fit or samples_that_fit(graph, "calibrate", count, histogram_bytes(graph), "histograms")
+        pending.append(batch)
+        held += count
+        while held >= fit:
+            run, pending = _first(pending, fit)
+            held -= fit
+            yield run
+    if held:
+        yield _first(pending, held)[0]
+
+
+def _samples(batch: dict[str, np.ndarray]) -> int:
+    return len(next(iter(batch.values())))
+
+
+def _first(pieces: list[dict[str, np.ndarray]], size: int) -> tuple[dict[str, np.ndarray], list[dict[str, np.ndarray]]]:
+    """The first `size` samples of consecutive `pieces` as one batch (a view where one piece holds them), and
+    the pieces left."""
+    taken, left, need = [], [], size
+    for piece in pieces:
+        count = _samples(piece)
+        if need >= count:
+            taken.append(piece)
+        elif need > 0:
+            taken.append({name: array[:need] for name, array in piece.items()})
+            left.append({name: array[need:] for name, array in piece.items()})
+        else:
+            left.append(piece)
+        need = max(0, need - count)
+    if len(taken) == 1:
+        return taken[0], left
+    return {name: np.concatenate([part[name] for part in taken]) for name in taken[0]}, left
+
+
 def calibrate(graph: Graph, batches: Iterable[dict[str, np.ndarray]], progress: Progress,
               samples: int | None = None) -> Stats:
     """Run every batch through the float interpreter and fold its tensors into the histograms.
@@ -312,7 +358,8 @@ def calibrate(graph: Graph, batches: Iterable[dict[str, np.ndarray]], progress: 
     Each tensor is counted as soon as the interpreter computes it and freed after its last reader, so
     memory holds one batch's live tensors, not all of them; a batch whose activations would pass the
     memory budget (dabuild.ir.memory) runs in parts. Large convs split their rows among the
-    machine's cores (the results do not depend on the split).
+    machine's cores (the results do not depend on the split). Runs take `fit` samples each whatever the
+    batches (`_runs`), and their arrays come from a heap that keeps them for the next run.
 
     Table activations fused into conv/dense are split off first, so their
     inputs are observed too (as `activations.pre_activation(output)`).
@@ -331,14 +378,10 @@ def calibrate(graph: Graph, batches: Iterable[dict[str, np.ndarray]], progress: 
         if name not in integer:
             stats.observe(name, values, axes(name, shapes), where[name])
 
-    fit: int | None = None
-    with progress.track("calibrate", samples) as advance:
-        for batch in batches:
-            count = len(next(iter(batch.values())))
-            fit = fit or samples_that_fit(graph, "calibrate", count, histogram_bytes(graph), "histograms")
-            for start in range(0, count, fit):  # the statistics do not depend on how batches are cut
-                interpreter.run({name: array[start:start + fit] for name, array in batch.items()}, visit=observe)
-            advance(count)
+    with progress.track("calibrate", samples) as advance, arrays_reused_in_heap():
+        for run in _runs(graph, batches):
+            interpreter.run(run, visit=observe)
+            advance(_samples(run))
     if not stats.ranges:
         raise BuildError("calibration: no calibration samples were given")
     return stats

@@ -133,7 +133,7 @@ class WeightCache:
     """
 
     def __init__(self) -> None:
-        self._entries: dict[str, tuple[tuple[object, ...], np.ndarray, np.ndarray, dict[object, object]]] = {}
+        self._entries: dict[str, tuple[tuple[object, ...], np.ndarray, np.ndarray, dict[int | str, object]]] = {}
 
     def weights(self, node: str, key: tuple[object, ...],
                 compute: Callable[[], tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
@@ -145,9 +145,10 @@ class WeightCache:
             entry = self._entries[node] = (key, weight, scale, {})
         return entry[1], entry[2]
 
-    def derived(self, node: str) -> dict[object, object]:
+    def derived(self, node: str) -> dict[int | str, object]:
         """A dict that lives as long as node `node`'s cached weights: where its layers keep what they derive
-        from them (qconv.c's packed weights, the sums of |w| lowering bounds the accumulator with)."""
+        from them (qconv.c's packed weights and their range, the sums of |w| lowering bounds the accumulator
+        with)."""
         return self._entries[node][3] if node in self._entries else {}
 
 
@@ -276,7 +277,7 @@ class Lowering:
         if self.weight_cache is None:
             return compute()
         derived = self.weight_cache.derived(self.node.name)
-        key = ("magnitudes", others)
+        key = f"magnitudes{others}"
         if key not in derived:
             derived[key] = compute()
         return derived[key]  # type: ignore[return-value]

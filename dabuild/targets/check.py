@@ -38,6 +38,7 @@ import stat
 import sys
 import tempfile
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -147,7 +148,9 @@ def layer_by_layer(target: Target, qgraph: QGraph, artifact_dir: Path, inputs: n
     """Each layer of the artifact against the reference layer fed the runtime's own values (None: the target
     shows no layers).
 
-    `inputs` (float samples) run in the target's per-layer trace, PROOF_SAMPLES at a time; each layer of the
+    `inputs` (float samples) run in the target's per-layer trace, PROOF_SAMPLES at a time, the next traced on
+    a thread of its own while the reference's layers run on the last (a runtime checked at one thread leaves
+    the other cores to them); each layer of the
     QGraph then runs on the traced integers of its inputs (the reference's own values where the runtime
     shows none) and its outputs are compared with the traced ones at `level`; so is the runtime's quantized
     input with the reference's. The trace shows the model's output as the runtime returns it, so its
@@ -157,10 +160,19 @@ def layer_by_layer(target: Target, qgraph: QGraph, artifact_dir: Path, inputs: n
     worst: tuple[float, str] = (0.0, "")
     failure: str | None = None
     compared: set[str] = set()
-    with tempfile.TemporaryDirectory(prefix="dabuild-proof-") as work:
-        for start in range(0, len(inputs), PROOF_SAMPLES):
+    starts = range(0, len(inputs), PROOF_SAMPLES)
+    with (tempfile.TemporaryDirectory(prefix="dabuild-proof-") as work,
+          ThreadPoolExecutor(1, thread_name_prefix="dabuild-proof-trace") as tracer):
+        def trace(start: int) -> dict[str, np.ndarray] | None:
+            return target.trace(Path(artifact_dir), inputs[start:start + PROOF_SAMPLES], Path(work))
+
+        upcoming = tracer.submit(trace, starts[0]) if starts else None
+        for index, start in enumerate(starts):
             samples = inputs[start:start + PROOF_SAMPLES]
-            traced = target.trace(Path(artifact_dir), samples, Path(work))
+            assert upcoming is not None
+            traced = upcoming.result()
+            # the runtime traces the next samples while this thread runs the reference's layers on these
+            upcoming = tracer.submit(trace, starts[index + 1]) if index + 1 < len(starts) else None
             if traced is None:
                 return None
             runtime = {name: value for name, value in traced.items()

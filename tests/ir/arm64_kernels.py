@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 from dabuild.ir.kernels import native
-from dabuild.ir.kernels.integer import NativeInteger
+from dabuild.ir.kernels.integer import PAIRS, NativeInteger
 from dabuild.ir.kernels.island import prepare_island_conv
 from dabuild.ir.kernels.native import (
     NativeHistogram,
@@ -253,7 +253,7 @@ class Arm64Integer(NativeInteger):
 
     def __init__(self, kernels: Arm64Kernels):  # no host library: every call goes to `kernels`
         self.kernels = kernels
-        self.lanes, self.quads = kernels.layout.qconv_lanes, False
+        self.lanes, self.forms = kernels.layout.qconv_lanes, (PAIRS,)
         self.block_vectors = kernels.layout.qconv_block_vectors
 
     def run(self, prepared: RowsCall, threads: int) -> np.ndarray:

@@ -32,6 +32,7 @@ import test_native_kernels as conv_tests
 from arm64_kernels import MISSING, SKIP_REASON, Arm64Kernels, Arm64Native, build_driver, prepare_float_conv
 
 from dabuild.ir.kernels import native
+from dabuild.ir.kernels.integer import PAIRS
 from dabuild.ir.ops import OPS
 from dabuild.qir.layers.elementwise import QAdd, QClamp, QRelu, QSub
 
@@ -171,21 +172,21 @@ def test_neon_histograms_reject_non_finite_values_naming_the_tensor(on_arm64: Ar
 
 @pytest.mark.parametrize("case", integer_tests.CONVS)
 def test_neon_integer_convs_equal_the_numpy_reference(on_arm64: Arm64Kernels, case: tuple) -> None:
-    integer_tests.test_compiled_conv_equals_the_numpy_reference(case, "pairs")
+    integer_tests.test_compiled_conv_equals_the_numpy_reference(case, PAIRS)
 
 
 @pytest.mark.parametrize("x_type, y_type, rows", [("int8", "int8", (5,)), ("uint8", "int16", (3, 4))])
 def test_neon_integer_dense_equals_the_numpy_reference(on_arm64: Arm64Kernels, x_type: str, y_type: str,
                                                        rows: tuple[int, ...]) -> None:
-    integer_tests.test_compiled_dense_equals_the_numpy_reference(x_type, y_type, rows, "pairs")
+    integer_tests.test_compiled_dense_equals_the_numpy_reference(x_type, y_type, rows, PAIRS)
 
 
 def test_neon_integer_ties_are_rounded_away_from_zero(on_arm64: Arm64Kernels) -> None:
-    integer_tests.test_ties_are_hit_and_rounded_away_from_zero()
+    integer_tests.test_ties_are_hit_and_rounded_away_from_zero(PAIRS)
 
 
 def test_neon_integer_conv_split_among_threads_gives_the_same_bits(on_arm64: Arm64Kernels) -> None:
-    integer_tests.test_a_split_among_threads_gives_the_same_bits()
+    integer_tests.test_a_split_among_threads_gives_the_same_bits(PAIRS)
     assert "parallel_rows:qconv2d_nhwc" in on_arm64.calls
 
 

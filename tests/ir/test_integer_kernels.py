@@ -2,8 +2,11 @@
 
 The layer-level cases reach what lowered graphs rarely do: exact requantization ties of both signs, every
 storage type the kernel writes, uint8 inputs, asymmetric pads, strides and dilations, tails of pixels and
-channels, a split among threads, and the adds of two feature maps in channels-last memory. The whole-graph
-comparison on every spec case is tests/targets/c/test_c_kernels.py::test_native_integer_reference_equals_the_numpy_one.
+channels, a split among threads, and the adds of two feature maps in channels-last memory. Each runs with
+every conv form this machine's build has (int16 pairs; uint8 x int8 quads with VNNI; uint8 x int7 with AVX2),
+with weights at the ends of the form's range and inputs at the ends of theirs; weights past a form's range
+fall back to the pairs. The whole-graph comparison on every spec case is
+tests/targets/c/test_c_kernels.py::test_native_integer_reference_equals_the_numpy_one.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import numpy as np
 import pytest
 
 from dabuild.ir.kernels import integer, native
+from dabuild.ir.kernels.integer import PAIRS, QUADS, U8S7, QConvForm
 from dabuild.ir.kernels.native import layer_threads
 from dabuild.qir.layers.elementwise import LEFT_SHIFT, QAdd, QClamp, QRelu, QSub
 from dabuild.qir.layers.linear import QConv, QDense
@@ -21,22 +25,40 @@ from dabuild.qir.reference import absorbed_clamps, run_integer
 RNG = np.random.default_rng(31)
 
 
-@pytest.fixture(autouse=True, params=["pairs", "quads"])
-def kernel(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Every test with each kernel: int16 pairs (any CPU), and uint8 x int8 quads where VNNI compiled it."""
+@pytest.fixture(autouse=True, params=[PAIRS, QUADS, U8S7], ids=lambda form: form.kernel)
+def kernel(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> QConvForm:
+    """Every test with each conv form: int16 pairs (any CPU), uint8 x int8 quads where VNNI compiled them,
+    uint8 x int7 where AVX2 did; the form first, the pairs behind it for weights past its range."""
     monkeypatch.delenv(native.SWITCH, raising=False)
     conv = native.native_conv()
     if conv is None or conv.integer is None:
         pytest.skip("no C compiler: the native integer kernels cannot be built")
-    if request.param == "quads" and not conv.integer.quads:
-        pytest.skip("this CPU has no AVX-512 VNNI: the uint8 x int8 kernel is not built")
-    monkeypatch.setattr(conv.integer, "quads", request.param == "quads")
+    if request.param not in conv.integer.forms:
+        pytest.skip(f"the {conv.path} path has no {request.param.name} kernel (VNNI: quads; AVX2: uint8 x int7)")
+    monkeypatch.setattr(conv.integer, "forms", tuple(dict.fromkeys((request.param, PAIRS))))
     return request.param
+
+
+def ran(layer: QConv | QDense, graph: QGraph) -> QConvForm | None:
+    """The form qconv.c ran the layer in (what `_qconv` picks; its weight packed for that form's groups)."""
+    conv = native.native_conv()
+    assert conv is not None and conv.integer is not None
+    source = graph.tensors[layer.inputs[0]].params
+    form = conv.integer.form_for(*layer._weight_range(), layer.bias, source.zero_point, np.dtype(source.storage))
+    assert form is not None and form.group in vars(layer)["_packs"]
+    return form
+
+
+def edged(values: np.ndarray, low: int, high: int) -> np.ndarray:
+    """`values` with its first and last element set to the ends of [low, high], where a form saturates first."""
+    values.flat[0], values.flat[-1] = low, high
+    return values
 
 
 def conv_layer(x_type: str, y_type: str, channels: int, out_channels: int, kernel: tuple[int, int],
                strides: list[int], pads: list[int], dilations: list[int], ties: bool,
-               per_channel: bool) -> tuple[QConv, QGraph]:
+               per_channel: bool, weights: QConvForm = PAIRS) -> tuple[QConv, QGraph]:
+    """A conv layer whose weights span the range `weights` runs exactly (int8's whole range for the pairs)."""
     source = QuantParams(0.05, 128 if x_type == "uint8" else -3, x_type)
     target = QuantParams(0.1, 7 if y_type.startswith("u") else -5, y_type)
     count = out_channels if per_channel else 1
@@ -47,7 +69,8 @@ def conv_layer(x_type: str, y_type: str, channels: int, out_channels: int, kerne
         multiplier = np.full(count, 2**30, np.int32)
     else:
         multiplier = RNG.integers(2**30, 2**31 - 1, count).astype(np.int32)
-    weight = RNG.integers(-127, 128, (out_channels, channels, *kernel)).astype(np.int8)
+    low, high = weights.weight_low, weights.weight_high
+    weight = edged(RNG.integers(low, high + 1, (out_channels, channels, *kernel)).astype(np.int8), low, high)
     bias = RNG.integers(-20000, 20000, out_channels).astype(np.int32)
     layer = QConv(name="conv", inputs=["x"], outputs=["y"], weight=weight, bias=bias, multiplier=multiplier,
                   shift=shift, weight_scale=np.ones(count), output_min=target.qmin, output_max=target.qmax,
@@ -68,37 +91,54 @@ CONVS = [  # x type, y type, channels, out channels, kernel, strides, pads, dila
 
 
 @pytest.mark.parametrize("case", CONVS, ids=lambda case: "-".join(map(str, case[:5])))
-def test_compiled_conv_equals_the_numpy_reference(case: tuple, kernel: str) -> None:
-    layer, graph = conv_layer(*case)
+def test_compiled_conv_equals_the_numpy_reference(case: tuple, kernel: QConvForm) -> None:
+    layer, graph = conv_layer(*case, weights=kernel)
     source = graph.tensors["x"].params
-    x = RNG.integers(source.qmin, source.qmax + 1, (3, case[2], 13, 11)).astype(source.storage)
+    x = edged(RNG.integers(source.qmin, source.qmax + 1, (3, case[2], 13, 11)).astype(source.storage), source.qmin,
+              source.qmax)
     compiled = layer.run([x], graph, None)[0]
-    assert max(vars(layer)["_packs"]) == (4 if kernel == "quads" else 2)  # the kernel ran (it packs the weight)
+    assert ran(layer, graph) == kernel
     reference = layer.run([x], graph, {})[0]  # a trace forces the numpy path
     assert compiled.dtype == reference.dtype and compiled.shape == reference.shape
     np.testing.assert_array_equal(compiled, reference)
     assert len(np.unique(reference)) > 3
 
 
+@pytest.mark.parametrize("x_type, pads, dilations", [("uint8", [3, 3, 3, 3], [1, 1]), ("int8", [2, 4, 1, 0], [1, 2])])
+def test_few_channels_run_width_unfolded(x_type: str, pads: list[int], dilations: list[int],
+                                         kernel: QConvForm) -> None:
+    """The RGB stem's shape (3 channels, 7x7, stride 2) runs width-unfolded in every form (`unfolds`: 7 taps
+    of 3 channels padded to whole groups once, not 7 times), with asymmetric pads and a dilation too."""
+    layer, graph = conv_layer(x_type, "int8", 3, 24, (7, 7), [2, 2], pads, dilations, False, True, kernel)
+    source = graph.tensors["x"].params
+    x = edged(RNG.integers(source.qmin, source.qmax + 1, (2, 3, 29, 31)).astype(source.storage), source.qmin,
+              source.qmax)
+    compiled = layer.run([x], graph, None)[0]
+    assert ran(layer, graph) == kernel and vars(layer)["_packs"][kernel.group].unfolded
+    np.testing.assert_array_equal(compiled, layer.run([x], graph, {})[0])
+
+
 @pytest.mark.parametrize("x_type, y_type, rows", [("int8", "int8", (5,)), ("uint8", "int16", (3, 4))])
-def test_compiled_dense_equals_the_numpy_reference(x_type: str, y_type: str, rows: tuple[int, ...], kernel: str) -> None:
-    conv, _ = conv_layer(x_type, y_type, 300, 37, (1, 1), [1, 1], [0] * 4, [1, 1], y_type == "int16", True)
+def test_compiled_dense_equals_the_numpy_reference(x_type: str, y_type: str, rows: tuple[int, ...],
+                                                    kernel: QConvForm) -> None:
+    conv, _ = conv_layer(x_type, y_type, 300, 37, (1, 1), [1, 1], [0] * 4, [1, 1], y_type == "int16", True, kernel)
     layer = QDense(name="fc", inputs=["x"], outputs=["y"], weight=np.ascontiguousarray(conv.weight[:, :, 0, 0].T),
                    bias=conv.bias, multiplier=conv.multiplier, shift=conv.shift, weight_scale=conv.weight_scale,
                    output_min=conv.output_min, output_max=conv.output_max)
     source, target = QuantParams(0.05, 128 if x_type == "uint8" else -3, x_type), QuantParams(0.1, -5, y_type)
     graph = QGraph("x", "y", {"x": QTensor((300,), source), "y": QTensor((37,), target)}, [layer])
-    x = RNG.integers(source.qmin, source.qmax + 1, (*rows, 300)).astype(source.storage)
+    x = edged(RNG.integers(source.qmin, source.qmax + 1, (*rows, 300)).astype(source.storage), source.qmin,
+              source.qmax)
     compiled = layer.run([x], graph, None)[0]
-    assert max(vars(layer)["_packs"]) == (4 if kernel == "quads" else 2)  # the kernel ran
+    assert ran(layer, graph) == kernel
     reference = layer.run([x], graph, {})[0]
     assert compiled.dtype == reference.dtype and compiled.shape == (*rows, 37)
     np.testing.assert_array_equal(compiled, reference)
     assert len(np.unique(reference)) > 3
 
 
-def test_ties_are_hit_and_rounded_away_from_zero() -> None:
-    layer, graph = conv_layer("int8", "int16", 4, 16, (1, 1), [1, 1], [0] * 4, [1, 1], True, True)
+def test_ties_are_hit_and_rounded_away_from_zero(kernel: QConvForm) -> None:
+    layer, graph = conv_layer("int8", "int16", 4, 16, (1, 1), [1, 1], [0] * 4, [1, 1], True, True, kernel)
     layer.shift[:] = 31  # factor 1/2: an odd sum + bias is a tie
     x = RNG.integers(-128, 128, (2, 4, 5, 5)).astype(np.int8)
     sums = np.einsum("nchw,oc->nohw", x.astype(np.int64) + 3, layer.weight[:, :, 0, 0].astype(np.int64))
@@ -106,14 +146,31 @@ def test_ties_are_hit_and_rounded_away_from_zero() -> None:
     assert np.any(sums % 2 == 1) and np.any((sums < 0) & (sums % 2 == 1))
     expected = np.clip(np.sign(sums) * ((np.abs(sums) + 1) // 2) - 5, -32768, 32767)
     np.testing.assert_array_equal(layer.run([x], graph, None)[0], expected)
+    assert ran(layer, graph) == kernel
 
 
-def test_a_split_among_threads_gives_the_same_bits() -> None:
-    layer, graph = conv_layer("int8", "int8", 32, 64, (3, 3), [1, 1], [1, 1, 1, 1], [1, 1], False, True)
+def test_a_split_among_threads_gives_the_same_bits(kernel: QConvForm) -> None:
+    layer, graph = conv_layer("int8", "int8", 32, 64, (3, 3), [1, 1], [1, 1, 1, 1], [1, 1], False, True, kernel)
     x = RNG.integers(-128, 128, (4, 32, 40, 40)).astype(np.int8)
     alone = layer.run([x], graph, None)[0]
     with layer_threads(3):
         np.testing.assert_array_equal(layer.run([x], graph, None)[0], alone)
+    np.testing.assert_array_equal(alone, layer.run([x], graph, {})[0])
+    assert ran(layer, graph) == kernel
+
+
+@pytest.mark.parametrize("extreme", [-128, -65, -64, 64, 65, 127])
+@pytest.mark.parametrize("x_type", ["int8", "uint8"])
+def test_a_weight_past_the_forms_range_falls_back_to_the_pairs(kernel: QConvForm, x_type: str, extreme: int) -> None:
+    """One weight at `extreme` among weights the form takes: the form runs where it multiplies that weight
+    exactly (uint8 x int7: within +-64), else the int16 pairs; inputs at both ends of their range (where a
+    byte form's pairs of products are largest), the result the numpy reference's either way."""
+    layer, graph = conv_layer(x_type, "int8", 12, 20, (3, 3), [1, 1], [1, 1, 1, 1], [1, 1], False, True, kernel)
+    layer.weight.flat[7] = extreme
+    source = graph.tensors["x"].params
+    x = np.where(RNG.random((2, 12, 8, 9)) < 0.5, source.qmin, source.qmax).astype(source.storage)
+    np.testing.assert_array_equal(layer.run([x], graph, None)[0], layer.run([x], graph, {})[0])
+    assert ran(layer, graph) == (kernel if kernel.takes(extreme, extreme) else PAIRS)
 
 
 def test_an_accumulator_past_int32_falls_back_to_numpy() -> None:
@@ -124,10 +181,10 @@ def test_an_accumulator_past_int32_falls_back_to_numpy() -> None:
 
 
 @pytest.mark.parametrize("y_type", ["int8", "uint8"])
-def test_outputs_far_past_the_range_clamp_as_the_reference_does(y_type: str) -> None:
+def test_outputs_far_past_the_range_clamp_as_the_reference_does(y_type: str, kernel: QConvForm) -> None:
     """Factors near 2^29, 2^-1 and 2^-20 per channel: most sums land far outside the 1-byte range, past 2^31
     steps with the first (where the AVX2 epilogue caps its rounded magnitudes), of both signs; some inside."""
-    layer, graph = conv_layer("uint8", y_type, 16, 24, (3, 3), [1, 1], [1, 1, 1, 1], [1, 1], False, True)
+    layer, graph = conv_layer("uint8", y_type, 16, 24, (3, 3), [1, 1], [1, 1, 1, 1], [1, 1], False, True, kernel)
     layer.shift[:] = np.array([2, 32, 51])[np.arange(24) % 3]
     x = RNG.integers(0, 256, (2, 16, 9, 10)).astype(np.uint8)
     compiled = layer.run([x], graph, None)[0]

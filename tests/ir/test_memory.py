@@ -1,4 +1,4 @@
-"""Memory: arrays mapped from stage outputs, thread pools across fork, the budget's message.
+"""Memory: arrays mapped from stage outputs, thread pools across fork, the budget's message, calibration's heap.
 
 (Batch-size independence under a cut budget: tests/quant/test_calibration.py; the compiled integer layers
 that forked trial workers run: tests/ir/test_integer_kernels.py; -j N scoring as serial: tests/tune/test_tuning.py.)
@@ -7,6 +7,8 @@ that forked trial workers run: tests/ir/test_integer_kernels.py; -j N scoring as
 from __future__ import annotations
 
 import os
+import platform
+import resource
 import signal
 import time
 from pathlib import Path
@@ -19,7 +21,7 @@ from dabuild.ir import Graph, Node
 from dabuild.ir.graph import TensorSpec
 from dabuild.ir.kernels import native
 from dabuild.ir.kernels.native import layer_threads
-from dabuild.ir.memory import BUDGET, release_free_memory, samples_that_fit
+from dabuild.ir.memory import BUDGET, arrays_reused_in_heap, release_free_memory, samples_that_fit
 from dabuild.ir.npz import read_npz, write_npz
 
 
@@ -97,3 +99,23 @@ def test_a_model_past_the_budget_names_the_stage_and_what_it_holds(monkeypatch: 
                                          r"0\.01 GB; raise DABUILD_MEMORY, lower -j"):
         samples_that_fit(graph, "tune", 64, budget=100)
     release_free_memory()  # harmless wherever it runs
+
+
+def test_within_arrays_reused_in_heap_a_freed_array_s_memory_serves_the_next() -> None:
+    """A 64 MiB array (past glibc's largest mmap threshold) is page-faulted in afresh each time it is made
+    again, except within `arrays_reused_in_heap`, where the second and later ones reuse the first's memory;
+    after it, arrays are mapped again."""
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        pytest.skip("mallopt is glibc's")
+
+    def faults() -> int:
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        array = np.ones(1 << 24, np.float32)
+        del array
+        return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+    outside = faults()
+    with arrays_reused_in_heap():
+        faults()  # the heap grows to hold it once
+        assert faults() == 0 and faults() == 0
+    assert outside > 0 and faults() > 0

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import tracemalloc
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +15,7 @@ from test_quantize import C_CAPABILITY, mlp_graph
 from dabuild.errors import BuildError, UsageError
 from dabuild.ir import Graph, Node, TensorSpec
 from dabuild.ir.interpreter import run
+from dabuild.ir.memory import BUDGET, sample_bytes
 from dabuild.ir.npz import write_npz
 from dabuild.progress import Progress
 from dabuild.qir.reference import run_quantized
@@ -457,12 +459,8 @@ def test_native_histograms_reject_non_finite_values_naming_the_tensor(vector_pat
             Stats().observe("t", values, axis=1)
 
 
-def test_batches_past_the_memory_budget_run_in_parts_with_the_same_statistics(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Convs and dense layers compute each sample alone (a dense layer as a native 1x1 conv, not by a BLAS
-    GEMM whose rounding depends on its row count), so cutting batches changes no bit."""
-    from dabuild.ir.memory import BUDGET, sample_bytes
-
-    rng = np.random.default_rng(2)
+def small_conv_net(rng: np.random.Generator) -> Graph:
+    """Two convs and a dense layer on 3x12x12 images."""
     constants = {"w1": rng.standard_normal((8, 3, 3, 3)).astype(np.float32),
                  "w2": rng.standard_normal((4, 8, 3, 3)).astype(np.float32),
                  "w3": rng.standard_normal((100, 300)).astype(np.float32), "b3": np.ones(300, np.float32)}
@@ -470,14 +468,56 @@ def test_batches_past_the_memory_budget_run_in_parts_with_the_same_statistics(mo
              Node("c2", "conv", ["h", "w2"], ["h2"], {"strides": [2, 2]}),
              Node("flat", "flatten", ["h2"], ["f"], {}),
              Node("fc", "dense", ["f", "w3", "b3"], ["y"], {})]
-    graph = Graph([TensorSpec("x", (None, 3, 12, 12))], ["y"], nodes, constants)
+    return Graph([TensorSpec("x", (None, 3, 12, 12))], ["y"], nodes, constants)
+
+
+def budget_for_samples(graph: Graph, samples: int) -> str:
+    """A DABUILD_MEMORY that leaves room for `samples` samples at a time beside the weights and histograms."""
+    weights = sum(array.nbytes for array in graph.constants.values())
+    return str(2 * weights + histogram_bytes(graph) + samples * sample_bytes(graph))
+
+
+def test_batches_past_the_memory_budget_run_in_parts_with_the_same_statistics(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Convs and dense layers compute each sample alone (a dense layer as a native 1x1 conv, not by a BLAS
+    GEMM whose rounding depends on its row count), so cutting batches changes no bit."""
+    rng = np.random.default_rng(2)
+    graph = small_conv_net(rng)
     batch = [{"x": rng.standard_normal((50, 3, 12, 12)).astype(np.float32)}]
     whole = calibrate(graph, batch, Progress.silent())
-    weights = sum(array.nbytes for array in graph.constants.values())
-    held = histogram_bytes(graph)  # the histograms stay whatever the batch
-    monkeypatch.setenv(BUDGET, str(2 * weights + held + 7 * sample_bytes(graph)))  # room for 7 samples at a time
+    monkeypatch.setenv(BUDGET, budget_for_samples(graph, 7))
     assert calibrate(graph, batch, Progress.silent()) == whole
     monkeypatch.setenv(BUDGET, "1K")
     with pytest.raises(BuildError, match=r"calibrate: the model needs about .* histograms .* more than the memory "
                                          r"budget"):
         calibrate(graph, batch, Progress.silent())
+
+
+def test_runs_take_as_many_samples_as_fit_across_batch_boundaries(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Batches of 10, 10, 3 and 9 samples where 7 fit run as 7, 7, 7, 7 and the last 4, in the samples' order,
+    with the same statistics as one batch; progress hears each run's samples once it has run."""
+    from dabuild.quant.calibrate import _runs
+
+    rng = np.random.default_rng(4)
+    graph = small_conv_net(rng)
+    x = rng.standard_normal((32, 3, 12, 12)).astype(np.float32)
+    cuts = [0, 10, 20, 23, 32]
+    batches = [{"x": x[low:high]} for low, high in zip(cuts, cuts[1:])]
+    monkeypatch.setenv(BUDGET, budget_for_samples(graph, 7))
+    runs = [run["x"] for run in _runs(graph, batches)]
+    assert [len(run) for run in runs] == [7, 7, 7, 7, 4]
+    assert np.array_equal(np.concatenate(runs), x)
+    progress = HeardProgress()
+    assert calibrate(graph, batches, progress) == calibrate(graph, [{"x": x}], Progress.silent())
+    assert progress.heard == [7, 7, 7, 7, 4]
+
+
+class HeardProgress(Progress):
+    """A silent Progress that keeps each `advance(n)`'s n."""
+
+    def __init__(self) -> None:
+        super().__init__(level=0, live=False)
+        self.heard: list[int] = []
+
+    @contextlib.contextmanager
+    def track(self, label: str, total: int | None = None) -> Iterator[Callable[[int], None]]:
+        yield self.heard.append

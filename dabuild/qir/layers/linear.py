@@ -26,7 +26,7 @@ import numpy as np
 from dabuild.ir.kernels.integer import PackedQWeight, Requantization
 from dabuild.ir.kernels.native import layer_thread_count, native_conv
 from dabuild.ir.ops import OPS
-from dabuild.qir.fixed_point import INT32_MAX, accumulator_trace, requantize
+from dabuild.qir.fixed_point import accumulator_trace, requantize
 from dabuild.qir.qgraph import DenseFeatures, QGraph, QLayer, QuantParams, Trace, layer_type
 
 
@@ -65,30 +65,36 @@ class QWeighted(QLayer):
     def _qconv(self, x: np.ndarray, graph: QGraph, strides: list[int], pads: list[int], dilations: list[int],
                out: list[int]) -> np.ndarray | None:
         """qconv.c on x (N, H, W, C) -> (N, OH, OW, O), or None where it does not apply: inputs or weights
-        wider than 8 bits, an accumulator bound past int32, or no native kernels."""
+        wider than 8 bits, an accumulator bound past int32 in every form, or no native kernels."""
         native = native_conv()
         source, target = self.params(graph), self.output_params(graph)
         storage = np.dtype(target.storage)
         if (native is None or native.integer is None or np.dtype(source.storage).itemsize != 1
                 or self.weight.dtype.itemsize != 1 or storage.itemsize not in (1, 2, 4)):
             return None
-        quads = native.integer.quads and np.dtype(source.storage) in (np.dtype(np.int8), np.dtype(np.uint8))
-        packed = self._packing(4 if quads else 2)
-        bias, magnitudes = np.abs(self.bias.astype(np.int64)), packed.magnitudes
-        if np.max(bias + magnitudes * (source.qmax - source.qmin)) > INT32_MAX:
+        low, high, sums, magnitudes = self._weight_range()
+        form = native.integer.form_for(low, high, sums, magnitudes, self.bias, int(source.zero_point),
+                                         np.dtype(source.storage))
+        if form is None:
             return None
-        if quads:  # the uint8 x int8 kernel sums u w with u up to 255, and takes p sum w off the bias
-            pad = int(source.zero_point) + (128 if np.dtype(source.storage) == np.int8 else 0)
-            if np.max(np.abs(self.bias.astype(np.int64) - pad * packed.sums) + 255 * magnitudes) > INT32_MAX:
-                packed = self._packing(2)
+        packed = self._packing(form.group)
 
         def per_channel(values: np.ndarray) -> np.ndarray:
             return np.ascontiguousarray(np.broadcast_to(values.astype(np.int64), len(self.bias)))
 
         requantization = Requantization(per_channel(self.bias), per_channel(self.multiplier), per_channel(self.shift),
                                         int(target.zero_point), self.output_min, self.output_max)
-        return native.integer.conv(x, int(source.zero_point), packed, requantization, strides, pads, dilations, out,
-                                   storage, layer_thread_count())
+        return native.integer.conv(form, x, int(source.zero_point), packed, requantization, strides, pads, dilations,
+                                   out, storage, layer_thread_count())
+
+    def _weight_range(self) -> tuple[int, int, np.ndarray, np.ndarray]:
+        """The least and greatest weight, and each output channel's sum of w and of |w| (int64), which pick
+        qconv.c's form (`NativeInteger.form_for`); made once per layer, as `_packing` is."""
+        packs = self.__dict__.setdefault("_packs", {})
+        if "range" not in packs:
+            wide = self.conv_weight().astype(np.int64).reshape(len(self.bias), -1)
+            packs["range"] = (int(wide.min()), int(wide.max()), wide.sum(axis=1), np.abs(wide).sum(axis=1))
+        return packs["range"]
 
     def _packing(self, group: int) -> PackedQWeight:
         """The weight packed for qconv.c in groups of `group` input channels, made once per layer (once per

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -469,6 +470,17 @@ def test_large_weights_leave_the_source_for_weights_bin(compiler: str, flags: li
     assert "dabuild_weights + " in (artifact / "layer_pw.h").read_text()
     x_q = np.random.default_rng(22).integers(-128, 128, (40, 64)).astype(np.int8)
     assert np.array_equal(target.run(artifact, x_q, tmp_path), run_integer(qgraph, x_q))
+
+
+@pytest.mark.parametrize("size", [0, 1, 31, 32, 33, 100])
+def test_weights_inc_string_literals_spell_every_byte_a_line_of_32_at_a_time(size: int) -> None:
+    from dabuild.targets.c.codegen import string_literal_lines
+
+    data = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8).tobytes()
+    lines = string_literal_lines(data).split("\n") if size else []
+    assert len(lines) == -(-size // 32)
+    assert all(re.fullmatch(r'    "(\\[0-7]{3}){1,32}"', line) for line in lines)
+    assert bytes(int(escape, 8) for line in lines for escape in re.findall(r"\\([0-7]{3})", line)) == data
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

@@ -59,6 +59,27 @@ def test_c_output_equals_the_integer_reference(tmp_path: Path, granularity: str,
     assert len(np.unique(actual)) > 20  # not a degenerate constant output
 
 
+@pytest.mark.parametrize("cores,samples", [(3, 7), (4, 2)])
+def test_check_runs_the_program_on_every_core_with_the_same_bits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                 cores: int, samples: int) -> None:
+    """The host program runs on consecutive slices of the samples, one process per core (never more than
+    samples), and its rows come back in the samples' order, bit for bit the reference's."""
+    import dabuild.targets.c as c_target
+
+    monkeypatch.setattr(c_target, "available_cores", lambda: cores)
+    qgraph = random_mlp()
+    target = CTarget(CTarget.Options(cflags=STRICT))
+    artifact = export(qgraph, tmp_path / "artifact", target)
+    x_q = random_int8(samples, 20)
+    work = tmp_path / "work"
+    work.mkdir()
+    assert np.array_equal(target.run(artifact, x_q, work), run_integer(qgraph, x_q))
+    parts = sorted(folder.name for folder in work.glob("part-*"))
+    assert parts == [f"part-{index}" for index in range(min(cores, samples))]
+    sizes = [(work / part / "inputs.bin").stat().st_size // 20 for part in parts]
+    assert sum(sizes) == samples and max(sizes) - min(sizes) <= 1
+
+
 def test_clang_builds_the_same_bits(tmp_path: Path) -> None:
     if shutil.which("clang") is None:
         pytest.skip("clang is not installed")

@@ -537,6 +537,21 @@ def test_a_target_keeps_its_session_only_while_the_artifact_is_unchanged(tmp_pat
     assert trace[second.output].shape == (2, 10) and set(trace) == set(second.tensors) - set(second.constants)
 
 
+@pytest.mark.parametrize("cores,threads", [(3, 1), (4, 2)])
+def test_run_shares_a_batch_among_the_cores_with_each_samples_own_bits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                      cores: int, threads: int) -> None:
+    """check's batch runs as slices at once, one per `threads` of the cores; each sample's outputs are the
+    bits onnxruntime gives it run alone."""
+    import dabuild.targets.onnx as onnx_target
+
+    monkeypatch.setattr(onnx_target, "available_cores", lambda: cores)
+    target, x = OnnxTarget(OnnxTarget.Options(threads=threads)), DATA["x_test"][:7]
+    target.export(lower(small_cnn()), tmp_path)
+    alone = np.concatenate([OnnxTarget(OnnxTarget.Options(threads=threads)).run(tmp_path, x[i:i + 1], tmp_path)
+                            for i in range(len(x))])
+    assert np.array_equal(target.run(tmp_path, x, tmp_path), alone)
+
+
 @pytest.mark.parametrize("isa", ["avx2", "avx512-vnni"])
 def test_weights_are_uint8_where_u8s8_saturates_and_onnxruntime_runs_them_exactly(tmp_path: Path, isa: str) -> None:
     """Written for avx2 (no VNNI), wide weights are uint8, which onnxruntime runs in its widening u8u8 kernels on
