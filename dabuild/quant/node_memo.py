@@ -33,19 +33,20 @@ class Lowered:
     constants: tuple[tuple[str, np.ndarray], ...]
     floats: tuple[tuple[str, tuple[int, ...]], ...]
 
-    @property
-    def nbytes(self) -> int:
-        arrays = [array for layer in self.layers for array in layer.arrays().values()]
-        return sum(array.nbytes for array in [*arrays, *(values for _, values in self.constants)])
+    def arrays(self) -> list[np.ndarray]:
+        return [*(array for layer in self.layers for array in layer.arrays().values()),
+                *(values for _, values in self.constants)]
 
 
 class NodeLowerings:
-    """Lowered nodes by key, holding at most `budget` bytes of arrays (over it, it forgets them all)."""
+    """Lowered nodes by key, holding at most `budget` bytes of arrays (over it, it forgets them all). An array
+    several entries share (a weight whose node was lowered again for a new input quantization) counts once."""
 
     def __init__(self, budget: int) -> None:
         self.budget = budget
         self.lowered = 0  # nodes lowered (not replayed): what the memo saved is the rest
         self._entries: dict[Hashable, Lowered] = {}
+        self._counted: set[int] = set()  # ids of the arrays the entries hold (alive while they are)
         self._bytes = 0
         self._shapes: tuple[Graph, dict[str, TensorSpec]] | None = None
 
@@ -65,11 +66,17 @@ class NodeLowerings:
             entry = Lowered(tuple(layers), _added(tensors, ctx.tensors), _added(constants, ctx.constants),
                             _added(floats, ctx.floats))
             self.lowered += 1
-            if self._bytes + entry.nbytes > self.budget:
+            arrays = {id(array): array for array in entry.arrays() if id(array) not in self._counted}
+            added = sum(array.nbytes for array in arrays.values())
+            if self._bytes + added > self.budget:
                 self._entries.clear()
+                self._counted.clear()
                 self._bytes = 0
+                arrays = {id(array): array for array in entry.arrays()}
+                added = sum(array.nbytes for array in arrays.values())
             self._entries[key] = entry
-            self._bytes += entry.nbytes
+            self._counted.update(arrays)
+            self._bytes += added
             return layers
         ctx.tensors.update(entry.tensors)
         ctx.constants.update(entry.constants)

@@ -170,3 +170,17 @@ def test_nodes_and_steps_priced_once(cnn: tuple[Path, tuple[Path, Path]]) -> Non
     stored_bytes(quantize(graph, stats, changed, False, None, writers, memo), target.profile, steps)
     assert 0 < len(steps._bytes) - laid_out < laid_out
     assert memo.lowered == len(graph.nodes) + 1  # the node's weight changed; its output's quantization did not
+
+
+def test_a_memo_over_its_budget_forgets_and_lowers_again(cnn: tuple[Path, tuple[Path, Path]]) -> None:
+    """Past its budget the memo forgets what it held: the same config is lowered again, to the same graph."""
+    _, (graph_dir, stats_dir) = cnn
+    graph, stats = Graph.load(graph_dir), Stats.load(stats_dir)
+    config = build_space(graph, dict(targets())["c:host"].capability_spec, {}).default()  # type: ignore[attr-defined]
+    weights = sum(np.asarray(values).nbytes for values in graph.constants.values())
+    held, forgetful = NodeLowerings(weights), NodeLowerings(1)
+    first = [quantize(graph, stats, config, False, None, frozenset(), memo) for memo in (held, forgetful)]
+    again = [quantize(graph, stats, config, False, None, frozenset(), memo) for memo in (held, forgetful)]
+    assert (held.lowered, forgetful.lowered) == (len(graph.nodes), 2 * len(graph.nodes))
+    for graphs in (first, again):
+        assert_same_graph(*graphs)
