@@ -87,6 +87,9 @@ CONVS = [  # x type, y type, channels, out channels, kernel, strides, pads, dila
     ("int8", "int16", 5, 18, (3, 3), [1, 2], [2, 2, 2, 2], [2, 2], True, False),
     ("uint8", "int8", 4, 130, (7, 7), [2, 2], [3, 3, 3, 3], [1, 1], False, True),
     ("int8", "uint16", 9, 16, (2, 2), [1, 1], [0, 0, 1, 1], [1, 1], False, True),
+    # a 1x1 conv whose last block of output channels is one whole vector and a partial one (AVX2's epilogue
+    # finishes whole vectors from the registers, the rest through memory), ties of both signs, 1-byte outputs
+    ("uint8", "uint8", 32, 28, (1, 1), [1, 1], [0, 0, 0, 0], [1, 1], True, True),
 ]
 
 

@@ -23,7 +23,8 @@
  *
  * Requantization (qfinish, qrequantize_one) is fixed_point.requantize's: the magnitude of
  * sum + bias times the Q31 multiplier, plus half of 2^shift, shifted right, the sign put back (ties away from
- * zero), then the zero point and the clamp, exactly as requantize.c does it for the float64 sums.
+ * zero), then the zero point and the clamp, exactly as requantize.c does it for the float64 sums. With AVX2,
+ * 1-byte outputs are finished eight channels at a time straight from the accumulators (qfinish_block, qfinish8).
  *
  * qadd_lookup: an 8-bit add's output for every pair of input bytes is a 256 x 256 table the caller computes
  * with the numpy reference; the kernel only looks it up.
@@ -159,30 +160,6 @@ static inline void qstore(const QConv *c, ptrdiff_t index, int64_t value)
     }
 }
 
-#if defined(__AVX2__) && !defined(__AVX512F__)
-/* Eight int64 values that fit int32 (the biases), as eight int32 lanes. */
-static inline __m256i qnarrow(const int64_t *p)
-{
-    __m256i low_words = _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6);
-    __m256i first = _mm256_permutevar8x32_epi32(_mm256_loadu_si256((const __m256i *)p), low_words);
-    __m256i second = _mm256_permutevar8x32_epi32(_mm256_loadu_si256((const __m256i *)(p + 4)), low_words);
-    return _mm256_blend_epi32(first, second, 0xF0);
-}
-
-/* Four magnitudes (int64 lanes, below 2^31) times their Q31 multipliers, plus half of 2^shift, shifted: the
- * rounded magnitudes, capped at 2^16 (a value past it lands outside every 1-byte range as the uncapped one
- * does, and the cap fits int32). */
-static inline __m256i qscale(__m256i magnitude, const int64_t *multiplier, const int64_t *shift)
-{
-    __m256i shifts = _mm256_loadu_si256((const __m256i *)shift), one = _mm256_set1_epi64x(1);
-    __m256i half = _mm256_sllv_epi64(one, _mm256_sub_epi64(shifts, one));
-    __m256i product = _mm256_mul_epu32(magnitude, _mm256_loadu_si256((const __m256i *)multiplier));
-    __m256i rounded = _mm256_srlv_epi64(_mm256_add_epi64(product, half), shifts);
-    __m256i cap = _mm256_set1_epi64x(1 << 16);
-    return _mm256_blendv_epi8(rounded, cap, _mm256_cmpgt_epi64(rounded, cap));
-}
-#endif
-
 /* Output pixel `pixel`'s channels first .. first + count - 1 from their int32 sums. */
 static inline void qfinish(const QConv *c, ptrdiff_t pixel, ptrdiff_t first, ptrdiff_t count, const int32_t *sums)
 {
@@ -205,28 +182,6 @@ static inline void qfinish(const QConv *c, ptrdiff_t pixel, ptrdiff_t first, ptr
             value = _mm512_min_epi64(_mm512_max_epi64(value, _mm512_set1_epi64(c->low)), _mm512_set1_epi64(c->high));
             _mm_storel_epi64((__m128i *)((int8_t *)c->y + base + l), _mm512_cvtepi64_epi8(value));
         }
-#elif defined(__AVX2__)
-    if (c->out_bytes == 1)
-        for (; l + 8 <= count; l += 8) {  /* eight channels at a time: sum + bias in int32 lanes (the layer
-                                             proves |sum + bias| < 2^31), the products in int64 ones */
-            ptrdiff_t o = first + l;
-            __m256i sum = _mm256_add_epi32(_mm256_loadu_si256((const __m256i *)(sums + l)), qnarrow(c->bias + o));
-            __m256i magnitude = _mm256_abs_epi32(sum);
-            __m256i low = qscale(_mm256_cvtepu32_epi64(_mm256_castsi256_si128(magnitude)), c->multiplier + o,
-                                 c->shift + o);
-            __m256i high = qscale(_mm256_cvtepu32_epi64(_mm256_extracti128_si256(magnitude, 1)), c->multiplier + o + 4,
-                                  c->shift + o + 4);
-            __m256i rounded = _mm256_permutevar8x32_epi32(_mm256_or_si256(low, _mm256_slli_epi64(high, 32)),
-                                                          _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7));
-            __m256i value = _mm256_add_epi32(_mm256_sign_epi32(rounded, sum), _mm256_set1_epi32((int32_t)c->zero_point));
-            value = _mm256_min_epi32(_mm256_max_epi32(value, _mm256_set1_epi32((int32_t)c->low)),
-                                     _mm256_set1_epi32((int32_t)c->high));
-            __m256i bytes = _mm256_shuffle_epi8(value, _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1,
-                                                                         -1, -1, -1, 0, 4, 8, 12, -1, -1, -1, -1, -1,
-                                                                         -1, -1, -1, -1, -1, -1, -1));
-            _mm_storel_epi64((__m128i *)((int8_t *)c->y + base + l),
-                             _mm_unpacklo_epi32(_mm256_castsi256_si128(bytes), _mm256_extracti128_si256(bytes, 1)));
-        }
 #endif
     for (; l < count; l++) {
         ptrdiff_t o = first + l;
@@ -235,15 +190,127 @@ static inline void qfinish(const QConv *c, ptrdiff_t pixel, ptrdiff_t first, ptr
     }
 }
 
+#if defined(__AVX2__) && !defined(__AVX512F__)
+/* Eight output channels' requantization in the lanes qfinish8 takes it: the biases as int32 (the layer proves
+ * |sum + bias| < 2^31), and for the even [0] and odd [1] channels the multipliers, shifts and halves of 2^shift
+ * as int64 lanes. Made once per tile and block of output channels (qchannels), not once per pixel. */
+typedef struct {
+    __m256i bias, multiplier[2], shift[2], half[2];
+} QScale8;
+
+static inline QScale8 qscale8(const QConv *c, ptrdiff_t o)
+{
+    const int64_t *b = c->bias + o, *m = c->multiplier + o, *s = c->shift + o;
+    QScale8 scale;
+    scale.bias = _mm256_setr_epi32((int32_t)b[0], (int32_t)b[1], (int32_t)b[2], (int32_t)b[3], (int32_t)b[4],
+                                   (int32_t)b[5], (int32_t)b[6], (int32_t)b[7]);
+    for (int odd = 0; odd < 2; odd++) {
+        scale.multiplier[odd] = _mm256_setr_epi64x(m[odd], m[2 + odd], m[4 + odd], m[6 + odd]);
+        scale.shift[odd] = _mm256_setr_epi64x(s[odd], s[2 + odd], s[4 + odd], s[6 + odd]);
+        scale.half[odd] = _mm256_sllv_epi64(_mm256_set1_epi64x(1), _mm256_sub_epi64(scale.shift[odd],
+                                                                                     _mm256_set1_epi64x(1)));
+    }
+    return scale;
+}
+
+/* The even (odd 0) or odd int32 lanes' magnitudes (below 2^31) times their Q31 multipliers (vpmuludq reads
+ * each int64 lane's low half), plus half of 2^shift, shifted: the rounded magnitudes as int64 lanes, capped at
+ * 2^16 (a value past it lands outside every 1-byte range as the uncapped one does, and the cap fits int32). */
+static inline __m256i qround(__m256i magnitude, const QScale8 *scale, int odd)
+{
+    __m256i lanes = odd ? _mm256_srli_epi64(magnitude, 32) : magnitude, cap = _mm256_set1_epi64x(1 << 16);
+    __m256i product = _mm256_mul_epu32(lanes, scale->multiplier[odd]);
+    __m256i rounded = _mm256_srlv_epi64(_mm256_add_epi64(product, scale->half[odd]), scale->shift[odd]);
+    return _mm256_blendv_epi8(rounded, cap, _mm256_cmpgt_epi64(rounded, cap));
+}
+
+/* Eight channels' int32 sums of one pixel finished as qrequantize_one does and stored as 8 bytes. */
+static inline void qfinish8(__m256i sums, const QScale8 *scale, __m256i zero_point, __m256i low, __m256i high,
+                            int8_t *y)
+{
+    __m256i sum = _mm256_add_epi32(sums, scale->bias), magnitude = _mm256_abs_epi32(sum);
+    __m256i rounded = _mm256_or_si256(qround(magnitude, scale, 0), _mm256_slli_epi64(qround(magnitude, scale, 1), 32));
+    __m256i value = _mm256_add_epi32(_mm256_sign_epi32(rounded, sum), zero_point);
+    value = _mm256_min_epi32(_mm256_max_epi32(value, low), high);
+    __m256i bytes = _mm256_shuffle_epi8(value, _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
+                                                                -1, -1, 0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1,
+                                                                -1, -1, -1, -1));
+    _mm_storel_epi64((__m128i *)y, _mm_unpacklo_epi32(_mm256_castsi256_si128(bytes),
+                                                      _mm256_extracti128_si256(bytes, 1)));
+}
+#endif
+
+/* One block of output channels as its register blocks read it: its packed weight, its first channel and, with
+ * AVX2, the requantization of its whole vectors of channels. */
+typedef struct {
+    const char *slab;
+    ptrdiff_t first;
+#if defined(__AVX2__) && !defined(__AVX512F__)
+    QScale8 scale[QBLOCK_VECS];
+#endif
+} QChannels;
+
+static inline void qchannels(const QConv *c, const char *slab, ptrdiff_t first, ptrdiff_t vecs, QChannels *block)
+{
+    block->slab = slab;
+    block->first = first;
+#if defined(__AVX2__) && !defined(__AVX512F__)
+    for (ptrdiff_t v = 0; v < vecs && first + (v + 1) * QLANES <= c->out_channels; v++)
+        block->scale[v] = qscale8(c, first + v * QLANES);
+#else
+    (void)c;
+    (void)vecs;
+#endif
+}
+
+/* A register block's outputs from its accumulators acc[p][v]: PIXELS pixels from `pixel` on, VECS vectors of
+ * channels from block->first. With AVX2 and 1-byte outputs, each whole vector of channels finishes every
+ * pixel's outputs straight from the register with the block's requantization vectors (the per-pixel epilogue
+ * through memory, its constants loaded and rearranged anew for each pixel, had taken half of a 64-channel 1x1
+ * conv's time); the rest through qfinish. */
+static inline __attribute__((always_inline)) void qfinish_block(const QConv *c, ptrdiff_t pixel,
+                                                                const QChannels *block, const int PIXELS,
+                                                                const int VECS, qvec acc[QPIXELS][QBLOCK_VECS])
+{
+    int32_t sums[QBLOCK_VECS * QLANES];
+    ptrdiff_t out_channels = c->out_channels, first = block->first;
+#if defined(__AVX2__) && !defined(__AVX512F__)
+    if (c->out_bytes == 1) {
+        __m256i zero_point = _mm256_set1_epi32((int32_t)c->zero_point), low = _mm256_set1_epi32((int32_t)c->low);
+        __m256i high = _mm256_set1_epi32((int32_t)c->high);
+        int8_t *y = (int8_t *)c->y + pixel * out_channels;
+        QUNROLL for (int v = 0; v < VECS; v++) {
+            ptrdiff_t o = first + v * QLANES;
+            if (o + QLANES <= out_channels) {
+                QUNROLL for (int p = 0; p < PIXELS; p++)
+                    qfinish8(acc[p][v], &block->scale[v], zero_point, low, high, y + p * out_channels + o);
+            } else {  /* the last vector's channels past out_channels are padding */
+                QUNROLL for (int p = 0; p < PIXELS; p++) {
+                    QSTORE(sums, acc[p][v]);
+                    qfinish(c, pixel + p, o, out_channels - o, sums);
+                }
+            }
+        }
+        return;
+    }
+#endif
+    ptrdiff_t count = out_channels - first < VECS * QLANES ? out_channels - first : VECS * QLANES;
+    QUNROLL for (int p = 0; p < PIXELS; p++) {
+        QUNROLL for (int v = 0; v < VECS; v++) QSTORE(sums + v * QLANES, acc[p][v]);
+        qfinish(c, pixel + p, first, count, sums);
+    }
+}
+
 /* A register block: PIXELS (<= QPIXELS) output pixels from `pixel` on (in (N * OH * OW) order: a block may
- * span output rows) times VECS vectors of channels from `first`. A group is the 4 bytes one multiply-add step
+ * span output rows) times VECS vectors of channels from block->first. A group is the 4 bytes one multiply-add step
  * takes from each input pixel: 2 int16 inputs, or 4 uint8 ones. KIND##_block is inlined into one function
  * per (PIXELS, VECS) (KIND##_blocks), so the accumulators are registers. */
 #define QBLOCK(KIND, XBYTES, MADD, SIZES)                                                                        \
     static inline __attribute__((always_inline)) void KIND##_block(const QConv *c, ptrdiff_t pixel,            \
-                                                                   const char *slab, ptrdiff_t first,          \
-                                                                   const int PIXELS, const int VECS)           \
+                                                                   const QChannels *block, const int PIXELS,   \
+                                                                   const int VECS)                             \
     {                                                                                                            \
+        const char *slab = block->slab;                                                                          \
         qvec acc[QPIXELS][QBLOCK_VECS];                                                                          \
         QUNROLL for (int p = 0; p < PIXELS; p++) QUNROLL for (int v = 0; v < VECS; v++) acc[p][v] = QZERO();    \
         ptrdiff_t groups = c->channels * (XBYTES) / 4, width = VECS * QLANES, pixel_bytes = c->channels * (XBYTES); \
@@ -292,22 +359,17 @@ static inline void qfinish(const QConv *c, ptrdiff_t pixel, ptrdiff_t first, ptr
                 }                                                                                                \
             }                                                                                                    \
         }                                                                                                        \
-        int32_t sums[QBLOCK_VECS * QLANES];                                                                      \
-        ptrdiff_t count = c->out_channels - first < width ? c->out_channels - first : width;                     \
-        QUNROLL for (int p = 0; p < PIXELS; p++) {                                                               \
-            QUNROLL for (int v = 0; v < VECS; v++) QSTORE(sums + v * QLANES, acc[p][v]);                         \
-            qfinish(c, pixel + p, first, count, sums);                                                           \
-        }                                                                                                        \
+        qfinish_block(c, pixel, block, PIXELS, VECS, acc);                                                       \
     }                                                                                                            \
     SIZES(QBLOCKS_OF, KIND)                                                                                      \
-    static void (*const KIND##_blocks[][QBLOCK_VECS])(const QConv *, ptrdiff_t, const char *, ptrdiff_t) = {     \
+    static void (*const KIND##_blocks[][QBLOCK_VECS])(const QConv *, ptrdiff_t, const QChannels *) = {          \
         SIZES(QBLOCK_ROW, KIND)};                                                                                \
     static const ptrdiff_t KIND##_sizes[] = {SIZES(QPIXEL_SIZE)}; /* widest first, 1 last */
 #define QBLOCKS_OF(PIXELS, KIND) QVEC_COUNTS(QBLOCK_OF, PIXELS, KIND)
 #define QBLOCK_OF(VECS, PIXELS, KIND)                                                                            \
-    static void KIND##_##PIXELS##x##VECS(const QConv *c, ptrdiff_t pixel, const char *slab, ptrdiff_t first)     \
+    static void KIND##_##PIXELS##x##VECS(const QConv *c, ptrdiff_t pixel, const QChannels *block)                \
     {                                                                                                            \
-        KIND##_block(c, pixel, slab, first, PIXELS, VECS);                                                       \
+        KIND##_block(c, pixel, block, PIXELS, VECS);                                                             \
     }
 #define QBLOCK_ROW(PIXELS, KIND) {QVEC_COUNTS(QBLOCK_ENTRY, PIXELS, KIND)},
 #define QBLOCK_ENTRY(VECS, PIXELS, KIND) KIND##_##PIXELS##x##VECS,
@@ -329,11 +391,12 @@ static inline void qfinish(const QConv *c, ptrdiff_t pixel, ptrdiff_t first, ptr
             for (ptrdiff_t first = 0; first < c->padded_channels; first += QBLOCK_VECS * QLANES) {               \
                 ptrdiff_t vecs = (c->padded_channels - first) / QLANES;                                          \
                 vecs = vecs < QBLOCK_VECS ? vecs : QBLOCK_VECS;                                                  \
-                const char *slab = (const char *)c->weight + slab_bytes * first;                                 \
+                QChannels block;                                                                                 \
+                qchannels(c, (const char *)c->weight + slab_bytes * first, first, vecs, &block);                 \
                 ptrdiff_t pixel = start;                                                                         \
                 for (size_t size = 0; size < sizeof KIND##_sizes / sizeof *KIND##_sizes; size++)                 \
                     for (; end - pixel >= KIND##_sizes[size]; pixel += KIND##_sizes[size])                       \
-                        KIND##_blocks[size][vecs - 1](c, pixel, slab, first);                                    \
+                        KIND##_blocks[size][vecs - 1](c, pixel, &block);                                         \
             }                                                                                                    \
         }                                                                                                        \
     }
