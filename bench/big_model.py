@@ -8,6 +8,10 @@ config), targets c and onnx. Runs `dabuild build` in a child process and prints
 
 - each stage's time as the build reports it, and the whole build's (goal <= 400 s on a 2-core machine,
   issue 20), with the CPU named and the load average (1, 5, 15 min) at the start and at the end;
+- each tune stage's search time and the part of it spent pricing configs (objective size), as it reports them,
+  and configs priced both ways in this process (`pricing_seconds`): lowered and measured whole, as objective
+  size did before it priced by layer, and as the tune stage now prices them; seconds a config, their ratio,
+  and whether both ways cost every config the same bytes;
 - calibrate time / interpreter inference of the same 512 images (goal <= 1.5):
   the Interpreter run here on the traced graph, with the batch size and threads
   the calibrate stage uses; once against the stage's time in the build, and once
@@ -26,12 +30,17 @@ config), targets c and onnx. Runs `dabuild build` in a child process and prints
 - C source bytes / weight bytes (goal <= 2; int8 weights, int32 biases) and the
   time of compiling the generated C at -O2.
 
+Another family or a smaller image (`--architecture efficientnet_b0 --image 64`) makes a mid-size build; a looser
+goal (`--tolerable-loss 0.2`) lets configs pass, so the search's cheaper phase prices many.
+
 Usage: python bench/big_model.py [--work DIR] [--calibration 512] [--evaluation 256] [--trials 10] [-j 1]
+                                 [--architecture resnet] [--image 224] [--tolerable-loss 0.01] [--priced 200]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import re
@@ -55,15 +64,18 @@ GOALS = {"build": 400, "calibrate": 1.5, "trial": 2.0, "rss": 2.0, "source": 2.0
 BUDGET, MEMORY = "DABUILD_MEMORY", str(int(GOALS["rss"] * 1e9))
 
 
-def make_recipe(work: Path, calibration: int, evaluation: int, trials: int, architecture: str = "resnet") -> Path:
+def make_recipe(work: Path, calibration: int, evaluation: int, trials: int, architecture: str = "resnet",
+                image: int = IMAGE[1], tolerable_loss: float = 0.01) -> Path:
     """model.onnx, data.npz (labels from onnxruntime's fp32 run) and recipe.yaml in `work`; the recipe is named
-    after the architecture (a family of tests/architectures.py, at full size), with dashes for underscores."""
+    after the architecture (a family of tests/architectures.py, at full size, on image x image pixels), with
+    dashes for underscores; the goal is accuracy within `tolerable_loss`, relative."""
     import onnxruntime as ort
 
-    model = export_onnx(architecture, work / "model.onnx")
+    shape = (IMAGE[0], image, image)
+    model = export_onnx(architecture, work / "model.onnx", image=shape)
     rng = np.random.default_rng(0)
-    x_cal = rng.standard_normal((calibration, *IMAGE), np.float32)
-    x_eval = rng.standard_normal((evaluation, *IMAGE), np.float32)
+    x_cal = rng.standard_normal((calibration, *shape), np.float32)
+    x_eval = rng.standard_normal((evaluation, *shape), np.float32)
     session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
     labels = np.concatenate([session.run(None, {"x": x_eval[i:i + 32]})[0].argmax(1) for i in range(0, evaluation, 32)])
     np.savez(work / "data.npz", x_cal=x_cal, x_eval=x_eval, y_eval=labels)
@@ -76,7 +88,7 @@ data:
   metric: accuracy
 tuning:
   strategy: basic
-  accuracy: {{criterion: relative, tolerable_loss: 0.01}}
+  accuracy: {{criterion: relative, tolerable_loss: {tolerable_loss}}}
   max_trials: {trials}
   allow_miss: true
 targets:
@@ -244,6 +256,47 @@ def weight_bytes(build_dir: Path) -> int:
     return total
 
 
+def pricing_seconds(build_dir: Path, images: np.ndarray, count: int) -> None:
+    """Prices `count` configs of each target's space as basic's op-wise and cheaper phases do (the default, then
+    one node changed at a time, in graph order) twice: each lowered whole and measured whole, as objective size
+    did before it priced by layer (a fresh lowering, the c target's steps all laid out, the onnx model made), and
+    as the tune stage now prices them (`Evaluator.priced` and the target's `stored_bytes`); prints seconds a
+    config both ways and their ratio, and whether every config cost the same bytes both ways."""
+    from dabuild.quant.quantize import quantize
+    from dabuild.targets.c import CTarget
+    from dabuild.targets.c.codegen import stored_bytes
+    from dabuild.targets.onnx import OnnxTarget
+    from dabuild.targets.onnx.qdq import initializer_bytes, to_qdq_onnx
+    from dabuild.tune.evaluate import EvalSetup, Evaluator
+    from dabuild.tune.space import build_space, integer_writers
+
+    c, ort = CTarget(), OnnxTarget()
+    whole_graph = {"c": lambda qgraph: stored_bytes(qgraph, c.profile),
+                   "onnx": lambda qgraph: initializer_bytes(to_qdq_onnx(qgraph, ort.options.opset, check=False,
+                                                                        isa=ort.isa))}
+    for kind, target in (("c", c), ("onnx", ort)):
+        capability = target.capability_spec
+        evaluator = Evaluator(EvalSetup(build_dir / "trace", build_dir / "calibrate", images,
+                                        np.zeros(len(images), np.int64), "accuracy", len(images)))
+        writers = integer_writers(evaluator.graph, capability)
+        evaluator.setup = dataclasses.replace(evaluator.setup, integer_writers=writers)
+        space = build_space(evaluator.graph, capability, {})
+        default = space.default()
+        configs = [default] + [space.with_node(default, name, choice) for name, node in space.nodes.items()
+                               for choice in node.candidates if choice != default.nodes[name]]
+        configs = configs[:count]
+        start = time.perf_counter()
+        whole = [whole_graph[kind](quantize(evaluator.graph, evaluator.stats, config, False, evaluator.weight_cache,
+                                            writers)) for config in configs]
+        before = (time.perf_counter() - start) / len(configs)
+        start = time.perf_counter()
+        layered = [target.stored_bytes(evaluator.priced(config)) for config in configs]
+        after = (time.perf_counter() - start) / len(configs)
+        print(f"pricing {kind:<4} {len(configs)} configs: whole graph {before:.3f} s a config, by layer {after:.3f} s "
+              f"a config = {before / after:.1f}x faster; the same bytes for every config: "
+              f"{'yes' if whole == layered else 'NO'}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--work", type=Path, help="folder for the recipe and build (default: a temporary one)")
@@ -251,28 +304,37 @@ def main() -> None:
     parser.add_argument("--evaluation", type=int, default=256)
     parser.add_argument("--trials", type=int, default=10)
     parser.add_argument("-j", "--jobs", type=int, default=1)
+    parser.add_argument("--architecture", default="resnet", help="a family of tests/architectures.py, at full size")
+    parser.add_argument("--image", type=int, default=IMAGE[1], help="image height and width")
+    parser.add_argument("--tolerable-loss", type=float, default=0.01,
+                        help="accuracy loss the goal allows (relative): a looser goal lets configs pass, so the "
+                             "search prices cheaper ones")
+    parser.add_argument("--priced", type=int, default=200, help="configs priced both ways (see pricing_seconds)")
     args = parser.parse_args()
     os.environ.setdefault(BUDGET, MEMORY)  # the build's budget, and this process's for the inference it times
     with tempfile.TemporaryDirectory(prefix="dabuild-big-model-") as scratch:
         work = args.work or Path(scratch)
         work.mkdir(parents=True, exist_ok=True)
-        make_recipe(work, args.calibration, args.evaluation, args.trials)
-        print(f"ResNet-50, {args.calibration} calibration / {args.evaluation} evaluation images, basic, "
-              f"max_trials {args.trials}, targets c and onnx, -j {args.jobs}, {os.cpu_count()} cores, "
+        make_recipe(work, args.calibration, args.evaluation, args.trials, args.architecture, args.image,
+                    args.tolerable_loss)
+        print(f"{args.architecture} (full size) at {args.image}x{args.image}, {args.calibration} calibration / "
+              f"{args.evaluation} evaluation images, basic, max_trials {args.trials}, relative loss "
+              f"{args.tolerable_loss:g}, targets c and onnx, -j {args.jobs}, {os.cpu_count()} cores, "
               f"{BUDGET}={os.environ.get(BUDGET, MEMORY)}", flush=True)
         print(f"cpu: {cpu_name()}; load average at the start {load_average()}", flush=True)
         elapsed, stages, output, memory = build(work, work / "build", args.jobs)
-        build_dir = work / "build" / "resnet"
+        build_dir = work / "build" / args.architecture.replace("_", "-")
         largest = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024 / 1e9  # Linux reports KiB
         for stage, seconds in stages.items():
             print(f"  {stage:<22} {seconds:8.1f} s")
         print(f"whole build               {elapsed:8.1f} s   goal <= {GOALS['build']} s on {cpu_name()}; "
               f"load average at the end {load_average()}")
         for line in output.splitlines():
-            if line.startswith("  tune:"):
+            if line.startswith("  tune:") or re.match(r"tune:\S+: search ", line):
                 print(line)
         with np.load(work / "data.npz") as data:
             x_cal, x_eval = data["x_cal"], data["x_eval"]
+        pricing_seconds(build_dir, x_eval[:8], args.priced)
         inference, calibration, inference_cpu, calibration_cpu = inference_seconds(build_dir, x_cal)
         print(f"calibrate {stages['calibrate']:.1f} s / interpreter inference of the same images {inference:.1f} s "
               f"= {stages['calibrate'] / inference:.2f} (the stage in the build, inference after it)")

@@ -381,13 +381,15 @@ def family(name: str) -> Family:
     return next(family for family in FAMILIES if family.name == name)
 
 
-def export_onnx(name: str, path: Path, seed: int = 0, fixed_batch: bool = False, opset: int = 17) -> Path:
-    """The named family at its published size as an ONNX file, input "x" of shape (N, *IMAGE), output "logits":
-    a dynamic batch, or with `fixed_batch` the 1 published files fix (torch.onnx's TorchScript exporter)."""
+def export_onnx(name: str, path: Path, seed: int = 0, fixed_batch: bool = False, opset: int = 17,
+                image: tuple[int, ...] = IMAGE) -> Path:
+    """The named family at its published size as an ONNX file, input "x" of shape (N, *image) (the published
+    IMAGE unless asked), output "logits": a dynamic batch, or with `fixed_batch` the 1 published files fix
+    (torch.onnx's TorchScript exporter)."""
     dynamic = None if fixed_batch else {"x": {0: "N"}, "logits": {0: "N"}}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(build(family(name), full=True, seed=seed), (torch.zeros(1, *IMAGE),), str(path),
+        torch.onnx.export(build(family(name), full=True, seed=seed), (torch.zeros(1, *image),), str(path),
                           input_names=["x"], output_names=["logits"], dynamic_axes=dynamic, opset_version=opset,
                           dynamo=False)
     return path

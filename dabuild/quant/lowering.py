@@ -147,7 +147,8 @@ class WeightCache:
 
     def derived(self, node: str) -> dict[int | str, object]:
         """A dict that lives as long as node `node`'s cached weights: where its layers keep what they derive
-        from them (qconv.c's packed weights and their range)."""
+        from them (qconv.c's packed weights and their range, the sums of |w| lowering bounds the accumulator
+        with)."""
         return self._entries[node][3] if node in self._entries else {}
 
 
@@ -266,6 +267,20 @@ class Lowering:
         if self.weight_cache is None:
             return compute()
         return self.weight_cache.weights(self.node.name, (choice, channel_axis, given is not None), compute)
+
+    def weight_magnitudes(self, weight_q: np.ndarray, others: tuple[int, ...]) -> np.ndarray:
+        """sum |w| over the axes `others` of the node's integer weights `weight_q` (int64): once per cached weight,
+        as a tuning run lowers the same weights under hundreds of configs."""
+        def compute() -> np.ndarray:
+            return np.abs(weight_q.astype(np.int64)).sum(axis=others)
+
+        if self.weight_cache is None:
+            return compute()
+        derived = self.weight_cache.derived(self.node.name)
+        key = f"magnitudes{others}"
+        if key not in derived:
+            derived[key] = compute()
+        return derived[key]  # type: ignore[return-value]
 
     def weight_blocks(self, weight: np.ndarray, channel_axis: int) -> WeightBlocks | None:
         """The node's given weight as blocks where its scales change along the inputs (a dense's blocked

@@ -36,15 +36,19 @@ from dabuild.quant.lowering import (
     quantize_weight,
 )
 from dabuild.quant.lowerings.fallback import island_tensors, lower_fp32
+from dabuild.quant.node_memo import NodeLowerings
 
 __all__ = ["activation_params", "quantize", "quantize_multiplier", "quantize_weight"]
 
 
 def quantize(graph: Graph, stats: Stats, config: QuantConfig, bias_correction: bool = False,
-             weight_cache: WeightCache | None = None, integer_writers: frozenset[str] = frozenset()) -> QGraph:
+             weight_cache: WeightCache | None = None, integer_writers: frozenset[str] = frozenset(),
+             memo: NodeLowerings | None = None) -> QGraph:
     """Lower a float graph with one input and one output to integer layers; with a `weight_cache`, weights
     lowered before under the same choice are taken from it (a tuning run's configs share most of them).
-    `integer_writers`: the dense/convs that never hand an island a float result (`island_tensors`)."""
+    `integer_writers`: the dense/convs that never hand an island a float result (`island_tensors`). With a
+    `memo`, each node whose lowering reads what it read before takes the layers made then (shared: the graph
+    is for measuring, never for changing), unless fake_quant nodes rename tensors (see `node_memo`)."""
     if len(graph.inputs) != 1 or len(graph.outputs) != 1:
         raise BuildError(f"integer lowering needs exactly one graph input and one output "
                          f"(got {len(graph.inputs)} and {len(graph.outputs)})")
@@ -59,7 +63,10 @@ def quantize(graph: Graph, stats: Stats, config: QuantConfig, bias_correction: b
             raise BuildError(f"node {node.name!r}: op {node.op!r} has no integer lowering "
                              f"(lowered ops: {', '.join(LOWERINGS.names())}); run it in fp32 on a target that can")
 
-    ctx = Lowering(graph, stats, graph.tensor_shapes(), {}, bias_correction=bias_correction,
+    if any(node.op == "fake_quant" for node in graph.nodes):
+        memo = None
+    shapes = graph.tensor_shapes() if memo is None else memo.tensor_shapes(graph)
+    ctx = Lowering(graph, stats, shapes, {}, bias_correction=bias_correction,
                    island=island_tensors(graph, config, integer_writers), weight_cache=weight_cache)
     ctx.given.update(given_tensor_params(graph, config))
     spec = graph.inputs[0]
@@ -70,7 +77,8 @@ def quantize(graph: Graph, stats: Stats, config: QuantConfig, bias_correction: b
     qlayers: list[QLayer] = []
     for node in graph.nodes:
         ctx.node, ctx.config = node, config.nodes[node.name]
-        qlayers.extend(lower_fp32(ctx) if ctx.config.fp32 else LOWERINGS[node.op](ctx))
+        lowering = lower_fp32 if ctx.config.fp32 else LOWERINGS[node.op]
+        qlayers.extend(lowering(ctx) if memo is None else memo.lower(ctx, lowering))
     return _renamed(QGraph(spec.name, graph.outputs[0], ctx.tensors, qlayers, ctx.constants, ctx.floats), ctx.renames)
 
 

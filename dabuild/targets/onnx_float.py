@@ -33,10 +33,18 @@ BATCH = "N"  # the name of the dynamic batch dimension
 class Emitter:
     """Collects the ONNX nodes and initializers of one export; `fresh` names never collide with `taken` ones."""
 
-    def __init__(self, taken: Iterable[str] = ()):
+    def __init__(self, taken: Iterable[str] = (), make_nodes: bool = True):
+        """`make_nodes=False`: names nodes but makes no NodeProtos (sizing a model's initializers needs none)."""
+        self.make_nodes = make_nodes
         self.nodes: list[onnx.NodeProto] = []
-        self.initializers: list[onnx.TensorProto] = []
+        self.arrays: list[tuple[str, np.ndarray]] = []  # the initializers' names and values, in order
         self._taken = set(taken)
+
+    @property
+    def initializers(self) -> list[onnx.TensorProto]:
+        """The initializers as TensorProtos, made when the model is: what they store is known from `arrays`
+        without copying every weight into a proto (the onnx target's `stored_bytes` prices configs so)."""
+        return [numpy_helper.from_array(values, name) for name, values in self.arrays]
 
     @classmethod
     def for_graph(cls, graph: Graph) -> Emitter:
@@ -49,7 +57,9 @@ class Emitter:
     def initializer(self, name: str, values: np.ndarray) -> str:
         """Add `values` as the initializer `name` (kept as given) and return the name."""
         self._taken.add(name)
-        self.initializers.append(numpy_helper.from_array(np.asarray(values), name))
+        values = np.asarray(values)
+        # a copy, as a proto made now would hold, unless nothing can write the array (the weight cache's)
+        self.arrays.append((name, values if not values.flags.writeable else values.copy()))
         return name
 
     def fresh(self, base: str) -> str:
@@ -60,8 +70,10 @@ class Emitter:
         return self.initializer(self.fresh(base), np.asarray(values, dtype))
 
     def add(self, op_type: str, inputs: list[str], outputs: list[str], name: str, **attrs: Any) -> None:
-        attrs = {key: value for key, value in attrs.items() if value is not None}
-        self.nodes.append(helper.make_node(op_type, inputs, outputs, name=self.fresh(name), **attrs))
+        name = self.fresh(name)
+        if self.make_nodes:
+            attrs = {key: value for key, value in attrs.items() if value is not None}
+            self.nodes.append(helper.make_node(op_type, inputs, outputs, name=name, **attrs))
 
 
 NodeExporter = Callable[[Emitter, Node, dict[str, Any]], None]

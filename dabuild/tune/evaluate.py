@@ -27,6 +27,7 @@ from dabuild.qir.reference import quantize_input, run_integer, run_quantized
 from dabuild.quant.calibrate import Stats
 from dabuild.quant.config import QuantConfig
 from dabuild.quant.lowering import WeightCache
+from dabuild.quant.node_memo import NodeLowerings
 from dabuild.quant.quantize import quantize
 from dabuild.tune.metric import Metric, load_metric
 
@@ -92,6 +93,25 @@ class Evaluator:
         """The graph lowered under `config`, as it is scored (and as the tune stage writes it)."""
         return quantize(self.graph, self.stats, config, self.setup.bias_correction, self.weight_cache,
                         self.setup.integer_writers)
+
+    def priced(self, config: QuantConfig) -> QGraph:
+        """The graph lowered under `config` for measuring it (its size, a cost model's estimate, whether its
+        artifact fits): the same layers as `quantize`'s, each node's remembered from an earlier config that
+        lowered it alike (`NodeLowerings`) and shared with that config's graph, so never to be changed."""
+        return quantize(self.graph, self.stats, config, self.setup.bias_correction, self._pricing_weights,
+                        self.setup.integer_writers, self.node_lowerings)
+
+    @functools.cached_property
+    def node_lowerings(self) -> NodeLowerings:
+        """Lowered nodes, holding at most the float graph's constant bytes of arrays (int8 layers of about four
+        whole configs): the memory one more evaluation batch of a large model takes."""
+        return NodeLowerings(sum(np.asarray(values).nbytes for values in self.graph.constants.values()))
+
+    @functools.cached_property
+    def _pricing_weights(self) -> WeightCache:
+        """The weights the nodes `priced` lowers were last lowered with: its own, so pricing a config never
+        turns the trials' cache (and the packed weights it keeps for the integer kernels) to another choice."""
+        return WeightCache()
 
     def score(self, config: QuantConfig, floor: float | None = None) -> Score:
         """The config's metric on the evaluation data; with `floor` (the least passing score) and a metric

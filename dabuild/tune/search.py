@@ -90,6 +90,8 @@ class Search:
         self.subset_rows = evaluator.subset(SUBSET_ROWS)
         self.harmful: list[str] = []  # nodes a strategy found the most harmful, most first (named on a miss)
         self.step = ""  # the phase the last evaluation belonged to (the stop reason names it)
+        self.pricing_seconds = 0.0  # spent pricing configs (`cost`), within the search's own time
+        self.priced: set[str] = set()  # hashes of the configs priced
 
     # ------------------------------------------------------------ what strategies read
 
@@ -102,7 +104,18 @@ class Search:
         return self.evaluator.baseline
 
     def cost(self, config: QuantConfig) -> int:
-        return self.costing.cost(config)
+        """The objective's cost of `config`; the time it takes is counted in `pricing_seconds`."""
+        start = time.perf_counter()
+        try:
+            return self.costing.cost(config)
+        finally:
+            self.pricing_seconds += time.perf_counter() - start
+            self.priced.add(config.content_hash())
+
+    @property
+    def seconds(self) -> float:
+        """Wall seconds since the search began."""
+        return time.monotonic() - self._start
 
     def best(self) -> Trial | None:
         """The cheapest passing trial (ties: better score, then earlier); None before any passes."""

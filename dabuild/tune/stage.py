@@ -109,7 +109,7 @@ def tune_stage(
                       f"({share / 1e9:.2f} GB)")
     stored_bytes = stored_bytes and _naming(where, stored_bytes)
     constraints = [_naming(where, constraint) for constraint in constraints]
-    objective = make_objective(tuning.objective, space, capability, evaluator.quantize, stored_bytes)
+    objective = make_objective(tuning.objective, space, capability, evaluator.priced, stored_bytes)
     goal = Goal(tuning.accuracy.criterion, tuning.accuracy.tolerable_loss)
     progress.debug(f"{where}: {space.total()} configs in the space, strategy {strategy_name}, "
                    f"objective {objective.name} ({objective.unit})")
@@ -117,7 +117,7 @@ def tune_stage(
         journal.parent.mkdir(parents=True, exist_ok=True)
     with open(journal or os.devnull, "a") as history, Scorer(evaluator, workers, cluster) as scorer:
         def fits(config: QuantConfig) -> str | None:
-            qgraph = evaluator.quantize(config)
+            qgraph = evaluator.priced(config)
             return next((why for why in (constraint(qgraph) for constraint in constraints) if why), None)
 
         search = Search(space, evaluator, scorer, store, goal, objective,
@@ -127,6 +127,8 @@ def tune_stage(
     stored = sum(t.cached for t in search.trials)
     progress.info(f"{where}: {len(search.trials)} trials ({len(search.trials) - stored} evaluated, "
                   f"{stored} from the trial store)")
+    progress.info(f"{where}: search {search.seconds:.1f} s, of which pricing {len(search.priced)} configs "
+                  f"({objective.name}) {search.pricing_seconds:.1f} s")
     if chosen is None:
         raise BuildError(f"{where}: no trial was evaluated ({search.stop_reason})")
     metric = evaluator.metric

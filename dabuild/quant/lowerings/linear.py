@@ -50,7 +50,7 @@ def _weighted_layers(ctx: Lowering, layer_class: type[QWeighted], weight: np.nda
     # Worst |accumulator| over every input: |bias| + sum |w| * (qmax - qmin); int32 overflow in C is undefined,
     # and wide types must stay where float64 sums are exact (dtypes.accumulator_max).
     others = tuple(a for a in range(weight.ndim) if a != channel_axis)
-    worst = np.abs(bias_q) + np.abs(weight_q.astype(np.int64)).sum(axis=others) * (source.qmax - source.qmin)
+    worst = np.abs(bias_q) + ctx.weight_magnitudes(weight_q, others) * (source.qmax - source.qmin)
     target = _exact_params(ctx, weight_q, bias, bias_q, accumulator_scale, source, others, table) if exact \
         else ctx.calibrated(written)
     ctx.output(written, target, like=output)

@@ -37,6 +37,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import re
 import shlex
 import shutil
 import subprocess
@@ -56,7 +57,7 @@ from dabuild.qir.qgraph import QGraph
 from dabuild.sizes import parse_size
 from dabuild.targets.base import Target, held, refuse_float_layers, refuse_ops_without_integers
 from dabuild.targets.c import cycles, firmware
-from dabuild.targets.c.codegen import PROGRAM, WEIGHTS_FILE, render, stored_bytes, trace_file
+from dabuild.targets.c.codegen import PROGRAM, WEIGHTS_FILE, StepBytes, render, stored_bytes, trace_file
 from dabuild.targets.c.profiles import CPUS, FLOAT_ORDER, PROFILES, Profile
 from dabuild.targets.c.streaming import graph_ops
 from dabuild.targets.c.streaming import plan as plan_stream
@@ -65,6 +66,7 @@ from dabuild.targets.tflm_functions import tflm_lookups
 MANIFEST = "model.json"
 TRACE_PROGRAM = PROGRAM + "_trace"
 TRACE_DIR = "trace"
+FAILED_AT = re.compile(r"failed at sample (\d+)")  # main.c.j2's words for a sample model_forward refused
 
 
 class Streaming(BaseModel):
@@ -272,8 +274,13 @@ class CTarget(Target):
     def stored_bytes(self, qgraph: QGraph) -> int:
         """The bytes this profile's artifact stores for weights and parameters, from its kernels' constants: int8
         weights on a Cortex-M (int4 ones packed two a byte), the host's int16 conv weights, narrowest-type
-        biases and requantization constants. What tuning objective `size` minimises."""
-        return stored_bytes(qgraph, self.profile)
+        biases and requantization constants. What tuning objective `size` minimises; each distinct kernel step is
+        laid out once while this target lives (`StepBytes`), as a search prices configs that share most of them."""
+        return stored_bytes(qgraph, self.profile, self._step_bytes)
+
+    @functools.cached_property
+    def _step_bytes(self) -> StepBytes:
+        return StepBytes()
 
     def export(self, qgraph: QGraph, out_dir: Path) -> None:
         refuse_float_layers(qgraph, self.capability_spec, None if self.profile.fpu else f"cpu {self.profile.name!r} has no FPU")
@@ -342,9 +349,11 @@ class CTarget(Target):
         return program
 
     def _execute(self, artifact_dir: Path, program: Path, inputs: np.ndarray, work_dir: Path,
-                 traced: bool = False) -> np.ndarray:
+                 traced: bool = False, first: int = 0) -> np.ndarray:
         """Run a built test program or image on `inputs` (int8 samples, or int32 token ids, all in one run); its
-        outputs, one row per sample. It reads work_dir/inputs.bin and writes work_dir/outputs.bin (and work_dir/trace/)."""
+        outputs, one row per sample. It reads work_dir/inputs.bin and writes work_dir/outputs.bin (and work_dir/trace/).
+        `first`: the index of inputs[0] among the samples checked, so that a failure names the sample a user
+        gave, not its place in one part's slice."""
         manifest = read_manifest(artifact_dir)
         samples = np.ascontiguousarray(inputs, dtype=manifest.get("input_dtype", "int8")).reshape(len(inputs), -1)
         if samples.shape[1] != manifest["input_size"]:
@@ -368,8 +377,8 @@ class CTarget(Target):
                 raise BuildError(f"the C test program of {artifact_dir} did not finish within "
                                  f"{self.options.timeout:g} s") from None
             if result.returncode != 0:
-                raise BuildError(f"the C test program of {artifact_dir} failed (exit {result.returncode}): "
-                                 f"{result.stderr.strip()}")
+                said = FAILED_AT.sub(lambda found: f"failed at sample {first + int(found[1])}", result.stderr.strip())
+                raise BuildError(f"the C test program of {artifact_dir} failed (exit {result.returncode}): {said}")
         output_dtype = np.dtype(manifest.get("output_dtype", "int8"))
         if (not outputs_file.exists()
                 or outputs_file.stat().st_size != len(samples) * manifest["output_size"] * output_dtype.itemsize):
@@ -425,7 +434,7 @@ class CTarget(Target):
             folder.mkdir(exist_ok=True)
         with ThreadPoolExecutor(parts, thread_name_prefix="dabuild-c-check") as pool:  # each waits on a process
             rows = pool.map(lambda index: self._execute(artifact_dir, program, inputs[bounds[index]:bounds[index + 1]],
-                                                        folders[index]), range(parts))
+                                                        folders[index], first=int(bounds[index])), range(parts))
             return np.concatenate(list(rows))
 
     def measurements(self, artifact_dir: Path, inputs: np.ndarray, work_dir: Path) -> dict[str, Any]:

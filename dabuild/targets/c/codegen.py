@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import string
+from collections.abc import Hashable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -20,6 +21,7 @@ import numpy as np
 import dabuild
 from dabuild.errors import BuildError
 from dabuild.names import unique_name
+from dabuild.qir.content import ContentKeys
 from dabuild.qir.qgraph import QGraph
 from dabuild.targets.c.arena import ArenaPlan, plan_arena
 from dabuild.targets.c.firmware import LINKER_SCRIPT, STACK_RESERVE, STARTUP
@@ -444,22 +446,45 @@ def _stage_driver(env: jinja2.Environment, stage: Patch, planned: Plan, idents: 
             "kernel": "patch"}
 
 
-def stored_bytes(qgraph: QGraph, cpu: str | Profile = HOST) -> int:
+def stored_bytes(qgraph: QGraph, cpu: str | Profile = HOST, steps: StepBytes | None = None) -> int:
     """Bytes the artifact for `cpu` (a profile's name, or the profile) stores for the QGraph's weights and
     parameters (weights in the profile's layout, biases, requantization constants, tables): the c capability's
-    `size`.
+    `size`. `steps` remembers each step's bytes across calls (tuning prices hundreds of configs).
 
     What `render` counts, without rendering: tuning measures every config it costs, and rendering a
     ResNet-50's source takes half a minute where its kernels' contexts take a third of a second."""
     program = build_program(qgraph, PROFILES[cpu] if isinstance(cpu, str) else cpu)
-    return _weight_bytes(qgraph, program, [step.kernel.context(step) for step in program.steps])
+    return _graph_constant_bytes(qgraph, program) + sum((steps or StepBytes()).bytes(step) for step in program.steps)
+
+
+class StepBytes:
+    """Each program step's constant bytes, by a key of everything its kernel's context reads: the kernel, the step's
+    name, its layer's every field (`ContentKeys`), its operands (storage and quantization), the profile, the float
+    constants it reads, the rounding, the clamp it applies and whether it is banded. A tuning run's configs share
+    most steps, so each distinct step is laid out once (a ResNet-50 conv's context takes milliseconds)."""
+
+    def __init__(self) -> None:
+        self._keys = ContentKeys()
+        self._bytes: dict[Hashable, int] = {}
+
+    def bytes(self, step: Step) -> int:
+        key = (step.kernel.name, step.name, None if step.layer is None else self._keys.layer(step.layer),
+               tuple(step.inputs), tuple(step.outputs), step.profile, self._keys.value(step.constants),
+               step.rounding, None if step.clamp is None else self._keys.layer(step.clamp), step.banded)
+        if key not in self._bytes:
+            self._bytes[key] = constant_bytes(step.kernel.context(step))
+        return self._bytes[key]
+
+
+def _graph_constant_bytes(qgraph: QGraph, program: Program) -> int:
+    """Bytes of the integer graph constants the program reads (an addend, a concat piece)."""
+    return sum(qgraph.constants[name].size * np.dtype(program.constants[name].quant.storage).itemsize
+               for name in program.constants)
 
 
 def _weight_bytes(qgraph: QGraph, program: Program, kernel_contexts: list[dict[str, Any]]) -> int:
     """Bytes of every constant array of the artifact: the integer graph constants and each kernel's arrays."""
-    return (sum(qgraph.constants[name].size * np.dtype(program.constants[name].quant.storage).itemsize
-                for name in program.constants)
-            + sum(constant_bytes(context) for context in kernel_contexts))
+    return _graph_constant_bytes(qgraph, program) + sum(constant_bytes(context) for context in kernel_contexts)
 
 
 def _config_template(env: jinja2.Environment, step: Step) -> str | None:

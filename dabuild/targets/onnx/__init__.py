@@ -139,8 +139,7 @@ class OnnxTarget(Target):
     def stored_bytes(self, qgraph: QGraph) -> int:
         """The model's initializers as stored: int8 weights a byte each, INT4 ones two a byte, int32 biases, float32
         scales and float islands' constants."""
-        qdq = _import("dabuild.targets.onnx.qdq")
-        return qdq.initializer_bytes(qdq.to_qdq_onnx(qgraph, self.options.opset, check=False, isa=self.isa))
+        return int(_import("dabuild.targets.onnx.qdq").stored_bytes(qgraph, self.options.opset, self.isa))
 
     def __init__(self, options: Target.Options | None = None, capability: CapabilitySpec | None = None):
         super().__init__(options, capability)

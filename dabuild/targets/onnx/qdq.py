@@ -53,6 +53,7 @@ from dabuild.errors import BuildError
 from dabuild.ir.graph import Node
 from dabuild.ir.ops import OPS
 from dabuild.qir.activations import lookup_table
+from dabuild.qir.content import extremes
 from dabuild.qir.fixed_point import quantize_multiplier
 from dabuild.qir.layers.blocked import QBlockedDense
 from dabuild.qir.layers.embedding import QEmbedding
@@ -81,11 +82,11 @@ def _scalar_or_vector(values: np.ndarray, dtype: type) -> np.ndarray:
 class QdqWriter:
     """The state of one export: the emitter, and for each QGraph tensor the names it has in the model."""
 
-    def __init__(self, qgraph: QGraph, saturating: bool = False):
+    def __init__(self, qgraph: QGraph, saturating: bool = False, make_nodes: bool = True):
         self.qgraph = qgraph
         self.saturating = saturating  # onnxruntime's u8s8 kernels can saturate where the model will run
         self.uint8_weights: list[str] = []  # layers whose weights are uint8, so u8s8 cannot saturate them
-        self.emitter = Emitter({*qgraph.tensors, *qgraph.constants})
+        self.emitter = Emitter({*qgraph.tensors, *qgraph.constants}, make_nodes)
         self.real: dict[str, str] = {}       # tensor -> the float name ops read
         self.integers: dict[str, str] = {}   # tensor -> the name of its quantized values
         self._pending: list[tuple[str, str, bool]] = []  # (tensor, name written, is it already quantized)
@@ -181,7 +182,7 @@ class QdqWriter:
         e = self.emitter
         scale = _scalar_or_vector(layer.weight_scale, np.float32)
         if integer_kernel and self.saturating and layer.weight.size and \
-                int(np.abs(layer.weight.astype(np.int32)).max()) > SAFE_WEIGHT:
+                max(-extremes(layer.weight)[0], extremes(layer.weight)[1]) > SAFE_WEIGHT:  # |w|'s peak
             self.uint8_weights.append(layer.name)
             inputs = [e.initializer(e.fresh(f"{layer.name}/weight"), (layer.weight.astype(np.int32) + 128).astype(np.uint8)),
                       e.constant(scale, np.float32, f"{layer.name}/weight_scale"),
@@ -411,7 +412,10 @@ BLOCKED_OPSET = 21  # and the first whose DequantizeLinear takes block_size
 
 
 def fits_int4(values: np.ndarray) -> bool:
-    return bool(values.size) and int(values.min()) >= -8 and int(values.max()) <= 7
+    if not values.size:
+        return False
+    low, high = extremes(values)
+    return low >= -8 and high <= 7
 
 
 def narrow_weights(qgraph: QGraph) -> bool:
@@ -440,17 +444,10 @@ def initializer_bytes(model: onnx.ModelProto) -> int:
     return total
 
 
-def to_qdq_onnx(qgraph: QGraph, opset: int | None = None, name: str = "dabuild",
-                check: bool = True, isa: str = "auto") -> onnx.ModelProto:
-    """The QGraph as a checked QDQ model with a dynamic batch; BuildError naming layers it cannot write.
-
-    QuantizeLinear saturates to its zero point's full type, so activations must be exactly int8 or uint8, or
-    int16 (TFLite's 16x8), which Q/DQ take from opset 21 on (the default then; a lower opset asked is refused);
-    weights of up to 8 bits are exact in int8. Weights of 4 bits
-    or fewer are INT4 initializers at opset 21 (the default opset then); at an opset asked below 21 they stay
-    in int8. Blocked weights (blocked_dense) need opset 21 (the default then; a lower one asked is refused).
-    `check=False` skips onnx's checker (for sizing a model nobody runs). `isa`: the instruction set the model
-    will run on (`auto`: this machine's); where onnxruntime's u8s8 kernels saturate, wide weights are uint8."""
+def _written(qgraph: QGraph, opset: int | None, isa: str, nodes: bool = True) -> tuple[QdqWriter, str, int | None]:
+    """The QGraph's layers written (see `to_qdq_onnx`), the instruction set resolved and the opset to convert to
+    (None: the exporter's own); BuildError naming layers it cannot write. Without `nodes`, the writer makes no
+    NodeProtos unless the model is to be converted (sizing the initializers needs none)."""
     blocked = [layer.name for layer in qgraph.layers if isinstance(layer, QBlockedDense)]
     if opset is None and (narrow_weights(qgraph) or blocked):
         opset = INT4_OPSET
@@ -472,7 +469,7 @@ def to_qdq_onnx(qgraph: QGraph, opset: int | None = None, name: str = "dabuild",
     if missing:
         raise BuildError(f"onnx export: no QDQ writer for layer {', '.join(missing)}")
     isa = resolve(isa)
-    writer = QdqWriter(qgraph, saturates(isa))
+    writer = QdqWriter(qgraph, saturates(isa), nodes or (opset or OPSET) != OPSET)
     if qgraph.takes_indices:  # token ids: read as they come, by the embeddings' Gathers
         writer.integers[qgraph.input] = writer.real[qgraph.input] = qgraph.input
     else:
@@ -480,6 +477,39 @@ def to_qdq_onnx(qgraph: QGraph, opset: int | None = None, name: str = "dabuild",
     for layer in qgraph.layers:
         WRITERS[layer.op](writer, layer)
         writer.finish_layer()
+    return writer, isa, opset
+
+
+def stored_bytes(qgraph: QGraph, opset: int | None = None, isa: str = "auto") -> int:
+    """`initializer_bytes` of the model `to_qdq_onnx` writes, without making it where the written opset is the
+    exporter's own (no conversion, no INT4 packing: the initializers are the arrays written, byte for byte);
+    tuning prices every config it compares, and a ResNet-50's protos took most of the export."""
+    writer, isa, opset = _written(qgraph, opset, isa, nodes=False)
+    if not writer.emitter.make_nodes:
+        return sum(values.nbytes for _, values in writer.emitter.arrays)
+    return initializer_bytes(_model(qgraph, writer, isa, opset, "dabuild"))
+
+
+def to_qdq_onnx(qgraph: QGraph, opset: int | None = None, name: str = "dabuild",
+                check: bool = True, isa: str = "auto") -> onnx.ModelProto:
+    """The QGraph as a checked QDQ model with a dynamic batch; BuildError naming layers it cannot write.
+
+    QuantizeLinear saturates to its zero point's full type, so activations must be exactly int8 or uint8, or
+    int16 (TFLite's 16x8), which Q/DQ take from opset 21 on (the default then; a lower opset asked is refused);
+    weights of up to 8 bits are exact in int8. Weights of 4 bits
+    or fewer are INT4 initializers at opset 21 (the default opset then); at an opset asked below 21 they stay
+    in int8. Blocked weights (blocked_dense) need opset 21 (the default then; a lower one asked is refused).
+    `check=False` skips onnx's checker (for sizing a model nobody runs). `isa`: the instruction set the model
+    will run on (`auto`: this machine's); where onnxruntime's u8s8 kernels saturate, wide weights are uint8."""
+    writer, isa, opset = _written(qgraph, opset, isa)
+    model = _model(qgraph, writer, isa, opset, name)
+    if check:
+        onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def _model(qgraph: QGraph, writer: QdqWriter, isa: str, opset: int | None, name: str) -> onnx.ModelProto:
+    """The written model at `opset` (None: the exporter's own), its narrow weights packed where it takes INT4."""
     tensors = qgraph.tensors
     graph = helper.make_graph(
         writer.emitter.nodes, name,
@@ -504,8 +534,6 @@ def to_qdq_onnx(qgraph: QGraph, opset: int | None = None, name: str = "dabuild",
         model.ir_version = helper.find_min_ir_version_for(list(model.opset_import))
     if (opset or OPSET) >= INT4_OPSET:
         _pack_int4(model, writer.weights)
-    if check:
-        onnx.checker.check_model(model, full_check=True)
     return model
 
 
