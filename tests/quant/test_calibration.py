@@ -373,6 +373,32 @@ def test_channels_last_histograms_split_by_rows_count_the_same(monkeypatch: pyte
     assert compiled == observed_twice(values)
 
 
+@pytest.mark.parametrize("channels", [2048, 150])
+def test_channels_last_extremes_read_by_blocks_of_pixels_are_numpys(monkeypatch: pytest.MonkeyPatch,
+                                                                     vector_path: int, channels: int) -> None:
+    """Channels-last memory is read a block of pixels at a time (every tile of channels, then the channels left
+    over, before the next block): each channel's min and max exactly numpy's, extremes in the first, a middle
+    and the last block and in tiled and left-over channels, +0 where an extreme is zero, every NaN and
+    infinity counted."""
+    from dabuild.ir.kernels import native
+
+    monkeypatch.delenv(native.SWITCH, raising=False)
+    monkeypatch.setattr(native, "available_cores", lambda: 1)  # one part: every block in one call
+    histogram = native.native_histogram()
+    assert histogram is not None
+    rng = np.random.default_rng(15)
+    pixels = 301  # several blocks at either width, the last one short
+    memory = rng.standard_normal((pixels, channels)).astype(np.float32)
+    memory[0, 1], memory[pixels // 2, 2], memory[-1, -1], memory[-1, 0] = 50.0, -50.0, 60.0, -60.0
+    memory[:, 3] = np.where(np.arange(pixels) % 2, 0.0, -0.0)  # zeros of both signs: the extremes are +0
+    low, high, bad = histogram.extremes(histogram.view(memory, 1)[0])
+    assert bad == 0
+    assert low.tobytes() == (memory.min(axis=0) + np.float32(0)).tobytes()
+    assert high.tobytes() == (memory.max(axis=0) + np.float32(0)).tobytes()
+    memory[7, 5], memory[-1, -2], memory[pixels // 2, 0] = np.nan, np.inf, np.nan
+    assert histogram.extremes(histogram.view(memory, 1)[0])[2] == 3
+
+
 def test_int32_channel_counts_widen_before_they_could_overflow(monkeypatch: pytest.MonkeyPatch) -> None:
     """Per-channel rows count in int32 until a channel could pass the limit, then in int64: the same counts."""
     from dabuild.quant import histogram
