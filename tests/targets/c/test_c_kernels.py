@@ -63,6 +63,8 @@ CASES: dict[str, tuple[list[Node], tuple[int, ...], dict[str, np.ndarray], str, 
                       {"c_w": weights(6, 2, 3, 3), "c_b": weights(6)}, "per_channel", {"conv"}),
     "conv 1x1 no pad": ([conv_node("c", "x", "y")], (16, 5, 5), {"c_w": weights(24, 16, 1, 1),
                                                                  "c_b": weights(24)}, "per_tensor", {"conv"}),
+    "conv 1x1 8 channels": ([conv_node("c", "x", "y")], (8, 5, 5), {"c_w": weights(16, 8, 1, 1),   # pairs unrolled
+                                                                     "c_b": weights(16)}, "per_channel", {"conv"}),
     "conv 3x3 pad 1 wide rows": ([conv_node("c", "x", "y", pads=[1, 1, 1, 1])], (16, 6, 6),
                                  {"c_w": weights(5, 16, 3, 3), "c_b": weights(5)}, "per_channel", {"conv"}),
     "conv1d": ([conv_node("c", "x", "y", strides=[2], pads=[1, 2])], (3, 20),

@@ -437,6 +437,17 @@ def _single_pixels(window: dict[str, int]) -> bool:
     return window["kernel_height"] == window["kernel_width"] == 1 and not window["padded"]
 
 
+UNROLLED_CHANNEL_PAIRS = 8   # conv_rows_dsp.j2's channel-pair loop is unrolled for a 1x1 conv of at most 8 input
+# channels and this many output pairs: each pair's bias then sits at a constant offset and the requantization
+# constants stay in registers (VWW's 8 -> 16 conv on M4, 617 K -> 571 K estimated cycles; at 16 or 32 input
+# channels, unrolled 16 pairs took more, 470 K -> 489 K and 830 K -> 905 K)
+
+
+def _unrolled_channel_pairs(single: bool, geometry: dict[str, int]) -> bool:
+    return (single and geometry["kernel_width"] * geometry["channels"] <= 8
+            and geometry["block_outputs"] // 2 <= UNROLLED_CHANNEL_PAIRS)
+
+
 PAIR_UNROLL = 16   # the most pairs a trip: a loop end costs about 6 cycles to a pair's 13 (VWW on M4: 16 against 8,
 # 12.16 -> 11.91 M estimated cycles for 4 KB more code; 32, 11.82 M for 7 KB more)
 
@@ -508,6 +519,7 @@ def _conv_rows_dsp(step: Step) -> dict[str, Any]:
     return {**geometry, "input_zero_point": step.inputs[0].quant.zero_point, "weight": channel_paired(interleave(weight)),
             "widened": True, "pair_unroll": _pair_unroll(geometry["kernel_width"] * geometry["channels"] // 2),
             "single_pixels": single, "blocks": _pixel_blocks(geometry["out_width"], WIDENED_PIXELS),
+            "unrolled_channel_pairs": _unrolled_channel_pairs(single, geometry),
             # the sums start at the bias where they provably stay in int32 and the output takes the int32 path
             "fold_bias": requantization["narrow_sum"] and requantization["high_shift"], **requantization}
 
