@@ -37,7 +37,8 @@ SAMPLES = 24
 VARIANTS = ("cortex-m0", "cortex-m4", "cortex-m55")
 WEIGHTED = ["dense per tensor", "dense per channel relu6", "conv 3x3 pad 1", "conv 3x3 pad 1 wide rows",
             "conv stride 2 asymmetric pads per channel",
-            "conv dilation 2 clip", "conv groups 2", "conv 1x1 no pad", "conv 1x1 8 channels", "conv1d", "depthwise",
+            "conv dilation 2 clip", "conv groups 2", "conv 1x1 no pad", "conv 1x1 8 channels",
+            "conv rgb stride 2 whole tiles", "conv1d", "depthwise",
             "depthwise 6 channels asymmetric pads", "depthwise 12 channels dilated columns stride 2",
             "depthwise multiplier 2 stride", "depthwise dilated stride past the band",
             "depthwise 8 channels wide rows stride 2 down", "depthwise 8 channels even rows"]
@@ -48,7 +49,8 @@ ISA_PATHS = [*WEIGHTED, "add of feature maps then relu"]
 TOO_BIG_FOR_M0 = ("depthwise 8 channels wide rows stride 2 down",)
 
 # conv cases whose window rows (kernel width x channels bytes) are no whole number of 16-byte Helium vectors
-ROWS_NOT_VECTORS = ("conv 3x3 pad 1", "conv stride 2 asymmetric pads per channel", "conv1d", "conv 1x1 8 channels")
+ROWS_NOT_VECTORS = ("conv 3x3 pad 1", "conv stride 2 asymmetric pads per channel", "conv1d", "conv 1x1 8 channels",
+                    "conv rgb stride 2 whole tiles")
 
 
 def run_in_qemu(qgraph, folder: Path, cpu: str, cflags: list[str] = STRICT,
@@ -116,12 +118,17 @@ def test_planar_depthwise_loop_is_exact(case: str, flags: list[str], rounding: s
 
 @pytest.mark.parametrize("rounding", ["dabuild", "tflm"])
 @pytest.mark.parametrize("flags", [[], ["-U__ARM_FEATURE_DSP"]], ids=["dsp", "no-dsp"])
-def test_unrolled_channel_pairs_are_exact(flags: list[str], rounding: str, tmp_path: Path) -> None:
-    """conv_rows_dsp.j2 with its channel pairs' loop unrolled (a 1x1 conv of 8 input channels: 8 pairs of outputs,
-    25 pixels, so blocks of 3 and a last one of 1), on the DSP loop and its portable twin, both roundings."""
-    qgraph = CTarget(CTarget.Options(cpu="cortex-m4", rounding=rounding)).integer_graph(lowered("conv 1x1 8 channels"))
+@pytest.mark.parametrize("case, marker", [("conv 1x1 8 channels", "#pragma GCC unroll 8"),
+                                          ("conv rgb stride 2 whole tiles", "rows of whole tiles")])
+def test_few_channel_conv_loops_are_exact(case: str, marker: str, flags: list[str], rounding: str,
+                                          tmp_path: Path) -> None:
+    """The M4 loops of convs of few channels: conv_rows_dsp.j2 with its channel pairs' loop unrolled (a 1x1 conv
+    of 8 input channels: 8 pairs of outputs, 25 pixels, so blocks of 3 and a last one of 1) and the im2col conv
+    on rows of whole tiles (no pixel guard, one output pointer); each on the DSP loop and its portable twin, in
+    both roundings."""
+    qgraph = CTarget(CTarget.Options(cpu="cortex-m4", rounding=rounding)).integer_graph(lowered(case))
     actual, expected, _, _ = run_in_qemu(qgraph, tmp_path, "cortex-m4", cflags=[*STRICT, *flags], rounding=rounding)
-    assert "#pragma GCC unroll 8" in (tmp_path / "artifact" / "layer_c.h").read_text()
+    assert marker in (tmp_path / "artifact" / "layer_c.h").read_text()
     assert np.array_equal(actual, expected), f"{np.sum(actual != expected)} of {expected.size} outputs differ"
 
 

@@ -65,6 +65,9 @@ CASES: dict[str, tuple[list[Node], tuple[int, ...], dict[str, np.ndarray], str, 
                                                                  "c_b": weights(24)}, "per_tensor", {"conv"}),
     "conv 1x1 8 channels": ([conv_node("c", "x", "y")], (8, 5, 5), {"c_w": weights(16, 8, 1, 1),   # pairs unrolled
                                                                      "c_b": weights(16)}, "per_channel", {"conv"}),
+    "conv rgb stride 2 whole tiles": (   # the M4 im2col conv on rows of whole 3-pixel tiles, as VWW's stem
+        [conv_node("c", "x", "y", strides=[2, 2], pads=[0, 0, 1, 1])], (3, 12, 12),
+        {"c_w": weights(8, 3, 3, 3), "c_b": weights(8)}, "per_channel", {"conv"}),
     "conv 3x3 pad 1 wide rows": ([conv_node("c", "x", "y", pads=[1, 1, 1, 1])], (16, 6, 6),
                                  {"c_w": weights(5, 16, 3, 3), "c_b": weights(5)}, "per_channel", {"conv"}),
     "conv1d": ([conv_node("c", "x", "y", strides=[2], pads=[1, 2])], (3, 20),
