@@ -144,6 +144,33 @@ def test_a_dsp_artifact_built_without_the_dsp_extension_is_exact(case: str, tmp_
     assert np.array_equal(actual, expected), f"{np.sum(actual != expected)} of {expected.size} outputs differ"
 
 
+def run_requantize_loop(cpu: str, arrays: dict[str, np.ndarray], loop: str, tmp_path: Path) -> np.ndarray:
+    """The int32 `result` of `loop` (C over the int32 `arrays`, COUNT values each) in qemu on `cpu`, with the
+    helpers of an artifact exported for that core in scope."""
+    count = len(next(iter(arrays.values())))
+    artifact = tmp_path / "artifact"
+    CTarget(CTarget.Options(cpu=cpu)).export(lowered("relu"), artifact)
+    declared = "\n".join(f"static const int32_t {name}[{count}] = {{{', '.join(map(str, values))}}};"
+                         for name, values in arrays.items())
+    (artifact / "main.c").write_text(f"""#include <stdio.h>
+#include "{COMMON_HEADER}"
+#define COUNT {count}
+{declared}
+int main(int argc, char **argv)
+{{
+    static int32_t result[COUNT];
+    FILE *file = fopen("outputs.bin", "wb");
+    (void)argc;
+    (void)argv;
+{loop}
+    return file == NULL || fwrite(result, sizeof result, 1, file) != 1 || fclose(file) != 0;
+}}
+""")
+    image = firmware.build_image(PROFILES[cpu], STRICT, artifact, tmp_path / "image")
+    firmware.run_image(PROFILES[cpu], image.elf, tmp_path, timeout=60)
+    return np.fromfile(tmp_path / "outputs.bin", np.int32)
+
+
 def test_helium_requantize_rounds_every_tie_as_the_reference(tmp_path: Path) -> None:
     """dabuild_requantize32_mve (VMULH of |acc|, a rounding shift, the sign put back), four lanes at a time on
     the M55 in qemu, against the reference on requantize_cases' extremes, random values and exact ties of both
@@ -153,29 +180,10 @@ def test_helium_requantize_rounds_every_tie_as_the_reference(tmp_path: Path) -> 
     acc, multiplier, shift = acc[taken], multiplier[taken], shift[taken]
     padding = -len(acc) % 4
     acc, multiplier, shift = (np.concatenate([a, a[:padding]]) for a in (acc, multiplier, shift))
-    profile = PROFILES["cortex-m55"]
-    artifact = tmp_path / "artifact"
-    CTarget(CTarget.Options(cpu=profile.name)).export(lowered("relu"), artifact)
-    arrays = "\n".join(f"static const int32_t {name}[{len(values)}] = {{{', '.join(map(str, values))}}};"
-                        for name, values in (("acc", acc), ("multiplier", multiplier), ("shift", shift)))
-    (artifact / "main.c").write_text(f"""#include <stdio.h>
-#include "{COMMON_HEADER}"
-{arrays}
-int main(int argc, char **argv)
-{{
-    static int32_t result[{len(acc)}];
-    FILE *file = fopen("outputs.bin", "wb");
-    (void)argc;
-    (void)argv;
-    for (int32_t i = 0; i < {len(acc)}; i += 4) {{
-        vst1q_s32(result + i, dabuild_requantize32_mve(vld1q_s32(acc + i), vld1q_s32(multiplier + i), vld1q_s32(shift + i)));
-    }}
-    return file == NULL || fwrite(result, sizeof result, 1, file) != 1 || fclose(file) != 0;
-}}
-""")
-    image = firmware.build_image(profile, STRICT, artifact, tmp_path / "image")
-    firmware.run_image(profile, image.elf, tmp_path, timeout=60)
-    actual = np.fromfile(tmp_path / "outputs.bin", np.int32)
+    actual = run_requantize_loop("cortex-m55", {"acc": acc, "multiplier": multiplier, "shift": shift},
+                                 "for (int32_t i = 0; i < COUNT; i += 4) {\n"
+                                 "    vst1q_s32(result + i, dabuild_requantize32_mve(vld1q_s32(acc + i), "
+                                 "vld1q_s32(multiplier + i), vld1q_s32(shift + i)));\n}", tmp_path)
     assert len(acc) > 500 and np.array_equal(actual, requantize(acc, multiplier, shift))
 
 
@@ -215,30 +223,10 @@ def test_tieless_requantize_equals_the_reference_where_no_sum_ties(cpu: str, tmp
     """dabuild_requantize32_tieless (the product's high word plus 2^(t-1) + offset 2^t, shifted by t = shift - 32:
     SMMLA on the M4, C on the M0) in qemu, against the reference plus the offset on every case never_ties admits."""
     acc, multiplier, shift, offset = tieless_cases()
-    profile = PROFILES[cpu]
-    artifact = tmp_path / "artifact"
-    CTarget(CTarget.Options(cpu=cpu)).export(lowered("relu"), artifact)
-    arrays = "\n".join(f"static const int32_t {name}[{len(values)}] = {{{', '.join(map(str, values))}}};"
-                        for name, values in (("acc", acc), ("multiplier", multiplier), ("shift", shift),
-                                             ("offset", offset)))
-    (artifact / "main.c").write_text(f"""#include <stdio.h>
-#include "{COMMON_HEADER}"
-{arrays}
-int main(int argc, char **argv)
-{{
-    static int32_t result[{len(acc)}];
-    FILE *file = fopen("outputs.bin", "wb");
-    (void)argc;
-    (void)argv;
-    for (int32_t i = 0; i < {len(acc)}; ++i) {{
-        result[i] = dabuild_requantize32_tieless(acc[i], multiplier[i], shift[i], offset[i]);
-    }}
-    return file == NULL || fwrite(result, sizeof result, 1, file) != 1 || fclose(file) != 0;
-}}
-""")
-    image = firmware.build_image(profile, STRICT, artifact, tmp_path / "image")
-    firmware.run_image(profile, image.elf, tmp_path, timeout=60)
-    actual = np.fromfile(tmp_path / "outputs.bin", np.int32)
+    actual = run_requantize_loop(cpu, {"acc": acc, "multiplier": multiplier, "shift": shift, "offset": offset},
+                                 "for (int32_t i = 0; i < COUNT; ++i) {\n"
+                                 "    result[i] = dabuild_requantize32_tieless(acc[i], multiplier[i], shift[i], offset[i]);\n}",
+                                 tmp_path)
     assert np.array_equal(actual, requantize(acc, multiplier, shift) + offset)
 
 
