@@ -181,8 +181,7 @@ class QdqWriter:
         the weights reach beyond +-SAFE_WEIGHT, they are written as uint8 (plus 128, zero point 128)."""
         e = self.emitter
         scale = _scalar_or_vector(layer.weight_scale, np.float32)
-        if integer_kernel and self.saturating and layer.weight.size and \
-                max(-extremes(layer.weight)[0], extremes(layer.weight)[1]) > SAFE_WEIGHT:  # |w|'s peak
+        if integer_kernel and self.saturating and layer.weight.size and _peak(layer.weight) > SAFE_WEIGHT:
             self.uint8_weights.append(layer.name)
             inputs = [e.initializer(e.fresh(f"{layer.name}/weight"), (layer.weight.astype(np.int32) + 128).astype(np.uint8)),
                       e.constant(scale, np.float32, f"{layer.name}/weight_scale"),
@@ -409,6 +408,12 @@ def _float_weighted(w: QdqWriter, layer: Any) -> None:
 
 INT4_OPSET = 21  # the first opset whose DequantizeLinear reads INT4 (onnxruntime >= 1.20 runs it)
 BLOCKED_OPSET = 21  # and the first whose DequantizeLinear takes block_size
+
+
+def _peak(values: np.ndarray) -> int:
+    """The greatest |value| of a non-empty integer array, from its extremes (found once per cached weight)."""
+    low, high = extremes(values)
+    return max(-low, high)
 
 
 def fits_int4(values: np.ndarray) -> bool:
