@@ -93,6 +93,9 @@ CASES: dict[str, tuple[list[Node], tuple[int, ...], dict[str, np.ndarray], str, 
     "depthwise 4 channels rows of 4k + 1 one-sided pads": (   # widened 4 pixels a step, then an odd one; top, right pads
         [conv_node("c", "x", "y", groups=4, pads=[1, 0, 0, 1], activation="relu")], (4, 5, 9),
         {"c_w": weights(4, 1, 3, 3), "c_b": weights(4)}, "per_tensor", {"conv_depthwise"}),
+    "depthwise 8 channels rows of 3": (   # the planar loop's narrowest rows: one pair and an odd last output
+        [conv_node("c", "x", "y", groups=8, pads=[1, 1, 1, 1])], (8, 4, 3),
+        {"c_w": weights(8, 1, 3, 3), "c_b": weights(8)}, "per_channel", {"conv_depthwise"}),
     "depthwise 6 channels asymmetric pads": ([conv_node("c", "x", "y", groups=6, pads=[0, 1, 1, 0])], (6, 5, 6),
                                              {"c_w": weights(6, 1, 3, 3), "c_b": weights(6)}, "per_tensor",
                                              {"conv_depthwise"}),
