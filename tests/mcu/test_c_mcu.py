@@ -41,7 +41,8 @@ WEIGHTED = ["dense per tensor", "dense per channel relu6", "conv 3x3 pad 1", "co
             "conv rgb stride 2 whole tiles", "conv1d", "depthwise",
             "depthwise 6 channels asymmetric pads", "depthwise 12 channels dilated columns stride 2",
             "depthwise multiplier 2 stride", "depthwise dilated stride past the band",
-            "depthwise 8 channels wide rows stride 2 down", "depthwise 8 channels even rows"]
+            "depthwise 8 channels wide rows stride 2 down", "depthwise 8 channels even rows",
+            "depthwise 4 channels rows of 4k + 1 one-sided pads", "depthwise 8 channels rows of 3"]
 # every case whose kernels have a portable, a DSP and a Helium path
 ISA_PATHS = [*WEIGHTED, "add of feature maps then relu"]
 # a case whose 24 samples (or whose map with the firmware's buffers) pass the M0 board's 16 KiB of RAM runs on the
@@ -103,16 +104,35 @@ def test_depthwise_dsp_loop_is_exact_in_the_tflm_roundings(rounding: str, cpu: s
 @pytest.mark.parametrize("rounding", ["dabuild", "tflm"])
 @pytest.mark.parametrize("flags", [[], ["-U__ARM_FEATURE_DSP"]], ids=["dsp", "no-dsp"])
 @pytest.mark.parametrize("case", ["depthwise", "depthwise 8 channels wide rows stride 2 down",
-                                  "depthwise 8 channels even rows"])
+                                  "depthwise 8 channels even rows", "depthwise 4 channels rows of 4k + 1 one-sided pads",
+                                  "depthwise 8 channels rows of 3"])
 def test_planar_depthwise_loop_is_exact(case: str, flags: list[str], rounding: str, tmp_path: Path) -> None:
     """The M4's planar depthwise loop (depthwise_planar_dsp.j2: rows widened to int16 planes, kernel rows' taps
     paired for SMLAD), on a row unrolled with an odd last output (7 wide), on rows past the unrolled width in
-    chunks of output rows (27 wide, stride 2 down 19 rows) and on even rows (10 wide, widened two pixels a step
-    with no odd last one); its portable twin without the DSP extension; and
-    both feeding TFLM's requantization the same sums as the reference computing with that rounding."""
+    chunks of output rows (51 wide, stride 2 down 19 rows), on even rows (10 wide: widened four pixels a step,
+    then two, with no odd last one), on rows of 9 padded at the top and right only (four a step, then the odd
+    one) and on rows of 3 (the narrowest it takes: a pair and an odd one); its portable twin without the DSP
+    extension; and both feeding TFLM's requantization the same sums as the reference computing with that rounding."""
     qgraph = CTarget(CTarget.Options(cpu="cortex-m4", rounding=rounding)).integer_graph(lowered(case))
     actual, expected, _, _ = run_in_qemu(qgraph, tmp_path, "cortex-m4", cflags=[*STRICT, *flags], rounding=rounding)
     assert "__smlatb" in (tmp_path / "artifact" / "layer_c.h").read_text()
+    assert np.array_equal(actual, expected), f"{np.sum(actual != expected)} of {expected.size} outputs differ"
+
+
+@pytest.mark.parametrize("rounding", ["dabuild", "tflm"])
+@pytest.mark.parametrize("flags", [[], ["-U__ARM_FEATURE_DSP"]], ids=["dsp", "no-dsp"])
+@pytest.mark.parametrize("case", ["depthwise 12 channels dilated columns stride 2",
+                                  "depthwise 6 channels asymmetric pads"])
+def test_channels_last_depthwise_sums_start_at_the_bias(case: str, flags: list[str], rounding: str,
+                                                        tmp_path: Path) -> None:
+    """The M4's channels-last depthwise loop (the stride-2 and few-output-column layers) starts its four sums at
+    the bias where they fit int32 and the shift is 32 or more, so no output adds it: exact on the SXTB16/SMLABB
+    loop and its portable twin, in both roundings, on a stride-2 layer padded at every border (9 wide, taps 2
+    apart: an odd width) and on 6 channels (a block of four and a scalar tail that still adds its bias), with
+    asymmetric pads (top and right none)."""
+    qgraph = CTarget(CTarget.Options(cpu="cortex-m4", rounding=rounding)).integer_graph(lowered(case))
+    actual, expected, _, _ = run_in_qemu(qgraph, tmp_path, "cortex-m4", cflags=[*STRICT, *flags], rounding=rounding)
+    assert "int32_t s0 = l_c_bias[c], s1 = l_c_bias[c + 1]" in (tmp_path / "artifact" / "layer_c.h").read_text()
     assert np.array_equal(actual, expected), f"{np.sum(actual != expected)} of {expected.size} outputs differ"
 
 
