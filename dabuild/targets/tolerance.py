@@ -59,7 +59,7 @@ def _finite(value: float) -> float | None:
 
 
 def outside(expected: np.ndarray, actual: np.ndarray, level: str, scale: float | None = None) -> np.ndarray:
-    """Which elements of two equally shaped arrays differ beyond `level` (NaN where both are NaN agrees)."""
+    """Which elements of two equally shaped arrays differ beyond `level` (equal infinities and NaN with NaN agree)."""
     tolerance = LEVELS[level]
     expected = np.asarray(expected, dtype=np.float64)
     actual = np.asarray(actual, dtype=np.float64)
@@ -71,9 +71,13 @@ def outside(expected: np.ndarray, actual: np.ndarray, level: str, scale: float |
         # within the steps of each other, whose share FLOAT32_STEP_SLACK covers)
         magnitude = np.where(np.isfinite(expected), np.abs(expected), 0.0)
         atol = tolerance.atol_steps * scale * (1 + FLOAT32_STEP_SLACK) + 2 * magnitude * FLOAT32_ROUNDING
-    both_nan = np.isnan(expected) & np.isnan(actual)
-    error = np.where(both_nan, 0.0, np.abs(actual - expected))
-    return ~(error <= atol + tolerance.rtol * np.abs(expected)) & ~both_nan
+    # equal values agree (the same infinity, NaN with NaN); an infinity against anything else is outside, as
+    # is NaN against a number: the relative bound is taken from finite expectations only
+    agree = (expected == actual) | (np.isnan(expected) & np.isnan(actual))
+    with np.errstate(invalid="ignore"):
+        error = np.abs(actual - expected)
+    bound = atol + tolerance.rtol * np.where(np.isfinite(expected), np.abs(expected), 0.0)
+    return ~agree & ~(error <= bound)
 
 
 def compare(expected: np.ndarray, actual: np.ndarray, level: str, scale: float | None = None) -> Comparison:

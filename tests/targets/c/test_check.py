@@ -66,6 +66,16 @@ def test_super_tolerates_a_fraction_of_outliers() -> None:
     assert compare(nan, nan, "exact").ok and not compare(nan, np.array([0.0, 1.0]), "exact").ok
 
 
+@pytest.mark.parametrize("level", ["exact", "approximate", "ultra"])
+def test_an_infinity_agrees_only_with_the_same_infinity(level: str) -> None:
+    expected = np.array([np.inf, -np.inf, np.inf, 1.0, np.nan])
+    assert compare(expected, expected.copy(), level, scale=0.1).ok
+    for actual in ([0.0, -np.inf, np.inf, 1.0, np.nan], [np.inf, np.inf, np.inf, 1.0, np.nan],
+                   [np.inf, -np.inf, 1e300, 1.0, np.nan], [np.inf, -np.inf, np.inf, np.inf, np.nan],
+                   [np.inf, -np.inf, np.inf, 1.0, 1.0]):
+        assert compare(expected, np.array(actual), level, scale=0.1).mismatches == 1, actual
+
+
 def test_a_comparison_is_strict_json_even_when_errors_are_not_finite() -> None:
     report = compare(np.array([1.0, 0.0]), np.array([np.inf, 1.0]), "approximate", scale=0.1).to_dict()
     text = json.dumps(report, allow_nan=False)  # raises on Infinity or NaN
