@@ -62,6 +62,8 @@ DEFINES = ("-DTF_LITE_STATIC_MEMORY", "-DTF_LITE_DISABLE_X86_NEON", "-DCMSIS_NN"
            "-DARM_NN_ENABLE_F16=0", "-DARM_NN_ENABLE_F32=0", "-DNDEBUG", "-DTF_LITE_STRIP_ERROR_STRINGS",
            "-DFLATBUFFERS_LOCALE_INDEPENDENT=0")
 FLAGS = ("-O2", *firmware.SECTION_FLAGS, "-fno-unwind-tables", "-fno-asynchronous-unwind-tables")
+MODEL_SECTION = ".rodata.dabuild_model"  # the flatbuffer's section in the image
+LIBRARY = "libtflm.a"
 CXX_FLAGS = ("-std=c++17", "-fno-rtti", "-fno-exceptions", "-fno-threadsafe-statics")
 ARENA_LIMIT = 1 << 20           # the most arena the driver offers; what TFLM used is measured
 RAM_KEPT = 96 << 10             # RAM left beside the arena for TFLM's statics, newlib's heap and the stack
@@ -230,20 +232,20 @@ def image(model: Path, profile: Profile, checkouts: Checkouts, artifact: Path, w
     work.mkdir(parents=True, exist_ok=True)
     arena = min(ARENA_LIMIT, profile.board.ram_bytes - RAM_KEPT)
     (work / "tflm_driver.cc").write_text(driver(list(calls.values()), arena))
-    (work / "model_data.S").write_text(f'.section .rodata.dabuild_model, "a"\n.balign 16\n.global dabuild_model\n'
+    (work / "model_data.S").write_text(f'.section {MODEL_SECTION}, "a"\n.balign 16\n.global dabuild_model\n'
                                        f'dabuild_model:\n.incbin "{model.resolve()}"\n')
     startup = work / "startup.o"
     subprocess.run([profile.compiler, "-std=c99", *profile.flags, "-O2", "-c", str(artifact / firmware.STARTUP),
                     "-o", str(startup)], check=True)
     base = objects(profile, checkouts, base_sources(checkouts), cache)
     for kernels in (kernel_sources(checkouts, list(calls)), _kernels(checkouts)):
-        library = work / "libtflm.a"
+        library = work / LIBRARY
         library.unlink(missing_ok=True)
         subprocess.run([profile.compiler.replace("gcc", "ar"), "rcs", str(library),
                         *map(str, base + objects(profile, checkouts, kernels, cache))], check=True)
         elf = work / "image.elf"
         result = subprocess.run([profile.compiler.replace("gcc", "g++"), *CXX_FLAGS, *profile.flags, *FLAGS,
-                                 *DEFINES, *checkouts.includes, *firmware.LINK_FLAGS,
+                                 *DEFINES, *checkouts.includes, *firmware.LINK_FLAGS, f"-Wl,-Map={work}/image.map",
                                  "-T", str(artifact / firmware.LINKER_SCRIPT), "-o", str(elf),
                                  str(work / "tflm_driver.cc"), str(work / "model_data.S"), str(startup), str(library),
                                  "-lm"], capture_output=True, text=True, check=False)
@@ -259,6 +261,7 @@ class Measured:
     outputs: np.ndarray        # the output tensor per sample as quantized integers (int64), batch first
     arena_bytes: int           # MicroInterpreter::arena_used_bytes() after the last invoke
     instructions: int | None   # one inference (the first sample), qemu's exec log; None: not counted
+    flash_bytes: int           # the model flatbuffer and the TFLM library's linked text, rodata and data
 
 
 def _io(model: Path) -> tuple[tuple[np.dtype, tuple[int, ...]], tuple[np.dtype, tuple[int, ...]]]:
@@ -297,4 +300,14 @@ def measure(model: Path, qgraph: QGraph, samples: np.ndarray, profile: Profile, 
         raise SystemExit(f"{model}: TFLM on {profile.name}: {why}" if why else str(error)) from None
     outputs = np.fromfile(run / "outputs.bin", dtype=taken).reshape(len(samples), *shape_out[1:])
     instructions = firmware.count_instructions(profile, elf, counted, timeout)[0] if count else None
-    return Measured(quantized_outputs(manifest, outputs), int((run / ARENA_FILE).read_text()), instructions)
+    return Measured(quantized_outputs(manifest, outputs), int((run / ARENA_FILE).read_text()), instructions,
+                    flash_bytes(work / "image.map"))
+
+
+def flash_bytes(map_file: Path) -> int:
+    """What TFLM costs in flash for the model (as dabuild's c target counts its model object): the flatbuffer and
+    the library's objects the linker kept (interpreter, kernels, CMSIS-NN); not the driver, startup or C library,
+    which a firmware has either way."""
+    sizes = firmware.linked_sizes(map_file, lambda section, source: section == MODEL_SECTION
+                                  or Path(source.split("(", 1)[0]).name == LIBRARY)
+    return sizes["text"] + sizes["rodata"] + sizes["data"]

@@ -71,6 +71,7 @@ PUBLISHED_M4_CYCLES = {"kws": ("Cube.AI", 5_200_000), "vww": ("Cube.AI", 10_700_
 GOAL = 0.8
 ARENA_GOAL = 1.1
 PATCH_GOAL = 0.6
+FLASH_GOAL = 1.0  # flash at most TFLM's for the model: its flatbuffer plus its library
 CHECKED_SAMPLES = 4
 FUNCTION_SHARE = 0.01   # --functions lists the functions of at least this share of an inference
 
@@ -119,16 +120,17 @@ def tflite_file(qgraph: QGraph, folder: Path) -> tuple[Path, QGraph] | str:
 
 
 def measured_peer(peer: tuple[Path, QGraph], qgraph: QGraph, samples: np.ndarray, cpu: str, checkouts: Checkouts,
-                  work: Path) -> tuple[int, int, str]:
-    """TFLM+CMSIS-NN's instructions and arena on `cpu`, and its output bytes differing from the c target's and from
-    the file's integer reference with rounding tflm."""
+                  work: Path) -> tuple[int, int, int, str]:
+    """TFLM+CMSIS-NN's instructions, arena and flash (flatbuffer + library) on `cpu`, and its output bytes
+    differing from the c target's and from the file's integer reference with rounding tflm."""
     file, graph = peer
     figures = tflm_measure(file, graph, samples, PROFILES[cpu], checkouts, work / "artifact", work / "tflm")
     assert figures.instructions is not None
     outputs = figures.outputs.reshape(len(samples), -1)
     differ = [int(np.sum(np.asarray(run_integer(reference, samples)).reshape(outputs.shape) != outputs))
               for reference in (qgraph, graph)]
-    return figures.instructions, figures.arena_bytes, f"{differ[0]} / {differ[1]} of {outputs.size}"
+    return (figures.instructions, figures.arena_bytes, figures.flash_bytes,
+            f"{differ[0]} / {differ[1]} of {outputs.size}")
 
 
 def main() -> None:
@@ -152,13 +154,14 @@ def main() -> None:
         files = tempfile.TemporaryDirectory(prefix="dabuild-bench-tiny-tflite-")
         peer_file = tflite_file(qgraph, Path(files.name)) if checkouts else None
         for cpu in args.cpus:
-            differ = "-"
+            differ, peer_flash = "-", None
             with tempfile.TemporaryDirectory(prefix="dabuild-bench-tiny-") as work:
                 figures = measure(qgraph, samples, cpu, args.cflags.split(), Path(work))
                 peer, peer_arena = PEERS.get((name, cpu)), PEER_ARENA.get(name)
                 if checkouts is not None:
-                    peer, peer_arena, differ = (measured_peer(peer_file, qgraph, samples, cpu, checkouts, Path(work))
-                                                if isinstance(peer_file, tuple) else (None, None, str(peer_file)))
+                    peer, peer_arena, peer_flash, differ = (
+                        measured_peer(peer_file, qgraph, samples, cpu, checkouts, Path(work))
+                        if isinstance(peer_file, tuple) else (None, None, None, str(peer_file)))
             count = figures["instructions_per_inference"]
             arena = figures["arena"]
             estimated = figures.get("estimated_cycles_per_inference")
@@ -169,6 +172,8 @@ def main() -> None:
                          f"{peer:,}" if peer else "-",
                          f"{count / peer:.2f}x" if peer else "-",
                          f"{figures['text_bytes']:,} + {figures['rodata_bytes']:,}",
+                         *([f"{peer_flash:,} ({figures['flash_bytes'] / peer_flash:.2f}x)" if peer_flash else "-"]
+                           if checkouts else []),
                          (f"{arena['peak_bytes']:,} ({arena['activation_lower_bound_bytes']:,} + "
                           f"{arena['scratch_bytes']:,})"),
                          f"{arena['peak_bytes'] / max(arena['activation_lower_bound_bytes'], 1):.2f}x",
@@ -180,7 +185,10 @@ def main() -> None:
     source = "measured here" if checkouts else "peers.md"
     header = ["model", "cpu", "instructions", "estimated cycles", "published M4 cycles (goal: below)",
               f"TFLM+CMSIS-NN ({source})", f"ratio (goal {GOAL}x)",
-              "flash text + rodata", "arena (activation bound + largest scratch)",
+              "flash text + rodata",
+              *([f"TFLM flash: flatbuffer + library (dabuild's flash / it, goal <= {FLASH_GOAL}x)"]
+                if checkouts else []),
+              "arena (activation bound + largest scratch)",
               f"arena / bound (goal {ARENA_GOAL}x)", f"TFLM arena ({source})",
               f"patched: layers, peak / layer-by-layer bound (VWW goal {PATCH_GOAL}x)",
               *(["TFLM output bytes differing from c (dabuild rounding) / from reference (rounding tflm)"]

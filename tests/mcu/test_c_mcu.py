@@ -149,7 +149,7 @@ def test_few_channel_conv_loops_are_exact(case: str, marker: str, flags: list[st
     of 8 input channels: 8 pairs of outputs, 25 pixels, so blocks of 3 and a last one of 1), the im2col conv
     on rows of whole tiles (no pixel guard, one output pointer), conv_rows_dsp.j2 on int16 weights (`wide_weights`:
     a 1x1 conv's pixels, blocks of 3 and a last one of 1, and a 3x3 conv's ring of padded rows, 2 blocks of 3) and
-    on int8 channel-paired words (weights over 32 KB); each on the DSP loop and its portable twin, in both
+    on int8 channel-paired words (weights over 16 KB); each on the DSP loop and its portable twin, in both
     roundings."""
     qgraph = CTarget(CTarget.Options(cpu="cortex-m4", rounding=rounding)).integer_graph(lowered(case))
     actual, expected, _, _ = run_in_qemu(qgraph, tmp_path, "cortex-m4", cflags=[*STRICT, *flags], rounding=rounding)
@@ -316,7 +316,7 @@ def test_int8_weights_take_half_the_host_layout() -> None:
 
 
 def test_a_small_layer_keeps_int16_weights_on_a_dsp_core() -> None:
-    """conv_rows_dsp.j2 reads the weights of a layer of at most 32 KB as int16 on a DSP core (two loads a pair
+    """conv_rows_dsp.j2 reads the weights of a layer of at most 16 KB as int16 on a DSP core (two loads a pair
     of inputs, no SXTB16), and as int8 on a core without the DSP extension."""
     qgraph = lowered("conv 1x1 no pad")   # 24 x 16 weights
     assert stored_bytes(qgraph, "cortex-m4") - stored_bytes(qgraph, "cortex-m0") == 24 * 16

@@ -22,6 +22,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -210,17 +211,18 @@ def count_instructions(profile: Profile, image: Path, work_dir: Path, timeout: f
 _INPUT_SECTION = re.compile(r"^ (\.\S+)\s+0x[0-9a-f]+\s+0x([0-9a-f]+)\s+(\S+)$", re.MULTILINE)
 
 
-def _linked_sections(map_file: Path, object_name: str) -> dict[str, int]:
-    """Sizes of the input sections of `object_name` the linker kept (its map after --gc-sections): what the
-    model costs in a firmware, without the float interface a program that never calls it drops."""
+def linked_sizes(map_file: Path, counted: Callable[[str, str], bool]) -> dict[str, int]:
+    """Bytes of text, rodata, data and bss the linker kept (its map after --gc-sections) of the input sections
+    `counted(section, source)` names, `source` being an object or an archive member (`lib.a(member.o)`)."""
     text = map_file.read_text()
     kept = text[text.index("Linker script and memory map"):]
     kept = re.sub(r"^( \.\S+)\n\s+0x", r"\1 0x", kept, flags=re.MULTILINE)  # a long name: the rest on the next line
-    sizes: dict[str, int] = {}
+    totals = {"text": 0, "rodata": 0, "data": 0, "bss": 0}
     for section, size, source in _INPUT_SECTION.findall(kept):
-        if Path(source).name == object_name and int(size, 16):
-            sizes[section] = sizes.get(section, 0) + int(size, 16)
-    return sizes
+        kind = _kind(section)
+        if kind and int(size, 16) and counted(section, source):
+            totals[kind] += int(size, 16)
+    return totals
 
 
 def _kind(section: str) -> str | None:
@@ -244,11 +246,9 @@ def stack_bytes(stack_usage: Path) -> int:
 
 def measure(image: Image) -> dict[str, int]:
     """Flash and RAM of the model object (what a firmware links), and the stack of model_forward."""
-    totals = {"text": 0, "rodata": 0, "data": 0, "bss": 0}
-    for section, size in _linked_sections(image.map_file, image.model_object.name).items():
-        kind = _kind(section)
-        if kind:
-            totals[kind] += size
+    # the model object alone: what the model costs in a firmware, without the float interface a program that
+    # never calls it drops
+    totals = linked_sizes(image.map_file, lambda _, source: Path(source).name == image.model_object.name)
     return {"text_bytes": totals["text"], "rodata_bytes": totals["rodata"], "data_bytes": totals["data"],
             "bss_bytes": totals["bss"], "flash_bytes": totals["text"] + totals["rodata"] + totals["data"],
             "stack_bytes": stack_bytes(image.stack_usage),

@@ -65,7 +65,7 @@ CASES: dict[str, tuple[list[Node], tuple[int, ...], dict[str, np.ndarray], str, 
                                                                  "c_b": weights(24)}, "per_tensor", {"conv"}),
     "conv 1x1 8 channels": ([conv_node("c", "x", "y")], (8, 5, 5), {"c_w": weights(16, 8, 1, 1),   # pairs unrolled
                                                                      "c_b": weights(16)}, "per_channel", {"conv"}),
-    "conv 1x1 int8 pairs": ([conv_node("c", "x", "y")], (272, 3, 3), {"c_w": weights(128, 272, 1, 1),   # > 32 KB
+    "conv 1x1 int8 pairs": ([conv_node("c", "x", "y")], (272, 3, 3), {"c_w": weights(128, 272, 1, 1),   # > 16 KB
                                                                         "c_b": weights(128)}, "per_channel", {"conv"}),
     "conv rgb stride 2 whole tiles": (   # the M4 im2col conv on rows of whole 3-pixel tiles, as VWW's stem
         [conv_node("c", "x", "y", strides=[2, 2], pads=[0, 0, 1, 1])], (3, 12, 12),

@@ -66,3 +66,4 @@ def test_c_with_tflm_rounding_is_bit_identical_to_tflm_cmsis_nn_in_qemu(name: st
     assert peer.outputs.size == ours.size
     assert np.array_equal(ours.reshape(peer.outputs.shape), peer.outputs)
     assert peer.arena_bytes > 0
+    assert peer.flash_bytes > path.stat().st_size  # the flatbuffer and the kernels that ran it

@@ -453,12 +453,12 @@ PAIR_UNROLL = 64   # the most pairs a trip: a loop end costs about 6 cycles to a
 # more, 64, 10.80 M for 9 KB more: a 128-channel 1x1 conv's row in one trip)
 
 
-WIDE_WEIGHT_BYTES = 32768   # the DSP GEMM loops take a layer's weights as int16 (`wide_weights`, wide_loads.j2) up
-# to this many int8 bytes, so doubling them costs at most 32 KB of flash a layer: an LDRD of both channels' pairs
+WIDE_WEIGHT_BYTES = 16384   # the DSP GEMM loops take a layer's weights as int16 (`wide_weights`, wide_loads.j2) up
+# to this many int8 bytes, so doubling them costs at most 16 KB of flash a layer: an LDRD of both channels' pairs
 # where the int8 word took a load and two SXTB16, 12 estimated M4 cycles for 12 MACs where it took 13 (VWW's 1x1
-# convs up to 16 KB: 11.49 M -> 10.97 M, 98 KB more rodata; up to 32 KB, its 128 -> 256 conv too, 10.71 M ->
-# 10.66 M for 32 KB more; a 1x1 conv of unrolled channel pairs keeps int8, 571 K against 636 K int16 unrolled and
-# 666 K int16 rolled)
+# convs up to 16 KB: 11.49 M -> 10.97 M, 98 KB more rodata). Up to 32 KB its 128 -> 256 conv went too, 0.05 M fewer
+# cycles for 32 KB more, which took VWW's flash past TFLM's (1.08x its flatbuffer and library); a 1x1 conv of
+# unrolled channel pairs keeps int8, 571 K against 636 K int16 unrolled and 666 K int16 rolled
 
 
 def _wide_weights(weight: np.ndarray, pixel_stride: int, row_depth: int) -> bool:
