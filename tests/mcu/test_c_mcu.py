@@ -26,7 +26,7 @@ from dabuild.qir.reference import run_integer
 from dabuild.quant.defaults import default_config
 from dabuild.targets.c import CTarget, firmware
 from dabuild.targets.c.codegen import COMMON_HEADER, stored_bytes
-from dabuild.targets.c.kernels.linear import channel_paired, interleave, never_ties
+from dabuild.targets.c.kernels.linear import channel_paired, channel_paired_wide, interleave, never_ties
 from dabuild.targets.c.profiles import PROFILES
 
 pytestmark = pytest.mark.skipif(shutil.which("arm-none-eabi-gcc") is None or shutil.which("qemu-system-arm") is None,
@@ -41,7 +41,8 @@ WEIGHTED = ["dense per tensor", "dense per channel relu6", "conv 3x3 pad 1", "co
             "conv rgb stride 2 whole tiles", "conv1d", "depthwise",
             "depthwise 6 channels asymmetric pads", "depthwise 12 channels dilated columns stride 2",
             "depthwise multiplier 2 stride", "depthwise dilated stride past the band",
-            "depthwise 8 channels wide rows stride 2 down", "depthwise 8 channels even rows"]
+            "depthwise 8 channels wide rows stride 2 down", "depthwise 8 channels even rows",
+            "depthwise 4 channels rows of 4k + 1 one-sided pads", "depthwise 8 channels rows of 3"]
 # every case whose kernels have a portable, a DSP and a Helium path
 ISA_PATHS = [*WEIGHTED, "add of feature maps then relu"]
 # a case whose 24 samples (or whose map with the firmware's buffers) pass the M0 board's 16 KiB of RAM runs on the
@@ -103,13 +104,15 @@ def test_depthwise_dsp_loop_is_exact_in_the_tflm_roundings(rounding: str, cpu: s
 @pytest.mark.parametrize("rounding", ["dabuild", "tflm"])
 @pytest.mark.parametrize("flags", [[], ["-U__ARM_FEATURE_DSP"]], ids=["dsp", "no-dsp"])
 @pytest.mark.parametrize("case", ["depthwise", "depthwise 8 channels wide rows stride 2 down",
-                                  "depthwise 8 channels even rows"])
+                                  "depthwise 8 channels even rows", "depthwise 4 channels rows of 4k + 1 one-sided pads",
+                                  "depthwise 8 channels rows of 3"])
 def test_planar_depthwise_loop_is_exact(case: str, flags: list[str], rounding: str, tmp_path: Path) -> None:
     """The M4's planar depthwise loop (depthwise_planar_dsp.j2: rows widened to int16 planes, kernel rows' taps
     paired for SMLAD), on a row unrolled with an odd last output (7 wide), on rows past the unrolled width in
-    chunks of output rows (27 wide, stride 2 down 19 rows) and on even rows (10 wide, widened two pixels a step
-    with no odd last one); its portable twin without the DSP extension; and
-    both feeding TFLM's requantization the same sums as the reference computing with that rounding."""
+    chunks of output rows (51 wide, stride 2 down 19 rows), on even rows (10 wide: widened four pixels a step,
+    then two, with no odd last one), on rows of 9 padded at the top and right only (four a step, then the odd
+    one) and on rows of 3 (the narrowest it takes: a pair and an odd one); its portable twin without the DSP
+    extension; and both feeding TFLM's requantization the same sums as the reference computing with that rounding."""
     qgraph = CTarget(CTarget.Options(cpu="cortex-m4", rounding=rounding)).integer_graph(lowered(case))
     actual, expected, _, _ = run_in_qemu(qgraph, tmp_path, "cortex-m4", cflags=[*STRICT, *flags], rounding=rounding)
     assert "__smlatb" in (tmp_path / "artifact" / "layer_c.h").read_text()
@@ -118,14 +121,36 @@ def test_planar_depthwise_loop_is_exact(case: str, flags: list[str], rounding: s
 
 @pytest.mark.parametrize("rounding", ["dabuild", "tflm"])
 @pytest.mark.parametrize("flags", [[], ["-U__ARM_FEATURE_DSP"]], ids=["dsp", "no-dsp"])
+@pytest.mark.parametrize("case", ["depthwise 12 channels dilated columns stride 2",
+                                  "depthwise 6 channels asymmetric pads"])
+def test_channels_last_depthwise_sums_start_at_the_bias(case: str, flags: list[str], rounding: str,
+                                                        tmp_path: Path) -> None:
+    """The M4's channels-last depthwise loop (the stride-2 and few-output-column layers) starts its four sums at
+    the bias where they fit int32 and the shift is 32 or more, so no output adds it: exact on the SXTB16/SMLABB
+    loop and its portable twin, in both roundings, on a stride-2 layer padded at every border (9 wide, taps 2
+    apart: an odd width) and on 6 channels (a block of four and a scalar tail that still adds its bias), with
+    asymmetric pads (top and right none)."""
+    qgraph = CTarget(CTarget.Options(cpu="cortex-m4", rounding=rounding)).integer_graph(lowered(case))
+    actual, expected, _, _ = run_in_qemu(qgraph, tmp_path, "cortex-m4", cflags=[*STRICT, *flags], rounding=rounding)
+    assert "int32_t s0 = l_c_bias[c], s1 = l_c_bias[c + 1]" in (tmp_path / "artifact" / "layer_c.h").read_text()
+    assert np.array_equal(actual, expected), f"{np.sum(actual != expected)} of {expected.size} outputs differ"
+
+
+@pytest.mark.parametrize("rounding", ["dabuild", "tflm"])
+@pytest.mark.parametrize("flags", [[], ["-U__ARM_FEATURE_DSP"]], ids=["dsp", "no-dsp"])
 @pytest.mark.parametrize("case, marker", [("conv 1x1 8 channels", "#pragma GCC unroll 8"),
-                                          ("conv rgb stride 2 whole tiles", "rows of whole tiles")])
+                                          ("conv rgb stride 2 whole tiles", "rows of whole tiles"),
+                                          ("conv 1x1 no pad", "DABUILD_WORD_ALIGNED"),
+                                          ("conv 3x3 pad 1 wide rows", "DABUILD_WORD_ALIGNED"),
+                                          ("conv 1x1 int8 pairs", "__sxtb16(pair)")])
 def test_few_channel_conv_loops_are_exact(case: str, marker: str, flags: list[str], rounding: str,
                                           tmp_path: Path) -> None:
     """The M4 loops of convs of few channels: conv_rows_dsp.j2 with its channel pairs' loop unrolled (a 1x1 conv
-    of 8 input channels: 8 pairs of outputs, 25 pixels, so blocks of 3 and a last one of 1) and the im2col conv
-    on rows of whole tiles (no pixel guard, one output pointer); each on the DSP loop and its portable twin, in
-    both roundings."""
+    of 8 input channels: 8 pairs of outputs, 25 pixels, so blocks of 3 and a last one of 1), the im2col conv
+    on rows of whole tiles (no pixel guard, one output pointer), conv_rows_dsp.j2 on int16 weights (`wide_weights`:
+    a 1x1 conv's pixels, blocks of 3 and a last one of 1, and a 3x3 conv's ring of padded rows, 2 blocks of 3) and
+    on int8 channel-paired words (weights over 32 KB); each on the DSP loop and its portable twin, in both
+    roundings."""
     qgraph = CTarget(CTarget.Options(cpu="cortex-m4", rounding=rounding)).integer_graph(lowered(case))
     actual, expected, _, _ = run_in_qemu(qgraph, tmp_path, "cortex-m4", cflags=[*STRICT, *flags], rounding=rounding)
     assert marker in (tmp_path / "artifact" / "layer_c.h").read_text()
@@ -286,14 +311,32 @@ def test_budget_overflow_fails_naming_it(tmp_path: Path) -> None:
 
 
 def test_int8_weights_take_half_the_host_layout() -> None:
-    qgraph = lowered("conv 1x1 no pad")   # 24 x 16 weights: int16 on the host, int8 on a Cortex-M
-    assert stored_bytes(qgraph, "host") - stored_bytes(qgraph, "cortex-m4") == 24 * 16
+    qgraph = lowered("conv 1x1 int8 pairs")   # 128 x 272 weights: int16 on the host, int8 on a Cortex-M
+    assert stored_bytes(qgraph, "host") - stored_bytes(qgraph, "cortex-m4") == 128 * 272
+
+
+def test_a_small_layer_keeps_int16_weights_on_a_dsp_core() -> None:
+    """conv_rows_dsp.j2 reads the weights of a layer of at most 32 KB as int16 on a DSP core (two loads a pair
+    of inputs, no SXTB16), and as int8 on a core without the DSP extension."""
+    qgraph = lowered("conv 1x1 no pad")   # 24 x 16 weights
+    assert stored_bytes(qgraph, "cortex-m4") - stored_bytes(qgraph, "cortex-m0") == 24 * 16
 
 
 def test_interleave_is_its_own_inverse_and_pairs_for_sxtb16() -> None:
     rows = np.arange(8).reshape(1, 8)
     assert interleave(rows).tolist() == [[0, 2, 1, 3, 4, 6, 5, 7]]
     assert np.array_equal(interleave(interleave(rows)), rows)
+
+
+def test_wide_channel_paired_weights_are_the_pairs_smlad_takes() -> None:
+    """conv_rows_dsp.j2's int16 weights: per channel pair and pair of widened inputs the words (c0 a, c0 b) and
+    (c1 a, c1 b), so SMLAD of a loaded input word and each gives that channel's exact dot product."""
+    rng = np.random.default_rng(6)
+    weight, x = rng.integers(-128, 128, (4, 12)), rng.integers(-128, 128, 12)
+    words = channel_paired_wide(interleave(weight.astype(np.int8))).astype(np.int64).reshape(2, 6, 2, 2)
+    widened = interleave(x[None])[0].reshape(6, 2)
+    sums = [[int(sum(widened[j] @ words[m, j, c] for j in range(6))) for c in (0, 1)] for m in range(2)]
+    assert np.array_equal(np.array(sums).reshape(-1), weight @ x)
 
 
 def test_channel_paired_weights_give_each_channel_its_pair_of_the_widened_input() -> None:

@@ -65,6 +65,8 @@ CASES: dict[str, tuple[list[Node], tuple[int, ...], dict[str, np.ndarray], str, 
                                                                  "c_b": weights(24)}, "per_tensor", {"conv"}),
     "conv 1x1 8 channels": ([conv_node("c", "x", "y")], (8, 5, 5), {"c_w": weights(16, 8, 1, 1),   # pairs unrolled
                                                                      "c_b": weights(16)}, "per_channel", {"conv"}),
+    "conv 1x1 int8 pairs": ([conv_node("c", "x", "y")], (272, 3, 3), {"c_w": weights(128, 272, 1, 1),   # > 32 KB
+                                                                        "c_b": weights(128)}, "per_channel", {"conv"}),
     "conv rgb stride 2 whole tiles": (   # the M4 im2col conv on rows of whole 3-pixel tiles, as VWW's stem
         [conv_node("c", "x", "y", strides=[2, 2], pads=[0, 0, 1, 1])], (3, 12, 12),
         {"c_w": weights(8, 3, 3, 3), "c_b": weights(8)}, "per_channel", {"conv"}),
@@ -85,10 +87,16 @@ CASES: dict[str, tuple[list[Node], tuple[int, ...], dict[str, np.ndarray], str, 
         [conv_node("c", "x", "y", groups=12, dilations=[1, 2], strides=[1, 2], pads=[1, 2, 1, 2])], (12, 6, 9),
         {"c_w": weights(12, 1, 3, 3), "c_b": weights(12)}, "per_channel", {"conv_depthwise"}),
     "depthwise 8 channels wide rows stride 2 down": (   # rows past the unrolled width, an odd last output, chunks
-        [conv_node("c", "x", "y", groups=8, strides=[2, 1], pads=[1, 1, 1, 1], activation="relu")], (8, 19, 27),
+        [conv_node("c", "x", "y", groups=8, strides=[2, 1], pads=[1, 1, 1, 1], activation="relu")], (8, 19, 51),
         {"c_w": weights(8, 1, 3, 3), "c_b": weights(8)}, "per_tensor", {"conv_depthwise"}),
-    "depthwise 8 channels even rows": (   # the planar loop's widening two pixels a step, no odd last pixel
+    "depthwise 8 channels even rows": (   # the planar loop's widening four pixels a step then two, no odd last pixel
         [conv_node("c", "x", "y", groups=8, pads=[1, 1, 1, 1], activation="relu")], (8, 6, 10),
+        {"c_w": weights(8, 1, 3, 3), "c_b": weights(8)}, "per_channel", {"conv_depthwise"}),
+    "depthwise 4 channels rows of 4k + 1 one-sided pads": (   # widened 4 pixels a step, then an odd one; top, right pads
+        [conv_node("c", "x", "y", groups=4, pads=[1, 0, 0, 1], activation="relu")], (4, 5, 9),
+        {"c_w": weights(4, 1, 3, 3), "c_b": weights(4)}, "per_tensor", {"conv_depthwise"}),
+    "depthwise 8 channels rows of 3": (   # the planar loop's narrowest rows: one pair and an odd last output
+        [conv_node("c", "x", "y", groups=8, pads=[1, 1, 1, 1])], (8, 4, 3),
         {"c_w": weights(8, 1, 3, 3), "c_b": weights(8)}, "per_channel", {"conv_depthwise"}),
     "depthwise 6 channels asymmetric pads": ([conv_node("c", "x", "y", groups=6, pads=[0, 1, 1, 0])], (6, 5, 6),
                                              {"c_w": weights(6, 1, 3, 3), "c_b": weights(6)}, "per_tensor",

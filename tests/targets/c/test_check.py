@@ -43,6 +43,18 @@ def test_approximate_allows_one_quantization_step() -> None:
     assert not compare(expected, expected + step, "approximate").ok  # float outputs: atol 1e-4
 
 
+def test_one_step_dequantized_in_float32_is_one_step() -> None:
+    # A ResNet-50's QDQ output from onnxruntime: the reference's zero, the runtime's one step, both float32; the
+    # scale rounded to float32 makes that step 1.0000001 of the float64 scale's.
+    scale = 0.004370974793153651
+    expected = np.zeros(4, np.float32)
+    actual = (np.array([1, -1, 0, 1]) * np.float32(scale)).astype(np.float32)
+    assert abs(float(actual[0])) > scale
+    assert compare(expected, actual, "approximate", scale=scale).ok
+    assert not compare(expected, actual * np.float32(1.0001), "approximate", scale=scale).ok
+    assert not compare(expected, actual * 2, "approximate", scale=scale).ok
+
+
 def test_super_tolerates_a_fraction_of_outliers() -> None:
     expected = np.zeros(20000)
     actual = expected.copy()
@@ -52,6 +64,16 @@ def test_super_tolerates_a_fraction_of_outliers() -> None:
     assert not compare(expected, actual, "super").ok
     nan = np.array([np.nan, 1.0])
     assert compare(nan, nan, "exact").ok and not compare(nan, np.array([0.0, 1.0]), "exact").ok
+
+
+@pytest.mark.parametrize("level", ["exact", "approximate", "ultra"])
+def test_an_infinity_agrees_only_with_the_same_infinity(level: str) -> None:
+    expected = np.array([np.inf, -np.inf, np.inf, 1.0, np.nan])
+    assert compare(expected, expected.copy(), level, scale=0.1).ok
+    for actual in ([0.0, -np.inf, np.inf, 1.0, np.nan], [np.inf, np.inf, np.inf, 1.0, np.nan],
+                   [np.inf, -np.inf, 1e300, 1.0, np.nan], [np.inf, -np.inf, np.inf, np.inf, np.nan],
+                   [np.inf, -np.inf, np.inf, 1.0, 1.0]):
+        assert compare(expected, np.array(actual), level, scale=0.1).mismatches == 1, actual
 
 
 def test_a_comparison_is_strict_json_even_when_errors_are_not_finite() -> None:

@@ -173,7 +173,7 @@ def _ring_of_rows_bytes(geometry: dict[str, int]) -> int:
 
 
 PLANAR_GROUP = 4   # channels the planar depthwise loop widens at a time: one word of the channels-last input
-PLANAR_ROW = 4     # the fewest outputs a row for it: per channel and row it sets up what a narrower row cannot repay
+PLANAR_ROW = 3     # the fewest outputs a row for it: per channel and row it sets up what a narrower row cannot repay
 
 
 def _plane_width(geometry: dict[str, int]) -> int:
@@ -203,8 +203,8 @@ def _planar_depthwise(step: Step, geometry: dict[str, int]) -> bool:
     multiplier 1, whole blocks of four channels, a kernel 3 wide of stride 1 and no column dilation, and sums that
     start at the bias inside int32 with every shift 32 or more, on rows of PLANAR_ROW outputs or more. (Stride 2
     widens four inputs per output, and its loop, measured on VWW's four such layers, took 1.2 to 1.8x the other
-    loop's cycles, still 1.0 to 1.4x with two pixels widened a step and SMMLA requantization; on VWW's rows of 3
-    it took 1.2x.)"""
+    loop's cycles, still 1.0 to 1.4x with two pixels widened a step and SMMLA requantization. Rows of 3, which
+    took 1.2x before those two, take 0.83x now: VWW's conv76, 78 K -> 65 K estimated M4 cycles.)"""
     layer: QConv = step.layer  # type: ignore[assignment]
     if step.profile.isa != DSP or step.profile.for_size or not geometry["padded"]:
         return False
@@ -448,8 +448,27 @@ def _unrolled_channel_pairs(single: bool, geometry: dict[str, int]) -> bool:
             and geometry["block_outputs"] // 2 <= UNROLLED_CHANNEL_PAIRS)
 
 
-PAIR_UNROLL = 16   # the most pairs a trip: a loop end costs about 6 cycles to a pair's 13 (VWW on M4: 16 against 8,
-# 12.16 -> 11.91 M estimated cycles for 4 KB more code; 32, 11.82 M for 7 KB more)
+PAIR_UNROLL = 64   # the most pairs a trip: a loop end costs about 6 cycles to a pair's 12 or 13 (VWW on M4: 16 against
+# 8, 12.16 -> 11.91 M estimated cycles for 4 KB more code; on int16 weights 32 against 16, 10.97 -> 10.87 M for 6 KB
+# more, 64, 10.80 M for 9 KB more: a 128-channel 1x1 conv's row in one trip)
+
+
+WIDE_WEIGHT_BYTES = 32768   # the DSP GEMM loops take a layer's weights as int16 (`wide_weights`, wide_loads.j2) up
+# to this many int8 bytes, so doubling them costs at most 32 KB of flash a layer: an LDRD of both channels' pairs
+# where the int8 word took a load and two SXTB16, 12 estimated M4 cycles for 12 MACs where it took 13 (VWW's 1x1
+# convs up to 16 KB: 11.49 M -> 10.97 M, 98 KB more rodata; up to 32 KB, its 128 -> 256 conv too, 10.71 M ->
+# 10.66 M for 32 KB more; a 1x1 conv of unrolled channel pairs keeps int8, 571 K against 636 K int16 unrolled and
+# 666 K int16 rolled)
+
+
+def _wide_weights(weight: np.ndarray, pixel_stride: int, row_depth: int) -> bool:
+    """Whether a DSP GEMM loop takes int16 weights (wide_loads.j2): at most WIDE_WEIGHT_BYTES of int8, and every
+    input its asm loads within an LDR's reach (4095 bytes) of the trip's input pointer."""
+    reach = 2 * ((WIDENED_PIXELS - 1) * pixel_stride + 2 * (_pair_unroll(row_depth // 2) - 1))
+    return weight.size <= WIDE_WEIGHT_BYTES and reach <= LDR_REACH
+
+
+LDR_REACH = 4095   # the largest immediate offset of a Thumb-2 LDR
 
 
 def _pair_unroll(pairs: int) -> int:
@@ -471,6 +490,16 @@ def channel_paired(weight: np.ndarray) -> np.ndarray:
     *rest, outputs, depth = weight.shape
     pairs = weight.reshape(*rest, outputs // 2, 2, depth // 2, 2)
     return np.ascontiguousarray(np.moveaxis(pairs, -3, -1)).reshape(*rest, outputs, depth)
+
+
+def channel_paired_wide(weight: np.ndarray) -> np.ndarray:
+    """[..., out][depth] int8 (out and depth even) as int16 in channel pairs (conv_rows_dsp.j2's `wide_weights`):
+    per pair of channels (c0, c1) and pair of depth (a, b) the words (c0 a, c0 b) and (c1 a, c1 b), the pairs
+    SMLAD takes as loaded, so a pair of inputs costs two weight loads where the int8 word took a load and two
+    SXTB16 (one cycle less on a Cortex-M4); a channel pair's words follow one another."""
+    *rest, outputs, depth = weight.shape
+    pairs = weight.astype(np.int16).reshape(*rest, outputs // 2, 2, depth // 2, 2)
+    return np.ascontiguousarray(np.swapaxes(pairs, -3, -2)).reshape(*rest, outputs, depth)
 
 
 @kernel("conv", "conv_rows", config="weighted", inputs=CHANNELS_LAST, outputs=CHANNELS_LAST, granularities=BOTH,
@@ -516,10 +545,14 @@ def _conv_rows_dsp(step: Step) -> dict[str, Any]:
     bias[:len(requantization["bias"])] = requantization["bias"]
     requantization["bias"] = bias
     # the depth in the order the input widens ((x0, x2, x1, x3) per 4: `interleave`), then in channel pairs
-    return {**geometry, "input_zero_point": step.inputs[0].quant.zero_point, "weight": channel_paired(interleave(weight)),
+    unrolled = _unrolled_channel_pairs(single, geometry)
+    pixel_stride = geometry["channels"] if single else geometry["stride_width"] * geometry["channels"]
+    wide = _wide_weights(weight, pixel_stride, geometry["kernel_width"] * geometry["channels"]) and not unrolled
+    paired = channel_paired_wide(interleave(weight)) if wide else channel_paired(interleave(weight))
+    return {**geometry, "input_zero_point": step.inputs[0].quant.zero_point, "weight": paired, "wide_weights": wide,
             "widened": True, "pair_unroll": _pair_unroll(geometry["kernel_width"] * geometry["channels"] // 2),
             "single_pixels": single, "blocks": _pixel_blocks(geometry["out_width"], WIDENED_PIXELS),
-            "unrolled_channel_pairs": _unrolled_channel_pairs(single, geometry),
+            "unrolled_channel_pairs": unrolled,
             # the sums start at the bias where they provably stay in int32 and the output takes the int32 path
             "fold_bias": requantization["narrow_sum"] and requantization["high_shift"], **requantization}
 
@@ -540,8 +573,9 @@ def conv_mcu(step: Step) -> dict[str, Any]:
     geometry = _mcu_geometry(step)
     groups, depth = layer.groups, geometry["window_depth"]
     rows, weight = _gemm_weight(step, geometry, np.int8)
+    wide = step.profile.isa == DSP and _wide_weights(weight, geometry["depth"], geometry["depth"])
     if step.profile.isa == DSP:
-        weight = channel_paired(weight)
+        weight = channel_paired_wide(weight) if wide else channel_paired(weight)
     # portable C: int16 columns x - zp; DSP: int16 columns x as stored, Helium: int8 ones, the zero point folded
     # into the bias and the padding taps holding it (the DSP im2col then copies, a load and a store a value, where
     # centring put an add before each store: VWW's stem on M4, 1.30 -> 1.22 M estimated cycles)
@@ -553,7 +587,7 @@ def conv_mcu(step: Step) -> dict[str, Any]:
             "centred": centred, "column_type": "int8_t" if step.profile.isa == MVE else "int16_t",
             "pad_value": 0 if centred else zero_point,
             "contiguous_rows": groups == 1 and geometry["dilation_width"] == 1,
-            "weight": weight, "vector_output": _vector_output(step, geometry, requantization),
+            "weight": weight, "wide_weights": wide, "vector_output": _vector_output(step, geometry, requantization),
             "pair_unroll": _pair_unroll(geometry["depth"] // 2),
             # the sums start at the bias (one load a channel, no add an output) where they stay in int32 and
             # requantize without ties, and every block's channels are real ones
