@@ -8,7 +8,8 @@ config), targets c and onnx. Runs `dabuild build` in a child process and prints
 
 - each stage's time as the build reports it, and the whole build's (goal <= 400 s on a 2-core machine,
   issue 20), with the CPU named and the load average (1, 5, 15 min) at the start and at the end;
-- each tune stage's search time and the part of it spent pricing configs (objective size), as it reports them,
+- each tune stage's search time and the part of it spent pricing configs (objective size), and its time
+  outside the search (setting up, the traced pass of the default config, writing the outputs), as it reports them,
   and configs priced both ways in this process (`pricing_seconds`): lowered and measured whole, as objective
   size did before it priced by layer, and as the tune stage now prices them; seconds a config, their ratio,
   and whether both ways cost every config the same bytes;
@@ -330,7 +331,7 @@ def main() -> None:
         print(f"whole build               {elapsed:8.1f} s   goal <= {GOALS['build']} s on {cpu_name()}; "
               f"load average at the end {load_average()}")
         for line in output.splitlines():
-            if line.startswith("  tune:") or re.match(r"tune:\S+: search ", line):
+            if line.startswith("  tune:") or re.match(r"tune:\S+: (search|set up) ", line):
                 print(line)
         with np.load(work / "data.npz") as data:
             x_cal, x_eval = data["x_cal"], data["x_eval"]

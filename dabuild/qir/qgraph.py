@@ -53,6 +53,9 @@ _CONSTANT_KEY = ":constant:"  # npz member prefix of graph constants (layer arra
 Trace = dict[str, np.ndarray]
 
 
+DEQUANTIZE_TABLE_SIZE = 4096  # values from which `QuantParams.dequantize` looks one-byte values up in a table
+
+
 @dataclass(frozen=True)
 class QuantParams:
     """Affine mapping real = scale * (q - zero_point) of one tensor.
@@ -120,8 +123,24 @@ class QuantParams:
         return np.clip(q, self.qmin, self.qmax).astype(self.storage)
 
     def dequantize(self, q: np.ndarray) -> np.ndarray:
-        """int -> float32, the way model_forward_float does it in C."""
-        centred = (np.asarray(q).astype(np.int32) - np.int32(self.zero_point)).astype(np.float32)
+        """int -> float32, the way model_forward_float does it in C; in the memory order of `q` (as numpy's
+        elementwise operations keep it), so what reduces the result sums it in the same order either way.
+
+        Large arrays of a one-byte type look each value up in a table of the 256 results, computed alike:
+        one pass over the data, where the arithmetic takes four (and three temporaries) for the same bits."""
+        q = np.asarray(q)
+        if q.dtype.itemsize == 1 and q.dtype.kind in "iu" and q.size >= DEQUANTIZE_TABLE_SIZE:
+            order = np.argsort([-stride for stride in q.strides], kind="stable")  # axes, outermost in memory first
+            codes = q.transpose(order)
+            if codes.flags.c_contiguous:
+                table = self._dequantized(np.arange(256, dtype=np.uint8).view(q.dtype))
+                values = np.empty(codes.shape, np.float32)
+                np.take(table, codes.view(np.uint8), out=values, mode="clip")  # every code is in the table
+                return values.transpose(np.argsort(order))
+        return self._dequantized(q)
+
+    def _dequantized(self, q: np.ndarray) -> np.ndarray:
+        centred = (q.astype(np.int32) - np.int32(self.zero_point)).astype(np.float32)
         return centred * np.float32(self.scale)
 
     def centred(self, q: np.ndarray) -> np.ndarray:

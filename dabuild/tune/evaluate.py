@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from dabuild.ir.kernels.native import layer_threads
 from dabuild.ir.memory import samples_that_fit
 from dabuild.metrics import top_k_of
 from dabuild.qir.qgraph import QGraph
-from dabuild.qir.reference import quantize_input, run_integer, run_quantized
+from dabuild.qir.reference import dequantize_output, quantize_input, run_integer, run_quantized
 from dabuild.quant.calibrate import Stats
 from dabuild.quant.config import QuantConfig
 from dabuild.quant.lowering import WeightCache
@@ -60,9 +61,28 @@ class Score:
 
 
 def relative_mse(values: np.ndarray, reference: np.ndarray) -> float:
-    reference = reference.astype(np.float64)
-    power = float(np.mean(reference**2))
-    return float(np.mean((values.astype(np.float64) - reference) ** 2)) / (power if power > 0 else 1.0)
+    """The mean square of `values - reference` over that of `reference`, in float64.
+
+    Where both lie alike in memory (the same shape, type and layout: a node's output as the integer and the float
+    run leave it), each square is made in one pass from the float32 arrays, converting as it goes: the same
+    float64 arrays, laid out and summed alike, as converting both whole first makes (the bits are equal),
+    in two passes and two temporaries fewer."""
+    if values.dtype == reference.dtype and _same_layout(values, reference):
+        squares = np.square(reference, dtype=np.float64)
+        errors = np.subtract(values, reference, dtype=np.float64)
+        np.square(errors, out=errors)
+    else:
+        reference = reference.astype(np.float64)
+        squares = reference**2
+        errors = (values.astype(np.float64) - reference) ** 2
+    power = float(np.mean(squares))
+    return float(np.mean(errors)) / (power if power > 0 else 1.0)
+
+
+
+def _same_layout(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether `a` and `b` have one shape and lie alike in memory (the strides of axes of one element aside)."""
+    return a.shape == b.shape and all(size == 1 or s == t for size, s, t in zip(a.shape, a.strides, b.strides))
 
 
 class Evaluator:
@@ -76,9 +96,18 @@ class Evaluator:
         self.interpreter = Interpreter(self.graph, threads=self.threads)  # prepared once for every batch
         self.weight_cache = WeightCache()  # each node's integer (and packed) weights, while its choice stays
         self.batch_size = self.samples_within(setup.budget)
-        self.float_outputs = np.concatenate([self.interpreter.run({self.input: x})[self.graph.outputs[0]]
-                                             for x in self._batches()])
-        self.baseline = self.metric(self.float_outputs, setup.labels)
+        self._traced: Traced | None = None  # the last config `trace` ran over every row
+
+    @functools.cached_property
+    def float_outputs(self) -> np.ndarray:
+        """The float graph's outputs on every evaluation row, which each score's MSE compares against: from
+        the float pass `trace` made where it ran first, else one batched pass now."""
+        return np.concatenate([self.interpreter.run({self.input: x})[self.graph.outputs[0]] for x in self._batches()])
+
+    @functools.cached_property
+    def baseline(self) -> float:
+        """The float graph's metric on the evaluation data: the score each config's is held against."""
+        return self.metric(self.float_outputs, self.setup.labels)
 
     def samples_within(self, budget: int | None) -> int:
         """The batch size that keeps this evaluator within `budget` bytes (None: the whole memory budget)."""
@@ -124,18 +153,19 @@ class Evaluator:
         show it (the first, for a config far from the goal).
         """
         start = time.perf_counter()
-        qgraph = self.quantize(config)
+        traced = self._traced if self._traced is not None and self._traced.config == config else None
+        if traced is not None:  # its integer pass is done: its seconds are the trial's
+            start -= traced.seconds
         bounded = floor is not None and self.metric.counts_samples
         parts: list[np.ndarray] = []
         right, scored, total = 0, 0, len(self.setup.x)
-        for x in self._batches():
-            with layer_threads(self.threads):
-                parts.append(run_quantized(qgraph, x))
+        for y in self._outputs(config, traced):
+            parts.append(y)
             if not bounded:
                 continue
-            labels = self.setup.labels[scored:scored + len(x)]
-            right += round(self.metric(parts[-1], labels) * len(x))
-            scored += len(x)
+            labels = self.setup.labels[scored:scored + len(y)]
+            right += round(self.metric(y, labels) * len(y))
+            scored += len(y)
             bound = (right + total - scored) / total
             if scored < total and floor is not None and bound < floor:
                 outputs = np.concatenate(parts)
@@ -144,6 +174,17 @@ class Evaluator:
         outputs = np.concatenate(parts)
         value = self.metric(outputs, self.setup.labels)
         return Score(value, relative_mse(outputs, self.float_outputs), time.perf_counter() - start)
+
+    def _outputs(self, config: QuantConfig, traced: Traced | None) -> Iterator[np.ndarray]:
+        """The integer graph's outputs under `config`, batch by batch: the traced pass's (`traced`, that
+        config's), cut into this evaluator's batches, else each batch run as it is asked for."""
+        if traced is not None:
+            yield from (traced.outputs[i:i + self.batch_size] for i in range(0, len(traced.outputs), self.batch_size))
+            return
+        qgraph = self.quantize(config)
+        for x in self._batches():
+            with layer_threads(self.threads):
+                yield run_quantized(qgraph, x)
 
     @property
     def subset_is_marginal(self) -> bool:
@@ -209,7 +250,7 @@ class Evaluator:
 
     def node_errors(self, config: QuantConfig, rows: np.ndarray | None = None) -> dict[str, float]:
         """Per node, the relative MSE of its output under `config` against the float graph's, on the
-        evaluation rows `rows` (None: all of them).
+        evaluation rows `rows` (None: all of them, the pass `trace` makes once per config).
 
         One run of each graph: how far quantization has pushed each node's
         output, the ranking the sensitivity-driven strategies fall back by (and
@@ -220,18 +261,56 @@ class Evaluator:
         intermediates and the float tensors alive at one node, not every float
         intermediate.
         """
+        if rows is None:
+            return self.trace(config).errors
+        return self._traced_pass(config, self.setup.x[rows]).errors
+
+    def trace(self, config: QuantConfig) -> Traced:
+        """`node_errors` of `config` over every row, with both graphs' outputs, made once (the last config's
+        pass is kept).
+
+        Over every row the two runs are whole passes of each graph: the float outputs become `float_outputs`
+        where no pass made them yet, and the integer outputs are what `score` reads for `config` instead of
+        running its graph again. The tune stage's report needs the default config's errors over every row, so
+        tracing it before the search spares that stage a float pass and its first trial's integer pass. (The
+        interpreter computes each sample alike in a batch of any size, as the smaller batches of -j's trial
+        workers already rely on: these float outputs are the batched pass's.)
+        """
+        if self._traced is None or self._traced.config != config:
+            self._traced = self._traced_pass(config, self.setup.x)
+            self.__dict__.setdefault("float_outputs", self._traced.float_outputs)
+        return self._traced
+
+    def _traced_pass(self, config: QuantConfig, data: np.ndarray) -> Traced:
+        """`node_errors` on the rows `data`, with both graphs' outputs and the seconds the integer run took."""
         qgraph = self.quantize(config)
         errors: dict[str, list[float]] = {node.name: [] for node in self.graph.nodes}
         producer = {node.outputs[0]: node.name for node in self.graph.nodes}
-        data = self.setup.x if rows is None else self.setup.x[rows]
         size = min(self.batch_size, TRACED_BATCH)
+        outputs, float_outputs, seconds = [], [], 0.0
         for x in (data[i:i + size] for i in range(0, len(data), size)):
+            start = time.perf_counter()
             with layer_threads(self.threads):  # outputs only: the compiled layers run, keeping no accumulator
                 quantized = run_integer(qgraph, quantize_input(qgraph, x), keep_intermediates=True,
                                         accumulators=False)
+            outputs.append(dequantize_output(qgraph, quantized[qgraph.output]))
+            seconds += time.perf_counter() - start
             compare = functools.partial(_add_node_error, errors, producer, qgraph, quantized, len(x))
-            self.interpreter.run({self.input: x}, visit=compare)
-        return {name: float(sum(parts) / len(data)) for name, parts in errors.items() if parts}
+            float_outputs.append(self.interpreter.run({self.input: x}, visit=compare)[self.graph.outputs[0]])
+        return Traced(config, {name: float(sum(parts) / len(data)) for name, parts in errors.items() if parts},
+                      np.concatenate(outputs), np.concatenate(float_outputs), seconds)
+
+
+@dataclass(frozen=True)
+class Traced:
+    """One traced pass (`Evaluator.trace`): a config's per-node errors against the float graph, both graphs'
+    outputs on the rows it ran, and the seconds its integer run took (a trial's work)."""
+
+    config: QuantConfig
+    errors: dict[str, float]
+    outputs: np.ndarray
+    float_outputs: np.ndarray
+    seconds: float
 
 
 def _add_node_error(errors: dict[str, list[float]], producer: dict[str, str], qgraph: QGraph,

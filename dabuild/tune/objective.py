@@ -111,11 +111,12 @@ def artifact_size(space: TuningSpace, stored_bytes: StoredBytes, quantize: Calla
         return stored(config) + space.wide_activation_bits(config) // 8
 
     def fewest(node: NodeSpace) -> NodeConfig:
-        def key(choice: NodeConfig) -> tuple[int, int, int]:
+        def key(index: int) -> tuple[int, int, int]:  # by position: ties go to the earlier candidate
+            choice = node.candidates[index]
             scales = sum(getattr(choice, role) is not None and getattr(choice, role).granularity != "per_tensor"
                          for role in ("weight", "activation"))
-            return (node.weight_bits(choice), scales, node.candidates.index(choice))
-        return min(node.candidates, key=key)
+            return (node.weight_bits(choice), scales, index)
+        return node.candidates[min(range(len(node.candidates)), key=key)]
 
     floor = cost(QuantConfig({name: fewest(node) for name, node in space.nodes.items()}))
     return Objective("size", "bytes", cost, floor, cost(space.default()))

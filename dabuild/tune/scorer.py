@@ -92,6 +92,7 @@ class Scorer:
             threads = max(1, available_cores() // self.jobs)
             budget = (self.evaluator.setup.budget or memory_budget()) // self.jobs
             forked = "fork" in get_all_start_methods()
+            _ = self.evaluator.baseline  # made here once, before the fork: never once per worker
             source = self.evaluator if forked else self.evaluator.setup
             self._pool = ProcessPoolExecutor(self.jobs, mp_context=get_context("fork" if forked else "spawn"),
                                              initializer=_start_worker, initargs=(source, threads, budget))

@@ -82,8 +82,20 @@ def describe_config(config: QuantConfig) -> dict[str, str]:
 
 
 def _array_hash(array: np.ndarray) -> str:
+    """sha256 of the dtype, shape and bytes, hashed in place (the evaluation images are no copy of themselves)."""
     array = np.ascontiguousarray(array)
-    return hashlib.sha256(f"{array.dtype}{array.shape}".encode() + array.tobytes()).hexdigest()
+    digest = hashlib.sha256(f"{array.dtype}{array.shape}".encode())
+    digest.update(array.reshape(-1).data.cast("B"))
+    return digest.hexdigest()
+
+
+def _file_hash(path: Path) -> str:
+    """sha256 of the file, read in chunks: the calibration statistics (0.5 GB for ResNet-50) are never whole in memory."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as stream:
+        while chunk := stream.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def context_hash(graph: Graph, stats_file: Path, x: np.ndarray, labels: np.ndarray, metric_identity: str,
@@ -94,7 +106,7 @@ def context_hash(graph: Graph, stats_file: Path, x: np.ndarray, labels: np.ndarr
         "dabuild": __version__,
         "graph": graph.content_hash(),
         "names": [[node.name, *node.outputs] for node in graph.nodes],
-        "stats": hashlib.sha256(Path(stats_file).read_bytes()).hexdigest(),
+        "stats": _file_hash(Path(stats_file)),
         "x": _array_hash(x),
         "labels": _array_hash(labels),
         "metric": metric_identity,

@@ -124,6 +124,28 @@ def test_input_quantization_rounds_ties_away_and_bounds_everything() -> None:
     assert params.dequantize(np.array([-128, 127], dtype=np.int8)).tolist() == [-128.0, 127.0]
 
 
+def _dequantized_by_arithmetic(params: QuantParams, q: np.ndarray) -> np.ndarray:
+    """int -> float32 step by step, as model_forward_float does in C (the small arrays' way)."""
+    return (q.astype(np.int32) - np.int32(params.zero_point)).astype(np.float32) * np.float32(params.scale)
+
+
+@pytest.mark.parametrize("dtype", ["int8", "uint8"])
+def test_dequantizing_by_table_gives_the_arithmetics_bits_in_its_memory_order(dtype: str) -> None:
+    """A large one-byte tensor is dequantized by looking values up: the same floats, laid out in memory as the
+    arithmetic lays them out (as the interpreters leave a tensor: channels last under NCHW axes, or a slice),
+    so a sum over the result adds in the same order either way."""
+    rng = np.random.default_rng(4)
+    info = np.iinfo(dtype)
+    params = QuantParams(0.0371, -7 if dtype == "int8" else 131, dtype)
+    channels_last = rng.integers(info.min, info.max + 1, (2, 9, 1, 64, 33), dtype=dtype)
+    for q in (channels_last, channels_last.transpose(0, 4, 1, 2, 3), channels_last[:, ::2], channels_last[..., 1:]):
+        table, arithmetic = params.dequantize(q), _dequantized_by_arithmetic(params, q)
+        assert table.dtype == np.float32 and np.array_equal(table, arithmetic)
+        assert [s for d, s in zip(table.shape, table.strides) if d > 1] == \
+            [s for d, s in zip(arithmetic.shape, arithmetic.strides) if d > 1]
+        assert float(np.sum(table, dtype=np.float64)).hex() == float(np.sum(arithmetic, dtype=np.float64)).hex()
+
+
 def test_calibration_streams_batches_to_the_same_ranges_as_one_pass() -> None:
     graph = mlp_graph([6, 5, 3], ["relu", "none"])
     x = np.random.default_rng(5).normal(size=(300, 6)).astype(np.float32)

@@ -381,6 +381,69 @@ def test_a_hopeless_trial_stops_early_with_a_bound_that_already_misses(digits_st
     assert not evaluator.score(config, floor=0.0).stopped
 
 
+def test_the_traced_default_config_is_the_float_baseline_and_its_first_trial(digits_stages: tuple[Path, Path],
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """One traced pass over every row (the report's per-node errors) gives the float outputs the batched pass
+    gives, bit for bit, and the config's integer outputs: its score then runs no integer graph, and is the
+    score running it gives, stopped early or not."""
+    from dabuild.data import load_inputs, load_labels
+    from dabuild.tune import evaluate
+    from dabuild.tune.evaluate import EvalSetup, Evaluator
+
+    spec = digits_recipe().data.evaluation
+    setup = EvalSetup(digits_stages[0], digits_stages[1], load_inputs(spec, ["x"])["x"], load_labels(spec),
+                      "accuracy", 50)
+    batched, traced = Evaluator(setup), Evaluator(setup)
+    config = default_config(traced.graph, C)
+    errors = traced.trace(config).errors
+    assert np.array_equal(traced.float_outputs, batched.float_outputs) and traced.baseline == batched.baseline
+    integer_runs: list[int] = []
+    real_run = evaluate.run_quantized
+    monkeypatch.setattr(evaluate, "run_quantized", lambda qgraph, x: integer_runs.append(len(x)) or real_run(qgraph, x))
+    full = batched.score(config)
+    floors = (None, full.metric, full.metric + 0.01)  # scored to the end twice, then stopped early
+    ran = [batched.score(config, floor) for floor in floors]
+    runs = len(integer_runs)
+    scored = [traced.score(config, floor) for floor in floors]
+    assert len(integer_runs) == runs  # the traced evaluator ran no integer graph
+    assert [(s.metric, s.mse, s.stopped) for s in scored] == [(s.metric, s.mse, s.stopped) for s in ran]
+    assert ran[-1].stopped and all(s.seconds > 0 for s in scored)
+    assert errors == traced.node_errors(config) == batched.node_errors(config)
+
+
+def test_a_tune_stage_runs_the_float_graph_once_over_the_evaluation_data(digits_stages: tuple[Path, Path],
+                                                                          tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The float baseline, the report's per-node errors and the default config's trial share one pass of each
+    graph: the float graph sees each evaluation row once in the whole stage, and the metrics and report are
+    those of the baseline's own batched pass."""
+    from dabuild.ir.interpreter import Interpreter
+
+    recipe = digits_recipe(nll_recipe_dir(tmp_path), strategy="basic", accuracy=NLL_GOAL, max_trials=12)
+    rows: list[int] = []
+    real_run = Interpreter.run
+    monkeypatch.setattr(Interpreter, "run", lambda self, feeds, *args, **kwargs:
+                        rows.append(len(next(iter(feeds.values())))) or real_run(self, feeds, *args, **kwargs))
+    metrics = tune(digits_stages, tmp_path / "out", recipe, C_FALLBACK)
+    assert sum(rows) == len(np.load(REPO / "recipes" / "digits" / "data.npz")["x_test"])
+    assert metrics["trials"] > 2 and metrics["history"][0]["step"] == "default" and not metrics["history"][0]["cached"]
+
+
+def test_relative_mse_of_arrays_laid_out_alike_is_the_two_conversions_bits() -> None:
+    """relative_mse squares float32 arrays laid out alike (channels last under NCHW axes, as both runs leave a
+    node's output) in one pass each; the bits are those of converting both to float64 first."""
+    from dabuild.tune.evaluate import relative_mse
+
+    rng = np.random.default_rng(2)
+    reference = rng.standard_normal((8, 28, 28, 96), np.float32).transpose(0, 3, 1, 2)
+    values = np.empty_like(reference)
+    values[...] = reference + np.float32(0.01) * rng.standard_normal(reference.shape, np.float32)
+    converted = reference.astype(np.float64)
+    expected = float(np.mean((values.astype(np.float64) - converted) ** 2)) / float(np.mean(converted**2))
+    assert relative_mse(values, reference).hex() == expected.hex()
+    assert relative_mse(np.ascontiguousarray(values), reference) == pytest.approx(expected, rel=1e-12)
+
+
 def _worker_batch_size(_: object) -> int:
     from dabuild.tune import scorer
 
