@@ -48,7 +48,7 @@ def node_layers(graph: Any, node: Any, layers: Collection[str]) -> set[str]:
     """The layer types of a lowering's `layers` that `node` makes without float islands: a conv's or dense's
     lookup only under a fused table activation, and a lookup named by its function where TFLite has no builtin
     for it ("lookup (gelu)"); a blocked dense only of a given blocked weight; a conv TFLite has no operator for
-    named by what it is ("conv (2 groups)", "conv (1-D)")."""
+    named by what it is ("conv (2 groups)", "conv (3-D)"; a 1-D conv is a 2-D one of unit height)."""
     from dabuild.qir.activations import is_table_activation
 
     made = set(layers) - {"float_weighted", "float"}
@@ -62,7 +62,7 @@ def node_layers(graph: Any, node: Any, layers: Collection[str]) -> set[str]:
     if given is None or not given.blocked:
         made.discard("blocked_dense")
     weight = graph.constants.get(node.inputs[1]) if node.op in ("conv", "conv_transpose") else None
-    if weight is not None and weight.ndim != 4:
+    if weight is not None and weight.ndim != 4 and (node.op, weight.ndim) != ("conv", 3):
         made = (made - {node.op}) | {f"{node.op} ({weight.ndim - 2}-D)"}
     elif weight is not None and node.attrs.get("groups", 1) != 1 and (node.op == "conv_transpose" or weight.shape[1] != 1):
         made = (made - {node.op}) | {f"{node.op} ({node.attrs['groups']} groups)"}
@@ -190,8 +190,9 @@ class TfliteTarget(Target):
         tensors = json.loads((Path(artifact_dir) / MANIFEST).read_text())["tensors"]
         found = _module("runtime").tflm_tensors(Path(artifact_dir) / MODEL_FILE, inputs,
                                                 {name: int(index) for name, (index, _) in tensors.items()})
-        return {name: values.transpose(0, 3, 1, 2) if tensors[name][1] == "nhwc" and values.ndim == 4 else values
-                for name, values in found.items()}
+        unlaid = {"nhwc": lambda values: values.transpose(0, 3, 1, 2) if values.ndim == 4 else values,
+                  "n1wc": lambda values: values[:, 0].transpose(0, 2, 1)}
+        return {name: unlaid.get(tensors[name][1], lambda values: values)(values) for name, values in found.items()}
 
     def rerun_script(self, artifact_dir: Path, inputs_file: str, outputs_file: str) -> str:
         name = Path(artifact_dir).name

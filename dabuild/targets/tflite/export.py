@@ -6,17 +6,22 @@ from dataclasses import dataclass
 
 from dabuild.errors import BuildError, UsageError
 from dabuild.qir.qgraph import INDICES, QGraph
-from dabuild.targets.tflite.flatfile import PLAIN, FlatFile
+from dabuild.targets.tflite.flatfile import NHWC, PLAIN, FlatFile
 from dabuild.targets.tflite.writers import write_layer
 
 
 @dataclass(frozen=True)
 class Written:
     """The packed model, and where each QGraph tensor's values lie in it: name -> [file tensor, layout] (a
-    tensor whose file tensor a fused clamp changed after it is left out: the file never holds its values)."""
+    tensor whose file tensor a fused clamp changed after it is left out: the file never holds its values;
+    "n1wc": a rank-3 tensor channels last under a unit height)."""
 
     data: bytes
     tensors: dict[str, list[int | str]]
+
+
+def manifest_layout(layout: str, rank: int) -> str:
+    return "n1wc" if layout == NHWC and rank == 3 else layout
 
 
 def to_tflite(qgraph: QGraph, float_io: bool = False) -> Written:
@@ -47,7 +52,7 @@ def to_tflite(qgraph: QGraph, float_io: bool = False) -> Written:
     if refused:
         raise UsageError("the tflite target cannot write these layers:\n" + "\n".join(f"  {line}" for line in refused))
     data = file.finish()
-    tensors: dict[str, list[int | str]] = {name: [placed[0].index, placed[0].layout] for name, placed in
-                                           file.placed.items() if name not in file.clamped and placed
-                                           and name not in qgraph.constants}
+    tensors: dict[str, list[int | str]] = {name: [placed[0].index, manifest_layout(placed[0].layout, file.rank(name))]
+                                           for name, placed in file.placed.items() if name not in file.clamped
+                                           and placed and name not in qgraph.constants}
     return Written(data, tensors)

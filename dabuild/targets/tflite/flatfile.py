@@ -4,10 +4,13 @@ Written with the object API of TFLite's generated schema (the tflite-micro packa
 the one the tflite frontend reads with): `ModelT.Pack` does the flatbuffer layout, so this module only fills
 plain objects.
 
-Layouts: dabuild's tensors of rank 4 (batch first) are NCHW; TFLite's spatial operators take NHWC. A QGraph
+Layouts: dabuild's tensors of rank 4 (batch first) are NCHW; TFLite's spatial operators take NHWC. A rank-3
+(N, C, L) tensor a 1-D conv reads or writes lies channels last as [N, 1, L, C], the unit height TensorFlow's
+converter gives a Conv1D (`file_shape`); its axes have no `permutation`, so the writers that number axes read
+such a tensor plain. A QGraph
 tensor may therefore lie in the file in its own axis order ("plain") or channels last ("nhwc"), and a writer
 asks for the layout its operator needs (`value`). The first request of a layout the tensor does not lie in
-yet adds one TRANSPOSE, kept for every later reader; a transpose layer that only moves between the two
+yet adds one TRANSPOSE (rank 3: a TRANSPOSE and a RESHAPE), kept for every later reader; a transpose layer that only moves between the two
 layouts costs nothing (the writer binds its output to the same file tensor, `place`). The model's input and
 output are plain: the file takes and returns the QGraph's own shapes.
 """
@@ -43,6 +46,18 @@ def schema() -> Any:
 def permutation(layout: str, rank: int) -> tuple[int, ...]:
     """How a tensor of `rank` axes (batch included) lies in the file: file axis j holds axis result[j]."""
     return TO_NHWC if layout == NHWC and rank == 4 else tuple(range(rank))
+
+
+def file_shape(layout: str, shape: tuple[int, ...]) -> list[int]:
+    """The file tensor's shape of a tensor of `shape` (batch first) in `layout`."""
+    if layout == NHWC and len(shape) == 3:
+        return [shape[0], 1, shape[2], shape[1]]
+    return [shape[a] for a in permutation(layout, len(shape))]
+
+
+def spatial_layouts(rank: int) -> tuple[str, ...]:
+    """The layouts a tensor of `rank` axes may lie in (more than one: they differ)."""
+    return (PLAIN, NHWC) if rank in (3, 4) else (PLAIN,)
 
 
 def file_axis(layout: str, rank: int, axis: int) -> int:
@@ -129,8 +144,7 @@ class FlatFile:
         """A new run-time file tensor for QGraph tensor `name` in `layout` (params: its own unless given)."""
         params = params or self.params(name)
         shape = (1, *self.qgraph.tensors[name].shape)
-        order = permutation(layout, len(shape))
-        return self.tensor(name + suffix, [shape[a] for a in order], self.dtype(params), params)
+        return self.tensor(name + suffix, file_shape(layout, shape), self.dtype(params), params)
 
     def float_tensor(self, name: str) -> int:
         """The float32 file tensor of QGraph tensor `name` (plain), the model's edge in `float_io`."""
@@ -153,11 +167,12 @@ class FlatFile:
 
     def value(self, name: str, layout: str) -> int:
         """The file tensor of QGraph tensor `name` in `layout`: an existing one, a constant written for it, or
-        a TRANSPOSE of the first one written (rank 4 only; lower ranks lie the same in both layouts)."""
-        if self.rank(name) != 4:
+        a TRANSPOSE of the first one written (ranks 3 and 4; the others lie the same in both layouts)."""
+        rank = self.rank(name)
+        if layout not in spatial_layouts(rank):
             layout = PLAIN
         for placed in self.layouts(name):
-            if placed.layout == layout or self.rank(name) != 4:
+            if placed.layout == layout or len(spatial_layouts(rank)) == 1:
                 return placed.index
         if name in self.qgraph.constants:
             return self.constant(name, self.qgraph.constants[name], layout, self.rank(name))
@@ -165,19 +180,39 @@ class FlatFile:
             raise BuildError(f"tflite export: tensor {name!r} is read before any layer writes it")
         source = self.layouts(name)[0]
         index = self.activation(name, layout, suffix=f"/{layout}")
-        back = np.argsort(permutation(source.layout, 4))   # file axes of the source back to NCHW
-        perm = back[list(permutation(layout, 4))]
-        self.operator("TRANSPOSE", [source.index, self.ints(f"{name}/perm", perm)], [index])
+        if rank == 4:
+            back = np.argsort(permutation(source.layout, 4))   # file axes of the source back to NCHW
+            perm = back[list(permutation(layout, 4))]
+            self.operator("TRANSPOSE", [source.index, self.ints(f"{name}/perm", perm)], [index])
+        else:
+            self.regroup_rows(name, source.index, index, layout)
         self.place(name, index, layout)
         return index
+
+    def regroup_rows(self, name: str, source: int, target: int, layout: str) -> None:
+        """Rank 3 between [1, C, L] (plain) and [1, 1, L, C] (nhwc): a TRANSPOSE of the rank-3 rows [1, L, C]
+        and a RESHAPE dropping or adding the unit height (TRANSPOSE keeps the rank)."""
+        channels, length = self.qgraph.tensors[name].shape
+        rows_shape = [1, length, channels]
+        rows = self.tensor(f"{name}/rows", rows_shape, self.dtype(self.params(name)), self.params(name))
+        swap = self.ints(f"{name}/rows_perm", [0, 2, 1])
+        if layout == NHWC:
+            self.operator("TRANSPOSE", [source, swap], [rows])
+            shape = [1, 1, length, channels]
+            self.operator("RESHAPE", [rows, self.ints(f"{name}/rows_shape", shape)], [target], "ReshapeOptions",
+                          newShape=shape)
+        else:
+            self.operator("RESHAPE", [source, self.ints(f"{name}/rows_shape", rows_shape)], [rows], "ReshapeOptions",
+                          newShape=rows_shape)
+            self.operator("TRANSPOSE", [rows, swap], [target])
 
     def constant(self, name: str, values: np.ndarray, layout: str, rank: int) -> int:
         """A QGraph integer constant as a file constant, broadcast to `rank` axes (batch first) in `layout`."""
         values = np.asarray(values)
         values = values.reshape((1,) * (rank - values.ndim) + values.shape) if values.ndim < rank else values
-        order = permutation(layout, rank)
-        index = self.tensor(name, [values.shape[a] for a in order], self.dtype(self.params(name)),
-                            self.params(name), values.transpose(order))
+        shape = file_shape(layout, values.shape)
+        data = values.transpose(permutation(layout, rank) if rank != 3 or layout == PLAIN else (0, 2, 1))
+        index = self.tensor(name, shape, self.dtype(self.params(name)), self.params(name), data.reshape(shape))
         self.place(name, index, layout)
         return index
 

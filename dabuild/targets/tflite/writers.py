@@ -137,7 +137,7 @@ def _window_padding(file: FlatFile, layer: Any, name: str, kernel: list[int], st
     """The input (NHWC) and TFLite padding of a 2-D window: SAME or VALID where the pads are TFLite's, else a
     PADV2 with `pad_value` first and VALID."""
     source = file.value(name, NHWC)
-    _, _, height, width = (1, *file.qgraph.tensors[name].shape)
+    height, width = (1, *file.qgraph.tensors[name].shape[1:])[-2:]   # a 1-D window: unit height
     if not any(pads):
         return source, VALID
     same = []
@@ -179,28 +179,33 @@ def _weights(file: FlatFile, layer: QWeighted, values: np.ndarray, axis: int) ->
 
 @writes("conv")
 def conv(file: FlatFile, layer: QConv) -> None:
-    """CONV_2D (groups 1) or DEPTHWISE_CONV_2D (one group per input channel), NHWC."""
+    """CONV_2D (groups 1) or DEPTHWISE_CONV_2D (one group per input channel), NHWC; a 1-D conv as TensorFlow's
+    converter writes a Conv1D: over [N, 1, L, C], its kernel, strides, dilations and pads of unit height."""
     [name], [output] = layer.inputs, layer.outputs
-    if layer.weight.ndim != 4:
-        raise BuildError(f"layer {layer.name!r} (conv): TFLite convolutions are 2-D; this one has "
+    if layer.weight.ndim not in (3, 4):
+        raise BuildError(f"layer {layer.name!r} (conv): TFLite convolutions are 1-D or 2-D; this one has "
                          f"{layer.weight.ndim - 2} spatial axes")
-    out_channels, group_in, kernel_h, kernel_w = layer.weight.shape
+    flat = layer.weight.ndim == 3
+    weights = layer.weight[:, :, None, :] if flat else layer.weight   # (O, I, KH, KW)
+    strides, dilations = ([1, *layer.strides], [1, *layer.dilations]) if flat else (layer.strides, layer.dilations)
+    pads = [0, layer.pads[0], 0, layer.pads[1]] if flat else layer.pads
+    out_channels, group_in, kernel_h, kernel_w = weights.shape
     channels = file.qgraph.tensors[name].shape[0]
     depthwise = layer.groups == channels and group_in == 1 and layer.groups > 1
     if layer.groups != 1 and not depthwise:
         raise BuildError(f"layer {layer.name!r} (conv): {layer.groups} groups; TFLite writes plain (1 group) "
                          "and depthwise (one group per input channel) convolutions")
     params = file.params(name)
-    source, padding = _window_padding(file, layer, name, [kernel_h, kernel_w], layer.strides, layer.dilations,
-                                      layer.pads, params.zero_point)
-    geometry = {"padding": padding, "strideH": layer.strides[0], "strideW": layer.strides[1],
-                "dilationHFactor": layer.dilations[0], "dilationWFactor": layer.dilations[1]}
+    source, padding = _window_padding(file, layer, name, [kernel_h, kernel_w], strides, dilations, pads,
+                                      params.zero_point)
+    geometry = {"padding": padding, "strideH": strides[0], "strideW": strides[1],
+                "dilationHFactor": dilations[0], "dilationWFactor": dilations[1]}
     if depthwise:
-        weight = _weights(file, layer, layer.weight.transpose(1, 2, 3, 0), 3)   # (1, KH, KW, O)
+        weight = _weights(file, layer, weights.transpose(1, 2, 3, 0), 3)   # (1, KH, KW, O)
         builtin, options = "DEPTHWISE_CONV_2D", "DepthwiseConv2DOptions"
         geometry["depthMultiplier"] = out_channels // channels
     else:
-        weight = _weights(file, layer, layer.weight.transpose(0, 2, 3, 1), 0)   # OHWI
+        weight = _weights(file, layer, weights.transpose(0, 2, 3, 1), 0)   # OHWI
         builtin, options = "CONV_2D", "Conv2DOptions"
     bias = _bias(file, layer, params)
 
@@ -271,11 +276,14 @@ def dense(file: FlatFile, layer: QDense) -> None:
 # ---------------------------------------------------------------------- elementwise
 
 
-def _common_layout(file: FlatFile, names: list[str]) -> str:
-    """The layout of the first run-time operand already written (plain for constants only)."""
+def _common_layout(file: FlatFile, names: list[str], elementwise: bool = False) -> str:
+    """The layout of the first run-time operand already written (plain for constants only); a rank-3 tensor's
+    channels-last layout only for an `elementwise` operator (the others number axes by `permutation`, which
+    that layout's unit height has no entry for)."""
     for name in names:
         if name not in file.qgraph.constants and file.layouts(name):
-            return file.layouts(name)[0].layout
+            layout = file.layouts(name)[0].layout
+            return layout if elementwise or file.rank(name) != 3 else PLAIN
     return PLAIN
 
 
@@ -283,7 +291,7 @@ def _binary(builtin: str, options: str, **fields: Any) -> Writer:
     def write(file: FlatFile, layer: QLayer) -> None:
         [output] = layer.outputs
         rank = file.rank(output)
-        layout = _common_layout(file, layer.inputs)
+        layout = _common_layout(file, layer.inputs, elementwise=True)
         operands = [_constant_operand(file, name, layout, rank) if name in file.qgraph.constants
                     else file.value(name, layout) for name in layer.inputs]
         index = file.activation(output, layout)
@@ -364,7 +372,7 @@ def lookup(file: FlatFile, layer: QLookup) -> None:
         if hard_swish_exponent(file.params(name).scale, file.params(output).scale) > 0:
             raise BuildError(f"layer {layer.name!r} (lookup): hard_swish's output scale is below 1/128 of its "
                              "input's, which TFLite's HARD_SWISH refuses")
-        layout = _common_layout(file, [name])
+        layout = _common_layout(file, [name], elementwise=True)
         index = file.activation(output, layout)
         file.operator("HARD_SWISH", [file.value(name, layout)], [index])
         file.place(output, index, layout)
@@ -374,7 +382,7 @@ def lookup(file: FlatFile, layer: QLookup) -> None:
                          f"{file.params(name).dtype}; the tflite target writes int8 sigmoid (LOGISTIC) and tanh (TANH)")
     scale, zero_point, _ = OUTPUT[layer.function]
     fixed = QuantParams(scale, zero_point, "int8")
-    layout = _common_layout(file, [name])
+    layout = _common_layout(file, [name], elementwise=True)
     params = file.params(output)
     index = file.activation(output, layout, fixed, suffix="/fixed" if params != fixed else "")
     file.operator(BUILTINS[layer.function], [file.value(name, layout)], [index])
@@ -469,12 +477,14 @@ def transpose(file: FlatFile, layer: QSelection) -> None:
     rank = len(perm)
     file.value(name, _common_layout(file, [name]))
     for placed in file.layouts(name):
+        if rank == 3 and placed.layout != PLAIN:
+            continue   # a rank-3 tensor channels last: its unit height has no permutation
         for layout in (PLAIN, NHWC):
             composite = np.argsort(permutation(placed.layout, rank))[perm][list(permutation(layout, rank))]
             if list(composite) == list(range(rank)):
                 file.place(output, placed.index, layout)
                 return
-    source = file.layouts(name)[0]
+    source = next(placed for placed in file.layouts(name) if rank != 3 or placed.layout == PLAIN)
     composite = np.argsort(permutation(source.layout, rank))[perm]
     index = file.activation(output, PLAIN)
     file.operator("TRANSPOSE", [source.index, file.ints(f"{layer.name}/perm", composite)], [index],

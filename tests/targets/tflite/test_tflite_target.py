@@ -125,14 +125,70 @@ def test_ops_without_a_writer_are_refused_by_node_before_calibration() -> None:
 def test_convs_tflite_has_no_operator_for_are_refused_by_node_before_calibration() -> None:
     rng = np.random.default_rng(2)
     constants = {"g_w": rng.normal(0, 0.3, (8, 2, 3, 3)), "d_w": rng.normal(0, 0.3, (8, 1, 3, 3)),
-                 "o_w": rng.normal(0, 0.3, (4, 8, 3))}
+                 "o_w": rng.normal(0, 0.3, (4, 8, 1, 1, 1))}
     nodes = [Node("r", "reshape", ["x"], ["img"], {"shape": [0, 4, 4, 4]}),
              conv_node("g", "img", "a", groups=2, pads=[1, 1, 1, 1]), conv_node("d", "a", "b", groups=8),
-             Node("f", "reshape", ["b"], ["rows"], {"shape": [0, 8, 4]}), conv_node("o", "rows", "y")]
+             Node("f", "reshape", ["b"], ["cube"], {"shape": [0, 8, 2, 2, 1]}), conv_node("o", "cube", "y")]
     graph = graph_of(nodes, (64,), constants)
     with pytest.raises(UsageError, match=r"\n  conv: its integer layers \(conv \(2 groups\)\) .*'g'\n  conv: "
-                                         r"its integer layers \(conv \(1-D\)\) .*'o'$"):
+                                         r"its integer layers \(conv \(3-D\)\) .*'o'$"):
         TfliteTarget().refuse(graph, integer_forms())
+
+
+def one_d_chain(depthwise_pads: list[int]) -> object:
+    """(N, C, L) rows through a depthwise k=3 conv (`depthwise_pads`), a pointwise conv with relu, a depthwise
+    k=3 dilated conv and a dense after flatten: TensorFlow's Conv1D forms."""
+    rng = np.random.default_rng(9)
+    constants = {"d_w": rng.normal(0, 0.5, (6, 1, 3)), "d_b": rng.normal(0, 0.1, 6),
+                 "p_w": rng.normal(0, 0.4, (8, 6, 1)), "p_b": rng.normal(0, 0.1, 8),
+                 "e_w": rng.normal(0, 0.5, (8, 1, 3)), "e_b": rng.normal(0, 0.1, 8),
+                 "w": rng.normal(0, 0.2, (8 * (12 + sum(depthwise_pads) - 2 - 4), 5)), "b": rng.normal(0, 0.1, 5)}
+    nodes = [Node("r", "reshape", ["x"], ["rows"], {"shape": [0, 6, 12]}),
+             conv_node("d", "rows", "a", groups=6, pads=depthwise_pads),
+             conv_node("p", "a", "h", activation="relu"),
+             conv_node("e", "h", "c", groups=8, dilations=[2]),
+             Node("f", "flatten", ["c"], ["flat"], {}), Node("fc", "dense", ["flat", "w", "b"], ["y"], {})]
+    return graph_of(nodes, (72,), constants)
+
+
+@pytest.mark.parametrize("pads", [[0, 0], [1, 1], [2, 0]], ids=["valid", "same", "left"])
+def test_one_d_convs_are_tflites_unit_height_convs_exact_in_tflm(pads: list[int], tmp_path: Path) -> None:
+    """1-D depthwise and pointwise convs lie in the file as TensorFlow's converter writes a Conv1D (rows [1, 1,
+    L, C], OHWI and 1HWO weights of unit height); one TRANSPOSE+RESHAPE back before the flatten; exact."""
+    from dabuild.trace.tflite_frontend import operator_names
+    from dabuild.trace.tflite_frontend.model_file import read_model
+
+    graph = one_d_chain(pads)
+    ours, expected = tflm_and_reference(graph, image(60, (72,), seed=4) * 2, tmp_path)
+    assert np.array_equal(ours, expected)
+    assert len(np.unique(expected)) > 30
+    names = operator_names(read_model(tmp_path / "artifact" / MODEL_FILE))
+    assert names.count("DEPTHWISE_CONV_2D") == 2 and names.count("CONV_2D") == 1
+    assert names.count("TRANSPOSE") == 2   # the plain input to channels last, and back for the flatten
+
+
+def test_streaming_wakeword_is_written_channels_last_throughout_and_exact_in_tflm(tmp_path: Path) -> None:
+    """MLPerf Tiny's 1-D DS-TCN: eight 1-D convs on [1, 1, L, C] rows with no layout change between them; TFLM's
+    outputs, and every tensor `trace` reads back from it, equal the reference's."""
+    from mlperf_tiny import quantized
+
+    from dabuild.trace.tflite_frontend import operator_names
+    from dabuild.trace.tflite_frontend.model_file import read_model
+
+    qgraph, data = quantized("wakeword")
+    target = TfliteTarget(TfliteTarget.Options(litert=False))
+    artifact = exported(target, qgraph, tmp_path)
+    names = operator_names(read_model(artifact / MODEL_FILE))
+    assert names.count("DEPTHWISE_CONV_2D") == 4 and names.count("CONV_2D") == 4 and names.count("TRANSPOSE") == 2
+    graph = target.integer_graph(qgraph)
+    x_q = quantize_input(qgraph, data[:8])
+    expected = run_integer(graph, x_q, keep_intermediates=True)
+    traced = target.trace(artifact, x_q, tmp_path)
+    assert {name for name in traced if traced[name].ndim == 3} and traced.keys() <= expected.keys()
+    for name, values in traced.items():
+        assert np.array_equal(values, expected[name]), name
+    assert np.array_equal(run_file(artifact / MODEL_FILE, x_q).reshape(expected[graph.output].shape),
+                          expected[graph.output])
 
 
 def tflite_cnn() -> object:
