@@ -21,6 +21,8 @@ class Written:
 
 
 def manifest_layout(layout: str, rank: int) -> str:
+    """The layout model.json names: "n1wc" for a rank-3 tensor channels last, whose axes `trace` must drop a
+    unit height from as well as reorder."""
     return "n1wc" if layout == NHWC and rank == 3 else layout
 
 

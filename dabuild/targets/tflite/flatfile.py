@@ -4,15 +4,16 @@ Written with the object API of TFLite's generated schema (the tflite-micro packa
 the one the tflite frontend reads with): `ModelT.Pack` does the flatbuffer layout, so this module only fills
 plain objects.
 
-Layouts: dabuild's tensors of rank 4 (batch first) are NCHW; TFLite's spatial operators take NHWC. A rank-3
-(N, C, L) tensor a 1-D conv reads or writes lies channels last as [N, 1, L, C], the unit height TensorFlow's
-converter gives a Conv1D (`file_shape`); its axes have no `permutation`, so the writers that number axes read
-such a tensor plain. A QGraph
+Layouts: dabuild's tensors of rank 4 (batch first) are NCHW; TFLite's spatial operators take NHWC. A QGraph
 tensor may therefore lie in the file in its own axis order ("plain") or channels last ("nhwc"), and a writer
 asks for the layout its operator needs (`value`). The first request of a layout the tensor does not lie in
-yet adds one TRANSPOSE (rank 3: a TRANSPOSE and a RESHAPE), kept for every later reader; a transpose layer that only moves between the two
+yet adds one TRANSPOSE, kept for every later reader; a transpose layer that only moves between the two
 layouts costs nothing (the writer binds its output to the same file tensor, `place`). The model's input and
 output are plain: the file takes and returns the QGraph's own shapes.
+
+A rank-3 (N, C, L) tensor lies channels last as [N, 1, L, C] (`file_shape`), the unit height TensorFlow's
+converter gives a Conv1D; to and from plain it takes a TRANSPOSE of the rows [N, L, C] and a RESHAPE. That
+layout has no axis `permutation`, so only elementwise writers keep it; the others read such a tensor plain.
 """
 
 from __future__ import annotations

@@ -167,6 +167,27 @@ def test_one_d_convs_are_tflites_unit_height_convs_exact_in_tflm(pads: list[int]
     assert names.count("TRANSPOSE") == 2   # the plain input to channels last, and back for the flatten
 
 
+def test_elementwise_layers_between_one_d_convs_keep_the_unit_height_layout(tmp_path: Path) -> None:
+    """An add of two 1-D convs' outputs and a mul by a per-channel constant stay on [1, 1, L, C] rows (the
+    constant written there too): one TRANSPOSE in, one out, exact."""
+    from dabuild.trace.tflite_frontend import operator_names
+    from dabuild.trace.tflite_frontend.model_file import read_model
+
+    rng = np.random.default_rng(12)
+    constants = {"a_w": rng.normal(0, 0.5, (6, 1, 3)), "a_b": rng.normal(0, 0.1, 6),
+                 "p_w": rng.normal(0, 0.4, (6, 6, 1)), "p_b": rng.normal(0, 0.1, 6),
+                 "k": rng.uniform(0.5, 2, (6, 1)), "w": rng.normal(0, 0.2, (72, 4)), "b": rng.normal(0, 0.1, 4)}
+    nodes = [Node("r", "reshape", ["x"], ["rows"], {"shape": [0, 6, 12]}),
+             conv_node("a", "rows", "ha", groups=6, pads=[1, 1]), conv_node("p", "rows", "hp"),
+             Node("s", "add", ["ha", "hp"], ["h"], {}), Node("m", "mul", ["h", "k"], ["g"], {}),
+             Node("f", "flatten", ["g"], ["flat"], {}), Node("fc", "dense", ["flat", "w", "b"], ["y"], {})]
+    ours, expected = tflm_and_reference(graph_of(nodes, (72,), constants), image(60, (72,), seed=6) * 2, tmp_path)
+    assert np.array_equal(ours, expected)
+    assert len(np.unique(expected)) > 30
+    names = operator_names(read_model(tmp_path / "artifact" / MODEL_FILE))
+    assert {"ADD", "MUL"} <= set(names) and names.count("TRANSPOSE") == 2
+
+
 def test_streaming_wakeword_is_written_channels_last_throughout_and_exact_in_tflm(tmp_path: Path) -> None:
     """MLPerf Tiny's 1-D DS-TCN: eight 1-D convs on [1, 1, L, C] rows with no layout change between them; TFLM's
     outputs, and every tensor `trace` reads back from it, equal the reference's."""
