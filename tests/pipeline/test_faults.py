@@ -283,9 +283,16 @@ def test_ctrl_c_under_j_ends_with_one_line_and_exit_130(digits: Path, tmp_path: 
     recipe.write_text(recipe.read_text().replace("source: model.py:build", "source: model_slow.py:build")
                       .replace("metric: accuracy", "metric: slow_accuracy.py:score"))
     env = dict(os.environ, DABUILD_CACHE=str(tmp_path / "cache"))
-    process = subprocess.Popen([sys.executable, "-m", "dabuild", "build", str(digits), "--build-dir",
-                                str(tmp_path / "build"), "-j", "2"], env=env, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True, start_new_session=True)
+    # the build gets Ctrl-C's default action, as a terminal's foreground job has it: a test run that a shell
+    # started in the background (`pytest &`, no job control) ignores SIGINT, and a child inherits an ignored signal
+    # (a handled one starts at its default)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        process = subprocess.Popen([sys.executable, "-m", "dabuild", "build", str(digits), "--build-dir",
+                                    str(tmp_path / "build"), "-j", "2"], env=env, stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True, start_new_session=True)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     lock = tmp_path / "build" / "digits-mlp" / ".lock"
     started = time.monotonic()
     while not (lock.exists() and lock.read_text().strip() == str(process.pid)):
