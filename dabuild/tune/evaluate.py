@@ -34,7 +34,11 @@ from dabuild.quant.node_memo import NodeLowerings
 from dabuild.quant.quantize import quantize
 from dabuild.tune.metric import Metric, load_metric
 
-TRACED_BATCH = 8  # samples per batch when every integer intermediate is kept (a ResNet-50 image's take ~30 MB)
+# Samples per batch when every integer intermediate is kept. A ResNet-50 image's traced pass holds ~60 MB at
+# once (its integer intermediates, the float tensors alive, relative_mse's float64 squares): the tune stage's
+# peak RSS at 256 evaluation images was 0.98 GB with 8 a batch, 0.63 GB with 2, the pass no slower (two tune
+# stages of -j 8 each took 1.1 GB of a 2 GB budget with 8). Each sample's values do not depend on the batch.
+TRACED_BATCH = 2
 
 
 @dataclass(frozen=True)
