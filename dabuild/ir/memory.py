@@ -26,18 +26,25 @@ from dabuild.limits import BUDGET, memory_budget
 WORKING_SET_FACTOR = 3
 
 
+def _tensor_bytes(graph: Graph) -> dict[str, int]:
+    """Each activation's bytes for one sample (constants: 0)."""
+    return {name: 0 if name in graph.constants else
+            math.prod(d for d in spec.shape[1:] if d is not None) * np.dtype(spec.dtype).itemsize
+            for name, spec in graph.tensor_shapes().items()}
+
+
 def sample_bytes(graph: Graph) -> int:
     """Activation bytes one sample of `graph` needs at its busiest node (see WORKING_SET_FACTOR)."""
-    specs = graph.tensor_shapes()
-
-    def size(name: str) -> int:
-        spec = specs[name]
-        if name in graph.constants:
-            return 0
-        return math.prod(d for d in spec.shape[1:] if d is not None) * np.dtype(spec.dtype).itemsize
-
-    busiest = max((sum(size(name) for name in (*node.inputs, *node.outputs)) for node in graph.nodes), default=0)
+    size = _tensor_bytes(graph)
+    busiest = max((sum(size[name] for name in (*node.inputs, *node.outputs)) for node in graph.nodes), default=0)
     return WORKING_SET_FACTOR * busiest
+
+
+def kept_sample_bytes(graph: Graph) -> int:
+    """Bytes of every node output of one sample at its float type: what a run keeping every intermediate holds
+    at most (integer tensors take as many bytes or fewer)."""
+    size = _tensor_bytes(graph)
+    return sum(size[name] for node in graph.nodes for name in node.outputs)
 
 
 def samples_that_fit(graph: Graph, stage: str, wanted: int, held: int = 0, holds: str = "",

@@ -23,7 +23,7 @@ from dabuild.ir.interpreter import Interpreter
 from dabuild.ir.kernels.compiling import available_cores
 from dabuild.ir.kernels.forking import forget_pool_after_fork
 from dabuild.ir.kernels.native import layer_threads
-from dabuild.ir.memory import samples_that_fit
+from dabuild.ir.memory import kept_sample_bytes, samples_that_fit
 from dabuild.metrics import top_k_of
 from dabuild.qir.qgraph import QGraph
 from dabuild.qir.reference import dequantize_output, quantize_input, run_integer, run_quantized
@@ -34,11 +34,12 @@ from dabuild.quant.node_memo import NodeLowerings
 from dabuild.quant.quantize import quantize
 from dabuild.tune.metric import Metric, load_metric
 
-# Samples per batch when every integer intermediate is kept. A ResNet-50 image's traced pass holds ~60 MB at
-# once (its integer intermediates, the float tensors alive, relative_mse's float64 squares): the tune stage's
-# peak RSS at 256 evaluation images was 0.98 GB with 8 a batch, 0.63 GB with 2, the pass no slower (two tune
-# stages of -j 8 each took 1.1 GB of a 2 GB budget with 8). Each sample's values do not depend on the batch.
-TRACED_BATCH = 2
+# Bytes of intermediates the traced pass keeps per batch at most (`kept_sample_bytes` a sample; at least one
+# sample). A ResNet-50 image keeps 89 MB by that count, ~60 MB of RSS measured: 2 images a batch. Its tune stage
+# peaked at 0.98 GB RSS with 8 images a batch, 0.63 GB with 2, the pass no slower (two tune stages of -j 8 each
+# took 1.1 GB of a 2 GB budget with 8); a small model's batches stay large, each run's Python being its cost.
+# Each sample's values do not depend on the batch.
+TRACED_BYTES = 192 << 20
 
 
 @dataclass(frozen=True)
@@ -308,7 +309,7 @@ class Evaluator:
         the tuning report's table), at the cost of one inference and no trial.
         The integer run keeps its (compact, integer) intermediates; the float
         run compares each node's output as it appears and frees it after its
-        last reader, so a batch of TRACED_BATCH samples holds the integer
+        last reader, so a batch (TRACED_BYTES) holds the integer
         intermediates and the float tensors alive at one node, not every float
         intermediate.
         """
@@ -337,7 +338,7 @@ class Evaluator:
         qgraph = self.quantize(config)
         errors: dict[str, list[float]] = {node.name: [] for node in self.graph.nodes}
         producer = {node.outputs[0]: node.name for node in self.graph.nodes}
-        size = min(self.batch_size, TRACED_BATCH)
+        size = max(1, min(self.batch_size, TRACED_BYTES // max(1, kept_sample_bytes(self.graph))))
         outputs, float_outputs, seconds = [], [], 0.0
         for x in (data[i:i + size] for i in range(0, len(data), size)):
             start = time.perf_counter()
