@@ -333,12 +333,18 @@ class Evaluator:
             self.__dict__.setdefault("float_outputs", self._traced.float_outputs)
         return self._traced
 
+    @functools.cached_property
+    def _traced_batch(self) -> int:
+        """Samples a traced pass runs at once: as many as keep TRACED_BYTES of intermediates (at least one), within
+        this evaluator's batch."""
+        return max(1, min(self.batch_size, TRACED_BYTES // max(1, kept_sample_bytes(self.graph))))
+
     def _traced_pass(self, config: QuantConfig, data: np.ndarray) -> Traced:
         """`node_errors` on the rows `data`, with both graphs' outputs and the seconds the integer run took."""
         qgraph = self.quantize(config)
         errors: dict[str, list[float]] = {node.name: [] for node in self.graph.nodes}
         producer = {node.outputs[0]: node.name for node in self.graph.nodes}
-        size = max(1, min(self.batch_size, TRACED_BYTES // max(1, kept_sample_bytes(self.graph))))
+        size = self._traced_batch
         outputs, float_outputs, seconds = [], [], 0.0
         for x in (data[i:i + size] for i in range(0, len(data), size)):
             start = time.perf_counter()
