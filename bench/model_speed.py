@@ -6,7 +6,7 @@ ONNX, traces it with dabuild's ONNX frontend and optimises it as the trace
 stage does, then times one image (batch 1) through dabuild's Interpreter and
 through onnxruntime's CPUExecutionProvider on that same .onnx file, both with
 the same thread count (interleaved rounds, the fastest call of each). Prints
-ms per image and dabuild's speed / onnxruntime's (target >= 0.5). At 1 thread
+ms per image and dabuild's speed / onnxruntime's (target >= 0.6). At 1 thread
 both run on the calling thread, so each is also timed by that thread's CPU
 time (`cpu`), which waiting for a core on a loaded machine does not inflate;
 at 2 threads only wall time exists. On a saturated machine (load 10 on 2 cores)
@@ -20,7 +20,8 @@ thread, wall time at more (the workers' time is the caller's wait).
 
 Also times the onnx package's published backend-data models (onnx/backend/test/data/light: SqueezeNet 1.0,
 ResNet-50, ShuffleNet v1, ... with the random weights the package ships), traced from the package's files as
-they are, and prints the CPU (its vector extensions: AVX-512, AVX2, arm64 NEON) the figures come from.
+they are, and prints the CPU (its vector extensions: AVX-512, AVX2, arm64 NEON) the figures come from. Ends
+with the targets: the lowest 1-thread ratio, and each published model's ratio against its family's.
 
 Usage: python bench/model_speed.py [--models resnet light_squeezenet ...] [--threads 1 2] [--seconds 4] [--profile]
 """
@@ -102,7 +103,10 @@ def profile(graph: Graph, interpreter: Interpreter, feeds: dict[str, np.ndarray]
         print(f"    {seconds * 1e3:6.2f} ms  {ops.get(step.outputs[0], 'fused conv'):<10} {shapes}")
 
 
-def compare(name: str, path: Path, graph: Graph, threads_list: list[int], seconds: float, show: bool) -> None:
+def compare(name: str, path: Path, graph: Graph, threads_list: list[int], seconds: float,
+            show: bool) -> dict[tuple[int, str], float]:
+    """Prints and returns dabuild's speed / onnxruntime's per (threads, clock)."""
+    ratios = {}
     shape = tuple(dim if isinstance(dim, int) else 1 for dim in graph.inputs[0].shape)  # batch 1
     x = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
     feeds = {graph.inputs[0].name: x}
@@ -118,13 +122,18 @@ def compare(name: str, path: Path, graph: Graph, threads_list: list[int], second
                 with threadpool_limits(limits=threads):
                     ours = min(ours, fastest(partial(interpreter.run, feeds), seconds / 2, clock))
                 theirs = min(theirs, fastest(partial(theirs_session.run, None, feeds), seconds / 2, clock))
+            ratios[threads, label] = theirs / ours
             print(f"{name:<14} threads={threads} {label:<4}  dabuild {ours * 1e3:8.1f} ms  onnxruntime "
                   f"{theirs * 1e3:8.1f} ms  speed ratio {theirs / ours:5.2f}  (max rel diff {error:.1e})", flush=True)
         if show:
             with threadpool_limits(limits=threads):
                 profile(graph, interpreter, feeds, time.thread_time if threads == 1 else time.perf_counter)
+    return ratios
 
 
+# The onnx package's model beside our family of the same kind, whose ratios should agree within 1.2x.
+FAMILY_OF = {"light_resnet50": "resnet", "light_squeezenet": "squeezenet", "light_shufflenet": "shufflenet",
+             "light_vgg19": "vgg"}
 MODELS = ("resnet", "mobilenet_v2", "squeezenet", "shufflenet", "vgg")  # ResNet-50, MobileNetV2, SqueezeNet 1.1,
 #                                                                         ShuffleNetV2 1.0x, VGG-19
 PUBLISHED = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"  # the onnx package's own models
@@ -161,11 +170,29 @@ def main() -> None:
     args = parser.parse_args()
     print(f"cpu: {cpu_name()}")
     print(f"convs: {native_backend()}  (target: dabuild speed >= 0.6x onnxruntime's)")
+    ratios = {}
     with tempfile.TemporaryDirectory(prefix="dabuild-model-speed-") as work:
         for name in args.models:
             path = PUBLISHED / f"{name}.onnx" if name.startswith("light_") else export_onnx(name, Path(work) / f"{name}.onnx")
             graph = optimize(trace_model(path))
-            compare(name, path, graph, args.threads, args.seconds, args.profile)
+            ratios[name] = compare(name, path, graph, args.threads, args.seconds, args.profile)
+    summarize(ratios)
+
+
+def summarize(ratios: dict[str, dict[tuple[int, str], float]]) -> None:
+    """The targets in one place: the lowest 1-thread ratio (cpu clock), and each published model's ratio
+    against its family's at every thread count (wall clock)."""
+    single = {name: by[1, "cpu"] for name, by in ratios.items() if (1, "cpu") in by}
+    if single:
+        name = min(single, key=single.__getitem__)
+        print(f"lowest 1-thread cpu ratio: {name} {single[name]:.2f}   goal >= 0.6")
+    for published, family in FAMILY_OF.items():
+        if published in ratios and family in ratios:
+            for threads, label in ratios[published]:
+                if label == "wall" and (threads, label) in ratios[family]:
+                    theirs, ours = ratios[published][threads, label], ratios[family][threads, label]
+                    print(f"{published} / {family} threads={threads}: {theirs:.2f} / {ours:.2f}, apart "
+                          f"{max(theirs, ours) / min(theirs, ours):.2f}x   goal <= 1.2x")
 
 
 if __name__ == "__main__":
