@@ -16,7 +16,7 @@
 #include <stdint.h>
 #include <string.h>
 #include "vectors.h"
-#if defined(__SSE4_1__) || defined(__AVX__)
+#if defined(__SSE2__)
 #include <immintrin.h>
 #endif
 #if defined(__aarch64__)
@@ -172,8 +172,14 @@ static inline floats floor_lanes(floats x)
 /* Whether every lane of a comparison's result is true. */
 static inline int all_lanes(ints holds)
 {
-#if VBYTES == 32 && defined(__AVX__)
+#if VBYTES == 64 && defined(__AVX512F__)
+    return _mm512_cmpneq_epi32_mask((__m512i)holds, _mm512_setzero_si512()) == 0xffff;
+#elif VBYTES == 32 && defined(__AVX__)
     return _mm256_movemask_ps((__m256)holds) == 0xff;
+#elif VBYTES == 16 && defined(__aarch64__)
+    return vminvq_u32((uint32x4_t)holds) != 0;
+#elif VBYTES == 16 && defined(__SSE2__)
+    return _mm_movemask_ps((__m128)holds) == 0xf;
 #else
     int all = -1;
     for (int lane = 0; lane < FLOAT_LANES; lane++)
