@@ -286,11 +286,12 @@ def test_no_calibration_batches_is_an_error() -> None:
 @pytest.mark.parametrize("layout", ["channels last", "channels first", "no channel axis"])
 def test_native_histograms_count_exactly_what_numpy_counts(monkeypatch: pytest.MonkeyPatch, vector_path: int,
                                                           layout: str) -> None:
-    """float32 tensors as the interpreter leaves them, big enough for two threads, in uneven batches."""
+    """float32 tensors as the interpreter leaves them, big enough for two threads, in uneven batches; 820 pixels
+    an image, so blocks of pixels end part way through a vector of them."""
     from dabuild.ir.kernels import native
 
     rng = np.random.default_rng(11)
-    values = (rng.standard_t(3, size=(6, 20, 40, 150)) * rng.uniform(0.1, 10, 150)).astype(np.float32)
+    values = (rng.standard_t(3, size=(6, 20, 41, 150)) * rng.uniform(0.1, 10, 150)).astype(np.float32)
     values[2, 3, 4, 5] = 300.0  # a late outlier: windows widen and rebin
     values[:, :, :, 7] = 0.5  # a constant channel
     values[values < -1.5] = 0.0  # ReLU-like runs of zeros, set aside and counted at once

@@ -290,7 +290,35 @@ static inline void count_run(const float *x, ptrdiff_t count, double r, int64_t 
     }
 }
 
+/* zip_low(a, b) = a0 b0 a1 b1 ... (the low halves interleaved), zip_high the high halves. */
+#if FLOAT_LANES == 16
+#define ZIP_LOW 0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23
+#define ZIP_HIGH 8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31
+#elif FLOAT_LANES == 8
+#define ZIP_LOW 0, 8, 1, 9, 2, 10, 3, 11
+#define ZIP_HIGH 4, 12, 5, 13, 6, 14, 7, 15
+#else
+#define ZIP_LOW 0, 4, 1, 5
+#define ZIP_HIGH 2, 6, 3, 7
+#endif
+
+/* rows[0..FLOAT_LANES) transposed in place: log2(lanes) rounds of zipping row i with row i + lanes / 2 (the
+ * perfect shuffle), each moving the index bits one place; a value is moved, never changed. */
+static inline void transpose_lanes(floats rows[FLOAT_LANES])
+{
+    for (int round = 1; round < FLOAT_LANES; round *= 2) {
+        floats zipped[FLOAT_LANES];
+        for (int i = 0; i < FLOAT_LANES / 2; i++) {
+            zipped[2 * i] = __builtin_shufflevector(rows[i], rows[i + FLOAT_LANES / 2], ZIP_LOW);
+            zipped[2 * i + 1] = __builtin_shufflevector(rows[i], rows[i + FLOAT_LANES / 2], ZIP_HIGH);
+        }
+        for (int i = 0; i < FLOAT_LANES; i++)
+            rows[i] = zipped[i];
+    }
+}
+
 #define COUNT_TILE 16        /* channels counted together */
+_Static_assert(COUNT_TILE % FLOAT_LANES == 0, "a tile of channels is whole vectors");
 #define COUNT_PIXELS 512     /* pixels gathered at once: a COUNT_TILE x COUNT_PIXELS float scratch is 32 KiB */
 #define SCRATCH_ROW (COUNT_PIXELS + 16)  /* a scratch row's floats: rows 2 KiB apart would share cache sets, and
                                           * their stores alias the next pixel's loads modulo 4 KiB */
@@ -328,7 +356,22 @@ void channel_counts(const TensorView *v, const double *reciprocal, const int64_t
         if (v->inner == 1) {
             for (ptrdiff_t o0 = 0; o0 < v->outer; o0 += COUNT_PIXELS) {
                 ptrdiff_t pixels = v->outer - o0 < COUNT_PIXELS ? v->outer - o0 : COUNT_PIXELS;
-                for (ptrdiff_t p = 0; p < pixels; p++) {
+                ptrdiff_t p = 0;
+                if (width == COUNT_TILE)  /* FLOAT_LANES pixels x FLOAT_LANES channels at a time, transposed */
+                    for (; p + FLOAT_LANES <= pixels; p += FLOAT_LANES) {
+                        if (o0 + p + FLOAT_LANES + PREFETCH_PIXELS <= v->outer)
+                            for (int i = 0; i < FLOAT_LANES; i++)
+                                __builtin_prefetch(element(v, o0 + p + i + PREFETCH_PIXELS, t0));
+                        for (int g = 0; g < COUNT_TILE; g += FLOAT_LANES) {
+                            floats rows[FLOAT_LANES];
+                            for (int i = 0; i < FLOAT_LANES; i++)
+                                rows[i] = *(const floats_unaligned *)element(v, o0 + p + i, t0 + g);
+                            transpose_lanes(rows);
+                            for (int j = 0; j < FLOAT_LANES; j++)
+                                *(floats_unaligned *)&scratch[g + j][p] = rows[j];
+                        }
+                    }
+                for (; p < pixels; p++) {
                     const float *x = element(v, o0 + p, t0);
                     if (o0 + p + PREFETCH_PIXELS < v->outer)
                         __builtin_prefetch(element(v, o0 + p + PREFETCH_PIXELS, t0));
