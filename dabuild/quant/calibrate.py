@@ -41,22 +41,62 @@ FUSING_OPS = frozenset({"dense", "conv"})  # ops whose fused table activation ca
 
 @dataclass(eq=False)
 class TensorStats:
-    """One tensor's histograms: of all its values, and of each slice along its channel axis."""
+    """One tensor's histograms: of all its values, and (unless `channels` is None) of each slice along its
+    channel axis."""
 
     axis: int | None
     whole: Histogram
-    channels: Histogram
+    channels: Histogram | None
 
     @classmethod
-    def start(cls, values: np.ndarray, axis: int | None) -> TensorStats:
+    def start(cls, values: np.ndarray, axis: int | None, per_channel: bool = True) -> TensorStats:
         """Empty histograms sized for `values`; a negative axis counts from the end, as in numpy."""
-        if axis is None:
-            return cls(None, Histogram.empty(1), Histogram.empty(1, narrow=True))
-        axis %= values.ndim
-        return cls(axis, Histogram.empty(1), Histogram.empty(values.shape[axis], narrow=True))
+        if axis is not None:
+            axis %= values.ndim
+        channels = 1 if axis is None else values.shape[axis]
+        return cls(axis, Histogram.empty(1), Histogram.empty(channels, narrow=True) if per_channel else None)
 
     def observe(self, values: np.ndarray) -> int:
-        """Count one batch of values; the number of NaN or infinite values instead, counting nothing, if any.
+        """Count one batch of values; the number of NaN or infinite values instead, counting nothing, if any."""
+        if self.channels is None:
+            return self._observe_whole(values)
+        return self._observe_channels(values, self.channels)
+
+    def _observe_whole(self, values: np.ndarray) -> int:
+        """The whole-tensor histogram alone: counted by the native kernel in memory order, in one pass that also
+        takes the extremes (`NativeHistogram.whole`) while the batch stays within the window; a batch with
+        values past it has the window widened and only those values counted in a second pass. The first batch
+        (no window yet) takes its extremes first. numpy (`Histogram.add`) counts the same."""
+        native = native_histogram() if values.dtype == np.float32 else None
+        if native is None:
+            finite = np.isfinite(values)
+            if not finite.all():
+                return int(finite.size - finite.sum())
+            self.whole.add(values.reshape(1, -1))
+            return 0
+        flat = values.ravel(order="K")  # memory order: a view wherever the layout is dense
+        flat = flat if flat.flags.c_contiguous else np.ascontiguousarray(flat)
+        whole = self.whole
+        skip = (np.inf, -np.inf)  # nothing counted yet
+        if whole.width[0] > 0:
+            skip = whole.window(0)
+            low, high, bad, outside = native.whole(flat, float(whole.reciprocals()[0]), int(whole.offset[0]),
+                                                   whole.counts[0])
+            if bad:
+                return bad
+            if not outside:
+                whole.extend(np.array([low]), np.array([high]))
+                return 0
+        else:
+            low, high, bad, _ = native.whole(flat, 0.0, 0, None)
+            if bad:
+                return bad
+        whole.extend(np.array([low]), np.array([high]))
+        native.whole(flat, float(whole.reciprocals()[0]), int(whole.offset[0]), whole.counts[0], skip)
+        return 0
+
+    def _observe_channels(self, values: np.ndarray, channels: Histogram) -> int:
+        """Per-channel and whole-tensor histograms.
 
         A float32 tensor is counted by the native kernel (dabuild.ir.kernels.histogram.c) where one is built,
         in place in whatever memory order the interpreter left it (channels last in tiles of channels whose
@@ -67,24 +107,24 @@ class TensorStats:
         The per-channel rows are int32 (the whole-tensor row, int64, says how many values each channel has
         counted) until a channel could pass 2^31 - 1 values; then they widen to int64 and count in numpy.
         """
-        channels = self.channels.channels
-        self.channels.make_room(int(self.whole.counts.sum()) // channels, values.size // channels)
-        native = native_histogram() if values.dtype == np.float32 and self.channels.counts.dtype == np.int32 else None
+        count = channels.channels
+        channels.make_room(int(self.whole.counts.sum()) // count, values.size // count)
+        native = native_histogram() if values.dtype == np.float32 and channels.counts.dtype == np.int32 else None
         if native is None:
             finite = np.isfinite(values)
             if not finite.all():
                 return int(finite.size - finite.sum())
             self.whole.add(values.reshape(1, -1))
             by_channel = values.reshape(1, -1) if self.axis is None else np.moveaxis(values, self.axis, 0)
-            self.channels.add(by_channel.reshape(self.channels.channels, -1))
+            channels.add(by_channel.reshape(count, -1))
             return 0
         view, _memory = native.view(values, self.axis)
         lows, highs, bad = native.extremes(view)
         if bad:
             return bad
-        self.channels.extend(lows, highs)
+        channels.extend(lows, highs)
         self.whole.extend(lows.min(keepdims=True), highs.max(keepdims=True))
-        native.count(view, self.channels.reciprocals(), self.channels.offset, self.channels.counts,
+        native.count(view, channels.reciprocals(), channels.offset, channels.counts,
                      float(self.whole.reciprocals()[0]), int(self.whole.offset[0]), self.whole.counts[0])
         return 0
 
@@ -119,11 +159,13 @@ class Stats:
     """Calibration statistics: `ranges` holds each tensor's exact (min, max); `tensors` its histograms.
 
     Stats built from ranges alone (hand-picked, or saved before histograms
-    existed) serve minmax only.
+    existed) serve minmax only. With `per_channel` False, tensors keep their whole-tensor histogram alone
+    (what activations' quantization reads; the per-channel ones serve bias correction's channel means).
     """
 
     ranges: dict[str, tuple[float, float]] = field(default_factory=dict)
     tensors: dict[str, TensorStats] = field(default_factory=dict)
+    per_channel: bool = True
     _derived: dict[tuple, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def observe(self, name: str, values: np.ndarray, axis: int | None = None, where: str | None = None) -> None:
@@ -132,7 +174,7 @@ class Stats:
         if values.size == 0:
             return
         if name not in self.tensors:
-            self.tensors[name] = TensorStats.start(values, axis)
+            self.tensors[name] = TensorStats.start(values, axis, self.per_channel)
         bad = self.tensors[name].observe(values)
         if bad:
             raise BuildError(f"calibration: {where or f'tensor {name!r}'} holds {bad} NaN or infinite values")
@@ -163,7 +205,7 @@ class Stats:
         key = ("channel", tensor, algorithm, scheme, dtype, tuple(sorted(params.items())))
         if key not in self._derived:
             levels = _levels(scheme, dtype)
-            histogram = self._tensor(tensor).channels
+            histogram = self._channels(tensor)
             pairs = [_derive(histogram.bins(c), algorithm, levels, tensor, params) for c in range(histogram.channels)]
             self._derived[key] = (np.array([p[0] for p in pairs]), np.array([p[1] for p in pairs]))
         lows, highs = self._derived[key]
@@ -173,7 +215,7 @@ class Stats:
         """Per-channel means along `channel_axis(tensor)`, read off the histograms (nothing more is stored)."""
         key = ("mean", tensor)
         if key not in self._derived:
-            histogram = self._tensor(tensor).channels
+            histogram = self._channels(tensor)
             self._derived[key] = np.array([histogram.bins(c).mean() for c in range(histogram.channels)])
         return self._derived[key].copy()
 
@@ -185,6 +227,13 @@ class Stats:
             raise BuildError(f"no calibration statistics for tensor {tensor!r}; recalibrate with this graph")
         return self.tensors[tensor]
 
+    def _channels(self, tensor: str) -> Histogram:
+        channels = self._tensor(tensor).channels
+        if channels is None:
+            raise BuildError(f"tensor {tensor!r}: calibration kept its whole-tensor histogram only (per-channel "
+                             "ones are kept when tuning.bias_correction is on); recalibrate with it on")
+        return channels
+
     def save(self, directory: Path) -> None:
         """Write stats.npz: fixed-size arrays only, so its size does not depend on the number of samples."""
         arrays = {f"{_RANGE}/{name}": np.array(r, dtype=np.float64) for name, r in self.ranges.items()}
@@ -192,6 +241,8 @@ class Stats:
             arrays[f"{_AXIS}/{name}"] = np.array([-1 if stats.axis is None else stats.axis], dtype=np.int64)
             for part in ("whole", "channels"):
                 histogram = getattr(stats, part)
+                if histogram is None:
+                    continue
                 for key in _HISTOGRAM_FIELDS:
                     arrays[f"{part}.{key}/{name}"] = getattr(histogram, key)
         Path(directory).mkdir(parents=True, exist_ok=True)
@@ -206,10 +257,13 @@ class Stats:
         ranges = {name: (float(a[0]), float(a[1])) for name, a in sorted(grouped.get(_RANGE, {}).items())}
         tensors = {}
         for name, axis in sorted(grouped.get(_AXIS, {}).items()):
-            parts = [Histogram(*(grouped[f"{part}.{key}"][name] for key in _HISTOGRAM_FIELDS))
-                     for part in ("whole", "channels")]
-            tensors[name] = TensorStats(None if axis[0] < 0 else int(axis[0]), *parts)
-        return cls(ranges, tensors)
+            whole, channels = (Histogram(*(grouped[f"{part}.{key}"][name] for key in _HISTOGRAM_FIELDS))
+                               if name in grouped.get(f"{part}.counts", {}) else None for part in ("whole", "channels"))
+            if whole is None:
+                raise BuildError(f"{Path(directory) / STATS_FILE}: tensor {name!r} has a channel axis but no "
+                                 "whole-tensor histogram; recalibrate")
+            tensors[name] = TensorStats(None if axis[0] < 0 else int(axis[0]), whole, channels)
+        return cls(ranges, tensors, all(stats.channels is not None for stats in tensors.values()))
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able view for reports."""
@@ -225,13 +279,14 @@ def observed_tensors(graph: Graph) -> list[str]:
             + [out for node in graph.nodes for out in node.outputs])
 
 
-def histogram_bytes(graph: Graph) -> int:
-    """The bytes calibration's histograms of `graph` take: BINS int32 counts per channel of each observed
-    tensor, and BINS int64 ones per tensor as a whole (held for the whole stage, whatever the batch size)."""
+def histogram_bytes(graph: Graph, per_channel: bool = True) -> int:
+    """The bytes calibration's histograms of `graph` take: BINS int64 counts per observed tensor as a whole,
+    and with `per_channel` BINS int32 ones per channel of each (held for the whole stage, whatever the batch
+    size)."""
     specs = graph.tensor_shapes()
     shapes = {name: tuple(1 if d is None else d for d in spec.shape) for name, spec in specs.items()}
     axes = channel_axes(graph, shapes)
-    channels = sum(1 if axis is None else shapes[name][axis] for name, axis in axes.items())
+    channels = sum(1 if axis is None else shapes[name][axis] for name, axis in axes.items()) if per_channel else 0
     return BINS * (channels * np.dtype(np.int32).itemsize + len(axes) * np.dtype(np.int64).itemsize)
 
 
@@ -305,9 +360,10 @@ def _describe(graph: Graph) -> dict[str, str]:
     return names
 
 
-def _runs(graph: Graph, batches: Iterable[dict[str, np.ndarray]]) -> Iterator[dict[str, np.ndarray]]:
+def _runs(graph: Graph, batches: Iterable[dict[str, np.ndarray]],
+          histograms: int) -> Iterator[dict[str, np.ndarray]]:
     """The samples of `batches` cut into runs of the interpreter of one size, as many as the memory budget
-    lets one run hold (the first batch's size at most), the last run shorter.
+    lets one run hold beside the `histograms` bytes (the first batch's size at most), the last run shorter.
 
     The statistics do not depend on how samples are cut, so a batch whose size the budget does not divide
     (64 where 44 fit) is not run as 44 and 20: its rest waits for the next batch's first samples, and every
@@ -317,7 +373,7 @@ def _runs(graph: Graph, batches: Iterable[dict[str, np.ndarray]]) -> Iterator[di
     held = 0
     for batch in batches:
         count = _samples(batch)
-        fit = fit or samples_that_fit(graph, "calibrate", count, histogram_bytes(graph), "histograms")
+        fit = fit or samples_that_fit(graph, "calibrate", count, histograms, "histograms")
         pending.append(batch)
         held += count
         while held >= fit:
@@ -352,7 +408,7 @@ def _first(pieces: list[dict[str, np.ndarray]], size: int) -> tuple[dict[str, np
 
 
 def calibrate(graph: Graph, batches: Iterable[dict[str, np.ndarray]], progress: Progress,
-              samples: int | None = None) -> Stats:
+              samples: int | None = None, per_channel: bool = True) -> Stats:
     """Run every batch through the float interpreter and fold its tensors into the histograms.
 
     Each tensor is counted as soon as the interpreter computes it and freed after its last reader, so
@@ -362,10 +418,11 @@ def calibrate(graph: Graph, batches: Iterable[dict[str, np.ndarray]], progress: 
     batches (`_runs`), and their arrays come from a heap that keeps them for the next run.
 
     Table activations fused into conv/dense are split off first, so their
-    inputs are observed too (as `activations.pre_activation(output)`).
+    inputs are observed too (as `activations.pre_activation(output)`). `per_channel` False keeps the
+    whole-tensor histograms alone (see `Stats`): a fraction of the counting and of the memory.
     """
     graph = with_table_activations_split(graph)
-    stats = Stats()
+    stats = Stats(per_channel=per_channel)
     where = _describe(graph)
     axes = ChannelAxes(graph)
     shapes: dict[str, tuple[int, ...]] = {}
@@ -379,7 +436,7 @@ def calibrate(graph: Graph, batches: Iterable[dict[str, np.ndarray]], progress: 
             stats.observe(name, values, axes(name, shapes), where[name])
 
     with progress.track("calibrate", samples) as advance, arrays_reused_in_heap():
-        for run in _runs(graph, batches):
+        for run in _runs(graph, batches, histogram_bytes(graph, per_channel)):
             interpreter.run(run, visit=observe)
             advance(_samples(run))
     if not stats.ranges:

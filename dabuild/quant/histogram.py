@@ -176,6 +176,11 @@ class Histogram:
             self._rebin(widened, low[widened], high[widened])
         self.low, self.high = low, high
 
+    def window(self, channel: int) -> tuple[float, float]:
+        """[low, high) in value of the values channel `channel`'s row counts (exact: offset * a power of two)."""
+        width, offset = float(self.width[channel]), int(self.offset[channel])
+        return offset * width, (offset + BINS) * width
+
     def reciprocals(self) -> np.ndarray:
         """1 / width per channel (exact: widths are powers of two), 0 for a channel still without a grid."""
         return np.divide(1.0, self.width, out=np.zeros_like(self.width), where=self.width > 0)

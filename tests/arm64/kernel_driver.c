@@ -40,6 +40,8 @@ void channel_counts(const void *view, const double *reciprocal, const int64_t *o
                     double whole_reciprocal, int64_t whole_offset, int64_t *whole, ptrdiff_t c0, ptrdiff_t c1);
 void rebin_channels(int32_t *counts, const int64_t *channels, ptrdiff_t n, const int64_t *old_offset,
                     const int64_t *doublings, const int64_t *new_offset);
+void whole_counts(const float *x, ptrdiff_t n, double reciprocal, int64_t offset, int64_t *counts, double skip_low,
+                  double skip_high, ptrdiff_t count, float *extremes, int64_t *tallies);
 int requantize_channels(const double *acc, ptrdiff_t outer, ptrdiff_t channels, ptrdiff_t inner, const int64_t *bias,
                         const int64_t *multiplier, const int64_t *shift, ptrdiff_t per_channel, int64_t zero_point,
                         int64_t low, int64_t high, int32_t *y);
@@ -77,6 +79,10 @@ static int64_t call(const char *name, const Arg *a, int64_t count)
         return channel_extremes(a[0].p, a[1].p, a[2].p, a[3].i, a[4].i);
     if (!strcmp(name, "channel_counts") && count == 9) {
         channel_counts(a[0].p, a[1].p, a[2].p, a[3].p, a[4].d, a[5].i, a[6].p, a[7].i, a[8].i);
+        return 0;
+    }
+    if (!strcmp(name, "whole_counts") && count == 10) {
+        whole_counts(a[0].p, a[1].i, a[2].d, a[3].i, a[4].p, a[5].d, a[6].d, a[7].i, a[8].p, a[9].p);
         return 0;
     }
     if (!strcmp(name, "rebin_channels") && count == 6) {

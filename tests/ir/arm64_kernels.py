@@ -212,7 +212,8 @@ def prepare_float_conv(layout: Layout, x: np.ndarray, weight: np.ndarray, bias: 
 
 
 class Arm64Histogram(NativeHistogram):
-    """histogram.c's extremes, counts and rebinning run on arm64, one call over all channels (NativeHistogram's
+    """histogram.c's extremes, counts (per channel, and of the whole tensor alone) and rebinning run on arm64, one
+    call over all channels (NativeHistogram's
     interface, so dabuild.quant's calibration runs on it unchanged)."""
 
     def __init__(self, kernels: Arm64Kernels):  # no host library: every call goes to `kernels`
@@ -240,6 +241,15 @@ class Arm64Histogram(NativeHistogram):
         copy, values = self._tensor(view)
         self.kernels.call("channel_counts", copy, reciprocal, offset, counts, float(whole_reciprocal),
                           int(whole_offset), whole, 0, view.channels, memory=[values])
+
+    def whole(self, values: np.ndarray, reciprocal: float, offset: int, counts: np.ndarray | None,
+              skip: tuple[float, float] = (np.inf, -np.inf)) -> tuple[float, float, int, int]:
+        extremes = np.array([np.inf, -np.inf], np.float32)
+        tallies = np.zeros(2, np.int64)
+        row = np.zeros(1, np.int64) if counts is None else counts  # a pointer the call does not count into
+        self.kernels.call("whole_counts", np.ascontiguousarray(values), len(values), float(reciprocal), int(offset),
+                          row, float(skip[0]), float(skip[1]), int(counts is not None), extremes, tallies)
+        return float(extremes[0]) + 0.0, float(extremes[1]) + 0.0, int(tallies[0]), int(tallies[1])
 
     def rebin(self, counts: np.ndarray, channels: np.ndarray, old_offset: np.ndarray, doublings: np.ndarray,
               new_offset: np.ndarray) -> None:

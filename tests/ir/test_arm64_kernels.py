@@ -9,7 +9,8 @@ An x86 machine cannot run the NEON paths natively; these run the host tests' own
 - island_conv.c: tests/ir/test_island_kernel.py's convs, infinities and dense layers, bit for bit with the
   numpy loops' order;
 - histogram.c: tests/quant/test_calibration.py's native histogram cases (layouts, derived whole-tensor counts,
-  float32 bins only where exact, rebinning, NaN and infinities), numpy's counts exactly;
+  float32 bins only where exact, rebinning, NaN and infinities; whole-tensor histograms alone, with their
+  second pass), numpy's counts exactly;
 - qconv.c (int16 pairs), the 8-bit add's lookup, quantize.c and requantize.c: tests/ir/test_integer_kernels.py's
   cases, bit for bit.
 All but conv.c run through dabuild's own code (the interpreter's pool op, island_order, calibration, the
@@ -163,6 +164,17 @@ def test_neon_bins_leave_float32_only_where_it_would_be_inexact(on_arm64: Arm64K
                                                                 monkeypatch: pytest.MonkeyPatch,
                                                                 channels_last: bool) -> None:
     calibration_tests.test_native_bins_leave_float32_only_where_it_would_be_inexact(monkeypatch, 16, channels_last)
+
+
+@pytest.mark.parametrize("case", list(calibration_tests.whole_only_cases()))
+def test_neon_whole_tensor_histograms_alone_count_what_numpy_counts(on_arm64: Arm64Kernels,
+                                                                    monkeypatch: pytest.MonkeyPatch, case: str) -> None:
+    calibration_tests.test_whole_tensor_histograms_alone_count_what_numpy_and_the_channel_pass_count(
+        monkeypatch, 16, case)
+
+
+def test_neon_whole_tensor_histograms_reject_non_finite_values_naming_the_tensor(on_arm64: Arm64Kernels) -> None:
+    calibration_tests.test_whole_tensor_histograms_reject_non_finite_values_naming_the_tensor(16)
 
 
 @pytest.mark.parametrize("channels", [3, 200])

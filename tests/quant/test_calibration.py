@@ -486,6 +486,121 @@ def test_native_histograms_reject_non_finite_values_naming_the_tensor(vector_pat
             Stats().observe("t", values, axis=1)
 
 
+def whole_only_cases() -> dict[str, np.ndarray]:
+    """Tensors for the whole-tensor-only count: windows that widen late (a second pass), a constant channel,
+    ReLU-like zeros of both signs, and values float32 bins inexactly (far from zero, subnormal, huge)."""
+    rng = np.random.default_rng(17)
+    mixed = (rng.standard_t(3, size=(6, 20, 41, 150)) * rng.uniform(0.1, 10, 150)).astype(np.float32)
+    mixed[4, 3, 4, 5] = 300.0  # a late outlier: the window widens and its values are counted in a second pass
+    mixed[5, 1, 2, 3] = -900.0
+    mixed[:, :, :, 7] = 0.5
+    mixed[mixed < -1.5] = 0.0
+    mixed[0, 1, :, 9] = -0.0
+    awkward = rng.standard_normal((4, 6, 24, 41)).astype(np.float32)
+    awkward[:, 0] = 1e5 + awkward[:, 0] * 0.01  # offsets near 3.3e9 on a fine grid
+    awkward[:, 1] *= np.float32(1e-40)  # subnormal
+    awkward[:, 2] *= np.float32(1e30)  # huge
+    awkward[:, 3] = -8e6 + awkward[:, 3]
+    constant = np.full((3, 2, 5, 7), 0.25, np.float32)
+    constant[2, 1, 4, 6] = 0.75  # a second value only in the last batch: the first grid then
+    return {"channels last": mixed.transpose(0, 3, 1, 2), "channels first": np.ascontiguousarray(
+        mixed.transpose(0, 3, 1, 2)), "inexact float32 bins": awkward, "constant, then not": constant}
+
+
+@pytest.mark.parametrize("case", list(whole_only_cases()))
+def test_whole_tensor_histograms_alone_count_what_numpy_and_the_channel_pass_count(
+        monkeypatch: pytest.MonkeyPatch, vector_path: int, case: str) -> None:
+    """Stats(per_channel=False): each tensor counted as a whole, in memory order, extremes in the same pass and a
+    second pass only for values past the window. The same histogram numpy counts, and the same as the
+    whole-tensor histogram beside per-channel ones, whatever the batches; the outliers took the second pass."""
+    from dabuild.ir.kernels import native
+    from dabuild.quant import calibrate as calibration
+
+    values = whole_only_cases()[case]
+    monkeypatch.delenv(native.SWITCH, raising=False)
+    kernels = type(calibration.native_histogram())  # the host's, or those a test put in their place
+    second_passes = []
+    counted = kernels.whole
+
+    def whole(self: native.NativeHistogram, flat: np.ndarray, reciprocal: float, offset: int,
+              counts: np.ndarray | None, skip: tuple[float, float] = (np.inf, -np.inf)) -> tuple:
+        second_passes.append(skip[0] < skip[1])
+        return counted(self, flat, reciprocal, offset, counts, skip)
+
+    monkeypatch.setattr(kernels, "whole", whole)
+
+    def stats(batch: int, per_channel: bool = False) -> Stats:
+        result = Stats(per_channel=per_channel)
+        for start in range(0, len(values), batch):
+            result.observe("t", values[start:start + batch], axis=1)
+        return result
+
+    compiled = [stats(batch) for batch in (1, 3)]
+    if case.startswith("channels"):
+        assert any(second_passes), "the late outliers never took the second pass"
+    with_channels = stats(2, per_channel=True)
+    monkeypatch.setenv(native.SWITCH, "0")
+    reference = stats(len(values))
+    assert compiled[0] == compiled[1] == reference
+    assert all(tensor.channels is None for tensor in reference.tensors.values())
+    assert np.array_equal(compiled[0].tensors["t"].whole.counts, with_channels.tensors["t"].whole.counts)
+    assert compiled[0].ranges == with_channels.ranges
+
+
+def test_whole_tensor_histograms_split_among_more_threads_count_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A big tensor's memory split among 5 threads, each its own row and extremes, merged after."""
+    from dabuild.ir.kernels import native
+
+    values = whole_only_cases()["channels last"]
+    monkeypatch.delenv(native.SWITCH, raising=False)
+    monkeypatch.setattr(native, "available_cores", lambda: 5)
+
+    def stats() -> Stats:
+        result = Stats(per_channel=False)
+        result.observe("t", values, axis=1)
+        result.observe("t", values[:2] * 3, axis=1)  # widens the window: the second pass, split too
+        return result
+
+    split = stats()
+    monkeypatch.setenv(native.SWITCH, "0")
+    assert split == stats()
+
+
+def test_whole_tensor_histograms_reject_non_finite_values_naming_the_tensor(vector_path: int) -> None:
+    """A NaN in a full block and an infinity among the last values, in a first batch and in a later one."""
+    memory = np.ones((2, 4, 4, 70), np.float32)  # 2,240 values: 35 blocks of 64, the last values fewer
+    memory[0, 0, 1, 2] = np.nan
+    memory[1, 3, 3, 69] = -np.inf
+    for values in (np.ascontiguousarray(memory.transpose(0, 3, 1, 2)), memory.transpose(0, 3, 1, 2)):
+        with pytest.raises(BuildError, match="tensor 't' holds 2 NaN or infinite"):
+            Stats(per_channel=False).observe("t", values, axis=1)
+        stats = Stats(per_channel=False)
+        stats.observe("t", np.ones_like(values) * np.arange(70, dtype=np.float32)[None, :, None, None], axis=1)
+        with pytest.raises(BuildError, match="tensor 't' holds 2 NaN or infinite"):
+            stats.observe("t", values, axis=1)
+
+
+def test_whole_tensor_statistics_save_load_and_say_what_they_cannot_serve(tmp_path: Path) -> None:
+    """calibrate(per_channel=False), as a build without bias correction runs it: the same ranges and
+    whole-tensor histograms as with channels, a fraction of the memory, and a clear error for channel means."""
+    rng = np.random.default_rng(5)
+    graph = small_conv_net(rng)
+    batches = [{"x": rng.standard_normal((16, 3, 12, 12)).astype(np.float32)}]
+    plain = calibrate(graph, batches, Progress.silent(), per_channel=False)
+    full = calibrate(graph, batches, Progress.silent())
+    assert plain.ranges == full.ranges and not plain.per_channel
+    assert all(np.array_equal(plain.tensors[name].whole.counts, full.tensors[name].whole.counts)
+               for name in full.tensors)
+    assert histogram_bytes(graph, per_channel=False) * 20 < histogram_bytes(graph)
+    plain.save(tmp_path)
+    loaded = Stats.load(tmp_path)
+    assert loaded == plain and not loaded.per_channel
+    assert loaded.range("h", "percentile", percentile=99.0) == full.range("h", "percentile", percentile=99.0)
+    with pytest.raises(BuildError, match="tensor 'h': calibration kept its whole-tensor histogram only.*"
+                                         "tuning.bias_correction"):
+        loaded.channel_means("h")
+
+
 def small_conv_net(rng: np.random.Generator) -> Graph:
     """Two convs and a dense layer on 3x12x12 images."""
     constants = {"w1": rng.standard_normal((8, 3, 3, 3)).astype(np.float32),
@@ -530,7 +645,7 @@ def test_runs_take_as_many_samples_as_fit_across_batch_boundaries(monkeypatch: p
     cuts = [0, 10, 20, 23, 32]
     batches = [{"x": x[low:high]} for low, high in zip(cuts, cuts[1:])]
     monkeypatch.setenv(BUDGET, budget_for_samples(graph, 7))
-    runs = [run["x"] for run in _runs(graph, batches)]
+    runs = [run["x"] for run in _runs(graph, batches, histogram_bytes(graph))]
     assert [len(run) for run in runs] == [7, 7, 7, 7, 4]
     assert np.array_equal(np.concatenate(runs), x)
     progress = HeardProgress()

@@ -188,6 +188,8 @@ static inline int all_lanes(ints holds)
 #endif
 }
 
+static inline ptrdiff_t vector_bins(const float *x, ptrdiff_t n, double r, int64_t first, int32_t *bins);
+
 /* bins[i] = bin(x[i]) for n <= COUNT_BLOCK values, a vector at a time in float32 where that is exact: with a
  * power-of-two width whose reciprocal and width are normal floats, value * reciprocal is exact unless it
  * overflows or loses bits below the normal range (multiplying back by the width detects both), floor of it is
@@ -203,6 +205,14 @@ static inline void block_bins(const float *x, ptrdiff_t n, double r, int64_t fir
             bins[i] = 0;
         return;
     }
+    for (ptrdiff_t i = vector_bins(x, n, r, first, bins); i < n; i++)
+        bins[i] = (int32_t)bin(x[i], r, first);
+}
+
+/* The vector part of block_bins: bins[i] for the first values, a whole vector at a time, as long as every lane
+ * passes the checks (so each bin lies in [0, BINS)); returns how many it binned. */
+static inline ptrdiff_t vector_bins(const float *x, ptrdiff_t n, double r, int64_t first, int32_t *bins)
+{
     ptrdiff_t i = 0;
     if (r >= 0x1p-125 && r <= 0x1p125 && fabs((double)first) < 0x1p62 && (int64_t)(float)first == first) {
         floats reciprocal = (float)r - (floats){0}, width = (float)(1.0 / r) - (floats){0};
@@ -217,8 +227,7 @@ static inline void block_bins(const float *x, ptrdiff_t n, double r, int64_t fir
             *(ints_unaligned *)(bins + i) = __builtin_convertvector(index, ints);
         }
     }
-    for (; i < n; i++)
-        bins[i] = (int32_t)bin(x[i], r, first);
+    return i;
 }
 
 #if VBYTES == 32 && defined(__AVX2__)
@@ -400,6 +409,117 @@ void channel_counts(const TensorView *v, const double *reciprocal, const int64_t
                     whole[((offset[t0 + j] + k) >> shift) - whole_offset] += (int64_t)(row[k] - before[j][k]);
         }
     }
+}
+
+#define WHOLE_BLOCK 256
+#define WHOLE_TABLES 4  /* int32 tables a whole-tensor count spreads its values over, merged after: consecutive
+                         * values in one bin then add to different counters instead of each waiting on the last */
+
+/* tables[i % WHOLE_TABLES][bin] += 1 for the finite values x[0:n] outside [skip_low, skip_high) whose bin lies in
+ * the row; the others outside the skip go to *outside. */
+static inline void whole_block(const float *x, ptrdiff_t n, double r, int64_t offset, int32_t (*tables)[HISTOGRAM_BINS],
+                               double skip_low, double skip_high, int64_t *outside)
+{
+    float values[WHOLE_BLOCK + 16];
+    int32_t bins[WHOLE_BLOCK];
+    int skipping = skip_low < skip_high;
+    ptrdiff_t kept = nonzero_values(x, n, values);
+    if (kept < n && !(skipping && 0.0 >= skip_low && 0.0 < skip_high)) {
+        double zero = floor(0.0 * r) - (double)offset;
+        if (zero >= 0.0 && zero < HISTOGRAM_BINS)
+            tables[0][(ptrdiff_t)zero] += (int32_t)(n - kept);
+        else
+            *outside += n - kept;
+    }
+    ptrdiff_t binned = r > 0.0 ? vector_bins(values, kept, r, offset, bins) : 0;
+    if (skipping) {
+        for (ptrdiff_t i = 0; i < binned; i++)
+            if (!(values[i] >= skip_low && values[i] < skip_high))
+                tables[i % WHOLE_TABLES][bins[i]]++;
+    } else {
+        ptrdiff_t i = 0;
+        for (; i + WHOLE_TABLES <= binned; i += WHOLE_TABLES)
+            for (int t = 0; t < WHOLE_TABLES; t++)
+                tables[t][bins[i + t]]++;
+        for (; i < binned; i++)
+            tables[0][bins[i]]++;
+    }
+    for (ptrdiff_t i = binned; i < kept; i++) {
+        if (skipping && values[i] >= skip_low && values[i] < skip_high)
+            continue;
+        /* exact wherever the result can lie in the row: |offset| < 2^52, and a product past 2^53 is far out */
+        double at = floor((double)values[i] * r) - (double)offset;
+        if (at >= 0.0 && at < HISTOGRAM_BINS)
+            tables[0][(ptrdiff_t)at]++;
+        else
+            (*outside)++;
+    }
+}
+
+/* counts[bin] += every table's count of it; the tables back to zero. */
+static void merge_tables(int32_t (*tables)[HISTOGRAM_BINS], int64_t *counts)
+{
+    for (int t = 0; t < WHOLE_TABLES; t++)
+        for (ptrdiff_t k = 0; k < HISTOGRAM_BINS; k++)
+            counts[k] += tables[t][k];
+    memset(tables, 0, sizeof(int32_t) * WHOLE_TABLES * HISTOGRAM_BINS);
+}
+
+/* One histogram of all n values of x, in whatever order memory holds them (a histogram of the whole tensor
+ * does not depend on it), with the extremes: extremes[0] = min(extremes[0], values), extremes[1] likewise (lane
+ * by lane as channel_extremes compares), and tallies[0] += the values that are NaN or infinite (a block of
+ * COUNT_BLOCK values holding one is not counted: the caller rejects the tensor). With `count` 0 that is all.
+ * Otherwise each finite value outside [skip_low, skip_high) is counted in counts[bin], bin = floor(value *
+ * reciprocal) - offset as bin() computes it, where that bin lies in [0, BINS); one outside the row (the window
+ * has not yet been widened to a new extreme) is left out and added to tallies[1]. The caller widens the window
+ * and calls again skipping what the old window took, whose counts the widening merged exactly (see
+ * dabuild.quant.histogram): one pass over the values when a batch stays within the window, as it mostly does
+ * after the first, with the extremes in the same pass. */
+void whole_counts(const float *x, ptrdiff_t n, double reciprocal, int64_t offset, int64_t *counts, double skip_low,
+                  double skip_high, ptrdiff_t count, float *extremes, int64_t *tallies)
+{
+    static _Thread_local int32_t tables[WHOLE_TABLES][HISTOGRAM_BINS];
+    if (count)
+        memset(tables, 0, sizeof tables);
+    floats lo = extremes[0] - (floats){0}, hi = extremes[1] - (floats){0}, infinite = INFINITY - (floats){0};
+    ints nonfinite = {0};
+    ptrdiff_t i0 = 0, unmerged = 0;
+    for (; i0 + WHOLE_BLOCK <= n; i0 += WHOLE_BLOCK) {
+        ints block_nonfinite = {0};
+        for (int k = 0; k < WHOLE_BLOCK; k += FLOAT_LANES) {
+            floats values = *(const floats_unaligned *)(x + i0 + k);
+            floats magnitude = (floats)((ints)values & 0x7fffffff);
+            block_nonfinite += (magnitude < infinite) + 1;  /* a comparison gives -1 where true: 1 where not finite */
+            ints below = values < lo, above = values > hi;
+            lo = (floats)(((ints)values & below) | ((ints)lo & ~below));
+            hi = (floats)(((ints)values & above) | ((ints)hi & ~above));
+        }
+        nonfinite += block_nonfinite;
+        if (!count || !all_lanes(block_nonfinite == 0))
+            continue;
+        whole_block(x + i0, WHOLE_BLOCK, reciprocal, offset, tables, skip_low, skip_high, &tallies[1]);
+        if ((unmerged += WHOLE_BLOCK) >= ((ptrdiff_t)1 << 30)) {  /* before an int32 table could pass 2^31 - 1 */
+            merge_tables(tables, counts);
+            unmerged = 0;
+        }
+    }
+    float l = extremes[0], h = extremes[1];
+    for (int lane = 0; lane < FLOAT_LANES; lane++) {
+        l = lo[lane] < l ? lo[lane] : l;
+        h = hi[lane] > h ? hi[lane] : h;
+        tallies[0] += nonfinite[lane];
+    }
+    if (i0 < n) {  /* the last values, fewer than a block */
+        ptrdiff_t bad = 0;
+        run_extremes(x + i0, n - i0, &l, &h, &bad);
+        tallies[0] += bad;
+        if (count && !bad)
+            whole_block(x + i0, n - i0, reciprocal, offset, tables, skip_low, skip_high, &tallies[1]);
+    }
+    extremes[0] = l;
+    extremes[1] = h;
+    if (count)
+        merge_tables(tables, counts);
 }
 
 /* Re-binning of the channels listed in `channels` (n of them) to wider or slid windows, in place: old bin k

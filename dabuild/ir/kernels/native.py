@@ -350,6 +350,10 @@ class NativeHistogram:
         self._rebin = library.rebin_channels
         self._rebin.argtypes = [pointer, pointer, size, pointer, pointer, pointer]
         self._rebin.restype = None
+        self._whole = library.whole_counts
+        self._whole.argtypes = [pointer, size, ctypes.c_double, ctypes.c_int64, pointer, ctypes.c_double,
+                                ctypes.c_double, size, pointer, pointer]
+        self._whole.restype = None
         self._pool: ThreadPoolExecutor | None = None
         self._pool_size = 0
         forget_pool_after_fork(self)
@@ -451,6 +455,32 @@ class NativeHistogram:
             counts += other
         for other in wholes[1:]:
             whole += other
+
+    def whole(self, values: np.ndarray, reciprocal: float, offset: int, counts: np.ndarray | None,
+              skip: tuple[float, float] = (np.inf, -np.inf)) -> tuple[float, float, int, int]:
+        """One histogram of all of `values` (float32, C-contiguous, one dimension), in memory order and split
+        among the cores, each part with its own row and extremes, merged after: counts (BINS,), int64, += the
+        bins of the values outside `skip` ([low, high) in value) whose bin lies in the row; none where `counts`
+        is None. Returns (min, max, NaN or infinite values, values left out for lying outside the row)."""
+        cores = available_cores()
+        parts = 1 if cores == 1 or len(values) < PARALLEL_VALUES else cores
+        bounds = [len(values) * index // parts for index in range(parts + 1)]
+        rows = [] if counts is None else [counts, *(np.zeros_like(counts) for _ in range(1, parts))]
+        extremes = np.tile(np.array([np.inf, -np.inf], np.float32), (parts, 1))
+        tallies = np.zeros((parts, 2), np.int64)
+
+        def part(index: int) -> None:
+            row = rows[index] if rows else None
+            self._whole(values[bounds[index]:].ctypes.data, bounds[index + 1] - bounds[index], reciprocal, offset,
+                        None if row is None else row.ctypes.data, skip[0], skip[1], int(row is not None),
+                        extremes[index].ctypes.data, tallies[index].ctypes.data)
+
+        self._run(parts, part)
+        for row in rows[1:]:
+            rows[0] += row
+        # +0 for a zero extreme whichever zero a part saw first, as `extremes` does
+        return (float(extremes[:, 0].min()) + 0.0, float(extremes[:, 1].max()) + 0.0, int(tallies[:, 0].sum()),
+                int(tallies[:, 1].sum()))
 
     def rebin(self, counts: np.ndarray, channels: np.ndarray, old_offset: np.ndarray, doublings: np.ndarray,
               new_offset: np.ndarray) -> None:
