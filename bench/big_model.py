@@ -191,7 +191,8 @@ def inference_seconds(build_dir: Path, images: np.ndarray) -> tuple[float, float
     from dabuild.recipe import DataSpec
 
     graph = Graph.load(build_dir / "trace")
-    batch = samples_that_fit(graph, "calibrate", DataSpec.model_fields["batch_size"].default, histogram_bytes(graph))
+    batch = samples_that_fit(graph, "calibrate", DataSpec.model_fields["batch_size"].default,
+                             histogram_bytes(graph, per_channel=False))  # as the stage keeps them for this recipe
     interpreter = Interpreter(graph, threads=available_cores())
     name = graph.inputs[0].name
     inference, inference_cpu = 0.0, 0.0
@@ -206,7 +207,7 @@ def inference_seconds(build_dir: Path, images: np.ndarray) -> tuple[float, float
             yield {name: images[low:low + batch]}
 
     start, cpu = time.perf_counter(), time.process_time()
-    calibrate(graph, batches(), Progress.silent())
+    calibrate(graph, batches(), Progress.silent(), per_channel=False)
     return (inference, time.perf_counter() - start - inference, inference_cpu,
             time.process_time() - cpu - inference_cpu)
 

@@ -121,7 +121,8 @@ def plan(recipe: Recipe, targets: list[str] | None = None) -> list[Stage]:
         Stage(
             "calibrate",
             "calibrate",
-            _data_config(recipe.data.calibration),
+            # per-channel histograms serve bias correction's channel means alone: kept only when it is on
+            {**_data_config(recipe.data.calibration), "per_channel": recipe.tuning.bias_correction},
             inputs={"graph": "trace"},
             files={"data": recipe.data.calibration.source},
             packages=("numpy",),

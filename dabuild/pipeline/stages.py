@@ -103,7 +103,8 @@ def calibrate(run: StageRun) -> None:
     elif used > 10_000:
         run.progress.info(f"calibrate: all {used:,} samples in {spec.source.name}; data.calibration.samples "
                           "takes fewer (a few thousand fix the ranges)")
-    stats = calibrate_graph(graph, batches(arrays, spec.batch_size), run.progress, used)
+    stats = calibrate_graph(graph, batches(arrays, spec.batch_size), run.progress, used,
+                            per_channel=run.stage.config["per_channel"])
     stats.save(run.out_dir)
 
 

@@ -95,6 +95,25 @@ def test_recipes_sharing_model_and_data_share_trace_and_calibrate(
     assert "tune:c" in executed(summary)
 
 
+def test_bias_correction_asks_calibrate_for_per_channel_histograms(digits: Path, tmp_path: Path,
+                                                                   cache_dir: Path) -> None:
+    """Per-channel histograms serve bias correction's channel means alone: a build without it keeps the
+    whole-tensor ones (the same counts), and turning it on recalibrates with both."""
+    from dabuild.quant.calibrate import Stats
+
+    build(digits, tmp_path / "build")
+    stats_dir = tmp_path / "build" / "digits-mlp" / "calibrate"
+    plain = Stats.load(stats_dir)
+    assert not plain.per_channel and all(tensor.channels is None for tensor in plain.tensors.values())
+    edit(digits, "  strategy: basic\n", "  strategy: basic\n  bias_correction: true\n")
+    corrected = build(digits, tmp_path / "build")
+    assert {"calibrate", "tune:c"} <= executed(corrected)
+    full = Stats.load(stats_dir)
+    assert full.per_channel and full.ranges == plain.ranges
+    assert all(np.array_equal(full.tensors[name].whole.counts, plain.tensors[name].whole.counts)
+               for name in plain.tensors)
+
+
 def test_no_cache_executes_everything_and_stores_nothing(digits: Path, tmp_path: Path, cache_dir: Path) -> None:
     summary = build(digits, tmp_path / "build", "--no-cache")
     assert executed(summary) == ALL_STAGES
