@@ -260,8 +260,8 @@ class Stats:
             whole, channels = (Histogram(*(grouped[f"{part}.{key}"][name] for key in _HISTOGRAM_FIELDS))
                                if name in grouped.get(f"{part}.counts", {}) else None for part in ("whole", "channels"))
             if whole is None:
-                raise BuildError(f"{Path(directory) / STATS_FILE}: tensor {name!r} has a channel axis but no "
-                                 "whole-tensor histogram; recalibrate")
+                raise BuildError(f"{Path(directory) / STATS_FILE}: tensor {name!r} has no whole-tensor histogram; "
+                                 "recalibrate")
             tensors[name] = TensorStats(None if axis[0] < 0 else int(axis[0]), whole, channels)
         return cls(ranges, tensors, all(stats.channels is not None for stats in tensors.values()))
 

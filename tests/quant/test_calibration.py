@@ -244,6 +244,12 @@ def test_stats_with_histograms_round_trip_byte_stably(tmp_path: Path) -> None:
         assert np.array_equal(loaded.channel_ranges("h1", algorithm)[1], stats.channel_ranges("h1", algorithm)[1])
 
 
+def test_stats_with_a_tensor_but_no_whole_tensor_histogram_are_refused_naming_the_file(tmp_path: Path) -> None:
+    write_npz(tmp_path / STATS_FILE, {"range/t": np.array([-1.0, 2.0]), "axis/t": np.array([1])})
+    with pytest.raises(BuildError, match=rf"{STATS_FILE}: tensor 't' has no whole-tensor histogram; recalibrate"):
+        Stats.load(tmp_path)
+
+
 def test_stats_holding_only_ranges_serve_minmax_and_ask_for_recalibration_otherwise(tmp_path: Path) -> None:
     write_npz(tmp_path / STATS_FILE, {"range/x": np.array([-1.0, 2.0])})
     stats = Stats.load(tmp_path)
