@@ -74,25 +74,20 @@ class TensorStats:
                 return int(finite.size - finite.sum())
             self.whole.add(values.reshape(1, -1))
             return 0
-        flat = values.ravel(order="K")  # memory order: a view wherever the layout is dense
-        flat = flat if flat.flags.c_contiguous else np.ascontiguousarray(flat)
+        flat = np.ascontiguousarray(values.ravel(order="K"))  # memory order: no copy wherever the layout is dense
         whole = self.whole
-        skip = (np.inf, -np.inf)  # nothing counted yet
-        if whole.width[0] > 0:
+        if whole.width[0] > 0:  # count what the window takes; `left` values lie past it
             skip = whole.window(0)
-            low, high, bad, outside = native.whole(flat, float(whole.reciprocals()[0]), int(whole.offset[0]),
-                                                   whole.counts[0])
-            if bad:
-                return bad
-            if not outside:
-                whole.extend(np.array([low]), np.array([high]))
-                return 0
-        else:
-            low, high, bad, _ = native.whole(flat, 0.0, 0, None)
-            if bad:
-                return bad
+            low, high, bad, left = native.whole(flat, float(whole.reciprocals()[0]), int(whole.offset[0]),
+                                                whole.counts[0])
+        else:  # no window yet: the extremes first, then every value
+            skip = (np.inf, -np.inf)
+            low, high, bad, left = (*native.whole(flat, 0.0, 0, None)[:3], flat.size)
+        if bad:
+            return bad
         whole.extend(np.array([low]), np.array([high]))
-        native.whole(flat, float(whole.reciprocals()[0]), int(whole.offset[0]), whole.counts[0], skip)
+        if left:
+            native.whole(flat, float(whole.reciprocals()[0]), int(whole.offset[0]), whole.counts[0], skip)
         return 0
 
     def _observe_channels(self, values: np.ndarray, channels: Histogram) -> int:

@@ -39,21 +39,26 @@ typedef float floats __attribute__((vector_size(VBYTES)));  /* FLOAT_LANES lanes
 typedef int ints __attribute__((vector_size(VBYTES)));
 typedef float floats_unaligned __attribute__((vector_size(VBYTES), aligned(4)));
 
-/* The extremes of n values, FLOAT_LANES lanes at a time: `value < low ? value : low` lane by lane as the scalar loop
- * does (a NaN never replaces an extreme; it is counted in *bad instead). */
+/* One vector into running extremes: `value < low ? value : low` lane by lane as the scalar loop does (a NaN never
+ * replaces an extreme), and 1 into *nonfinite's lane for each value that is NaN or infinite. */
+static inline void fold_extremes(floats values, floats *lo, floats *hi, ints *nonfinite)
+{
+    floats magnitude = (floats)((ints)values & 0x7fffffff);
+    *nonfinite += (magnitude < (INFINITY - (floats){0})) + 1;  /* a comparison gives -1 where true */
+    ints below = values < *lo, above = values > *hi;
+    *lo = (floats)(((ints)values & below) | ((ints)*lo & ~below));
+    *hi = (floats)(((ints)values & above) | ((ints)*hi & ~above));
+}
+
+/* The extremes of n values, FLOAT_LANES lanes at a time (fold_extremes), the NaN and infinite ones counted in
+ * *bad. */
 static void run_extremes(const float *x, ptrdiff_t n, float *low, float *high, ptrdiff_t *bad)
 {
-    floats lo = *low - (floats){0}, hi = *high - (floats){0}, infinite = INFINITY - (floats){0};
+    floats lo = *low - (floats){0}, hi = *high - (floats){0};
     ints nonfinite = {0};
     ptrdiff_t i = 0;
-    for (; i + FLOAT_LANES <= n; i += FLOAT_LANES) {
-        floats values = *(const floats_unaligned *)(x + i);
-        floats magnitude = (floats)((ints)values & 0x7fffffff);
-        nonfinite += (magnitude < infinite) + 1;  /* a comparison gives -1 where true: 1 where not finite */
-        ints below = values < lo, above = values > hi;
-        lo = (floats)(((ints)values & below) | ((ints)lo & ~below));
-        hi = (floats)(((ints)values & above) | ((ints)hi & ~above));
-    }
+    for (; i + FLOAT_LANES <= n; i += FLOAT_LANES)
+        fold_extremes(*(const floats_unaligned *)(x + i), &lo, &hi, &nonfinite);
     float l = *low, h = *high;
     for (int lane = 0; lane < FLOAT_LANES; lane++) {
         l = lo[lane] < l ? lo[lane] : l;
@@ -80,21 +85,14 @@ static void tile_extremes(const TensorView *v, ptrdiff_t c, ptrdiff_t o0, ptrdif
 {
     floats lo[EXTREMES_VECTORS], hi[EXTREMES_VECTORS];
     ints nonfinite = {0};
-    floats infinite = INFINITY - (floats){0};
     for (int k = 0; k < EXTREMES_VECTORS; k++) {
         lo[k] = *(const floats_unaligned *)(low + c + FLOAT_LANES * k);
         hi[k] = *(const floats_unaligned *)(high + c + FLOAT_LANES * k);
     }
     for (ptrdiff_t o = o0; o < o1; o++) {
         const float *x = element(v, o, c);
-        for (int k = 0; k < EXTREMES_VECTORS; k++) {
-            floats values = *(const floats_unaligned *)(x + FLOAT_LANES * k);
-            floats magnitude = (floats)((ints)values & 0x7fffffff);
-            nonfinite += (magnitude < infinite) + 1;  /* a comparison gives -1 where true: 1 where not finite */
-            ints below = values < lo[k], above = values > hi[k];
-            lo[k] = (floats)(((ints)values & below) | ((ints)lo[k] & ~below));
-            hi[k] = (floats)(((ints)values & above) | ((ints)hi[k] & ~above));
-        }
+        for (int k = 0; k < EXTREMES_VECTORS; k++)
+            fold_extremes(*(const floats_unaligned *)(x + FLOAT_LANES * k), &lo[k], &hi[k], &nonfinite);
     }
     for (int k = 0; k < EXTREMES_VECTORS; k++) {
         *(floats_unaligned *)(low + c + FLOAT_LANES * k) = lo[k];
@@ -411,9 +409,18 @@ void channel_counts(const TensorView *v, const double *reciprocal, const int64_t
     }
 }
 
-#define WHOLE_BLOCK 256
+#define WHOLE_BLOCK 256  /* values whose extremes, zeros and bins are taken together before they are counted */
 #define WHOLE_TABLES 4  /* int32 tables a whole-tensor count spreads its values over, merged after: consecutive
                          * values in one bin then add to different counters instead of each waiting on the last */
+
+/* bin(value), or -1 where that bin lies outside the row [0, BINS): computed in double as bin() does, without its
+ * cast of a far value to int64 (exact wherever the result can lie in the row: |offset| < 2^52, and a product past
+ * 2^53 is far out). */
+static inline ptrdiff_t bin_in_row(float value, double r, int64_t offset)
+{
+    double at = floor((double)value * r) - (double)offset;
+    return at >= 0.0 && at < HISTOGRAM_BINS ? (ptrdiff_t)at : -1;
+}
 
 /* tables[i % WHOLE_TABLES][bin] += 1 for the finite values x[0:n] outside [skip_low, skip_high) whose bin lies in
  * the row; the others outside the skip go to *outside. */
@@ -425,9 +432,9 @@ static inline void whole_block(const float *x, ptrdiff_t n, double r, int64_t of
     int skipping = skip_low < skip_high;
     ptrdiff_t kept = nonzero_values(x, n, values);
     if (kept < n && !(skipping && 0.0 >= skip_low && 0.0 < skip_high)) {
-        double zero = floor(0.0 * r) - (double)offset;
-        if (zero >= 0.0 && zero < HISTOGRAM_BINS)
-            tables[0][(ptrdiff_t)zero] += (int32_t)(n - kept);
+        ptrdiff_t zero = bin_in_row(0.0f, r, offset);
+        if (zero >= 0)
+            tables[0][zero] += (int32_t)(n - kept);
         else
             *outside += n - kept;
     }
@@ -447,10 +454,9 @@ static inline void whole_block(const float *x, ptrdiff_t n, double r, int64_t of
     for (ptrdiff_t i = binned; i < kept; i++) {
         if (skipping && values[i] >= skip_low && values[i] < skip_high)
             continue;
-        /* exact wherever the result can lie in the row: |offset| < 2^52, and a product past 2^53 is far out */
-        double at = floor((double)values[i] * r) - (double)offset;
-        if (at >= 0.0 && at < HISTOGRAM_BINS)
-            tables[0][(ptrdiff_t)at]++;
+        ptrdiff_t at = bin_in_row(values[i], r, offset);
+        if (at >= 0)
+            tables[0][at]++;
         else
             (*outside)++;
     }
@@ -468,7 +474,7 @@ static void merge_tables(int32_t (*tables)[HISTOGRAM_BINS], int64_t *counts)
 /* One histogram of all n values of x, in whatever order memory holds them (a histogram of the whole tensor
  * does not depend on it), with the extremes: extremes[0] = min(extremes[0], values), extremes[1] likewise (lane
  * by lane as channel_extremes compares), and tallies[0] += the values that are NaN or infinite (a block of
- * COUNT_BLOCK values holding one is not counted: the caller rejects the tensor). With `count` 0 that is all.
+ * WHOLE_BLOCK values holding one is not counted: the caller rejects the tensor). With `count` 0 that is all.
  * Otherwise each finite value outside [skip_low, skip_high) is counted in counts[bin], bin = floor(value *
  * reciprocal) - offset as bin() computes it, where that bin lies in [0, BINS); one outside the row (the window
  * has not yet been widened to a new extreme) is left out and added to tallies[1]. The caller widens the window
@@ -481,19 +487,13 @@ void whole_counts(const float *x, ptrdiff_t n, double reciprocal, int64_t offset
     static _Thread_local int32_t tables[WHOLE_TABLES][HISTOGRAM_BINS];
     if (count)
         memset(tables, 0, sizeof tables);
-    floats lo = extremes[0] - (floats){0}, hi = extremes[1] - (floats){0}, infinite = INFINITY - (floats){0};
+    floats lo = extremes[0] - (floats){0}, hi = extremes[1] - (floats){0};
     ints nonfinite = {0};
     ptrdiff_t i0 = 0, unmerged = 0;
     for (; i0 + WHOLE_BLOCK <= n; i0 += WHOLE_BLOCK) {
         ints block_nonfinite = {0};
-        for (int k = 0; k < WHOLE_BLOCK; k += FLOAT_LANES) {
-            floats values = *(const floats_unaligned *)(x + i0 + k);
-            floats magnitude = (floats)((ints)values & 0x7fffffff);
-            block_nonfinite += (magnitude < infinite) + 1;  /* a comparison gives -1 where true: 1 where not finite */
-            ints below = values < lo, above = values > hi;
-            lo = (floats)(((ints)values & below) | ((ints)lo & ~below));
-            hi = (floats)(((ints)values & above) | ((ints)hi & ~above));
-        }
+        for (int k = 0; k < WHOLE_BLOCK; k += FLOAT_LANES)
+            fold_extremes(*(const floats_unaligned *)(x + i0 + k), &lo, &hi, &block_nonfinite);
         nonfinite += block_nonfinite;
         if (!count || !all_lanes(block_nonfinite == 0))
             continue;
